@@ -1,0 +1,111 @@
+// Command server runs the payments API.
+//
+//	server            migrate the database, seed the demo callers, serve
+//	server migrate    migrate the database and exit
+//
+// Configuration comes from the environment; see internal/server.Config and
+// the README.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/internal/server"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "server:", err)
+		os.Exit(1)
+	}
+}
+
+// run is the whole program, with its inputs passed in so tests can drive it.
+// It returns when ctx is canceled (after a graceful shutdown) or on error.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	command := "serve"
+	if len(args) > 0 {
+		command = args[0]
+	}
+	if command != "serve" && command != "migrate" {
+		return fmt.Errorf("unknown command %q (want serve or migrate)", command)
+	}
+	cfg, err := server.LoadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(stdout, nil))
+
+	pool, err := postgres.Open(ctx, cfg.DatabaseURL, true)
+	if errors.Is(err, postgres.ErrUnreachable) {
+		return fmt.Errorf("%w\n\nThe service needs PostgreSQL (DATABASE_URL=%s). Start a local one, e.g.\n"+
+			"  pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start   (Debian)\n"+
+			"or run one in a container:\n"+
+			"  docker compose up -d db", err, postgres.Redact(cfg.DatabaseURL))
+	}
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := postgres.Migrate(pool); err != nil {
+		return err
+	}
+	log.Info("database migrated", "database", postgres.Redact(cfg.DatabaseURL))
+	if command == "migrate" {
+		return nil
+	}
+	if cfg.SeedDemoCallers {
+		if err := auth.SeedDemoCallers(ctx, pool); err != nil {
+			return fmt.Errorf("seed demo callers: %w", err)
+		}
+	}
+
+	handler, err := server.New(cfg, pool, log)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		// Request handlers detach the idempotency record's writes from the
+		// client; the base context still carries the logger's values.
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return err
+	}
+	log.Info("listening", "addr", ln.Addr().String())
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	select {
+	case err := <-serveErr:
+		return err
+	case <-ctx.Done():
+	}
+
+	// Graceful shutdown: stop accepting, let in-flight requests finish (their
+	// record writes included), then close the pool.
+	log.Info("shutting down")
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,3 @@
+DROP TABLE orders;
+DROP TABLE idempotency_keys;
+DROP TABLE callers;

@@ -1,0 +1,8 @@
+-- name: GetCallerByAPIKeyHash :one
+SELECT * FROM callers WHERE api_key_hash = @api_key_hash;
+
+-- name: UpsertCaller :exec
+-- Seeds a caller (the demo callers at start-up). Re-running it is harmless.
+INSERT INTO callers (id, name, api_key_hash)
+VALUES (@id, @name, @api_key_hash)
+ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, api_key_hash = EXCLUDED.api_key_hash;

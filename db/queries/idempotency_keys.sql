@@ -1,0 +1,92 @@
+-- name: ClaimIdempotencyKey :one
+-- The atomic claim, in one statement. The INSERT ... ON CONFLICT DO NOTHING
+-- either creates the record (this request now owns the operation) or does
+-- nothing because the (caller_id, key) row exists. In the second case the
+-- SELECT half returns the existing row, so a replay costs one round trip.
+--
+-- Both halves read the snapshot taken when the statement started. If another
+-- request inserted the key and committed after that moment, ON CONFLICT waits
+-- for it and does nothing, yet the SELECT half cannot see its row: the
+-- statement then returns no row at all and the caller simply runs the claim
+-- again, with a new snapshot that sees the row. That is rare and always safe:
+-- nobody ever owns the key except through the INSERT.
+--
+-- lease_expired is computed on the database clock, never the application's,
+-- so clock skew between replicas cannot make a live lease look expired.
+WITH claimed AS (
+    INSERT INTO idempotency_keys AS k (
+        caller_id, key, request_method, request_path, request_fingerprint, locked_until
+    ) VALUES (
+        @caller_id, @key, @request_method, @request_path, @request_fingerprint,
+        now() + make_interval(secs => @lease_seconds::float8)
+    )
+    ON CONFLICT (caller_id, key) DO NOTHING
+    RETURNING k.*
+)
+SELECT true AS claimed, false AS lease_expired, c.*
+FROM claimed c
+UNION ALL
+SELECT false AS claimed, coalesce(e.locked_until <= now(), false) AS lease_expired, e.*
+FROM idempotency_keys e
+WHERE e.caller_id = @caller_id AND e.key = @key;
+
+-- name: TakeOverIdempotencyKey :one
+-- Take over an in-progress record whose lease has expired (its owner
+-- crashed, stalled, or gave up after a transient failure). Incrementing
+-- attempt is what fences the previous owner out: every later write of that
+-- owner names its old attempt and matches no row. The WHERE repeats every
+-- condition, so of several requests racing to take over one record exactly
+-- one UPDATE matches; the others see zero rows.
+UPDATE idempotency_keys
+SET attempt      = attempt + 1,
+    locked_until = now() + make_interval(secs => @lease_seconds::float8),
+    updated_at   = now()
+WHERE caller_id = @caller_id
+  AND id = @id
+  AND attempt = @attempt
+  AND status = 'in_progress'
+  AND locked_until <= now()
+RETURNING *;
+
+-- name: SetRecoveryPoint :execrows
+-- Record that a phase finished. Fenced: zero rows means a newer attempt owns
+-- the record, and the caller must roll back the phase.
+UPDATE idempotency_keys
+SET recovery_point = @recovery_point,
+    updated_at     = now()
+WHERE caller_id = @caller_id
+  AND id = @id
+  AND attempt = @attempt
+  AND status = 'in_progress';
+
+-- name: CompleteIdempotencyKey :execrows
+-- Store the final response and release the lease. Fenced like SetRecoveryPoint.
+UPDATE idempotency_keys
+SET status           = 'completed',
+    recovery_point   = 'finished',
+    response_status  = @response_status,
+    response_headers = @response_headers,
+    response_body    = @response_body,
+    locked_until     = NULL,
+    completed_at     = now(),
+    updated_at       = now()
+WHERE caller_id = @caller_id
+  AND id = @id
+  AND attempt = @attempt
+  AND status = 'in_progress';
+
+-- name: ReleaseIdempotencyKey :execrows
+-- Give the lease up early after a transient failure, so the client's retry
+-- (or the reconciler) can take over at once instead of waiting for the lease
+-- to run out. The record keeps its recovery point.
+UPDATE idempotency_keys
+SET locked_until = now(),
+    updated_at   = now()
+WHERE caller_id = @caller_id
+  AND id = @id
+  AND attempt = @attempt
+  AND status = 'in_progress';
+
+-- name: GetIdempotencyKey :one
+SELECT * FROM idempotency_keys
+WHERE caller_id = @caller_id AND key = @key;

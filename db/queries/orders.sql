@@ -1,0 +1,28 @@
+-- name: CreateOrder :one
+INSERT INTO orders (caller_id, id, amount, currency, description)
+VALUES (@caller_id, @id, @amount, @currency, @description)
+RETURNING *;
+
+-- name: GetOrder :one
+SELECT * FROM orders
+WHERE caller_id = @caller_id AND id = @id;
+
+-- name: ListOrders :many
+-- Newest first. Keyset pagination: the page starts strictly after the
+-- (created_at, id) of the starting_after order, which the caller looked up
+-- first (so an unknown cursor is an error, not an empty page).
+SELECT * FROM orders
+WHERE caller_id = @caller_id
+  AND (NOT @has_cursor::boolean
+       OR (created_at, id) < (@cursor_created_at::timestamptz, @cursor_id::text))
+ORDER BY created_at DESC, id DESC
+LIMIT @row_limit;
+
+-- name: CancelOrder :one
+-- Only a pending order moves to canceled; the caller reads the order when no
+-- row is returned to tell "already canceled" (same state, fine) from "paid"
+-- (a conflict) and "no such order".
+UPDATE orders
+SET status = 'canceled', updated_at = now()
+WHERE caller_id = @caller_id AND id = @id AND status = 'pending'
+RETURNING *;

@@ -1,0 +1,60 @@
+package idempotency
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"io"
+)
+
+// Fingerprint identifies what a keyed request asked for: SHA-256 over its
+// method, its path and its canonical body. A retry must carry the same
+// fingerprint as the request that created the key; a different one means the
+// client reused a key for another operation, which is answered with 422
+// rather than a silent replay of something the client did not ask for.
+//
+// Only the fingerprint is stored, never the raw body.
+func Fingerprint(method, path string, body []byte) ([]byte, error) {
+	canonical, err := CanonicalJSON(body)
+	if err != nil {
+		return nil, err
+	}
+	h := sha256.New()
+	// NUL separators keep ("POST", "/a") and ("POS", "T/a") apart.
+	h.Write([]byte(method))
+	h.Write([]byte{0})
+	h.Write([]byte(path))
+	h.Write([]byte{0})
+	h.Write(canonical)
+	return h.Sum(nil), nil
+}
+
+// CanonicalJSON re-encodes a JSON document with object keys sorted and
+// insignificant whitespace removed, so that the same logical request sent
+// with its keys in another order has the same fingerprint. Numbers keep
+// their literal text (1e2 and 100 stay different: we never claim two
+// requests are the same unless they plainly are). An empty body is its own
+// canonical form.
+func CanonicalJSON(body []byte) ([]byte, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("unexpected data after the JSON document")
+	}
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	// encoding/json writes map keys in sorted order, which is the whole trick.
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(out.Bytes(), []byte("\n")), nil
+}

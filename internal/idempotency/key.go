@@ -1,0 +1,88 @@
+package idempotency
+
+import (
+	"strings"
+
+	"github.com/retrysafe/payments/internal/problem"
+)
+
+// MaxKeyLength is the longest key accepted, in characters (after removing
+// the quotes of a Structured Field string).
+const MaxKeyLength = 255
+
+// ParseKey reads the Idempotency-Key header from all of its field lines.
+//
+// The IETF draft defines the value as a Structured Field string
+// (Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"). Stripe's
+// clients send the bare value, so a value that does not start with a quote
+// is accepted as it is, and names the same key as its quoted form. Either
+// way the key is 1 to 255 printable ASCII characters (0x20-0x7E).
+//
+// A header given on several lines is rejected rather than joined or
+// truncated: two keys for one request is a client bug, and guessing which
+// one was meant could replay the wrong operation.
+func ParseKey(lines []string) (string, error) {
+	switch len(lines) {
+	case 0:
+		return "", problem.New(problem.IdempotencyKeyMissing,
+			"this operation requires an Idempotency-Key header; generate one unique value (a UUID) per logical operation and send the same value on every retry of it")
+	case 1:
+	default:
+		return "", problem.New(problem.IdempotencyKeyInvalid,
+			"the Idempotency-Key header was sent %d times; send it exactly once", len(lines))
+	}
+	// HTTP removes leading and trailing whitespace from field values; do the
+	// same for values that reach us through other paths.
+	v := strings.Trim(lines[0], " \t")
+	key := v
+	if strings.HasPrefix(v, `"`) {
+		var err error
+		if key, err = parseSFString(v); err != nil {
+			return "", err
+		}
+	}
+	switch {
+	case len(key) == 0:
+		return "", problem.New(problem.IdempotencyKeyInvalid, "the Idempotency-Key is empty; it must be 1 to %d characters", MaxKeyLength)
+	case len(key) > MaxKeyLength:
+		return "", problem.New(problem.IdempotencyKeyInvalid, "the Idempotency-Key is %d characters long; it must be at most %d", len(key), MaxKeyLength)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return "", problem.New(problem.IdempotencyKeyInvalid,
+				"the Idempotency-Key contains a character outside printable ASCII (byte 0x%02x at position %d)", c, i)
+		}
+	}
+	return key, nil
+}
+
+// parseSFString parses an RFC 8941 sf-string: DQUOTE *(unescaped / "\" ( DQUOTE / "\" )) DQUOTE.
+// Structured Field parameters after the string are not part of this header's
+// definition and are rejected.
+func parseSFString(v string) (string, error) {
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		c := v[i]
+		switch {
+		case c == '\\':
+			i++
+			if i == len(v) || (v[i] != '"' && v[i] != '\\') {
+				return "", problem.New(problem.IdempotencyKeyInvalid,
+					`the quoted Idempotency-Key has a backslash that does not escape '"' or '\'`)
+			}
+			b.WriteByte(v[i])
+		case c == '"':
+			if i != len(v)-1 {
+				return "", problem.New(problem.IdempotencyKeyInvalid,
+					"the quoted Idempotency-Key has characters after its closing quote")
+			}
+			return b.String(), nil
+		case c < 0x20 || c > 0x7e:
+			return "", problem.New(problem.IdempotencyKeyInvalid,
+				"the Idempotency-Key contains a character outside printable ASCII (byte 0x%02x)", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", problem.New(problem.IdempotencyKeyInvalid, "the quoted Idempotency-Key has no closing quote")
+}

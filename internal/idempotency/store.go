@@ -1,0 +1,342 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/internal/problem"
+)
+
+// Request is one keyed request: who sent it, under which key, and what it
+// asked for.
+type Request struct {
+	CallerID    string
+	Key         string
+	Method      string
+	Path        string
+	Fingerprint []byte
+}
+
+// Record status values.
+const (
+	StatusInProgress = "in_progress"
+	StatusCompleted  = "completed"
+	StatusDead       = "dead"
+)
+
+// RecoveryPoint names a phase boundary an operation has passed. Every
+// operation starts at RecoveryStarted and ends at RecoveryFinished; an
+// operation with an external effect defines the points in between.
+type RecoveryPoint string
+
+const (
+	RecoveryStarted  RecoveryPoint = "started"
+	RecoveryFinished RecoveryPoint = "finished"
+)
+
+// ErrLeaseLost means a newer attempt took the record over: the phase that
+// found out has been rolled back and the caller must stop driving it.
+var ErrLeaseLost = errors.New("idempotency: lease lost to a newer attempt")
+
+// inProgressRetryAfter is the Retry-After, in seconds, sent with a 409. The
+// first request is usually milliseconds from done, so a short wait and a
+// retry normally gets the replay; it is a hint, and the client's own backoff
+// still applies.
+const inProgressRetryAfter = 1
+
+// Store runs keyed operations against the idempotency_keys table.
+type Store struct {
+	pool    *pgxpool.Pool
+	queries *dbsqlc.Queries
+	lease   time.Duration
+	log     *slog.Logger
+}
+
+// NewStore returns a Store whose owners hold their lease for lease. The
+// lease must be longer than any healthy run of an operation (including a
+// processor timeout): a lease that runs out under a live owner lets a second
+// owner in, and although fencing keeps the outcome correct, the work is then
+// done twice.
+func NewStore(pool *pgxpool.Pool, lease time.Duration, log *slog.Logger) *Store {
+	return &Store{pool: pool, queries: dbsqlc.New(), lease: lease, log: log}
+}
+
+// Lease is the right, held by exactly one request (or worker) at a time, to
+// drive one record forward from its recovery point.
+type Lease struct {
+	store    *Store
+	record   dbsqlc.IdempotencyKey
+	response *Response
+}
+
+// Record is the record as of the last phase this lease committed.
+func (l *Lease) Record() dbsqlc.IdempotencyKey { return l.record }
+
+// RecoveryPoint is where the operation stands: where a Handler resumes.
+func (l *Lease) RecoveryPoint() RecoveryPoint { return RecoveryPoint(l.record.RecoveryPoint) }
+
+// A PhaseFunc does one phase's work inside tx and says how the phase ended:
+// with the next RecoveryPoint, or with the operation's final *Response.
+type PhaseFunc func(ctx context.Context, tx pgx.Tx) (Result, error)
+
+// Result is how a phase ends: a RecoveryPoint or a *Response.
+type Result interface{ isResult() }
+
+func (RecoveryPoint) isResult() {}
+func (*Response) isResult()     {}
+
+// Phase runs fn and the record's fenced update in one transaction, so the
+// phase's effects and "this phase is done" commit together or not at all.
+//
+// The fenced update comes last. If a newer attempt took the record over
+// while fn ran, the update matches no row, the whole transaction (fn's
+// writes included) rolls back, and Phase returns ErrLeaseLost. If the
+// takeover races with this transaction instead, the row lock taken by the
+// update orders them: the takeover waits, then re-reads the row, finds it no
+// longer eligible (moved on or completed) and takes nothing over.
+func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
+	var result Result
+	err := postgres.Transact(ctx, l.store.pool, func(tx pgx.Tx) error {
+		var err error
+		if result, err = fn(ctx, tx); err != nil {
+			return err
+		}
+		return l.writeResult(ctx, tx, result)
+	})
+	if err != nil {
+		return err
+	}
+	// Only now, after the commit, does the in-memory record move on.
+	switch r := result.(type) {
+	case RecoveryPoint:
+		l.record.RecoveryPoint = string(r)
+	case *Response:
+		l.record.Status = StatusCompleted
+		l.record.RecoveryPoint = string(RecoveryFinished)
+		l.response = r
+	}
+	return nil
+}
+
+// writeResult writes a phase's result to the record, fenced on the attempt.
+func (l *Lease) writeResult(ctx context.Context, tx dbsqlc.DBTX, result Result) error {
+	q, rec := l.store.queries, l.record
+	var n int64
+	var err error
+	switch r := result.(type) {
+	case RecoveryPoint:
+		n, err = q.SetRecoveryPoint(ctx, tx, dbsqlc.SetRecoveryPointParams{
+			RecoveryPoint: string(r), CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
+		})
+	case *Response:
+		var headers []byte
+		if headers, err = json.Marshal(r.Header); err != nil {
+			return err
+		}
+		status := int32(r.Status)
+		n, err = q.CompleteIdempotencyKey(ctx, tx, dbsqlc.CompleteIdempotencyKeyParams{
+			ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: r.Body,
+			CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
+		})
+	default:
+		return fmt.Errorf("idempotency: a phase must end with a RecoveryPoint or a *Response, got %T", result)
+	}
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+// A Handler drives an owned operation from l.RecoveryPoint() to its final
+// response, one l.Phase at a time. It is called both for a fresh claim
+// (at RecoveryStarted) and for a takeover (at whatever point the previous
+// owner reached), so it must switch on the recovery point.
+//
+// Its error decides what is kept:
+//   - nil: the last phase stored a response; that response is returned.
+//   - a transient error (the database or a downstream service failed in a
+//     way worth retrying, see IsRetryable): the lease is released and the
+//     record stays at its recovery point, so a retry resumes there. Nothing
+//     is stored: a retry must not replay a failure that was not final.
+//   - a *problem.Error: a final outcome found during execution (a
+//     business-rule conflict). It is stored and replayed like a success.
+//   - any other error: a final internal error, stored as a generic 500.
+type Handler func(ctx context.Context, l *Lease) error
+
+// IsRetryable reports whether a Handler's error leaves the operation
+// resumable rather than final.
+func IsRetryable(err error) bool {
+	var p *problem.Error
+	if errors.As(err, &p) {
+		return p.Status() == http.StatusServiceUnavailable
+	}
+	return postgres.IsTransient(err)
+}
+
+// Execute runs the keyed request req: it claims the key and either answers
+// from the record (replay, 409, 422) or runs h as the owner. The returned
+// Response is what the client receives; an error is a problem that was not
+// stored (a conflict on the key, or a transient failure).
+func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response, error) {
+	// From here on, nothing depends on the client staying connected: the
+	// claim, every phase and the stored response run on a context that the
+	// request's cancellation does not reach. The lease bounds it instead;
+	// past the lease another owner may take over anyway.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.lease)
+	defer cancel()
+
+	lease, replay, err := s.claim(ctx, req)
+	if err != nil || replay != nil {
+		return replay, err
+	}
+
+	err = h(ctx, lease)
+	switch {
+	case err == nil && lease.response != nil:
+		return lease.response, nil
+	case err == nil:
+		err = fmt.Errorf("idempotency: handler for %s %s returned without a response", req.Method, req.Path)
+	case errors.Is(err, ErrLeaseLost):
+		// A newer attempt owns the record and will store the answer; this
+		// request says what any concurrent duplicate would hear.
+		return nil, inProgress()
+	case IsRetryable(err):
+		s.release(ctx, lease)
+		return nil, err
+	}
+
+	// A final outcome: store it, so that every retry gets the same answer.
+	var p *problem.Error
+	if !errors.As(err, &p) {
+		s.log.ErrorContext(ctx, "keyed operation failed", "err", err,
+			"caller", req.CallerID, "method", req.Method, "path", req.Path, "attempt", lease.record.Attempt)
+		p = problem.New(problem.InternalError, "the request failed; it will not be retried under this Idempotency-Key")
+	}
+	resp := ProblemResponse(p)
+	if err := s.complete(ctx, lease, resp); err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			return nil, inProgress()
+		}
+		s.release(ctx, lease)
+		return nil, err
+	}
+	return resp, nil
+}
+
+// claim takes the key for req, or answers from the existing record.
+func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, error) {
+	var row dbsqlc.ClaimIdempotencyKeyRow
+	var err error
+	// The claim returns no row only when a concurrent request committed the
+	// key between this statement's snapshot and its insert; running it again
+	// sees that row. Twice is enough; a third try is for safety, not need.
+	for range 3 {
+		row, err = s.queries.ClaimIdempotencyKey(ctx, s.pool, dbsqlc.ClaimIdempotencyKeyParams{
+			CallerID: req.CallerID, Key: req.Key, RequestMethod: req.Method, RequestPath: req.Path,
+			RequestFingerprint: req.Fingerprint, LeaseSeconds: s.lease.Seconds(),
+		})
+		if !errors.Is(err, pgx.ErrNoRows) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim idempotency key: %w", err)
+	}
+	rec := recordFromClaim(row)
+	if row.Claimed {
+		return &Lease{store: s, record: rec}, nil, nil
+	}
+
+	// Someone else created this key. Is it the same request?
+	if subtle.ConstantTimeCompare(rec.RequestFingerprint, req.Fingerprint) != 1 {
+		return nil, nil, problem.New(problem.IdempotencyKeyReused,
+			"this Idempotency-Key was first used for %s %s with a different body; use a new key for a new operation",
+			rec.RequestMethod, rec.RequestPath)
+	}
+	switch {
+	case rec.Status == StatusCompleted:
+		resp, err := storedResponse(rec)
+		return nil, resp, err
+	case rec.Status == StatusInProgress && row.LeaseExpired:
+		// Its owner is gone (or gave up after a transient failure): take
+		// over and resume from the recovery point.
+		taken, err := s.queries.TakeOverIdempotencyKey(ctx, s.pool, dbsqlc.TakeOverIdempotencyKeyParams{
+			CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt, LeaseSeconds: s.lease.Seconds(),
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Another request took it over (or it finished) first.
+			return nil, nil, inProgress()
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("take over idempotency key: %w", err)
+		}
+		return &Lease{store: s, record: taken}, nil, nil
+	case rec.Status == StatusDead:
+		return nil, nil, problem.New(problem.IdempotencyKeyInUse,
+			"the operation under this Idempotency-Key was set aside for an operator after repeated failures")
+	default:
+		return nil, nil, inProgress()
+	}
+}
+
+func inProgress() *problem.Error {
+	p := problem.New(problem.IdempotencyKeyInUse,
+		"a request with this Idempotency-Key is still being processed; retry after the Retry-After delay to receive its result")
+	p.RetryAfter = inProgressRetryAfter
+	return p
+}
+
+// complete stores a final response outside any phase (for outcomes that end
+// an operation by failing).
+func (s *Store) complete(ctx context.Context, l *Lease, resp *Response) error {
+	err := postgres.Transact(ctx, s.pool, func(tx pgx.Tx) error { return l.writeResult(ctx, tx, resp) })
+	if err == nil {
+		l.record.Status, l.response = StatusCompleted, resp
+	}
+	return err
+}
+
+// release gives the lease up early, so the next retry can take over without
+// waiting for it to run out. It is best effort: if it fails, the lease
+// simply expires.
+func (s *Store) release(ctx context.Context, l *Lease) {
+	rec := l.record
+	if _, err := s.queries.ReleaseIdempotencyKey(ctx, s.pool, dbsqlc.ReleaseIdempotencyKeyParams{
+		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
+	}); err != nil {
+		s.log.WarnContext(ctx, "release idempotency key", "err", err, "caller", rec.CallerID, "key_id", rec.ID)
+	}
+}
+
+// Get returns the caller's record for key.
+func (s *Store) Get(ctx context.Context, callerID, key string) (dbsqlc.IdempotencyKey, error) {
+	rec, err := s.queries.GetIdempotencyKey(ctx, s.pool, dbsqlc.GetIdempotencyKeyParams{CallerID: callerID, Key: key})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return rec, problem.New(problem.NotFound, "no idempotency key %q for this caller (it may never have been used, or its retention window has passed)", key)
+	}
+	return rec, err
+}
+
+func recordFromClaim(r dbsqlc.ClaimIdempotencyKeyRow) dbsqlc.IdempotencyKey {
+	return dbsqlc.IdempotencyKey{
+		CallerID: r.CallerID, ID: r.ID, Key: r.Key, Status: r.Status, RecoveryPoint: r.RecoveryPoint,
+		Attempt: r.Attempt, LockedUntil: r.LockedUntil, RequestMethod: r.RequestMethod,
+		RequestPath: r.RequestPath, RequestFingerprint: r.RequestFingerprint,
+		ResponseStatus: r.ResponseStatus, ResponseHeaders: r.ResponseHeaders, ResponseBody: r.ResponseBody,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
+	}
+}

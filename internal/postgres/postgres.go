@@ -1,0 +1,155 @@
+// Package postgres opens the connection pool, applies the migrations and
+// holds the one transaction helper everything else uses.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/golang-migrate/migrate/v4"
+	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/retrysafe/payments/db"
+)
+
+// ErrUnreachable wraps a failure to reach the PostgreSQL server at all, so
+// main can print how to get one rather than a bare dial error.
+var ErrUnreachable = errors.New("PostgreSQL is not answering")
+
+// Open connects a pool to databaseURL. When createIfMissing is set and the
+// database does not exist yet, it is created first (through the server's
+// "postgres" maintenance database), so a newcomer's first `make run` works
+// on a fresh local PostgreSQL.
+func Open(ctx context.Context, databaseURL string, createIfMissing bool) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	err = pool.Ping(ctx)
+	if err != nil && createIfMissing && isCode(err, "3D000") { // invalid_catalog_name
+		if err = createDatabase(ctx, cfg.ConnConfig); err == nil {
+			err = pool.Ping(ctx)
+		}
+	}
+	if err != nil {
+		pool.Close()
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) {
+			return nil, fmt.Errorf("%w at %s:%d: %v", ErrUnreachable, cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+		}
+		return nil, err
+	}
+	return pool, nil
+}
+
+func createDatabase(ctx context.Context, target *pgx.ConnConfig) error {
+	admin := target.Copy()
+	admin.Database = "postgres"
+	conn, err := pgx.ConnectConfig(ctx, admin)
+	if err != nil {
+		return fmt.Errorf("connect to the maintenance database to create %q: %w", target.Database, err)
+	}
+	defer conn.Close(ctx)
+	// CREATE DATABASE takes no parameters; the name is quoted as an identifier.
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{target.Database}.Sanitize())
+	if err != nil && !isCode(err, "42P04") { // duplicate_database: another process won the race
+		return fmt.Errorf("create database %q: %w", target.Database, err)
+	}
+	return nil
+}
+
+// Migrate applies every pending migration from db/migrations. Several
+// processes may call it at once: golang-migrate takes an advisory lock.
+func Migrate(pool *pgxpool.Pool) error {
+	src, err := iofs.New(db.Migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	defer sqlDB.Close()
+	driver, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{})
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
+}
+
+// Transact runs fn in a transaction and commits it if fn returns nil.
+//
+// The rollback runs on a context detached from ctx's cancellation: if the
+// request that started the transaction is canceled, the rollback must still
+// reach the server, or the connection would go back to the pool mid-transaction.
+func Transact(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error) (err error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err = fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// IsTransient reports whether err is a database failure worth retrying: the
+// connection broke or timed out, the server is shutting down or out of
+// resources, or a serialization failure or deadlock aborted the transaction.
+// It is what separates "tell the client to retry" (503) from a final error.
+func IsTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
+			strings.HasPrefix(pgErr.Code, "40"), // transaction rollback (serialization, deadlock)
+			strings.HasPrefix(pgErr.Code, "53"), // insufficient resources
+			strings.HasPrefix(pgErr.Code, "57"): // operator intervention (shutdown, cancel)
+			return true
+		}
+		return false
+	}
+	var connErr *pgconn.ConnectError
+	return errors.As(err, &connErr)
+}
+
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// Redact returns databaseURL without its password, for logs.
+func Redact(databaseURL string) string {
+	u, err := url.Parse(databaseURL)
+	if err != nil {
+		return "(unparseable DATABASE_URL)"
+	}
+	return u.Redacted()
+}

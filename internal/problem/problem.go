@@ -1,0 +1,141 @@
+// Package problem is the API's error vocabulary: RFC 9457 problem details
+// with a stable type URI and a machine-readable code per kind of error.
+//
+// Domain code returns *problem.Error values (or wraps them); exactly one
+// place, the server's error handler, turns an error into an HTTP response.
+// Anything that is not a *problem.Error is an internal error: it is logged
+// once and answered as a generic 500 without internals.
+package problem
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// TypeBase prefixes every problem type URI. ".example" is reserved for
+// documentation (RFC 2606); a fork points it at its own error docs.
+const TypeBase = "https://payments.example/problems/"
+
+// ContentType is the media type of every problem response.
+const ContentType = "application/problem+json"
+
+// Code is the machine-readable kind of a problem. The list is mirrored in
+// api/openapi.yaml (Problem.code).
+type Code string
+
+const (
+	Unauthorized          Code = "unauthorized"
+	InvalidRequest        Code = "invalid_request"
+	IdempotencyKeyMissing Code = "idempotency_key_missing"
+	IdempotencyKeyInvalid Code = "idempotency_key_invalid"
+	IdempotencyKeyInUse   Code = "idempotency_key_in_use"
+	IdempotencyKeyReused  Code = "idempotency_key_reused"
+	RequestTooLarge       Code = "request_too_large"
+	UnsupportedMediaType  Code = "unsupported_media_type"
+	NotFound              Code = "not_found"
+	MethodNotAllowed      Code = "method_not_allowed"
+	OrderNotCancelable    Code = "order_not_cancelable"
+	NotImplemented        Code = "not_implemented"
+	InternalError         Code = "internal_error"
+	ServiceUnavailable    Code = "service_unavailable"
+)
+
+// kinds maps each code to its HTTP status and human title: the one table
+// from which every error response is built.
+var kinds = map[Code]struct {
+	status int
+	title  string
+}{
+	Unauthorized:          {http.StatusUnauthorized, "Missing or unknown API key"},
+	InvalidRequest:        {http.StatusBadRequest, "The request is invalid"},
+	IdempotencyKeyMissing: {http.StatusBadRequest, "Idempotency-Key header is required"},
+	IdempotencyKeyInvalid: {http.StatusBadRequest, "Idempotency-Key header is malformed"},
+	IdempotencyKeyInUse:   {http.StatusConflict, "A request with this Idempotency-Key is in progress"},
+	IdempotencyKeyReused:  {http.StatusUnprocessableEntity, "Idempotency-Key was used for a different request"},
+	RequestTooLarge:       {http.StatusRequestEntityTooLarge, "The request body is too large"},
+	UnsupportedMediaType:  {http.StatusUnsupportedMediaType, "The request body must be application/json"},
+	NotFound:              {http.StatusNotFound, "Not found"},
+	MethodNotAllowed:      {http.StatusMethodNotAllowed, "Method not allowed"},
+	OrderNotCancelable:    {http.StatusConflict, "The order cannot be canceled"},
+	NotImplemented:        {http.StatusNotImplemented, "Not implemented yet"},
+	InternalError:         {http.StatusInternalServerError, "Internal server error"},
+	ServiceUnavailable:    {http.StatusServiceUnavailable, "Service temporarily unavailable"},
+}
+
+// FieldError names one invalid part of a request by JSON pointer
+// ("/amount") or, for a parameter, by its name ("limit").
+type FieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// Error is a problem that is also a Go error.
+type Error struct {
+	Code   Code
+	Detail string
+	Errors []FieldError
+	// RetryAfter, when positive, is sent as the Retry-After header (seconds).
+	RetryAfter int
+}
+
+// New returns a problem of the given code.
+func New(code Code, format string, args ...any) *Error {
+	if _, ok := kinds[code]; !ok {
+		panic("problem: unknown code " + string(code))
+	}
+	return &Error{Code: code, Detail: fmt.Sprintf(format, args...)}
+}
+
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Detail }
+
+// Status is the HTTP status of the problem.
+func (e *Error) Status() int { return kinds[e.Code].status }
+
+// body is the JSON document of RFC 9457, with our extension members.
+type body struct {
+	Type   string       `json:"type"`
+	Title  string       `json:"title"`
+	Status int          `json:"status"`
+	Detail string       `json:"detail,omitempty"`
+	Code   Code         `json:"code"`
+	Errors []FieldError `json:"errors,omitempty"`
+}
+
+// JSON is the problem document.
+func (e *Error) JSON() []byte {
+	k := kinds[e.Code]
+	b, err := json.Marshal(body{
+		Type:   TypeBase + strings.ReplaceAll(string(e.Code), "_", "-"),
+		Title:  k.title,
+		Status: k.status,
+		Detail: e.Detail,
+		Code:   e.Code,
+		Errors: e.Errors,
+	})
+	if err != nil { // only strings and ints: cannot happen
+		panic(err)
+	}
+	return b
+}
+
+// Header is the problem's response headers.
+func (e *Error) Header() http.Header {
+	h := http.Header{"Content-Type": {ContentType}}
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	return h
+}
+
+// Write writes the problem as an HTTP response.
+func (e *Error) Write(w http.ResponseWriter) error {
+	for k, v := range e.Header() {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(e.Status())
+	_, err := w.Write(e.JSON())
+	return err
+}

@@ -1,0 +1,96 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is the server's configuration, read from the environment.
+type Config struct {
+	// DatabaseURL is the PostgreSQL connection string (DATABASE_URL).
+	DatabaseURL string
+	// HTTPAddr is the listen address (HTTP_ADDR).
+	HTTPAddr string
+	// Lease is how long an execution holds an idempotency key before another
+	// request may take it over (IDEMPOTENCY_LEASE).
+	Lease time.Duration
+	// Retention is how long idempotency keys are remembered
+	// (IDEMPOTENCY_KEY_RETENTION); records show it as expires_at.
+	Retention time.Duration
+	// MaxBodyBytes is the largest request body accepted; larger is a 413
+	// (MAX_BODY_BYTES).
+	MaxBodyBytes int64
+	// SeedDemoCallers creates the demo callers acme and globex at start-up
+	// (SEED_DEMO_CALLERS).
+	SeedDemoCallers bool
+	// ShutdownTimeout bounds the graceful shutdown (SHUTDOWN_TIMEOUT).
+	ShutdownTimeout time.Duration
+	// AuthCacheTTL is how long a known API key is trusted without asking the
+	// database again (AUTH_CACHE_TTL).
+	AuthCacheTTL time.Duration
+}
+
+// DefaultDatabaseURL is the local PostgreSQL of the README.
+const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable"
+
+// LoadConfig reads the configuration through getenv, applying defaults,
+// and reports every invalid variable at once.
+func LoadConfig(getenv func(string) string) (Config, error) {
+	var errs []error
+	str := func(name, def string) string {
+		if v := strings.TrimSpace(getenv(name)); v != "" {
+			return v
+		}
+		return def
+	}
+	duration := func(name string, def time.Duration) time.Duration {
+		v := str(name, "")
+		if v == "" {
+			return def
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			errs = append(errs, fmt.Errorf("%s=%q: want a positive Go duration such as 30s or 24h", name, v))
+			return def
+		}
+		return d
+	}
+	cfg := Config{
+		DatabaseURL:     str("DATABASE_URL", DefaultDatabaseURL),
+		HTTPAddr:        str("HTTP_ADDR", ":8080"),
+		Lease:           duration("IDEMPOTENCY_LEASE", 30*time.Second),
+		Retention:       duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
+		ShutdownTimeout: duration("SHUTDOWN_TIMEOUT", 15*time.Second),
+		AuthCacheTTL:    duration("AUTH_CACHE_TTL", time.Minute),
+		MaxBodyBytes:    64 << 10,
+		SeedDemoCallers: true,
+	}
+	if v := str("MAX_BODY_BYTES", ""); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			errs = append(errs, fmt.Errorf("MAX_BODY_BYTES=%q: want a positive number of bytes", v))
+		} else {
+			cfg.MaxBodyBytes = n
+		}
+	}
+	if v := str("SEED_DEMO_CALLERS", ""); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("SEED_DEMO_CALLERS=%q: want true or false", v))
+		} else {
+			cfg.SeedDemoCallers = b
+		}
+	}
+	// A window shorter than the lease would let the sweeper forget an
+	// operation that is still allowed to be running.
+	if cfg.Retention <= cfg.Lease {
+		errs = append(errs, fmt.Errorf("IDEMPOTENCY_KEY_RETENTION (%s) must be longer than IDEMPOTENCY_LEASE (%s)", cfg.Retention, cfg.Lease))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,234 @@
+package server
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/labstack/echo/v4"
+
+	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/problem"
+)
+
+// Idempotency classes, as declared by each operation's x-idempotency
+// extension in api/openapi.yaml. The contract, not the Go code, says which
+// operations take an Idempotency-Key.
+const (
+	classKeyed         = "keyed"
+	classKeyedExternal = "keyed-external"
+)
+
+// contract enforces api/openapi.yaml on every request to an operation it
+// declares, in the order the idempotency contract requires:
+//
+//	authenticate → parse the Idempotency-Key → validate the request → (handler: claim → execute)
+//
+// Everything here happens before the claim, so every error it answers is
+// not stored: a corrected retry with the same key works.
+func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		req := c.Request()
+		route, pathParams, err := s.router.FindRoute(req)
+		switch {
+		case errors.Is(err, routers.ErrPathNotFound) && isAPIPath(req.URL.Path):
+			return problem.New(problem.NotFound, "no such resource: %s %s", req.Method, req.URL.Path)
+		case errors.Is(err, routers.ErrPathNotFound):
+			return next(c) // not an API operation: the demo page or the spec
+		case errors.Is(err, routers.ErrMethodNotAllowed):
+			return problem.New(problem.MethodNotAllowed, "%s is not allowed on %s", req.Method, req.URL.Path)
+		case err != nil:
+			return err
+		}
+		op := route.Operation
+		ctx := req.Context()
+
+		// 1. Authenticate.
+		if requiresAuth(route) {
+			caller, err := s.auth.Authenticate(ctx, bearerToken(req))
+			if err != nil {
+				return err
+			}
+			ctx = auth.WithCaller(ctx, caller)
+		}
+
+		// 2. Parse the Idempotency-Key of keyed operations.
+		class, _ := op.Extensions["x-idempotency"].(string)
+		keyed := class == classKeyed || class == classKeyedExternal
+		var key string
+		if keyed {
+			if key, err = idempotency.ParseKey(req.Header.Values("Idempotency-Key")); err != nil {
+				return err
+			}
+		}
+
+		// 3. Read the body (bounded) and validate the whole request against
+		// the contract: parameters, content type and body schema, including
+		// additionalProperties: false.
+		body, err := s.readBody(req, op)
+		if err != nil {
+			return err
+		}
+		err = openapi3filter.ValidateRequest(ctx, &openapi3filter.RequestValidationInput{
+			Request:    req,
+			PathParams: pathParams,
+			Route:      route,
+			Options:    &s.validation,
+		})
+		if err != nil {
+			return validationProblem(err)
+		}
+		// The validator consumed the body; the handler decodes it again.
+		req.Body = io.NopCloser(bytes.NewReader(body))
+
+		// 4. Fingerprint the request, for the claim in the handler.
+		if keyed {
+			fp, err := idempotency.Fingerprint(req.Method, req.URL.Path, body)
+			if err != nil { // the validator accepted it as JSON, so this is unexpected
+				return problem.New(problem.InvalidRequest, "the body is not valid JSON: %v", err)
+			}
+			ctx = idempotency.WithRequest(ctx, idempotency.Request{
+				CallerID:    auth.CallerFrom(ctx).ID,
+				Key:         key,
+				Method:      req.Method,
+				Path:        req.URL.Path,
+				Fingerprint: fp,
+			})
+		}
+		c.SetRequest(req.WithContext(ctx))
+		return next(c)
+	}
+}
+
+func isAPIPath(p string) bool {
+	return strings.HasPrefix(p, "/v1/") || p == "/v1" || strings.HasPrefix(p, "/webhooks/")
+}
+
+// requiresAuth reports whether the operation needs a bearer API key: its
+// own security list if it has one (health checks and the processor webhook
+// set an empty one), otherwise the document's.
+func requiresAuth(route *routers.Route) bool {
+	sec := route.Spec.Security
+	if route.Operation.Security != nil {
+		sec = *route.Operation.Security
+	}
+	return len(sec) > 0
+}
+
+func bearerToken(req *http.Request) string {
+	scheme, token, ok := strings.Cut(req.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(token)
+}
+
+// readBody reads the request body, refusing bodies over the size limit
+// (413) and bodies that are not JSON by their Content-Type (415), and puts
+// it back for the validator.
+func (s *Server) readBody(req *http.Request, op *openapi3.Operation) ([]byte, error) {
+	if req.ContentLength > s.cfg.MaxBodyBytes {
+		return nil, problem.New(problem.RequestTooLarge, "the request body is %d bytes; the limit is %d", req.ContentLength, s.cfg.MaxBodyBytes)
+	}
+	body, err := io.ReadAll(io.LimitReader(req.Body, s.cfg.MaxBodyBytes+1))
+	if err != nil {
+		return nil, problem.New(problem.InvalidRequest, "could not read the request body: %v", err)
+	}
+	if int64(len(body)) > s.cfg.MaxBodyBytes {
+		return nil, problem.New(problem.RequestTooLarge, "the request body exceeds %d bytes", s.cfg.MaxBodyBytes)
+	}
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	if len(body) > 0 && op.RequestBody != nil {
+		ct := req.Header.Get("Content-Type")
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			return nil, problem.New(problem.UnsupportedMediaType, "the body must be sent as Content-Type: application/json (got %q)", ct)
+		}
+	}
+	return body, nil
+}
+
+// validationProblem turns the validator's errors into one 400 problem that
+// lists every invalid field.
+func validationProblem(err error) *problem.Error {
+	var fields []problem.FieldError
+	collectFieldErrors(err, &fields)
+	p := problem.New(problem.InvalidRequest, "the request does not match the API contract")
+	if len(fields) == 1 {
+		p.Detail = fields[0].Message
+		if fields[0].Field != "" {
+			p.Detail = fields[0].Field + ": " + p.Detail
+		}
+	}
+	p.Errors = fields
+	return p
+}
+
+// collectFieldErrors flattens kin-openapi's nested errors into field
+// errors: a JSON pointer for body fields, the parameter's name for
+// parameters. The validator's own messages embed the whole schema; only
+// the reason is kept.
+func collectFieldErrors(err error, out *[]problem.FieldError) {
+	// A RequestError wraps the errors of one parameter or of the body; it
+	// is checked before MultiError because it unwraps to one.
+	var reqErr *openapi3filter.RequestError
+	if errors.As(err, &reqErr) {
+		field := "" // the body, unless a parameter is named
+		if reqErr.Parameter != nil {
+			field = reqErr.Parameter.Name
+		}
+		var schemaErrs []*openapi3.SchemaError
+		collectSchemaErrors(reqErr.Err, &schemaErrs)
+		for _, se := range schemaErrs {
+			f := field
+			if reqErr.Parameter == nil {
+				f = jsonPointer(se.JSONPointer())
+			}
+			*out = append(*out, problem.FieldError{Field: f, Message: se.Reason})
+		}
+		if len(schemaErrs) == 0 {
+			msg := reqErr.Reason
+			if reqErr.Err != nil {
+				msg = reqErr.Err.Error()
+			}
+			*out = append(*out, problem.FieldError{Field: field, Message: msg})
+		}
+		return
+	}
+	var multi openapi3.MultiError
+	if errors.As(err, &multi) {
+		for _, e := range multi {
+			collectFieldErrors(e, out)
+		}
+		return
+	}
+	*out = append(*out, problem.FieldError{Field: "", Message: err.Error()})
+}
+
+// jsonPointer renders RFC 6901 pointer tokens; no tokens is "", the whole body.
+func jsonPointer(tokens []string) string {
+	var b strings.Builder
+	for _, t := range tokens {
+		b.WriteString("/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(t))
+	}
+	return b.String()
+}
+
+func collectSchemaErrors(err error, out *[]*openapi3.SchemaError) {
+	var multi openapi3.MultiError
+	var se *openapi3.SchemaError
+	switch {
+	case errors.As(err, &multi):
+		for _, e := range multi {
+			collectSchemaErrors(e, out)
+		}
+	case errors.As(err, &se):
+		*out = append(*out, se)
+	}
+}

@@ -1,0 +1,65 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/internal/problem"
+)
+
+// handleError is the one place where an error becomes an HTTP response.
+// Every error response is RFC 9457 problem details; errors we did not
+// anticipate are logged here, once, and answered as a generic 500 without
+// internals.
+func (s *Server) handleError(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	p := s.toProblem(err, c)
+	if werr := p.Write(c.Response()); werr != nil {
+		s.log.WarnContext(c.Request().Context(), "write error response", "err", werr)
+	}
+}
+
+func (s *Server) toProblem(err error, c echo.Context) *problem.Error {
+	var p *problem.Error
+	if errors.As(err, &p) {
+		return p
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		// Echo's own errors: unknown routes, and parameter binding failures
+		// in the generated wrappers (which the contract middleware normally
+		// catches first).
+		msg := fmt.Sprint(he.Message)
+		switch he.Code {
+		case http.StatusNotFound:
+			return problem.New(problem.NotFound, "no such resource: %s %s", c.Request().Method, c.Request().URL.Path)
+		case http.StatusMethodNotAllowed:
+			return problem.New(problem.MethodNotAllowed, "%s is not allowed on %s", c.Request().Method, c.Request().URL.Path)
+		case http.StatusRequestEntityTooLarge:
+			return problem.New(problem.RequestTooLarge, "the request body exceeds %d bytes", s.cfg.MaxBodyBytes)
+		case http.StatusUnsupportedMediaType:
+			return problem.New(problem.UnsupportedMediaType, "%s", msg)
+		case http.StatusBadRequest:
+			return problem.New(problem.InvalidRequest, "%s", msg)
+		}
+		if he.Code < 500 {
+			return problem.New(problem.InvalidRequest, "%s", msg)
+		}
+	}
+	if postgres.IsTransient(err) {
+		s.log.WarnContext(c.Request().Context(), "transient failure", "err", err,
+			"method", c.Request().Method, "path", c.Request().URL.Path)
+		p = problem.New(problem.ServiceUnavailable, "a temporary failure prevented the request; retry it (with the same Idempotency-Key, if any)")
+		p.RetryAfter = 1
+		return p
+	}
+	s.log.ErrorContext(c.Request().Context(), "request failed", "err", err,
+		"method", c.Request().Method, "path", c.Request().URL.Path)
+	return problem.New(problem.InternalError, "the request failed")
+}

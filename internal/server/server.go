@@ -1,0 +1,128 @@
+// Package server is the HTTP face of the service: the contract middleware,
+// the handlers that implement the generated strict server interface, and the
+// one error handler.
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+
+	"github.com/retrysafe/payments/api"
+	"github.com/retrysafe/payments/internal/apigen"
+	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/problem"
+	"github.com/retrysafe/payments/web"
+)
+
+// Server implements the API.
+type Server struct {
+	cfg        Config
+	pool       *pgxpool.Pool
+	log        *slog.Logger
+	auth       *auth.Authenticator
+	keys       *idempotency.Store
+	router     routers.Router
+	validation openapi3filter.Options
+}
+
+var _ apigen.StrictServerInterface = (*Server)(nil)
+
+// New returns the service's HTTP handler.
+func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (http.Handler, error) {
+	spec, err := apigen.GetSwagger()
+	if err != nil {
+		return nil, fmt.Errorf("load embedded spec: %w", err)
+	}
+	// Match operations on their paths alone, whatever host the service is
+	// reached by.
+	spec.Servers = nil
+	router, err := gorillamux.NewRouter(spec)
+	if err != nil {
+		return nil, fmt.Errorf("route spec: %w", err)
+	}
+	s := &Server{
+		cfg:    cfg,
+		pool:   pool,
+		log:    log,
+		auth:   auth.NewAuthenticator(pool, cfg.AuthCacheTTL),
+		keys:   idempotency.NewStore(pool, cfg.Lease, log),
+		router: router,
+		validation: openapi3filter.Options{
+			MultiError: true,
+			// Authentication already happened, in the contract middleware.
+			AuthenticationFunc: openapi3filter.NoopAuthenticationFunc,
+			// Leave the request as the client sent it; handlers apply defaults.
+			SkipSettingDefaults: true,
+		},
+	}
+
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = s.handleError
+	e.Use(middleware.Recover())
+	e.Use(s.logRequests)
+	e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
+		AllowOrigins:  []string{"*"},
+		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key"},
+		ExposeHeaders: []string{"Idempotent-Replayed", "Retry-After", "Location"},
+	}))
+	e.Use(s.contract)
+
+	apigen.RegisterHandlers(e, apigen.NewStrictHandler(s, nil))
+	e.GET("/openapi.yaml", func(c echo.Context) error {
+		return c.Blob(http.StatusOK, "application/yaml", api.Spec)
+	})
+	e.GET("/*", echo.WrapHandler(http.FileServerFS(web.Files)))
+	return e, nil
+}
+
+// logRequests logs one line per request. It never logs headers or bodies:
+// they carry API keys and, later, payment details.
+func (s *Server) logRequests(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		err := next(c)
+		if err != nil {
+			c.Error(err) // write the response now, so the status below is final
+		}
+		req := c.Request()
+		s.log.LogAttrs(req.Context(), slog.LevelInfo, "request",
+			slog.String("method", req.Method),
+			slog.String("path", req.URL.Path),
+			slog.Int("status", c.Response().Status),
+			slog.Duration("duration", time.Since(start)),
+		)
+		return nil
+	}
+}
+
+// GetHealthz reports that the process is up. It touches nothing else, so
+// an orchestrator does not restart a healthy process because of a slow
+// database.
+func (s *Server) GetHealthz(context.Context, apigen.GetHealthzRequestObject) (apigen.GetHealthzResponseObject, error) {
+	return apigen.GetHealthz200JSONResponse{Status: "ok"}, nil
+}
+
+// GetReadyz reports whether the service can serve: the database answers.
+func (s *Server) GetReadyz(ctx context.Context, _ apigen.GetReadyzRequestObject) (apigen.GetReadyzResponseObject, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := s.pool.Ping(ctx); err != nil {
+		s.log.WarnContext(ctx, "readiness: database unreachable", "err", err)
+		p := problem.New(problem.ServiceUnavailable, "the database is not reachable")
+		p.RetryAfter = 1
+		return nil, p
+	}
+	return apigen.GetReadyz200JSONResponse{Status: "ok"}, nil
+}
