@@ -33,8 +33,9 @@ type Config struct {
 	AuthCacheTTL time.Duration
 }
 
-// DefaultDatabaseURL is the local PostgreSQL of the README.
-const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable"
+// DefaultDatabaseURL is the local PostgreSQL of the README. pool_max_conns
+// is pgx's pool size setting (its own default is 4 on a small machine).
+const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable&pool_max_conns=20"
 
 // LoadConfig reads the configuration through getenv, applying defaults,
 // and reports every invalid variable at once.

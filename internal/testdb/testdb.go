@@ -60,10 +60,17 @@ func NewPool(t testing.TB) *pgxpool.Pool {
 	return Pool(t, New(t))
 }
 
-// Pool opens a pool on databaseURL, closed when t ends.
+// Pool opens a pool on databaseURL, closed when t ends. It allows 20
+// connections (pgx's default is 4 on a small machine), so concurrency tests
+// really run their requests in parallel in the database.
 func Pool(t testing.TB, databaseURL string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), databaseURL)
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		t.Fatalf("parse database URL: %v", err)
+	}
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("open pool: %v", err)
 	}

@@ -1,0 +1,272 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/orders"
+	"github.com/retrysafe/payments/internal/problem"
+	"github.com/retrysafe/payments/internal/testdb"
+)
+
+// These tests drive the store directly against a real PostgreSQL, to pin
+// down interleavings (a stalled owner, a takeover) that HTTP cannot time.
+
+func newStore(t *testing.T, lease time.Duration) (*Store, *pgxpool.Pool) {
+	t.Helper()
+	pool := testdb.NewPool(t)
+	if err := auth.SeedDemoCallers(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	return NewStore(pool, lease, slog.New(slog.NewTextHandler(io.Discard, nil))), pool
+}
+
+func testRequest(t *testing.T, key string) Request {
+	t.Helper()
+	fp, err := Fingerprint("POST", "/v1/orders", []byte(`{"amount":100,"currency":"usd"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Request{CallerID: "acme", Key: key, Method: "POST", Path: "/v1/orders", Fingerprint: fp}
+}
+
+// expireLease simulates the passage of the lease on the database clock:
+// the owner "crashed" long enough ago.
+func expireLease(t *testing.T, pool *pgxpool.Pool, key string) {
+	t.Helper()
+	tag, err := pool.Exec(context.Background(),
+		`UPDATE idempotency_keys SET locked_until = now() - interval '1 second' WHERE caller_id = 'acme' AND key = $1 AND status = 'in_progress'`, key)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("expire lease of %q: %v (%d rows)", key, err, tag.RowsAffected())
+	}
+}
+
+func countOrders(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// createOrderPhase is the order-creation phase, responding with the order id.
+func createOrderPhase(ctx context.Context, tx pgx.Tx) (Result, error) {
+	o, err := orders.Create(ctx, tx, "acme", orders.NewOrder{Amount: 100, Currency: "usd"})
+	if err != nil {
+		return nil, err
+	}
+	return JSONResponse(http.StatusCreated, nil, map[string]string{"id": o.ID})
+}
+
+func wantInProgress(t *testing.T, err error) {
+	t.Helper()
+	var p *problem.Error
+	if !errors.As(err, &p) || p.Code != problem.IdempotencyKeyInUse || p.RetryAfter <= 0 {
+		t.Fatalf("got %v; want a 409 in-progress problem with Retry-After", err)
+	}
+}
+
+func TestClaimIsAtomicUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, time.Minute)
+	req := testRequest(t, "race")
+	const n = 40
+	var (
+		wg     sync.WaitGroup
+		start  = make(chan struct{})
+		leases = make(chan *Lease, n)
+		errs   = make(chan error, n)
+	)
+	for range n {
+		wg.Go(func() {
+			<-start
+			l, replay, err := s.claim(context.Background(), req)
+			switch {
+			case err != nil:
+				errs <- err
+			case replay != nil:
+				errs <- errors.New("replay of an operation that never completed")
+			default:
+				leases <- l
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(leases)
+	close(errs)
+	if len(leases) != 1 {
+		t.Fatalf("%d requests own the key; want exactly 1", len(leases))
+	}
+	for err := range errs {
+		wantInProgress(t, err)
+	}
+	if l := <-leases; l.record.Attempt != 1 || l.RecoveryPoint() != RecoveryStarted {
+		t.Errorf("owner has attempt %d at %q; want 1 at started", l.record.Attempt, l.RecoveryPoint())
+	}
+}
+
+func TestTakeoverResumesFromRecoveryPoint(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t, time.Minute)
+	ctx := context.Background()
+	req := testRequest(t, "crashed")
+
+	first, _, err := s.claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first owner passes one phase boundary, then "crashes".
+	if err := first.Phase(ctx, func(context.Context, pgx.Tx) (Result, error) {
+		return RecoveryPoint("charge_created"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// While its lease is live, a retry is told to wait.
+	_, _, err = s.claim(ctx, req)
+	wantInProgress(t, err)
+
+	expireLease(t, pool, "crashed")
+	second, _, err := s.claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.record.Attempt != 2 || second.RecoveryPoint() != "charge_created" {
+		t.Fatalf("takeover at attempt %d, point %q; want attempt 2 at charge_created", second.record.Attempt, second.RecoveryPoint())
+	}
+	if err := second.Phase(ctx, createOrderPhase); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(ctx, "acme", "crashed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != StatusCompleted || rec.RecoveryPoint != "finished" || rec.LockedUntil != nil || rec.Attempt != 2 {
+		t.Errorf("record after takeover: status %s, point %s, locked_until %v, attempt %d", rec.Status, rec.RecoveryPoint, rec.LockedUntil, rec.Attempt)
+	}
+	if n := countOrders(t, pool); n != 1 {
+		t.Errorf("%d orders; want 1", n)
+	}
+}
+
+func TestOnlyOneTakeoverWins(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t, time.Minute)
+	req := testRequest(t, "contended")
+	if _, _, err := s.claim(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	expireLease(t, pool, "contended")
+
+	const n = 20
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	var mu sync.Mutex
+	var owners []*Lease
+	for range n {
+		wg.Go(func() {
+			<-start
+			l, _, err := s.claim(context.Background(), req)
+			if err != nil {
+				wantInProgress(t, err)
+				return
+			}
+			mu.Lock()
+			owners = append(owners, l)
+			mu.Unlock()
+		})
+	}
+	close(start)
+	wg.Wait()
+	if len(owners) != 1 || owners[0].record.Attempt != 2 {
+		t.Fatalf("%d takeovers; want exactly one, at attempt 2", len(owners))
+	}
+}
+
+// TestStaleOwnerCannotOverwrite is the fencing guarantee: an owner that
+// stalls mid-phase past its lease, while a newer attempt takes over and
+// finishes, finds its late write refused and its phase rolled back.
+func TestStaleOwnerCannotOverwrite(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t, time.Minute)
+	ctx := context.Background()
+	req := testRequest(t, "fenced")
+
+	stale, _, err := s.claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inPhase, resume := make(chan struct{}), make(chan struct{})
+	staleDone := make(chan error, 1)
+	go func() {
+		staleDone <- stale.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (Result, error) {
+			res, err := createOrderPhase(ctx, tx) // the stale owner's effect, uncommitted
+			close(inPhase)
+			<-resume // ... and here it stalls, past its lease
+			return res, err
+		})
+	}()
+	<-inPhase
+
+	expireLease(t, pool, "fenced")
+	fresh, _, err := s.claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fresh.Phase(ctx, createOrderPhase); err != nil {
+		t.Fatal(err)
+	}
+	close(resume)
+	if err := <-staleDone; !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("stale owner's phase returned %v; want ErrLeaseLost", err)
+	}
+	// Its other writes are refused too.
+	if err := stale.Phase(ctx, func(context.Context, pgx.Tx) (Result, error) { return RecoveryPoint("charge_created"), nil }); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("stale recovery point write returned %v; want ErrLeaseLost", err)
+	}
+
+	rec, err := s.Get(ctx, "acme", "fenced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body struct{ ID string }
+	if err := json.Unmarshal(rec.ResponseBody, &body); err != nil {
+		t.Fatal(err)
+	}
+	var onlyOrder string
+	if err := pool.QueryRow(ctx, `SELECT id FROM orders`).Scan(&onlyOrder); err != nil {
+		t.Fatalf("want exactly one order: %v", err)
+	}
+	if rec.Attempt != 2 || rec.RecoveryPoint != "finished" || body.ID != onlyOrder || fresh.response == nil {
+		t.Errorf("record: attempt %d, point %s, response order %s; the only order is %s", rec.Attempt, rec.RecoveryPoint, body.ID, onlyOrder)
+	}
+}
+
+func TestExecuteDetachesFromCancellation(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t, time.Minute)
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := s.Execute(ctx, testRequest(t, "detached"), func(ctx context.Context, l *Lease) error {
+		cancel() // the client hangs up mid-operation
+		return l.Phase(ctx, createOrderPhase)
+	})
+	if err != nil || resp.Status != http.StatusCreated {
+		t.Fatalf("Execute after the caller's cancellation: %v, %v; want the operation to finish", resp, err)
+	}
+	if n := countOrders(t, pool); n != 1 {
+		t.Errorf("%d orders; want 1", n)
+	}
+}

@@ -1,0 +1,353 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/payments/internal/idempotency"
+)
+
+// The tests in this file walk the idempotency contract table of DESIGN.md,
+// one row at a time, through HTTP against a real database.
+
+const teaOrder = `{"amount":1999,"currency":"usd","description":"Tea"}`
+
+// Row: same key, completed → the stored response, byte for byte, with the
+// allow-listed headers and Idempotent-Replayed: true.
+func TestReplayIsByteIdentical(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+
+	first := ts.createOrder(t, `"replay-1"`, teaOrder)
+	if first.Status != http.StatusCreated {
+		t.Fatalf("create: %d %s", first.Status, first.Body)
+	}
+	if first.Header.Get("Idempotent-Replayed") != "" {
+		t.Error("the first response is marked as a replay")
+	}
+	var o struct{ ID, Status, Currency, Description string }
+	first.decode(t, &o)
+	if !strings.HasPrefix(o.ID, "ord_") || o.Status != "pending" || first.Header.Get("Location") != "/v1/orders/"+o.ID {
+		t.Fatalf("created order %+v with Location %q", o, first.Header.Get("Location"))
+	}
+
+	// The same logical request: bare key form, keys reordered, other spacing.
+	again := ts.createOrder(t, `replay-1`, `{ "description": "Tea", "currency": "usd", "amount": 1999 }`)
+	if again.Status != first.Status || !bytes.Equal(again.Body, first.Body) {
+		t.Fatalf("replay: %d %s; want %d %s", again.Status, again.Body, first.Status, first.Body)
+	}
+	if again.Header.Get("Idempotent-Replayed") != "true" {
+		t.Error("replay lacks Idempotent-Replayed: true")
+	}
+	for _, h := range []string{"Content-Type", "Location"} {
+		if again.Header.Get(h) != first.Header.Get(h) {
+			t.Errorf("replayed %s = %q; want %q", h, again.Header.Get(h), first.Header.Get(h))
+		}
+	}
+	if n := ts.count(t, "orders"); n != 1 {
+		t.Errorf("%d orders; want 1", n)
+	}
+
+	// Only allow-listed headers are stored.
+	var stored map[string][]string
+	if err := ts.db.QueryRow(context.Background(), `SELECT response_headers FROM idempotency_keys`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	for name := range stored {
+		if name != "Content-Type" && name != "Location" && name != "Content-Encoding" {
+			t.Errorf("stored header %s is not on the allow-list", name)
+		}
+	}
+}
+
+// Row: key missing on a keyed operation → 400, not stored.
+func TestKeyMissing(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	res := ts.do(t, request{method: "POST", path: "/v1/orders", apiKey: "sk_test_acme", body: teaOrder})
+	res.wantProblem(t, http.StatusBadRequest, "idempotency_key_missing")
+	if ts.count(t, "idempotency_keys")+ts.count(t, "orders") != 0 {
+		t.Error("a request without a key changed something")
+	}
+}
+
+// Row: key malformed (empty, too long, bad characters, repeated) → 400, not stored.
+func TestKeyMalformed(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	for name, lines := range map[string][]string{
+		"empty sf-string":  {`""`},
+		"too long":         {strings.Repeat("k", 256)},
+		"too long quoted":  {`"` + strings.Repeat("k", 256) + `"`},
+		"non-ASCII":        {"clé-1"},
+		"tab inside":       {"a\tb"},
+		"unterminated":     {`"abc`},
+		"after the quotes": {`"abc"def`},
+		"repeated lines":   {"k1", "k1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			res := ts.do(t, request{method: "POST", path: "/v1/orders", apiKey: "sk_test_acme",
+				header: http.Header{"Idempotency-Key": lines}, body: teaOrder})
+			res.wantProblem(t, http.StatusBadRequest, "idempotency_key_invalid")
+		})
+	}
+	if ts.count(t, "idempotency_keys")+ts.count(t, "orders") != 0 {
+		t.Error("a request with a malformed key changed something")
+	}
+	// The longest valid key works.
+	if res := ts.createOrder(t, strings.Repeat("k", 255), teaOrder); res.Status != http.StatusCreated {
+		t.Errorf("255-character key: %d %s", res.Status, res.Body)
+	}
+}
+
+// Row: request invalid → 400 with field details, not stored, so a corrected
+// retry under the same key works.
+func TestInvalidRequestIsNotStored(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	bad := ts.createOrder(t, "fix-me", `{"amount":0,"currency":"usd"}`)
+	p := bad.wantProblem(t, http.StatusBadRequest, "invalid_request")
+	errs, _ := p["errors"].([]any)
+	if len(errs) != 1 || errs[0].(map[string]any)["field"] != "/amount" {
+		t.Errorf("field errors %v; want one for /amount", p["errors"])
+	}
+	if n := ts.count(t, "idempotency_keys"); n != 0 {
+		t.Fatalf("an invalid request stored %d key records", n)
+	}
+	if good := ts.createOrder(t, "fix-me", teaOrder); good.Status != http.StatusCreated {
+		t.Fatalf("corrected retry with the same key: %d %s; want 201", good.Status, good.Body)
+	}
+}
+
+// Row: same key, different fingerprint → 422, never a silent success.
+func TestKeyReusedForDifferentRequest(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	if res := ts.createOrder(t, "reuse", teaOrder); res.Status != http.StatusCreated {
+		t.Fatal(res.Status)
+	}
+	for _, body := range []string{
+		`{"amount":2000,"currency":"usd","description":"Tea"}`,
+		`{"amount":1999,"currency":"usd"}`,
+		`{"amount":1999,"currency":"eur","description":"Tea"}`,
+	} {
+		ts.createOrder(t, "reuse", body).wantProblem(t, http.StatusUnprocessableEntity, "idempotency_key_reused")
+	}
+	if n := ts.count(t, "orders"); n != 1 {
+		t.Errorf("%d orders; want 1", n)
+	}
+}
+
+// Row: same key, first request still in progress (lease live) → 409 with
+// Retry-After. The first request is held inside its effect transaction by a
+// table lock, so "in progress" is a fact, not a timing accident.
+func TestInProgressIsConflict(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	release := ts.blockOrderInserts(t)
+
+	firstDone := make(chan response, 1)
+	go func() { firstDone <- ts.createOrder(t, "slow", teaOrder) }()
+	ts.waitForBlockedOrderInsert(t, 1)
+
+	dup := ts.createOrder(t, "slow", teaOrder)
+	dup.wantProblem(t, http.StatusConflict, "idempotency_key_in_use")
+	if ra := dup.Header.Get("Retry-After"); ra != "1" {
+		t.Errorf("Retry-After = %q; want 1 (seconds)", ra)
+	}
+	// A different body under the in-progress key is still a misuse: 422.
+	ts.createOrder(t, "slow", `{"amount":1,"currency":"usd"}`).wantProblem(t, http.StatusUnprocessableEntity, "idempotency_key_reused")
+	// The record says so too.
+	var rec struct {
+		Status      string     `json:"status"`
+		LockedUntil *time.Time `json:"locked_until"`
+	}
+	ts.get(t, "/v1/idempotency-keys/slow").decode(t, &rec)
+	if rec.Status != "in_progress" || rec.LockedUntil == nil {
+		t.Errorf("record while in progress: %+v", rec)
+	}
+
+	release()
+	first := <-firstDone
+	if first.Status != http.StatusCreated {
+		t.Fatalf("first request: %d %s", first.Status, first.Body)
+	}
+	if replay := ts.createOrder(t, "slow", teaOrder); !bytes.Equal(replay.Body, first.Body) || replay.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("after completion: %d %s; want the replay of %s", replay.Status, replay.Body, first.Body)
+	}
+}
+
+// Row: same key, in progress but its lease expired (a crash) → take over and
+// resume from the recovery point. The crashed request is a record left at
+// "started" with an expired lease, exactly what a killed process leaves.
+func TestExpiredLeaseIsTakenOver(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	fp, err := idempotency.Fingerprint("POST", "/v1/orders", []byte(teaOrder))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ts.db.Exec(context.Background(), `
+		INSERT INTO idempotency_keys (caller_id, key, request_method, request_path, request_fingerprint, locked_until, created_at)
+		VALUES ('acme', 'crashed', 'POST', '/v1/orders', $1, now() - interval '1 second', now() - interval '1 minute')`, fp)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	res := ts.createOrder(t, "crashed", teaOrder)
+	if res.Status != http.StatusCreated || res.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after the crash: %d %v %s; want a fresh 201", res.Status, res.Header, res.Body)
+	}
+	var rec struct {
+		Status        string `json:"status"`
+		RecoveryPoint string `json:"recovery_point"`
+		Attempt       int    `json:"attempt"`
+	}
+	ts.get(t, "/v1/idempotency-keys/crashed").decode(t, &rec)
+	if rec.Attempt != 2 || rec.Status != "completed" || rec.RecoveryPoint != "finished" {
+		t.Errorf("record %+v; want completed at finished, attempt 2 (the takeover)", rec)
+	}
+	if n := ts.count(t, "orders"); n != 1 {
+		t.Errorf("%d orders; want exactly 1", n)
+	}
+	if replay := ts.createOrder(t, "crashed", teaOrder); !bytes.Equal(replay.Body, res.Body) {
+		t.Errorf("replay after takeover differs: %s vs %s", replay.Body, res.Body)
+	}
+}
+
+// Row: an error after execution began is a final outcome: stored and
+// replayed. A trigger makes the order insert fail with a non-transient
+// error, as a bug or a violated invariant would.
+func TestFinalErrorIsStoredAndReplayed(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	_, err := ts.db.Exec(context.Background(), `
+		CREATE FUNCTION explode() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.description = 'explode' THEN RAISE EXCEPTION 'boom'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER explode BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION explode();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"amount":5,"currency":"usd","description":"explode"}`
+	first := ts.createOrder(t, "final", body)
+	p := first.wantProblem(t, http.StatusInternalServerError, "internal_error")
+	if strings.Contains(string(first.Body), "boom") {
+		t.Errorf("the 500 leaks internals: %v", p)
+	}
+	again := ts.createOrder(t, "final", body)
+	if again.Status != 500 || !bytes.Equal(again.Body, first.Body) || again.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("retry of a final error: %d %s; want the stored 500 replayed", again.Status, again.Body)
+	}
+	if n := ts.count(t, "orders"); n != 0 {
+		t.Errorf("%d orders; want none", n)
+	}
+}
+
+// A transient failure during execution is not final: 503 with Retry-After,
+// nothing stored, the lease released, and the retry under the same key
+// resumes and succeeds once.
+func TestTransientErrorIsNotStored(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	ctx := context.Background()
+	_, err := ts.db.Exec(ctx, `
+		CREATE FUNCTION flaky() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			RAISE EXCEPTION 'could not serialize' USING ERRCODE = 'serialization_failure';
+		END $$;
+		CREATE TRIGGER flaky BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION flaky();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := ts.createOrder(t, "transient", teaOrder)
+	first.wantProblem(t, http.StatusServiceUnavailable, "service_unavailable")
+	if first.Header.Get("Retry-After") == "" {
+		t.Error("503 without Retry-After")
+	}
+	var released bool
+	err = ts.db.QueryRow(ctx, `SELECT status = 'in_progress' AND recovery_point = 'started' AND locked_until <= now() FROM idempotency_keys WHERE key = 'transient'`).Scan(&released)
+	if err != nil || !released {
+		t.Fatalf("after a transient failure the record should be in progress at started with its lease released (%v)", err)
+	}
+
+	if _, err := ts.db.Exec(ctx, `DROP TRIGGER flaky ON orders`); err != nil {
+		t.Fatal(err)
+	}
+	retry := ts.createOrder(t, "transient", teaOrder)
+	if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after the failure cleared: %d %s; want a fresh 201", retry.Status, retry.Body)
+	}
+	if n := ts.count(t, "orders"); n != 1 {
+		t.Errorf("%d orders; want 1", n)
+	}
+}
+
+// Row: same key after the retention window → a new operation (the old
+// record is gone). The sweeper deletes the record; here the test does.
+func TestKeyAfterRetentionIsNewOperation(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	first := ts.createOrder(t, "old", teaOrder)
+	if _, err := ts.db.Exec(context.Background(), `DELETE FROM idempotency_keys WHERE key = 'old'`); err != nil {
+		t.Fatal(err)
+	}
+	second := ts.createOrder(t, "old", `{"amount":1,"currency":"eur"}`)
+	if second.Status != http.StatusCreated || second.Header.Get("Idempotent-Replayed") != "" || bytes.Equal(first.Body, second.Body) {
+		t.Fatalf("reused key after its record expired: %d %s", second.Status, second.Body)
+	}
+	if n := ts.count(t, "orders"); n != 2 {
+		t.Errorf("%d orders; want 2", n)
+	}
+}
+
+func TestIdempotencyKeyRecord(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withConfig(func(c *Config) { c.Retention = 36 * time.Hour }))
+	key := `order 7/b "quoted" 100%`
+	sfKey := `"order 7/b \"quoted\" 100%"`
+	if res := ts.createOrder(t, sfKey, teaOrder); res.Status != http.StatusCreated {
+		t.Fatal(res.Status, string(res.Body))
+	}
+	res := ts.get(t, "/v1/idempotency-keys/"+url.PathEscape(key))
+	if res.Status != http.StatusOK {
+		t.Fatalf("%d %s", res.Status, res.Body)
+	}
+	var rec struct {
+		Key            string    `json:"key"`
+		Status         string    `json:"status"`
+		RecoveryPoint  string    `json:"recovery_point"`
+		RequestMethod  string    `json:"request_method"`
+		RequestPath    string    `json:"request_path"`
+		Attempt        int       `json:"attempt"`
+		ResponseStatus int       `json:"response_status"`
+		CreatedAt      time.Time `json:"created_at"`
+		ExpiresAt      time.Time `json:"expires_at"`
+	}
+	res.decode(t, &rec)
+	var raw map[string]any
+	res.decode(t, &raw)
+	if rec.Key != key || rec.Status != "completed" || rec.RecoveryPoint != "finished" || rec.Attempt != 1 ||
+		rec.RequestMethod != "POST" || rec.RequestPath != "/v1/orders" || rec.ResponseStatus != 201 {
+		t.Errorf("record %+v", rec)
+	}
+	if raw["locked_until"] != nil {
+		t.Errorf("completed record has locked_until %v", raw["locked_until"])
+	}
+	if got := rec.ExpiresAt.Sub(rec.CreatedAt); got != 36*time.Hour {
+		t.Errorf("expires_at - created_at = %s; want the retention window, 36h", got)
+	}
+	for _, secret := range []string{"request_fingerprint", "response_body", "caller_id"} {
+		if _, ok := raw[secret]; ok {
+			t.Errorf("record exposes %s", secret)
+		}
+	}
+	ts.get(t, "/v1/idempotency-keys/never-used").wantProblem(t, http.StatusNotFound, "not_found")
+}

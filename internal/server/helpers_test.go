@@ -1,0 +1,226 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/testdb"
+)
+
+// testServer is the real service (handler, contract middleware,
+// idempotency layer) over HTTP, on its own freshly migrated database.
+type testServer struct {
+	URL string
+	cfg Config
+	// db is the test's own connection to the database, separate from the
+	// server's pool, for arranging and inspecting rows.
+	db *pgxpool.Pool
+}
+
+type serverOptions struct {
+	config func(*Config)
+	wrap   func(http.Handler) http.Handler
+}
+
+func newTestServer(t *testing.T, opts ...func(*serverOptions)) *testServer {
+	t.Helper()
+	var o serverOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	dbURL := testdb.New(t)
+	cfg, err := LoadConfig(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DatabaseURL = dbURL
+	if o.config != nil {
+		o.config(&cfg)
+	}
+	serverPool := testdb.Pool(t, dbURL)
+	if err := auth.SeedDemoCallers(context.Background(), serverPool); err != nil {
+		t.Fatal(err)
+	}
+	h, err := New(cfg, serverPool, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.wrap != nil {
+		h = o.wrap(h)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &testServer{URL: srv.URL, cfg: cfg, db: testdb.Pool(t, dbURL)}
+}
+
+func withConfig(f func(*Config)) func(*serverOptions) {
+	return func(o *serverOptions) { o.config = f }
+}
+
+// response is what came back, body read in full.
+type response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+func (r response) problem(t *testing.T) map[string]any {
+	t.Helper()
+	if ct := r.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("status %d with Content-Type %q; want application/problem+json. Body: %s", r.Status, ct, r.Body)
+	}
+	var p map[string]any
+	if err := json.Unmarshal(r.Body, &p); err != nil {
+		t.Fatalf("problem body: %v: %s", err, r.Body)
+	}
+	return p
+}
+
+// wantProblem checks r is the problem of that status and code.
+func (r response) wantProblem(t *testing.T, status int, code string) map[string]any {
+	t.Helper()
+	if r.Status != status {
+		t.Fatalf("status %d, want %d. Body: %s", r.Status, status, r.Body)
+	}
+	p := r.problem(t)
+	if p["code"] != code || p["status"] != float64(status) || p["type"] == "" || p["title"] == "" {
+		t.Fatalf("problem %v; want code %q, status %d, a type and a title", p, code, status)
+	}
+	return p
+}
+
+func (r response) decode(t *testing.T, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.Body, v); err != nil {
+		t.Fatalf("decode %s: %v", r.Body, err)
+	}
+}
+
+// request is one HTTP request to the test server.
+type request struct {
+	method, path string
+	apiKey       string      // "" for none; defaults are set by the helpers
+	header       http.Header // extra headers, e.g. several Idempotency-Key lines
+	body         string
+}
+
+func (ts *testServer) send(t testing.TB, ctx context.Context, r request) (response, error) {
+	var body io.Reader
+	if r.body != "" {
+		body = bytes.NewBufferString(r.body)
+	}
+	req, err := http.NewRequestWithContext(ctx, r.method, ts.URL+r.path, body)
+	if err != nil {
+		return response{}, err
+	}
+	if r.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+r.apiKey)
+	}
+	if r.body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range r.header {
+		req.Header[k] = v
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return response{}, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	return response{Status: res.StatusCode, Header: res.Header, Body: b}, err
+}
+
+func (ts *testServer) do(t testing.TB, r request) response {
+	t.Helper()
+	res, err := ts.send(t, context.Background(), r)
+	if err != nil {
+		t.Fatalf("%s %s: %v", r.method, r.path, err)
+	}
+	return res
+}
+
+// createOrder posts body to /v1/orders as acme under key.
+func (ts *testServer) createOrder(t testing.TB, key, body string) response {
+	t.Helper()
+	return ts.do(t, ordersRequest(key, body))
+}
+
+func ordersRequest(key, body string) request {
+	return request{method: "POST", path: "/v1/orders", apiKey: "sk_test_acme",
+		header: http.Header{"Idempotency-Key": {key}}, body: body}
+}
+
+func (ts *testServer) get(t testing.TB, path string) response {
+	t.Helper()
+	return ts.do(t, request{method: "GET", path: path, apiKey: "sk_test_acme"})
+}
+
+// count returns the number of rows in table (a constant in the test).
+func (ts *testServer) count(t testing.TB, table string) int {
+	t.Helper()
+	var n int
+	if err := ts.db.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// blockOrderInserts makes every INSERT INTO orders wait, by holding a lock
+// that conflicts with it in an open transaction, until release is called.
+// It is how a test holds a request in the middle of its execution, at a
+// known place, without sleeping.
+func (ts *testServer) blockOrderInserts(t *testing.T) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := ts.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE orders IN SHARE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release = func() {
+		if !released {
+			released = true
+			_ = tx.Rollback(ctx)
+		}
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// waitForBlockedOrderInsert waits until n server connections are waiting
+// on the lock of blockOrderInserts, i.e. n requests have claimed their key
+// and are inside their effect transaction.
+func (ts *testServer) waitForBlockedOrderInsert(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		err := ts.db.QueryRow(context.Background(), `
+			SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO orders%'`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d order inserts waiting on the lock after 10s; want %d", waiting, n)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the database for a state, not waiting for time to pass
+	}
+}
