@@ -197,8 +197,9 @@ func TestOnlyOneTakeoverWins(t *testing.T) {
 }
 
 // TestStaleOwnerCannotOverwrite is the fencing guarantee: an owner that
-// stalls mid-phase past its lease, while a newer attempt takes over and
-// finishes, finds its late write refused and its phase rolled back.
+// stalls mid-phase past its lease, while a newer attempt takes over, finds
+// its late writes refused and its phase (effect included) rolled back; the
+// newer attempt's result is the one that stands.
 func TestStaleOwnerCannotOverwrite(t *testing.T) {
 	t.Parallel()
 	s, pool := newStore(t, time.Minute)
@@ -210,6 +211,9 @@ func TestStaleOwnerCannotOverwrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	inPhase, resume := make(chan struct{}), make(chan struct{})
+	var resumeOnce sync.Once
+	unstall := func() { resumeOnce.Do(func() { close(resume) }) }
+	t.Cleanup(unstall) // never leave the stalled phase holding a connection
 	staleDone := make(chan error, 1)
 	go func() {
 		staleDone <- stale.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (Result, error) {
@@ -226,16 +230,18 @@ func TestStaleOwnerCannotOverwrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fresh.Phase(ctx, createOrderPhase); err != nil {
-		t.Fatal(err)
-	}
-	close(resume)
+	// The stale owner wakes up while the new owner is still mid-operation
+	// (the record is in progress either way): only the attempt number tells
+	// the two apart, and it must refuse the stale write.
+	unstall()
 	if err := <-staleDone; !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("stale owner's phase returned %v; want ErrLeaseLost", err)
 	}
-	// Its other writes are refused too.
 	if err := stale.Phase(ctx, func(context.Context, pgx.Tx) (Result, error) { return RecoveryPoint("charge_created"), nil }); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("stale recovery point write returned %v; want ErrLeaseLost", err)
+	}
+	if err := fresh.Phase(ctx, createOrderPhase); err != nil {
+		t.Fatal(err)
 	}
 
 	rec, err := s.Get(ctx, "acme", "fenced")
