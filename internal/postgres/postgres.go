@@ -87,6 +87,9 @@ func Migrate(pool *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
+	// Close returns the connection the driver holds to the pool; without it
+	// pool.Close would wait for that connection forever.
+	defer m.Close()
 	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
 		return fmt.Errorf("migrate: %w", err)
 	}
