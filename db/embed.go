@@ -6,6 +6,8 @@ package db
 
 import "embed"
 
+//go:generate go tool sqlc generate -f ../sqlc.yaml
+
 // Migrations is the migrations/ directory, for golang-migrate's iofs source.
 //
 //go:embed migrations/*.sql

@@ -30,9 +30,10 @@ type testServer struct {
 type serverOptions struct {
 	config func(*Config)
 	wrap   func(http.Handler) http.Handler
+	pool   func(*pgxpool.Config)
 }
 
-func newTestServer(t *testing.T, opts ...func(*serverOptions)) *testServer {
+func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	t.Helper()
 	var o serverOptions
 	for _, opt := range opts {
@@ -47,7 +48,11 @@ func newTestServer(t *testing.T, opts ...func(*serverOptions)) *testServer {
 	if o.config != nil {
 		o.config(&cfg)
 	}
-	serverPool := testdb.Pool(t, dbURL)
+	var poolOptions []func(*pgxpool.Config)
+	if o.pool != nil {
+		poolOptions = append(poolOptions, o.pool)
+	}
+	serverPool := testdb.Pool(t, dbURL, poolOptions...)
 	if err := auth.SeedDemoCallers(context.Background(), serverPool); err != nil {
 		t.Fatal(err)
 	}

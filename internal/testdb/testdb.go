@@ -13,8 +13,11 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver pgtestdb uses
 	"github.com/peterldowns/pgtestdb"
@@ -49,9 +52,32 @@ func New(t testing.TB) string {
 		Options:                   u.RawQuery,
 		ForceTerminateConnections: true, // servers killed by crash tests may leave connections behind
 	}
+	reachable.Do(func() { reachErr = ping(raw) })
+	if reachErr != nil {
+		t.Fatalf("PostgreSQL is not answering at %s: %v\n"+
+			"The tests need a real PostgreSQL. Start the local one:\n"+
+			"  pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start   (Debian)\n"+
+			"or run one in a container (docker compose up -d db), or point TEST_DATABASE_URL at one.",
+			u.Redacted(), reachErr)
+	}
 	migrator := golangmigrator.New("migrations", golangmigrator.WithFS(db.Migrations))
 	instance := pgtestdb.Custom(t, conf, migrator)
 	return instance.URL()
+}
+
+var (
+	reachable sync.Once
+	reachErr  error
+)
+
+func ping(databaseURL string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
 }
 
 // NewPool returns a pool on a new migrated database for t.
@@ -62,14 +88,18 @@ func NewPool(t testing.TB) *pgxpool.Pool {
 
 // Pool opens a pool on databaseURL, closed when t ends. It allows 20
 // connections (pgx's default is 4 on a small machine), so concurrency tests
-// really run their requests in parallel in the database.
-func Pool(t testing.TB, databaseURL string) *pgxpool.Pool {
+// really run their requests in parallel in the database. Options adjust
+// the pool's configuration (a benchmark adds a query tracer).
+func Pool(t testing.TB, databaseURL string, options ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		t.Fatalf("parse database URL: %v", err)
 	}
 	cfg.MaxConns = 20
+	for _, o := range options {
+		o(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("open pool: %v", err)
