@@ -2177,18 +2177,19 @@ func (response GetIdempotencyKey500ApplicationProblemPlusJSONResponse) VisitGetI
 	return err
 }
 
-type GetIdempotencyKey501ApplicationProblemPlusJSONResponse struct {
-	NotImplementedApplicationProblemPlusJSONResponse
+type GetIdempotencyKey503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
 }
 
-func (response GetIdempotencyKey501ApplicationProblemPlusJSONResponse) VisitGetIdempotencyKeyResponse(w http.ResponseWriter) error {
+func (response GetIdempotencyKey503ApplicationProblemPlusJSONResponse) VisitGetIdempotencyKeyResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(501)
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2269,18 +2270,19 @@ func (response ListOrders500ApplicationProblemPlusJSONResponse) VisitListOrdersR
 	return err
 }
 
-type ListOrders501ApplicationProblemPlusJSONResponse struct {
-	NotImplementedApplicationProblemPlusJSONResponse
+type ListOrders503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
 }
 
-func (response ListOrders501ApplicationProblemPlusJSONResponse) VisitListOrdersResponse(w http.ResponseWriter) error {
+func (response ListOrders503ApplicationProblemPlusJSONResponse) VisitListOrdersResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(501)
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2439,18 +2441,19 @@ func (response CreateOrder500ApplicationProblemPlusJSONResponse) VisitCreateOrde
 	return err
 }
 
-type CreateOrder501ApplicationProblemPlusJSONResponse struct {
-	NotImplementedApplicationProblemPlusJSONResponse
+type CreateOrder503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
 }
 
-func (response CreateOrder501ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
+func (response CreateOrder503ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(501)
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2547,18 +2550,19 @@ func (response GetOrder500ApplicationProblemPlusJSONResponse) VisitGetOrderRespo
 	return err
 }
 
-type GetOrder501ApplicationProblemPlusJSONResponse struct {
-	NotImplementedApplicationProblemPlusJSONResponse
+type GetOrder503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
 }
 
-func (response GetOrder501ApplicationProblemPlusJSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
+func (response GetOrder503ApplicationProblemPlusJSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(501)
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2671,18 +2675,19 @@ func (response CancelOrder500ApplicationProblemPlusJSONResponse) VisitCancelOrde
 	return err
 }
 
-type CancelOrder501ApplicationProblemPlusJSONResponse struct {
-	NotImplementedApplicationProblemPlusJSONResponse
+type CancelOrder503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
 }
 
-func (response CancelOrder501ApplicationProblemPlusJSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
+func (response CancelOrder503ApplicationProblemPlusJSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(501)
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -3477,260 +3482,261 @@ func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params Receiv
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H3vchs3lu+roDh7KxKnSVOUZFtUTd1SHGfiTeJkbGUzu2FWDXaDJKImwDTQopjYVfm0D7C7r3D3Fe73",
-	"fZQ8yS2cA6DR/yhKdv7cnZkPE4tsAmjg4Pw/v/NjL5GrtRRMaNWb/NhbMpqyHP75ImWrtdRM6FdsndEt",
-	"S82nKVNJzteaS9Gb9GKdFywmmyUTRC+5IjlTaykUI1wRvWREaZmzlMhCJ3LFiJwTKgijecZZTnL2fcGU",
-	"Jhuul/g0XbGpiP3MyXbwKdvGEcntCshsqxmZyxz+cU7oTDGhiRTwc5nzBRc086sYkue3a6lYSrScilku",
-	"N4rlZmG5LBZLEl8kCVNq8EwKnctsgA8PPsE9iIdT0Yt67Jau1hnrTXrmXXtRTyVLtqJmL5goVr3JN/jF",
-	"t1FPb9fmOaVzLha9t2+j3mcyobhV9Z27XDKypnpptsSsPckZ1Sw1S5dFnrCIsOFiSOJHN0ePZG7WY/5z",
-	"9eST78erT89u/3Ky/uz45l90PCSvcYvNJk6FGcqfARVpuXOwyVyHW0LqOzIV99ySO1bXi3rmjHluaMfs",
-	"Urh7zd16xXS+vZhrljf36xO5IZkUC7PsDeU6IlyQzVJmjCiWSJGqiMzYXObm/XW+5WJRpSvSIKvhVOzY",
-	"i3tSx3jXq6644CtDKyNPJFxotmB576158TXN6Yppe/GeLWm+YC/SdqJJ4NsPFOEpOYiT5dXPP/1XfDis",
-	"HEuyvDr+bP1UfXR68zIZX3/9/RNDuNwMYWiuF/UEXeGDZrArnu48qRW9/YyJhV72JuPT08i8jvv7qI3q",
-	"g43+lG2br/GSrpgiUjCSyQVPaEbkmuVwUSKiJNFLquEUuXlsTrgmml4zwuZzlpjbnrAh+TMT5jeMUDLP",
-	"mVpGU1EI/n3ByDXbkjXLy0HJASVfffXiI3JzYvgSTxnNDuF2KCZSoJB+39BIv29+HNUZ0kym28gwGXbD",
-	"8i3SF95bqstZhlMxFf3+663Q9HbY75ML8lrnRaILcz0/5ixLCW4SOXj18TPy9Ozk6DAifMiGMJdZNhck",
-	"lcUsY+T7QmqmJk1uOCHT3lM2Oj578pQNTkbp6eDkmD0dzJKz48Hjp2cn9PTJ/Ox4fDLtxUNyQWY0Z+SG",
-	"ZgWDt5KFtkNHU0GVWSFfM5Jk3EgA3A+4XIrQJGFrDZdDwmYJOLb6brUucZ8FxkNy6V5bK5bNzaRHP//0",
-	"H+PT06lY51xoanbi4vWzFy+A7Glirgg5iEe341H880//EY9unzyPDyOSUMUGignFNb9h53h2QL+EZpnc",
-	"KDI+fTIVwSBGhpinUODZHZqxhBaKwReNs5vLfEVomiqiNxI3MRxxSD7nSnGxiAhbrfU2gn0zLCsiVGyJ",
-	"1EuWl68RkeoCcrZGASDFVChDaDQjGRdMTUh8MhrF5CDm5TZfXbPt1QonjMkj0viOixua8dRsjpB6KlAQ",
-	"OxpN5JoZEv2UbRWZMcdYQRDRLGM5Obj48oU5m8MJocKuHb4BzsOEhnsLh6cIFeby5SyzIiyReRqcriIz",
-	"WYjUzWDF/geKzLlYsByOmhysmF7KNEKpSEU6FQkVUsA8//j6i5fEXMPDc5Kzwry14QrmEClJ+XzOcqMH",
-	"OIXCLInEJ+NxbF/4FTN6jGEFGy5SuTHvbpanWH4Dm79iq5khCworNuP2+1STjFGlyfiELGWRq36fzHO5",
-	"MuQ6FXOeK00Mtcy2JGVzWmSaHNgBFdParDF+8dHzz7/84vL5y2f/fPXp83++evX88vnLyxdfvIwPh+Rr",
-	"rpccVRdcFqFTgdzFcyCzHJThrQrVQXn39MDpaRMCatlhBJISaH0qqCBcDNa5XORMIfc9iE9GZzH5I4lB",
-	"8g5A9JqfSbMlqjDXHX6mWZ4Xa6RONiT9Pjxp1jMVuPJ+3x6tOXqz/2rD1joCvkH9uVjGXijLRxz5kFlO",
-	"RToQbDMVJdfGpwuhCF1QLobkU8bWdR5MRcDnf/7pP8lWFrn9eilz/gN+PBUblmWEC8VTFuw4rlAwpAJz",
-	"miUFOLoPOXwpZkFUG+5q/quK1Yrm296k96Hnt1HAMEEBuWbbXtSD73qTvXh4721k5KrlQ9WJOmXLOmdz",
-	"lucsPQxm21dmgPwGRQH5Uqkq1Hj8/grDk7sVhs/4iut2dWclzX3WbKUM+8iZLnJDkUC/a7pgETkyXxyN",
-	"RhUV6GhkX+P7guXb8i0ymClcq726+JMVvUVF7Wg0ikq17ahFbYt6XxjFt0tNA63YaWlGN25R0zpU5hY9",
-	"DUZ7v2raWzMUGgpAyh/S9BVeU/NXIoVhKeafdL3OOJoxj9a5nGVs9cfvFNo04V3okEBVqv2cZkaOspQ0",
-	"6cnSqpk8hb3uGDDqpUxTntmdrg1EVoXSZMbI0WB8ekq69YiIWNsxYeZYlKa6UL3JiTl5zXVWI3qrn7kl",
-	"2O1car1Wk0eP1nS7MhrU0O6I2yn1KHiLwTXbDtwQcNHaBXp1y17KxitKgWzKMGTHnPbYQDd8ZQO5Chio",
-	"JS5g+/VJkSHsvVXlZA/eKjcE8iTYtqu8pNGA6cp0S2Y5o9cqUP3adqQ2So2UnJwymgZZUkXG7sTJ3PBY",
-	"Bfc3z6Ux1L75sQcfGjOYrmQhzHArphRdmKkcGVoBujCCZE68TnHUexsFAyRFnpv3bh3C8Do5J4VKI8KK",
-	"PCKL2Toi3623EUmWc6P9phGhRdp7+63ZKKWpSKrWeeeh2bcr92P/w8KfDtxPgaOUzOgfcjbvTXp/eFT6",
-	"lx7ht+rRlzgG/qTJOgMtzk4yIZSsPOeQuSMu4g1n8yESaGTUCXN+oD5wheqvUSAjONJCXAu5EfZAze8a",
-	"hGNU7SqhxIFNKOdzJlIuFkYHhDG4IDFSRXx4TmQOtmLteiqzLrfsblX+kBhdrXzXg27FvsWhQZ4tWXLN",
-	"UucJKXWsqUgyyldGN+z3hdRWj+z3weCe89tQM7eOo4oe6jQYowO9jXrPpJhnPHmArAhuI0o1IfVVYig2",
-	"M2w6vJIgYEmblDTnuqY8hZUmVJg3mhnbxQzDUmMkzAswZZV1mBjVTzOaVvnXWXkVcDIzUGUxe98HeJmB",
-	"kHoQ/P79XQn0Cn6gCHIKc4BUM5JKBhSOZi7SZ+lLARcixZ2C9ZV7BdYVbBbqJ42DMAbKRxLGBlKYwOBU",
-	"qA3LyYZnGe7VkooFs0RR9fu8EF8p9k700ST9q0JVKOSi7kPmqiG3jDGizXpnDFhGLhOmFEuHBKweQp0t",
-	"QwIriKQso23k30U+TU2B4FrfQVEYmBHeBwm1bVODe3Ru1FS0cSFzFIZGXnpmMiRfU66rxqRzzrawlKlw",
-	"mzoxRhvSlF4yQRZMw82t2rroMaHXjEhjrXHwCyY5VUvwa/SiMHgRrKFr3+zTjwKv89um9/KVMQrT90rG",
-	"OQ5Z18LqdLsxwkqxtNPLcfDlF68vSSnkcWed1Qrekgq5jsfd5OrX9GBytSO8H47XSp9mQ2iWM5pud2/M",
-	"zz/9Z2Ub0Kc0FUZxACdTi1jF5VcJGlxnS4gkUEVSKRi6C8JYU+iw4Ea7oOCkNrehyj3RtyDYpvQvwF8V",
-	"74IhP6FZLmj23CgU70Z3dqQr0E0qbFOQQrDbNSyUwNdEJiBZKgLytKor4nDEDXcPVRF/OcBfvheO1vIG",
-	"RmsL39gc5hctlhLZLKVihN2ypIC/lzSdihlbFCJC3gg+qTmEEi3zmRhmwz1LCiNrkQ297fDERd7d7OUI",
-	"eZ4ptlmynNmRS6WswcxaBr6LqbUEb2EXX0r9sSzEuzE0oyjMYZSApl5Kq2K06WtVsXlSEpW5bG6ovenJ",
-	"KFn4o/dBSi8lUUWy9DqWPSuuvCs89i8cH6IaxFO87GBKgGBCJ7qCQHPVYV4RkXjHX0r9wrySeT/27mfB",
-	"g7G6bXtLY8HDZMt09bofVU+mOvC9zif86XuTCbOCZ6mLmFtXu9eA/YxVLdi8pD3CYE3x4XAqXta4O/qC",
-	"7Yf+stsz+5JuM0nTSyk/M/bEOx2aFVRXWsqrDEbb5YhgtwljqTVQ+Q+MgBOzcqWOjsuDe+Wc7VISN/je",
-	"R2cnHmgpB/jj923VwytxhUszF42K4Dg/UPh25CBubFJN2zQre83yG56wrwS9oRxNroc5L62yK/OrojpW",
-	"6WSCjA33GEl5inYXGkRcEM1XrMXl1D5y7bwTmqd3Du4MlqpRUlOTzmvUD1o1BnOqVz2gmC/9xNUl7k01",
-	"fuWDcABwCOEB7d7VlGo6o5g0VIic0WRpV1DfzLbhalvZMVjny1sSeuir2xXVXvz9GG0pWzORgo7uKGLB",
-	"b4wambI5F1w7exz0HPRzOEtrXohUGcutlf6cHCtJzhAYmFpGmM0pz4xi45VdG2103jTDUkH0DUm//zLw",
-	"JjWoD+KPFM25nCUSgndryYWuU/NU+KyCpuqPNnq3Zcm1D1gecO3dExifXzAMaIJHSG94wlAxjB+BLfFD",
-	"TA7iFsJyexQQFEa5HUW9R5vzK0ELDeHKd1QHinCg4Ga8ZhCIRW+vDe0TqsgHF/ZxmGBCPmQ0ZzmZFqPR",
-	"cXLNtvAP9kFVfwu0hK+q8+19bSrrfF8ixr0XV97TKnNrgyVyIbgCb1c4t5UpFTVgWD3Wr7/+emB2CXMe",
-	"NGuP99HyCUP4sGJGtDR2XzXqh1vc25UKhyShivVa5pqln7OU00t45p1Iww94tTIjXsG0dSLRdVltrO5g",
-	"IjNBVfc4DcnBz0FgDmLnuAdh+BEGMMIAfvq+SMRpH2BtGV2RKhLXXy8GImnbrZoKYjRDv7Igd69JIheC",
-	"UK3Zam30MrKmW0hcAHvJ5Rvqhh5gtnmdG26qOaopNs7UToHwnRUDKeRHwpA2svSBuRQCZLxRr3QQo8Zf",
-	"VoPTR2dnZ1FvLvMV1ehLeHzSa4bBo55NXL2iukJ2vfFofDo4OhqMzy7Ho8nxeHJy9C+9YMSUajawOlON",
-	"/qOeD4fdcdrP3HNvo54RWkXOrpDc6zv09XJLKIlRssUuKIB/4m74bf9AkZQlGReMmLFcJi4XqpjPecKZ",
-	"0FcgXiHaYyy9DVeMxKLIsthsovkHajoYom+8Hm9JGvhiTb8vjGUZkXXO5vyWpSROllfxPqmdjRl8wkB3",
-	"coK1cXEj1nSr9kpOaMxkr/IVeta6Ep3hGed9syRanW+9ujLUf3XDFW2bx/GbRgr6GqNxMdksecZI/Sid",
-	"Do13HmN/cN7uPnIFagrHFLgZmwpUJdLDCN3RsSoSY4EZupG5pyGbDWRzwO0qDGN0T/eQJlna+zZ80fD7",
-	"ZipMmd7xTQ8SDYLUDx9lDqLFdlsa51C7D5V7Wqaqy9l3LNEQ0IOvkX0FeSA0TbnZaJp9GTCiOc0Ua+qr",
-	"Ttmak5C7zIsssyymydAeQD1a2okww1AbQVXqseaAwVRWbDIVU/Gm/vM3oClmmrwxXw4GA2L/3/wZh1QY",
-	"kzfEHpaqfb2iSrPc/HPHQ7jKj5CVwIOWraSQ0jmOIxLbT+CQYhIvmGA5T67sx3FtxJAFfQwcaJ9BWxiX",
-	"GXcqPoacRdwXZX2UmDlv7ACXgI32BKruXVs6Y0t6w2WR797VeUavt2bNVdvDUCq6NzCp0t5M5Rz8ciOU",
-	"zhldgXaHUQ4Sn97exvaGugPAQNKCaRKfjo5jHO68K5RdW5yRRbLQzeWVMdaKOT7BSSJvHbnMgkJonkHW",
-	"I+Qo5j4zUiQ8Y2VqJde1FeRUM0iFQ2qprgInVyQ+GZ/F+DIVe8gupzZkJpV+ZdO8mmM6k9GrHrMCTbWS",
-	"aZoB7NDn9kWAOXr2OefC+qakYITdcgWs1PKCN7WCkRqXX5tRcnPR/3W9uvrmYvAvdPDDaHB29e2PR9Hj",
-	"k7f/cCePrDGQbtYG8f2HcjYI1OQ2/eneKpnc3K2PxUbhismfyNHZ8OxsL13MJyue2f/tzlh8mFZVean6",
-	"O36cM8OAbzETGzJvzQWABFQGVRovIbN2XWikL1FgmvWS5TWr6HIjCVPr3BCmsmnDSS65UhQTq8rkRoxK",
-	"7aSKpqTsJoxX4Bh4KGVYt4KcE0q8ZPcCCiyq+Me3MSavwqOQwIwWp82HXlEulP3a+aruTWR+gpLS8Aq2",
-	"EtyQfIR5r5P6eoz6U1+QK7Czr1W903Ac70qcb9uOJyDX+rZncsPyQUIVIy9ef0FOxkdP/IuC1o6Z+sDu",
-	"vUWacaWH5AL2S+EuceV/NhU0Zy5XD742nDC8ownUyBhSjwuVGknLitz8ZzFbm/8kyzn8h8J3tEjj86nA",
-	"GrUtE/jD79bbODKqarKEdDQhBTusqpKFMuobK/Je1FvM1r2o993aqHrJcm7+n4IqWNS0SvxRQ2t+fsPa",
-	"6Oa1NPzSk+CSrtdMYB0c3mI4BBWRTc61ZsKRFIhOnVOhaAJ+DqocYYgFm5pdwolmVnFIWcZvGIRMXeaj",
-	"FAnzE23YbCnlNWEiRa8g7ESV+Pe3MMf7W5gp1bT7sqPd1rxr3PobqaUhp+ridhEj4lkuWIqi0hWVoB/X",
-	"XKIYnAgVzldebmTzZUlel7FXsnF76qWx1261tV2uvU1QdqOvYsMu0gK9JMwdKlTnmVtS5eTmB4//aXac",
-	"vHy6+ssPR7ev9Om27QS0dWg5skf5uqZg6lhOE9pK9iNrUhl+b9hT8Mi3NfO1HG0PM8v6qQJaszTSJjjg",
-	"Vn3GlW5jTWuKNhAzD6nI6A7GRAFdtMnZHR1CicNdghlvc3mcNM8pSOklVVcrmbf6PRjEos23dklkLrNM",
-	"bs7Jmiq8vpm5lzFPY3CHKU1zo8NdUXS0awkqtV6y1bDczJmUGaOisZvwQsGK2vYPClZ8gkuNCAWrJl2j",
-	"bLUuyeYG2hTqlve2CbCYHMLVhFCsIwNGA3p8tSANnYMHsc3mxkIoNIvoVLSmGhsJISjUYUHY0vD9evDi",
-	"sFE07bWTxp3wud/N18Fk5k0uXWEz13ZtZM1y65QtJ7kz/fyuW4H7Wi6p7Rw/YTQzGtmP7SmrxrqEw1vC",
-	"c8bwmLUoN52eHXltoQXw99uag+r6znewI7ctvZ7ll8i8w/3gA9O2uE3OXUI+SDBezaRTLcobWkrto8+Z",
-	"SND1dM3EhMRHsc8VQmPYpykZvS7JXeoGo8kSzFAAVLhdm1eeCnO4iL1Ar5mARMkheQ5BNyPJS99MmBWS",
-	"SOFkIPJzyAmnZE0LyP6UWcpyb+8lVNh6OTM6jgqZbOYTwWCfzMnXqP7oTuOkIuUbl1n4ZPYNVcQXX9ac",
-	"iE2VYLS/SoC7qFpXEJfLi8k6K5RlHNWyUnLgSkWDotDDIXHlklwFVZJTsaJbc0VbSyVdlWulTLKRL9j2",
-	"7sejB7z7dVudvi3gjXzleKPmEEvJq2ewV2FjyxIymVyz9Aq8J20kwDNL6z5tT2apryONkFMYhoyXwJ4m",
-	"OXD53VR7n8yKbqfCpxIfnlvfPQ4hZGMObqm5dS/v9PY759kVCJ72bQYJvF5SW3xe3k+jBWRMg3sPBDNL",
-	"ndcLmT+qRVMRW8XREmpMDmRuH7GGZ4z/9U94//acC66WLAXAAOvfCfNaEyk0FwVTaFSB8V4jPjdEr/X9",
-	"MZFnl4/3k8vLL5070fKosmi47d4DTVYJ78svXl/umh9KKu8EYrn3tHdgoDyyTrb2laFn7qpLBPqtwQd8",
-	"6htmobqfQwKiJ2FzT4xVGWSwVYBKRkedNBuw406hzMWVKyIPQy5BDWEhoKwKcz8gpOKI6pzEnp5jNASh",
-	"lj7IL7GvduBq3l3Frza3NGU0jd1Fh5NRTBMKNd1YsW3XIfOpONBSkhUVW+9Phn0yi3LzYblDIXKmZHaD",
-	"RiqojMJTITL2moUe7IGxGdwrQSyd1gyR8Nvd2grWh/uATo1tRF6PaNyoGok36arGXGtmTiD32jQlcJy2",
-	"R7RL96YryXa2aYRFRzOz+VjDbb4FW02peZE5V9Iv4079RSPZR5PRk182kr3T5wo5buUnkBEmzC7D8kFP",
-	"9Nzgfi7W9xe2Nnwwflg4+e4wrwuvWPemD74dxIbkoIKyjD+CflsWurl/glGGz8NGlF8QmjNM/e+K7zoP",
-	"hf1F9baXj+3hc2iL54ZvHTCDO6K3cEfvckigkHqvDgnkDQ93SNjCpd/cIeGyhtq43KuPn5Gzk9MnxOYo",
-	"EcyXUtbrF7XnEYX5WGjSIXAJeCMAlQZ9gajYK4Qo+OrVC0CuuuYogODhyVTEd+dNYcYeeL7BO1AIs7OJ",
-	"NCowyNIE0PPIcrteMqEwry/G3Ja9Jkhong5SH8wGZzaE8vxnQyPdU3ylsr4PwYI05pERtZS5JiuaLLlg",
-	"g5xRjC/gLTkHHJhk6axQITU6TbnOWAyV0TFuvnehw22VOVkzuc4wgd9YVWVZasOZ3JodBEgj9UWh48j8",
-	"YBh656sZj01EgW7UhW5Ai85K187awbYSgs4Mv7BgB3UGKPaFmmFWepAbldjlx2u6tZ9Vzty7ZeGhMmDk",
-	"3bNXtnjBJkPgcbTmw7uNVHwhqLEx7bqrNSiNmra2jPCq/lVbbzMSEGRLtIQ4m3QeNXKMckaVr7duzbcw",
-	"o9STO6oCsvmr9sVirmaTyy+LFRUB8d6uMypQIwdVlitX4mcBTwLFwIX/IQPWvqZhFlDqpFSBce+mw8Qi",
-	"YbTuWRNBAUZrwGnsJWcCh3GLsCkhL/Y37qi2yX/vzZjb14YDHu2OxCOVhqs4GY3b9FObZNs8emCqUZ0C",
-	"bI2Fe/WKTKm+9DNz9ruuiAvVNCYuxZagK++u6p7pnmIm1LKLnA98YsGd+pVLO4YtC/Uoc8k7NAC8zj5i",
-	"un9k8EJgZAU1AXtvaqm8kApgdB0jnmia+uAgFLMb6wG8rjaHaCo8IF3OiOXTWOmwEGWNaGucdIf7NMj8",
-	"sXCzYO2atYNB9ZXgt66uompDPXl8cnLy9PjxeC9LyumQdyRqBxv+kflFh4lxWeO2uNc8PQ8DkWaf0jJG",
-	"mbZFJtfsRl+dXP7w9Pov49WHjzcvj5K/3vTuAMpqBirfOTbZMsC9I5S7wpMtW3vvSHe44c0iGkc1oL3O",
-	"ZKEfYsj/IjZ8Z84IeFnvyhqp0ktHTsU+CkNID6CsBkwhlLIPTCAvUyKvOj33QdpkLUaFosdqTsi0bCS0",
-	"ZBAHEg17/GIq/DdlVRio9x4V18WHXHjM+QMPzwnXARRiJhOatRVmNWmq5mPeM/V9HxYiN4Lw1Efa6oup",
-	"sY1keXX28eJ4+Y9Prj8bf//1KXul76sAhJNbPcBN7sxIVB47cs1775BBXiOWaFdYFJPhmu/wuRSAEqKL",
-	"3OiGEAdoSXh7iDsPt5ztmbd2d+ZZC1MoU2q6EbX9Oh5Ub7GP7/BoMhpPjs729x3u7W/LWd3dlrOr079u",
-	"j+irp4vL1fHsn8Tj5S9cVHFHscSvUSoRopl739q+LrSvMRPtIrnuoNbEvGbG0gWCDEBiQ8kvgXW1eNOc",
-	"QnJX7wTP/FKypKnHuZkxJkokpvMKIA06Oar0arNU6y4xiCYwftOmHV5kG7pVxC7n55/+s8qKFZ2zbGtj",
-	"1rXZKtKpy//mZ46C3WieABSLJ0XO9fY1FE8iwC4US14UbZG7C+ErPr0Lbq9y1nhIXmjrmJpzn/+OYB+a",
-	"CSr04XAqPmIrCSkdExKr6yvNlL6iyYrF5MA+HMOfCCXvH1lkcsZug4fsBzaGhJWhZr9cHWhQG4lli1zM",
-	"pSv1pIixZ3Fgv7R2U5li7cR4r6V+XK1olrliDQWbZY6330cLt9+PSL9vLdp+H1GWlSa0ZrugxO/3bVF5",
-	"v4+AytB/gSdLK/8Bj24ANAkVJGGGiaEhC9+bb8H5+ZLpjcyvlVPhg8yHaqKoLeClgHDnkiQQrh6teMM8",
-	"IaJnse2mQrMsw6UNyfNbmuhsO4Cx+thAAKCqc0RITOTKhbX1xqg6HEFcFuCknlThpTE9GjsIWHSdthW5",
-	"whmuhwRgS1KZFCt7nYDUpNA5TTBrfib1kixpdsMU7Mwf/kAuKrXE5kNM4Ykf3RzFfp8Smtv6nLCgmxKk",
-	"K5tQBI7mOJ6K9osRkrV9cCo8bnv1gvT7SND9fnlJyOVGktTcE/xOYQEI4gig32EmbydTEduLU71I9ub4",
-	"G1O/Q4fnYUgXUo/UhusE6nhWRM7nw6m4cFcXs5IUYyrykOngwM0ynrIaPJoHs3dREXsPIoedEE2FTZeU",
-	"zSSvCVFyxaDgJVO2GUdZoDM6iWtaciMpcCogm2C2BbJzm2e15I0kdTR9NSQXYVG7qzUKSt6pmfkIEe/j",
-	"R5gy90McBTAHbkml1HLp1wfxI/vPAMzDO9m5moqgvh3XzbUisbc0B6+d2zZ2HQ0s4OYhEYylREi3Vkfl",
-	"IQRdklGlmCpJvbx0wFcUInmap1xifhgDBccIStH4dhAcVkzYrWZCGZrH0jUc403juTdkxagwu/uGLOXG",
-	"c6tGQVu9uA142xsSm/+aYV4xmqpzK5yVE9hD+MaMN88Zy7ZD/DFsGc2ybcBSzGD2czPeR9I2OwDkCsMa",
-	"b0JQeYQBBeQC+xywugP04wMvt9FPIPSJzXlwn0YkHo9GWNYOhCRA36ov15d+YWOhMse/NN8tIql9MYRc",
-	"e0Ni+Id5Dyy2UXBxUIcBS9BsxUuI31LRvCY4LyQZRi4j5wNVySKx1pS/btXUGMPgV1y79ISgdKF8RV8Y",
-	"GLY1Cd8jAipC7DtsQeNebOC+MG/4uTQnswJLaUdR/87XxXYHCsPbXGDOrlzxBJPDLBOrIqmoyPeyUfWi",
-	"wV1egJTlRi9D6beVBUCiS5DEWOIXZID5pE9rLAEx3rGF5z7fDlPwKKJ1ElgXFiu6UsiNz9auVICa01yv",
-	"gRzNYVT8e29IHP5tDuCFwD4jLvO+7g8s9dqYp7FZPeb3CmzAYlURdU78z6z/tVT9q05YLKP9wx9gnCZq",
-	"DTJC88grqw+X7hJ3MUAA1mmpzPEs2xwZ8oVGR66/0VT0+43+SUY439HsiOqyArbZ0whSHadiAK+EXXFA",
-	"ttzdymgyFYS8S7ci8/tdDYvIQ/sVmYErLYvIQzsWuY1pbVpE7tOzCOlI1ToX4R4I7CCEaa0UeghhcvV9",
-	"OwkR20jIjAq9hLyeMMJ3gf4/ZsNVItcsrfYAmiBTcBcf1ah2LWoY3AOnnwbNfcy3XwcdbaIQwA84tgXc",
-	"9N2AqvG6CXn9ycVgfPrYfd7vYxjbmDAWO2pN9dIYMb6hV0v3IHM70N4ELY4oiJVH0BZmIficJ1Roo/Ro",
-	"ptY0ASiIlbxh6eGQvGIDkKCG6OHH4C0ccAFasg19OXgZL57tC1h9wDxG/a2aGnPFDIyZ3jSsbi9BbUsA",
-	"W1Li15YNjtrAmR2WLVh7eHqUKJ6BkMYUPG+pFLkROPY4y85MFlcMjYGcbqrAOWUvKXvmzqJx5oM9WjTx",
-	"XKGlVUBCTZL8/G//TtY0VyVWvfkEYsTm6zBm+/O//bs5Z8Cxt+2GzPMHANyIMpILxXJ9TjZLCW+Nf0Ol",
-	"vRGDKABcbvchTIV/siFqh4rrAiXem1KFeGNf+H936IJWTyjV8zbM2Te2i1d3E683RkcuBytbADTaic1o",
-	"Wulj4m88coDD7slc84BgMt9twUbmDxzBuZaEUa1lQjh8LcaP1ItVWy5LqpzJSZ0ooO5KB7A2UsfZxuOW",
-	"l7Fk3joDqhHu3VDn5eBJw/ZX8ApnrTsEwOYtAAt7zOPVUou00MjT7vcrDUzRlVIq8oXRwMwfuBNoOj5D",
-	"wK/BJaSLPSKxayqKzjooRtmBPUzewGO7140o6uSgXj4B2x/wak2vmQ1ZO58QKnC+2rqqmvb77dOXmPuN",
-	"Epo3YTuwsIcjxEqyNOgxtpCCHZYTGO4AOSIq7H8B/AJkXKPtBSWJzHOEkO7CCAEWNiFzfovNVRESzWlT",
-	"XLveZH5qfLWygmTGFlSUWaUu91xZWUVz5przVfu1ZvyauRCLguLFJEjTgN5t4/gQup0Y+cGUGuRFBqwY",
-	"OnMgrPJUpAWIrHJBtusbYB5TReJGkhc67lvzt2BCs2po+Ofxt3kFGpwcxKdgU5ojuSD9Plhd4B8LrBEL",
-	"TwTepHYkyshKIZYi2Ass62R8Fh96IEoqSoDuoD0FV9a+6EC/bLndJdY7HpMRzw4FnnpYPKC8e4BaVtRO",
-	"N05YWmPvjzGVZjS5XuRgwARgMTRT0ptJSht9K+wqg2kOENA0JO0aANsiJwBnQRNa5tc+qOCKdWBBNpM2",
-	"4FVYvAeyvd43ES9ZrXkAapCuh6LD5a83Twwq4syZVxslTsWuTokRSWQBVY+ezaAfwNflnJP4z88vp+LR",
-	"zVG9MYF69OM1276NiVrKjW3w+IEicVn1EJcFemUjRqI2jK2xEQjTzo5ACti7rWG/38LJ+n0HJm91jxR5",
-	"iKFmaGaDZb02yBLZVB2zIkjMsTg05LUM1+vKfa2tAKjKRns3x1VphmhFDkbixQKWz1fMRXSr5reWWFBH",
-	"lW1jADWoWYHdj74vWGFhHqz7O2eQqq0c7kujo2Ig+Vta/1quDd0qawcSECQgVKFRDTaryLZlEC2oJHJa",
-	"i0PetwRHQe+foJFrMZ/sS0ghGMJaYGYjciZ3yuY+GbWEbkGSLOkNI3khDiMzkOGppEOXiJBrRYYnjfE/",
-	"x9bwPx2doMPWBuHyDu7RgogbupeNUBqST6SQRQ0ldyoObD7XIW7SOmeKCR3mnRjGQ+R8brW3IsvId1wb",
-	"y3IqYpUxtiZ/IoaO5epgFJEVFwcJXRs1VDHy3/+XjP/V0svhoeuTRYnFf7GIP+jHclVYlGipjVWaMpqC",
-	"NAv6ctYVgvKyma2ZFalhWK5JNPJ/unDQxMTcGT7nYJ04GgQPlLeb45Pb23hnMyNy4ZHUQFI6+VqKVshE",
-	"NzLOXZu6tm+T+sP2NedlX/KKguEiFdwzXci1iFz+g4Ng46lCmu33LYKN0SBqiDW1bKp+v8ycMGzHgkxx",
-	"gQA2Zpn/AHhT5+C7gTcyX363xnZA//1/TkcjvAVbJixeTZCNcegu+jyTVKshLu+ZX7hdYWvalUxDtbEK",
-	"0jOpAuzA4izGDuLntEDt2MlfpG5Wm8CEfioX/QE8Wps5MbGFSuQAWOphhHib5AB1HfN3zq5iM/sBakPm",
-	"I8BDIQfgRyxbZHkbdmXXcclXhhmu1m45rz5+Ro6Pj8+IT/mAE/vq8pk7d1QgyxiIA64wVH5HEQo56C4+",
-	"iYhiDMVXbOtcYtvo7tDtik3ktSUpX716YS9doyYCKzzCQg38JAJnRrVag7hijSEpa13uVcpiw/W2wcod",
-	"JS33qGVpb7UVD8k/oeMhEAGGHK3S5vr+kWbbv/OKcq4gNgt4sxUoxlKIWc+CRZkG2WhdmhC922HNrWh+",
-	"rYAdWjuhZmOe14zWA4f+4cTAVGDMG1XgHWLLSajj+Dy0OdGrSn0GsWubMiQXWWb0z5wxIHh2u5YKfYqz",
-	"XG4UukEvwJwZGKM2l9ngOTw0+AQ3wuVIZDxhApvH2cSHizVNlmwwHo56Ua/IsyCXfLPZDCl8PZT54pH9",
-	"rXr02Ytnz1++fg6/eRs0O2imUFx8+aIX9W5YrjBzYjQ8wt/INRN0zXuT3vFwNDxGwMIlJKa4AKv594K1",
-	"1d25cPDYcNVGGhVoKGtrSeY3hqw+ubz8EjJTkiVLroHVlh0A0GAVUyHzZMmUxoi4h6a0mpfXdHhS7WYf",
-	"dkWY5ZzNsy2hG4rB2EYkdgKaxxyMs1og06FpYlzQnpcXfC/S3qT3Z6Y/sZtT6zE8Ho12QJi3QJe7/LSe",
-	"vN4fAtyi0nQggAf7TzN+w4aV1KPe5Jtvo6A9xWf8hoHsB+yaXtTTdKF6k296ePy9b6NeJZDcm/TMxsGY",
-	"Nu6+N4UwUTm+hAqSAn78vMjQgDuoH6VvRmDtcriuU+F1O+vmyCRNyYxmVCTocF9j6ASUkZzO5zxB1z9H",
-	"zsoT+gsRxivckt8ZXcCqzA6AkeC2BDrMnI6Ou8b1r/CopQ3NLqIy0/EHU9XNkatCevSjz3h820llr6yP",
-	"P8Qs8rku3porkdGlKEFTqJNoNlHHZYVOhX2qRLXHnmqlF6faMsTibm8ZoOEIb5vxFKJXNv4wFS6eFPlA",
-	"lbWP3j8lPnMFie9GiTXwviANuAsBvwHfVwWuF0WWYepvR+7xXWh/TUj2Ouquvz1lfu3el8huWwdzdWng",
-	"b6PeCe7k7osTNJ2Hnxzd/ZOvap1DTkYnd//It72DG73HwqpdGOFXR3tNE/Z1Ax7gb/2fmfaoBcGVdxWF",
-	"nXfenKeLxUDX8bY1lI/YE3qR9t5+280uHtksN8Rgf+DwUW8t1Q6Wg6kw1kQOE8NdEklnkgzUAoAnQgLe",
-	"9prmxjz+2iYExBahzyfrkU07ki45UB6BFx1QMKi15obktYuPmwk4zfx4FpprRVN27tNBzUK3NqCKfvGg",
-	"XiH1VU3GNARxDt7YLckLgFCyaVLZFmvzA1cY+FCdV86LdybmMk+Y9wy0skCbn2SD8vU8JcMc68klgHzR",
-	"1vvX5WwPyWcYesD3iqxXBop0ID2Ji5acJPSNBklJ1oLszj/yyUbtgZcD9NtNRatf/ND7xC3AYZ4XazRH",
-	"YKHOPYYkuILMrBKJJsF47xc2FGOdgfF4dGQ9Q3YUT7JD8hrMrHPSwCWyhlS3yTZ0/sG4K6gy8QQNrYsw",
-	"ckVFF1G7xUwFqYSMwolaq/Lty9nb51qK2ZdEcKSyw665KFszha+LsdO2zLkr1jJBO6bSr6z0+4RpcT48",
-	"d47T7giktLQDK4M0SKlIHm5PTnAdEPRyvV+qbT53NM8ntnf+eaNJa1WrCPHEe/dl21VASuCu1vP8oUy3",
-	"+yslCIpaZFm1z96rfcHHg657b1H2GMbYOpj5zmXkeLnmW/Y5zeh0NLpHQ7w2TPa31ZISc6veNvS2o4fp",
-	"bVBDtgfmcpdiFxR1wc/bC6/eReOy9NTZVrPKqUCOGAF6F1sqWx2X0T9ofYOuqTbABCMNPRbi++9PHPWc",
-	"l+muX/vnYFN+t5rmyejsge1I20FVGo0zq12skH8D3/ZMu6WHZhdgi28D98zWXzYvQkM+VIomywaBZ6W7",
-	"zQ6GPqpgtr0bwuFyB0LqQTAAlEm1g+Y0dqma62IlCleOuWNyUF4IgUWJ9f3qxOYp26m3DF7v5u8nmjHD",
-	"fH1Jn8sYKAOegVQjKctoi3LUudv1tv5cEFzrg9v6o2vcFvW1IfpUtvtzr7vsFCxlH+R2jCC/s698d43x",
-	"6WhU6YR8dHJ21iXDiBS+irhJxZ2752SknaU01fbvnmwGGNgBBklgK79z98Iv0H9jM3p9LFKdE6h3g4Io",
-	"ChJ5trVBGafXdjn4jaigd12MOr0a3ezSJ/TYjtlWfkwgN2ZHn9YOZR+1tHblGFZ5L/3Ypvqbhbo+LBf1",
-	"bv5tGVf7KfLtmrU33x6sXL+vJf5CornW3LbWTsQesZZIAFaD9gHv5oGTLzEPwdqOnSQqRbZtIomXl8lj",
-	"io9aesqAcnC0h/+23tsdfne6j4bQ0qPV/Hg83sPFVEOgB2C3X9c/9Y7u7bo90OLdcm6mFu9W1S/hfdtY",
-	"vNPpzv6MK63Qi93WYGNi8xmh8wcmClSxdoLPnMebinQq4jpkTzwkzylWNwvbeuEerXAI11NRlskd0PBR",
-	"vOUzeXtoo3p2EqidVYTP4dJDYhOfY+Wj7a+D1Wza8Isv6cKWJyVFrmQ+mFEFyYoYTsay1l/Cd25O4Dke",
-	"0n1tXGhu13sb/dgFoMVTbOoIkKWYS1YyD3wERD6GsHO+WGqrOWGNH7D9zLagOwgJ4zAifMiGMJBgt5pg",
-	"VwMpGAQkuK2M8gFVgeA2RuZORUBu1QqaRuOb8afpk/knR999rc6+/2x1sgbIwt6k933B8m0vcuHsKqJp",
-	"pRd00OhsfHp6BzgVegneJX6BUF3f/HhX6AJaK/mmSb9CxyL4cncvoaDHj6Gp3+0btBCFfYMGEpg50BI7",
-	"F9A89lYey65ELepjvS/Rrxqj+a1CLmYz7PsGMsl+cFeQtT2PuFMwvV7axrONhjHAjlF77/cNK+n3WwAF",
-	"NhYXGbK5g0RCoxwFkPtRFUI/d6D4B51I+M60rKPhT4XMyZraVgeNOgzbY0gF7U0dTP5h1FLqARIP8hGM",
-	"FNJBa5vYzhjbNO7clv/tbmlgRKDLiXCJ166px5B8zqhA/IyM0Rzq9qFqH13KWiYys9VnZhzznNXUztvd",
-	"XZXytiX0iG6EJqrZmljeAK5lI6XDdhEYIXIAD1tZRJA6CVg+0OzFyyzVku4q86mYsUwiEEmt1BJTQPRG",
-	"2tTPFGVdwdXSmT7rIl9LxQ5/obh5zU/9LvLHAjK7/ggVT8JFUEzV4lt2LZWO7oy5QxOcsLVPV6McANLb",
-	"t3tNtVkNxuzrfV7Cpij1HiiuWUm1N8k94GcbrUOgr4f3M5e7ioBCZb+K+i6jvVrpgF72+LVZINXiHFno",
-	"1rMY7zyLk5PJ6PiOs/DP4FkcJWfzk9mYDZ7Q43Rwwp7OB2ezx3QwTk+Tp+xoPqJPZvueRbU7zoNP5OyV",
-	"PhEfjjd/ZY+3X9GjZNeJ4Er8kYSHcA+XUGujso5gAJa2IK/8exJGm0bwQqg1S/TODm6BqhCqB/snaLT1",
-	"Da1M8YGyReAUTFmEL+M6Iv2+xTywBc4dDbem4iDeC7AAMfTjAIPh55/+a9qLDyOyZnnChB4wkciUpd56",
-	"gvJbqqBiAv6t2ALAqw6CqiQSP8LWDP9r/HEcEUqgXN5+AnAyFhMBgT4tCAIg06QM5qsbT3vyXTCmbJcb",
-	"a0tdWykUhgffwaCy2h/e+X3cEK1tNTrM80nZ4gK6W1jlBwqsYJypQFxBo6vvbn1hrVjBzknsLIYYy5uc",
-	"KgkwZ0arMVbuL+QJ+AL36T16Amzfll2eAHzkN/ME2K4l3Z6Ajry8/088Ac42PsHY+A6Rfjo5GtdSGrFt",
-	"deVQg4zGNhEahse9Lb9/WqVrx9Sw0Gtc+I7mR7vyKcvlWeTSqpVu8xH2E+dlp56dRrp13/3NGOnSsREn",
-	"ee0Hu4Rua+6hgxmjjpFYa9iCDdfalCGPwQctkymhbw2RzBgwGN8sCixS33sKiq99B6o7svT6/SG5I/Hu",
-	"EljSBhcUAJ5Nxd2IZ5C9tgfuWZh2NxXNvDt4a2MNO3CYEsQQZnCBLkT/trw6qtaiTkUF5iL4tgZecXeS",
-	"CgQYjT09FYk72lol9GUFr6ENPyfAy+nO28JeVr9V2laLU/JdGNo9863g3X+NdKvfKT+/F/fusr7wMgAy",
-	"s62N+wVzsdwUf8vpWGf3DbK+EF8pG939e1R4P+n8zKJPWHG6l4QGcef96NZ78qOLmNyvVMkqQt1FQ+RX",
-	"rBlyIuLXKhn6VXkhqt7vjRH+3f/UWQR0n7v0sBogOJ6wBKhxCR8hAvD963/KoTtVcBgZ7qLXpa1Gq6RR",
-	"mAFNVjqsmpmvoBlW8CMt2gRgm3Re5zYAZaNo4xoQVrGKgFxHZkbYHVqtxa1oxdXfw0sI2a7KI3oyYBJO",
-	"BchpaLSDCSQWNfawAmgCSWGA/WJO2kJmWWPDrhdg7WGb7EImrsqjrW1j7MAqXOIIdId3YNxuZxDwxlsx",
-	"NYUeEEFZzmlmLpjLeHGVSROEBbdKOdgZDoppw4Uq8bKQPy+Ytnz5rF37hgX9T2atvlXwe2SvERFyA0VS",
-	"NqfwMGhi/PvmvXspbs9sfutvqvu4q3IPfm0ZUrf24yNGvwTnxaFLH+kHWA/gvB9agm8Z0pcdlOwupPIv",
-	"xFSUgLE+uZWrSjWnv+7AO2KbeYdttevZdzbZLsjRc3lVhufYFDvQ9nz77r0ayUdTsVlSDYF3D0lXgMf9",
-	"d1JUCTe3xP1rK6SMCIOMQwRmoJrQelWl49WYipDIPIUc76OhjRSYHf753/69bLTmm1vJDRSyWavxwEvm",
-	"w7K61Um9qSCE9PvdlZsQnKIagbNmHR3kogq+PIwJCn0YozyfivHQp1TbxZVvUIadXZVe6hZJK1iS12x7",
-	"PhXHQxK7kHs5CAIaRpU7IdjG4636zMLOHgKw9u4+AkBG8xbwekRVBaDoskkNFVsAu492lr6KxCI2VUb8",
-	"wIGzGtXIA7RafLt2+EiP0NrvG4LyuTQBSSHqYJY1egcsKBctBZjVfbc9QhB4MugvKrOMrhVgXGkJe4a3",
-	"Z1IyGq7K0un9S3Orbf/fT2nuOK73eJ60t2skB4qxGqrT4XmVN2JaP3bLghiea4G2V4r/kFxKgoh1zrzN",
-	"08iwMij3NSov29gWFUG9bxPEdRLwZMOwvXJASp3BMuuwshdXv39xb/XYXdnDgt8wQA+plv0e2PQRRHQ7",
-	"vb112IiHYflv5Zx3gK2e1y5QHea/s0yY613lwWXY4JeoDvawI79hdbCDKWvkAhlyd1ZLSfIno/FhmPDT",
-	"CS+CR/aRa95sVKB5Rq+39XmCdCLXh1s1+aeN956OjveaHGdCBQ7jMd2v55/YZ2AATbl3BTOe8+/Dpf63",
-	"gzwT1EFXtVKnR+7tkTcCre6SJzs98ob3/S1748cPrXUOBW/1zkLzG544XtRWzFz5cb03c2+BA1yVA/jS",
-	"0stW+W6bt3OlCga967lQ2kjOeyVnltWl46ASur3L/n1b4mM+pyrmc55wc9c8jk8ly81/T/D7e29dyxxt",
-	"u2dUUd6YzlgDLmKNKkKRJ8bG+Z1u6fso0G0nqIOaYuk6qVGFMMFc1NVJNBW94061KpM19qY0tHB1Rl2n",
-	"qhmhird3PalvUl0WblrAW1S93FdTAf2+dFV1rXoaQIklFIwv1F5/EUb59tdFavg7CMGvC0LQMHSaW+0l",
-	"fuC49xYPhLma+9scNthacLyRNgYV1nSbkTv3BIdApOjtfSEwYHGAgOF+/F4hBfRGBvky/wOBBVo6nLgs",
-	"pj3t4zo7NWsNu4PsX6Bf4Z9/L9f/e7n+b1CubzF5WuIaO8Ao28r1mz2DwZJujU1cNuIL5tbI3Acp7UVC",
-	"wBfr/iPWVVppCb5mthgblZm1VIrPsq1rOu2zArkiTKTo5MTGVWUTYteCpdHW2OPkd/U1jsgNy6HFhHPG",
-	"9/s53fT7nt9BxqG9U1RYtDWWKTYVB4kE5VdDAwBQkWnOlRQROR2suCiMuuw6BxAtM5YbtnRoc1HdkGU8",
-	"YyPz6+5ARtgAtd9va4F6Wbb6T0moa7oU+gbMAfbdMNqRDTTBz31WqW2iytISOKHSPtUyEL8up2jaeHS1",
-	"Z/LFep0BR/IQCVz5vptlw2QgA7OzXGnHpKoVqvNMbiaE+n7XFt6z9DlBu2dDjfb9XKslrF8JHQs+vC28",
-	"hYOt3p/bIMIM6BDaMqgKoLerKJhCHtPuzrIt/sNXLGH8hnnS/BrfpXdH+VGs/4QNFQrBb53MxMYK0c2R",
-	"/U45KrcdFyLbkTdWJflbV0jQzGPJbqfik88vng1ef3IxPn0c2T4opfxYUkMJbtcVS3KmI+c98YQeEUri",
-	"YdkzfSpyuqlcpwmJg3kO3ECa/JFMe8Npj/wRHjuMjSb7HTYlK4uH/UuURR0rqsHVS+I6qNApwXuoAB8/",
-	"6FBiq7qnIslkck0OsDc69OdK2ZxRrcqu83PoVGfvAmfqsF4hov909OTxycnJ0+PHY3MMp+PTJ/Tp4zP2",
-	"hCVsxlJ6PKbzOX08TtKEHs/p6VFC0yfsyRM6YqeP5/PT48fpKGFP2dHoafp0lrrqEuRRZXlJCyPbXSx1",
-	"d43JA5ObXeXlJHjxLjiGZk5G6JpAP2UZhrrCatF2nyV4K9fJ8urs48Xx8h+fXH82/v7rU/ZKd3oj8Rfs",
-	"Rl+dXP7w9Pov49WHjzcvj5K/3uzCbbiHOo4HAuxiP8fwfUuqPXOte8A9e4ZWz56pegvG6eKhgRQMhsSS",
-	"Ix9yq30b9YCFVuf6GLiqm61jPIC3aA64915aDniRXHf5Y/D9NjToDg22CYgvY2BsolDdd5+jpJ2Kg4ac",
-	"OhyS5xyj5XRbC36ppSygMbZclzuNTfnN9S+dsQ9xM1Q7rTaNXnzTEMYAftDmSqgNVfPqVbQY11ULBwve",
-	"FaYz1i42wAG5A21xepPeI7gkUW/FlKILM6XrTmcTe+u3JyIVRCaH6l2DRSnt6lHga7Bda8uX2d/JgD8d",
-	"5D5GE/m98RKjutEf0pSUwkSC3y0LBNmO3VYB+63sdwuHDlRADlkDvjlaqSQ61bDqcWjZmXDie+9N+eP3",
-	"5yMtN9DIXex+HAX9jmVONjn0OZYIkdG1G1PR3A5yEDd2PD48900A+QK8/C20DRQN3bRrTY0xNg1KPDAS",
-	"5BHuRv8W9uqvnA/X2cUE2HYpRryqVDXzAvPS2Ytt9mVoq1hqKyf+sTdjNGf5RWE0k2++BX4AChmyHuwI",
-	"9Qj4hJ2sWbFtO/mgmVnpwKLMEYe2IJdiWCpRtitLs1oZi59RpPgSQ7lB8ymsM4z2y2IL5rQZhs05XY6f",
-	"m7Rs1bmm27Ls0dbB1V3wO7L9yrmdF6A5+SvbHsFMjtD6mGzjWrPSIADr2ge0dHIop3L4gM2prDnlHHVz",
-	"mWVyM5CCWLGibNs+2NmINM20n3/6r8N7gvZBuwaH2hes0iJGNRf5z1CiAjUpFY+1taNVVIUoqmERBTOE",
-	"d6E5zQsxkxa93exJx0ULhvMX7e23b/9fAAAA//8=",
+	"7L3tchs3ljd+KyjO/isSp0lLlGRbVE39S3GciTeJk7GVzeyGWTXYDYqImgDT6BbFxK7Kp72A3b2FZ2/h",
+	"+b6Xkit56pwDoNEvpChbedmdmQ8Ti2QDaODgvJ/f+bGX6MVSK6EK0xv/2JsLnooc//kiFYulLoQqXoll",
+	"xtcihU9TYZJcLgupVW/ci4u8FDFbzYVixVwalguz1MoIJg0r5oKZQuciZbosEr0QTM8YV0zwPJMiZ7n4",
+	"vhSmYCtZzOnXfCEmKvYzJ+vBp2IdRyy3K2DTdSHYTOf4jzPGp0aogmmFj+tcXknFM7+KIXt+u9RGpKzQ",
+	"EzXN9cqIHBaW6/JqzuLzJBHGDJ5pVeQ6G9CPB5/QHsTDiepFPXHLF8tM9MY9eNde1DPJXCw47IVQ5aI3",
+	"/oa++DbqFesl/M4UuVRXvbdvo95nOuG0Vc2du5gLtuTFHLYE1p7kghcihaXrMk9ExMTwasjiRzeHj3QO",
+	"64H/XD755PvR4tPT278cLz87uvmXIh6y17TFsIkTBUP5M+AqrXYON1kW4Zaw5o5M1D235I7V9aIenLHM",
+	"gXZgl8Lda+/WK1Hk6/NZIfL2fn2iVyzT6gqWveKyiJhUbDXXmWBGJFqlJmJTMdM5vH+Rr6W6qtMVa5HV",
+	"cKK27MU9qWO07VUXUskF0MqBJxKpCnEl8t5bePElz/lCFPbiPZvz/Eq8SLuJJsFvPzBMpmwvTuaXP//0",
+	"X/H+sHYsyfzy6LPlU/PRyc3LZHT99fdPgHAlDAE014t6ii/ohzDYpUy3ntSC334m1FUx741HJycRvI77",
+	"+7CL6oON/lSs26/xki+EYVoJlukrmfCM6aXI8aJEzGhWzHmBpyjhZzMmC1bwa8HEbCYSuO2JGLI/CwXP",
+	"CMbZLBdmHk1UqeT3pWDXYs2WIq8GZXucffXVi4/YzTHwJZkKnu3j7TBCpUgh/T7QSL8PD0dNhjTV6ToC",
+	"JiNuRL4m+qJ7y4tqluFETVS//3qtCn477PfZOXtd5GVSlHA9P5YiSxltEtt79fEz9vT0+HA/YnIohjgX",
+	"LFsqlupymgn2fakLYcZtbjhmk95TcXB0+uSpGBwfpCeD4yPxdDBNTo8Gj5+eHvOTJ7PTo9HxpBcP2Tmb",
+	"8lywG56VAt9Kl4UdOpoobmCFcilYkkmQALQfeLkM40kilgVeDo2bpfDYmrvVucRdFhgP2YV77cKIbAaT",
+	"Hv7803+MTk4maplLVXDYifPXz168QLLnCVwRthcf3I4O4p9/+o/44PbJ83g/Ygk3YmCEMrKQN+KMzg7p",
+	"l/Es0yvDRidPJioYBGQI/IoEnt2hqUh4aQR+0Tq7mc4XjKepYcVK0yaGIw7Z59IYqa4iJhbLYh3hvgHL",
+	"ihhXa6aLucir14hYfQG5WJIA0GqiDBAaz1gmlTBjFh8fHMRsL5bVNl9ei/XlgiaM2SPW+k6qG57JFDZH",
+	"6WKiSBA7Gk30UgCJfirWhk2FY6woiHiWiZztnX/5As5mf8y4smvHb5DzCFXgvcXDM4wruHy5yKwIS3Se",
+	"Bqdr2FSXKnUzWLH/gWEzqa5EjkfN9haimOs0IqnIVTpRCVda4Tz/+PqLlwyu4f4Zy0UJbw1cAQ6Rs1TO",
+	"ZiIHPcApFLAkFh+PRrF94VcC9BhgBSupUr2Cd4flGZHf4OYvxGIKZMFxxTBuv88LlgluCjY6ZnNd5qbf",
+	"Z7NcL4BcJ2omc1MwoJbpmqVixsusYHt2QCOKAtYYv/jo+edffnHx/OWzf7789Pk/X756fvH85cWLL17G",
+	"+0P2tSzmklQXWhbjE0XcxXMgWA7J8E6Faq+6e8XA6WljhmrZfoSSEml9orhiUg2Wub7KhSHuuxcfH5zG",
+	"7I8sRsk7QNELj2nYElPCdcfHCpHn5ZKoUwxZv4+/hPVMFK2837dHC0cP+29WYllEyDe4PxfL2Etj+Ygj",
+	"HzbNuUoHSqwmquLa9OtSGcavuFRD9qkQyyYP5irg8z//9J9srcvcfj3XufyBPp6olcgyJpWRqQh2nFao",
+	"BFEBnGZFAY7uQw5fiVkU1cBd4b+mXCx4vu6Nex96fhsFDBMVkGux7kU9/K433omH995GIFctH6pPtFG2",
+	"LHMxE3ku0v1gtl1lBspvVBSIL1WqQoPH764wPLlbYfhMLmTRre4sNNznQiwMsI9cFGUOFIn0u+RXImKH",
+	"8MXhwUFNBTo8sK/xfSnydfUWGc4UrtVeXXpkwW9JUTs8OIgqte2wQ22Lel+A4rtJTUOt2GlpoBt3qGkb",
+	"VOYOPQ1He1g17S0MRYYCkvKHPH1F1xT+SrQClgL/5MtlJsmMebTM9TQTiz9+Z8imCe/CBglUp9rPeQZy",
+	"VKSsTU+WVmHyFPd6w4BRLxUFl5nd6cZAbFGagk0FOxyMTk7YZj0iYtZ2TAQciyl4UZre+BhOvpBF1iB6",
+	"q5+5JdjtnBfF0owfPVry9QI0qKHdEbdT5lHwFoNrsR64IfCidQv0+pa91K1X1IrYFDBkx5x22EA3fG0D",
+	"pQkYqCUuZPvNSYkh7LxV1WTvvFVuCOJJuG2XeUWjAdPV6ZpNc8GvTaD6de1IY5QGKTk5BZoGm3PDRu7E",
+	"2Qx4rMH7m+caDLVvfuzhh2AG84UuFQy3EMbwK5jKkaEVoFcgSGbM6xSHvbdRMEBS5jm8d+cQwOv0jJUm",
+	"jZgo84hdTZcR+265jlgyn4H2m0aMl2nv7bewUabgKqlb5xsPzb5dtR+7HxY9OnCPIkepmNE/5GLWG/f+",
+	"8KjyLz2ib82jL2kMeqTNOgMtzk4yZpwtPOfQuSMu5g1n+JAINAJ1As4P1QdpSP0FBTLCIy3VtdIrZQ8U",
+	"nmsRDqjadUKJA5tQz2ZCpVJdgQ6IY0jFYqKKeP+M6Rxtxcb1NLAut+zNqvw+A12tete9zYp9h0ODPZuL",
+	"5FqkzhNS6VgTlWRcLkA37PeVLqwe2e+jwT2Tt6Fmbh1HNT3UaTCgA72Nes+0mmUyeQdZEdxGkmpKF5cJ",
+	"UGwGbDq8kihgWZeUhHNdcpniShOu4I2mYLvAMCIFI2FWoilrrMMEVL9C8LTOv06rq0CTwUC1xex8H/Bl",
+	"BkoXg+D5h7sS5BX8wDDiFHCAvBAs1QIpnMxcos/Kl4IuRE47heur9gqtK9ws0k9aBwEGykcax0ZSGOPg",
+	"XJmVyNlKZhnt1ZyrK2GJou73eaG+MuK96KNN+pelqVHIedOHLE1LboExUsB6pwJZRq4TYYxIhwytHsad",
+	"LcMCK4ilIuNd5L+JfNqaAqO1voeiMIARHoKEurapxT02btREdXEhOAqgkZeemQzZ11wWdWPSOWc7WMpE",
+	"uU0dg9FGNFXMhWJXosCbW7d1yWPCrwXTYK1J9AsmOTdz9Gv0ojB4Eaxh077ZXz8KvM5v297LV2AUpg9K",
+	"xjkN2dTCmnS7AmFlRLrRy7H35RevL1gl5GlnndWK3pIauY5Gm8nVr+mdydWO8DAcr5M+YUN4lguerrdv",
+	"zM8//WdtG8inNFGgOKCTqUOs0vLrBI2uszlGErhhqVaC3AVhrCl0WEjQLjg6qeE21Lkn+RaUWFX+Bfyr",
+	"5l0A8lOFyBXPnoNC8X50Z0e6RN2kxjYVK5W4XeJCGX7NdIKSpSYgT+q6Ig3H3HD3UBXpyQE9+SAcreMN",
+	"QGsL3xgO84sOS4mt5toIJm5FUuLfc55O1FRclSoi3og+qRmGEi3zGQOzkZ4lhZG1yIbetnjiIu9u9nKE",
+	"Pc+MWM1FLuzIlVLWYmYdA9/F1DqCt7iLL3XxsS7V+zE0UBRmOEpAUy+1VTG69LW62DyuiAoumxtqZ3oC",
+	"JYseeghSeqmZKZO517HsWUnjXeGxf+F4n9QgmdJlR1MCBRM50Q0GmusO85qIpDv+Uhcv4JXg/cT7n4UM",
+	"xtps21saC37M1qKoX/fD+snUB77X+YSPPphMmJYyS13E3LravQbsZ6xrwfCS9giDNcX7w4l62eDu5Au2",
+	"H/rLbs/sS77ONE8vtP4M7In3OjQrqC4LrS8zHG2bI0LcJkKk1kCVPwiGTszalTo8qg7ulXO2a83c4Dsf",
+	"nZ14UGg9oIcf2qrHV5KGlgYXjavgOD8w9HZsL25tUkPbhJW9FvmNTMRXit9wSSbXuzkvrbKr88uyPlbl",
+	"ZMKMDfczlsqU7C4yiKRihVyIDpdT98iN8054nt45uDNY6kZJQ006a1A/atUUzKlf9YBivvQT15e4M9X4",
+	"lQ/CAdAhRAe0fVdTXvApp6ShUuWCJ3O7guZmdg3X2MoNg218eUtC7/rqdkWNF38Yoy0VS6FS1NEdRVzJ",
+	"G1AjUzGTShbOHo9qnIsUlzlfLoUCPbTffyluRO5iwP3+2FpiZPl22muBv8sH+9sauVaMT1RDvaLFyKIK",
+	"IZI1l4tEY+xuqTHeK4vAjYDZT5Hz1eh8oqwHp1jJROxjGHfA4s7LFLM9es5ZmfCgsZK6ulRwhdCYBHE9",
+	"4zID1Q3jzIzujA2pWjkJYgPF+xBn7qC8mO1hYN+9+P6YcVbkXBkJUsgTIsxV5oLtcZZpU8B8iVZKJHa3",
+	"gPVJnskf6Mban++fwfbGj9De+SGOcI2biPsBzd+vFC8LjJy+p2ZShgMFl/S1wJgwOZ5tlgHjhn1wbn+O",
+	"E4zZh4LnImeT8uDgKLkWa/yH+KCuSgYKy1f1+Xa+wbV1PpS0c+8ljXf66tyag4m+UtKg4y2c24q3mkYy",
+	"rB/r119/PYBdovSLQnSHHnn1C6AnXLFghQYTtB6ApC3ubcvKI5Iw5XKp80Kkn4tU8gv8zXuRhh/wcgEj",
+	"XuK0TSIpmmoDNyycCCaoq0EnITn4ORjOwewc9yAMP8IARxjgow9FIk4RQsMPGAY3LG6+XoxE0rVbDW0I",
+	"lFS/siCNsE0i54rxohCLJaiIbMnXmEOBpptLfSxaKgls8zIHVldI0phsyKubAvE7y81TTNXEIW2Q6wO4",
+	"FArVDdD0iiBcTk/W4+SHp6enUW+m8wUvyK3x+LjXjshHPZtDe8mLGtn1Rgejk8Hh4WB0ejE6GB+NxseH",
+	"/9ILRkx5IQZWfWvQf9Tzkbk7TvuZ+93bqGdZ+CWRe3OHvp6vGWcxiaDYyTz6k3bDb/sHhqUiyaQSDMZy",
+	"ScFSmXI2kwnImUuUdhh4AqNzJY1gsSqzLIZNhH+Q0kXZAq3Xkx35C18s+fclGLkRW+ZiJm9FyuJkfhnv",
+	"kmXamsHnLmzOk7DmNm3Ekq/NTnkSrZnsVb4kJ9+mnGv8jXMEWhKtz7dcXAL1X95Iw7vmcfymlQ2/pMBg",
+	"zFZzmQnWPEqnztOdpzAknre7j9JgxpakbLypAC0IdKh0PyLPeGzKBIxBoBudexqyiUk2Hd2uAhij+3WP",
+	"aFKkvW/DFw2/b2flVJkm3/Qw5yHIQvEB7yBwbbeldQ6N+1C7p1XWvJ5+J5ICY4v4NbGvICWFp6mEjebZ",
+	"lwEjmvHMiLbq7BTJGQu5y6zMMsti2gztHain0HYiSnYsQFBVCiccMFrtRoxBf33TfPwNqshZwd7Al4PB",
+	"gNn/hz/jkApj9obZwzKNrxfcFCKHf275Ea3yI2Il+EPLVlLMLh3FEYvtJ3hIMYuvhBK5TC7tx3FjxJAF",
+	"fYwcaJdBOxgXjDtRH2P6JO2Lse5SSuIHhd3lgpN6T2bEpi2dijm/kbrMt+/qLOPXa1hz3UgASiVPC+V3",
+	"2ptpXKxBr5QpcsEXqN1RwIXFJ7e3sb2h7gAopnUlChafHBzFNNzZpqh6Y3Egi3RZtJdXhXtrnoExTRJ5",
+	"G8YlOZSqkBkmYGK6ZO6TNFUiM1FlecqisYKcFwKz8oha6qugyQ2Lj0enMb1MzYi0y2kMCbbPK5tx1h7T",
+	"WXBe9ZiWZDZWTBMGsEOf2RdB5ujZ50wq6ybTSjBxKw2yUssL3jRqVxpcfgmj5HDR/3W5uPzmfPAvfPDD",
+	"weD08tsfD6PHx2//4U4e2WAgm1kbphq8K2fDmFFuM7HurZLp1d36WAwKV8z+xA5Ph6enO+liPm/y1P5v",
+	"e/Lku2lVtZdqvuPHuQAGfEtJ4ZgEDBcAc2EFFoygE4Qty4LoS5WU8T0XecMqulhpJswyB8I0NoM5ybU0",
+	"hlOOV5VnSQGyrVTRlpSbCeMVui7elTKsx0TPGGdesnsBhRZV/OPbmPJo8aeYS00Wp03NXnCpjP3auc3u",
+	"TWR+gorS6Ap2EtyQfUQpuOPmekD9aS7I1frZ16rfaTyO9yXOt13HE5Brc9szvRL5IOFGsBevv2DHo8Mn",
+	"/kVRa6eiAWT33iLNpCmG7Bz3y9AuSeMfmyieC5c2iF8DJwzvaILlOkDqcWlSkLSizOE/V9Ml/CeZz/A/",
+	"HL/jZRqfTRSVy62Foge/W67jCFTVZI6ZcUor9LQFqmRpQH0TZd6LelfTZS/qfbcEVS+Zz+D/OaqCZUOr",
+	"pIdaWvPzG9FFN6818EtPgs5tCUREtxgPwURslcuiEMqRFIpO9LZxdKSB+WwJQ12JCewSTTS1ikMqMnkj",
+	"MHrrkjC1SoSfaCWmc62vmVApeihpJ+rEv7uFOdrdwkx5wTdfdrLb2ndN2qQabmnIqbq0XQxEvMiVSElU",
+	"uvoWcimjZxGdCDXOV11uYvNVdeAmY69i4/bUK2Ov22rrulw7m6DipriMgV2kJXlJhDtULBSEW1Ln5PDA",
+	"43+aHiUvny7+8sPh7aviZN11AoV1aDmyJ/m65GjqWE4T2kr2I2tSAb8H9hT85NuG+VqNtoOZZf1UAa1Z",
+	"GukSHHirPpOm6GJNS042kIAfmQh0BzBRUBdtc3ZHh1htcZdgpttcHSfPc45Ses7N5ULnnX4PgWFx+NYu",
+	"ic10lunVGVtyQ9c3g3sZyzRGd5gpeA463CWn6EShUaUu5mIxrDZzqnUmuGrtJr5QsKKu/cPaGZ9r0yBC",
+	"Jer53yRbrUuyvYE2m7vjvW0uLuWpSDNmnErakNGgHl+vjSPn4F5sE8upJovMIj5RnVnPICEUx5IwjKAC",
+	"328GbPZb9dteO2ndCZ+G3n4dyqte5drVWMvCro0tRW6dstUkd2bC33UraF+rJXWd4yeCZ6CR/didPQvW",
+	"JR7eHH8Hhse0Q7nZ6NnR1xblgJ5fNxxU13e+gx25a+nNhMNE5xvcDz5Gbuvs9MzVBqAEk/WkPtOhvJGl",
+	"1D36TKiEXE/XQo1ZfBj7tCUyhn3GFOh1Se6ySARP5miGIrbD7RJeeaLgcAkGgl8LhTmbQ/YcA4AgySvf",
+	"TJigkmjlZCDxc0xP52zJS0xE1Vkqcm/vJVzZ0j0YnUbFpDr4RAncJzj5BtUf3mmc1KR86zIrn1e/4ob5",
+	"OtCGE7GtEhzsrhLQLprOFcTV8mK2zEpjGUe9wpXtuarVoD51f8hc5aY0QcHmRC34Gq5oZ9WmK7itVWy2",
+	"Uhe73v3o4B3e/boLMsDWEke+iL1V/khV7fUz2KnGsmMJmU6uRXqJ3pMuEpCZpXWfQaiz1Je0RsQpgCHT",
+	"JbCnyfZcqjkvvE9mwdcT5bOa98+s756GULo1h7TU3LmXd3r7nfPsEgVP9zajBF7Oua2Dr+4naAGZKNC9",
+	"h4JZpM7rRcyf1KKJiq3iaAk1Zns6tz+xhmdM//W/8P7tmVTSzEWK2AXWvxOm2CZaFVKVwpBRhcZ7g/jc",
+	"EL3O96ecom0+3k8uLr507kTLo6r65a57jzRZJ7wvv3h9sW1+rO68ExPm3tPeAcfyyDrZuldGnrnLTSLQ",
+	"bw39wGfhUUKsexxzIT0Jwz0BqzJIpqthphwcbqTZgB1vFMpSXbp69jDkEpQzlgorvKgMHkMqjqjOWOzp",
+	"OSZDEMv6gywQ+2p7rvzeFR8XcEtTwdPYXXQ8GSMKxrG8nIrH7Tp0PlF7hdZswdXa+5Nxn2BRbj6qvChV",
+	"LozObshIRZVReSokxt6w0IM9AJvBvRLG0nnDEAm/3a6tUKm6D+g02Ebk9YjWjWqQeJuuGsy1YeYEcq9L",
+	"U0LHaXdEu3JvuupwZ5tGVP80hc2ncnL4Fm01Y2Zl5lxJv4w79ReNZB+OD578spHsrT5XTLerPsHkNAW7",
+	"jMtHPdFzg/u5WB8ubA18MH63cPLdYV4XXrHuTR9824uB5LCYs4o/on5b1dy5f6JRRr/Hjai+YDwXlMy3",
+	"Kb7rPBT2ifptr362g8+hK54bvnXADO6I3uIdvcshQULqQR0SxBve3SFha6h+c4eEyxrq4nKvPn7GTo9P",
+	"njCbo8QoX8pYr1/UnUcU5mORSUcYKuiNwMxK8gWSYm8ILeGrVy8QROtakgDCH48nKr47b4oy9tDzjd6B",
+	"UsHOJhpUYJSlCQL5sfl6ORfKUF5fTLktO02Q8DwdpD6Yjc5sDOX5z4Yg3VN6parUkHCLCsojY2au84It",
+	"eDKXSgxywSm+QLfkDCFpkrmzQpUuyGkqi0zEmKAa0+Z7FzreVp2zpdDLjGoJwKqqKmRbzuTO7CAEPWku",
+	"ihxH8MAw9M7XMx7b4AabASA2Y2tsLLrdWMbYVc2wMcMvrB0inQHrjrF8WVQe5FZRePXxkq/tZ7Uz925Z",
+	"/FEVMPLu2UtbR2GTIeg4OlPz3UYaeaU42Jh23fVymFZ5XVdyel3/aqy3HQkIsiU6QpxtOo9aOUa54MaX",
+	"fnfmW8AozeSOuoBsP9W9WMrVbHP5ebngKiDe22XGFWnkqMpK46oNLfZKoBi48D9mwNrXBGaBVVfGlBT3",
+	"bjtMLChH5561wRxwtBayx05yJnAYdwibCn1jd+OOFzb578GMuV1tOOTR7kg8aGq4iuODUZd+apNs20eP",
+	"TDVqUoAt93CvXpMp9Zd+Bme/7Yq4UE1r4kpsKb7w7qrNM91TzIRadpnLgU8suFO/cmnHuGWhHgWXfIMG",
+	"QNfZR0x3jwyeK4qskCZg700jlRdTAUDXAfHE09QHB7GuHqwH9LraHKKJ8th4uWCWT1OJx5WqylU746Rb",
+	"3KdB5o9FvkVrF9aOBtVXSt66YpS6DfXk8fHx8dOjx6OdLCmnQ96RqB1s+EfwxAYT46LBbWmvZXoWBiJh",
+	"n9IqRpl2RSaX4qa4PL744en1X0aLDx+vXh4mf73p3YHZ1Q5UvndssmOAe0cot4UnO7b23pHucMN9gZDz",
+	"JHqqQe11qsviXQz5X8SG35gzgl7Wu7JG6vSyIadiF4UhpAdUVgOmEErZd0wgr1IiLzd67oO0yUaMikSP",
+	"1ZyIadlIaMUg9jQZ9vTFRPlvKjQGVO89QK+LD7nwmC/QOmOyCFAZM53wjDBc76Kpho95x9T3XViIXikm",
+	"Ux9pay6mwTaS+eXpx1dH8398cv3Z6PuvT8Sr4r4KQDi51QPc5M6MJOVxQ6557z0yyBvEEm0Li1IyXPsd",
+	"PtcKAUuKMgfdEOMAHQlv7+LOoy0XO+at3Z151sEUqpSazeDefh3vVG+xi+/wcHwwGh+e7u473Nnfloum",
+	"uy0Xlyd/XR/yV0+vLhZH039Sj+e/cFHFHcUSv0apRAis7n1ru7rQvqZMtPPkegO1JvCamUivCO8AExsq",
+	"fomsq8Ob5hSSu9o4eOaXsjlPPeTOVAhVgUKd1bBxyMlRp1ebpdp0iWE0QcibLu3wPFvxtWF2OT//9J91",
+	"Vmz4TGRrG7NuzFaTTpv8b37mKNiN9glg3XpS5rJYv8biScL6xWLJ87IrcneufMWnd8HtVM4aD9mLwjqm",
+	"ZtLnvxPuSCEUV8X+cKI+EguNKR1jFpvry0KY4pInCyx9ph/H+Ceh2vufXGV6Km6DH9kPbAyJKkNhv1wd",
+	"aFAbSWWLUs20K/XkBPdnIWm/tHZTlWLtxHivo5TdLHiWuWINg5sFx9vvk4Xb70es37cWbb9PgM+mYLxh",
+	"u5DE7/dtjXe/T9jO2ApCJnMr/xEab4A0iRUkYYYJ0JBFEs7X6Px8KYqVzq+NU+GDzId6oqgt4OUItueS",
+	"JAg5n6x4YJ4Y0bMwexNViCyjpQ3Z81ueFNl6gGP1qZcBombnBNaY6IULaxcrUHUk4clcoZN6XEe6pvRo",
+	"amZggX66VuQKZ2QxZIigkuqkXNjrhKSmVZHzhLLmp7qYsznPboTBnfnDH9h5rZYYPqQUnvjRzWHs9ynh",
+	"ua3PCQu6OSO6sglF6GiO44nqvhghWdsfTpSHkK9fkH6fCLrfry4Ju1hplsI9oe8MFYBQwT/5Hab6djxR",
+	"sb049Ytkb46/Mc07tH8WhnQx9cisZJFgHc+C6dlsOFHn7upSVpIRwkQevR0duFkmU9FAavO4+i4qYu9B",
+	"5KAMoomy6ZK6neQ1ZkYvBBa8ZMb2BakKdA6O44aW3EoKnCjMJpiukezc5lkteaVZE9jfDNl5WNTuao2C",
+	"kncOMx8S+H78iFLmfoijCs3AL6mSWi79ei9+ZP8Z4Ip4J7s0ExXUt9O6ZWFY7C3NwWvnto1dcwWL/bnP",
+	"lBApU9qt1VF5iIaXZNwYYSpSry4d8hVDoKLwK5eYH8ZA0TFCUjS+HQSHFTNxWwhlgOapdI3GeNP63Ru2",
+	"EFzB7r5hc73y3KpV0NYsbkPe9obF8F8Y5pXgqTmzwtk4gT3Eb2C8WS5Eth7Sw7hlPMvWAUuBweznMN5H",
+	"2vZdQFAOYI03Ib49IZIicoH9HbK6PfLjIy+30U8k9LHNeXCfRiweHRxQWTsSkkJ9q7lcX/pFPY6qHP/K",
+	"fLfgqPbFCJ7kDYvxH/AeVGxj8OKQDoOWIGzFS4zfctW+JjQvJhlGLiPnA1PLIrHWlL9u9dQYYPALWbj0",
+	"hKB0oXrFNugKYsVV7xEhFREMH3XDcS82cF/AG36u4WQWaCltKerf+rrUecFQeFsqytnVC5lQcphlYnVU",
+	"FxP5tjqmWTS4zQuQihz0MpJ+a10iOrtGSUwlfkEGmE/6tMYSEuMdW3jm8+0oBY8TcCjDdVGxoiuFXPls",
+	"7VoFKJzmconkCIdR8++9YXH4NxzAC0UtT1zmfdMfWOm1sUxjWD3l9yrqBWNVEXPG/GPW/1qp/nUnLJXR",
+	"/uEPOE4bqYcYIfzkldWHK3eJuxgoAJu0VOV4Vh2XgHyx55JrtTRR/X6rlRMI5zv6LvGiqoBtt1fCVMeJ",
+	"GuArUYMelC13d1UaTxRj79M4CZ7f1juJvWvrJBi41j2JvWvzJLcxnf2T2H3aJxEdmUYTJdoDRc2MKK2V",
+	"YzsjSq6+b1MjZnsawajY1sjrCQf0LtiKCDbcJHop0no7ojExBXfxSY3q1qKGwT1w+mnQZwi+/TporhOF",
+	"WILIsS32p29MVI/XjdnrT84Ho5PH7vN+n8LYYMLgAff7S17MwYjxvcU6GhnB7SB7E7U4ZjBWHmGHmisl",
+	"ZzLhqgClpxBmyROEgljoG5HuD9krMUAJCkSPD6O3cCAVask29OXgZbx4ti9g9QH4Gfe3agLmCgxMmd48",
+	"rG6v8HUrLF1WQelWvZa6cKIdrC5ae3R6nBmZoZCmFDxvqZQ5CBx7nFWTKFJmh2QM5HxVB86p2lrZM3cW",
+	"jTMf7NGSiecKLa0CEmqS7Od/+3e25LmpYPPhE4wRw9dhzPbnf/t3OGeE1Ledj+D3e4ghSTJSKiPy4oyt",
+	"5hrfmv7GSnsQgyQAXG73Pk5Ff4ohaYdGFiVJvDeVCvHGvvD/v0EXtHpCpZ53wd++sQ3FNvcTewM6cjVY",
+	"1Y2g1dlsytNaSxV/44kD7G+ezPUxCCbzjR9sZH7PEZzrjhg1ujeEwzdi/ES9VLXlsqSqmZzUiQLqrjUj",
+	"6yJ1mm006ngZS+adM5Aa4d6NdF6JnjTqxIWvcNq5Q4ix3gGwsMM8Xi21SAutPO1+v9ZLlVwplSJfggYG",
+	"f9BOkOn4jAC/BheYLvaIxa6/KTnrsBhlCwwye4M/275uAnRne83yCdz+gFcX/FrYkLXzCZEC56ut66pp",
+	"v989fQX/3yqheRN2JgvbSWKsJEuDdmdXWon9agLgDpgjYsJWHMgvUMa1OnBwlug8JzTrTRghyMLGbCZv",
+	"qc8rQaI5bUoWrk2an5peraogmYorrqqsUpd7bqys4rlwGJH11rGZvBYuxGKweDEJ0jSwjdwo3sfGKyA/",
+	"hDGDvMyQFWOTEEJ4nqi0RJFVLcg2oEP4ZW5Y3EryIsd9Z/4WTgirxt6DHgpc1lDK2V58gjYlHMk56/cD",
+	"eMbKGrHwROhN6oaMjKwUEimBveCyjken8b7vMMNVhRUedMqQxtoXm7Ar27c7aiB5gnh2gPTcw+Ih5VFh",
+	"QyfA5nCbPeTGCUtr7P0BU2nKk+urHA2YACyGZ0Z7M8kUoG+FDW4ozQEDmkDSrhexLXJCcBYyoXV+7YMK",
+	"rlgHF2QzaQNeRcV7KNubLRzpkjX6GJAG6do5uhYBzT6OQUUcnHm9Z+NEbWvaGLFEl1j16NkM+QF8Xc4Z",
+	"i//8/GKiHt0cNnskmEc/Xov125iZuV7ZXpMfGBZXVQ9xVaBX9YRkZiXEknqSiMLZEUQBO3dY7Pc7OFm/",
+	"73Dtre6REg8Basa+OlTWa4MskU3VQcTSRCvrxxmy1zpcryv3tbYCAjyD9g7HVevLaEUOReLVFS5fLoSL",
+	"6NbN70JTQR03tqMC1qBmJTVi+r4UpYV5sO7vXGCqtnG4L63mjoHk7+hCbLk2Ns5sHEhAkIhQRUY12qwq",
+	"W1dBtKCSyGktrgmAJTiOev+YjFyL+WRfwuPDEh8zxJncKcN9ArWEr1GSzPmNYHmp9iOEqj0+OGUbdImI",
+	"uFYEPGlE/zmyhv/JwTE5bG0QLt/APdq+hZp7GYTSkH2ilS4b0MITtWfzufZpk5a5MEIVYd4JMB6mZzOr",
+	"vZVZxr6TBViWExWbTIgl+xMDOtaLvYOILaTaS/gS1FAj2H//Xzb6V0sv+/uuZRdnFv/FIv6QH8tVYXFW",
+	"6AKs0lTwFKVZ0CK0qRBUlw22ZlqmwLBcv2ri//zKAwjDnZEzidaJo0H0QHm7OT6+vY239lVi5x5JDSWl",
+	"k6+VaMVMdJBx7to0tX2b1B920jmrWqTXFAwXqZCe6WKuReTyHxwEm0wN0Wy/bxFsQINoINY0sqn6/Spz",
+	"AtiOBZmSigBsYJn/gHhTZ+i7wTeCL79bUmei//4/JwcHdAvWQlm8miAbY99d9FmmeWGGtLxnfuF2hZ1p",
+	"VzoN1cY6SM+4DrCDi7MYO4Sf0wG1Yyd/kbpZbQIT+alc9AfxaG3mxNgWKrE9ZKn7EeFtOmBr+DsXlzHM",
+	"vkfaEHyEeChsD/2IVbcub8Mu7Dou5AKY4WLplvPq42fs6OjolPmUDzyxry6euXMnBbKKgTjgCqDyO4pQ",
+	"2N7m4pOIGSFIfMW2ziW2Pff23a7YRF5bkvLVqxf20rVqIqjCIyzUoE8idGbUqzWYK9YYsqrW5V6lLDZc",
+	"b3u93FHSco9alu6uX/GQ/RM5HgIRAORolTbXgpC1OxCe1ZRzg7FZxJutQTFWQsx6FizKNMpG69LE6N0W",
+	"a27B82uD7NDaCQ0b86xhtO459A8nBiaKYt6kAm8RW05CHcVnoc1JXlXuM4hdB5chO88y0D9zIZDgxe1S",
+	"G/IpTnO9MuQGPUdzZgBGba6zwXP80eAT2giXI5HJRCjqY2cTH86XPJmLwWh40It6ZZ4FueSr1WrI8euh",
+	"zq8e2WfNo89ePHv+8vVzfOZt0HehnUJx/uWLXtS7EbmhzImD4SE9o5dC8aXsjXtHw4PhEQEWzjExxQVY",
+	"4d9XoqvuzoWDR8BVW2lUqKEsrSWZ3wBZfXJx8SVmpiRzkVwjq62aEZDBqiZK58lcmIIi4h6a0mpeXtOR",
+	"Sb2xfohhP82lmGVrxlecgrGtSOwYNY8ZGmeNQKZD06S4oD0vL/hepL1x78+i+MRuTqPd8ejgYAuEeQd0",
+	"uctP6+nr3SHALSrNBgTwYP95Jm/EsJZ61Bt/820UdMr4TN4IlP2IXdOLegW/Mr3xNz06/t63Ua8WSO6N",
+	"e7BxOKaNu+9MIULVji/hiqWIHz8rMzLg9ppH6ZsRWLscr+tEed3OujkyzVM25RlXCTnclxQ6QWUk57OZ",
+	"TMj1L4mzyoT/QoTxirbkd0YXuCrYATQS3JZgs5uTg6NN4/pXeNTREWcbUcF08p2p6ubQVSE9+tFnPL7d",
+	"SGWvrI8/xCzyuS7emquQ0bWqQFO4k2g2UcdlhU6U/VWFak/t3SovTqOxB5lia4FoOMrbZjLF6JWNP0yU",
+	"iydFPlBl7aOHp8RnriDx/SixAd4XpAFvQsBvwffVgetVmWWU+rsh9/gutL82JHsTddffniq/dudLZLdt",
+	"A3N1aeBvo94x7eT2ixP0v8dHDu9+5KtG55Djg+O7H/Id+PBG77CwekNIfOpwp2nCFnPIA/yt/7MoPGpB",
+	"cOVdReHGOw/n6WIx2AC9aw3VT+wJvUh7b7/dzC4e2Sw3wmB/x+Gj3lKbLSyHUmGsiRwmhrskko1JMlgL",
+	"gJ4IjXjbS56Defy1TQiILUKfT9Zjq24kXbZnPAIvOaBwUGvNDdlrFx+HCSTP/HgWmmvBU3Hm00FhoWsb",
+	"UCW/eFCvkPqqJjANUZyjN3bN8hIhlGyaVLam2vzAFYY+VOeV8+JdqJnOE+E9A50s0OYn2aB8M08JmGMz",
+	"uQSRL7raELuc7SH7jEIP9F6R9cpgkQ6mJ0nVkZNEvtEgKclakJvzj3yyUXfgZY/8dhPV6RffrxpdEcBh",
+	"npdLMkdwoc49RiS4wMysCokmoXjvFzYUY52B8ejg0HqG7CieZIfsNZpZZ6yFS2QNqc0m29D5B+NNQZWx",
+	"J2hsXUSRK642EbVbzESxWsgonKizKt++nL19rruZfUkCR6qa/cJFWcMUvi7GTtsx57ZYy5jsmFrrtMrv",
+	"E6bF+fDcGU27JZDS0UOtCtIQpRJ5uD05pnVg0Mv1fql3HN3Sx5/ZNv5nrX6xda0ixBPv3Zdt1wEpkbta",
+	"z/OHOl3vrpQQKGqZZfWWf692BR8PGgC+JdkDjLFzMPjOZeR4uea7BzrN6OTg4B69+bow2d/WS0rgVr1t",
+	"6W2H76a3YQ3ZDpjLmxS7oKgLH+8uvHofjcvS08YOn3VOhXIEBOhdbKnqulxF/7D1DbmmugATQBp6LMSH",
+	"b5Uc9ZyX6a6n/e9wU363mubxwek7dkbtBlVp9fCsd7Ei/o182zPtjnaemwBbfBu4Z7b+sn0RWvKhVjRZ",
+	"NQg8rdxtdjDyUQWz7dwQjpY7ULoYBANgmVQ3aE5rl+q5LlaiSOOYOyUH5aVSVJTY3K+N2DxVZ/eOwRsa",
+	"VjXRVADz9SV9LmOgCngGUo2lIuMdytHG3W5E5kFVo7Xu3ja+0zVui/q6EH1q2/251122CpaqJXM3RpDf",
+	"2Ve+u8bo5OCg1pT58Pj0dJMMY1r5KuI2FW/cPScj7SyVqbZ7I2cYYGAHGCSBrfze3Qu/IP+Nzej1sUhz",
+	"xrDeDQuiOErk6doGZZxeu8nBD6KC33UxmvQKutmFT+ixLXCt/Bhjbkx3c1urNnYq+6SldSvHuMp76cc2",
+	"1R9bvto+LOf15Ksx68q42k2R79asvfn2zsr1Qy3xFxLNjea2jXYi9ogLTQRgNWgf8G4fOPuS8hCs7biR",
+	"RLXK1m0k8eoyeUzxg46eMqgcHO7gv222mcfnTnbREDp6tMLDo9EOLqYGAj0Cu/26/qn3dG837YEO75Zz",
+	"M3V4t+p+Ce/bpuKdje7sz6QpDHmxuxpsjG0+I3b+oESBOtZO8JnzeGM76rgJ2RMP2XNO1c3Ktl64Rysc",
+	"JouJqsrk9nj4U7rlU327b6N6dhKsnTVMzvDSY2KTnFHlo+2vQ9VsBfCLL/mVLU9KytzofDDlBpMVKZxM",
+	"Za2/hO8cTuA5HdJ9bVxsbtd7G/24CUBLptTUESFLKZesYh70ExT5FMLO5dW8sJoT1fgh289sC7q9kDD2",
+	"IyaHYogDKXFbMOpqoJXAgIS0lVE+oKoI3AZk7kQF5FavoGk1vhl9mj6ZfXL43dfm9PvPFsdLhCzsjXvf",
+	"lyJf9yIXzq4jmtZ6QQeNzkYnJ3eAU5GX4H3iFwTV9c2Pd4UusLWSb5r0K3Qswi+39xIKevwATf1u36CD",
+	"KOwbtJDA4EAr7FxE89hZeay6EnWoj82+RL9qjOa3CrnAZtj3DWSS/eCuIGt3HvFGwfR6bhvPthrGIDsm",
+	"7b3fB1bS73cACqwsLjJmcweJhKAcBZD7UR1CP3eg+HsbkfCdadlEw58onbMlt60OWnUYtseQCdqbOpj8",
+	"/aij1AMlHuYjgBQqgtY2sZ0xtmncuS3/297SAESgy4lwideuqceQfS64IvyMTPAc6/axap9cyoVOdGar",
+	"z2Ac+J3V1M663V218rY59ohuhSbq2ZpU3oCuZZDSYbsIihA5gIe1LiNMnUQsH2z24mWW6Uh31flETUWm",
+	"CYikUWpJKSDFStvUz5RkXSnN3Jk+yzJfaiP2f6G4ecNP/T7yxwIyu/4INU/CeVBM1eFbdi2VDu+MuWMT",
+	"nLC1z6ZGOQikt2v3mnqzGorZN/u8hE1Rmj1QXLOSem+Se8DPtlqHYF8P72eudpUAhap+Fc1dJnu11gG9",
+	"6vFrs0DqxTm6LDrPYrT1LI6PxwdHd5yF/w2dxWFyOjuejsTgCT9KB8fi6WxwOn3MB6P0JHkqDmcH/Ml0",
+	"17Ood8d55xM5fVUcqw9Hq7+Kx+uv+GGy7URoJf5IwkO4h0uos1HZhmAAlbYQr/zfmYTxENbqC2WWIim2",
+	"dnEL1IVQRdg9SaOrd2htig+MLQTnaM4ShJksItbvW9wDW+S8oenWRO3FO4EWEI5+HOAw/PzTf0168X7E",
+	"liJPhCoGQiU6Fam3oLAElxusmsB/G3GFAFZ7QWUSix9Re4b/b/RxHDHOsGTefoKQMhYXgcA+LRACotOk",
+	"AudrGlA78l40qGynG2tPXVtJFIYI38Ooshog3ftdXBGdrTU2mOjjqs0FdriwChAWWeE4E0XYgqCvb29/",
+	"YS1ZJc5Y7KyGmEqcnDqJUGeg2YCl+wt5A76gfXpAb4Dt3bLNG0A/+c28AbZzyWZvwIbcvP8h3gBnHx9T",
+	"fHyLWD8ZH44aaY3Uurp2qEFWY5cYDUPk3p7fPbXStWRqWekNLnxHA6RtOZXV8ix6ad1StzkJu4n0qlvP",
+	"VkPduvD+JxjqDyGW0VjXjpU46Ws/2CZ4O3MQHdwYd8zEWsUWdLjRroz4DP3QMpoKAhcIZSqQyfimUWiZ",
+	"+h5UWITtO1Hdka3X7w/ZHQl4F8iWVrSgAPhsou5GPsMsth3wz8L0u4lq59/hW4NV7EBiKjBDnMEFvAgF",
+	"3PLrqF6TOlE1uIvg2waIxd3JKhhoBLt6ohJ3tI2K6IsabkMXjk6Am7M5f4t6Wv1W6Vsdzsn3YWr3zLvC",
+	"d/810q5+pzz9Xhx8kxVGlwERmm2N3C+Yk+Wm+FtOyzq9b7D1hfrK2Cjv30p0+CEk9DOLRGFF6k5SGkWe",
+	"96lbT8qPLnpyv7IlqxBtLiBiv2L9kBMTv1b50K/KD0kFfzBm+Hdf1KYrhUVB97lP71YThEcUlgS1LuIj",
+	"QgS+fz1QNfRGVRxHxvvodWqr2RoNijOiy2qHXTP1FTXDGp6kRZ9ArJONV7oLUBkUbloDwSzWEZGbSM0E",
+	"w8Prtbk17bj+PL6E0t0qPaEpI0bhRKG8xsY7lFBiUWT3awAnmCSGWDBw0hZCyxoddr0Ic4/bZBcydlUf",
+	"XW0cYwde4RJJsFu8A+d2O0MAON6aaSj2iBAqcskzuGQuA8ZVKo0JJtwq52hvOGimlVSmws8iHn0lCsub",
+	"T7u1cFzQ/2b26lsHPyCLjZjSKyyasjmG+0FT4983/91JgXtm811/cx3IXZd78GzLlDZrQT6K9EtwXxq6",
+	"8pl+QDUCzhNSaPQ1Y0qzg5fdhl7+hZqoCkTWJ7xKU6vw9Fce+Udss/Go1XYzI88m4AV5ey7XCviOTbtD",
+	"rc+39N6puXw0Uas5LzAY72HqSvTA/04KLfH2VliAXcWVEROYhUhgDbxgvFlp6fg1pSckOk8x7/twaCMH",
+	"sMM//9u/V83XfMMrvcLiNmtB7nnpvF9VvDrJN1GMsX5/czUnBqt4QWBa0w1d5aIa5jyOiYp9GLc8m6jR",
+	"0KdZ28VVb1CFol3lXuoWyWv4ktdifTZRR0MWuzB8NQiBHEa1O6HEymOw+mzDjX0FcO2bewsgGc06AO0J",
+	"aRXBo6vGNVytEQA/2loOqxKL4lQb8QMH2ArqkQdttZh33ZCSHrW13weC8vk1AUkREmGWtfoJXHGpOooy",
+	"6/tu+4YQGGXQc1RnGV8axL0qNO4Z3Z5xxWikqcqpdy/XtQT9oOW6o7jZ93nc3cKR7RkhGkhP+2d13kip",
+	"/tRBC2N6ri3aTmn/Q3ahGaHYOTM3TyNgZVgCDGqvWNm2FUENcBvYdRzwZGDYXkFgld5gmXVY7Uur373g",
+	"t37srhTiSt4IRBSplwLv2ZQSQnk7ub11eIn7YUlw7Zy3ALCeNS5QE/p/Y+mwLLaVDFchhF+iYthDkfyG",
+	"FcMOuqyVHwTk7iyXiuSPD0b7YRLQRsgROrKPXENnUIFmGb9eN+cJUoxcb27T5p82/guq3C6T00ykwFFs",
+	"ZvPr+V/sMjACqdy7qpnO+ffhXv/bQaMJaqPrWqnTI3f2zoNAa7rn2VbvPPC+v2XP/Ohd659DwVu/s9gQ",
+	"RyaOF3UVONcebvZr7l3RAJfVAL7c9KJTvtuG7tKYUmA/e6lMAZLzXgmbVcXpKKiO7u68f982+ZTjacrZ",
+	"TCYS7prH9qllvfnvGX1/763rmKNr90AVla3pwBpw0WtSEco8ARvnd7qlD1G0201Qew3F0nVX44agg6Vq",
+	"qpNkKnrnnelUJhvszRTY1tUZdRtVzYhUvJ1rTH3j6qqY04Lgkurlvpoo7AFW1FXXuqcBlVjG0fgi7fUX",
+	"YZRvf130hr8DE/y6wAQtQ6e91V7iB857b/FguKu9v+1hg61FxxvrYlBhnTeMvHFPaAhCj17fFxYDF4eo",
+	"GO7hB4UZKFY6yJ35Xwg20NH1xGU07WgfN9kprDXsGLJ70X6Nf/69hP/vJfy/QQm/xenpiGtsAajsKuFv",
+	"9xFGS7ozNnHRii/ArdG5D1Tai0QgMNb9x6yrtNYmfClsgTYpM0ttjJxma9eI2mcISsOESsnJSc2sqsbE",
+	"ri1Lq9Wxx87f1Os4Yjcix7YTzhnf7+d81e97fofZh/ZOcWUR2ERmxETtJRqV3wKbAqCKzHNptIrYyWAh",
+	"VQnqsusmwAqdiRzY0r7NS3VDVvGMlc6vNwcywqao/X5XW9SLqv1/ykJd06XUt6APqBcHaEc20ISP+wxT",
+	"21hVpBWYQq2lqmUgfl1O0bQx6Xof5fPlMkOO5GETpPG9OKsmykgGsLPSFI5J1atWZ5lejRn3PbAt5Gfl",
+	"c8IW0ECN9v1c+yWqZwkdCz7ErbyFQ+3fn9sgwhTpEFs1mBrIt6swmGA+0/Zusx3+w1ciEfJGeNL8mt6l",
+	"d0c5Ulz8iZoslEreOplJzRaim0P7nXFUbrswRLZLb2wq8reukKDBx1zcTtQnn58/G7z+5Hx08jiyvVEq",
+	"+THnQAlu141IclFEznviCT1inMXDqo/6ROV8VbtOYxYH8+y5gQr2RzbpDSc99kf82X4Mmux31KisKij2",
+	"L1EVeSx4ga5eFjeBhk4Y3UODmPlB1xJb6T1RSaaTa7ZH/dKxZ1cqZoIXpupEP8PudfYuSGH2mxUjxZ8O",
+	"nzw+Pj5+evR4BMdwMjp5wp8+PhVPRCKmIuVHIz6b8cejJE340YyfHCY8fSKePOEH4uTxbHZy9Dg9SMRT",
+	"cXjwNH06TV21CfGoqtykg5FtL566u+bkHROdXTXmOHjxTRAN7byM0DVBfsoqDHVJFaTdPkv0Vi6T+eXp",
+	"x1dH8398cv3Z6PuvT8SrYqM3kp4QN8Xl8cUPT6//Mlp8+Hj18jD56802LId7qON0IMgudnMM37fM2jPX",
+	"pgfcs2ds/+yZqrdgnC4eGkjBYEQsOfEht9q3UQ9ZaH2uj5Grutk2jIeQF+0Bd95LywHPk+tN/hh6vxUP",
+	"OkajbYLiCwyMVRSq++5zkrQTtdeSU/tD9lxStJyvG8EvM9clNsvWy2qnqVE/XP/KGfsuboZ699W20Utv",
+	"GkIb4ANdroTGUA2vXk2LcZ22aLDgXXE6sHapKQ7KHWyV0xv3HuEliXoLYQy/gildxzqb4Nu8PRGroTQ5",
+	"pO8GVEplVx8EvgbbybZ6md2dDPToIPcxmsjvjZcY9Y3+kKesEiYa/W5ZIMi27LYJ2G9tvzs4dKACSswa",
+	"8A3TKiXRqYZ1j0PHzoQT33tvqocfzkdabSDIXeqIHAU9kHXOVjn2PtYEm7FpNyaqvR1sL27teLx/5hsD",
+	"yiv08nfQNlI0dthuNDqm2DQq8chIiEe4G/1b2Ku/MsTOxs4myLYrMeJVpbqZF5iXzl7ssi9DW8VSWzXx",
+	"j72p4LnIz0vQTL75FvkBKmTEeqhL1CPkE3aydgW37e5DZmatK4uBIw5tQanVsFKibKeWdvUyFUOTSPHl",
+	"hnpF5lNYcxjtlsUWzGkzDNtzuhw/N2nVvnPJ11UJpK2Ja7rgt2T7VXM7L0B78le2ZQJMTnD7lGzj2rXy",
+	"IADrWgp0dHeopnKYge2prDnlHHUznWV6NdCKWbFibCs/3NmItc20n3/6r/17AvlhCweH5Bes0qJItRf5",
+	"z1iqgrUpNY+1taNNVIctauATBTOEd6E9zQs11RbRHfZkw0ULhvMX7e23b/9fAAAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

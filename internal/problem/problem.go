@@ -49,20 +49,30 @@ var kinds = map[Code]struct {
 	status int
 	title  string
 }{
-	Unauthorized:          {http.StatusUnauthorized, "Missing or unknown API key"},
-	InvalidRequest:        {http.StatusBadRequest, "The request is invalid"},
-	IdempotencyKeyMissing: {http.StatusBadRequest, "Idempotency-Key header is required"},
-	IdempotencyKeyInvalid: {http.StatusBadRequest, "Idempotency-Key header is malformed"},
-	IdempotencyKeyInUse:   {http.StatusConflict, "A request with this Idempotency-Key is in progress"},
-	IdempotencyKeyReused:  {http.StatusUnprocessableEntity, "Idempotency-Key was used for a different request"},
-	RequestTooLarge:       {http.StatusRequestEntityTooLarge, "The request body is too large"},
-	UnsupportedMediaType:  {http.StatusUnsupportedMediaType, "The request body must be application/json"},
+	Unauthorized:          {http.StatusUnauthorized, "Unauthorized"},
+	InvalidRequest:        {http.StatusBadRequest, "Invalid request"},
+	IdempotencyKeyMissing: {http.StatusBadRequest, "Idempotency key missing"},
+	IdempotencyKeyInvalid: {http.StatusBadRequest, "Idempotency key invalid"},
+	IdempotencyKeyInUse:   {http.StatusConflict, "Idempotency key in use"},
+	IdempotencyKeyReused:  {http.StatusUnprocessableEntity, "Idempotency key reused"},
+	RequestTooLarge:       {http.StatusRequestEntityTooLarge, "Request too large"},
+	UnsupportedMediaType:  {http.StatusUnsupportedMediaType, "Unsupported media type"},
 	NotFound:              {http.StatusNotFound, "Not found"},
 	MethodNotAllowed:      {http.StatusMethodNotAllowed, "Method not allowed"},
-	OrderNotCancelable:    {http.StatusConflict, "The order cannot be canceled"},
-	NotImplemented:        {http.StatusNotImplemented, "Not implemented yet"},
-	InternalError:         {http.StatusInternalServerError, "Internal server error"},
-	ServiceUnavailable:    {http.StatusServiceUnavailable, "Service temporarily unavailable"},
+	OrderNotCancelable:    {http.StatusConflict, "Order not cancelable"},
+	NotImplemented:        {http.StatusNotImplemented, "Not implemented"},
+	InternalError:         {http.StatusInternalServerError, "Internal error"},
+	ServiceUnavailable:    {http.StatusServiceUnavailable, "Service unavailable"},
+}
+
+// Codes returns every code this package knows, for checking them against
+// the contract.
+func Codes() []Code {
+	codes := make([]Code, 0, len(kinds))
+	for c := range kinds {
+		codes = append(codes, c)
+	}
+	return codes
 }
 
 // FieldError names one invalid part of a request by JSON pointer

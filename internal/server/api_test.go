@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/retrysafe/payments/api"
+	"github.com/retrysafe/payments/internal/apigen"
+	"github.com/retrysafe/payments/internal/problem"
 )
 
 type order struct {
@@ -261,5 +263,24 @@ func TestServesSpecAndDemoPage(t *testing.T) {
 	page := ts.do(t, request{method: "GET", path: "/"})
 	if page.Status != http.StatusOK || !strings.Contains(string(page.Body), "<html") {
 		t.Errorf("/: %d", page.Status)
+	}
+}
+
+// Every problem code the server can answer is declared in the contract's
+// Problem.code enum, so clients can switch on it.
+func TestProblemCodesAreInTheContract(t *testing.T) {
+	t.Parallel()
+	spec, err := apigen.GetSwagger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	declared := map[string]bool{}
+	for _, v := range spec.Components.Schemas["Problem"].Value.Properties["code"].Value.Enum {
+		declared[v.(string)] = true
+	}
+	for _, code := range problem.Codes() {
+		if !declared[string(code)] {
+			t.Errorf("problem code %q is not in the contract's Problem.code enum", code)
+		}
 	}
 }

@@ -8,10 +8,16 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/payments/internal/apigen"
 
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/testdb"
@@ -143,7 +149,49 @@ func (ts *testServer) send(t testing.TB, ctx context.Context, r request) (respon
 	}
 	defer res.Body.Close()
 	b, err := io.ReadAll(res.Body)
-	return response{Status: res.StatusCode, Header: res.Header, Body: b}, err
+	if err != nil {
+		return response{}, err
+	}
+	if err := conformsToContract(req, res, b); err != nil {
+		t.Errorf("%s %s answered %d outside the contract: %v\n%s", r.method, r.path, res.StatusCode, err, b)
+	}
+	return response{Status: res.StatusCode, Header: res.Header, Body: b}, nil
+}
+
+var (
+	contractOnce   sync.Once
+	contractRouter routers.Router
+	contractErr    error
+)
+
+// conformsToContract checks a response against api/openapi.yaml: its status
+// is declared for the operation, and its headers and body match the
+// declared schemas. Every response of every HTTP test passes through it, so
+// the tests keep the contract honest about what the server does.
+func conformsToContract(req *http.Request, res *http.Response, body []byte) error {
+	contractOnce.Do(func() {
+		spec, err := apigen.GetSwagger()
+		if err != nil {
+			contractErr = err
+			return
+		}
+		spec.Servers = nil
+		contractRouter, contractErr = gorillamux.NewRouter(spec)
+	})
+	if contractErr != nil {
+		return contractErr
+	}
+	route, pathParams, err := contractRouter.FindRoute(req)
+	if err != nil {
+		return nil // not an operation of the contract (a 404 or 405 for an undeclared path or method)
+	}
+	return openapi3filter.ValidateResponse(context.Background(), &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: &openapi3filter.RequestValidationInput{Request: req, PathParams: pathParams, Route: route},
+		Status:                 res.StatusCode,
+		Header:                 res.Header,
+		Body:                   io.NopCloser(bytes.NewReader(body)),
+		Options:                &openapi3filter.Options{IncludeResponseStatus: true, MultiError: true},
+	})
 }
 
 func (ts *testServer) do(t testing.TB, r request) response {
