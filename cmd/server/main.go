@@ -81,8 +81,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
-		// Request handlers detach the idempotency record's writes from the
-		// client; the base context still carries the logger's values.
+		// Requests must not be canceled by SIGTERM: graceful shutdown lets
+		// them finish. ctx is canceled by the signal, so requests get a base
+		// context detached from it.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)

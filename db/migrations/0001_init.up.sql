@@ -1,6 +1,6 @@
 -- The first schema. It is "shard-ready" (see DESIGN.md, "Scale"): every
 -- tenant-owned table carries caller_id, every primary key and unique
--- constraint starts with it, and foreign keys between tenant tables are
+-- constraint includes it, and foreign keys between tenant tables are
 -- composite with it. Under Citus each tenant table would be distributed by
 -- caller_id, so one caller's key record and the rows its request writes live
 -- on one shard and the claim and the effect stay single-shard transactions.

@@ -49,18 +49,23 @@ WHERE caller_id = @caller_id
 RETURNING *;
 
 -- name: SetRecoveryPoint :execrows
--- Record that a phase finished. Fenced: zero rows means a newer attempt owns
--- the record, and the caller must roll back the phase.
+-- Record that a phase finished. Fenced: zero rows means this owner no longer
+-- holds the lease (a newer attempt took over, or the lease ran out and
+-- anyone may), and the caller must roll back the phase and stop.
 UPDATE idempotency_keys
 SET recovery_point = @recovery_point,
     updated_at     = now()
 WHERE caller_id = @caller_id
   AND id = @id
   AND attempt = @attempt
-  AND status = 'in_progress';
+  AND status = 'in_progress'
+  AND locked_until > now();
 
 -- name: CompleteIdempotencyKey :execrows
 -- Store the final response and release the lease. Fenced like SetRecoveryPoint.
+-- An owner that finishes after its lease ran out is refused even if nobody
+-- took over yet: its work rolls back, and the next owner redoes it from the
+-- recovery point. Only a live lease may write.
 UPDATE idempotency_keys
 SET status           = 'completed',
     recovery_point   = 'finished',
@@ -73,7 +78,8 @@ SET status           = 'completed',
 WHERE caller_id = @caller_id
   AND id = @id
   AND attempt = @attempt
-  AND status = 'in_progress';
+  AND status = 'in_progress'
+  AND locked_until > now();
 
 -- name: ReleaseIdempotencyKey :execrows
 -- Give the lease up early after a transient failure, so the client's retry

@@ -120,6 +120,7 @@ WHERE caller_id = $4
   AND id = $5
   AND attempt = $6
   AND status = 'in_progress'
+  AND locked_until > now()
 `
 
 type CompleteIdempotencyKeyParams struct {
@@ -132,6 +133,9 @@ type CompleteIdempotencyKeyParams struct {
 }
 
 // Store the final response and release the lease. Fenced like SetRecoveryPoint.
+// An owner that finishes after its lease ran out is refused even if nobody
+// took over yet: its work rolls back, and the next owner redoes it from the
+// recovery point. Only a live lease may write.
 func (q *Queries) CompleteIdempotencyKey(ctx context.Context, db DBTX, arg CompleteIdempotencyKeyParams) (int64, error) {
 	result, err := db.Exec(ctx, completeIdempotencyKey,
 		arg.ResponseStatus,
@@ -216,6 +220,7 @@ WHERE caller_id = $2
   AND id = $3
   AND attempt = $4
   AND status = 'in_progress'
+  AND locked_until > now()
 `
 
 type SetRecoveryPointParams struct {
@@ -225,8 +230,9 @@ type SetRecoveryPointParams struct {
 	Attempt       int32
 }
 
-// Record that a phase finished. Fenced: zero rows means a newer attempt owns
-// the record, and the caller must roll back the phase.
+// Record that a phase finished. Fenced: zero rows means this owner no longer
+// holds the lease (a newer attempt took over, or the lease ran out and
+// anyone may), and the caller must roll back the phase and stop.
 func (q *Queries) SetRecoveryPoint(ctx context.Context, db DBTX, arg SetRecoveryPointParams) (int64, error) {
 	result, err := db.Exec(ctx, setRecoveryPoint,
 		arg.RecoveryPoint,

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/retrysafe/payments/internal/problem"
@@ -41,19 +42,27 @@ func ParseKey(lines []string) (string, error) {
 			return "", err
 		}
 	}
+	if err := CheckKey(key); err != nil {
+		return "", problem.New(problem.IdempotencyKeyInvalid, "the Idempotency-Key %v", err)
+	}
+	return key, nil
+}
+
+// CheckKey reports whether key (already unquoted) is 1 to 255 printable
+// ASCII characters. The error completes the sentence "the key ...".
+func CheckKey(key string) error {
 	switch {
 	case len(key) == 0:
-		return "", problem.New(problem.IdempotencyKeyInvalid, "the Idempotency-Key is empty; it must be 1 to %d characters", MaxKeyLength)
+		return fmt.Errorf("is empty; it must be 1 to %d characters", MaxKeyLength)
 	case len(key) > MaxKeyLength:
-		return "", problem.New(problem.IdempotencyKeyInvalid, "the Idempotency-Key is %d characters long; it must be at most %d", len(key), MaxKeyLength)
+		return fmt.Errorf("is %d characters long; it must be at most %d", len(key), MaxKeyLength)
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x20 || c > 0x7e {
-			return "", problem.New(problem.IdempotencyKeyInvalid,
-				"the Idempotency-Key contains a character outside printable ASCII (byte 0x%02x at position %d)", c, i)
+			return fmt.Errorf("contains a character outside printable ASCII (byte 0x%02x at position %d)", c, i)
 		}
 	}
-	return key, nil
+	return nil
 }
 
 // parseSFString parses an RFC 8941 sf-string: DQUOTE *(unescaped / "\" ( DQUOTE / "\" )) DQUOTE.

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -90,4 +91,22 @@ func FuzzParseKey(f *testing.F) {
 			t.Fatalf("quoted form %q of key %q parsed as %q, %v", quoted, key, again, err)
 		}
 	})
+}
+
+func TestNewResponseKeepsOnlyAllowListedHeaders(t *testing.T) {
+	t.Parallel()
+	r := NewResponse(201, http.Header{
+		"Content-Type":     {"application/json"},
+		"Location":         {"/v1/orders/ord_1"},
+		"Content-Encoding": {"gzip"},
+		"Set-Cookie":       {"session=secret"},
+		"Date":             {"Sun, 29 Nov 2026 20:00:00 GMT"},
+		"X-Request-Id":     {"abc"},
+	}, nil)
+	if len(r.Header) != 3 || r.Header.Get("Set-Cookie") != "" || r.Header.Get("Date") != "" {
+		t.Errorf("kept headers %v; want only Content-Type, Location and Content-Encoding", r.Header)
+	}
+	if r.Body == nil || len(r.Body) != 0 {
+		t.Errorf("a nil body must be stored as an empty one, got %#v", r.Body)
+	}
 }

@@ -34,6 +34,9 @@ func NewResponse(status int, header http.Header, body []byte) *Response {
 			kept[name] = append([]string(nil), v...)
 		}
 	}
+	if body == nil {
+		body = []byte{} // an empty body is still a stored response (a NULL is not)
+	}
 	return &Response{Status: status, Header: kept, Body: body}
 }
 

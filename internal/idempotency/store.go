@@ -99,12 +99,15 @@ func (*Response) isResult()     {}
 // Phase runs fn and the record's fenced update in one transaction, so the
 // phase's effects and "this phase is done" commit together or not at all.
 //
-// The fenced update comes last. If a newer attempt took the record over
-// while fn ran, the update matches no row, the whole transaction (fn's
-// writes included) rolls back, and Phase returns ErrLeaseLost. If the
-// takeover races with this transaction instead, the row lock taken by the
-// update orders them: the takeover waits, then re-reads the row, finds it no
-// longer eligible (moved on or completed) and takes nothing over.
+// The fenced update comes last and matches only while this attempt holds a
+// live lease. If a newer attempt took the record over while fn ran, or the
+// lease ran out, it matches no row, the whole transaction (fn's writes
+// included) rolls back, and Phase returns ErrLeaseLost. If a takeover races
+// with this transaction, the row lock taken by the update orders them: the
+// takeover waits, then re-reads the row. If this phase completed the
+// record, there is nothing to take over. If it only moved the recovery
+// point, the takeover proceeds from that new point, and this owner's next
+// write is refused: the record moves forward exactly once either way.
 func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 	var result Result
 	err := postgres.Transact(ctx, l.store.pool, func(tx pgx.Tx) error {
@@ -215,7 +218,7 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 		// request says what any concurrent duplicate would hear.
 		return nil, inProgress()
 	case IsRetryable(err):
-		s.release(ctx, lease)
+		s.release(lease)
 		return nil, err
 	}
 
@@ -227,11 +230,11 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 		p = problem.New(problem.InternalError, "the request failed; it will not be retried under this Idempotency-Key")
 	}
 	resp := ProblemResponse(p)
-	if err := s.complete(ctx, lease, resp); err != nil {
+	if err := s.complete(lease, resp); err != nil {
 		if errors.Is(err, ErrLeaseLost) {
 			return nil, inProgress()
 		}
-		s.release(ctx, lease)
+		s.release(lease)
 		return nil, err
 	}
 	return resp, nil
@@ -264,7 +267,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	// Someone else created this key. Is it the same request?
 	if subtle.ConstantTimeCompare(rec.RequestFingerprint, req.Fingerprint) != 1 {
 		return nil, nil, problem.New(problem.IdempotencyKeyReused,
-			"this Idempotency-Key was first used for %s %s with a different body; use a new key for a new operation",
+			"this Idempotency-Key was first used for a different request (%s %s, or another body); use a new key for a new operation",
 			rec.RequestMethod, rec.RequestPath)
 	}
 	switch {
@@ -300,9 +303,16 @@ func inProgress() *problem.Error {
 	return p
 }
 
+// cleanupTimeout bounds the writes that wrap up an execution after its
+// handler failed. They get their own context because the execution's may be
+// the very thing that expired.
+const cleanupTimeout = 5 * time.Second
+
 // complete stores a final response outside any phase (for outcomes that end
 // an operation by failing).
-func (s *Store) complete(ctx context.Context, l *Lease, resp *Response) error {
+func (s *Store) complete(l *Lease, resp *Response) error {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
 	err := postgres.Transact(ctx, s.pool, func(tx pgx.Tx) error { return l.writeResult(ctx, tx, resp) })
 	if err == nil {
 		l.record.Status, l.response = StatusCompleted, resp
@@ -313,7 +323,9 @@ func (s *Store) complete(ctx context.Context, l *Lease, resp *Response) error {
 // release gives the lease up early, so the next retry can take over without
 // waiting for it to run out. It is best effort: if it fails, the lease
 // simply expires.
-func (s *Store) release(ctx context.Context, l *Lease) {
+func (s *Store) release(l *Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
 	rec := l.record
 	if _, err := s.queries.ReleaseIdempotencyKey(ctx, s.pool, dbsqlc.ReleaseIdempotencyKeyParams{
 		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,

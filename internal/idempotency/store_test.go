@@ -276,3 +276,34 @@ func TestExecuteDetachesFromCancellation(t *testing.T) {
 		t.Errorf("%d orders; want 1", n)
 	}
 }
+
+// An owner whose lease ran out may not write, even if nobody has taken the
+// record over yet: only a live lease moves a record forward. The next
+// claim takes over and finishes the operation once.
+func TestLapsedOwnerCannotWrite(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t, time.Minute)
+	ctx := context.Background()
+	req := testRequest(t, "lapsed")
+	owner, _, err := s.claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expireLease(t, pool, "lapsed")
+	if err := owner.Phase(ctx, createOrderPhase); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("phase after the lease ran out: %v; want ErrLeaseLost", err)
+	}
+	if n := countOrders(t, pool); n != 0 {
+		t.Fatalf("%d orders; the lapsed owner's effect should have rolled back", n)
+	}
+	next, _, err := s.claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := next.Phase(ctx, createOrderPhase); err != nil {
+		t.Fatal(err)
+	}
+	if n := countOrders(t, pool); n != 1 {
+		t.Errorf("%d orders; want 1", n)
+	}
+}

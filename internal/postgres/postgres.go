@@ -6,8 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"strings"
+	"syscall"
 
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
@@ -98,20 +101,18 @@ func Migrate(pool *pgxpool.Pool) error {
 
 // Transact runs fn in a transaction and commits it if fn returns nil.
 //
-// The rollback runs on a context detached from ctx's cancellation: if the
-// request that started the transaction is canceled, the rollback must still
-// reach the server, or the connection would go back to the pool mid-transaction.
-func Transact(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error) (err error) {
+// The deferred rollback always runs (after a commit it does nothing), so a
+// panic in fn cannot leave the connection checked out and its locks held.
+// It runs on a context detached from ctx's cancellation: if the request that
+// started the transaction is canceled, the rollback must still reach the
+// server, or the connection would go back to the pool mid-transaction.
+func Transact(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-	if err = fn(tx); err != nil {
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := fn(tx); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)
@@ -120,12 +121,22 @@ func Transact(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error)
 // IsTransient reports whether err is a database failure worth retrying: the
 // connection broke or timed out, the server is shutting down or out of
 // resources, or a serialization failure or deadlock aborted the transaction.
-// It is what separates "tell the client to retry" (503) from a final error.
+// It is what separates "tell the client to retry" (503) from a final error,
+// so it errs towards transient for anything that looks like the network: a
+// blip must never be stored as an operation's final answer.
 func IsTransient(err error) bool {
 	if err == nil {
 		return false
 	}
 	if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
+		return true
+	}
+	// A connection that broke mid-statement: pgconn reports these without a
+	// SQLSTATE, and they are not "safe to retry" in its sense (bytes were
+	// sent), but the statement's transaction is gone either way.
+	var netErr net.Error
+	if errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || errors.As(err, &netErr) {
 		return true
 	}
 	var pgErr *pgconn.PgError

@@ -163,6 +163,11 @@ func TestCallersAreIsolated(t *testing.T) {
 	if res.Status != http.StatusOK || rec.RequestPath != "/v1/orders" || rec.ResponseStatus != http.StatusCreated {
 		t.Errorf("globex's key record: %d %s", res.Status, res.Body)
 	}
+	// A key only acme has used does not exist for globex.
+	if res := ts.createOrder(t, "acme-only", teaOrder); res.Status != http.StatusCreated {
+		t.Fatal(res.Status)
+	}
+	asGlobex("GET", "/v1/idempotency-keys/acme-only").wantProblem(t, http.StatusNotFound, "not_found")
 	// acme's order is untouched and still replays to acme.
 	if again := ts.createOrder(t, "shared-key", teaOrder); !bytes.Equal(again.Body, acme.Body) {
 		t.Errorf("acme's replay changed: %s", again.Body)
@@ -221,6 +226,14 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"missing currency", ordersRequest("k", `{"amount":5}`), 400, "invalid_request", ""},
 		{"unknown field", ordersRequest("k", `{"amount":5,"currency":"usd","card_number":"4242424242424242"}`), 400, "invalid_request", ""},
 		{"description too long", ordersRequest("k", `{"amount":5,"currency":"usd","description":"`+long+`"}`), 400, "invalid_request", "/description"},
+		{"NUL in description", ordersRequest("k", `{"amount":5,"currency":"usd","description":"a\u0000b"}`), 400, "invalid_request", "/description"},
+		{"amount with a fraction part", ordersRequest("k", `{"amount":1999.0,"currency":"usd"}`), 400, "invalid_request", "/amount"},
+		{"amount in exponent form", ordersRequest("k", `{"amount":1e3,"currency":"usd"}`), 400, "invalid_request", "/amount"},
+		{"field name in other case", ordersRequest("k", `{"AMOUNT":5,"amount":5,"currency":"usd"}`), 400, "invalid_request", ""},
+		{"malformed order id", request{method: "GET", path: "/v1/orders/ord%00x", apiKey: "sk_test_acme"}, 400, "invalid_request", "order_id"},
+		{"malformed cursor", request{method: "GET", path: "/v1/orders?starting_after=%27%3B--", apiKey: "sk_test_acme"}, 400, "invalid_request", "starting_after"},
+		{"malformed key in path", request{method: "GET", path: "/v1/idempotency-keys/a%00b", apiKey: "sk_test_acme"}, 400, "invalid_request", "key"},
+		{"key in path too long", request{method: "GET", path: "/v1/idempotency-keys/" + strings.Repeat("k", 256), apiKey: "sk_test_acme"}, 400, "invalid_request", "key"},
 		{"not JSON", ordersRequest("k", `amount=5`), 400, "invalid_request", ""},
 		{"truncated JSON", ordersRequest("k", `{"amount":5,`), 400, "invalid_request", ""},
 		{"JSON array", ordersRequest("k", `[1,2]`), 400, "invalid_request", ""},

@@ -152,7 +152,12 @@ func TestInProgressIsConflict(t *testing.T) {
 	release := ts.blockOrderInserts(t)
 
 	firstDone := make(chan response, 1)
-	go func() { firstDone <- ts.createOrder(t, "slow", teaOrder) }()
+	firstErr := make(chan error, 1)
+	go func() {
+		res, err := ts.send(t, context.Background(), ordersRequest("slow", teaOrder))
+		firstDone <- res
+		firstErr <- err
+	}()
 	ts.waitForBlockedOrderInsert(t, 1)
 
 	dup := ts.createOrder(t, "slow", teaOrder)
@@ -174,6 +179,9 @@ func TestInProgressIsConflict(t *testing.T) {
 
 	release()
 	first := <-firstDone
+	if err := <-firstErr; err != nil {
+		t.Fatal(err)
+	}
 	if first.Status != http.StatusCreated {
 		t.Fatalf("first request: %d %s", first.Status, first.Body)
 	}
@@ -284,6 +292,46 @@ func TestTransientErrorIsNotStored(t *testing.T) {
 	retry := ts.createOrder(t, "transient", teaOrder)
 	if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("retry after the failure cleared: %d %s; want a fresh 201", retry.Status, retry.Body)
+	}
+	if n := ts.count(t, "orders"); n != 1 {
+		t.Errorf("%d orders; want 1", n)
+	}
+}
+
+// A connection lost in the middle of the effect (here: the database ends
+// the server's session, as a failover or a restart would) is transient too:
+// 503, nothing stored, and the retry creates the order once.
+func TestLostDatabaseConnectionIsNotStored(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	ctx := context.Background()
+	release := ts.blockOrderInserts(t)
+	done := make(chan response, 1)
+	sendErr := make(chan error, 1)
+	go func() {
+		res, err := ts.send(t, ctx, ordersRequest("blip", teaOrder))
+		done <- res
+		sendErr <- err
+	}()
+	ts.waitForBlockedOrderInsert(t, 1)
+	var terminated bool
+	err := ts.db.QueryRow(ctx, `
+		SELECT bool_and(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO orders%'`).Scan(&terminated)
+	if err != nil || !terminated {
+		t.Fatalf("terminate the server's session: %v", err)
+	}
+	release()
+	res := <-done
+	if err := <-sendErr; err != nil {
+		t.Fatal(err)
+	}
+	res.wantProblem(t, http.StatusServiceUnavailable, "service_unavailable")
+	if res.Header.Get("Retry-After") == "" {
+		t.Error("503 without Retry-After")
+	}
+	if retry := ts.createOrder(t, "blip", teaOrder); retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after the lost connection: %d %s; want a fresh 201", retry.Status, retry.Body)
 	}
 	if n := ts.count(t, "orders"); n != 1 {
 		t.Errorf("%d orders; want 1", n)

@@ -1,10 +1,13 @@
 package server
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
 
 	"github.com/retrysafe/payments/internal/postgres"
@@ -46,11 +49,26 @@ func (s *Server) toProblem(err error, c echo.Context) *problem.Error {
 		case http.StatusUnsupportedMediaType:
 			return problem.New(problem.UnsupportedMediaType, "%s", msg)
 		case http.StatusBadRequest:
+			// A body the contract accepts but Go cannot bind, such as
+			// 1999.0 for an integer: name the field rather than echo the
+			// decoder's message.
+			var ute *json.UnmarshalTypeError
+			if errors.As(he.Internal, &ute) {
+				p := problem.New(problem.InvalidRequest, "/%s: must be %s", strings.ReplaceAll(ute.Field, ".", "/"), ute.Type)
+				p.Errors = []problem.FieldError{{Field: "/" + strings.ReplaceAll(ute.Field, ".", "/"), Message: "must be " + ute.Type.String()}}
+				return p
+			}
 			return problem.New(problem.InvalidRequest, "%s", msg)
 		}
 		if he.Code < 500 {
 			return problem.New(problem.InvalidRequest, "%s", msg)
 		}
+	}
+	// Backstop for values the contract lets through but PostgreSQL cannot
+	// store (the spec's patterns already refuse NUL characters).
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "22021" || pgErr.Code == "22P05") {
+		return problem.New(problem.InvalidRequest, "the request contains characters that cannot be stored")
 	}
 	if postgres.IsTransient(err) {
 		s.log.WarnContext(c.Request().Context(), "transient failure", "err", err,

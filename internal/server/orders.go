@@ -18,7 +18,8 @@ import (
 // atomic phase in which the order insert, the stored response and the
 // record's "completed" commit together. A crash before that commit leaves
 // no order and a record at "started"; whoever takes it over simply runs
-// the phase again.
+// the phase again. With a single phase there is no other recovery point to
+// switch on (compare a charge, which has three).
 func (s *Server) CreateOrder(ctx context.Context, req apigen.CreateOrderRequestObject) (apigen.CreateOrderResponseObject, error) {
 	keyed, err := keyedRequest(ctx)
 	if err != nil {
@@ -86,6 +87,11 @@ func (s *Server) CancelOrder(ctx context.Context, req apigen.CancelOrderRequestO
 // GetIdempotencyKey shows the caller's own record for a key. Another
 // caller's key with the same value is a different record, invisible here.
 func (s *Server) GetIdempotencyKey(ctx context.Context, req apigen.GetIdempotencyKeyRequestObject) (apigen.GetIdempotencyKeyResponseObject, error) {
+	if err := idempotency.CheckKey(req.Key); err != nil {
+		p := problem.New(problem.InvalidRequest, "the key %v", err)
+		p.Errors = []problem.FieldError{{Field: "key", Message: "the key " + err.Error()}}
+		return nil, p
+	}
 	rec, err := s.keys.Get(ctx, auth.CallerFrom(ctx).ID, req.Key)
 	if err != nil {
 		return nil, err

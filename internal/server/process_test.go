@@ -128,8 +128,8 @@ func TestIdenticalRequestsAcrossTwoServerProcesses(t *testing.T) {
 }
 
 // TestKilledMidEffectIsRecoveredOnce kills a server with SIGKILL while its
-// request is inside the effect transaction (the order inserted, nothing
-// committed), then retries with the same key against another server
+// request is inside the effect transaction (key claimed, order insert
+// waiting on a lock, nothing committed), then retries with the same key against another server
 // process: once the dead owner's lease expires the retry takes over and the
 // order is created exactly once.
 func TestKilledMidEffectIsRecoveredOnce(t *testing.T) {
