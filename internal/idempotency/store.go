@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -207,7 +208,7 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 		return replay, err
 	}
 
-	err = h(ctx, lease)
+	err = runHandler(ctx, h, lease)
 	switch {
 	case err == nil && lease.response != nil:
 		return lease.response, nil
@@ -238,6 +239,18 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 		return nil, err
 	}
 	return resp, nil
+}
+
+// runHandler runs h, turning a panic into an error. A panic is a bug, so it
+// is a final outcome like any unexpected error: stored as a 500, instead of
+// leaving the record to be taken over and panic again on every retry.
+func runHandler(ctx context.Context, h Handler, l *Lease) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return h(ctx, l)
 }
 
 // claim takes the key for req, or answers from the existing record.

@@ -307,3 +307,33 @@ func TestLapsedOwnerCannotWrite(t *testing.T) {
 		t.Errorf("%d orders; want 1", n)
 	}
 }
+
+// A panicking handler is a bug: its outcome is a stored 500, not a record
+// left to panic again on every takeover.
+func TestPanicIsAFinalInternalError(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t, time.Minute)
+	ctx := context.Background()
+	req := testRequest(t, "panics")
+	resp, err := s.Execute(ctx, req, func(ctx context.Context, l *Lease) error {
+		return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (Result, error) {
+			if _, err := createOrderPhase(ctx, tx); err != nil {
+				return nil, err
+			}
+			panic("bug")
+		})
+	})
+	if err != nil || resp.Status != http.StatusInternalServerError {
+		t.Fatalf("Execute with a panicking handler: %v, %v; want a stored 500", resp, err)
+	}
+	again, err := s.Execute(ctx, req, func(context.Context, *Lease) error {
+		t.Error("the handler ran again for a completed key")
+		return nil
+	})
+	if err != nil || !again.Replayed || again.Status != http.StatusInternalServerError {
+		t.Fatalf("retry: %v, %v; want the stored 500 replayed", again, err)
+	}
+	if n := countOrders(t, pool); n != 0 {
+		t.Errorf("%d orders; the panicking phase should have rolled back", n)
+	}
+}

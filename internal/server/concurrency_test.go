@@ -11,15 +11,32 @@ import (
 	"time"
 )
 
-// checkIdenticalRequests asserts the contract for n copies of one request
-// that were in flight together: exactly one execution (one order), and
-// every answer either that execution's 201, its byte-identical replay, or a
-// 409 with Retry-After.
-func checkIdenticalRequests(t *testing.T, responses []response, orders int) {
+// burstIdenticalRequests fires 50 copies of one keyed request at once, at
+// the servers in turn, three times with a new key each time, and checks the
+// contract for each burst: exactly one execution (one new order, the one
+// its stored response names), and every answer either that execution's
+// 201, its byte-identical replay, or a 409 with Retry-After.
+func burstIdenticalRequests(t *testing.T, prefix string, servers ...*testServer) {
 	t.Helper()
-	if orders != 1 {
-		t.Fatalf("%d orders for one key; want exactly 1", orders)
+	ts := servers[0]
+	for round := range 3 {
+		key := fmt.Sprintf("%s-%d", prefix, round)
+		responses := fire(t, 50, ordersRequest(key, teaOrder), servers...)
+		if total := ts.count(t, "orders"); total != round+1 {
+			t.Fatalf("%d orders after %d bursts; want %d", total, round+1, round+1)
+		}
+		var stored int
+		if err := ts.db.QueryRow(context.Background(),
+			`SELECT count(*) FROM orders o JOIN idempotency_keys k ON k.caller_id = o.caller_id
+			 WHERE k.key = $1 AND convert_from(k.response_body, 'UTF8')::jsonb->>'id' = o.id`, key).Scan(&stored); err != nil || stored != 1 {
+			t.Fatalf("the stored response of %s names %d existing orders (%v); want 1", key, stored, err)
+		}
+		checkIdenticalRequests(t, responses)
 	}
+}
+
+func checkIdenticalRequests(t *testing.T, responses []response) {
+	t.Helper()
 	var original []byte
 	executed, replayed, conflicts := 0, 0, 0
 	for _, r := range responses {
@@ -75,21 +92,7 @@ func fire(t *testing.T, n int, req request, servers ...*testServer) []response {
 
 func TestFiftyIdenticalRequestsInFlight(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t)
-	for round := range 3 {
-		key := fmt.Sprintf("burst-%d", round)
-		responses := fire(t, 50, ordersRequest(key, teaOrder), ts)
-		var orders int
-		if err := ts.db.QueryRow(context.Background(),
-			`SELECT count(*) FROM orders o JOIN idempotency_keys k ON k.caller_id = o.caller_id
-			 WHERE k.key = $1 AND convert_from(k.response_body, 'UTF8')::jsonb->>'id' = o.id`, key).Scan(&orders); err != nil {
-			t.Fatal(err)
-		}
-		if total := ts.count(t, "orders"); total != round+1 {
-			t.Fatalf("%d orders after %d bursts; want %d", total, round+1, round+1)
-		}
-		checkIdenticalRequests(t, responses, orders)
-	}
+	burstIdenticalRequests(t, "burst", newTestServer(t))
 }
 
 // TestClientDisconnectStillStoresResponse: the client hangs up while its
