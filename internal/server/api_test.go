@@ -297,3 +297,40 @@ func TestProblemCodesAreInTheContract(t *testing.T) {
 		}
 	}
 }
+
+// The contract declares every operation's idempotency class, and exactly
+// the keyed ones require the Idempotency-Key header: the middleware relies
+// on both.
+func TestEveryOperationDeclaresItsIdempotencyClass(t *testing.T) {
+	t.Parallel()
+	spec, err := apigen.GetSwagger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	classes := map[string]bool{"safe": true, "natural": true, "keyed": true, "keyed-external": true, "deduplicated": true}
+	n := 0
+	for path, item := range spec.Paths.Map() {
+		for method, op := range item.Operations() {
+			n++
+			class, _ := op.Extensions["x-idempotency"].(string)
+			if !classes[class] {
+				t.Errorf("%s %s: x-idempotency %q is not a known class", method, path, class)
+			}
+			requiresKey := false
+			for _, p := range op.Parameters {
+				if p.Value != nil && p.Value.In == "header" && p.Value.Name == "Idempotency-Key" && p.Value.Required {
+					requiresKey = true
+				}
+			}
+			if keyed := class == classKeyed || class == classKeyedExternal; keyed != requiresKey {
+				t.Errorf("%s %s: class %s but Idempotency-Key required = %v", method, path, class, requiresKey)
+			}
+			if (method == http.MethodGet) != (class == "safe") {
+				t.Errorf("%s %s: class %s; GET operations and only they are safe", method, path, class)
+			}
+		}
+	}
+	if n != 12 {
+		t.Errorf("%d operations in the contract; DESIGN.md lists 12 (with the health checks)", n)
+	}
+}
