@@ -1,0 +1,197 @@
+package processor
+
+// The wire types of the fake processor's API. They are exported so that the
+// payments server's processor client and its webhook receiver can decode
+// exactly what this package encodes.
+
+// Test payment methods (cf. Stripe's test cards). They are tokens: no card
+// number exists anywhere in the processor.
+const (
+	// PaymentMethodVisa and PaymentMethodMastercard succeed.
+	PaymentMethodVisa       = "pm_card_visa"
+	PaymentMethodMastercard = "pm_card_mastercard"
+	// PaymentMethodChargeDeclined is declined with decline code
+	// generic_decline (402). A decline is an effect: a failed charge.
+	PaymentMethodChargeDeclined = "pm_card_chargeDeclined"
+	// PaymentMethodInsufficientFunds is declined with decline code
+	// insufficient_funds (402).
+	PaymentMethodInsufficientFunds = "pm_card_insufficientFunds"
+
+	// PaymentMethodFlaky answers 503 to the first Config.FlakyFailures
+	// attempts on a downstream key, without an effect, then succeeds.
+	PaymentMethodFlaky = "pm_card_flaky"
+	// PaymentMethodRateLimited answers 429 with Retry-After: 1 to the first
+	// attempt on a downstream key, without an effect, then succeeds.
+	PaymentMethodRateLimited = "pm_card_rateLimited"
+	// PaymentMethodTimeout charges on the first attempt, then withholds the
+	// answer until the client gives up (or Config.TimeoutHold passes): the
+	// client cannot know whether the charge happened. Later attempts on the
+	// key replay the stored success at once.
+	PaymentMethodTimeout = "pm_card_timeout"
+	// PaymentMethodLostResponse charges on the first attempt, then drops the
+	// connection without answering. Later attempts replay the stored success.
+	PaymentMethodLostResponse = "pm_card_lostResponse"
+)
+
+// Charge statuses, refund status, and object names.
+const (
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+
+	ObjectCharge = "charge"
+	ObjectRefund = "refund"
+)
+
+// Webhook event types.
+const (
+	EventChargeSucceeded = "charge.succeeded"
+	EventChargeFailed    = "charge.failed"
+	EventRefundSucceeded = "refund.succeeded"
+)
+
+// Error types and codes in ErrorDetail. Type says who is at fault (as in
+// Stripe); Code is the machine-readable reason.
+const (
+	ErrorTypeInvalidRequest = "invalid_request_error"
+	ErrorTypeCard           = "card_error"
+	ErrorTypeIdempotency    = "idempotency_error"
+	ErrorTypeAPI            = "api_error"
+	ErrorTypeRateLimit      = "rate_limit_error"
+
+	CodeIdempotencyKeyMissing = "idempotency_key_missing"
+	CodeIdempotencyKeyInvalid = "idempotency_key_invalid"
+	CodeIdempotencyKeyReused  = "idempotency_key_reused"
+	CodeBodyInvalid           = "body_invalid"
+	CodeBodyTooLarge          = "body_too_large"
+	CodeParameterInvalid      = "parameter_invalid"
+	CodePaymentMethodUnknown  = "payment_method_unknown"
+	CodeResourceMissing       = "resource_missing"
+	CodeCardDeclined          = "card_declined"
+	CodeAmountTooLarge        = "amount_too_large"
+	CodeChargeNotRefundable   = "charge_not_refundable"
+	CodeProcessorUnavailable  = "processor_unavailable"
+	CodeRateLimited           = "rate_limited"
+)
+
+// Decline codes of the declining test payment methods.
+const (
+	DeclineGeneric           = "generic_decline"
+	DeclineInsufficientFunds = "insufficient_funds"
+)
+
+// CreateChargeRequest is the body of POST /v1/charges.
+type CreateChargeRequest struct {
+	Amount        int64             `json:"amount"`
+	Currency      string            `json:"currency"`
+	PaymentMethod string            `json:"payment_method"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+}
+
+// Charge is the 201 answer of POST /v1/charges.
+type Charge struct {
+	ID            string            `json:"id"`
+	Object        string            `json:"object"`
+	Amount        int64             `json:"amount"`
+	Currency      string            `json:"currency"`
+	PaymentMethod string            `json:"payment_method"`
+	Status        string            `json:"status"`
+	DeclineCode   *string           `json:"decline_code"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+	// IdempotencyKey is the downstream key the charge was made with.
+	IdempotencyKey string `json:"idempotency_key"`
+	// Created is a Unix time in seconds.
+	Created int64 `json:"created"`
+}
+
+// CreateRefundRequest is the body of POST /v1/refunds.
+type CreateRefundRequest struct {
+	Charge string `json:"charge"`
+	Amount int64  `json:"amount"`
+}
+
+// Refund is the 201 answer of POST /v1/refunds.
+type Refund struct {
+	ID             string `json:"id"`
+	Object         string `json:"object"`
+	Charge         string `json:"charge"`
+	Amount         int64  `json:"amount"`
+	Currency       string `json:"currency"`
+	Status         string `json:"status"`
+	IdempotencyKey string `json:"idempotency_key"`
+	Created        int64  `json:"created"`
+}
+
+// ErrorResponse is the body of every error answer.
+type ErrorResponse struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail describes an error. DeclineCode and Charge are set on a
+// decline (402): the declined charge exists, with status failed.
+type ErrorDetail struct {
+	Type        string `json:"type"`
+	Code        string `json:"code"`
+	Message     string `json:"message"`
+	DeclineCode string `json:"decline_code,omitempty"`
+	Charge      string `json:"charge,omitempty"`
+}
+
+// LedgerEntry is one effect the processor performed: a charge (succeeded
+// or failed) or a refund.
+type LedgerEntry struct {
+	ID             string `json:"id"`
+	Object         string `json:"object"`
+	IdempotencyKey string `json:"idempotency_key"`
+	Amount         int64  `json:"amount"`
+	Currency       string `json:"currency"`
+	Status         string `json:"status"`
+	PaymentMethod  string `json:"payment_method,omitempty"`
+	DeclineCode    string `json:"decline_code,omitempty"`
+	Charge         string `json:"charge,omitempty"`
+	Created        int64  `json:"created"`
+}
+
+// LedgerList is the answer of GET /v1/ledger, in the order the effects
+// happened.
+type LedgerList struct {
+	Data []LedgerEntry `json:"data"`
+}
+
+// Event is the body of a webhook delivery.
+type Event struct {
+	ID      string    `json:"id"`
+	Type    string    `json:"type"`
+	Created int64     `json:"created"`
+	Data    EventData `json:"data"`
+}
+
+// EventData is the object an event is about.
+type EventData struct {
+	// ID is the charge (pch_…) or refund (pre_…) id.
+	ID string `json:"id"`
+	// DownstreamKey is the Idempotency-Key the effect was made with, so the
+	// receiver can find its own record even when it never saw the answer
+	// (a timeout or a lost response).
+	DownstreamKey string  `json:"downstream_key"`
+	Amount        int64   `json:"amount"`
+	Currency      string  `json:"currency"`
+	Status        string  `json:"status"`
+	DeclineCode   *string `json:"decline_code"`
+	// Charge is the refunded charge, on refund events.
+	Charge string `json:"charge,omitempty"`
+}
+
+// Chaos is the fault injection applied to every request, set in Config and
+// changed at runtime with PUT /admin/chaos.
+type Chaos struct {
+	// LatencyMS is added to every /v1 call before it is handled.
+	LatencyMS int `json:"latency_ms"`
+	// ErrorRate is the probability of a 503 before any effect.
+	ErrorRate float64 `json:"error_rate"`
+	// TimeoutRate is the probability that a request which performed an
+	// effect withholds its answer, as pm_card_timeout does.
+	TimeoutRate float64 `json:"timeout_rate"`
+	// DuplicateWebhookRate is the probability that an event is delivered
+	// twice.
+	DuplicateWebhookRate float64 `json:"duplicate_webhook_rate"`
+}
