@@ -22,6 +22,7 @@ import (
 
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/server"
 )
 
@@ -32,6 +33,30 @@ func main() {
 		fmt.Fprintln(os.Stderr, "server:", err)
 		os.Exit(1)
 	}
+}
+
+// startProcessor serves the fake card processor on a loopback port.
+func startProcessor(log *slog.Logger) (stop func(), url string, err error) {
+	p, err := processor.New(processor.Config{Logger: log.With("component", "processor")})
+	if err != nil {
+		return nil, "", err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
+	// Close releases answers the fake is withholding (pm_card_timeout), so
+	// they do not hold up the shutdown.
+	srv.RegisterOnShutdown(p.Close)
+	go srv.Serve(ln)
+	url = "http://" + ln.Addr().String()
+	log.Info("in-process card processor", "url", url)
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, url, nil
 }
 
 // run is the whole program, with its inputs passed in so tests can drive it.
@@ -72,6 +97,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		if err := auth.SeedDemoCallers(ctx, pool); err != nil {
 			return fmt.Errorf("seed demo callers: %w", err)
 		}
+	}
+
+	if cfg.ProcessorURL == "" {
+		// The demo needs a card processor: run the fake one in this process,
+		// behind a real HTTP listener, so the server talks to it exactly as
+		// it would to a separate one (cmd/processor).
+		stopProcessor, url, err := startProcessor(log)
+		if err != nil {
+			return err
+		}
+		defer stopProcessor()
+		cfg.ProcessorURL = url
 	}
 
 	handler, err := server.New(cfg, pool, log)

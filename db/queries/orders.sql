@@ -19,9 +19,8 @@ ORDER BY created_at DESC, id DESC
 LIMIT @row_limit;
 
 -- name: CancelOrder :one
--- Only a pending order moves to canceled; the caller reads the order when no
--- row is returned to tell "already canceled" (same state, fine) from "paid"
--- (a conflict) and "no such order".
+-- Only a pending order moves to canceled. The caller has locked the order
+-- (LockOrder) and checked it has no live charge in the same transaction.
 UPDATE orders
 SET status = 'canceled', updated_at = now()
 WHERE caller_id = @caller_id AND id = @id AND status = 'pending'

@@ -15,6 +15,22 @@ type Caller struct {
 	CreatedAt  time.Time
 }
 
+type Charge struct {
+	CallerID          string
+	ID                string
+	OrderID           string
+	IdempotencyKeyID  int64
+	Amount            int64
+	Currency          string
+	PaymentMethod     string
+	Status            string
+	FailureCode       *string
+	DownstreamKey     string
+	ProcessorChargeID *string
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+}
+
 type IdempotencyKey struct {
 	CallerID           string
 	ID                 int64

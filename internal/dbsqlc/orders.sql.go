@@ -22,9 +22,8 @@ type CancelOrderParams struct {
 	ID       string
 }
 
-// Only a pending order moves to canceled; the caller reads the order when no
-// row is returned to tell "already canceled" (same state, fine) from "paid"
-// (a conflict) and "no such order".
+// Only a pending order moves to canceled. The caller has locked the order
+// (LockOrder) and checked it has no live charge in the same transaction.
 func (q *Queries) CancelOrder(ctx context.Context, db DBTX, arg CancelOrderParams) (Order, error) {
 	row := db.QueryRow(ctx, cancelOrder, arg.CallerID, arg.ID)
 	var i Order

@@ -9,9 +9,11 @@ import (
 	"errors"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/ids"
+	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
 
@@ -78,20 +80,40 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 }
 
 // Cancel cancels the caller's order. It is naturally idempotent: canceling a
-// canceled order returns it unchanged. A paid order cannot be canceled.
+// canceled order returns it unchanged. A paid order, or one with a charge in
+// progress, cannot be canceled.
 //
-// The UPDATE is the decision (only a pending row matches), so a charge that
-// pays the order concurrently cannot slip between a check and a write.
-func Cancel(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (dbsqlc.Order, error) {
-	o, err := queries.CancelOrder(ctx, db, dbsqlc.CancelOrderParams{CallerID: callerID, ID: id})
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return o, err
-	}
-	if o, err = Get(ctx, db, callerID, id); err != nil {
-		return o, err
-	}
-	if o.Status == StatusCanceled {
-		return o, nil
-	}
-	return o, problem.New(problem.OrderNotCancelable, "order %s is %s; only a pending order can be canceled", id, o.Status)
+// It locks the order first, as creating a charge does, so the two are
+// ordered: a charge being created is waited for, and the check that follows
+// (a new statement, so a new snapshot) sees it. A check without the lock
+// could miss a charge committed a moment later and cancel an order whose
+// card is about to be charged.
+func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string) (dbsqlc.Order, error) {
+	var o dbsqlc.Order
+	err := postgres.Transact(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		o, err = queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: callerID, ID: id})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return problem.New(problem.NotFound, "no order %q", id)
+		}
+		if err != nil {
+			return err
+		}
+		switch o.Status {
+		case StatusCanceled:
+			return nil
+		case StatusPaid:
+			return problem.New(problem.OrderNotCancelable, "order %s is paid; only a pending order can be canceled", id)
+		}
+		live, err := queries.OrderHasLiveCharge(ctx, tx, dbsqlc.OrderHasLiveChargeParams{CallerID: callerID, OrderID: id})
+		if err != nil {
+			return err
+		}
+		if live {
+			return problem.New(problem.OrderNotCancelable, "order %s has a charge in progress; it cannot be canceled", id)
+		}
+		o, err = queries.CancelOrder(ctx, tx, dbsqlc.CancelOrderParams{CallerID: callerID, ID: id})
+		return err
+	})
+	return o, err
 }

@@ -38,6 +38,9 @@ const (
 	NotFound              Code = "not_found"
 	MethodNotAllowed      Code = "method_not_allowed"
 	OrderNotCancelable    Code = "order_not_cancelable"
+	OrderNotPayable       Code = "order_not_payable"
+	CardDeclined          Code = "card_declined"
+	ProcessorUnavailable  Code = "processor_unavailable"
 	NotImplemented        Code = "not_implemented"
 	InternalError         Code = "internal_error"
 	ServiceUnavailable    Code = "service_unavailable"
@@ -60,6 +63,9 @@ var kinds = map[Code]struct {
 	NotFound:              {http.StatusNotFound, "Not found"},
 	MethodNotAllowed:      {http.StatusMethodNotAllowed, "Method not allowed"},
 	OrderNotCancelable:    {http.StatusConflict, "Order not cancelable"},
+	OrderNotPayable:       {http.StatusConflict, "Order not payable"},
+	CardDeclined:          {http.StatusPaymentRequired, "Card declined"},
+	ProcessorUnavailable:  {http.StatusServiceUnavailable, "Processor unavailable"},
 	NotImplemented:        {http.StatusNotImplemented, "Not implemented"},
 	InternalError:         {http.StatusInternalServerError, "Internal error"},
 	ServiceUnavailable:    {http.StatusServiceUnavailable, "Service unavailable"},
@@ -87,6 +93,8 @@ type Error struct {
 	Code   Code
 	Detail string
 	Errors []FieldError
+	// DeclineCode is the processor's reason for a card_declined problem.
+	DeclineCode string
 	// RetryAfter, when positive, is sent as the Retry-After header (seconds).
 	RetryAfter int
 }
@@ -106,24 +114,26 @@ func (e *Error) Status() int { return kinds[e.Code].status }
 
 // body is the JSON document of RFC 9457, with our extension members.
 type body struct {
-	Type   string       `json:"type"`
-	Title  string       `json:"title"`
-	Status int          `json:"status"`
-	Detail string       `json:"detail,omitempty"`
-	Code   Code         `json:"code"`
-	Errors []FieldError `json:"errors,omitempty"`
+	Type        string       `json:"type"`
+	Title       string       `json:"title"`
+	Status      int          `json:"status"`
+	Detail      string       `json:"detail,omitempty"`
+	Code        Code         `json:"code"`
+	Errors      []FieldError `json:"errors,omitempty"`
+	DeclineCode string       `json:"decline_code,omitempty"`
 }
 
 // JSON is the problem document.
 func (e *Error) JSON() []byte {
 	k := kinds[e.Code]
 	b, err := json.Marshal(body{
-		Type:   TypeBase + strings.ReplaceAll(string(e.Code), "_", "-"),
-		Title:  k.title,
-		Status: k.status,
-		Detail: e.Detail,
-		Code:   e.Code,
-		Errors: e.Errors,
+		Type:        TypeBase + strings.ReplaceAll(string(e.Code), "_", "-"),
+		Title:       k.title,
+		Status:      k.status,
+		Detail:      e.Detail,
+		Code:        e.Code,
+		Errors:      e.Errors,
+		DeclineCode: e.DeclineCode,
 	})
 	if err != nil { // only strings and ints: cannot happen
 		panic(err)

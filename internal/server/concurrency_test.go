@@ -71,11 +71,21 @@ func checkIdenticalRequests(t *testing.T, responses []response) {
 // the given servers in turn and returns every response.
 func fire(t *testing.T, n int, req request, servers ...*testServer) []response {
 	t.Helper()
+	reqs := make([]request, n)
+	for i := range reqs {
+		reqs[i] = req
+	}
+	return fireEach(t, reqs, servers...)
+}
+
+// fireEach sends every request at once, to the servers in turn.
+func fireEach(t *testing.T, reqs []request, servers ...*testServer) []response {
+	t.Helper()
 	var wg sync.WaitGroup
 	start := make(chan struct{})
-	responses := make([]response, n)
-	errs := make([]error, n)
-	for i := range n {
+	responses := make([]response, len(reqs))
+	errs := make([]error, len(reqs))
+	for i, req := range reqs {
 		ts := servers[i%len(servers)]
 		wg.Go(func() {
 			<-start

@@ -31,6 +31,12 @@ type Config struct {
 	// AuthCacheTTL is how long a known API key is trusted without asking the
 	// database again (AUTH_CACHE_TTL).
 	AuthCacheTTL time.Duration
+	// ProcessorURL is the card processor's base URL (PROCESSOR_URL). Empty
+	// means cmd/server starts the fake processor in-process.
+	ProcessorURL string
+	// ProcessorTimeout bounds one call to the processor (PROCESSOR_TIMEOUT).
+	// It must be well below the lease.
+	ProcessorTimeout time.Duration
 }
 
 // DefaultDatabaseURL is the local PostgreSQL of the README. pool_max_conns
@@ -60,14 +66,16 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		return d
 	}
 	cfg := Config{
-		DatabaseURL:     str("DATABASE_URL", DefaultDatabaseURL),
-		HTTPAddr:        str("HTTP_ADDR", ":8080"),
-		Lease:           duration("IDEMPOTENCY_LEASE", 30*time.Second),
-		Retention:       duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
-		ShutdownTimeout: duration("SHUTDOWN_TIMEOUT", 15*time.Second),
-		AuthCacheTTL:    duration("AUTH_CACHE_TTL", time.Minute),
-		MaxBodyBytes:    64 << 10,
-		SeedDemoCallers: true,
+		DatabaseURL:      str("DATABASE_URL", DefaultDatabaseURL),
+		HTTPAddr:         str("HTTP_ADDR", ":8080"),
+		Lease:            duration("IDEMPOTENCY_LEASE", 30*time.Second),
+		Retention:        duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
+		ShutdownTimeout:  duration("SHUTDOWN_TIMEOUT", 15*time.Second),
+		AuthCacheTTL:     duration("AUTH_CACHE_TTL", time.Minute),
+		ProcessorURL:     str("PROCESSOR_URL", ""),
+		ProcessorTimeout: duration("PROCESSOR_TIMEOUT", 10*time.Second),
+		MaxBodyBytes:     64 << 10,
+		SeedDemoCallers:  true,
 	}
 	if v := str("MAX_BODY_BYTES", ""); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
@@ -89,6 +97,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	// operation that is still allowed to be running.
 	if cfg.Retention <= cfg.Lease {
 		errs = append(errs, fmt.Errorf("IDEMPOTENCY_KEY_RETENTION (%s) must be longer than IDEMPOTENCY_LEASE (%s)", cfg.Retention, cfg.Lease))
+	}
+	// The lease covers a whole operation, processor call included: a lease
+	// shorter than the call would let a retry take over a live charge.
+	if cfg.ProcessorTimeout >= cfg.Lease {
+		errs = append(errs, fmt.Errorf("PROCESSOR_TIMEOUT (%s) must be shorter than IDEMPOTENCY_LEASE (%s)", cfg.ProcessorTimeout, cfg.Lease))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)

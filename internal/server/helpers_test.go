@@ -20,6 +20,7 @@ import (
 	"github.com/retrysafe/payments/internal/apigen"
 
 	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -31,6 +32,8 @@ type testServer struct {
 	// db is the test's own connection to the database, separate from the
 	// server's pool, for arranging and inspecting rows.
 	db *pgxpool.Pool
+	// processorURL is the fake card processor the server charges through.
+	processorURL string
 }
 
 type serverOptions struct {
@@ -51,6 +54,17 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 		t.Fatal(err)
 	}
 	cfg.DatabaseURL = dbURL
+	// The real fake processor, over HTTP, one per test.
+	proc, err := processor.New(processor.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	procServer := httptest.NewServer(proc)
+	t.Cleanup(func() {
+		proc.Close()
+		procServer.Close()
+	})
+	cfg.ProcessorURL = procServer.URL
 	if o.config != nil {
 		o.config(&cfg)
 	}
@@ -71,7 +85,7 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &testServer{URL: srv.URL, cfg: cfg, db: testdb.Pool(t, dbURL)}
+	return &testServer{URL: srv.URL, cfg: cfg, db: testdb.Pool(t, dbURL), processorURL: procServer.URL}
 }
 
 func withConfig(f func(*Config)) func(*serverOptions) {

@@ -15,16 +15,6 @@ func notImplemented(what string) error {
 	return problem.New(problem.NotImplemented, "%s is part of the contract but not implemented yet", what)
 }
 
-// CreateCharge is not implemented yet.
-func (s *Server) CreateCharge(context.Context, apigen.CreateChargeRequestObject) (apigen.CreateChargeResponseObject, error) {
-	return nil, notImplemented("charging an order")
-}
-
-// GetCharge is not implemented yet.
-func (s *Server) GetCharge(context.Context, apigen.GetChargeRequestObject) (apigen.GetChargeResponseObject, error) {
-	return nil, notImplemented("reading a charge")
-}
-
 // CreateRefund is not implemented yet.
 func (s *Server) CreateRefund(context.Context, apigen.CreateRefundRequestObject) (apigen.CreateRefundResponseObject, error) {
 	return nil, notImplemented("refunding a charge")

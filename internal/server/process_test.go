@@ -123,8 +123,8 @@ func TestKilledMidEffectIsRecoveredOnce(t *testing.T) {
 	t.Parallel()
 	dbURL := testdb.New(t)
 	const lease = "2s"
-	doomed := startServerProcess(t, dbURL, "IDEMPOTENCY_LEASE="+lease)
-	survivor := startServerProcess(t, dbURL, "IDEMPOTENCY_LEASE="+lease)
+	doomed := startServerProcess(t, dbURL, "IDEMPOTENCY_LEASE="+lease, "PROCESSOR_TIMEOUT=1s")
+	survivor := startServerProcess(t, dbURL, "IDEMPOTENCY_LEASE="+lease, "PROCESSOR_TIMEOUT=1s")
 	db := testdb.Pool(t, dbURL)
 	doomed.db, survivor.db = db, db
 

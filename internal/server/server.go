@@ -20,6 +20,7 @@ import (
 	"github.com/retrysafe/payments/api"
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/problem"
 	"github.com/retrysafe/payments/web"
@@ -32,6 +33,7 @@ type Server struct {
 	log        *slog.Logger
 	auth       *auth.Authenticator
 	keys       *idempotency.Store
+	processor  *charges.ProcessorClient
 	router     routers.Router
 	validation openapi3filter.Options
 }
@@ -52,12 +54,13 @@ func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (http.Handler, error)
 		return nil, fmt.Errorf("route spec: %w", err)
 	}
 	s := &Server{
-		cfg:    cfg,
-		pool:   pool,
-		log:    log,
-		auth:   auth.NewAuthenticator(pool, cfg.AuthCacheTTL),
-		keys:   idempotency.NewStore(pool, cfg.Lease, log),
-		router: router,
+		cfg:       cfg,
+		pool:      pool,
+		log:       log,
+		auth:      auth.NewAuthenticator(pool, cfg.AuthCacheTTL),
+		keys:      idempotency.NewStore(pool, cfg.Lease, log),
+		processor: charges.NewProcessorClient(cfg.ProcessorURL, cfg.ProcessorTimeout),
+		router:    router,
 		validation: openapi3filter.Options{
 			MultiError: true,
 			// Authentication already happened, in the contract middleware.
