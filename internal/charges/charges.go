@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/ids"
 	"github.com/retrysafe/payments/internal/problem"
@@ -61,10 +62,19 @@ type Request struct {
 // Render turns the charge into the operation's successful response.
 type Render func(dbsqlc.Charge) (*idempotency.Response, error)
 
+// Deps is what running a charge needs.
+type Deps struct {
+	DB        *pgxpool.Pool
+	Processor *ProcessorClient
+	Render    Render
+	// Crash is the test facility's crash points (off unless configured).
+	Crash faults.CrashPoints
+}
+
 // Run drives the charge operation held by l from its recovery point to its
 // final response. It is the idempotency.Handler of a charge, for a fresh
 // claim and for a takeover alike.
-func Run(ctx context.Context, db *pgxpool.Pool, p *ProcessorClient, l *idempotency.Lease, req Request, render Render) error {
+func Run(ctx context.Context, d Deps, l *idempotency.Lease, req Request) error {
 	for {
 		switch l.RecoveryPoint() {
 		case idempotency.RecoveryStarted:
@@ -73,14 +83,16 @@ func Run(ctx context.Context, db *pgxpool.Pool, p *ProcessorClient, l *idempoten
 			}); err != nil {
 				return err
 			}
+			d.Crash.Crash(faults.AfterChargeCreated)
 		case RecoveryChargeCreated:
-			ch, err := queries.GetChargeByKeyRecord(ctx, db, dbsqlc.GetChargeByKeyRecordParams{CallerID: req.CallerID, IdempotencyKeyID: l.Record().ID})
+			ch, err := queries.GetChargeByKeyRecord(ctx, d.DB, dbsqlc.GetChargeByKeyRecordParams{CallerID: req.CallerID, IdempotencyKeyID: l.Record().ID})
 			if err != nil {
 				return fmt.Errorf("load charge of key record %d: %w", l.Record().ID, err)
 			}
-			answer, err := p.Charge(ctx, ch.DownstreamKey, processor.CreateChargeRequest{
+			answer, err := d.Processor.Charge(ctx, ch.DownstreamKey, processor.CreateChargeRequest{
 				Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod,
 			})
+			d.Crash.Crash(faults.AfterProcessorCall)
 			var uncertain *UncertainError
 			if errors.As(err, &uncertain) {
 				prob := problem.New(problem.ProcessorUnavailable,
@@ -93,7 +105,11 @@ func Run(ctx context.Context, db *pgxpool.Pool, p *ProcessorClient, l *idempoten
 				return err
 			}
 			return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
-				return finish(ctx, tx, ch, answer, declined, render)
+				res, err := finish(ctx, tx, ch, answer, declined, d.Render)
+				if err == nil {
+					d.Crash.Crash(faults.BeforeFinalCommit)
+				}
+				return res, err
 			})
 		default:
 			return fmt.Errorf("charge: unknown recovery point %q", l.RecoveryPoint())

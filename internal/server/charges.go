@@ -27,7 +27,7 @@ func (s *Server) CreateCharge(ctx context.Context, req apigen.CreateChargeReques
 	}
 	chargeReq := charges.Request{CallerID: callerID, OrderID: req.OrderId, PaymentMethod: req.Body.PaymentMethod}
 	resp, err := s.keys.Execute(ctx, keyed, func(ctx context.Context, l *idempotency.Lease) error {
-		return charges.Run(ctx, s.pool, s.processor, l, chargeReq, renderCharge)
+		return charges.Run(ctx, s.charges, l, chargeReq)
 	})
 	if err != nil {
 		return nil, err

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/retrysafe/payments/internal/faults"
 )
 
 // Config is the server's configuration, read from the environment.
@@ -37,6 +39,10 @@ type Config struct {
 	// ProcessorTimeout bounds one call to the processor (PROCESSOR_TIMEOUT).
 	// It must be well below the lease.
 	ProcessorTimeout time.Duration
+	// CrashPoints are the test facility's crash points
+	// (FAULT_CRASH_POINTS, comma-separated; see internal/faults). Off by
+	// default; never set in production.
+	CrashPoints faults.CrashPoints
 }
 
 // DefaultDatabaseURL is the local PostgreSQL of the README. pool_max_conns
@@ -97,6 +103,13 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	// operation that is still allowed to be running.
 	if cfg.Retention <= cfg.Lease {
 		errs = append(errs, fmt.Errorf("IDEMPOTENCY_KEY_RETENTION (%s) must be longer than IDEMPOTENCY_LEASE (%s)", cfg.Retention, cfg.Lease))
+	}
+	if v := str("FAULT_CRASH_POINTS", ""); v != "" {
+		cp, err := faults.Parse(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("FAULT_CRASH_POINTS: %w", err))
+		}
+		cfg.CrashPoints = cp
 	}
 	// The lease covers a whole operation, processor call included: a lease
 	// shorter than the call would let a retry take over a live charge.

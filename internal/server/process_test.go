@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -9,11 +10,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -22,34 +25,39 @@ import (
 // SIGKILL, not a simulated one.
 
 var (
-	buildOnce   sync.Once
-	binary      string
-	buildErr    error
-	buildOutput []byte
+	buildMu  sync.Mutex
+	binDir   string
+	binaries = map[string]string{}
 )
 
-// serverBinary builds cmd/server once per test run.
-func serverBinary(t *testing.T) string {
+// binary builds a command of this module once per test run and returns
+// its path.
+func binary(t *testing.T, pkg string) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "payments-server-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "server")
-		buildOutput, buildErr = exec.Command("go", "build", "-o", binary, "github.com/retrysafe/payments/cmd/server").CombinedOutput()
-	})
-	if buildErr != nil {
-		t.Fatalf("build cmd/server: %v\n%s", buildErr, buildOutput)
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if path, ok := binaries[pkg]; ok {
+		return path
 	}
-	return binary
+	if binDir == "" {
+		dir, err := os.MkdirTemp("", "payments-bin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		binDir = dir
+	}
+	path := filepath.Join(binDir, filepath.Base(pkg))
+	if out, err := exec.Command("go", "build", "-o", path, "github.com/retrysafe/payments/"+pkg).CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", pkg, err, out)
+	}
+	binaries[pkg] = path
+	return path
 }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binary != "" {
-		os.RemoveAll(filepath.Dir(binary))
+	if binDir != "" {
+		os.RemoveAll(binDir)
 	}
 	os.Exit(code)
 }
@@ -60,12 +68,12 @@ type serverProcess struct {
 	cmd *exec.Cmd
 }
 
-// startServerProcess starts the server binary on dbURL, listening on a free
-// port, and waits until it says where.
-func startServerProcess(t *testing.T, dbURL string, env ...string) *serverProcess {
+// startProcess starts a command of this module with env added, and waits
+// until it logs the address it listens on.
+func startProcess(t *testing.T, pkg string, env ...string) (addr string, cmd *exec.Cmd) {
 	t.Helper()
-	cmd := exec.Command(serverBinary(t))
-	cmd.Env = append(os.Environ(), append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=127.0.0.1:0"}, env...)...)
+	cmd = exec.Command(binary(t, pkg))
+	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +86,7 @@ func startServerProcess(t *testing.T, dbURL string, env ...string) *serverProces
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	addr := make(chan string, 1)
+	addrs := make(chan string, 1)
 	go func() {
 		// Read the log until the "listening" line, then keep draining it so
 		// the process never blocks on a full pipe.
@@ -86,21 +94,29 @@ func startServerProcess(t *testing.T, dbURL string, env ...string) *serverProces
 		for sc.Scan() {
 			var line struct{ Msg, Addr string }
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
-				addr <- line.Addr
+				addrs <- line.Addr
 			}
 		}
-		close(addr)
+		close(addrs)
 	}()
 	select {
-	case a, ok := <-addr:
+	case a, ok := <-addrs:
 		if !ok {
-			t.Fatal("server process exited before listening")
+			t.Fatalf("%s exited before listening", pkg)
 		}
-		return &serverProcess{testServer: &testServer{URL: "http://" + a}, cmd: cmd}
+		return a, cmd
 	case <-time.After(30 * time.Second):
-		t.Fatal("server process did not start listening within 30s")
+		t.Fatalf("%s did not start listening within 30s", pkg)
 	}
-	return nil
+	return "", nil
+}
+
+// startServerProcess starts the server binary on dbURL, listening on a
+// free port.
+func startServerProcess(t *testing.T, dbURL string, env ...string) *serverProcess {
+	t.Helper()
+	addr, cmd := startProcess(t, "cmd/server", append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=127.0.0.1:0"}, env...)...)
+	return &serverProcess{testServer: &testServer{URL: "http://" + addr}, cmd: cmd}
 }
 
 func TestIdenticalRequestsAcrossTwoServerProcesses(t *testing.T) {
@@ -161,5 +177,66 @@ func TestKilledMidEffectIsRecoveredOnce(t *testing.T) {
 	}
 	if replay := survivor.createOrder(t, "killed", teaOrder); string(replay.Body) != string(res.Body) {
 		t.Errorf("replay differs: %s vs %s", replay.Body, res.Body)
+	}
+}
+
+// TestChargeCrashAtEveryPhaseBoundary kills the server (a real SIGKILL, at
+// a named crash point) at each boundary of a charge, with the processor
+// running as its own process so it outlives the crash. A restarted server
+// then gets the client's retry with the same key: the charge completes,
+// the processor's ledger shows exactly one effect for the downstream key,
+// and the order is paid once.
+func TestChargeCrashAtEveryPhaseBoundary(t *testing.T) {
+	t.Parallel()
+	for _, point := range faults.Known {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			procAddr, _ := startProcess(t, "cmd/processor", "PROCESSOR_ADDR=127.0.0.1:0")
+			processorURL := "http://" + procAddr
+			dbURL := testdb.New(t)
+			db := testdb.Pool(t, dbURL)
+			common := []string{"PROCESSOR_URL=" + processorURL, "IDEMPOTENCY_LEASE=2s", "PROCESSOR_TIMEOUT=1s"}
+
+			doomed := startServerProcess(t, dbURL, append(common, "FAULT_CRASH_POINTS="+point)...)
+			doomed.db, doomed.processorURL = db, processorURL
+			o := doomed.newOrder(t, "sk_test_acme", 2500)
+			if _, err := doomed.send(t, context.Background(), chargeRequest(o.ID, "crash-"+point, "pm_card_visa")); err == nil {
+				t.Fatal("the request got an answer; the server should have died at the crash point")
+			}
+			if err := doomed.cmd.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+				t.Fatalf("server exit: %v; want killed", err)
+			}
+
+			restarted := startServerProcess(t, dbURL, common...)
+			restarted.db, restarted.processorURL = db, processorURL
+			var res response
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				res = restarted.do(t, chargeRequest(o.ID, "crash-"+point, "pm_card_visa"))
+				if res.Status != http.StatusConflict || time.Now().After(deadline) {
+					break
+				}
+				// The dead owner's lease has not run out yet: wait as told.
+				wait, _ := strconv.Atoi(res.Header.Get("Retry-After"))
+				time.Sleep(time.Duration(wait) * time.Second)
+			}
+			if res.Status != http.StatusCreated {
+				t.Fatalf("retry after the crash at %s: %d %s", point, res.Status, res.Body)
+			}
+			var downstream string
+			if err := db.QueryRow(context.Background(), `SELECT downstream_key FROM charges WHERE order_id = $1 AND status = 'succeeded'`, o.ID).Scan(&downstream); err != nil {
+				t.Fatal(err)
+			}
+			effects := restarted.effects(t)
+			if len(effects) != 1 || effects[0].IdempotencyKey != downstream {
+				t.Fatalf("processor ledger %+v; want exactly one effect, under %s", effects, downstream)
+			}
+			if s := restarted.orderStatus(t, o.ID); s != "paid" {
+				t.Errorf("order is %s; want paid", s)
+			}
+			if replay := restarted.do(t, chargeRequest(o.ID, "crash-"+point, "pm_card_visa")); !bytes.Equal(replay.Body, res.Body) {
+				t.Errorf("replay differs: %s vs %s", replay.Body, res.Body)
+			}
+		})
 	}
 }

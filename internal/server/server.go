@@ -33,7 +33,7 @@ type Server struct {
 	log        *slog.Logger
 	auth       *auth.Authenticator
 	keys       *idempotency.Store
-	processor  *charges.ProcessorClient
+	charges    charges.Deps
 	router     routers.Router
 	validation openapi3filter.Options
 }
@@ -54,13 +54,18 @@ func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (http.Handler, error)
 		return nil, fmt.Errorf("route spec: %w", err)
 	}
 	s := &Server{
-		cfg:       cfg,
-		pool:      pool,
-		log:       log,
-		auth:      auth.NewAuthenticator(pool, cfg.AuthCacheTTL),
-		keys:      idempotency.NewStore(pool, cfg.Lease, log),
-		processor: charges.NewProcessorClient(cfg.ProcessorURL, cfg.ProcessorTimeout),
-		router:    router,
+		cfg:  cfg,
+		pool: pool,
+		log:  log,
+		auth: auth.NewAuthenticator(pool, cfg.AuthCacheTTL),
+		keys: idempotency.NewStore(pool, cfg.Lease, log),
+		charges: charges.Deps{
+			DB:        pool,
+			Processor: charges.NewProcessorClient(cfg.ProcessorURL, cfg.ProcessorTimeout),
+			Render:    renderCharge,
+			Crash:     cfg.CrashPoints,
+		},
+		router: router,
 		validation: openapi3filter.Options{
 			MultiError: true,
 			// Authentication already happened, in the contract middleware.
