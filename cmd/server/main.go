@@ -111,6 +111,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		cfg.ProcessorURL = url
 	}
 
+	if cfg.Reconciler {
+		reconcilerCtx, stopReconciler := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			server.NewReconciler(cfg, pool, log).Run(reconcilerCtx)
+		}()
+		// Stop it (between records) before the pool closes.
+		defer func() { stopReconciler(); <-done }()
+	}
+
 	handler, err := server.New(cfg, pool, log)
 	if err != nil {
 		return err

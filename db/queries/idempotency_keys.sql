@@ -81,18 +81,64 @@ WHERE caller_id = @caller_id
   AND status = 'in_progress'
   AND locked_until > now();
 
--- name: ReleaseIdempotencyKey :execrows
--- Give the lease up early after a transient failure, so the client's retry
--- (or the reconciler) can take over at once instead of waiting for the lease
--- to run out. The record keeps its recovery point.
+-- name: GetIdempotencyKey :one
+SELECT * FROM idempotency_keys
+WHERE caller_id = @caller_id AND key = @key;
+
+-- name: ClaimStaleIdempotencyKeys :many
+-- The reconciler's takeover, in a batch: in-progress records whose lease
+-- ran out (their owner crashed, or gave up after a transient failure and
+-- no client came back). SKIP LOCKED lets several reconcilers (one per
+-- server replica) share the work without waiting on each other, and each
+-- claimed record gets a new attempt number, fencing out its old owner
+-- exactly as a client's takeover does.
+WITH stale AS (
+    SELECT caller_id, id FROM idempotency_keys
+    WHERE status = 'in_progress' AND locked_until <= now()
+    ORDER BY locked_until
+    LIMIT @max_records
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE idempotency_keys k
+SET attempt      = k.attempt + 1,
+    locked_until = now() + make_interval(secs => @lease_seconds::float8),
+    updated_at   = now()
+FROM stale
+WHERE k.caller_id = stale.caller_id AND k.id = stale.id
+RETURNING k.*;
+
+-- name: DeferIdempotencyKey :execrows
+-- Give the lease up after a transient failure, delay_seconds from now: at
+-- once (0) when a client was told to retry, so its retry can take over
+-- without waiting for the lease to run out; later for the reconciler's
+-- backoff. The record keeps its recovery point.
 UPDATE idempotency_keys
-SET locked_until = now(),
+SET locked_until = now() + make_interval(secs => @delay_seconds::float8),
     updated_at   = now()
 WHERE caller_id = @caller_id
   AND id = @id
   AND attempt = @attempt
   AND status = 'in_progress';
 
--- name: GetIdempotencyKey :one
-SELECT * FROM idempotency_keys
-WHERE caller_id = @caller_id AND key = @key;
+-- name: AbandonIdempotencyKey :execrows
+-- Forget an operation that never got past its first phase: nothing was
+-- done (the phase is one transaction and did not commit), so the key can
+-- be freed; a client that retries with it runs the operation afresh.
+DELETE FROM idempotency_keys
+WHERE caller_id = @caller_id
+  AND id = @id
+  AND attempt = @attempt
+  AND status = 'in_progress'
+  AND recovery_point = 'started';
+
+-- name: BuryIdempotencyKey :execrows
+-- Set an operation aside for a person: it failed too often or for too
+-- long. It is never deleted while its external effect may be unresolved.
+UPDATE idempotency_keys
+SET status       = 'dead',
+    locked_until = NULL,
+    updated_at   = now()
+WHERE caller_id = @caller_id
+  AND id = @id
+  AND attempt = @attempt
+  AND status = 'in_progress';

@@ -10,6 +10,59 @@ import (
 	"time"
 )
 
+const abandonIdempotencyKey = `-- name: AbandonIdempotencyKey :execrows
+DELETE FROM idempotency_keys
+WHERE caller_id = $1
+  AND id = $2
+  AND attempt = $3
+  AND status = 'in_progress'
+  AND recovery_point = 'started'
+`
+
+type AbandonIdempotencyKeyParams struct {
+	CallerID string
+	ID       int64
+	Attempt  int32
+}
+
+// Forget an operation that never got past its first phase: nothing was
+// done (the phase is one transaction and did not commit), so the key can
+// be freed; a client that retries with it runs the operation afresh.
+func (q *Queries) AbandonIdempotencyKey(ctx context.Context, db DBTX, arg AbandonIdempotencyKeyParams) (int64, error) {
+	result, err := db.Exec(ctx, abandonIdempotencyKey, arg.CallerID, arg.ID, arg.Attempt)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const buryIdempotencyKey = `-- name: BuryIdempotencyKey :execrows
+UPDATE idempotency_keys
+SET status       = 'dead',
+    locked_until = NULL,
+    updated_at   = now()
+WHERE caller_id = $1
+  AND id = $2
+  AND attempt = $3
+  AND status = 'in_progress'
+`
+
+type BuryIdempotencyKeyParams struct {
+	CallerID string
+	ID       int64
+	Attempt  int32
+}
+
+// Set an operation aside for a person: it failed too often or for too
+// long. It is never deleted while its external effect may be unresolved.
+func (q *Queries) BuryIdempotencyKey(ctx context.Context, db DBTX, arg BuryIdempotencyKeyParams) (int64, error) {
+	result, err := db.Exec(ctx, buryIdempotencyKey, arg.CallerID, arg.ID, arg.Attempt)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const claimIdempotencyKey = `-- name: ClaimIdempotencyKey :one
 WITH claimed AS (
     INSERT INTO idempotency_keys AS k (
@@ -106,6 +159,71 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIde
 	return i, err
 }
 
+const claimStaleIdempotencyKeys = `-- name: ClaimStaleIdempotencyKeys :many
+WITH stale AS (
+    SELECT caller_id, id FROM idempotency_keys
+    WHERE status = 'in_progress' AND locked_until <= now()
+    ORDER BY locked_until
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE idempotency_keys k
+SET attempt      = k.attempt + 1,
+    locked_until = now() + make_interval(secs => $1::float8),
+    updated_at   = now()
+FROM stale
+WHERE k.caller_id = stale.caller_id AND k.id = stale.id
+RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at
+`
+
+type ClaimStaleIdempotencyKeysParams struct {
+	LeaseSeconds float64
+	MaxRecords   int32
+}
+
+// The reconciler's takeover, in a batch: in-progress records whose lease
+// ran out (their owner crashed, or gave up after a transient failure and
+// no client came back). SKIP LOCKED lets several reconcilers (one per
+// server replica) share the work without waiting on each other, and each
+// claimed record gets a new attempt number, fencing out its old owner
+// exactly as a client's takeover does.
+func (q *Queries) ClaimStaleIdempotencyKeys(ctx context.Context, db DBTX, arg ClaimStaleIdempotencyKeysParams) ([]IdempotencyKey, error) {
+	rows, err := db.Query(ctx, claimStaleIdempotencyKeys, arg.LeaseSeconds, arg.MaxRecords)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []IdempotencyKey{}
+	for rows.Next() {
+		var i IdempotencyKey
+		if err := rows.Scan(
+			&i.CallerID,
+			&i.ID,
+			&i.Key,
+			&i.Status,
+			&i.RecoveryPoint,
+			&i.Attempt,
+			&i.LockedUntil,
+			&i.RequestMethod,
+			&i.RequestPath,
+			&i.RequestFingerprint,
+			&i.ResponseStatus,
+			&i.ResponseHeaders,
+			&i.ResponseBody,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.CompletedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const completeIdempotencyKey = `-- name: CompleteIdempotencyKey :execrows
 UPDATE idempotency_keys
 SET status           = 'completed',
@@ -151,6 +269,40 @@ func (q *Queries) CompleteIdempotencyKey(ctx context.Context, db DBTX, arg Compl
 	return result.RowsAffected(), nil
 }
 
+const deferIdempotencyKey = `-- name: DeferIdempotencyKey :execrows
+UPDATE idempotency_keys
+SET locked_until = now() + make_interval(secs => $1::float8),
+    updated_at   = now()
+WHERE caller_id = $2
+  AND id = $3
+  AND attempt = $4
+  AND status = 'in_progress'
+`
+
+type DeferIdempotencyKeyParams struct {
+	DelaySeconds float64
+	CallerID     string
+	ID           int64
+	Attempt      int32
+}
+
+// Give the lease up after a transient failure, delay_seconds from now: at
+// once (0) when a client was told to retry, so its retry can take over
+// without waiting for the lease to run out; later for the reconciler's
+// backoff. The record keeps its recovery point.
+func (q *Queries) DeferIdempotencyKey(ctx context.Context, db DBTX, arg DeferIdempotencyKeyParams) (int64, error) {
+	result, err := db.Exec(ctx, deferIdempotencyKey,
+		arg.DelaySeconds,
+		arg.CallerID,
+		arg.ID,
+		arg.Attempt,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const getIdempotencyKey = `-- name: GetIdempotencyKey :one
 SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at FROM idempotency_keys
 WHERE caller_id = $1 AND key = $2
@@ -183,33 +335,6 @@ func (q *Queries) GetIdempotencyKey(ctx context.Context, db DBTX, arg GetIdempot
 		&i.CompletedAt,
 	)
 	return i, err
-}
-
-const releaseIdempotencyKey = `-- name: ReleaseIdempotencyKey :execrows
-UPDATE idempotency_keys
-SET locked_until = now(),
-    updated_at   = now()
-WHERE caller_id = $1
-  AND id = $2
-  AND attempt = $3
-  AND status = 'in_progress'
-`
-
-type ReleaseIdempotencyKeyParams struct {
-	CallerID string
-	ID       int64
-	Attempt  int32
-}
-
-// Give the lease up early after a transient failure, so the client's retry
-// (or the reconciler) can take over at once instead of waiting for the lease
-// to run out. The record keeps its recovery point.
-func (q *Queries) ReleaseIdempotencyKey(ctx context.Context, db DBTX, arg ReleaseIdempotencyKeyParams) (int64, error) {
-	result, err := db.Exec(ctx, releaseIdempotencyKey, arg.CallerID, arg.ID, arg.Attempt)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }
 
 const setRecoveryPoint = `-- name: SetRecoveryPoint :execrows

@@ -207,19 +207,29 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 	if err != nil || replay != nil {
 		return replay, err
 	}
+	// A retryable failure releases the lease at once: the client is told
+	// to retry, and its retry should find the record free.
+	return s.Drive(ctx, lease, h, 0)
+}
 
-	err = runHandler(ctx, h, lease)
+// Drive runs h on a lease already held (from a claim, or from the
+// reconciler's ClaimStale) and settles the outcome as the Handler
+// documentation says. After a retryable failure the lease is released
+// retryDelay from now.
+func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, retryDelay time.Duration) (*Response, error) {
+	err := runHandler(ctx, h, lease)
+	rec := lease.record
 	switch {
 	case err == nil && lease.response != nil:
 		return lease.response, nil
 	case err == nil:
-		err = fmt.Errorf("idempotency: handler for %s %s returned without a response", req.Method, req.Path)
+		err = fmt.Errorf("idempotency: handler for %s %s returned without a response", rec.RequestMethod, rec.RequestPath)
 	case errors.Is(err, ErrLeaseLost):
 		// A newer attempt owns the record and will store the answer; this
 		// request says what any concurrent duplicate would hear.
 		return nil, inProgress()
 	case IsRetryable(err):
-		s.release(lease)
+		s.release(lease, retryDelay)
 		return nil, err
 	}
 
@@ -227,7 +237,7 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 	var p *problem.Error
 	if !errors.As(err, &p) {
 		s.log.ErrorContext(ctx, "keyed operation failed", "err", err,
-			"caller", req.CallerID, "method", req.Method, "path", req.Path, "attempt", lease.record.Attempt)
+			"caller", rec.CallerID, "method", rec.RequestMethod, "path", rec.RequestPath, "attempt", rec.Attempt)
 		p = problem.New(problem.InternalError, "the request failed; it will not be retried under this Idempotency-Key")
 	}
 	resp := ProblemResponse(p)
@@ -235,7 +245,7 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 		if errors.Is(err, ErrLeaseLost) {
 			return nil, inProgress()
 		}
-		s.release(lease)
+		s.release(lease, retryDelay)
 		return nil, err
 	}
 	return resp, nil
@@ -333,18 +343,61 @@ func (s *Store) complete(l *Lease, resp *Response) error {
 	return err
 }
 
-// release gives the lease up early, so the next retry can take over without
-// waiting for it to run out. It is best effort: if it fails, the lease
-// simply expires.
-func (s *Store) release(l *Lease) {
+// release gives the lease up early (after delay, from now), so the next
+// retry can take over without waiting for the lease to run out. It is best
+// effort: if it fails, the lease simply expires.
+func (s *Store) release(l *Lease, delay time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	rec := l.record
-	if _, err := s.queries.ReleaseIdempotencyKey(ctx, s.pool, dbsqlc.ReleaseIdempotencyKeyParams{
-		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
+	if _, err := s.queries.DeferIdempotencyKey(ctx, s.pool, dbsqlc.DeferIdempotencyKeyParams{
+		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt, DelaySeconds: delay.Seconds(),
 	}); err != nil {
 		s.log.WarnContext(ctx, "release idempotency key", "err", err, "caller", rec.CallerID, "key_id", rec.ID)
 	}
+}
+
+// ClaimStale takes over up to n in-progress records whose lease has
+// expired, for the reconciler. Several reconcilers may call it at once:
+// each record goes to exactly one of them.
+func (s *Store) ClaimStale(ctx context.Context, n int) ([]*Lease, error) {
+	recs, err := s.queries.ClaimStaleIdempotencyKeys(ctx, s.pool, dbsqlc.ClaimStaleIdempotencyKeysParams{
+		LeaseSeconds: s.lease.Seconds(), MaxRecords: int32(n),
+	})
+	if err != nil {
+		return nil, err
+	}
+	leases := make([]*Lease, len(recs))
+	for i, rec := range recs {
+		leases[i] = &Lease{store: s, record: rec}
+	}
+	return leases, nil
+}
+
+// Abandon deletes a record that never passed its first phase (nothing was
+// done), freeing its key. It returns ErrLeaseLost if the record moved on.
+func (l *Lease) Abandon(ctx context.Context) error {
+	rec := l.record
+	n, err := l.store.queries.AbandonIdempotencyKey(ctx, l.store.pool, dbsqlc.AbandonIdempotencyKeyParams{
+		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
+	})
+	if err == nil && n == 0 {
+		err = ErrLeaseLost
+	}
+	return err
+}
+
+// Bury sets the record aside for an operator (status dead). It returns
+// ErrLeaseLost if the record moved on.
+func (l *Lease) Bury(ctx context.Context) error {
+	rec := l.record
+	n, err := l.store.queries.BuryIdempotencyKey(ctx, l.store.pool, dbsqlc.BuryIdempotencyKeyParams{
+		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
+	})
+	if err == nil && n == 0 {
+		err = ErrLeaseLost
+	}
+	return err
 }
 
 // Get returns the caller's record for key.

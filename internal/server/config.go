@@ -43,6 +43,15 @@ type Config struct {
 	// (FAULT_CRASH_POINTS, comma-separated; see internal/faults). Off by
 	// default; never set in production.
 	CrashPoints faults.CrashPoints
+	// Reconciler runs the background reconciler in this process
+	// (RECONCILER_ENABLED), scanning every ReconcilerInterval
+	// (RECONCILER_INTERVAL) and setting aside records past
+	// ReconcilerMaxAttempts (RECONCILER_MAX_ATTEMPTS) or ReconcilerMaxAge
+	// (RECONCILER_MAX_AGE).
+	Reconciler            bool
+	ReconcilerInterval    time.Duration
+	ReconcilerMaxAttempts int32
+	ReconcilerMaxAge      time.Duration
 }
 
 // DefaultDatabaseURL is the local PostgreSQL of the README. pool_max_conns
@@ -72,16 +81,20 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		return d
 	}
 	cfg := Config{
-		DatabaseURL:      str("DATABASE_URL", DefaultDatabaseURL),
-		HTTPAddr:         str("HTTP_ADDR", ":8080"),
-		Lease:            duration("IDEMPOTENCY_LEASE", 30*time.Second),
-		Retention:        duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
-		ShutdownTimeout:  duration("SHUTDOWN_TIMEOUT", 15*time.Second),
-		AuthCacheTTL:     duration("AUTH_CACHE_TTL", time.Minute),
-		ProcessorURL:     str("PROCESSOR_URL", ""),
-		ProcessorTimeout: duration("PROCESSOR_TIMEOUT", 10*time.Second),
-		MaxBodyBytes:     64 << 10,
-		SeedDemoCallers:  true,
+		DatabaseURL:           str("DATABASE_URL", DefaultDatabaseURL),
+		HTTPAddr:              str("HTTP_ADDR", ":8080"),
+		Lease:                 duration("IDEMPOTENCY_LEASE", 30*time.Second),
+		Retention:             duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
+		ShutdownTimeout:       duration("SHUTDOWN_TIMEOUT", 15*time.Second),
+		AuthCacheTTL:          duration("AUTH_CACHE_TTL", time.Minute),
+		ProcessorURL:          str("PROCESSOR_URL", ""),
+		ProcessorTimeout:      duration("PROCESSOR_TIMEOUT", 10*time.Second),
+		MaxBodyBytes:          64 << 10,
+		SeedDemoCallers:       true,
+		Reconciler:            true,
+		ReconcilerInterval:    duration("RECONCILER_INTERVAL", time.Second),
+		ReconcilerMaxAttempts: 10,
+		ReconcilerMaxAge:      duration("RECONCILER_MAX_AGE", time.Hour),
 	}
 	if v := str("MAX_BODY_BYTES", ""); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
@@ -90,6 +103,26 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		} else {
 			cfg.MaxBodyBytes = n
 		}
+	}
+	if v := str("RECONCILER_ENABLED", ""); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("RECONCILER_ENABLED=%q: want true or false", v))
+		} else {
+			cfg.Reconciler = b
+		}
+	}
+	if v := str("RECONCILER_MAX_ATTEMPTS", ""); v != "" {
+		n, err := strconv.ParseInt(v, 10, 32)
+		if err != nil || n < 1 {
+			errs = append(errs, fmt.Errorf("RECONCILER_MAX_ATTEMPTS=%q: want a positive number", v))
+		} else {
+			cfg.ReconcilerMaxAttempts = int32(n)
+		}
+	}
+	// A record must be set aside before the sweeper could consider it.
+	if cfg.ReconcilerMaxAge >= cfg.Retention {
+		errs = append(errs, fmt.Errorf("RECONCILER_MAX_AGE (%s) must be shorter than IDEMPOTENCY_KEY_RETENTION (%s)", cfg.ReconcilerMaxAge, cfg.Retention))
 	}
 	if v := str("SEED_DEMO_CALLERS", ""); v != "" {
 		b, err := strconv.ParseBool(v)

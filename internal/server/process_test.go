@@ -139,8 +139,10 @@ func TestKilledMidEffectIsRecoveredOnce(t *testing.T) {
 	t.Parallel()
 	dbURL := testdb.New(t)
 	const lease = "2s"
-	doomed := startServerProcess(t, dbURL, "IDEMPOTENCY_LEASE="+lease, "PROCESSOR_TIMEOUT=1s")
-	survivor := startServerProcess(t, dbURL, "IDEMPOTENCY_LEASE="+lease, "PROCESSOR_TIMEOUT=1s")
+	// No reconciler: this test is about the client's own takeover (the
+	// reconciler would free the never-started record first).
+	doomed := startServerProcess(t, dbURL, "IDEMPOTENCY_LEASE="+lease, "PROCESSOR_TIMEOUT=1s", "RECONCILER_ENABLED=false")
+	survivor := startServerProcess(t, dbURL, "IDEMPOTENCY_LEASE="+lease, "PROCESSOR_TIMEOUT=1s", "RECONCILER_ENABLED=false")
 	db := testdb.Pool(t, dbURL)
 	doomed.db, survivor.db = db, db
 
@@ -182,61 +184,95 @@ func TestKilledMidEffectIsRecoveredOnce(t *testing.T) {
 
 // TestChargeCrashAtEveryPhaseBoundary kills the server (a real SIGKILL, at
 // a named crash point) at each boundary of a charge, with the processor
-// running as its own process so it outlives the crash. A restarted server
-// then gets the client's retry with the same key: the charge completes,
-// the processor's ledger shows exactly one effect for the downstream key,
-// and the order is paid once.
+// running as its own process so it outlives the crash, and restarts it.
+// Then either the client retries with the same key, or nobody does and the
+// reconciler alone must finish the charge. Either way: the processor's
+// ledger shows exactly one effect for the downstream key, the order is
+// paid once, and the stored answer replays byte for byte.
 func TestChargeCrashAtEveryPhaseBoundary(t *testing.T) {
 	t.Parallel()
 	for _, point := range faults.Known {
-		t.Run(point, func(t *testing.T) {
-			t.Parallel()
-			procAddr, _ := startProcess(t, "cmd/processor", "PROCESSOR_ADDR=127.0.0.1:0")
-			processorURL := "http://" + procAddr
-			dbURL := testdb.New(t)
-			db := testdb.Pool(t, dbURL)
-			common := []string{"PROCESSOR_URL=" + processorURL, "IDEMPOTENCY_LEASE=2s", "PROCESSOR_TIMEOUT=1s"}
+		for _, finisher := range []string{"client retry", "reconciler alone"} {
+			t.Run(point+"/"+finisher, func(t *testing.T) {
+				t.Parallel()
+				crashAndRecover(t, point, finisher == "reconciler alone")
+			})
+		}
+	}
+}
 
-			doomed := startServerProcess(t, dbURL, append(common, "FAULT_CRASH_POINTS="+point)...)
-			doomed.db, doomed.processorURL = db, processorURL
-			o := doomed.newOrder(t, "sk_test_acme", 2500)
-			if _, err := doomed.send(t, context.Background(), chargeRequest(o.ID, "crash-"+point, "pm_card_visa")); err == nil {
-				t.Fatal("the request got an answer; the server should have died at the crash point")
-			}
-			if err := doomed.cmd.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
-				t.Fatalf("server exit: %v; want killed", err)
-			}
+func crashAndRecover(t *testing.T, point string, reconcilerAlone bool) {
+	procAddr, _ := startProcess(t, "cmd/processor", "PROCESSOR_ADDR=127.0.0.1:0")
+	processorURL := "http://" + procAddr
+	dbURL := testdb.New(t)
+	db := testdb.Pool(t, dbURL)
+	common := []string{"PROCESSOR_URL=" + processorURL, "IDEMPOTENCY_LEASE=2s", "PROCESSOR_TIMEOUT=1s"}
 
-			restarted := startServerProcess(t, dbURL, common...)
-			restarted.db, restarted.processorURL = db, processorURL
-			var res response
-			deadline := time.Now().Add(20 * time.Second)
-			for {
-				res = restarted.do(t, chargeRequest(o.ID, "crash-"+point, "pm_card_visa"))
-				if res.Status != http.StatusConflict || time.Now().After(deadline) {
-					break
-				}
-				// The dead owner's lease has not run out yet: wait as told.
-				wait, _ := strconv.Atoi(res.Header.Get("Retry-After"))
-				time.Sleep(time.Duration(wait) * time.Second)
-			}
-			if res.Status != http.StatusCreated {
-				t.Fatalf("retry after the crash at %s: %d %s", point, res.Status, res.Body)
-			}
-			var downstream string
-			if err := db.QueryRow(context.Background(), `SELECT downstream_key FROM charges WHERE order_id = $1 AND status = 'succeeded'`, o.ID).Scan(&downstream); err != nil {
+	doomed := startServerProcess(t, dbURL, append(common, "FAULT_CRASH_POINTS="+point, "RECONCILER_ENABLED=false")...)
+	doomed.db, doomed.processorURL = db, processorURL
+	o := doomed.newOrder(t, "sk_test_acme", 2500)
+	key := "crash-" + point
+	if _, err := doomed.send(t, context.Background(), chargeRequest(o.ID, key, "pm_card_visa")); err == nil {
+		t.Fatal("the request got an answer; the server should have died at the crash point")
+	}
+	if err := doomed.cmd.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("server exit: %v; want killed", err)
+	}
+
+	var res response
+	var restarted *serverProcess
+	if reconcilerAlone {
+		restarted = startServerProcess(t, dbURL, append(common, "RECONCILER_INTERVAL=100ms")...)
+		restarted.db, restarted.processorURL = db, processorURL
+		// Nobody retries: wait for the reconciler to complete the record.
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var status string
+			if err := db.QueryRow(context.Background(), `SELECT status FROM idempotency_keys WHERE key = $1`, key).Scan(&status); err != nil {
 				t.Fatal(err)
 			}
-			effects := restarted.effects(t)
-			if len(effects) != 1 || effects[0].IdempotencyKey != downstream {
-				t.Fatalf("processor ledger %+v; want exactly one effect, under %s", effects, downstream)
+			if status == "completed" {
+				break
 			}
-			if s := restarted.orderStatus(t, o.ID); s != "paid" {
-				t.Errorf("order is %s; want paid", s)
+			if time.Now().After(deadline) {
+				t.Fatalf("the reconciler did not complete the charge within 20s (record %s)", status)
 			}
-			if replay := restarted.do(t, chargeRequest(o.ID, "crash-"+point, "pm_card_visa")); !bytes.Equal(replay.Body, res.Body) {
-				t.Errorf("replay differs: %s vs %s", replay.Body, res.Body)
+			time.Sleep(50 * time.Millisecond) // polling the database for a state
+		}
+		// The client comes back later and gets the stored answer.
+		res = restarted.do(t, chargeRequest(o.ID, key, "pm_card_visa"))
+		if res.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("the reconciler's result should replay: %d %v", res.Status, res.Header)
+		}
+	} else {
+		restarted = startServerProcess(t, dbURL, append(common, "RECONCILER_ENABLED=false")...)
+		restarted.db, restarted.processorURL = db, processorURL
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			res = restarted.do(t, chargeRequest(o.ID, key, "pm_card_visa"))
+			if res.Status != http.StatusConflict || time.Now().After(deadline) {
+				break
 			}
-		})
+			// The dead owner's lease has not run out yet: wait as told.
+			wait, _ := strconv.Atoi(res.Header.Get("Retry-After"))
+			time.Sleep(time.Duration(wait) * time.Second)
+		}
+	}
+	if res.Status != http.StatusCreated {
+		t.Fatalf("after the crash at %s: %d %s", point, res.Status, res.Body)
+	}
+	var downstream string
+	if err := db.QueryRow(context.Background(), `SELECT downstream_key FROM charges WHERE order_id = $1 AND status = 'succeeded'`, o.ID).Scan(&downstream); err != nil {
+		t.Fatal(err)
+	}
+	effects := restarted.effects(t)
+	if len(effects) != 1 || effects[0].IdempotencyKey != downstream {
+		t.Fatalf("processor ledger %+v; want exactly one effect, under %s", effects, downstream)
+	}
+	if s := restarted.orderStatus(t, o.ID); s != "paid" {
+		t.Errorf("order is %s; want paid", s)
+	}
+	if replay := restarted.do(t, chargeRequest(o.ID, key, "pm_card_visa")); !bytes.Equal(replay.Body, res.Body) {
+		t.Errorf("replay differs: %s vs %s", replay.Body, res.Body)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/problem"
+	"github.com/retrysafe/payments/internal/reconciler"
 	"github.com/retrysafe/payments/web"
 )
 
@@ -54,18 +55,13 @@ func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (http.Handler, error)
 		return nil, fmt.Errorf("route spec: %w", err)
 	}
 	s := &Server{
-		cfg:  cfg,
-		pool: pool,
-		log:  log,
-		auth: auth.NewAuthenticator(pool, cfg.AuthCacheTTL),
-		keys: idempotency.NewStore(pool, cfg.Lease, log),
-		charges: charges.Deps{
-			DB:        pool,
-			Processor: charges.NewProcessorClient(cfg.ProcessorURL, cfg.ProcessorTimeout),
-			Render:    renderCharge,
-			Crash:     cfg.CrashPoints,
-		},
-		router: router,
+		cfg:     cfg,
+		pool:    pool,
+		log:     log,
+		auth:    auth.NewAuthenticator(pool, cfg.AuthCacheTTL),
+		keys:    idempotency.NewStore(pool, cfg.Lease, log),
+		charges: chargeDeps(cfg, pool),
+		router:  router,
 		validation: openapi3filter.Options{
 			MultiError: true,
 			// Authentication already happened, in the contract middleware.
@@ -93,6 +89,29 @@ func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (http.Handler, error)
 	})
 	e.GET("/*", echo.WrapHandler(http.FileServerFS(web.Files)))
 	return e, nil
+}
+
+func chargeDeps(cfg Config, pool *pgxpool.Pool) charges.Deps {
+	return charges.Deps{
+		DB:        pool,
+		Processor: charges.NewProcessorClient(cfg.ProcessorURL, cfg.ProcessorTimeout),
+		Render:    renderCharge,
+		Crash:     cfg.CrashPoints,
+	}
+}
+
+// NewReconciler returns the background reconciler, resuming operations
+// exactly as a client's retry through New's handler would.
+func NewReconciler(cfg Config, pool *pgxpool.Pool, log *slog.Logger) *reconciler.Reconciler {
+	return reconciler.New(reconciler.Config{
+		Interval:    cfg.ReconcilerInterval,
+		Batch:       20,
+		Lease:       cfg.Lease,
+		MaxAttempts: cfg.ReconcilerMaxAttempts,
+		MaxAge:      cfg.ReconcilerMaxAge,
+		BackoffBase: time.Second,
+		BackoffCap:  5 * time.Minute,
+	}, idempotency.NewStore(pool, cfg.Lease, log), chargeDeps(cfg, pool), log.With("component", "reconciler"))
 }
 
 // logRequests logs one line per request. It never logs headers or bodies:

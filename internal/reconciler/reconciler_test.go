@@ -1,0 +1,231 @@
+package reconciler_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/charges"
+	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/orders"
+	"github.com/retrysafe/payments/internal/problem"
+	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/reconciler"
+	"github.com/retrysafe/payments/internal/testdb"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+type fixture struct {
+	pool         *pgxpool.Pool
+	store        *idempotency.Store
+	deps         charges.Deps
+	processorURL string
+}
+
+func newFixture(t *testing.T, flakyFailures int) *fixture {
+	t.Helper()
+	pool := testdb.NewPool(t)
+	if err := auth.SeedDemoCallers(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := processor.New(processor.Config{FlakyFailures: flakyFailures, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(proc)
+	t.Cleanup(func() { proc.Close(); srv.Close() })
+	return &fixture{
+		pool:  pool,
+		store: idempotency.NewStore(pool, time.Minute, quiet),
+		deps: charges.Deps{
+			DB:        pool,
+			Processor: charges.NewProcessorClient(srv.URL, 5*time.Second),
+			Render: func(ch dbsqlc.Charge) (*idempotency.Response, error) {
+				return idempotency.JSONResponse(http.StatusCreated, nil, map[string]string{"id": ch.ID})
+			},
+		},
+		processorURL: srv.URL,
+	}
+}
+
+func (f *fixture) reconciler(maxAttempts int32) *reconciler.Reconciler {
+	return reconciler.New(reconciler.Config{
+		Interval: time.Millisecond, Batch: 4, Lease: time.Minute,
+		MaxAttempts: maxAttempts, MaxAge: time.Hour,
+		BackoffBase: time.Millisecond, BackoffCap: time.Millisecond,
+	}, f.store, f.deps, quiet)
+}
+
+// stalledCharge runs a charge whose processor call fails (pm_card_flaky),
+// leaving its record at charge_created with the lease released: what a
+// client that got a 503 and never came back leaves behind.
+func (f *fixture) stalledCharge(t *testing.T, key string) {
+	t.Helper()
+	ctx := context.Background()
+	o, err := orders.Create(ctx, f.pool, "acme", orders.NewOrder{Amount: 100, Currency: "usd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, _ := idempotency.Fingerprint("POST", "/v1/orders/"+o.ID+"/charges", []byte(`{"payment_method":"pm_card_flaky"}`))
+	req := idempotency.Request{CallerID: "acme", Key: key, Method: "POST", Path: "/v1/orders/" + o.ID + "/charges", Fingerprint: fp}
+	_, err = f.store.Execute(ctx, req, func(ctx context.Context, l *idempotency.Lease) error {
+		return charges.Run(ctx, f.deps, l, charges.Request{CallerID: "acme", OrderID: o.ID, PaymentMethod: "pm_card_flaky"})
+	})
+	if !idempotency.IsRetryable(err) {
+		t.Fatalf("the first charge attempt: %v; want a retryable processor failure", err)
+	}
+}
+
+func (f *fixture) statuses(t *testing.T) map[string]int {
+	t.Helper()
+	rows, err := f.pool.Query(context.Background(), `SELECT status || '/' || recovery_point, count(*) FROM idempotency_keys GROUP BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[s] = n
+	}
+	return out
+}
+
+func (f *fixture) effects(t *testing.T) []processor.LedgerEntry {
+	t.Helper()
+	res, err := http.Get(f.processorURL + "/v1/ledger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var list processor.LedgerList
+	if err := json.NewDecoder(res.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	return list.Data
+}
+
+// Two reconcilers at once share the stalled charges: every charge is
+// finished exactly once, with one processor effect each.
+func TestTwoReconcilersFinishEachChargeOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	const n = 12
+	for i := range n {
+		f.stalledCharge(t, fmt.Sprintf("stalled-%d", i))
+	}
+	if got := f.statuses(t)["in_progress/charge_created"]; got != n {
+		t.Fatalf("%d stalled records; want %d", got, n)
+	}
+	a, b := f.reconciler(5), f.reconciler(5)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	claimed := 0
+	for _, r := range []*reconciler.Reconciler{a, b} {
+		wg.Go(func() {
+			for {
+				k, err := r.RunOnce(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				claimed += k
+				mu.Unlock()
+				if k == 0 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if claimed != n {
+		t.Errorf("the reconcilers claimed %d records in all; want each of the %d once", claimed, n)
+	}
+	if got := f.statuses(t); got["completed/finished"] != n || len(got) != 1 {
+		t.Errorf("records %v; want all %d completed", got, n)
+	}
+	effects := f.effects(t)
+	keys := map[string]bool{}
+	for _, e := range effects {
+		keys[e.IdempotencyKey] = true
+	}
+	if len(effects) != n || len(keys) != n {
+		t.Errorf("%d processor effects under %d keys; want %d, one per charge", len(effects), len(keys), n)
+	}
+	var paid int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM orders WHERE status = 'paid'`).Scan(&paid); err != nil || paid != n {
+		t.Errorf("%d paid orders (%v); want %d", paid, err, n)
+	}
+}
+
+// A transient failure during reconciliation stores nothing and backs off;
+// too many attempts set the record aside (dead), never deleting it.
+func TestReconcilerBacksOffThenSetsAside(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 100) // the processor keeps failing
+	f.stalledCharge(t, "hopeless")
+	r := f.reconciler(3)
+	for range 10 {
+		if _, err := r.RunOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var unresolved bool
+		if err := f.pool.QueryRow(context.Background(), `SELECT status IN ('in_progress', 'dead') AND response_status IS NULL FROM idempotency_keys`).Scan(&unresolved); err != nil || !unresolved {
+			t.Fatalf("after a failed try the record must stay unresolved, nothing stored (%v)", err)
+		}
+		// Let the (millisecond) backoff pass on the database clock.
+		if _, err := f.pool.Exec(context.Background(), `UPDATE idempotency_keys SET locked_until = now() WHERE status = 'in_progress'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := f.statuses(t); got["dead/charge_created"] != 1 {
+		t.Fatalf("records %v; want the charge set aside as dead at charge_created", got)
+	}
+	var status string
+	if err := f.pool.QueryRow(context.Background(), `SELECT status FROM charges`).Scan(&status); err != nil || status != "pending" {
+		t.Errorf("charge %s (%v); an uncertain charge must stay pending, never failed", status, err)
+	}
+	if n := len(f.effects(t)); n != 0 {
+		t.Errorf("%d processor effects; want none", n)
+	}
+}
+
+// A record that never passed its first phase did nothing: the reconciler
+// frees its key.
+func TestReconcilerAbandonsNeverStarted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	ctx := context.Background()
+	fp, _ := idempotency.Fingerprint("POST", "/v1/orders", []byte(`{}`))
+	_, err := f.pool.Exec(ctx, `
+		INSERT INTO idempotency_keys (caller_id, key, request_method, request_path, request_fingerprint, locked_until)
+		VALUES ('acme', 'never-started', 'POST', '/v1/orders', $1, now() - interval '1 second')`, fp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.reconciler(5).RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var p *problem.Error
+	if _, err := f.store.Get(ctx, "acme", "never-started"); !errors.As(err, &p) || p.Code != problem.NotFound {
+		t.Fatalf("the never-started record is still there (%v)", err)
+	}
+}
