@@ -312,8 +312,8 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		}
 		return &Lease{store: s, record: taken}, nil, nil
 	case rec.Status == StatusDead:
-		return nil, nil, problem.New(problem.IdempotencyKeyInUse,
-			"the operation under this Idempotency-Key was set aside for an operator after repeated failures")
+		return nil, nil, problem.New(problem.IdempotencyKeyDead,
+			"the operation under this Idempotency-Key failed too often and was set aside for an operator; do not retry it")
 	default:
 		return nil, nil, inProgress()
 	}

@@ -33,6 +33,7 @@ const (
 	IdempotencyKeyInvalid Code = "idempotency_key_invalid"
 	IdempotencyKeyInUse   Code = "idempotency_key_in_use"
 	IdempotencyKeyReused  Code = "idempotency_key_reused"
+	IdempotencyKeyDead    Code = "idempotency_key_dead"
 	RequestTooLarge       Code = "request_too_large"
 	UnsupportedMediaType  Code = "unsupported_media_type"
 	NotFound              Code = "not_found"
@@ -58,6 +59,7 @@ var kinds = map[Code]struct {
 	IdempotencyKeyInvalid: {http.StatusBadRequest, "Idempotency key invalid"},
 	IdempotencyKeyInUse:   {http.StatusConflict, "Idempotency key in use"},
 	IdempotencyKeyReused:  {http.StatusUnprocessableEntity, "Idempotency key reused"},
+	IdempotencyKeyDead:    {http.StatusConflict, "Operation set aside"},
 	RequestTooLarge:       {http.StatusRequestEntityTooLarge, "Request too large"},
 	UnsupportedMediaType:  {http.StatusUnsupportedMediaType, "Unsupported media type"},
 	NotFound:              {http.StatusNotFound, "Not found"},

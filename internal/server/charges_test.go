@@ -276,3 +276,24 @@ func TestChargeInProgressBlocksCancel(t *testing.T) {
 	ts.do(t, chargeRequest(o.ID, "stalled", "pm_card_flaky")).wantProblem(t, http.StatusServiceUnavailable, "processor_unavailable")
 	ts.do(t, request{method: "POST", path: "/v1/orders/" + o.ID + "/cancel", apiKey: "sk_test_acme"}).wantProblem(t, http.StatusConflict, "order_not_cancelable")
 }
+
+// A charge the reconciler set aside (dead) is answered with its own 409:
+// not "in progress" (which tells the client to retry), and not replayed.
+func TestSetAsideChargeIsNotRetried(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	o := ts.newOrder(t, "sk_test_acme", 400)
+	ts.do(t, chargeRequest(o.ID, "given-up", "pm_card_flaky")).wantProblem(t, http.StatusServiceUnavailable, "processor_unavailable")
+	// What the reconciler does after too many failed tries.
+	if _, err := ts.db.Exec(context.Background(), `UPDATE idempotency_keys SET status = 'dead', locked_until = NULL WHERE key = 'given-up'`); err != nil {
+		t.Fatal(err)
+	}
+	res := ts.do(t, chargeRequest(o.ID, "given-up", "pm_card_flaky"))
+	res.wantProblem(t, http.StatusConflict, "idempotency_key_dead")
+	if res.Header.Get("Retry-After") != "" {
+		t.Error("a set-aside operation must not invite a retry")
+	}
+	if n := len(ts.effects(t)); n != 0 {
+		t.Errorf("%d processor effects; want none", n)
+	}
+}
