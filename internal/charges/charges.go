@@ -67,6 +67,8 @@ type Deps struct {
 	DB        *pgxpool.Pool
 	Processor *ProcessorClient
 	Render    Render
+	// RenderRefund turns a refund into its operation's successful response.
+	RenderRefund RenderRefund
 	// Crash is the test facility's crash points (off unless configured).
 	Crash faults.CrashPoints
 }

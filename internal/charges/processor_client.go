@@ -54,13 +54,41 @@ func (e *DeclinedError) Error() string { return "card declined: " + e.DeclineCod
 // and a retry loop here would multiply theirs.
 func (c *ProcessorClient) Charge(ctx context.Context, downstreamKey string, req processor.CreateChargeRequest) (processor.Charge, error) {
 	var ch processor.Charge
-	body, err := json.Marshal(req)
+	status, header, resBody, err := c.post(ctx, "/v1/charges", downstreamKey, req)
 	if err != nil {
 		return ch, err
 	}
-	httpReq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+"/v1/charges", bytes.NewReader(body))
+	switch {
+	case status == http.StatusCreated:
+		if err := json.Unmarshal(resBody, &ch); err != nil {
+			return ch, &UncertainError{Err: fmt.Errorf("decode processor charge: %w", err)}
+		}
+		return ch, nil
+	case status == http.StatusPaymentRequired:
+		var e processor.ErrorResponse
+		if err := json.Unmarshal(resBody, &e); err != nil || e.Error.DeclineCode == "" {
+			return ch, &UncertainError{Err: fmt.Errorf("undecodable decline: %s", resBody)}
+		}
+		return ch, &DeclinedError{DeclineCode: e.Error.DeclineCode, ProcessorChargeID: e.Error.Charge}
+	case status == http.StatusTooManyRequests || status >= 500:
+		return ch, &UncertainError{Err: fmt.Errorf("processor answered %d", status), RetryAfter: retryAfter(header)}
+	default:
+		// Any other 4xx means we sent something wrong: a bug, not a state
+		// of the world. It is final, and loud.
+		return ch, errors.New("processor rejected the request: " + strconv.Itoa(status) + " " + string(resBody))
+	}
+}
+
+// post sends one request under downstreamKey. A failure to get a complete
+// answer is an UncertainError: the processor may have acted.
+func (c *ProcessorClient) post(ctx context.Context, path, downstreamKey string, req any) (int, http.Header, []byte, error) {
+	body, err := json.Marshal(req)
 	if err != nil {
-		return ch, err
+		return 0, nil, nil, err
+	}
+	httpReq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, nil, err
 	}
 	httpReq.Header.Set("Content-Type", "application/json")
 	httpReq.Header.Set("Idempotency-Key", downstreamKey)
@@ -72,34 +100,53 @@ func (c *ProcessorClient) Charge(ctx context.Context, downstreamKey string, req 
 
 	res, err := c.http.Do(httpReq)
 	if err != nil {
-		return ch, &UncertainError{Err: err}
+		return 0, nil, nil, &UncertainError{Err: err}
 	}
 	defer res.Body.Close()
 	resBody, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
 	if err != nil {
-		return ch, &UncertainError{Err: err}
+		return 0, nil, nil, &UncertainError{Err: err}
+	}
+	return res.StatusCode, res.Header, resBody, nil
+}
+
+func retryAfter(h http.Header) time.Duration {
+	if s, err := strconv.Atoi(h.Get("Retry-After")); err == nil && s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	return time.Second
+}
+
+// RefusedError is a definite "no" from the processor to a refund (the
+// amount is too large, the charge cannot be refunded). Our own reservation
+// should make it impossible; it is final all the same.
+type RefusedError struct {
+	Code string
+}
+
+func (e *RefusedError) Error() string { return "processor refused the refund: " + e.Code }
+
+// Refund asks the processor to refund req under downstreamKey, in one
+// attempt (see Charge).
+func (c *ProcessorClient) Refund(ctx context.Context, downstreamKey string, req processor.CreateRefundRequest) (processor.Refund, error) {
+	var re processor.Refund
+	status, header, body, err := c.post(ctx, "/v1/refunds", downstreamKey, req)
+	if err != nil {
+		return re, err
 	}
 	switch {
-	case res.StatusCode == http.StatusCreated:
-		if err := json.Unmarshal(resBody, &ch); err != nil {
-			return ch, &UncertainError{Err: fmt.Errorf("decode processor charge: %w", err)}
+	case status == http.StatusCreated:
+		if err := json.Unmarshal(body, &re); err != nil {
+			return re, &UncertainError{Err: fmt.Errorf("decode processor refund: %w", err)}
 		}
-		return ch, nil
-	case res.StatusCode == http.StatusPaymentRequired:
+		return re, nil
+	case status == http.StatusTooManyRequests || status >= 500:
+		return re, &UncertainError{Err: fmt.Errorf("processor answered %d", status), RetryAfter: retryAfter(header)}
+	case status == http.StatusBadRequest:
 		var e processor.ErrorResponse
-		if err := json.Unmarshal(resBody, &e); err != nil || e.Error.DeclineCode == "" {
-			return ch, &UncertainError{Err: fmt.Errorf("undecodable decline: %s", resBody)}
+		if json.Unmarshal(body, &e) == nil && e.Error.Code != "" {
+			return re, &RefusedError{Code: e.Error.Code}
 		}
-		return ch, &DeclinedError{DeclineCode: e.Error.DeclineCode, ProcessorChargeID: e.Error.Charge}
-	case res.StatusCode == http.StatusTooManyRequests || res.StatusCode >= 500:
-		retryAfter := time.Second
-		if s, err := strconv.Atoi(res.Header.Get("Retry-After")); err == nil && s > 0 {
-			retryAfter = time.Duration(s) * time.Second
-		}
-		return ch, &UncertainError{Err: fmt.Errorf("processor answered %d", res.StatusCode), RetryAfter: retryAfter}
-	default:
-		// Any other 4xx means we sent something wrong: a bug, not a state
-		// of the world. It is final, and loud.
-		return ch, errors.New("processor rejected the request: " + strconv.Itoa(res.StatusCode) + " " + string(resBody))
 	}
+	return re, errors.New("processor rejected the refund: " + strconv.Itoa(status) + " " + string(body))
 }

@@ -12,7 +12,7 @@ import (
 const createCharge = `-- name: CreateCharge :one
 INSERT INTO charges (caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, downstream_key)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-RETURNING caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at
+RETURNING caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at, amount_refunded
 `
 
 type CreateChargeParams struct {
@@ -52,6 +52,7 @@ func (q *Queries) CreateCharge(ctx context.Context, db DBTX, arg CreateChargePar
 		&i.ProcessorChargeID,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.AmountRefunded,
 	)
 	return i, err
 }
@@ -60,7 +61,7 @@ const failCharge = `-- name: FailCharge :one
 UPDATE charges
 SET status = 'failed', failure_code = $1, processor_charge_id = $2, updated_at = now()
 WHERE caller_id = $3 AND id = $4 AND status = 'pending'
-RETURNING caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at
+RETURNING caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at, amount_refunded
 `
 
 type FailChargeParams struct {
@@ -92,12 +93,13 @@ func (q *Queries) FailCharge(ctx context.Context, db DBTX, arg FailChargeParams)
 		&i.ProcessorChargeID,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.AmountRefunded,
 	)
 	return i, err
 }
 
 const getCharge = `-- name: GetCharge :one
-SELECT caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at FROM charges
+SELECT caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at, amount_refunded FROM charges
 WHERE caller_id = $1 AND id = $2
 `
 
@@ -123,12 +125,13 @@ func (q *Queries) GetCharge(ctx context.Context, db DBTX, arg GetChargeParams) (
 		&i.ProcessorChargeID,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.AmountRefunded,
 	)
 	return i, err
 }
 
 const getChargeByKeyRecord = `-- name: GetChargeByKeyRecord :one
-SELECT caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at FROM charges
+SELECT caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at, amount_refunded FROM charges
 WHERE caller_id = $1 AND idempotency_key_id = $2
 `
 
@@ -154,6 +157,7 @@ func (q *Queries) GetChargeByKeyRecord(ctx context.Context, db DBTX, arg GetChar
 		&i.ProcessorChargeID,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.AmountRefunded,
 	)
 	return i, err
 }
@@ -232,7 +236,7 @@ const succeedCharge = `-- name: SucceedCharge :one
 UPDATE charges
 SET status = 'succeeded', processor_charge_id = $1, updated_at = now()
 WHERE caller_id = $2 AND id = $3 AND status = 'pending'
-RETURNING caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at
+RETURNING caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at, amount_refunded
 `
 
 type SucceedChargeParams struct {
@@ -259,6 +263,7 @@ func (q *Queries) SucceedCharge(ctx context.Context, db DBTX, arg SucceedChargeP
 		&i.ProcessorChargeID,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.AmountRefunded,
 	)
 	return i, err
 }

@@ -29,6 +29,7 @@ type Charge struct {
 	ProcessorChargeID *string
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+	AmountRefunded    int64
 }
 
 type IdempotencyKey struct {
@@ -59,4 +60,17 @@ type Order struct {
 	Status      string
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
+}
+
+type Refund struct {
+	CallerID          string
+	ID                string
+	ChargeID          string
+	IdempotencyKeyID  int64
+	Amount            int64
+	Status            string
+	DownstreamKey     string
+	ProcessorRefundID *string
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
 }

@@ -41,6 +41,8 @@ const (
 	OrderNotCancelable    Code = "order_not_cancelable"
 	OrderNotPayable       Code = "order_not_payable"
 	CardDeclined          Code = "card_declined"
+	ChargeNotRefundable   Code = "charge_not_refundable"
+	RefundExceedsCharge   Code = "refund_exceeds_charge"
 	ProcessorUnavailable  Code = "processor_unavailable"
 	NotImplemented        Code = "not_implemented"
 	InternalError         Code = "internal_error"
@@ -67,6 +69,8 @@ var kinds = map[Code]struct {
 	OrderNotCancelable:    {http.StatusConflict, "Order not cancelable"},
 	OrderNotPayable:       {http.StatusConflict, "Order not payable"},
 	CardDeclined:          {http.StatusPaymentRequired, "Card declined"},
+	ChargeNotRefundable:   {http.StatusConflict, "Charge not refundable"},
+	RefundExceedsCharge:   {http.StatusConflict, "Refund exceeds charge"},
 	ProcessorUnavailable:  {http.StatusServiceUnavailable, "Processor unavailable"},
 	NotImplemented:        {http.StatusNotImplemented, "Not implemented"},
 	InternalError:         {http.StatusInternalServerError, "Internal error"},

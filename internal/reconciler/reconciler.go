@@ -118,6 +118,15 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 			return
 		}
 		log.InfoContext(ctx, "reconciler: finished an operation", "status", resp.Status)
+	case charges.RecoveryRefundCreated:
+		resp, err := r.store.Drive(ctx, l, func(ctx context.Context, l *idempotency.Lease) error {
+			return charges.RunRefund(ctx, r.charges, l, charges.RefundRequest{CallerID: rec.CallerID})
+		}, r.backoff(rec.Attempt))
+		if err != nil {
+			log.InfoContext(ctx, "reconciler: not finished, will try again", "err", err)
+			return
+		}
+		log.InfoContext(ctx, "reconciler: finished an operation", "status", resp.Status)
 	default:
 		// A recovery point this code does not know: a person must look.
 		if err := l.Bury(ctx); err != nil {

@@ -44,6 +44,40 @@ func (s *Server) GetCharge(ctx context.Context, req apigen.GetChargeRequestObjec
 	return apigen.GetCharge200JSONResponse(chargeToAPI(ch)), nil
 }
 
+// CreateRefund is keyed, with an external effect: see package charges.
+func (s *Server) CreateRefund(ctx context.Context, req apigen.CreateRefundRequestObject) (apigen.CreateRefundResponseObject, error) {
+	keyed, err := keyedRequest(ctx)
+	if err != nil {
+		return nil, err
+	}
+	callerID := auth.CallerFrom(ctx).ID
+	// An unknown charge is a 404 before the claim: not stored.
+	if _, err := charges.Get(ctx, s.pool, callerID, req.ChargeId); err != nil {
+		return nil, err
+	}
+	refundReq := charges.RefundRequest{CallerID: callerID, ChargeID: req.ChargeId}
+	if req.Body != nil {
+		refundReq.Amount = req.Body.Amount
+	}
+	resp, err := s.keys.Execute(ctx, keyed, func(ctx context.Context, l *idempotency.Lease) error {
+		return charges.RunRefund(ctx, s.charges, l, refundReq)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return replayable{resp}, nil
+}
+
+func renderRefund(re dbsqlc.Refund) (*idempotency.Response, error) {
+	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/charges/" + re.ChargeID}}, apigen.Refund{
+		Id:        re.ID,
+		ChargeId:  re.ChargeID,
+		Amount:    re.Amount,
+		Status:    apigen.RefundStatus(re.Status),
+		CreatedAt: re.CreatedAt,
+	})
+}
+
 func renderCharge(ch dbsqlc.Charge) (*idempotency.Response, error) {
 	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/charges/" + ch.ID}}, chargeToAPI(ch))
 }

@@ -15,11 +15,6 @@ func notImplemented(what string) error {
 	return problem.New(problem.NotImplemented, "%s is part of the contract but not implemented yet", what)
 }
 
-// CreateRefund is not implemented yet.
-func (s *Server) CreateRefund(context.Context, apigen.CreateRefundRequestObject) (apigen.CreateRefundResponseObject, error) {
-	return nil, notImplemented("refunding a charge")
-}
-
 // ListEvents is not implemented yet.
 func (s *Server) ListEvents(context.Context, apigen.ListEventsRequestObject) (apigen.ListEventsResponseObject, error) {
 	return nil, notImplemented("listing events")

@@ -93,10 +93,11 @@ func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (http.Handler, error)
 
 func chargeDeps(cfg Config, pool *pgxpool.Pool) charges.Deps {
 	return charges.Deps{
-		DB:        pool,
-		Processor: charges.NewProcessorClient(cfg.ProcessorURL, cfg.ProcessorTimeout),
-		Render:    renderCharge,
-		Crash:     cfg.CrashPoints,
+		DB:           pool,
+		Processor:    charges.NewProcessorClient(cfg.ProcessorURL, cfg.ProcessorTimeout),
+		Render:       renderCharge,
+		RenderRefund: renderRefund,
+		Crash:        cfg.CrashPoints,
 	}
 }
 
