@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/ids"
@@ -166,6 +167,11 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, answer processor.C
 		}); err != nil {
 			return nil, err
 		}
+		if err := events.Record(ctx, tx, ch.CallerID, events.ChargeFailed, map[string]any{
+			"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency, "failure_code": code,
+		}); err != nil {
+			return nil, err
+		}
 		p := problem.New(problem.CardDeclined, "the card was declined (%s); to try another payment method, use a new Idempotency-Key", code)
 		p.DeclineCode = code
 		return idempotency.ProblemResponse(p), nil
@@ -187,6 +193,14 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, answer processor.C
 		// Cannot happen: a live charge keeps the order pending (cancel
 		// refuses it, and no other charge can exist).
 		return nil, fmt.Errorf("order %s was not pending when its charge %s succeeded", ch.OrderID, ch.ID)
+	}
+	// The outbox: the events commit with the change they describe.
+	data := map[string]any{"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency}
+	if err := events.Record(ctx, tx, ch.CallerID, events.ChargeSucceeded, data); err != nil {
+		return nil, err
+	}
+	if err := events.Record(ctx, tx, ch.CallerID, events.OrderPaid, data); err != nil {
+		return nil, err
 	}
 	return render(succeeded)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/ids"
 	"github.com/retrysafe/payments/internal/problem"
@@ -147,6 +148,11 @@ func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Re
 	}
 	succeeded, err := queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &answer.ID})
 	if err != nil {
+		return nil, err
+	}
+	if err := events.Record(ctx, tx, re.CallerID, events.RefundSucceeded, map[string]any{
+		"refund_id": re.ID, "charge_id": ch.ID, "order_id": ch.OrderID, "amount": re.Amount, "currency": ch.Currency,
+	}); err != nil {
 		return nil, err
 	}
 	return render(succeeded)

@@ -32,6 +32,14 @@ type Charge struct {
 	AmountRefunded    int64
 }
 
+type Event struct {
+	CallerID  string
+	ID        string
+	Type      string
+	Data      []byte
+	CreatedAt time.Time
+}
+
 type IdempotencyKey struct {
 	CallerID           string
 	ID                 int64

@@ -297,3 +297,64 @@ func TestSetAsideChargeIsNotRetried(t *testing.T) {
 		t.Errorf("%d processor effects; want none", n)
 	}
 }
+
+// The outbox: each state change wrote its events in its own transaction,
+// exactly once, and GET /v1/events lists them newest first, per caller.
+func TestEventsAreWrittenWithTheirChanges(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	declined := ts.newOrder(t, "sk_test_acme", 100)
+	ts.do(t, chargeRequest(declined.ID, "no", "pm_card_chargeDeclined"))
+	ch := ts.paidCharge(t, 1000)
+	ts.do(t, chargeRequest(ch.OrderID, "pay-"+ch.OrderID, "pm_card_visa")) // a replay writes nothing
+	if res := ts.do(t, refundRequest(ch.ID, "r", `{"amount":250}`)); res.Status != http.StatusCreated {
+		t.Fatal(res.Status, string(res.Body))
+	}
+
+	var list struct {
+		Data []struct {
+			ID   string         `json:"id"`
+			Type string         `json:"type"`
+			Data map[string]any `json:"data"`
+		} `json:"data"`
+		HasMore bool `json:"has_more"`
+	}
+	ts.get(t, "/v1/events?limit=100").decode(t, &list)
+	var types []string
+	for _, e := range list.Data {
+		types = append(types, e.Type)
+	}
+	// Newest first; order.paid and charge.succeeded share a transaction.
+	want := map[string]int{"refund.succeeded": 1, "order.paid": 1, "charge.succeeded": 1, "charge.failed": 1}
+	got := map[string]int{}
+	for _, typ := range types {
+		got[typ]++
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) || types[0] != "refund.succeeded" || types[len(types)-1] != "charge.failed" {
+		t.Errorf("events %v; want each once, newest first", types)
+	}
+	if list.Data[0].Data["charge_id"] != ch.ID || list.Data[0].Data["amount"] != float64(250) {
+		t.Errorf("refund event data %v", list.Data[0].Data)
+	}
+	// Paging.
+	var page struct {
+		Data    []struct{ ID string } `json:"data"`
+		HasMore bool                  `json:"has_more"`
+	}
+	ts.get(t, "/v1/events?limit=2").decode(t, &page)
+	if len(page.Data) != 2 || !page.HasMore {
+		t.Errorf("first page %+v", page)
+	}
+	ts.get(t, "/v1/events?limit=2&starting_after="+page.Data[1].ID).decode(t, &page)
+	if len(page.Data) != 2 || page.HasMore {
+		t.Errorf("second page %+v", page)
+	}
+	// Another caller sees none of them.
+	var other struct {
+		Data []any `json:"data"`
+	}
+	ts.do(t, request{method: "GET", path: "/v1/events", apiKey: "sk_test_globex"}).decode(t, &other)
+	if len(other.Data) != 0 {
+		t.Errorf("globex sees %d of acme's events", len(other.Data))
+	}
+}

@@ -15,11 +15,6 @@ func notImplemented(what string) error {
 	return problem.New(problem.NotImplemented, "%s is part of the contract but not implemented yet", what)
 }
 
-// ListEvents is not implemented yet.
-func (s *Server) ListEvents(context.Context, apigen.ListEventsRequestObject) (apigen.ListEventsResponseObject, error) {
-	return nil, notImplemented("listing events")
-}
-
 // ReceiveProcessorWebhook is not implemented yet.
 func (s *Server) ReceiveProcessorWebhook(context.Context, apigen.ReceiveProcessorWebhookRequestObject) (apigen.ReceiveProcessorWebhookResponseObject, error) {
 	return nil, notImplemented("the processor webhook")

@@ -1,0 +1,61 @@
+// Package events is the transactional outbox: Record inserts an event in
+// the transaction of the change it describes.
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/ids"
+	"github.com/retrysafe/payments/internal/problem"
+)
+
+// Event types.
+const (
+	OrderPaid       = "order.paid"
+	ChargeSucceeded = "charge.succeeded"
+	ChargeFailed    = "charge.failed"
+	RefundSucceeded = "refund.succeeded"
+)
+
+var queries = dbsqlc.New()
+
+// Record writes an event. Call it with the transaction that makes the
+// change: the event then commits, or not, with it.
+func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map[string]any) error {
+	b, err := json.Marshal(data)
+	if err != nil {
+		return err
+	}
+	return queries.InsertEvent(ctx, tx, dbsqlc.InsertEventParams{CallerID: callerID, ID: ids.New(ids.Event), Type: eventType, Data: b})
+}
+
+// List returns up to limit of the caller's events, newest first, after the
+// event startingAfter when it is not empty, and whether more exist.
+func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) ([]dbsqlc.Event, bool, error) {
+	p := dbsqlc.ListEventsParams{CallerID: callerID, RowLimit: int32(limit) + 1}
+	if startingAfter != "" {
+		cursor, err := queries.GetEvent(ctx, db, dbsqlc.GetEventParams{CallerID: callerID, ID: startingAfter})
+		if errors.Is(err, pgx.ErrNoRows) {
+			e := problem.New(problem.InvalidRequest, "starting_after names no event of yours")
+			e.Errors = []problem.FieldError{{Field: "starting_after", Message: "no such event"}}
+			return nil, false, e
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		p.HasCursor, p.CursorCreatedAt, p.CursorID = true, cursor.CreatedAt, cursor.ID
+	}
+	rows, err := queries.ListEvents(ctx, db, p)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(rows) > limit {
+		return rows[:limit], true, nil
+	}
+	return rows, false, nil
+}

@@ -1,0 +1,35 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/retrysafe/payments/internal/apigen"
+	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/events"
+)
+
+// ListEvents is safe.
+func (s *Server) ListEvents(ctx context.Context, req apigen.ListEventsRequestObject) (apigen.ListEventsResponseObject, error) {
+	limit := 10
+	if req.Params.Limit != nil {
+		limit = *req.Params.Limit
+	}
+	var startingAfter string
+	if req.Params.StartingAfter != nil {
+		startingAfter = *req.Params.StartingAfter
+	}
+	rows, hasMore, err := events.List(ctx, s.pool, auth.CallerFrom(ctx).ID, limit, startingAfter)
+	if err != nil {
+		return nil, err
+	}
+	out := apigen.ListEvents200JSONResponse{Data: make([]apigen.Event, len(rows)), HasMore: hasMore}
+	for i, e := range rows {
+		var data map[string]any
+		if err := json.Unmarshal(e.Data, &data); err != nil {
+			return nil, err
+		}
+		out.Data[i] = apigen.Event{Id: e.ID, Type: apigen.EventType(e.Type), CreatedAt: e.CreatedAt, Data: data}
+	}
+	return out, nil
+}
