@@ -36,8 +36,12 @@ func main() {
 }
 
 // startProcessor serves the fake card processor on a loopback port.
-func startProcessor(log *slog.Logger) (stop func(), url string, err error) {
-	p, err := processor.New(processor.Config{Logger: log.With("component", "processor")})
+func startProcessor(log *slog.Logger, webhookURL string, webhookSecret []byte) (stop func(), url string, err error) {
+	p, err := processor.New(processor.Config{
+		WebhookURL:    webhookURL,
+		WebhookSecret: webhookSecret,
+		Logger:        log.With("component", "processor"),
+	})
 	if err != nil {
 		return nil, "", err
 	}
@@ -99,11 +103,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}
 	}
 
+	// Listen first: the in-process processor needs our address for its
+	// webhooks.
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
 	if cfg.ProcessorURL == "" {
 		// The demo needs a card processor: run the fake one in this process,
 		// behind a real HTTP listener, so the server talks to it exactly as
 		// it would to a separate one (cmd/processor).
-		stopProcessor, url, err := startProcessor(log)
+		webhookURL := fmt.Sprintf("http://127.0.0.1:%d/webhooks/processor", ln.Addr().(*net.TCPAddr).Port)
+		stopProcessor, url, err := startProcessor(log, webhookURL, cfg.ProcessorWebhookSecret)
 		if err != nil {
 			return err
 		}
@@ -133,10 +145,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		// them finish. ctx is canceled by the signal, so requests get a base
 		// context detached from it.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return err
 	}
 	log.Info("listening", "addr", ln.Addr().String())
 

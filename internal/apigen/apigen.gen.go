@@ -157,7 +157,6 @@ const (
 	ProblemCodeInvalidSignature      ProblemCode = "invalid_signature"
 	ProblemCodeMethodNotAllowed      ProblemCode = "method_not_allowed"
 	ProblemCodeNotFound              ProblemCode = "not_found"
-	ProblemCodeNotImplemented        ProblemCode = "not_implemented"
 	ProblemCodeOrderNotCancelable    ProblemCode = "order_not_cancelable"
 	ProblemCodeOrderNotPayable       ProblemCode = "order_not_payable"
 	ProblemCodeProcessorUnavailable  ProblemCode = "processor_unavailable"
@@ -194,8 +193,6 @@ func (e ProblemCode) Valid() bool {
 	case ProblemCodeMethodNotAllowed:
 		return true
 	case ProblemCodeNotFound:
-		return true
-	case ProblemCodeNotImplemented:
 		return true
 	case ProblemCodeOrderNotCancelable:
 		return true
@@ -767,15 +764,6 @@ type InternalError = Problem
 // same identity as a short machine-readable string; branch on it, not on `title` or
 // `detail`, which are for people and may change.
 type NotFound = Problem
-
-// NotImplemented An RFC 9457 problem details object, sent as `application/problem+json` for every error.
-//
-// `type` is a stable URI per kind of error:
-// `https://payments.example/problems/<code with underscores replaced by hyphens>`, e.g.
-// `https://payments.example/problems/card-declined` for `card_declined`. `code` is the
-// same identity as a short machine-readable string; branch on it, not on `title` or
-// `detail`, which are for people and may change.
-type NotImplemented = Problem
 
 // PayloadTooLarge An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
@@ -1592,8 +1580,6 @@ type InternalErrorApplicationProblemPlusJSONResponse struct {
 
 type NotFoundApplicationProblemPlusJSONResponse Problem
 
-type NotImplementedApplicationProblemPlusJSONResponse Problem
-
 type PayloadTooLargeApplicationProblemPlusJSONResponse Problem
 
 type ServiceUnavailableResponseHeaders struct {
@@ -1767,18 +1753,19 @@ func (response GetCharge500ApplicationProblemPlusJSONResponse) VisitGetChargeRes
 	return err
 }
 
-type GetCharge501ApplicationProblemPlusJSONResponse struct {
-	NotImplementedApplicationProblemPlusJSONResponse
+type GetCharge503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
 }
 
-func (response GetCharge501ApplicationProblemPlusJSONResponse) VisitGetChargeResponse(w http.ResponseWriter) error {
+func (response GetCharge503ApplicationProblemPlusJSONResponse) VisitGetChargeResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(501)
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -1961,22 +1948,6 @@ func (response CreateRefund500ApplicationProblemPlusJSONResponse) VisitCreateRef
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
 	w.WriteHeader(500)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund501ApplicationProblemPlusJSONResponse struct {
-	NotImplementedApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund501ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(501)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2904,22 +2875,6 @@ func (response CreateCharge500ApplicationProblemPlusJSONResponse) VisitCreateCha
 	return err
 }
 
-type CreateCharge501ApplicationProblemPlusJSONResponse struct {
-	NotImplementedApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge501ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(501)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
 type CreateCharge503ApplicationProblemPlusJSONResponse struct {
 	ServiceUnavailableApplicationProblemPlusJSONResponse
 }
@@ -3025,18 +2980,19 @@ func (response ReceiveProcessorWebhook500ApplicationProblemPlusJSONResponse) Vis
 	return err
 }
 
-type ReceiveProcessorWebhook501ApplicationProblemPlusJSONResponse struct {
-	NotImplementedApplicationProblemPlusJSONResponse
+type ReceiveProcessorWebhook503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
 }
 
-func (response ReceiveProcessorWebhook501ApplicationProblemPlusJSONResponse) VisitReceiveProcessorWebhookResponse(w http.ResponseWriter) error {
+func (response ReceiveProcessorWebhook503ApplicationProblemPlusJSONResponse) VisitReceiveProcessorWebhookResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(501)
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -3491,266 +3447,265 @@ func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params Receiv
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L3tchs3ljd+KyjO/CsUp0lRlGRbVE39S3GciTeO45Hl9eyGWTXYDZKImgDT6BbFxK7Kp72A3b2FZ27h",
-	"+b6Xkit5CucAaPQbRcmyJzUvHyYW2QTQwMF5P7/zcyeSy5UUTGSqM/65s2A0Zin883nMliuZMZGds1VC",
-	"NyzWn8ZMRSlfZVyKzrgTZmnOQrJeMEGyBVckZWolhWKEK5ItGFGZTFlMZJ5FcsmInBEqCKNpwllKUvZj",
-	"zlRG1jxb4NN0ySYidDNHm/7XbBMGJDUrINNNxshMpvCPU0KniomMSAE/lymfc0ETt4oBeXazkorFJJMT",
-	"MU3lWrFULyyV+XxBwrMoYkr1n0qRpTLp48P9r3APwsFEdIIOu6HLVcI6445+107QUdGCLaneCybyZWf8",
-	"HX7xfdDJNiv9nMpSLuad9++DzgsZUdyq6s5dLBhZ0Wyht0SvPUoZzVisly7zNGIBYYP5gIT71wf7MtXr",
-	"0f+5fPzVj6Pl1yc3fz5avTi8/vcsHJDXuMV6EydCD+XOgIq42DnYZJ75W0KqOzIRd9ySW1bXCTr6jHmq",
-	"aUfvkr979d06Z1m6OZtlLK3v11dyTRIp5nrZa8qzgHBB1guZMKJYJEWsAjJlM5nq98/SDRfzMl2RGlkN",
-	"JmLLXtyROkbbXnXJBV9qWhk6IuEiY3OWdt7rF1/RlC5ZZi7e0wVN5+x53Ew0EXz7mSI8Jt0wWlz++stf",
-	"w71B6ViixeXhi9UT9cXx9ctodPX2x8eacLkeQtNcJ+gIusQH9WCXPN56Ukt684KJebbojEfHx4F+Hfv3",
-	"gV58lrFUj/0f3531/532fxr2Ty6//8PvO003wjuEr9mm/oov6ZIpIgUjiZzziCZErlgKlyggSpJsQTM4",
-	"Ya4fmxGekYxeMcJmMxZpThCxAfkTE/o3jFAyS5laBBORC/5jzsgV25AVS4tBSZeSN2+ef0GujzTP4jGj",
-	"yR7cHMVEDNTT62n66fX0j4Mqs5rKeBNoBsSuWbpB2sM7TbNilsFETESv93ojMnoz6PXIGXmdpXmU5frq",
-	"fslZEhPcJNI9//IpeXJydLAXED5gA5hLL5sLEst8mjDyYy4zpsZ1Tjkmk84TNjw8efyE9Y+G8XH/6JA9",
-	"6U+jk8P+oycnR/T48ezkcHQ06YQDckamNGXkmiY5g7eSeWaGDiaCKr1CvmIkSriWDrgfcPEUoVHEVhlc",
-	"HAmbJeDYqrvVuMRdFhgOyIV97UyxZKYnPfj1l/8eHR9PxCrlIqN6J85eP33+HK4EjfT1Id1weDMahr/+",
-	"8t/h8Obxs3AvIBFVrK+YUDzj1+wUzw5om9AkkWtFRsePJ8IbRMsX/RQKQ7NDUxbRXDH4onZ2M5kuCY1j",
-	"RbK1xE30RxyQb7hSXMwDwparbBPAvml2FhAqNkRmC5YWrxGQ8gJStkLhIMVEKE1oNCEJF0yNSXg0HIak",
-	"G/Jimy+v2OZyiROGZJ/UvuPimiY81psjZDYRKKQtjUZyxTSJfs02ikyZZbogpGiSsJR0z14912ezNyZU",
-	"mLXDN8CVmMjg3sLhKUKFvnwpS4x4i2Qae6eryFTmIrYzGJXgM0VmXMxZCkdNukuWLWQcoMSkIp6IiAop",
-	"YJ5/ef3tS6Kv4d4pSVmu31pzBX2IlMR8NmOp1hGssqGXRMKj0Sg0L3zOtI6jWcGai1iu9bvr5SmWXsPm",
-	"L9lyqsmCwor1uL0ezUjCqMrI6IgsZJ6qXo/MUrnU5DoRM56qjGhqmW5IzGY0TzLSNQMqlmV6jeHzL559",
-	"8+rbi2cvn/7b5dfP/u3y/NnFs5cXz799Ge4NyFueLTiqNbgsQicCuYvjQHo5KN8bla1ucfeyvtXhxgRU",
-	"tr0ApCjQ+kRQQbjor1I5T5lC7tsNj4YnIfkDCUEq90Es659JvSUq19cdfpaxNM1XSJ1sQHo9eFKvZyJw",
-	"5b2eOVp99Hr/1ZqtsgD4BnXnYhh7rgwfseRDpikVcV+w9UQUXBufzoUidE65GJCvGVtVeTAVHp//9Zf/",
-	"IRuZp+brhUz5T/jxRKxZkhAuFI+Zt+O4QsGQCvRpFhRg6d7n8IUIBjGuuav+r8qXS5puOuPO547fBh7D",
-	"BOXkim06QQe+64x34uGd94GWq4YPlSdqlS2rlM1YmrJ4z5ttV5kB8huUCORLhRpR4fG7KxOPq8pEgwrN",
-	"lzxrVoWWUt/njC2VZh8py/JUUyTQ74rOWUAO9BcHw2FJPToYmtf4MWfppniLBGby12quLv5kSW9QiTsY",
-	"DoNCpTtoUOmCzrdaKW5T4UBjthqc1psbVLgWdbpBh4PRPp0K915PgwYGkPnnND7HK6z/iqTQ7Eb/k65W",
-	"CUfzZ3+VymnCln/4QaEt5N+TFulUpuhvaKJlLItJndYMHevJYziHlgGDTswyyhNzCpWByDJXGZkyctAf",
-	"HR+Tdh0jIMbmjJg+MpXRLFed8ZGmioxnSeVCGN3NLsFs5yLLVmq8v7+im6XWrgZmR+xOqX3vLfpXbNO3",
-	"Q8AlbBb25S17KWuvKAWyMM2sLePaYQPt8KUN5MpjrobwQCRUJ0VmsfNWFZPde6vsEMivYNsu04JGPYYs",
-	"4w2ZpoxeKU8tbNqRyigVUrIyTGshZEEVGdkTJzPNfxXc7TSV2sD77ucOfKjNZ7qUudDDLZlSdK6nsmRo",
-	"hOtcC5kZcfrGQed94A0Q5Wmq37txCM0H5YzkKg4Iy9OAzKergPyw2gQkWsy0ZhwHhOZx5/33eqNURkVU",
-	"tupbD828XbEfux8W/rRvfwocpWBUv0/ZrDPu/G6/8Evt47dq/xWOgT+ps1VPwzOTjAklS8c5ZGqJiziD",
-	"W3+IBBpoVUOfH6gWXKFqrJXLAI40F1dCroU5UP27GuFoNbxMKKFnL8rZjImYi7nWD2EMLkiIVBHunRKZ",
-	"gh1ZuZ5Kr8suu13N3yNajyvetduu9Dc4QsjTBYuuWGw9KIX+NRFRQvlS6429npCZ0TF7PTDGZ/zG19qN",
-	"w6mko1rtRutH74POUylmCY/uISu824gST8jsMtIUm2g27V9JEL6kSYLqc11RHsNKIyr0G021XaOHYbE2",
-	"IGY5mLnKOFq0WpgxGpf510lxFXAyPVBpMTvfB3iZvpBZ3/v9w10J9CZ+pghyCn2ANGMklgwoHE1gpM/C",
-	"zwKuR4o7Besr9gosL9gs1F1qB6GNly8kjA2kMIbBqVBrlpI1TxLcqwUVc2aIouwTei7eKPZB9FEn/ctc",
-	"lSjkrOp75qomt7Shkun1ThmwjFRGTCkWDwhYRIRaO4d4FhKJWUKbyL+NfOqaAsG1foCi0NcjPAQJNW1T",
-	"jXu0btRENHEhfRSaRl46ZjIgbynPyoamdeo2sJSJsJs61gYd0lS2YILMWQY3t2wHozeFXjEitSXHwWcY",
-	"pVQtwOfRCfygh7eGtn0zT+973ur3dc/muTYY4wcl4xSHrGphVbpda2GlWNzqAem++vb1BSmEPO6stWjB",
-	"k1Ii19GonVzdmu5NrmaEh+F4jfSpN4QmKaPxZvvG/PrL/5S2Af1NE6EVB3BANYhVXH6ZoMGttoAIBFUk",
-	"loKhK8GPUfnODK61CwoObH0bytwT/Q6CrQvfA/xV8jxo8hPahKPJM61QfBjdmZEuQTcpsU1BcsFuVrBQ",
-	"Al8TGYFkKQnI47KuiMMRO9wdVEX8ZR9/+SAcreENtNbmv7E+zG8bLCWyXkjFCLthUQ5/L2g8EVM2z0WA",
-	"vBH8VTMIQRrmM9bMhjuW5EfkAhOy2+KlC5wr2skR8ixRbL1gKTMjF0pZjZk1DHwbU2sI+sIuvpTZlzIX",
-	"H8bQtKIwg1E8mnopjYrRpK+VxeZRQVT6stmhdqYnrWThjx6ClF5KovJo4XQsc1ZcOTd56F443EM1iMd4",
-	"2cGUAMGEDnYFAeqyM70kIvGOv5TZc/1K+v3Yh58F98Zqt+0NjXkPkw3Lytf9oHwy5YHvdD7+Tx9MJkxz",
-	"nsQ20m7c8E4DdjOWtWD9kuYIvTWFe4OJeFnh7ugnNh+6y27O7BXdJJLGF1K+0PbEBx2aEVSXmZSXCYy2",
-	"zRHBbiLGYmOg8p8YAQdn6UodHBYHd24d8VISO/jOR2cm7mdS9vHHD23VwytxhUvTF40K7zg/U/h2pBvW",
-	"NqmibeqVvWbpNY/YG0GvKUeT637OS6PsyvQyL49VOJkg08M+RmIeo92FBhEXJONL1uByah65ct4RTeNb",
-	"B7cGS9koqahJpxXqB60aAz3lq+5RzCs3cXmJO1ONW3nfHwAcQnhA23c1phmdUkw2ykXKaLQwK6huZtNw",
-	"la1sGaz15Q0J3ffVzYoqL/4wRlvMVkzEoKNbipjza61GxmzGBc+sPR6UOBcqLgu6WjGh9dBe7yW7ZqmN",
-	"D/d6Y2OJoeXbaK95/i6XCFDXyKUgdCIq6hUuhmdFeBGtuZRFEuJ6KwmxYJ55bgTImgqsr0amE2E8ONma",
-	"R2wPQrx9EjZeppB08XfWytQ/VEZSF5dKXyEwJrW4nlGeaNUNYtAE74wJtxo5qcUGiPcBzNxAeSHpQtDf",
-	"vvjemFCSpVQorqWQI0Q9V54y0qUkkSrT80VSCBaZ3dKsj9OE/4Q31jy+d6q3N9wHe+enMIA1thH3A5q/",
-	"bwTNM4iqfqBmkvsDeZf0NYN4MTqeTQYCoYp8dmYehwnG5HNGU5aSST4cHkZXbAP/YJ+VVUlPYXlTnm/n",
-	"G1xa50NJO/teXDmnr0yNORjJueAKHG/+3Ea8lTSSQflY375929e7hKkZGWsOS9LiCU1PsGJGMqlN0HJw",
-	"Ere4sy2bD0lC5auVTDMWf8NiTi/gmQ8iDTfg5VKPeAnTVokkq6oNVBF/Ij1BWQ069snBzUFgDmLmuANh",
-	"uBH6MEIffvpQJGIVITD8NMOgioTV1wuBSJp2q6INaSXVrcxLP6yTyJkgNMvYcqVVRLKiG8ivANPNpkxm",
-	"NZVEb/Mq1awu46gxmZBXMwXCd4abx5DiCUOaINdn+lIIUDe0ppd5oXT8ZTmGfnBychJ0ZjJd0gzdGo+O",
-	"OvVofdAxubeXNCuRXWc0HB33Dw76o5OL0XB8OBofHfx7xxsxphnrG/WtQv9Bx0Xmbjntp/a590HHsPBL",
-	"JPfqDr1dbAglIYqg0Mo8/BN3w237Z4rELEq4YESPZZOJuVD5bMYjLWcuQdpB4EkbnWuuGAlFniSh3kT9",
-	"D1S6MJOg9nq8Ibfh2xX9MddGbkBWKZvxGxaTMFpchrtkp9ZmcHkN7TkUxtzGjVjRjdoph6I2k7nKl+jk",
-	"a8vVhmesI9CQaHm+1fJSU//lNVe0aR7Lb2pZ9CsMDIZkveAJI9WjtOo83nkMQ8J52/vIFWRzcczUmzKt",
-	"BWkdKt4L0DMeqjzSxqCmG5k6GjJJSyaN3axCM0b7dAdpksWd7/0X9b+vZ+wUWSjfdSDnwctQcQFvL3Bt",
-	"tqV2DpX7ULqnRba9nP7Aogxii/A1si8vJYXGMdcbTZNXHiOa0USxuupsFckZ8bnLLE8Sw2LqDO0e1JNJ",
-	"MxEmQmZaUBUKpz5gsNoVG2v99V315+9ARU4y8k5/2e/3ifl//WfoU2FI3hFzWKry9ZKqjKX6n1sewlV+",
-	"gawEHjRsJYbM01EYkNB8AocUknDOBEt5dGk+Disj+izoS+BAuwzawLj0uBPxJaRW4r4o4y7F5H+tsNs8",
-	"cVTv0Yxo29IpW9BrLvN0+67OEnq10WsuGwmaUtHTgrmf5mYqG2uQa6GylNElaHcYcCHh8c1NaG6oPQCM",
-	"ac1ZRsLj4WGIw522RdUri9OySOZZfXlFuLfkGRjjJIGzYWySQy4ynkByJqRSpi6BU0Q8YUUGKM8qK0hp",
-	"xiBjD6mlvAqcXJHwaHQS4suUjEiznMqQ2vY5Nxln9TGtBedUj2mOZmPBNPUAZuhT8yLAHB37nHFh3GRS",
-	"MMJuuAJWanjBu0rNS4XLe7lzq+Wlnz7380Hw6Oj972/lkRUG0s7aINXgvpwNYkapycS6s0om17frY6FW",
-	"uELyR3JwMjg52UkXczmVJ+Z/2xMr76dVlV6q+o5fpkwz4BtMGIcEYX0BIE+WiYgFJF9pfn08HHo5gKea",
-	"8pd0g04IKTLKBXn55gXpvvnDcDgcah0b8oZXeYZkKXJMIl+wtGJMXawlYWqVanpWJik6SiVXimJqWJG6",
-	"CXE1P1nzPyaTm+Hw+97tRFYXvO10dg6ekPsSmnHAyBmhxCkKTt6BgRb+/D7ElF14FNK20YA1WeBLyoUy",
-	"X1sv3J1p1k1QEC7e6Eb6HZAvMNt3XF2P1qaqC7Ilh+a1yiwCjulDaf190/F41F/d9kSuWdqPqGLk+etv",
-	"ydHo4LF7UTACsD4BpIczcBOusgE5g/1SuEtcuZ9NBE2ZzUKErzVj9a98BJVB+uaEuYq14GZ5qv8zn670",
-	"f6LFDP5D4Tuax+HpRGDV3oYJ/OEPq00YaM03WkCinZACHHeeZporrQ2yPO0Enfl01Qk6P6y05hgtZvr/",
-	"KWiWeUVJxR/VlPBn16yJbl5LzX4dCVovqCYiZApwCCog65RnGROWpEASg/OOgl9OW+OGMMScTfQu4URT",
-	"o4fELOHXDILBNqdTioi5idZsupDyijARg8MTd6JM/LsbrKPdDdaYZrT9sqMZWL9r3OToUENDVnPG7dK8",
-	"MWKpYDFKXltKgx5qcFSCT6LEEYvLjVKjKFJssx0LqWBOvbAdm43Apsu1s0XLrrPLULOLOEenC7OHCjWJ",
-	"+paUObz+waN/nR5GL58s//zTwc15drxpOoHM+Mcs2aO4XlGwnAyn8U0v85Gx0DS/1+zJe+T7ijVcjLaD",
-	"1WbcXh6tGRppEhxwq15wlTWxphVFk4rph1SgVRFt8YBqW+fslg6hsOM2OY+3uThOmqYUhP6CqsulTBvd",
-	"KAyi7PpbsyQyk0ki16dkRRVe30Tfy5DHIXjXVEZTrRJeUgx2ZBI09GzBloNiM6dSJoyK2m7CC3krato/",
-	"KNNxqTsVIhSsnE6OstV4OOsbaJLDG97bpPZi2gtXY0Kxeg4YDZgF5TI89DV2Q5OnjuVfaGXRiWhMotYS",
-	"QlCoPoOArOb71fjPXq2M3GkntTvhstrrr4Np2utU2lJvnpm1kRVLjY+3mOTWxPrbbgXua7GkpnP8itFE",
-	"a2o/NyfjamMVDm8Bz2k7Ztqg3LQ6iuSVAVvA328q/q6rW9/BjNy09Gr+YiTTFm+GC7mbkj45s6UGIMF4",
-	"OUdQNShvaHg1jz5jIkJP1hUTYxIehC4LCm1rl4Cl9bootUkpjEYLsGoBYuJmpV95IvThIhoFvWICUkAH",
-	"5BnEE7UkL1w9fr5LJIWVgcjPIdudkhXNIa9VJjFLnfkYUWGqBPXoOCrk6OlPBIN90idfofqDW22dkpSv",
-	"XWbh0vTXVBFXclrxSdZVguHuKgHuompcQVgsLySrJFeGcZSLaUnXFsh6pbB7A2KLRLnyakMnQptUU9Zc",
-	"IGpre0vFobVMyKZ3Pxze492vmtAJTNly4Orla5WWWEBfPoOdyjkblpDI6IrFl+CMaSIBnhhadwmJMold",
-	"9WyAnEIzZLwE5jRJ12au08y5eJZ0MxEuSXrv1IQCcAgha3NwQ82Ne3lr8MD64i5B8DRvM0jg1YKakvvi",
-	"fmotIGEZeAtBMLPYOtGQ+aNaNBGhURwNoYakK1PziDE8Q/yve8K5y2dccLVgMcAkGHeRn7GrTX4ucqbQ",
-	"qAKjvkJ8dohO4/tjitI2l/FXFxevrHfS8KiiVLrp3gNNlgnv1bevL7bND4Wkt0LT3HnaW1Bh9o3Prnll",
-	"6Oi7bBOBbmvwAZfUh/m19ueQWulIWN8TbVV6uXkl6JbhQSvNeuy4VShzcWlL5/0IjlcdmQsoGMOKe4jQ",
-	"WKI6JaGj5xANQUAQ8JJKzKt1baW/rXPO9C2NGY1De9HhZBTLCIVKdqxTN+uQ6UR0MynJkoqNc0/DPulF",
-	"2fmwkCMXKVMyuUYjFVRG4agQGXvFQvf2QNsM9pUgNE8rhoj/7XZtBaviXXyowjYCp0fUblSFxOt0VWGu",
-	"FTPHk3tNmhL4YZsD5IW31BaiW9s0wHKqqd58rFzX34KtptQsT6wr6eN4Zz9qYPxgPHz8cQPjW124kL1X",
-	"fAK5bkLvMiwf9ETHDe7men24KLjmg+H9otO3R41ttMa4N10srxtqkoPa0CKcCfptUcJn/wlGGT4PG1F8",
-	"QWjKMDewLVxsPRTmF+XbXjy2g8+hKTzsv7XHDG4JBsMdvc0hgULqQR0SyBvu75AwJVl/c4eETUJq4nLn",
-	"Xz4lJ0fHj4lJeSKYfqWM1y9oTkvy07vQpEO4FvBGQKIm+gJRsVcIvvDm/DngdV1xFEDw8HgiwtvTsDAB",
-	"EDzf4B3Ihd7ZSGoVGGRpBHiCZLFZLZhQmCYYYqrMThNENI37sYuNgzMbIoPus4GW7jG+UlG5iBBJGaal",
-	"EbWQaUaWNFpwwfopoxhfwFtyCug30cJaoUJm6DTlWcJCyHcNcfOdCx1uq0zJislVgqUJ2qoqCm5rzuTG",
-	"ZCPAV6kuCh1H+gcD3ztfTqCsYyW040m0Q3W01vC2VkVWvwDFI2ismWjNI/QrlFCVgOpmKJJmhWO5Vnpe",
-	"fLyiG/NZiRSctxYeKuJIzmt7aao1TMoFnlJjAYDdX8XngmrT06y7XHRTK+JrSoEvq2WV9dYDBF5ORkMg",
-	"tU7+QS2TKWVUuQLzxqwOPUo1haQsN+u/al4sZoTWmf8iX1Lh0fTNKqECFXXQcLmyNY0G4cXTF2ySAeTZ",
-	"mtfUPARqu5TKMbpe96MY6I/GPatDRsBoNfyQncSP50dukEEFxsfuNh/NTIrhg9l4u5p2wLrtkThIV38V",
-	"R8NRk9pqUnnrRw+8NqhSgCkqsa9eEjXll36qz37bFbERnNrEhTQTdOm8WO0z3VH6+Mp3nvK+S1+4Ve2y",
-	"yc2wZb56pS95i2KA19kFUncPGJ4JDLiggmDuTSVhGDIEtAqkpRaNYxczhOp9bVSAM9ZkKk2EQ+dLGTF8",
-	"GgtJ5qIoim0Mn27xqnr5RQaXF4xgvXaws94IfmNLXsqm1eNHR0dHTw4fjXYysKxqeUs6uLfhX+hftFge",
-	"FxVui3vN41M/Pqn3KS5Cl3FTwHLFrrPLo4ufnlz9ebT8/NH65UH0l+vOLVht9fjlB4csGwa4c+ByW9Sy",
-	"YWvvHAD3N9yVIVkHo6MaUGqnMs/uY99/FNO+NZUEnK+3JZOU6aUl1WIXhcGnB9BhPabgS9l7pqkXiZeX",
-	"rQ59LzmzErpC0WM0J2RaJkBaMIiuRHsfv5gI902B+QBav4MItmEjGzVzZWCQVFbgQiYyogmiyN5GUxXX",
-	"844J9ruwELkWhMcuAFddTIVtRIvLky/nh4t/eXz1YvTj22N2nt1VAfAnN3qAndxal6g8tmS0dz4gT71C",
-	"LMG2aCnmyNXf4RspABYly1OtG0J4oCEP7j5ePtxytmM62+0JaQ1Moci0aYced+u4V1XHLi7Fg/FwND44",
-	"2d2luLMbLmVVL1zKLo//sjmg50/mF8vD6b+KR4uPXLpxS0nGpyjI8GHfncttV8/aW0xQO4uuWqg10q+Z",
-	"sHiOqAqQ71DwS2BdDU42q5Dc1mTCMb+YLGjsgH2mjIkCeuq0hMCDvo8yvZrk1aqnDIIMjF83aYdnyZpu",
-	"FDHL+fWX/ymzYkVnLNmYUHZltpJ0anPLuZkDbzfqJwDV8VGe8mzzGko0EW0YSjLP8qaA3plwdaXOM7dT",
-	"0Ww4IM8z46+acZdlj+gmGRNUZHuDifiCLSVkeoxJqK4uM6aySxotocAaHw7hT8TVd4/MEzllN95D5gMT",
-	"WsL6U71fttrUq8DE4kguZtIWlFIEFTSguK+M3VQkclsx3mkomFdLmiS2JETBZunj7fXQwu31AtLrGYu2",
-	"10PIaZURWrFdUOL3eqaSvNdDdGloVMGjhZH/AMDXB5qEOhU/8UTTkMEyTjfgE33JsrVMr5RV4b2EiHL+",
-	"qCkTpgDpZ3MnELsfrXjNPCHQZ8D8JiJjSYJLG5BnNzTKkk0fxuphNwXA7U4REjKSSxvtztZa1eGIWjMH",
-	"3/W4jLWNWdPYTsHACTWtyJbn8GxAAKclllG+NNcJSE2KLKUR5uZPZbYgC5pcMwU787vfkbNSxbL+EDN7",
-	"wv3rg9DtU0RTUwXkl41TgnRl8ozA/xyGE9F8MXyyNg9OhAOxL1+QXg8JutcrLgm5WEsS63uC3yksM0FY",
-	"AfQ7TOXNeCJCc3HKF8ncHHdjqndo79SP9EJGklrzLIJqoSWRs9lgIs7s1cVkJcWYChx+PPh1k4THrIIH",
-	"55D9bbDE3IPAAiYEE2GyKGU992tMlFwyKKtJlOlaUpQBDY/CipZcyxWcCEgymG6A7OzmGS15LUm1tYAa",
-	"kDO/dN5WNHmF9VTPfIDw/+E+ZtL9FAYFZoJbUiG1bFZ2N9w3//TQS5zvnauJ8Krocd08UyR0lmb/tXXb",
-	"hra9g0EY3SOCsZgIaddqqdzH3IsSqhRTBakXlw74ikLoUv2Uzdf3Q6PgGEEpGt70vcMKCbvJmFCa5rFA",
-	"Dsd4V3vuHVkyKvTuviMLuXbcqlY2Vy2hA972joT6v3qYc0ZjdWqEs7ICewDf6PFmKWPJZoA/hi2jSbLx",
-	"WIoezHyux/tCms4PAP2hWeO1j7CPuKeAj2CeA1bXRT8+8HITFAVCH5tUCPtpQMLRcIjF80BIAvSt6nJd",
-	"gRl2YCpS/wvz3UCwmhdDEJR3JIR/6PfAGhwFFwd1GLAE9Va8hLAuFfVrgvNC7mFgE3U+U6XkEmNNuetW",
-	"zpjRDH7JM5u14FU0FK9Yh3YBRLriPQKgIgT7w3489sX69gv9ht9IfTJLsJS2QAdsfV3s/aAw6s0FpvLK",
-	"JY8wZ8wwsTJ2jApcYx9VLU3c5gWIWar1MpR+G5kDBrwESYyFhF5imMsFNcYSEOMtW3jq0vAwM48iPCmB",
-	"dWFJpC24XLsk7lKdqT7N1QrIUR9Gyb/3joT+3/oAngtsumIT8qv+wEKvDXkc6tVj2q/AbjRGFVGnxP3M",
-	"+F8L1b/shMVi3d/9Dsap4wEhI9SPnBt9uHCX2IsBArBKS0XqZ9HzSZMvdH2yzZ4moterNZPSwvmWzk80",
-	"K+ps6w2eIANyIvrwStgiCGTL7X2dxhNByIe0btK/39a9idy3eZMeuNS/idy3fZPdmMYOTuQuDZyQjlSl",
-	"jRPugcB2SpjtSqGhEuZc37WtEjFdlfSo0FjJ6QlDfBdohqQ3XEVyxeJyQ6QxMgV78VGNataiBt49sPqp",
-	"1+lIf/vWa+8T+IiFwLENwqhrjVSO143J66/O+qPjR/bzXg/D2NqEgQPu9VY0W2gjxnU3a2ilpG8H2pug",
-	"xREFsfIAeuTMBZ/xiIpMKz0ZUysaAeDEUl6zeG9AzlkfJKgmevgxeAv7XICWbEJfFsTGiWfzAkYf0I9R",
-	"d6sm2lzRA2MCOPVr6AsU3wKxlxSAvUW3pyY0agveC9Yenh4liicgpDEzz1kqeaoFjjnOok0VKrMDNAZS",
-	"ui7D8xSNtcyZW4vGmg/maNHEs/WXRgHxNUny63/+F1nRVBXg/PoTiBHrr/2Y7a//+V/6nAG43/Re0s93",
-	"AakSZSQXiqXZKVkvJLw1/g31/FoMogCwKd97MBX+yQaoHSqe5Sjx3hUqxDvzwv9/iy5o9IRCPW8C2X1n",
-	"Wpq1dzR7p3XkYrCi50Gtt9qUxqXGLe7GIwfYa5/MdkvwJnPtJUxkvmsJzvZuDCo9IvzhKzF+pF4s5rLJ",
-	"U8VMVuoEHnWX2qE1kTrONho1vIwh88YZUI2w74Y6LwdPGvYCg1c4adwhQHJvgHHYYR6nlho8h1r6dq9X",
-	"6vSKrpRCkc+1Bqb/wJ1A0/Epwor1LyCLbJ+EtvsqOuugRmUL2DJ5B49tXzfCxpNutaoCtt/j1Rm9YiZk",
-	"bX1CqMC5IuyyatrrNU9fNBmoVda883uj+Q0tIVaSxF7DtbkUbK+YQHMHyBFRfsMP4Bcg42p9PiiJZJoi",
-	"ZnYbEgmwsDGZ8RvsQovAa1ab4plt1OamxlcrCkumbE5FkWxqU9KVkVU0ZRaJstzYNuFXzIZYFNQ0Rl6a",
-	"BjSyG4V70N5Fyw+mVD/NE2DF0IoEcaQnIs5BZBULMi3wAOSZKhLWkrzQcd+YvwUT6lVD90MHOM5LWOik",
-	"Gx6DTamP5Iz0eh4IZGGNGBAk8CY1A1MGRgqxGCFlYFlHo5Nwz/WxoaJAJPf6cXBl7Is2hMz67Q4qeKFa",
-	"PFvYe+rA94DysN6hEcZzsM0esuP4FTfm/mhTaUqjq3kKBowHSUMTJZ2ZpDKtb/ltdDDNAQKamqRtp2RT",
-	"+wQQMGhCy/TKBRVsDQ8syCTYerwKa/pAtlebSOIlq3RLQA3SNpS0jQiqnSS9Qjl95uWukROxrW1kQCKZ",
-	"QzGkYzPoB3DlOqck/NOzi4nYvz6odmJQ+z9fsc37kKiFXJtul58pEhbFEGFRt1d0pSRqzdgKO5+wzNoR",
-	"SAE793js9Ro4Wa9n0fON7hEjD9HUDN17sNrXBFkCk6oDuKiRFMaPMyCvpb9eWwVsbAWAkdbauz6uUmdI",
-	"I3IwEi/msHy+ZDaiWza/M4l1dlSZvg1Qmprk2O7px5zlBv3BuL9TBhncysLE1NpLepK/oQ+y4drQurNy",
-	"IB5BAg4WGtVgs4pkUwTRvAIjq7XYVgOG4Cjo/WM0cg2ylHkJh0KLfEwhZ7KnrO+TVksMPM6CXjOS5mIv",
-	"AEDco+EJadElAuRageZJI/zPoTH8j4dH6LA1Qbi0hXvUfQsl97IWSgPylRQyrwAYT0TX5HPt4SatUqaY",
-	"yPy8E814iJzNjPaWJwn5gWfaspyIUCWMrcgfiaZjuewOA7LkohvRlVZDFSP/+3/J6D8Mvezt2cZglBhY",
-	"GAMQhH4sW5xFSSYzbZXGjMYgzbwmpVWFoLhsemumeawZlu2Yjfyfzh1Msb4zfMbBOrE0CB4oZzeHRzc3",
-	"4dbuTeTM4bWBpLTytRCtkKCuZZy9NlVt3+T6+/16TosG7iUFw0YquGO6kGsR2PwHC/TGY4U02+sZYBut",
-	"QVSAbCrZVL1ekTmh2Y6BsuICcW30Mn8PqFan4LuBN9Jf/rDC/kf/+3+Oh0O8BRsmDIyNl43h8KBmiaSZ",
-	"GuDynrqFmxU2pl3J2Fcby9g94zLuDizOQO8grE4DAo+Z/HlsZzUJTOinstEfQL01mRNjU79EusBS9wJE",
-	"9bTw2frvlF2GevYuakP6I4BJIV3wIxY9wZwNuzTruOBLzQyXK7uc8y+fksPDwxPiUj7gxN5cPLXnjgpk",
-	"EQOxeBaaym+pTSHd9pqUgCjGUHyFpvwlNJ399uyumEReU6ny5vy5uXS1Ugks/PDrN/CTAJwZ5SIOYms4",
-	"BqQogblThYsJ15uOMrdUutyhxKW5t1g4IP+KjgdPBGhyNEqbbXRI6n0OT0vKuYLYLKDalgAfCyFmPAsG",
-	"yxpko3FpQvRuizW3pOmVAnZo7ISKjXlaMVq7FhTEioGJwJg3qsBbxJaVUIfhqW9zoleVugxi2ydmQM6S",
-	"ROufKWNA8OxmJRX6FKepXCt0g56BOdPXRm0qk/4zeKj/FW6EzZFIeMQEdssziQ9nKxotWH80GHaCTp4m",
-	"Xi75er0eUPh6INP5vvmt2n/x/Omzl6+fwW/ee90d6ikUZ6+ed4LONUsVZk4MBwf4G7ligq54Z9w5HAwH",
-	"hwiLuIDEFBtg1f+es6ZyPBsOHmmuWkujAg1lZSzJ9FqT1VcXF68gMyVasOgKWG3R8gANVjERMo0WTGUY",
-	"EXcAmEbzcpoOj8qt/X2k/GnK2SzZELqmGIytRWLHoHnMwDirBDItZifGBc15OcH3PO6MO39i2VdmcypN",
-	"lUfD4Rag9AaAdJuf1pFXuwONG7CaFpxxb/9pwq/ZoJR61Bl/933g9eN4wa8ZyH6AtOkEnYzOVWf8XQeP",
-	"v/N90CkFkjvjjt44GNPE3XemECZKxxdRQWJAqZ/lCRpw3epRupYHxi6H6zoRTrczbo5E0phMaUJFhA73",
-	"FYZOQBlJ6WzGI3T9c+SsPKIfiTDOcUt+Y3QBq9I7AEaC3RJoqXM8PGwb173CfkPfnW1Epafj96aq6wNb",
-	"hbT/s8t4fN9KZefGx+9DGblcF2fNFfjrUhRYKtRKNJOoY7NCJ8I8VWDnYxO5wotTaR+CptiGAUiOcLYZ",
-	"jyF6ZeIPE2HjSYELVBn76OEp8aktSPwwSqxg+nlpwG04+zVUvzI8vsiTBFN/W3KPbwMBrAO/V7F93e0p",
-	"8mt3vkRm21qYq00Dfx90jnAnt18cr8s+/OTg9p+8qfQnORoe3f4j1+cPbvQOCyu3nYRfHew0jd/IDniA",
-	"u/V/YpkDM/CuvK0obL3z+jxtLAbarDetoXjEnNDzuPP++3Z2sW+y3BDp/Z7DB52VVFtYDqbCGBPZTwy3",
-	"SSStSTJQCwCeCAmo3iuaavP4rUkICA1wn0vWI+tmgF3SVQ6YFx1QMKix5gbktY2P6wk4Tdx4BrFrSWN2",
-	"6tJB9UI3JqCKfnGvXiF2VU3aNARxDt7YDUlzQFYyaVLJBkv2PVcY+FCtV86JdyZmMo2Y8ww0skCTn2SC",
-	"8tU8Jc0cq8klAIjR1OzY5mwPyAsMPeB7BcYrA0U6kJ7ERUNOEvpGvaQkY0G25x+5ZKPmwEsX/XYT0egX",
-	"3yvaaSHuYZrmKzRHYKHWPYYkuITMrAKgJsJ477cmFGOcgeFoeGA8Q2YUR7ID8hrMrFNSgysyhlS7yTaw",
-	"/sGwLagydgQNDZIwckVFG1HbxUwEKYWM/Ikaq/LNy5nbZ3uomZdEzKSipbC+KBs9hauLMdM2zLkt1jJG",
-	"O6bUoK3w+/hpcS48d4rTbgmkNHRqK4I0SKlIHnZPjnAdEPSyHWbKfU0H5Kk2u1jsBw+NJx9iiKb8otSV",
-	"tqxV+DDjnbuy7TJOJXBX43n+XMab3ZUSxErNk6TcWPB8V0xyr83ge5Q9mjE2Dqa/sxk5Tq65HoVWMzoe",
-	"Du/QAbAJqh3bblX0tIP76WlQM7YD9HKbIucVccHPmwutPkTDMvTT2je0zJlAbmiBeRsbKno5F9E+aKiD",
-	"rqgmgAQt/Rwk4sM3YA461qvUBiyLjMde2G7oKzPR4vLXX/4a7gXG9MBEaI8DGKtgMBHnRqhDyEbIorUx",
-	"vjSH3giN7K3gPw6ooYrxW15SAykVtVBYLrW9udxvVm0+Gp7cs5lsM0JMre1pufEXCiMQQo4QGjqgtqHP",
-	"uM55T00xaf1oasKuVAFa9FQ8KXyHZjB0uHmz7dxDD5fbFzLrewNAzVczMFBtl8qJO4Y8ubKSCjOd0lwI",
-	"rLCs7lcr/lDRDL9h8Iq6WEw0ZVqSuPpEm/5QRG89EU1iltAGTa91tytpBlrvxLXu3mm/0c9vKhSb4IlK",
-	"2/2NU8S2Ssmii3Uz4JHb2XPXQWR0PByW+lgfHJ2ctAlkIoUria5TcevuWYFvZinszt17X+sB+maAfuQZ",
-	"/h/c8PFbdEaZ9GQXWFWnBIr3oLqLgnox3ZgIk1XS26IVWg7S2y5GlV61onnhspNM12AjHMeQ6NPcD9gI",
-	"iUbLBVXOZk0fVnknZd/ULUCXXNNr5qycSTYmqk1w3WqVNJsJzha9t6XwgEtswj8rVliE3NGodkduxEgm",
-	"JZGzjGGN2Joqvc5WLFkXzoWjPSWmANdGpz+eIlRpUFzp4WJoLpNIkcY+cekEdQokrzDLw1jmrXdGimRT",
-	"h28vbrcDch82NPIBbeVgB+/4K7pJJI0vpHxhW+gfHRzvorI09NnVPx6NdnDgVWD/AU3v03r/PjB4ULW2",
-	"GnyH1onX4Dsse31c5ABLo1qDBS+4yhTGCJq6moxNtii0W8E0jDKSkfeZjSdAS/GwCogUDsgzirXjwvS7",
-	"uEP/IcKziSiKELvUfxTZzlTe7JmYqZkEKpMV4TNgBZA2xmdYV2qaGmGtYKYZ2Cs6N8VfUZ4qmfanVEEq",
-	"KAbrsWj4Y0Qm9Ak8w0O6qwcBGhR23gc/t8GT8RgbcwJOLGbqFcwDHwEdBBMEUj5fZEaVwwpKkEOJaSPY",
-	"9QljLyB8wAYwkGA3GcFWElIwCPdwU3fmwtUCoYO0EjARHrmV65Nq3YZGX8ePZ18d/PBWnfz4Ynm0AkDI",
-	"zrjzY87STSewyQJlGNlSP2+v69zo+LgK/eX3oPM6Hv6hqQ/d9x8aOUKQtO9+vi1oBL2uXBerT9BCCr7c",
-	"3tzJa7qk6e03+wYNBGPeoIbBpg+0ADMGHJWdNd2iTVSDrlttFPVJo2P3FXcPIbf0hph39mSW+eC2EHdz",
-	"Fner4Hq9MM2Fa118gF2judHraVbT6zXAOawNWDXk0ntpnFp58vogBOW+BqntVNBtVSmtLVxtUTARMiUr",
-	"avpP1KpgTOMn5bWwtb0L9oKGQhuQiJANoqVU5vUbCs2MoUmiT03x5fY+E6Atm4wUm/ZuO60MyDeMCkQv",
-	"SRhNATUBMBPQoZ/JSCam9k+Po58zmtxps/OxVFy4gD7gtcBQOVcWi0vAsa+luN/DA+NzFl5jI/MAElcB",
-	"SQk68DiZphqSjWU6EVOWSISBqRS6YgJOtpYm8TZGWZhztbC22ipPV1KxvY+UtVCJEnyIDDIo2bZpRcn1",
-	"ceaVsjV49m2fq4NbMx6gM5Hfb6mtexHAGO7aUqjcQQgzJqrNd/xONdXGNLaDTLlhzB3Af2v9XKDZivP6",
-	"F7uKcE5FE5HqLqOBXepyX/RxNjk45dIomWeNZzHaehZHR+Ph4S1n4Z7BsziITmZH0xHrP6aHcf+IPZn1",
-	"T6aPaH8UH0dP2MFsSB9Pdz2Lcsuie5/IyXl2JD4frf/CHm3e0INo24ngStyR+IdwBx9WY/e4ltAMFhYh",
-	"r/z7TIF5CK3guVArFmVbW+t56oKvIuyeItPU0LU0xWfKlOFTMHcRQI5nAen1DOqEKTFv6YQ2Ed1wJ8gI",
-	"bG4QeigYv/7y10kn3AvIiqURE1mfiUjGLHYWFhRAUwU1K/BvxeYAH9b16sJIuI89M/6/0ZdhQCgBwALz",
-	"CQD6GFQKhFo1MBSADRQzmO/UL4syKceQgIJfm/3pUlMrAN3AyFrmSTwRpqKA2KV7vY3v2h4ODDjTzsjY",
-	"b1dGsrXFzbbiNbusJ+Qbu7g6GvultLgAxkXvEmhbYhQoKJGDcSYCkSG1zr+9p4mxlAU7JaG1PEIsULPq",
-	"KADVac1IW9IfydvwLe7TA3obTEOebd4GfORv5m0w7WjavQ0tmZV/B94Ga38fYSbEFpXheHwwqiSsYq/y",
-	"0oF7+apNItpPhnD+gt2TZm0PrpoXoMLhb+l4tS1btliewaUtewI089lZXSjaM211BBj34T+UI0BaNmMl",
-	"u/lgm1BvzC61QHLUMhpjcRs46Up/OuRB+KBhQgW4sSaUKQMG5LqEgdXrmo5Beb1rPXZLHmavNyC3pFZe",
-	"AMta44I8SLuJuB3TDvITd0C28xMrJ6KeWQlvrS1uC/9TwFTCDDa2hvjuhpcH5WrjiSgBmXjfVuBJbk9L",
-	"gqirttknIrJHW6l1vyghcjQhJHmISO2ZedjE7G+VmNfg/PwQpnbHjDp4dy+hrqpfPViC3W+Up9+Jg7dZ",
-	"eHgZAHvbVD9+xOw7O8WnSsDb9mv33CfOUTu5a6D3uXijTIT5HyUy/RAS+qnBGDEidScpDSLP+euNl+Zn",
-	"G525W0GaUYjaS8PIJ6wMs2LiUxWGfVJ+iCr4gzHDf/q52q4UlHvd5T7dr9oLjsgv9qpdxH3Eer57pVcx",
-	"dKsqDiPDfXQ6tdFsldSKM+AGS4tKNHW1UoMSUqjBFQEUm9Yr3QSVrRVuXAMCaJaxrqsY3AiwRMtV1yXt",
-	"uPx7eAkhm1V6xMkG9MmJAHkNLZUwmcXgA++VoGsgYw5QfvRJG3A0Y3SY9UIDA9gms5CxredpatAZWlgS",
-	"m8SSztlEWNh1uzMIbeSsmYpiD9ivLOU00ZfMZt/YGrQxAsAb5RzsDQu6teZCFchoyKPnLDO8+aRZC4cF",
-	"/T2zV9cr+gFZbECEXEM5nEm43PO6WP+2+e9OCtxTk/z7N9eB7HW5A882TKldC3IRqo/BfXHowp/6GRZM",
-	"WE9IJsEPDfndFjh4Gy79t2IiCnhgl/3LVal211154B+hyQTE3urVbECT/OflDNo8L813TMofaH2uh7t+",
-	"ikw3XrEmsxiYszyxNakTsV7QDAL9DoAwB+/8b6SE9qKUm9xYNhsQBhmQCMNBM0KrNbSWX2PqQyTTGJLg",
-	"DwYmqqB3+Nf//K+irZ5rZSbXULZoLMiuk857RS2zlXwTQQjp9drrdCEQRjOESZu29AsMSt0EYExQ7P2Y",
-	"6OlEjAYu59wsrniDIsxtazJd+RUtIYdesc3pRBwOSGhD/MUgCF8ZlO6EYGuHrusyHVs7RsDa27tGABnN",
-	"GloVIIYuwIIXLYmo2EBrg2BrobOIDD5XacTPLBSvVo8cHK9BM2wGC3V4vL2eJiiXu+ORFGJMJkmtU8Sc",
-	"ctFQblved9MRBmFGvW6yMknoSgGiWSZhz/D2jAtGw1VRKL97IbYh6ActxB6F1Y7e4+bmnKSrGKtgeO2d",
-	"lnkj1j1gbzSI99mGdzvVQAzIhSSIT2jN3DQONCuD4m6t9rK1aUjiVXfXIXvHHk/WDNspCKTQGwyz9gsd",
-	"cfW7l3KXj93Whcz5NQOsmHKRd9ekqyB+3/HNjUXC3POLvUvnvAVa97RygapNHVqLwnm2rRi8CCF8jFpw",
-	"BzLzN6wFt6B0tdwjTe7WcilI/mg42vMTjFrBZPDIvrCturUKNEvo1aY6j5e+ZLuuqzr/NLFhrcrtMjnO",
-	"hAocxmbaX889scvAAJFz53p1POffhnv9HwdnyKuCL2ulVo/c2TuvBVrVPU+2euc17/tH9syP7lsM7gve",
-	"8p2FVkc8sryoqdq79ONqJ+7OHAe4LAZwtbcXjfLdtOrnSuUsHUB+h8q05LxTMmhRfjvySsU9PND4TiXi",
-	"NI37sc9VuVD5bMYjru+aQ20qZdS57wl+f+eta5ijafe0Kspr02lrwEavUUXI00jbOL/RLX2ICuZmgupW",
-	"FEvbN48qBIXmoqpOoqnonHeqUZmssDeVQcNea9S1qpoBqng7F9y6luRFIalfD+u+mgjo7paVVdeypwGU",
-	"WELB+ELt9aMwyvefFsrinygNnxaloWbo1LfaSXzPee8sHgh31fe3Pqy3teB4I00Myi961yO37gkOgbjg",
-	"m7tihMDiACLE/vhBMReytfRyZ/4OkRca+tk4tIBd7OMyIilxsZOZ6drhtZHaznnLSAfl7oh150SJ1T4s",
-	"9EHXmMuFJXbFVmiJcTHfs9AI7bgIp35CshN7xeaAdwdP2FapgQ+XrFiqpPgnrMI/YRV+e7AKBsypId6z",
-	"BZK1CVah3jkbPAyNMZuLWtxFcwmZugCuYRyIFGTcosS4kEuN8VfMFM2jkreSSvFpsrGt113mJFeEiRid",
-	"v9i+rWjFbRsR1Zp7u24Rbd29A3LNUmi0YoMUvV5K172ekwOQlWnuFBUGc5Alik1EN5JgFGTQBgNMB5py",
-	"JUVAjvtLLnJtRtj+GSSTCUs1u94z+bp2yCLOs5bpVXuAx28D3Os1NQK+cH/zmPg6uC1DqMFRYPcZrTWa",
-	"ABz83GXemlbCLC4ALkpNhA0DceuyCjgtcOuKzuFnq1UCHMlBWXDlus8WbcOBDPTOcpVZJlWuFJ4lcj0m",
-	"1HV9NyC3hS8Omp5rajTvZxuOYQ2R73BxoX/hLD+IspFnJrgyBTqE5iSqBGtvqzImkOe1vb9yg1/1nEWM",
-	"XzNHmm/xXTq3lICF2R+xrUgu+I3VJbC9SHB9YL5TlspN35HA9KUOVUH+xkXktbRZsJuJ+Oqbs6f911+d",
-	"jY4fBaYbUCE/FlRTgt11xaKUZYH1KjlCDwgl4SAMijZxKV2XrtOYhN48XTtQRv5AJp3BpEP+AI/thVrD",
-	"/wFb8xVF3O4lisKYJc3ABU7CKhrVMcF7qKBLhNenx1TXT0SUyOiKdCEehF3qYjZjNFMuMqO5EDQChbvA",
-	"maqViGV/PHj86Ojo6Mnho5E+huPR8WP65NEJe8wiNmUxPRzR2Yw+GkVxRA9n9PggovFj9vgxHbLjR7PZ",
-	"8eGjeBixJ+xg+CR+Mo1thQ7yqKJEp4GRfUiB2QckgNsK2LH34m3QGPV8Fd9lg/7bIjx3iVW7zb5c8OKu",
-	"osXlyZfzw8W/PL56Mfrx7TE7z1q9tPgLdp1dHl389OTqz6Pl54/WLw+iv1xvw9C4g5mCBwLsYjeH+V1L",
-	"2x1zrUYGHHuGhueOqTrLztoovuHoDYbEkiIfsqt9H3SAhZbn+hK4qp2tZTyAGqkPuPNeGg54Fl21+anw",
-	"/bSG73qkg80G4ksbXuvAN4Ps5yhpJ6Jbk1N7A/KMYxYB3VSCgmohc2gPL1fFTmvphd7ywkl9H/dLud9w",
-	"3RmAb+rDScAPmlwslaEq3s6SFmN7y+Fg3rvCdAPN0qANFMgdaA7VGXf24ZIEnSVTis71lLZHo0l8rt6e",
-	"gJSQsyy2fQWipvA3DD0fjOndXLzM7s4X/Gk/dbGrwO2Nkxjljf6cxqQQJhL8kYknyLbstvLYb2m/Gzi0",
-	"pwJyyKZwLQILJdGqhmVPTMPO+BPfeW+KHz+c77jYQC13sQd44HX9lilZp9DtWyJUSdtuTER9O0g3rO14",
-	"uHfqWmHyOUQ/GmgbKBp6yldae2PMHpR4YCTII+yN/lvYq5+4j0drLx9g24UYcapS2czzzEtrLzbZl76t",
-	"YqitmPjnzpTRlKVnudZMvvse+AEoZMh6sC/aPvAJM1m96t30s0Izs9SHSOkj9m1BLsWgUKJMb6J6xTcW",
-	"kKNIcWWYco3mk1+LGeyW3efNaTIv63Pa3Ec7adGwdkU3RWmoqRWshia2ZEEWc1svQH1yiyeuJ8cGE5iE",
-	"ZBsUUy8wbZtoNPQzKaayOI71qYw5ZX1+M5kkct2XghixokzzStjZgNTNtF9/+eveHcEVoWmJRVf0VmmQ",
-	"u+qL/Dco4YGanZIn39jRKihDRVUwobwZ/LtQn+a5mErTw0DvSctF84ZzF+399+//XwAAAP//",
+	"7L3tchs3lj98KyjOPhWK06QpSrItqqaeUhxn4p3E8djyZnbDrBrsBsWOmgDT6BbFxK7Kp72A/e8tPHML",
+	"z/e9lFzJv845ABr9RlF+SVK7Mx8mFtkE0MDBeT+/81MvUqu1kkLmujf9qbcUPBYZ/vNZLFZrlQuZvxTr",
+	"lG9FDJ/GQkdZss4TJXvTXphnhQjZZikky5eJZpnQayW1YIlm+VIwnatMxEwVeaRWgqkF45IJnqWJyFgm",
+	"fiiEztkmyZf0NF+JmQzdzNF2+BexDQOWmRWw+TYXbKEy/McZ43MtZM6UxJ+rLLlKJE/dKkbs6e1aaRGz",
+	"XM3kPFMbLTJYWKaKqyULz6NIaD18omSeqXRIDw+/oD0IRzPZC3rilq/WqehNe/CuvaCno6VYcdgLIYtV",
+	"b/otffFd0Mu3a3hO51kir3pv3wa9L1XEaavqO3exFGzN8yVsCaw9ygTPRQxLV0UWiYCJ0dWIhQ9uDh+o",
+	"DNYD/7l89MUPk9VfTm//erz+8ujm3/JwxF7RFsMmziQM5c6Ay7jcOdzkJPe3hNV3ZCbvuSV3rK4X9OCM",
+	"kwxoB3bJ373mbr0UebY9X+Qia+7XF2rDUiWvYNkbnuQBSyTbLFUqmBaRkrEO2FwsVAbvn2fbRF5V6Yo1",
+	"yGo0kzv24p7UMdn1qqtEJiuglbEjkkTm4kpkvbfw4mue8ZXIzcV7suTZlXgWtxNNhN9+olkSs34YLS9/",
+	"+fnv4cGocizR8vLoy/Vj/dnJzfNocv3ND4+AcBMYAmiuF/QkX9GDMNhlEu88qRW//VLIq3zZm05OTgJ4",
+	"Hfv3ISw+z0UGY//7t+fDf+PDH8fD08vv/vhPvbYb4R3CX8S2+YrP+UpopqRgqbpKIp4ytRYZXqKAacXy",
+	"Jc/xhBN4bMGSnOX8WjCxWIgIOEEkRuzPQsJvBONskQm9DGaykMkPhWDXYsvWIisHZX3OXr9+9hm7OQae",
+	"lcSCpwd4c7SQMVLPYAD0MxjAj4M6s5qreBsAAxI3ItsS7dGd5nk5y2gmZ3IweLWVOb8dDQbsnL3KsyLK",
+	"C7i6nycijRltEuu//PwJe3x6fHgQsGQkRjgXLDuRLFbFPBXsh0LlQk+bnHLKZr3HYnx0+uixGB6P45Ph",
+	"8ZF4PJxHp0fDh49Pj/nJo8Xp0eR41gtH7JzNeSbYDU8LgW+litwMHcwk17DCZC1YlCYgHWg/8OJpxqNI",
+	"rHO8OAo3S+Kx1XerdYn7LDAcsQv72rkW6QImPfzl5/8zOTmZyXWWyJzDTpy/evLsGV4JHsH1Yf1wfDsZ",
+	"h7/8/H/C8e2jp+FBwCKuxVALqZM8uRFndHZI24ynqdpoNjl5NJPeICBf4CkShmaH5iLihRb4RePsFipb",
+	"MR7HmuUbRZvojzhiXyVaJ/IqYGK1zrcB7huws4BxuWUqX4qsfI2AVReQiTUJByVnUgOh8ZSliRR6ysLj",
+	"8Thk/TApt/nyWmwvVzRhyB6wxneJvOFpEsPmSJXPJAlpS6ORWgsg0b+IrWZzYZkuCimepiJj/fMXz+Bs",
+	"DqaMS7N2/Aa5kpA53ls8PM24hMuXidSIt0hlsXe6ms1VIWM7g1EJPtFskcgrkeFRs/5K5EsVByQxuYxn",
+	"MuJSSZznn199/ZzBNTw4Y5ko4K2BK8AhchYni4XIQEewygYsiYXHk0loXvilAB0HWMEmkbHawLvD8rTI",
+	"bnDzV2I1B7LguGIYdzDgOUsF1zmbHLOlKjI9GLBFplZArjO5SDKdM6CW+ZbFYsGLNGd9M6AWeQ5rDJ99",
+	"9vSrF19fPH3+5F8v//L0Xy9fPr14+vzi2dfPw4MR+ybJlwmpNbQsxmeSuIvjQLAcku+tyla/vHv50Opw",
+	"U4Yq20GAUhRpfSa5ZIkcrjN1lQlN3LcfHo9PQ/ZHFqJUHqJYhp8p2BJdwHXHn+Uiy4o1UacYscEAn4T1",
+	"zCStfDAwRwtHD/uvN2KdB8g3uDsXw9gLbfiIJR82z7iMh1JsZrLk2vR0ITXjVzyRI/YXIdZ1Hsylx+d/",
+	"+fm/2FYVmfl6qbLkR/p4JjciTVkidRILb8dphVIQFcBplhRg6d7n8KUIRjEO3BX+q4vVimfb3rT3qeO3",
+	"gccwUTm5Ftte0MPvetO9eHjvbQBy1fCh6kSdsmWdiYXIMhEfeLPtKzNQfqMSQXypVCNqPH5/ZeJRXZlo",
+	"UaGTVZK3q0IrBfc5FysN7CMTeZEBRSL9rvmVCNghfHE4HlfUo8OxeY0fCpFty7dIcSZ/rebq0k9W/JaU",
+	"uMPxOChVusMWlS7ofQ1KcZcKhxqz1eBAb25R4TrU6RYdDkf79VS4tzANGRhI5p/y+CVdYfgrUhLYDfyT",
+	"r9dpQubPg3Wm5qlY/fF7TbaQf086pFOVor/iKchYEbMmrRk6hsljPIeOAYNeLHKepOYUagOxVaFzNhfs",
+	"cDg5OWHdOkbAjM0ZCTgynfO80L3pMVBFnuRp7UIY3c0uwWznMs/XevrgwZpvV6BdjcyO2J3SD7y3GF6L",
+	"7dAOgZewXdhXt+y5aryiksTCgFlbxrXHBtrhKxuYaI+5GsJDkVCflJjF3ltVTvbOW2WHIH6F23aZlTTq",
+	"MWQVb9k8E/xae2ph247URqmRkpVhoIWwJddsYk+cLYD/arzbWabAwPv2px5+COYzX6lCwnAroTW/gqks",
+	"GRrhegVCZsGcvnHYext4A0RFlsF7tw4BfFAtWKHjgIkiC9jVfB2w79fbgEXLBWjGccB4EffefgcbpXMu",
+	"o6pV33lo5u3K/dj/sOinQ/tT5Cglo/qnTCx6094fHpR+qQf0rX7wgsagnzTZqqfhmUmmjLOV4xwqs8TF",
+	"nMENHxKBBqBqwPmhapFoUo1BuQzwSAt5LdVGmgOF3zUIB9TwKqGEnr2oFgsh40RegX6IYySShUQV4cEZ",
+	"UxnakbXrqWFddtndav4BAz2ufNd+t9Lf4ghhT5Yiuhax9aCU+tdMRilPVqA3DgZS5UbHHAzQGF8kt77W",
+	"bhxOFR3VajegH70Nek+UXKRJ9A6ywruNJPGkyi8joNgU2LR/JVH4sjYJCue65kmMK424hDeag10Dw4gY",
+	"DIhFgWauNo4WUAtzweMq/zotrwJNBgNVFrP3fcCXGUqVD73ff7grQd7ETzQjTgEHyHPBYiWQwskEJvos",
+	"/SzoeuS0U7i+cq/Q8sLNIt2lcRBgvHymcGwkhSkOzqXeiIxtkjSlvVpyeSUMUVR9Qs/kay3eiz6apH9Z",
+	"6AqFnNd9z4luyC0wVHJY71wgy8hUJLQW8YihRcS4tXOYZyGxWKS8jfy7yKepKTBa63soCkMY4UOQUNs2",
+	"NbhH50bNZBsXgqMAGnnumMmIfcOTvGpoWqduC0uZSbupUzDoiKbypZDsSuR4c6t2MHlT+LVgCiy5BH2G",
+	"Ucb1En0evcAPenhr6No38/QDz1v9tunZfAkGY/xByTijIetaWJ1uNyCstIg7PSD9F1+/umClkKedtRYt",
+	"elIq5DqZdJOrW9M7k6sZ4cNwvFb6hA3haSZ4vN29Mb/8/F+VbSB/00yC4oAOqBaxSsuvEjS61ZYYgeCa",
+	"xUoKciX4MSrfmZGAdsHRgQ23oco9ye8gxab0PeBfFc8DkJ8EE46nT0GheD+6MyNdom5SYZuSFVLcrnGh",
+	"DL9mKkLJUhGQJ1VdkYZjdrh7qIr0yyH98oNwtJY3AK3Nf2M4zK9bLCW2WSotmLgVUYF/L3k8k3NxVciA",
+	"eCP6qxYYgjTMZwrMJnEsyY/IBSZkt8NLFzhXtJMj7GmqxWYpMmFGLpWyBjNrGfguptYS9MVdfK7yz1Uh",
+	"34+hgaKwwFE8mnqujIrRpq9VxeZxSVRw2exQe9MTKFn0ow9BSs8V00W0dDqWOatEOzd56F44PCA1KInp",
+	"sqMpgYKJHOwaA9RVZ3pFRNIdf8G3qeLxhVJfgm76XodhmN5lrtRliqPtMmrFbSREbIyd5EfB0FlWOZ7D",
+	"o/J4XlqnrlLMDr73MZmJh7lSQ/rxh7YQ8ZUSTUuDQ+PkaScP/Sea3o71w8Ym1TQXWNkrkd0kkXgt+Q1P",
+	"SH1/N0eYUZxUdllUxyodFpg1YB9jcRKTDk/KdSJZnqxEi/uifeTaeUc8i+8c3Cq/VQW3JnLPqvYEaWgU",
+	"NKhKCY9iXriJq0vcm2rcyof+AOhcoAPavasxz/mcU+JKITPBo6VZQX0z24arbWXHYJ0vb0joXV/drKj2",
+	"4h/GAIjFWsgY9T1LEVfJDagksVgkMsmtbWeiJUbxISG45Ou1kKDTDAbPxY3IbKxxMJgarZ6sqFbd3/Od",
+	"uKByU7tTkvGZrIlqWkySl6EqsgwyESmMEa0VxhWT3DNJMQMnsHa/ymbSeAPyTRKJAwwXDlnYeplC1qff",
+	"WYsFfqgN1y8vFVwhNEyA9S94koIagPFMRnfGhO6MXN+KnKGoGOHMLZQXsj4GkO2LH0wZZ3nGpU5As3WE",
+	"CHMVmWB9zlKlc5gvUlKKyOwWsL6Ep8mPdGPN4wdnsL3hA9SdfwwDXGMXcX9AU+q15EWOEbr3NKEKfyDv",
+	"kr4SGHskJ6aJZjOu2Sfn5nGcYMo+FTwTGZsV4/FRdC22+A/xSVUtOSwv8uvqfHvf4Mo6P5S0s++VaOdA",
+	"VJkxLSJ1JRONThx/biPeKrbLqHqs33zzzRB2icL8uWgPcfHyCaAnXLFguQJzphrooi3u7coMI5LQxXqt",
+	"slzEX4k44Rf4zHuRhhvwcgUjXuK0dSLJ62oDGJPeRDBBVQ068cnBzcFwDmbmuAdhuBGGOMIQf/qhSMQq",
+	"QmhEAMPgmoX11wuRSNp2q6YNgZLqVualsjVJ5FwynuditQYVka35FmP1aAbY9Lu8oZLANq8zYHV5QhqT",
+	"CZ+0UyB+Z7h5jOmCOKQJmHwCl0KiugGaXu6FZemX1Xjs4enpadBbqGzFczKRHx73mpHfoGfyOC95XiG7",
+	"3mQ8ORkeHg4npxeT8fRoMj0+/LeeN2LMczE06luN/oOei/LccdpP7HNvg55h4ZdE7vUd+ma5ZZyFJIJC",
+	"K/PoT9oNt+2faBaLKE2kYDCWTUxNpC4WiyQCOXOJ0g6DGGDAbBItWCiLNA1hE+EfpHRRVLrxeklLnPzr",
+	"Nf+hAIMpYOtMLJJbEbMwWl6G+2Q6NmZwMfLueLwx3Wgj1nyr94rHN2YyV/mSHEZdeb/4jHUqGRKtzrde",
+	"XQL1X94kmrfNY/lNIyN7TUGmkG2WSSpY/SitOk93nkJaeN72PiYaM4MSyvqaC9CCQIeKDwLysoa6iMAY",
+	"BLpRmaMhkwBjUqLNKoAx2qd7RJMi7n3nv6j/fTP7o8xo+LaH8XMv28EFT70gqNmWxjnU7kPlnpaZ22r+",
+	"vYhyjFPh18S+vPQGHscJbDRPX3iMaMFTLZqqs1UkF8znLosiTQ2LaTK0d6CeXJmJKKkuB0FVKpxwwGi1",
+	"azEF/fVN/edvUEVOc/YGvhwOh8z8P/wZ+lQYsjfMHJaufb3iOhcZ/HPHQ7TKz4iV4IOGrcSYxTgJAxaa",
+	"T/CQQhZeCSmyJLo0H4e1EX0W9DlyoH0GbWFcMO5Mfo5perQv2rjeKJEcFHabc0zqPZkRXVs6F0t+k6gi",
+	"272ri5Rfb2HNVSMBKJU8LZRHaG6mtn5rtZE6zwRfoXZHznsWntzehuaG2gOg+MiVyFl4Mj4Kabizrght",
+	"bXEgi1SRN5dXhg4rnoEpTRI4G8YGzAuZJykm+mFaXuaSAWWUpKLMJkzy2goyngvM/iJqqa6CJtcsPJ6c",
+	"hvQyFSPSLKc2JNg+L032UnNMa8E51WNekNlYMk0YwAx9Zl4EmaNjn4tEGjeZkoKJ20QjKzW84E2tfqLG",
+	"5b08rPXq0k/F+ukweHj89p/u5JE1BtLN2jBs/a6cDeMPmcnqubdKpjZ362MhKFwh+xM7PB2dnu6li7n8",
+	"vFPzv91Jeu+mVVVeqv6On2cCGPAtJR9jsilcAMy5FDISASvWwK9PxmMvn+wMKH/Ft+SEUDLniWTPX3/J",
+	"+q//OB6Px6BjYw7qusiJLGVBCclLkdWMqYuNYkKvM6BnbRJso0wlWnNKMyrTADFG4yf+/ftsdjsefze4",
+	"m8iagrebzl6iJ+RdCc04YNSCceYUBSfv0EALf3obUvonPoopwGTAmoziFU+kNl9bL9y9adZNUBIu3ehW",
+	"+h2xzyhzdFpfD2hT9QXZ8jXzWlUWgcf0vrT+tu14POqvb3uqNiIbRlwL9uzV1+x4cvjIvSgaAZTrjtLD",
+	"GbhpovMRO8f90rRLiXY/m0meCZvRhl8DY/WvfIRVJnBzwkLHILhFkcF/ruZr+E+0XOB/OH7Hizg8m0mq",
+	"ANsKST/8fr0NA9B8oyUmbUkl0XHnaaaFBm1QFFkv6F3N172g9/0aNMdouYD/56hZFjUllX7UUMKf3og2",
+	"unmlgP06ErReUCAiYgp4CDpgmyzJcyEtSaEkRucdR78cWOOGMOSVmMEu0URzo4fEIk1uBAYWbX6gkpFw",
+	"E23EfKnUNRMyRocn7USV+Pc3WCf7G6wxz3n3ZSczsHnXEpPvwQ0NWc2Ztgt4YyQyKWKSvLYsgzzU6KhE",
+	"n0SFI5aXm6RGWfDWZTuWUsGcemk7thuBbZdrb4tW3OSXIbCLuCCni7CHivVtcEuqHB5+8PBf5kfR88er",
+	"v/54ePsyP9m2nUBu/GOW7ElcrzlaTobT+KaX+chYaMDvgT15j3xXs4bL0faw2ozby6M1QyNtggNv1ZeJ",
+	"zttY05qTSSXgIR2AKgIWD6q2Tc5u6RCLBO6S83Sby+PkWcZR6C+5vlyprNWNIjBiC9+aJbGFSlO1OWNr",
+	"run6pnAvwyQO0bumc56BSnjJKdiRK9TQ86VYjcrNnCuVCi4bu4kv5K2obf+w5MOlgdSIUIpqajLJVuPh",
+	"bG6gSTRueW+TJkopFImeMk6VWMho0CyolnSRr7EfmpxnKiUiK4vPZGtCLkgIybGSCQOywPfr8Z+DRkmy",
+	"004ad8JlSDdfh1J+N5myZcNJbtbG1iIzPt5ykjuTtO+6FbSv5ZLazvELwVPQ1H5qT+wEYxUPb4nPgR0z",
+	"b1FuOh1F6toU7tPvtzV/1/Wd72BGblt6PRcuUlmHN8OF3E15mFrYtHWUYEk130y3KG9keLWPvhAyIk/W",
+	"tZBTFh6GLqOGbGuXzAN6XZQJMJ5EzASPlmjVIlzB7RpeeSbhcAnZgF8LiemEI/YU44kgyUtXj5/ZFSlp",
+	"ZSDxc8yc5mzNC8yRVGksMmc+RlyaijMYnUbFfC/4RArcJzj5GtUf3mnrVKR84zJLl/K94Zq58sWaT7Kp",
+	"Eoz3VwloF3XrCsJyeSFbp4U2jKNamMn6ttjSK6s8GDFbcJhor85wJsGkmov2YkNbJ1opNGxk1bW9+9H4",
+	"Hd79uq3S3ZTABq72ulG1R8XY1TPYqzSwZQmpiq5FfInOmDYSSFJD6y65TaWxq8QMiFMAQ6ZLYE6T9W0W",
+	"NM+di2fFtzPpEm4PzkwogIaQqjFHYqi5dS/vDB5YX9wlCp72bUYJvF5yU75d3k/QAlKRo7cQBbOIrRON",
+	"mD+pRTMZGsXREGrI+iozjxjDM6T/uiecu3yRyEQvRYwl98Zd5Gd/gsmfyEJoMqrQqK8Rnx2i1/r+lKK0",
+	"y2X8xcXFC+udNDyqLLttu/dIk1XCe/H1q4td82NR4p0wJ/ee9g6EkQfGZ9e+MnL0XXaJQLc19IBdo8nV",
+	"tD/HND1HwnBPwKoskzor652MDztp1mPHnUI5kZe2DNuP4HiVdoXE4iOq3sYIjSWqMxY6eg7JEMRqdC+p",
+	"xLxa31aN25rZHG5pLHgc2ouOJ6NFzjhWRVPNs1mHymaynyvFVlxunXsa9wkWZeejooBCZkKr9IaMVFQZ",
+	"paNCYuw1C93bA7AZ7CthaJ7XDBH/293aClVYu/hQjW0ETo9o3KgaiTfpqsZca2aOJ/faNCX0w7YHyEtv",
+	"qS1qtrZpQKU5c9h8qoKGb9FW03pRpNaV9HG8sx81MH44HT/6uIHxnS5czN4rP8FcNwm7jMtHPdFxg/u5",
+	"Xj9cFBz4YPhu0em7o8Y2WmPcmy6W1w+B5LDOsAxnon5bloPZf6JRRs/jRpRfMJ4Jyg3sChdbD4X5RfW2",
+	"l4/t4XNoCw/7b+0xgzuCwXhH73JIkJD6oA4J4g3v7pAw5T2/uUPCJiG1cbmXnz9hp8cnj5hJeWKUfqWN",
+	"1y9oT0vy07vIpCPoD/RGYKIm+QJJsddUyP/65TPEfrpOSADhw9OZDO9Ow6IEQPR8o3egkLCzkQIVGGVp",
+	"hNh0bLldL4XUlCYYUqrMXhNEPIuHsYuNozMbI4PusxFI95heqayCI7idnNLSmF6qLGcrHi0TKYaZ4BRf",
+	"oFtyhkgq0dJaoVLl5DRN8lSEmO8a0uY7FzreVpWxtVDrlPDkwKoqizcbzuTWZCPE6qgvihxH8IOR752v",
+	"JlA26+67sQm6YR8660E7K+zqX6DiEbTWTHTmEfrVLqRKYKUsFtyK0rHcKGMuP17zrfmsQgrOW4sPlXEk",
+	"57W9NNUaJuWCTqm1AMDur06uJAfTEz+rlX+1JbxXlbDa6prhAC8DoyVs2iT2oJG3lAmuXWlyaw4HjFJP",
+	"GKlKyeav2hdL+Z9NVr8sVlx6FHy7TrkktRz12UTbajiDDeJpBzalALNqzWsCx8CqIK0LiqU3vSYGNKJ1",
+	"z5pgAzhaA3liL2HjeY1bJE6JDrG/hcdzk1D4wSy6fQ05ZNT2SBwYqL+K4/GkTUk1ibvNo0fOGtQpwJSQ",
+	"2FevCJbqSz+Bs991RWy8pjFxKbskXzmfVfdM95Q1vqpdZMnQJSvcqWTZVGbcMl+ZgkveoQbQdXZh0/3D",
+	"g+eSwiukDph7U0sPxnwAUHhARvE4dhFCrPsGEwJdryYvaSYdrlsmmOHKVDZyJctyytZg6Q4fqpdNZBBd",
+	"0eSFtaNV9Vomt7bApWpIPXp4fHz8+OjhZC9zyiqSdyR/exv+Gfyiw864qHFb2uskPvOjkbBPcRmojNvC",
+	"k2txk18eX/z4+Pqvk9WnDzfPD6O/3fTuQPlqRivfO0DZMsC9w5S7YpQtW3vvcLe/4a7oyLoTHdWgCjtX",
+	"Rf4u1vxHMeQ7E0fQ1XpX6kiVXjoSK/ZRGHx6QI3VYwq+lH3HpPQyzfKy033vpWLWAlUkeozmREzLhENL",
+	"BtFXZN3TFzPpvinRAlDHd+CyNkhkY2Su6AtTyEpEwVRFPCX80btoquZo3jOdfh8WojaSJbELt9UXU2Mb",
+	"0fLy9POro+U/P7r+cvLDNyfiZX5fBcCf3OgBdnJrS5Ly2JG/3nuPrPQasQS7YqOUEdd8h6+URECNvMhA",
+	"N8RgQEvW27v49GjLxZ7Ja3enn7UwhTKvphu02q3jnWo49nEgHk7Hk+nh6f4OxL2dbpmo+9wycXnyt+0h",
+	"f/n46mJ1NP8X+XD5kQs17ijA+DXKL3zAcOdg29eP9g2lo51H1x3UGsFrpiK+wjg8ZTeU/BJZV4tLzSok",
+	"d7UncMwvZkseO0iYuRCyBC06q2C3kKejSq8mVbXuF8OQgkhu2rTD83TDt5qZ5fzy839VWbHmC5FuTeC6",
+	"NltFOnU54dzMgbcbzRPAWvioyJJ8+woLMgmnFgswz4u28N25dFWkzg+3V4lsOGLPcuOdWiQup55wMXIh",
+	"ucwPRjP5mVgpzOuYslBfX+ZC55c8WmE5NT0c4p+EyO4euUrVXNx6D5kPTCCJqk1hv2xtqVdvSaWQiVwo",
+	"Wz7KCY7OwKm+MHZTmbZtxXivpTxer3ia2gIQjZsFxzsYkIU7GARsMDAW7WBAYMU6Z7xmu5DEHwxM3fhg",
+	"QLjE2OIgiZZG/iN02xBpEqtS/DQToCGDgptt0QP6XOQblV1rq8J76Q/VbFFTFMwRDM5mShDqO1nxwDwx",
+	"rGdg4GYyF2lKSxuxp7c8ytPtEMcaEA4/Ij5nBCYYqZWNbecbUHUSwju5Qk/1tIrSTDnSBMRvgGjaVmSL",
+	"cZJ8xBD1KVZRsTLXCUlNyTzjEWXiz1W+ZEue3giNO/OHP7DzSn0yfEh5POGDm8PQ7VPEM1Pz4xeJc0Z0",
+	"ZbKK0NschjPZfjF8sjYPzqSDP69ekMGACHowKC8Ju9goFsM9oe80FZUQiAD5HebqdjqTobk41Ytkbo67",
+	"MfU7dHDmx3Ux/0hvkjzC2qAVU4vFaCbP7dWl1CQthA4c8jh6cdM0iUUNScxhwtvQiLkHgYVHCGbS5Eyq",
+	"ZqbXlGm1ElhEk2rT76Is+hkfhzUtuZEZOJOYUjDfItnZzTNa8kaxOii9HrFzv1De1i95ZfQcZj4k4Pjw",
+	"AeXN/RgGJUKCW1IptWwOdj98YP7pYZU4T3uiZ9Krmad1J7lmobM0h6+skza0jQEMNuUBk0LETCq7Vkvl",
+	"PlpblHKthS5Jvbx0yFc0gV7CUzY73w+EomOEpGh4O/QOK2TiNhdSA81TORyN8abx3Bu2ElzC7r5hS7Vx",
+	"3KpRJFcvmEPe9oaF8F8Y5qXgsT4zwllbgT3Cb2C8RSZEuh3Rj3HLeJpuPZYCg5nPYbzPlOkZgEAfwBpv",
+	"fGx2QsxENATzHLK6PnntkZebECgS+tQkPthPAxZOxmMqlUdCkqhv1Zfrysmod0+Z6F+a7wa807wYQZ68",
+	"YSH+A96DKm40XhzSYdAShK14jkFcLpvXhObFTMPApuV8oiupJMaactetmh8DDH6V5DZHwatfKF+xCeSC",
+	"WGblewRIRQQTR51c7IsN7Rfwhl8pOJkVWko7gAJ2vi51DdAU404kJe6qVRJRhphhYlWkGB24ljC6Xoi4",
+	"ywsQiwz0MpJ+W1UgerhCSUxlg14amMv8NMYSEuMdW3jmku4oD48TsCXDdVEBpC2v3LiU7UpVKZzmeo3k",
+	"CIdR8e+9YaH/NxzAM0ntOmz6fd0fWOq1YRKHsHpK8pXUx8SoIvqMuZ8Z/2up+ledsFSa+4c/4DhN9B9i",
+	"hPDIS6MPl+4SezFQANZpqUz0LLsFAflivyDbJmgmB4NGGyIQznf0DOJ5WVXbbA2E+Y4zOcRXouYyKFvu",
+	"7gg0nUnG3qfpD/x+V98f9q5tf2DgSucf9q6Nf+zGtPb+Yfdp/UN0pGsNgGgPJDXiodxWjq14KMP6vg15",
+	"mOnHA6NiSx6nJ4zpXbCNDmy4jtRaxNVWOlNiCvbikxrVrkWNvHtg9VOvRw58+43XGCbwAO2IYxtsStdU",
+	"pxqvm7JXX5wPJycP7eeDAQWtwYTBAx4M1jxfghHj+mK1NOGB20H2JmpxTGNkPMDuKlcyWSQRlzkoPbnQ",
+	"ax4hvMRK3Yj4YMReiiFKUCB6/DF6C4eJRC3ZhL4sZI0Tz+YFjD4Aj3F3q2ZgrsDAlO7N/Yr5Ev+1xHpl",
+	"JdRr2SeoDcfYwr6itUenx5lOUhTSlIfnLJUiA4FjjrNscETK7IiMgYxvqmA8ZUsmc+bWorHmgzlaMvFs",
+	"taVRQHxNkv3yH//J1jzTJaw7fIIxYvjaj9n+8h//CeeMkO+maw883wfGaGRkIrXI8jO2WSp8a/obq/dB",
+	"DJIAsAneBzgV/SlGpB3qJC9I4r0pVYg35oX/3w5d0OgJpXreBs/6xjTD6u6F9QZ05HKwEi2/0ZVrzuNK",
+	"yw9344kDHHRPZnH2vclcYwITme9bgrNd/4JadwF/+FqMn6iXSrdsqlQ5k5U6gUfdlUZabaROs00mLS9j",
+	"yLx1BlIj7LuRzpugJ426SOErnLbuEGKAt4A27DGPU0sNekMjWXswqPQIJVdKqcgXoIHBH7QTZDo+IRCx",
+	"4QXmjD1goe3bSc46rEjZAdPL3uBju9dNgOOsX6+hwO33eHXOr4UJWVufEClwruS6qpoOBu3Tl/D0jTqa",
+	"N35XLb8VIsZK0thr1XWlpDgoJwDugDki2m8VgfwCZVyjQwRnkcoyQlvuwh1BFjZli+SW+pcSzJrVppLc",
+	"tvhyU9OrlWUkc3HFZZlaahPQtZFVPBMWd7LaEjVNroUNsWisYIy8NA1sgTYJD7AxCMgPofUwK1JkxdjE",
+	"ghCIZzIuUGSVCzLN0xAemGsWNlK6yHHfmq2FE8KqsW+eg6pOKijarB+eoE0JR3LOBgMP8rG0RgzkEXqT",
+	"2mEoAyOFREwAMris48lpeOA6oHBZYll7nRwSbeyLLjzM5u0OauigIJ4tYDp3UHtIeVTd0AraOdplD9lx",
+	"/Poac3/AVJrz6PoqQwPGA6DhqVbOTNI56Ft+AxZKc8CAJpC07bFrKp0Q8IVMaJVdu6CCrdjBBZl0Wo9X",
+	"UQUfyvZ6+0G6ZDWcfdIgbStCC2Ff70HolcXBmVf7Dc7kroaDAYtUgaWPjs2QH8AV55yx8M9PL2bywc1h",
+	"HcNfP/jpWmzfhkwv1cb0SfxEs7AsfQjLKr2ynyHTGyHW1DND5NaOIArYuzvgYNDCyQYDi7tudI+YeAhQ",
+	"M/Z9odpeE2QJTKoOoqBGSho/zoi9Uv56bc2vsRUQNBq0dziuSk9BI3IoEi+vcPnJStiIbtX8zhVV1XFt",
+	"EP+xEDUtqFHQD4UoDNaDcX9nAvO1tQWFaTQm9CR/Swddw7Wx6WPtQDyCRNQrMqrRZpXptgyieeVEVmux",
+	"IPWG4Djq/VMycg2OlHkJhzlLfEwTZ7KnDPcJ1BIDhrPkN4JlhTwIEP72eHzKOnSJgLhWADxpQv85Mob/",
+	"yfiYHLYmCJd1cI+mb6HiXgahNGJfKKmKGlzxTPZNPtcBbdI6E1rI3M87AcbD1GJhtLciTdn3SQ6W5UyG",
+	"OhVizf7EgI7Vqj8O2CqR/YivQQ3Vgv33/88m/27o5eDAtpTizIDAGDgg8mPZUizOcpWDVRoLHqM089pb",
+	"1hWC8rLB1syLGBiW7bVM/J9fOVBiuDPJIkHrxNIgeqCc3Rwe396GO/v+sHOHzoaS0srXUrRiOjrIOHtt",
+	"6tq+yez3O72cla2/KwqGjVQkjulirkVg8x8srFsSa6LZwcDA2IAGUYOtqWVTDQZl5gSwHQNclUhCsYFl",
+	"/hNiWJ2h7wbfCL78fk2dc/77/zsZj+kWbIU0oDVeNoZDf1qkiud6RMt74hZuVtiadqViX22sIvVMqyg7",
+	"uDgDtEMgOi14O2byZ7Gd1SQwkZ/KRn8Q49ZkTkxNtRLrI0s9CAjD04Jlw9+ZuAxh9j5pQ/ARgqKwPvoR",
+	"y25SzoZdmXVcJCtghqu1Xc7Lz5+wo6OjU+ZSPvDEXl88sedOCmQZA7HoFUDld1SisH53BUrAtBAkvkJT",
+	"7BKannAHdldMIq+pS3n98pm5dI3CCCrz8Ks16JMAnRnVkg1mKzZGrCx4uVc9iwnXm14kd9S13KOgpb0r",
+	"VThi/0KOB08EADkapc22yGPNDnlnFeVcY2wWMWwr8I6lEDOeBYNcjbLRuDQxerfDmlvx7FojOzR2Qs3G",
+	"PKsZrX0LAWLFwExSzJtU4B1iy0qoo/DMtznJq8pdBrHtMDJi52kK+mcmBBK8uF0rTT7FeaY2mtyg52jO",
+	"DMGozVQ6fIoPDb+gjbA5EmkSCUl91kziw/maR0sxnIzGvaBXZKmXS77ZbEYcvx6p7OqB+a1+8OWzJ0+f",
+	"v3qKv3nr9XJoplCcv3jWC3o3ItOUOTEeHdJv1FpIvk56097RaDw6IhDEJSam2AAr/PtKtBXf2XDwBLhq",
+	"I40KNZS1sSSzGyCrLy4uXmBmSrQU0TWy2rLBARmsciZVFi2Fziki7uAujeblNJ0kqjaF93Hx51kiFumW",
+	"8Q2nYGwjEjtFzWOBxlktkGkROikuaM7LCb5ncW/a+7PIvzCbU2vHOxmPd8Cit8Ch2/y0nrreH1bcQNN0",
+	"oIp7+8/T5EaMKqlHvem33wVe940vkxuBsh8BbHpBL+dXujf9tkfH3/su6FUCyb1pDzYOxzRx970pRMjK",
+	"8UVcshgx6RdFSgZcv36UrsGBscvxus6k0+2MmyNVPGZznnIZkcN9TaETVEYyvlgkEbn+E+KsScQ/EmG8",
+	"pC35ndEFrgp2AI0EuyXYQOdkfNQ1rnuFBy1ddnYRFUyXvDNV3RzaKqQHP7mMx7edVPbS+Ph94CKX6+Ks",
+	"uRJtXckSOYVbiWYSdWxW6Eyap0qkfGo/Vnpxas1CyBTbCoTEkc42S2KMXpn4w0zaeFLgAlXGPvrwlPjE",
+	"lh++HyXWEPy8NOAuVP0Ghl8VDF8WaUqpvx25x3dB/jVh3utIvu72lPm1e18is20dzNWmgb8Nese0k7sv",
+	"jtefHX9yePdPXte6kRyPj+/+kesQhzd6j4VVGxa+Lx9wN//PInfwBd61t1WFnfceztTGY7BJd9s6ykfM",
+	"KT2Le2+/62YZD0ymG2G7v+PwQW+t9A62Q+kwxkz2k8NtIklnogzWA6A3QiGO95pnYCJ/Y5ICQgPV5xL2",
+	"2KYdUpf1tYPiJScUDmosuhF7ZWPkMEHCUzeeweha8VicuZRQWOjWBFXJN+7VLMSusgnMQxTp6JHdsqxA",
+	"LCWTKpVuqUjfc4ehH9V65pyIF3Khskg470ArGzQ5SiYwX89VAgZZTzBBCIy2Vrk2b3vEvqTwA71XYDwz",
+	"WKiDKUqJbMlLIv+ol5hkrMjuHCSXcNQefOmT724mW33jB2UDLUI6zLJiTSYJLtS6yIgEV5idVULSRBTz",
+	"/dqEY4xDMJyMD413yIziSHbEXqGpdcYaAEXGmOo220bWRxh2BVamjqCxJRJFr7jsImq7mJlklbCRP1Fr",
+	"Hb55OXP7bNc085KEklQ2pIWLsoUpXG2MmbZlzl3xlinZMpWWbKXvx0+NcyG6M5p2RzClpTdbGaghSiXy",
+	"sHtyTOvAwJftKVPtirmj1zwzrebPGj1Nq5qFDyzeuy/briJTInc13udPVbzdXzEhdNQiTautBF/ui0Lu",
+	"NRZ8S7IHGGPrYPCdzcpxcs11JbTa0cl4fI+ef23g7NRoq6arHb6broZ1Y3uALXcpc14hF/68vdjqfbQs",
+	"Qz+dnUKrnAnlBgjMu9hQ2Qm4jPhhCx1yR7WBJID0cyCIH759b9CznqUuKFliPPbC9kNfmYmWl7/8/Pfw",
+	"IDDmByVDexzAWAajmXxphDqGbaQqG+PSSyfYDaGVvZX8x4E11FF9q0tqIaWyHopKpna3k/vdqs7H49N3",
+	"bB/bjgnTaHRabfVFwgiFkCOElp6nXXgzrlfeE1NQ2jyahrCrVIGWXRRPS/+hGYycbt5se3fNo+UOpcqH",
+	"3gBY99UOBdTYpWryjiHPRFtJRdlOWSElVVnW96sTcahspd4yeL2Tv5toLkCSuBpFmwJRRnA9Ec1ikfIW",
+	"Ta9zt+st/RPJaK3v3NKffP2mSrENkKiy3V85RWynlCz7VrdDHLmdfel6hkxOxuNK5+rD49PTLoHMlHRl",
+	"0U0q7tw9K/DNLKXduX+3axhgaAYYRp7x/94tHr8mh5RJUXbBVX3GsIAPK7w4qhfzrYkyWSW9K2IBcpDf",
+	"dTHq9AqK5oXLUDJ9go1wnGKyT3sHYCMkWi0XUjnbNX1c5b2UfVO7gH1xTXeZ83onf90luO60StrNBGeL",
+	"vrOl8AGX2IZ4Vq6wDLuTUe2O3IiRXCmmFrmgOrEN17DOTvRYF9LFoz1jpgjXRqg/niJUa0lc69piaC5X",
+	"RJHGPnEpBU0KZC8o08NY5p13Rsl02wRsL2+3g24ft7TuQW3lcA/P2Au+TRWPL5T60jbNPz482Udlaems",
+	"Cz+eTPZw4tWA/hE/7zf2ABqW3OIEtN64Fidg1X3jwgBU59Tp+f8y0bkmh39bQ5KpSf3ETimUU1GFJfI+",
+	"s8EB7AYe1tGNwhF7yqkQXJpWFfdoHcSSfCbLisI+9x8l/jFXtwcmAGomwTJjzZIF3mnMAUsWVCRq+hFR",
+	"4V8OnOgFvzKVXFGRaZUN51xjXidF3qkC+GOEGeAEntIh3dcVgL0Fe2+Dn7qwxpKYemoixCul3ZVcgB5B",
+	"ZYKi/VlytcyNTkblkChQUtMBsO8TxkHAkpEY4UBS3OaMukAoKTB2k5giMhd7loQDBNJ8Jj1yqxYbNRoF",
+	"Tf4SP1p8cfj9N/r0hy9Xx2tEd+xNez8UItv2Ahv5ryLAVlpxew3jJicndRwvv32c16zwj20t5L573zAQ",
+	"IZ59+9NdESBsU+UaUP0K3Z/wy919mbx+SUBvv9s3aCEY8wYNQDU40BKHGEFR9lZZyw5PLUprvcfTrxrq",
+	"+i3lFmyIeWdPZpkP7opXt6dkdwquV0vTF7jRgAfZNdkNgwGwmsGgBZthY3CmMTHey8kELchrYRBUWxJk",
+	"tslAv1M3tEZtvbvATKqMrblpHdEoaTE9m7TXfda2HTgIWqpmUCJiagdIqdxrFRSaGUOTEZ+ZSsrdLSJQ",
+	"7TXpJTaH3TZJGbGvBJcERZIKniEEAgIgkGc+V5FKTSEfjAPPGZXsrN2LWKkUXGIL70aEp5r4SpUi6KEH",
+	"Ke6336BAm8XK2KoiwCxUhEXC5jlOpumWzGGVzeRcpIowXWpVq5RNk2+UyaKNSRYWiV5ao2tdZGulxcFH",
+	"SkGoufvfRwYZgGvbb6Liwzj36tJaXPS2RdXhnekL2FTIb5XU1XgIMQn37QZUbf5D6Q/1vjl+k5l6Txnb",
+	"/KXa6+UeSL6NVizYJ8W578tdJWymsv9HfZfJUq40qC9bMJuEmmqdkyry1rOY7DyL4+Pp+OiOs3DP0Fkc",
+	"RqeL4/lEDB/xo3h4LB4vhqfzh3w4iU+ix+JwMeaP5vueRbXb0DufyOnL/Fh+Otn8TTzcvuaH0a4ToZW4",
+	"I/EP4R7OqNbGbx0xFqoSIl75j3yWLq3gmdRrEeU7u+J56oKvIuyf69LWi7UyxSfa1NRzNHcJDS7JAzYY",
+	"GAgJUy/e0cRsJvvhXvgP1Jcg9CAtfvn577NeeBCwtcgiIfOhkJGKRewsLKxm5hoLUPDfWlwhFljfK/Ji",
+	"4QNqd/H/TD4PA8YZog+YTxCdx0BMEG6qwZRAoJ9Y4Hxnfo2TyR/GTBL62uxPn5vEf2zkxTaqSOOZNOUB",
+	"zC7da0t8385uaMCZTkTGfrs2kq0rALYTfNmlLxHf2MfV0drqpMMFMC3bjmDHEaNAYb0bjjOTBPMIOv/u",
+	"diTGUpbijIXW8gip2syqo4g6B5oRWNIfydvwNe3TB/Q2mF46u7wN9Mhv5m0wnWS6vQ0daZL/A7wN1v4+",
+	"ppSGHSrDyfRwUss+pTbjlQP3kk/bRLSf1eD8BftnwNr2WQ0vQI3D39Gsalfqa7k8AzJb9QQA89lbXSg7",
+	"K+10BBj34f8qR4CybMZKdvPBLqHemiZqUeG4ZTTG4jbY0LXWcsSD6EHDhEqkYiCUuUAG5Bp8odXr+oVh",
+	"rbzrGnZHQuVgMGJ35EheIMva0II8fLqZvBugDhMN94Cp8zMkZ7KZIolvDRa3xfIpMSdxBhskI7B2w8uD",
+	"aunwTFZQSbxva1gjd+cXYfgUbPaZjOzR1grXLyrwGm1wRx68UXeKHfUf+60y7Fqcn+/D1O6ZGofv7mXG",
+	"1fWrD5Yp9zvl6ffi4F0WHl0GBNI2pYwfMY3OTvFrZdLt+rV77ldONju9b8T2mXytTaj4HyHm/SX0EwMY",
+	"YkTqXlIaRZ7z1xsvzU82OnO/6jKjEHXXebFfsczLiolfq8rrV+WHpIJ/MGb4Dz/Xzrqt+9yndyvbwiPy",
+	"q7YaF/EBATffv2SrHLpTFceR8T46ndpotlqB4owgwMpCDM1d0dOoAvtpQEIQkqbzSrfhXoPCTWsgNMwq",
+	"cHUdUJvQkni1hLqiHVd/jy8hVbtKT6DXCCU5kyivsT8SJbMYsN+DCg4Npr4hZA+ctEE6M0aHWS92I8Bt",
+	"MguZ2sKctt6aocUYsUks2NnfYqjbnSGcImfN1BR7BHIVWcJTuGQ2+8YWk00Jzd0o52hvWAStTSJ1CXNG",
+	"PPpK5IY3n7Zr4big/8ns1bV5/oAsNmBSbbCuzWROHngNqH/f/HcvBe6JyeL9zXUge13uwbMNU+rWglyE",
+	"6mNwXxq69Kd+QpUP1hOSK/RDY6K2RQHeBTL/tZzJEuvXpfEmulKE66488o/QZAJSW/R6NqBJ/vNyBm2e",
+	"F/Adk/KHWp9rvw5PsfnWq7oUFtByUaS2uHQmN0ueY6DfoQkW6J3/ndTCXlSSjFvrXwMmMAOSMDV4zni9",
+	"GNbya0p9iFQWYzb74chEFWCHf/mP/yx75Lm+ZGqD9YfGguw76XxQFiVbyTeTjLHBoLvgFgNhPCfMs3lH",
+	"87+g0hoAx0TF3o+Jns3kZOSSx83iyjcow9y2uNLVUfEKDOi12J7N5NGIhTbEXw5CWJRB5U5IsXFQuS7T",
+	"sbP9A669uwUEktGipe8AAeIixnfZX4jLLfYpCHZWLMvIgG1VRvzE4uqCeuSwdQ00YTvypwPXHQyAoFzu",
+	"jkdSBBiZpo22D1c8kS11s9V9N+1dCDPUaw2r0pSvNcKT5Qr3jG7PtGQ0iS4r3vevqDYE/UErqidhvT33",
+	"tL3TJutrIWqAXAdnVd5IBQzU6AzjfbZ73V7FDCN2oRiBDVozN4sDYGVYpQ1qr9iY7iJemXYTf3fq8WRg",
+	"2E5BYKXeYJi1X7FIq9+/Jrt67LbA4yq5EQj8Uq3W7pt0FQLjO7m9tbCWB37VduWcd+DkntUuUL1DQ2d1",
+	"d5LvquouQwgfo6jbIcb8hkXdFmGukXsE5G4tl5Lkj8eTAz/BqBMZho7sM9t3G1SgRcqvt/V5vPQl20Jd",
+	"N/mniQ2DKrfP5DQTKXAUm+l+PffEPgMj3s29C8/pnH8f7vX/PaBBXjl7VSu1euTe3nkQaHX3PNvpnQfe",
+	"97/ZMz9516puX/BW7yz2LUoiy4vayrYrP6631e5d0QCX5QCuiPaiVb6bvvuJ1oXIRpjfoXOQnPdKBi3r",
+	"aCdezbcH7hnfq9abZ/Ew9rlqInWxWCRRAnfNwS9VMurc94y+v/fWtczRtnugiiaN6cAasNFrUhGKLAIb",
+	"53e6pR+iFLmdoPo1xdI2weOaEJ4TWVcnyVR0zjvdqkzW2JvOsfuuNeo6Vc2AVLy9K2ddf/GyItQvbHVf",
+	"zSS2asurqmvV04BKLONofJH2+lEY5dtfF5PiH3ALvy7cQsPQaW61k/ie895ZPBjuau5vc1hva9HxxtoY",
+	"lF+9DiN37gkNQSDf2/uCfeDiEOvD/viDgifkG+XlzvwPhFBoaU7jyv73sY+r8KLMxU4WpgWH1xNqN+et",
+	"QhZUWx02nRMVVvthMQz6xlwuLbFrsSZLLJFXBxbjoBvg4MxPSHZir9wc9O7QCdsqNfThsrXItJL/wEf4",
+	"Bz7Cxwzc0AVtCdzsAEltw0do9rNGV0Fr8OWiEUCB664yF4k1HICwe4x/kxlfcKVd/VqY6nfS1tZK62Se",
+	"bm1DdJcCmWgmZExeXGqqVjbItu2BGi23XQ+Hrp7bAbsRGbY/sdGGwSDjm8HAMXRMrzSXg0uDAihSLWay",
+	"HynU7nNsToE2AM8SrWTAToarRBZgD9iuFixXqciA7x6YxFs7ZBmw2ajsujtS4zfnHQza2vNeuL+TmPnK",
+	"tK0naOBKUE8YUP9MJA1/7lJoTYNfEZdIFZXWvoYTuHVZTZqXSHJlP+/z9TpF1uIwKRLtesKWzbyRDGBn",
+	"E51bblMt+V2kajNl3PViN7CzpVMNW5EDNZr3s23AqBjI95y4GL50JhyGy9hTEyWZIx1iyxBdAZu35RUz",
+	"TNja3fW4xUH6UkQiuRGONL+hd+ndUcsV5n+iZh+FTG6tUkBNP4KbQ/OdtlRuuoEEplt0qEvyN74er9HM",
+	"UtzO5BdfnT8ZvvrifHLyMDA9ekpBsORACXbXtYgykQfWPeQIPWCchaOyn/9MZnxTuU5TFnrz9O1AOfsj",
+	"m/VGsx77Iz52EIKq/j01zCursd1LlBUuK56jL5uFdXyoE0b3UGPvBq97jimTn8koVdE161PffuwdF4uF",
+	"4Ll2IRbgQtieE+9CInSj1iv/0+Gjh8fHx4+PHk7gGE4mJ4/444en4pGIxFzE/GjCFwv+cBLFET9a8JPD",
+	"iMePxKNHfCxOHi4WJ0cP43EkHovD8eP48Ty2pTbEo8pamxZG9j6VYu+RyW1LWafei3dhXDQTT3zfCzli",
+	"yzjbJZXftjtl0R27jpaXp59fHS3/+dH1l5MfvjkRL/NOdyv9Qtzkl8cXPz6+/utk9enDzfPD6G83u8Aw",
+	"7mFv0IEgu9jP833fGnXHXOsufseesQ25Y6rORLPGhm8BeoMRsWTEh+xq3wY9ZKHVuT5Hrmpn6xgPMUOa",
+	"A+69l4YDnkfXXQ4nej9Q1V3ncjS+UHyBBbUJfHvGfk6Sdib7DTl1MGJPE0oH4NtadE8vVYFN29W63GmQ",
+	"XuT2Lr3N7+JHqXYBblr19KY+LgT+oM1XUhuq5rasaDG24xsN5r0rTgfmPDVnQrmDLZt6094DvCRBbyW0",
+	"5lcwpe2caDKY67cnYBUILIs2X8OaKR0HY8+ZYjoqly+zvxeFfjrMXBAqcHvjJEZ1oz/lMSuFiULHYuoJ",
+	"sh27rT32W9nvFg7tqYAJpkW4xn2lkmhVw6pLpWVn/InvvTfljz+cE7jcQJC71Jk78Hpxq4xtMuzBrQhz",
+	"pGs3ZrK5HawfNnY8PDhzDSqTKwxjtNA2UjR2eq813KbgOyrxyEiIR9gb/VsYnr+B7djZZQdZdylKnLpU",
+	"NfU8E9PajGRjevYXUYj7ydAn3Lox6hs2hjTLFf7Umwueiey8ADXm2++QeaD2RnyKWps9QKZiVtWsdTct",
+	"qcgmrbQS0kAPrLrwUalxmfZCzTpvKhsn+eOKL9WGbC2/AjPYL6fPm9PkWzbntBmPdtKy5+yab8uCUFMh",
+	"WA9I7Mh9LOe2LoPm5BYOHCan/hCUemR7DHMvHG17YLS0IymnsuiNzamM7WU9fQuVpmozVJIZGaRN/0nc",
+	"2YA1bbpffv77wT0hFbHniMVU9FZp8Lqai/xXLNzBSp2K/94Y3TqoAkTVkKC8Gfy70JzmmZwr04IA9qTj",
+	"RnrDuRv59ru3/zcAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

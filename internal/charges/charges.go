@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -139,7 +140,7 @@ func start(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Reques
 		Amount: o.Amount, Currency: o.Currency, PaymentMethod: req.PaymentMethod,
 		// Derived from the record: every attempt of this operation sends
 		// the same key, and no other operation ever does.
-		DownstreamKey: fmt.Sprintf("%s-charge-%d", req.CallerID, rec.ID),
+		DownstreamKey: downstreamKey(req.CallerID, "charge", rec.ID),
 	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.ConstraintName == "charges_one_live_per_order" {
@@ -154,55 +155,129 @@ func start(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Reques
 	return RecoveryChargeCreated, nil
 }
 
-// finish is phase 3: record the processor's definite answer.
+// finish is phase 3: record the processor's definite answer. A webhook may
+// have recorded it first (see ApplyChargeOutcome); then there is nothing
+// left to change, and the stored response is built from the charge as the
+// webhook left it.
 func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, answer processor.Charge, declined *DeclinedError, render Render) (idempotency.Result, error) {
-	// The order first: see the lock order in the package comment.
-	if _, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: ch.CallerID, ID: ch.OrderID}); err != nil {
-		return nil, err
-	}
+	outcome := Outcome{ProcessorChargeID: answer.ID, Succeeded: declined == nil}
 	if declined != nil {
-		code := declined.DeclineCode
-		if _, err := queries.FailCharge(ctx, tx, dbsqlc.FailChargeParams{
-			CallerID: ch.CallerID, ID: ch.ID, FailureCode: &code, ProcessorChargeID: &declined.ProcessorChargeID,
-		}); err != nil {
-			return nil, err
-		}
-		if err := events.Record(ctx, tx, ch.CallerID, events.ChargeFailed, map[string]any{
-			"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency, "failure_code": code,
-		}); err != nil {
-			return nil, err
-		}
-		p := problem.New(problem.CardDeclined, "the card was declined (%s); to try another payment method, use a new Idempotency-Key", code)
-		p.DeclineCode = code
-		return idempotency.ProblemResponse(p), nil
-	}
-	if answer.Status != processor.StatusSucceeded {
+		outcome.ProcessorChargeID, outcome.DeclineCode = declined.ProcessorChargeID, declined.DeclineCode
+	} else if answer.Status != processor.StatusSucceeded {
 		return nil, fmt.Errorf("processor answered 201 with status %q", answer.Status)
 	}
-	succeeded, err := queries.SucceedCharge(ctx, tx, dbsqlc.SucceedChargeParams{
-		CallerID: ch.CallerID, ID: ch.ID, ProcessorChargeID: &answer.ID,
-	})
+	cur, err := applyOutcome(ctx, tx, ch, outcome)
 	if err != nil {
 		return nil, err
+	}
+	if cur.Status == StatusFailed {
+		p := problem.New(problem.CardDeclined, "the card was declined (%s); to try another payment method, use a new Idempotency-Key", *cur.FailureCode)
+		p.DeclineCode = *cur.FailureCode
+		return idempotency.ProblemResponse(p), nil
+	}
+	return render(cur)
+}
+
+// Outcome is the processor's definite answer about a charge.
+type Outcome struct {
+	Succeeded         bool
+	ProcessorChargeID string
+	DeclineCode       string
+}
+
+// ApplyChargeOutcome records the outcome of the charge made under
+// downstreamKey, as reported by a processor webhook. It reports false for a
+// charge we do not know. It is idempotent, and agrees with phase 3 of the
+// charge's own operation: whichever comes first records the outcome, the
+// other finds it recorded.
+func ApplyChargeOutcome(ctx context.Context, tx pgx.Tx, callerID, downstreamKey string, o Outcome) (bool, error) {
+	ch, err := queries.GetChargeByDownstreamKey(ctx, tx, dbsqlc.GetChargeByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_, err = applyOutcome(ctx, tx, ch, o)
+	return err == nil, err
+}
+
+// applyOutcome moves a pending charge to its outcome, with the order and
+// the events, and returns the charge as it now is. A charge already at that
+// outcome is left alone; one at the other outcome is a contradiction from
+// the processor, which is an error, not something to paper over.
+func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (dbsqlc.Charge, error) {
+	// The order first: see the lock order in the package comment. After the
+	// lock, read the charge again: a concurrent phase 3 or webhook may have
+	// just recorded the outcome.
+	if _, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: ch.CallerID, ID: ch.OrderID}); err != nil {
+		return ch, err
+	}
+	cur, err := queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: ch.CallerID, ID: ch.ID})
+	if err != nil {
+		return ch, err
+	}
+	want := StatusFailed
+	if o.Succeeded {
+		want = StatusSucceeded
+	}
+	switch cur.Status {
+	case want:
+		return cur, nil // recorded already
+	case StatusPending:
+	default:
+		return cur, fmt.Errorf("charge %s is %s but the processor now reports %s", cur.ID, cur.Status, want)
+	}
+
+	data := map[string]any{"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency}
+	if !o.Succeeded {
+		code := o.DeclineCode
+		if cur, err = queries.FailCharge(ctx, tx, dbsqlc.FailChargeParams{
+			CallerID: ch.CallerID, ID: ch.ID, FailureCode: &code, ProcessorChargeID: &o.ProcessorChargeID,
+		}); err != nil {
+			return cur, err
+		}
+		data["failure_code"] = code
+		return cur, events.Record(ctx, tx, ch.CallerID, events.ChargeFailed, data)
+	}
+	if cur, err = queries.SucceedCharge(ctx, tx, dbsqlc.SucceedChargeParams{
+		CallerID: ch.CallerID, ID: ch.ID, ProcessorChargeID: &o.ProcessorChargeID,
+	}); err != nil {
+		return cur, err
 	}
 	n, err := queries.MarkOrderPaid(ctx, tx, dbsqlc.MarkOrderPaidParams{CallerID: ch.CallerID, ID: ch.OrderID})
 	if err != nil {
-		return nil, err
+		return cur, err
 	}
 	if n != 1 {
 		// Cannot happen: a live charge keeps the order pending (cancel
 		// refuses it, and no other charge can exist).
-		return nil, fmt.Errorf("order %s was not pending when its charge %s succeeded", ch.OrderID, ch.ID)
+		return cur, fmt.Errorf("order %s was not pending when its charge %s succeeded", ch.OrderID, ch.ID)
 	}
 	// The outbox: the events commit with the change they describe.
-	data := map[string]any{"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency}
 	if err := events.Record(ctx, tx, ch.CallerID, events.ChargeSucceeded, data); err != nil {
-		return nil, err
+		return cur, err
 	}
-	if err := events.Record(ctx, tx, ch.CallerID, events.OrderPaid, data); err != nil {
-		return nil, err
+	return cur, events.Record(ctx, tx, ch.CallerID, events.OrderPaid, data)
+}
+
+// downstreamKey is the Idempotency-Key sent to the processor for the
+// operation of key record id: "<caller>-<kind>-<id>". The record id is
+// unique for ever (an identity column), so no two operations share a key,
+// and the caller's id in it lets a webhook, which carries the key, find the
+// caller whose rows it is about.
+func downstreamKey(callerID, kind string, id int64) string {
+	return fmt.Sprintf("%s-%s-%d", callerID, kind, id)
+}
+
+// CallerOfDownstreamKey returns the caller a downstream key belongs to.
+func CallerOfDownstreamKey(key string) (string, bool) {
+	for _, kind := range []string{"-charge-", "-refund-"} {
+		if i := strings.LastIndex(key, kind); i > 0 {
+			return key[:i], true
+		}
 	}
-	return render(succeeded)
+	return "", false
 }
 
 // Get returns the caller's charge id.

@@ -125,7 +125,7 @@ func startRefund(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req 
 	}
 	if _, err := queries.CreateRefund(ctx, tx, dbsqlc.CreateRefundParams{
 		CallerID: ch.CallerID, ID: ids.New(ids.Refund), ChargeID: ch.ID, IdempotencyKeyID: rec.ID,
-		Amount: amount, DownstreamKey: fmt.Sprintf("%s-refund-%d", ch.CallerID, rec.ID),
+		Amount: amount, DownstreamKey: downstreamKey(ch.CallerID, "refund", rec.ID),
 	}); err != nil {
 		return nil, err
 	}
@@ -146,14 +146,54 @@ func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Re
 		}
 		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", refused.Code)), nil
 	}
-	succeeded, err := queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &answer.ID})
+	succeeded, err := applyRefundSucceeded(ctx, tx, ch, re, answer.ID)
 	if err != nil {
 		return nil, err
 	}
-	if err := events.Record(ctx, tx, re.CallerID, events.RefundSucceeded, map[string]any{
-		"refund_id": re.ID, "charge_id": ch.ID, "order_id": ch.OrderID, "amount": re.Amount, "currency": ch.Currency,
-	}); err != nil {
-		return nil, err
-	}
 	return render(succeeded)
+}
+
+// ApplyRefundSucceeded records that the refund made under downstreamKey
+// succeeded, as reported by a processor webhook; false for a refund we do
+// not know. Like ApplyChargeOutcome it is idempotent and agrees with the
+// refund's own phase 3.
+func ApplyRefundSucceeded(ctx context.Context, tx pgx.Tx, callerID, downstreamKey, processorRefundID string) (bool, error) {
+	re, err := queries.GetRefundByDownstreamKey(ctx, tx, dbsqlc.GetRefundByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	ch, err := queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: re.CallerID, ID: re.ChargeID})
+	if err != nil {
+		return false, err
+	}
+	_, err = applyRefundSucceeded(ctx, tx, ch, re, processorRefundID)
+	return err == nil, err
+}
+
+// applyRefundSucceeded moves a pending refund to succeeded, with its event,
+// and returns it as it now is; an already succeeded refund is left alone.
+func applyRefundSucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, processorRefundID string) (dbsqlc.Refund, error) {
+	if _, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: ch.CallerID, ID: ch.OrderID}); err != nil {
+		return re, err
+	}
+	cur, err := queries.GetRefundByKeyRecord(ctx, tx, dbsqlc.GetRefundByKeyRecordParams{CallerID: re.CallerID, IdempotencyKeyID: re.IdempotencyKeyID})
+	if err != nil {
+		return re, err
+	}
+	switch cur.Status {
+	case StatusSucceeded:
+		return cur, nil // recorded already
+	case StatusPending:
+	default:
+		return cur, fmt.Errorf("refund %s is %s but the processor reports it succeeded", cur.ID, cur.Status)
+	}
+	if cur, err = queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &processorRefundID}); err != nil {
+		return cur, err
+	}
+	return cur, events.Record(ctx, tx, re.CallerID, events.RefundSucceeded, map[string]any{
+		"refund_id": re.ID, "charge_id": ch.ID, "order_id": ch.OrderID, "amount": re.Amount, "currency": ch.Currency,
+	})
 }

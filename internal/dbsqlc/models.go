@@ -70,6 +70,13 @@ type Order struct {
 	UpdatedAt   time.Time
 }
 
+type ProcessorEvent struct {
+	CallerID   string
+	EventID    string
+	Type       string
+	ReceivedAt time.Time
+}
+
 type Refund struct {
 	CallerID          string
 	ID                string

@@ -43,8 +43,8 @@ const (
 	CardDeclined          Code = "card_declined"
 	ChargeNotRefundable   Code = "charge_not_refundable"
 	RefundExceedsCharge   Code = "refund_exceeds_charge"
+	InvalidSignature      Code = "invalid_signature"
 	ProcessorUnavailable  Code = "processor_unavailable"
-	NotImplemented        Code = "not_implemented"
 	InternalError         Code = "internal_error"
 	ServiceUnavailable    Code = "service_unavailable"
 )
@@ -71,8 +71,8 @@ var kinds = map[Code]struct {
 	CardDeclined:          {http.StatusPaymentRequired, "Card declined"},
 	ChargeNotRefundable:   {http.StatusConflict, "Charge not refundable"},
 	RefundExceedsCharge:   {http.StatusConflict, "Refund exceeds charge"},
+	InvalidSignature:      {http.StatusBadRequest, "Invalid signature"},
 	ProcessorUnavailable:  {http.StatusServiceUnavailable, "Processor unavailable"},
-	NotImplemented:        {http.StatusNotImplemented, "Not implemented"},
 	InternalError:         {http.StatusInternalServerError, "Internal error"},
 	ServiceUnavailable:    {http.StatusServiceUnavailable, "Service unavailable"},
 }

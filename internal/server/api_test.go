@@ -242,7 +242,6 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"wrong content type", request{method: "POST", path: "/v1/orders", apiKey: "sk_test_acme", header: http.Header{"Idempotency-Key": {"k"}, "Content-Type": {"text/plain"}}, body: teaOrder}, 415, "unsupported_media_type", ""},
 		{"unknown path", request{method: "GET", path: "/v1/nothing", apiKey: "sk_test_acme"}, 404, "not_found", ""},
 		{"wrong method", request{method: "PUT", path: "/v1/orders", apiKey: "sk_test_acme"}, 405, "method_not_allowed", ""},
-		{"not built yet", request{method: "POST", path: "/webhooks/processor", header: http.Header{"Processor-Signature": {"t=1,v1=00"}}, body: `{"id":"evt_1","type":"charge.succeeded","created":1,"data":{"id":"pch_1","downstream_key":"k","amount":1,"currency":"usd","status":"succeeded","decline_code":null}}`}, 501, "not_implemented", ""},
 		{"refund of an unknown charge", request{method: "POST", path: "/v1/charges/ch_x/refunds", apiKey: "sk_test_acme", header: http.Header{"Idempotency-Key": {"c"}}, body: `{"amount":5}`}, 404, "not_found", ""},
 		{"charge of an unknown order", request{method: "POST", path: "/v1/orders/ord_x/charges", apiKey: "sk_test_acme", header: http.Header{"Idempotency-Key": {"c"}}, body: `{"payment_method":"pm_card_visa"}`}, 404, "not_found", ""},
 		{"charge with a malformed payment method", request{method: "POST", path: "/v1/orders/ord_x/charges", apiKey: "sk_test_acme", header: http.Header{"Idempotency-Key": {"c"}}, body: `{"payment_method":"4242 4242 4242 4242"}`}, 400, "invalid_request", "/payment_method"},

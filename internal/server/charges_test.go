@@ -168,8 +168,10 @@ func TestLostAnswerIsRecoveredWithoutSecondCharge(t *testing.T) {
 			key := "lost-" + method
 			ts.do(t, chargeRequest(o.ID, key, method)).wantProblem(t, http.StatusServiceUnavailable, "processor_unavailable")
 			var status string
-			if err := ts.db.QueryRow(context.Background(), `SELECT status FROM charges WHERE order_id = $1`, o.ID).Scan(&status); err != nil || status != "pending" {
-				t.Fatalf("charge after the lost answer is %q (%v); want pending, never failed", status, err)
+			// Pending, or succeeded if the processor's webhook already told
+			// us; never failed.
+			if err := ts.db.QueryRow(context.Background(), `SELECT status FROM charges WHERE order_id = $1`, o.ID).Scan(&status); err != nil || status == "failed" {
+				t.Fatalf("charge after the lost answer is %q (%v); an uncertain outcome is never a failure", status, err)
 			}
 			res := ts.do(t, chargeRequest(o.ID, key, method))
 			if res.Status != http.StatusCreated {

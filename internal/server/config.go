@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/faults"
+	"github.com/retrysafe/payments/internal/processor"
 )
 
 // Config is the server's configuration, read from the environment.
@@ -43,6 +44,9 @@ type Config struct {
 	// (FAULT_CRASH_POINTS, comma-separated; see internal/faults). Off by
 	// default; never set in production.
 	CrashPoints faults.CrashPoints
+	// ProcessorWebhookSecret verifies the processor's webhook signatures
+	// (PROCESSOR_WEBHOOK_SECRET).
+	ProcessorWebhookSecret []byte
 	// Reconciler runs the background reconciler in this process
 	// (RECONCILER_ENABLED), scanning every ReconcilerInterval
 	// (RECONCILER_INTERVAL) and setting aside records past
@@ -81,20 +85,21 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		return d
 	}
 	cfg := Config{
-		DatabaseURL:           str("DATABASE_URL", DefaultDatabaseURL),
-		HTTPAddr:              str("HTTP_ADDR", ":8080"),
-		Lease:                 duration("IDEMPOTENCY_LEASE", 30*time.Second),
-		Retention:             duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
-		ShutdownTimeout:       duration("SHUTDOWN_TIMEOUT", 15*time.Second),
-		AuthCacheTTL:          duration("AUTH_CACHE_TTL", time.Minute),
-		ProcessorURL:          str("PROCESSOR_URL", ""),
-		ProcessorTimeout:      duration("PROCESSOR_TIMEOUT", 10*time.Second),
-		MaxBodyBytes:          64 << 10,
-		SeedDemoCallers:       true,
-		Reconciler:            true,
-		ReconcilerInterval:    duration("RECONCILER_INTERVAL", time.Second),
-		ReconcilerMaxAttempts: 10,
-		ReconcilerMaxAge:      duration("RECONCILER_MAX_AGE", time.Hour),
+		DatabaseURL:            str("DATABASE_URL", DefaultDatabaseURL),
+		HTTPAddr:               str("HTTP_ADDR", ":8080"),
+		Lease:                  duration("IDEMPOTENCY_LEASE", 30*time.Second),
+		Retention:              duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
+		ShutdownTimeout:        duration("SHUTDOWN_TIMEOUT", 15*time.Second),
+		AuthCacheTTL:           duration("AUTH_CACHE_TTL", time.Minute),
+		ProcessorURL:           str("PROCESSOR_URL", ""),
+		ProcessorWebhookSecret: []byte(str("PROCESSOR_WEBHOOK_SECRET", processor.DefaultWebhookSecret)),
+		ProcessorTimeout:       duration("PROCESSOR_TIMEOUT", 10*time.Second),
+		MaxBodyBytes:           64 << 10,
+		SeedDemoCallers:        true,
+		Reconciler:             true,
+		ReconcilerInterval:     duration("RECONCILER_INTERVAL", time.Second),
+		ReconcilerMaxAttempts:  10,
+		ReconcilerMaxAge:       duration("RECONCILER_MAX_AGE", time.Hour),
 	}
 	if v := str("MAX_BODY_BYTES", ""); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)

@@ -7,6 +7,7 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -16,6 +17,7 @@ import (
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/problem"
+	"github.com/retrysafe/payments/internal/processor"
 )
 
 // Idempotency classes, as declared by each operation's x-idempotency
@@ -75,6 +77,13 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		body, err := s.readBody(req, op)
 		if err != nil {
 			return err
+		}
+		// The processor's webhook has no API key: its signature, over the
+		// raw body, is checked first, before the body is even parsed.
+		if authn, _ := op.Extensions["x-authentication"].(string); authn == "processor-signature" {
+			if err := processor.Verify(s.cfg.ProcessorWebhookSecret, req.Header.Get(processor.SignatureHeader), body, time.Now(), processor.DefaultTolerance); err != nil {
+				return problem.New(problem.InvalidSignature, "the Processor-Signature header does not verify: %v", err)
+			}
 		}
 		err = openapi3filter.ValidateRequest(ctx, &openapi3filter.RequestValidationInput{
 			Request:    req,

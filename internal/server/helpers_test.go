@@ -54,8 +54,16 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 		t.Fatal(err)
 	}
 	cfg.DatabaseURL = dbURL
+	// The server's URL must exist before the processor, which sends its
+	// webhooks there; the handler is filled in once built.
+	var handler http.Handler
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
+	t.Cleanup(srv.Close)
 	// The real fake processor, over HTTP, one per test.
-	proc, err := processor.New(processor.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	proc, err := processor.New(processor.Config{
+		WebhookURL: srv.URL + "/webhooks/processor",
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,6 +81,9 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 		poolOptions = append(poolOptions, o.pool)
 	}
 	serverPool := testdb.Pool(t, dbURL, poolOptions...)
+	// Cleanups run last-registered first: stop serving (waiting for the
+	// requests in flight, webhooks included) before the pool closes.
+	t.Cleanup(srv.Close)
 	if err := auth.SeedDemoCallers(context.Background(), serverPool); err != nil {
 		t.Fatal(err)
 	}
@@ -83,8 +94,7 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	if o.wrap != nil {
 		h = o.wrap(h)
 	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
+	handler = h
 	return &testServer{URL: srv.URL, cfg: cfg, db: testdb.Pool(t, dbURL), processorURL: procServer.URL}
 }
 

@@ -1,0 +1,60 @@
+package server
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/retrysafe/payments/internal/apigen"
+	"github.com/retrysafe/payments/internal/charges"
+	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/postgres"
+)
+
+// ReceiveProcessorWebhook applies an event from the processor. Its
+// signature was verified by the contract middleware before anything else.
+// The event id is recorded in the same transaction that applies the event:
+// a redelivery finds it and changes nothing, and a crash between the two
+// cannot happen.
+func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.ReceiveProcessorWebhookRequestObject) (apigen.ReceiveProcessorWebhookResponseObject, error) {
+	ev := req.Body
+	callerID, ok := charges.CallerOfDownstreamKey(ev.Data.DownstreamKey)
+	if !ok {
+		// Not one of our keys: acknowledge, so the processor stops.
+		return apigen.ReceiveProcessorWebhook200JSONResponse{Received: true}, nil
+	}
+	duplicate := false
+	err := postgres.Transact(ctx, s.pool, func(tx pgx.Tx) error {
+		n, err := dbsqlc.New().RecordProcessorEvent(ctx, tx, dbsqlc.RecordProcessorEventParams{
+			CallerID: callerID, EventID: ev.Id, Type: string(ev.Type),
+		})
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			duplicate = true
+			return nil
+		}
+		switch ev.Type {
+		case apigen.ProcessorEventTypeChargeSucceeded, apigen.ProcessorEventTypeChargeFailed:
+			o := charges.Outcome{Succeeded: ev.Type == apigen.ProcessorEventTypeChargeSucceeded, ProcessorChargeID: ev.Data.Id}
+			if ev.Data.DeclineCode != nil {
+				o.DeclineCode = *ev.Data.DeclineCode
+			}
+			_, err = charges.ApplyChargeOutcome(ctx, tx, callerID, ev.Data.DownstreamKey, o)
+		case apigen.ProcessorEventTypeRefundSucceeded:
+			_, err = charges.ApplyRefundSucceeded(ctx, tx, callerID, ev.Data.DownstreamKey, ev.Data.Id)
+		}
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23503" { // foreign_key_violation: no such caller
+		return apigen.ReceiveProcessorWebhook200JSONResponse{Received: true}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return apigen.ReceiveProcessorWebhook200JSONResponse{Received: true, Duplicate: duplicate}, nil
+}

@@ -1,0 +1,109 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/payments/internal/processor"
+)
+
+func signedWebhook(t *testing.T, body string, at time.Time, secret string) request {
+	t.Helper()
+	return request{method: "POST", path: "/webhooks/processor",
+		header: http.Header{"Processor-Signature": {processor.Sign([]byte(secret), at, []byte(body))}}, body: body}
+}
+
+func TestWebhookSignatureIsCheckedFirst(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	body := `{"id":"pevt_1","type":"charge.succeeded","created":1,"data":{"id":"pch_1","downstream_key":"acme-charge-1","amount":1,"currency":"usd","status":"succeeded","decline_code":null}}`
+	for name, req := range map[string]request{
+		"wrong secret":    signedWebhook(t, body, time.Now(), "whsec_wrong"),
+		"stale":           signedWebhook(t, body, time.Now().Add(-6*time.Minute), processor.DefaultWebhookSecret),
+		"from the future": signedWebhook(t, body, time.Now().Add(6*time.Minute), processor.DefaultWebhookSecret),
+		"malformed":       {method: "POST", path: "/webhooks/processor", header: http.Header{"Processor-Signature": {"v1=abc"}}, body: body},
+		"body changed": func() request {
+			r := signedWebhook(t, body, time.Now(), processor.DefaultWebhookSecret)
+			r.body = body + " "
+			return r
+		}(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			ts.do(t, req).wantProblem(t, http.StatusBadRequest, "invalid_signature")
+		})
+	}
+	// Even an invalid body is refused for its signature first.
+	ts.do(t, request{method: "POST", path: "/webhooks/processor", header: http.Header{"Processor-Signature": {"t=1,v1=00"}}, body: `{"nope":`}).
+		wantProblem(t, http.StatusBadRequest, "invalid_signature")
+	if n := ts.count(t, "processor_events"); n != 0 {
+		t.Errorf("%d webhook events recorded from bad deliveries", n)
+	}
+	// A valid event about a key we never made is acknowledged and ignored.
+	res := ts.do(t, signedWebhook(t, body, time.Now(), processor.DefaultWebhookSecret))
+	if res.Status != http.StatusOK {
+		t.Errorf("unknown object: %d %s", res.Status, res.Body)
+	}
+}
+
+// A webhook may be the first to tell us a stalled charge succeeded (the
+// processor charged the card, but its answer to us was lost). It completes
+// the charge's local state; the client's later retry resumes the operation,
+// finds the outcome recorded, and agrees with it: one charge, one set of
+// events. A redelivery of the webhook changes nothing.
+func TestWebhookCompletesStalledChargeAndRetryAgrees(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	o := ts.newOrder(t, "sk_test_acme", 1500)
+	ts.do(t, chargeRequest(o.ID, "lost", "pm_card_lostResponse")).wantProblem(t, http.StatusServiceUnavailable, "processor_unavailable")
+
+	// The processor's own webhook arrives (asynchronously): wait for it.
+	deadline := time.Now().Add(10 * time.Second)
+	for ts.orderStatus(t, o.ID) != "paid" {
+		if time.Now().After(deadline) {
+			t.Fatal("the processor's webhook did not complete the charge within 10s")
+		}
+		time.Sleep(20 * time.Millisecond) // polling for a state
+	}
+	var recStatus string
+	if err := ts.db.QueryRow(context.Background(), `SELECT status FROM idempotency_keys WHERE key = 'lost'`).Scan(&recStatus); err != nil || recStatus != "in_progress" {
+		t.Fatalf("the key record is %s (%v); the webhook completes the charge, not the request", recStatus, err)
+	}
+
+	// Redeliver the same event: a duplicate.
+	var downstream, processorID string
+	if err := ts.db.QueryRow(context.Background(), `SELECT downstream_key, processor_charge_id FROM charges`).Scan(&downstream, &processorID); err != nil {
+		t.Fatal(err)
+	}
+	var eventID string
+	if err := ts.db.QueryRow(context.Background(), `SELECT event_id FROM processor_events`).Scan(&eventID); err != nil {
+		t.Fatal(err)
+	}
+	body := fmt.Sprintf(`{"id":%q,"type":"charge.succeeded","created":1,"data":{"id":%q,"downstream_key":%q,"amount":1500,"currency":"usd","status":"succeeded","decline_code":null}}`, eventID, processorID, downstream)
+	res := ts.do(t, signedWebhook(t, body, time.Now(), processor.DefaultWebhookSecret))
+	var ack struct {
+		Received  bool `json:"received"`
+		Duplicate bool `json:"duplicate"`
+	}
+	res.decode(t, &ack)
+	if res.Status != http.StatusOK || !ack.Received || !ack.Duplicate {
+		t.Errorf("redelivery: %d %s; want a duplicate acknowledged", res.Status, res.Body)
+	}
+
+	// The client retries: the resumed operation agrees with the webhook.
+	retry := ts.do(t, chargeRequest(o.ID, "lost", "pm_card_lostResponse"))
+	var ch charge
+	retry.decode(t, &ch)
+	if retry.Status != http.StatusCreated || ch.Status != "succeeded" {
+		t.Fatalf("retry: %d %s", retry.Status, retry.Body)
+	}
+	var succeededEvents int
+	if err := ts.db.QueryRow(context.Background(), `SELECT count(*) FROM events WHERE type IN ('charge.succeeded', 'order.paid')`).Scan(&succeededEvents); err != nil || succeededEvents != 2 {
+		t.Errorf("%d charge.succeeded/order.paid events (%v); want one of each", succeededEvents, err)
+	}
+	if n := len(ts.effects(t)); n != 1 {
+		t.Errorf("%d processor effects; want 1", n)
+	}
+}
