@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -124,14 +125,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 
 	if cfg.Reconciler {
-		reconcilerCtx, stopReconciler := context.WithCancel(context.WithoutCancel(ctx))
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			server.NewReconciler(cfg, pool, log).Run(reconcilerCtx)
-		}()
-		// Stop it (between records) before the pool closes.
-		defer func() { stopReconciler(); <-done }()
+		// The background workers: the reconciler, and the outbox relay
+		// (delivering to the built-in demo receiver of this server for
+		// callers without their own endpoint).
+		demoURL := fmt.Sprintf("http://127.0.0.1:%d/demo/webhooks/", ln.Addr().(*net.TCPAddr).Port)
+		workersCtx, stopWorkers := context.WithCancel(context.WithoutCancel(ctx))
+		var workers sync.WaitGroup
+		workers.Go(func() { server.NewReconciler(cfg, pool, log).Run(workersCtx) })
+		workers.Go(func() { server.NewRelay(cfg, pool, log, demoURL).Run(workersCtx) })
+		// Stop them (between records) before the pool closes.
+		defer func() { stopWorkers(); workers.Wait() }()
 	}
 
 	handler, err := server.New(cfg, pool, log)

@@ -14,3 +14,41 @@ WHERE caller_id = @caller_id
        OR (created_at, id) < (@cursor_created_at::timestamptz, @cursor_id::text))
 ORDER BY created_at DESC, id DESC
 LIMIT @row_limit;
+
+-- name: ClaimUndeliveredEvents :many
+-- The relay's claim: due, undelivered events, with their caller's endpoint.
+-- SKIP LOCKED lets several relays share the queue; pushing next_attempt_at
+-- forward by the lease keeps another relay off an event while this one
+-- delivers it.
+WITH due AS (
+    SELECT e.caller_id, e.id FROM events e
+    WHERE e.delivered_at IS NULL AND e.next_attempt_at <= now()
+    ORDER BY e.next_attempt_at
+    LIMIT @max_events
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE events e
+SET next_attempt_at = now() + make_interval(secs => @lease_seconds::float8),
+    delivery_attempts = e.delivery_attempts + 1
+FROM due, callers c
+WHERE e.caller_id = due.caller_id AND e.id = due.id AND c.id = e.caller_id
+RETURNING e.caller_id, e.id, e.type, e.data, e.created_at, e.delivery_attempts, c.webhook_url, c.webhook_secret;
+
+-- name: MarkEventDelivered :exec
+UPDATE events SET delivered_at = now()
+WHERE caller_id = @caller_id AND id = @id;
+
+-- name: RetryEventAfter :exec
+UPDATE events SET next_attempt_at = now() + make_interval(secs => @delay_seconds::float8)
+WHERE caller_id = @caller_id AND id = @id AND delivered_at IS NULL;
+
+-- name: RecordDemoDelivery :one
+-- The demo receiver's deduplication: the first delivery inserts, a repeat
+-- only counts. Returns the number of deliveries so far.
+INSERT INTO demo_received_events (caller_id, event_id, type)
+VALUES (@caller_id, @event_id, @type)
+ON CONFLICT (caller_id, event_id) DO UPDATE SET deliveries = demo_received_events.deliveries + 1
+RETURNING deliveries;
+
+-- name: GetCallerWebhookSecret :one
+SELECT webhook_secret FROM callers WHERE id = @id;

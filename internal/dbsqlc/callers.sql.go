@@ -10,7 +10,7 @@ import (
 )
 
 const getCallerByAPIKeyHash = `-- name: GetCallerByAPIKeyHash :one
-SELECT id, name, api_key_hash, created_at FROM callers WHERE api_key_hash = $1
+SELECT id, name, api_key_hash, created_at, webhook_url, webhook_secret FROM callers WHERE api_key_hash = $1
 `
 
 func (q *Queries) GetCallerByAPIKeyHash(ctx context.Context, db DBTX, apiKeyHash []byte) (Caller, error) {
@@ -21,6 +21,8 @@ func (q *Queries) GetCallerByAPIKeyHash(ctx context.Context, db DBTX, apiKeyHash
 		&i.Name,
 		&i.ApiKeyHash,
 		&i.CreatedAt,
+		&i.WebhookUrl,
+		&i.WebhookSecret,
 	)
 	return i, err
 }

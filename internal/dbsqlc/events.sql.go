@@ -10,8 +10,84 @@ import (
 	"time"
 )
 
+const claimUndeliveredEvents = `-- name: ClaimUndeliveredEvents :many
+WITH due AS (
+    SELECT e.caller_id, e.id FROM events e
+    WHERE e.delivered_at IS NULL AND e.next_attempt_at <= now()
+    ORDER BY e.next_attempt_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE events e
+SET next_attempt_at = now() + make_interval(secs => $1::float8),
+    delivery_attempts = e.delivery_attempts + 1
+FROM due, callers c
+WHERE e.caller_id = due.caller_id AND e.id = due.id AND c.id = e.caller_id
+RETURNING e.caller_id, e.id, e.type, e.data, e.created_at, e.delivery_attempts, c.webhook_url, c.webhook_secret
+`
+
+type ClaimUndeliveredEventsParams struct {
+	LeaseSeconds float64
+	MaxEvents    int32
+}
+
+type ClaimUndeliveredEventsRow struct {
+	CallerID         string
+	ID               string
+	Type             string
+	Data             []byte
+	CreatedAt        time.Time
+	DeliveryAttempts int32
+	WebhookUrl       *string
+	WebhookSecret    string
+}
+
+// The relay's claim: due, undelivered events, with their caller's endpoint.
+// SKIP LOCKED lets several relays share the queue; pushing next_attempt_at
+// forward by the lease keeps another relay off an event while this one
+// delivers it.
+func (q *Queries) ClaimUndeliveredEvents(ctx context.Context, db DBTX, arg ClaimUndeliveredEventsParams) ([]ClaimUndeliveredEventsRow, error) {
+	rows, err := db.Query(ctx, claimUndeliveredEvents, arg.LeaseSeconds, arg.MaxEvents)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ClaimUndeliveredEventsRow{}
+	for rows.Next() {
+		var i ClaimUndeliveredEventsRow
+		if err := rows.Scan(
+			&i.CallerID,
+			&i.ID,
+			&i.Type,
+			&i.Data,
+			&i.CreatedAt,
+			&i.DeliveryAttempts,
+			&i.WebhookUrl,
+			&i.WebhookSecret,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const getCallerWebhookSecret = `-- name: GetCallerWebhookSecret :one
+SELECT webhook_secret FROM callers WHERE id = $1
+`
+
+func (q *Queries) GetCallerWebhookSecret(ctx context.Context, db DBTX, id string) (string, error) {
+	row := db.QueryRow(ctx, getCallerWebhookSecret, id)
+	var webhook_secret string
+	err := row.Scan(&webhook_secret)
+	return webhook_secret, err
+}
+
 const getEvent = `-- name: GetEvent :one
-SELECT caller_id, id, type, data, created_at FROM events
+SELECT caller_id, id, type, data, created_at, delivered_at, delivery_attempts, next_attempt_at FROM events
 WHERE caller_id = $1 AND id = $2
 `
 
@@ -29,6 +105,9 @@ func (q *Queries) GetEvent(ctx context.Context, db DBTX, arg GetEventParams) (Ev
 		&i.Type,
 		&i.Data,
 		&i.CreatedAt,
+		&i.DeliveredAt,
+		&i.DeliveryAttempts,
+		&i.NextAttemptAt,
 	)
 	return i, err
 }
@@ -56,7 +135,7 @@ func (q *Queries) InsertEvent(ctx context.Context, db DBTX, arg InsertEventParam
 }
 
 const listEvents = `-- name: ListEvents :many
-SELECT caller_id, id, type, data, created_at FROM events
+SELECT caller_id, id, type, data, created_at, delivered_at, delivery_attempts, next_attempt_at FROM events
 WHERE caller_id = $1
   AND (NOT $2::boolean
        OR (created_at, id) < ($3::timestamptz, $4::text))
@@ -94,6 +173,9 @@ func (q *Queries) ListEvents(ctx context.Context, db DBTX, arg ListEventsParams)
 			&i.Type,
 			&i.Data,
 			&i.CreatedAt,
+			&i.DeliveredAt,
+			&i.DeliveryAttempts,
+			&i.NextAttemptAt,
 		); err != nil {
 			return nil, err
 		}
@@ -103,4 +185,57 @@ func (q *Queries) ListEvents(ctx context.Context, db DBTX, arg ListEventsParams)
 		return nil, err
 	}
 	return items, nil
+}
+
+const markEventDelivered = `-- name: MarkEventDelivered :exec
+UPDATE events SET delivered_at = now()
+WHERE caller_id = $1 AND id = $2
+`
+
+type MarkEventDeliveredParams struct {
+	CallerID string
+	ID       string
+}
+
+func (q *Queries) MarkEventDelivered(ctx context.Context, db DBTX, arg MarkEventDeliveredParams) error {
+	_, err := db.Exec(ctx, markEventDelivered, arg.CallerID, arg.ID)
+	return err
+}
+
+const recordDemoDelivery = `-- name: RecordDemoDelivery :one
+INSERT INTO demo_received_events (caller_id, event_id, type)
+VALUES ($1, $2, $3)
+ON CONFLICT (caller_id, event_id) DO UPDATE SET deliveries = demo_received_events.deliveries + 1
+RETURNING deliveries
+`
+
+type RecordDemoDeliveryParams struct {
+	CallerID string
+	EventID  string
+	Type     string
+}
+
+// The demo receiver's deduplication: the first delivery inserts, a repeat
+// only counts. Returns the number of deliveries so far.
+func (q *Queries) RecordDemoDelivery(ctx context.Context, db DBTX, arg RecordDemoDeliveryParams) (int32, error) {
+	row := db.QueryRow(ctx, recordDemoDelivery, arg.CallerID, arg.EventID, arg.Type)
+	var deliveries int32
+	err := row.Scan(&deliveries)
+	return deliveries, err
+}
+
+const retryEventAfter = `-- name: RetryEventAfter :exec
+UPDATE events SET next_attempt_at = now() + make_interval(secs => $1::float8)
+WHERE caller_id = $2 AND id = $3 AND delivered_at IS NULL
+`
+
+type RetryEventAfterParams struct {
+	DelaySeconds float64
+	CallerID     string
+	ID           string
+}
+
+func (q *Queries) RetryEventAfter(ctx context.Context, db DBTX, arg RetryEventAfterParams) error {
+	_, err := db.Exec(ctx, retryEventAfter, arg.DelaySeconds, arg.CallerID, arg.ID)
+	return err
 }

@@ -9,10 +9,12 @@ import (
 )
 
 type Caller struct {
-	ID         string
-	Name       string
-	ApiKeyHash []byte
-	CreatedAt  time.Time
+	ID            string
+	Name          string
+	ApiKeyHash    []byte
+	CreatedAt     time.Time
+	WebhookUrl    *string
+	WebhookSecret string
 }
 
 type Charge struct {
@@ -32,12 +34,23 @@ type Charge struct {
 	AmountRefunded    int64
 }
 
+type DemoReceivedEvent struct {
+	CallerID   string
+	EventID    string
+	Type       string
+	Deliveries int32
+	ReceivedAt time.Time
+}
+
 type Event struct {
-	CallerID  string
-	ID        string
-	Type      string
-	Data      []byte
-	CreatedAt time.Time
+	CallerID         string
+	ID               string
+	Type             string
+	Data             []byte
+	CreatedAt        time.Time
+	DeliveredAt      *time.Time
+	DeliveryAttempts int32
+	NextAttemptAt    time.Time
 }
 
 type IdempotencyKey struct {

@@ -13,11 +13,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/retry"
 )
 
 // Config tunes the reconciler.
@@ -137,13 +137,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 	}
 }
 
-// backoff is full jitter: random(0, min(cap, base·2^attempt)).
+// backoff is the shared full-jitter policy.
 func (r *Reconciler) backoff(attempt int32) time.Duration {
-	ceiling := r.cfg.BackoffCap
-	if attempt < 30 {
-		if d := r.cfg.BackoffBase << attempt; d > 0 && d < ceiling {
-			ceiling = d
-		}
-	}
-	return time.Duration(rand.Int64N(int64(ceiling) + 1))
+	return retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, attempt)
 }

@@ -47,8 +47,9 @@ type Config struct {
 	// ProcessorWebhookSecret verifies the processor's webhook signatures
 	// (PROCESSOR_WEBHOOK_SECRET).
 	ProcessorWebhookSecret []byte
-	// Reconciler runs the background reconciler in this process
-	// (RECONCILER_ENABLED), scanning every ReconcilerInterval
+	// Reconciler runs the background workers, the reconciler and the outbox
+	// relay, in this process (RECONCILER_ENABLED), scanning every
+	// ReconcilerInterval
 	// (RECONCILER_INTERVAL) and setting aside records past
 	// ReconcilerMaxAttempts (RECONCILER_MAX_ATTEMPTS) or ReconcilerMaxAge
 	// (RECONCILER_MAX_AGE).

@@ -5,6 +5,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -24,6 +25,7 @@ import (
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/problem"
 	"github.com/retrysafe/payments/internal/reconciler"
+	"github.com/retrysafe/payments/internal/relay"
 	"github.com/retrysafe/payments/web"
 )
 
@@ -84,6 +86,7 @@ func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (http.Handler, error)
 	e.Use(s.contract)
 
 	apigen.RegisterHandlers(e, apigen.NewStrictHandler(s, nil))
+	e.POST("/demo/webhooks/:caller", s.demoReceiver)
 	e.GET("/openapi.yaml", func(c echo.Context) error {
 		return c.Blob(http.StatusOK, "application/yaml", api.Spec)
 	})
@@ -114,6 +117,22 @@ func NewReconciler(cfg Config, pool *pgxpool.Pool, log *slog.Logger) *reconciler
 		BackoffCap:  5 * time.Minute,
 	}, idempotency.NewStore(pool, cfg.Lease, log), chargeDeps(cfg, pool), log.With("component", "reconciler"))
 }
+
+// NewRelay returns the outbox relay; demoURL is the base URL of the
+// built-in demo receiver (this server's /demo/webhooks/).
+func NewRelay(cfg Config, pool *pgxpool.Pool, log *slog.Logger, demoURL string) *relay.Relay {
+	return relay.New(relay.Config{
+		Interval:    cfg.ReconcilerInterval,
+		Batch:       50,
+		Lease:       30 * time.Second,
+		Timeout:     10 * time.Second,
+		DemoURL:     demoURL,
+		BackoffBase: time.Second,
+		BackoffCap:  time.Hour,
+	}, pool, log.With("component", "relay"))
+}
+
+func decodeJSON(b []byte, v any) error { return json.Unmarshal(b, v) }
 
 // logRequests logs one line per request. It never logs headers or bodies:
 // they carry API keys and, later, payment details.

@@ -1,0 +1,149 @@
+// Package relay delivers the outbox: it posts each event to its caller's
+// webhook endpoint, signed, at least once, retrying with backoff until the
+// endpoint acknowledges it. Several relays (one per server replica) share
+// the queue through FOR UPDATE SKIP LOCKED.
+//
+// At least once, not exactly once: a relay that crashes after the endpoint
+// answered but before recording it delivers the event again. Receivers
+// deduplicate on the event id, as the built-in demo receiver does.
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/retry"
+)
+
+// SignatureHeader carries the signature of a delivery, in the processor's
+// scheme: t=<unix>,v1=<hex HMAC-SHA256(secret, t + "." + body)>.
+const SignatureHeader = "Payments-Signature"
+
+// Config tunes the relay.
+type Config struct {
+	// Interval is the pause between scans that found nothing due.
+	Interval time.Duration
+	// Batch is the most events claimed per scan.
+	Batch int
+	// Lease keeps other relays off a claimed event while it is delivered;
+	// it must exceed the HTTP timeout.
+	Lease time.Duration
+	// Timeout bounds one delivery.
+	Timeout time.Duration
+	// DemoURL is the built-in demo receiver's base URL (the caller id is
+	// appended), for callers without a webhook URL; empty leaves their
+	// events undelivered.
+	DemoURL string
+	// BackoffBase and BackoffCap shape the delay before a retry: full
+	// jitter, random(0, min(cap, base·2^attempts)).
+	BackoffBase, BackoffCap time.Duration
+}
+
+// Relay is the background worker.
+type Relay struct {
+	cfg     Config
+	pool    *pgxpool.Pool
+	queries *dbsqlc.Queries
+	client  *http.Client
+	log     *slog.Logger
+}
+
+// New returns a relay.
+func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) *Relay {
+	return &Relay{cfg: cfg, pool: pool, queries: dbsqlc.New(), client: &http.Client{Timeout: cfg.Timeout}, log: log}
+}
+
+// Run delivers until ctx is done.
+func (r *Relay) Run(ctx context.Context) {
+	for {
+		n, err := r.RunOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.log.WarnContext(ctx, "relay scan failed", "err", err)
+		}
+		if n == r.cfg.Batch && err == nil {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(r.cfg.Interval):
+		}
+	}
+}
+
+// Delivery is the body posted to a caller's endpoint.
+type Delivery struct {
+	ID        string          `json:"id"`
+	Type      string          `json:"type"`
+	CreatedAt time.Time       `json:"created_at"`
+	Data      json.RawMessage `json:"data"`
+}
+
+// RunOnce claims the due events and tries to deliver each once; it returns
+// how many it claimed.
+func (r *Relay) RunOnce(ctx context.Context) (int, error) {
+	due, err := r.queries.ClaimUndeliveredEvents(ctx, r.pool, dbsqlc.ClaimUndeliveredEventsParams{
+		MaxEvents: int32(r.cfg.Batch), LeaseSeconds: r.cfg.Lease.Seconds(),
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, ev := range due {
+		if err := r.deliver(ctx, ev); err != nil {
+			delay := r.backoff(ev.DeliveryAttempts)
+			r.log.InfoContext(ctx, "relay: delivery failed, will retry", "caller", ev.CallerID, "event", ev.ID,
+				"attempt", ev.DeliveryAttempts, "retry_in", delay, "err", err)
+			if err := r.queries.RetryEventAfter(ctx, r.pool, dbsqlc.RetryEventAfterParams{
+				CallerID: ev.CallerID, ID: ev.ID, DelaySeconds: delay.Seconds(),
+			}); err != nil {
+				return len(due), err
+			}
+			continue
+		}
+		if err := r.queries.MarkEventDelivered(ctx, r.pool, dbsqlc.MarkEventDeliveredParams{CallerID: ev.CallerID, ID: ev.ID}); err != nil {
+			return len(due), err
+		}
+	}
+	return len(due), nil
+}
+
+func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow) error {
+	url := r.cfg.DemoURL + ev.CallerID
+	if ev.WebhookUrl != nil {
+		url = *ev.WebhookUrl
+	} else if r.cfg.DemoURL == "" {
+		return fmt.Errorf("caller %s has no webhook endpoint", ev.CallerID)
+	}
+	body, err := json.Marshal(Delivery{ID: ev.ID, Type: ev.Type, CreatedAt: ev.CreatedAt, Data: ev.Data})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(SignatureHeader, processor.Sign([]byte(ev.WebhookSecret), time.Now(), body))
+	res, err := r.client.Do(req)
+	if err != nil {
+		return err
+	}
+	res.Body.Close()
+	if res.StatusCode/100 != 2 {
+		return fmt.Errorf("endpoint answered %d", res.StatusCode)
+	}
+	return nil
+}
+
+func (r *Relay) backoff(attempts int32) time.Duration {
+	return retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, attempts)
+}

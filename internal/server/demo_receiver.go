@@ -1,0 +1,50 @@
+package server
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/problem"
+	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/relay"
+)
+
+// demoReceiver is the built-in webhook endpoint the relay delivers the
+// demo callers' events to, standing in for a caller's own server. It does
+// what every receiver must: verify the signature, and deduplicate on the
+// event id, since delivery is at least once. It is not part of the API.
+func (s *Server) demoReceiver(c echo.Context) error {
+	callerID := c.Param("caller")
+	body, err := io.ReadAll(io.LimitReader(c.Request().Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		return err
+	}
+	q := dbsqlc.New()
+	secret, err := q.GetCallerWebhookSecret(c.Request().Context(), s.pool, callerID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return problem.New(problem.NotFound, "no caller %q", callerID)
+	}
+	if err != nil {
+		return err
+	}
+	if err := processor.Verify([]byte(secret), c.Request().Header.Get(relay.SignatureHeader), body, time.Now(), processor.DefaultTolerance); err != nil {
+		return problem.New(problem.InvalidSignature, "the %s header does not verify: %v", relay.SignatureHeader, err)
+	}
+	var d relay.Delivery
+	if err := decodeJSON(body, &d); err != nil || d.ID == "" {
+		return problem.New(problem.InvalidRequest, "not an event delivery")
+	}
+	deliveries, err := q.RecordDemoDelivery(c.Request().Context(), s.pool, dbsqlc.RecordDemoDeliveryParams{
+		CallerID: callerID, EventID: d.ID, Type: d.Type,
+	})
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, map[string]any{"received": true, "duplicate": deliveries > 1})
+}

@@ -1,0 +1,111 @@
+package server
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/relay"
+	"github.com/retrysafe/payments/internal/testdb"
+)
+
+func (ts *testServer) relay(t *testing.T) *relay.Relay {
+	t.Helper()
+	cfg := ts.cfg
+	return relay.New(relay.Config{Batch: 10, Lease: 30 * time.Second, Timeout: 5 * time.Second, DemoURL: ts.URL + "/demo/webhooks/"},
+		testdb.Pool(t, cfg.DatabaseURL), slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+func drain(t *testing.T, r *relay.Relay) {
+	t.Helper()
+	for {
+		n, err := r.RunOnce(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+	}
+}
+
+// The relay delivers every event of the outbox to the caller's endpoint
+// (here the built-in demo receiver), signed; a redelivery is recognised by
+// the receiver's deduplication on the event id.
+func TestRelayDeliversEveryEventAtLeastOnce(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	ts.paidCharge(t, 700) // charge.succeeded and order.paid
+	r := ts.relay(t)
+	drain(t, r)
+
+	var events, received, undelivered int
+	err := ts.db.QueryRow(context.Background(), `
+		SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM demo_received_events),
+		       (SELECT count(*) FROM events WHERE delivered_at IS NULL)`).Scan(&events, &received, &undelivered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if events != 2 || received != 2 || undelivered != 0 {
+		t.Fatalf("%d events, %d received, %d undelivered; want 2, 2, 0", events, received, undelivered)
+	}
+
+	// A relay that crashed after delivering but before recording it
+	// delivers again: the receiver sees a duplicate, not a new event.
+	if _, err := ts.db.Exec(context.Background(), `UPDATE events SET delivered_at = NULL, next_attempt_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	drain(t, r)
+	var distinct, deliveries int
+	if err := ts.db.QueryRow(context.Background(), `SELECT count(*), sum(deliveries) FROM demo_received_events`).Scan(&distinct, &deliveries); err != nil {
+		t.Fatal(err)
+	}
+	if distinct != 2 || deliveries != 4 {
+		t.Errorf("%d distinct events in %d deliveries; want 2 in 4", distinct, deliveries)
+	}
+}
+
+// An endpoint that fails is retried until it acknowledges; a delivery with
+// a bad signature is refused by the receiver.
+func TestRelayRetriesAFailingEndpoint(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	var calls atomic.Int32
+	var verified atomic.Int32
+	endpoint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if processor.Verify([]byte("whsec_demo"), r.Header.Get(relay.SignatureHeader), body, time.Now(), 0) == nil {
+			verified.Add(1)
+		}
+		if calls.Add(1) == 1 {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(endpoint.Close)
+	if _, err := ts.db.Exec(context.Background(), `UPDATE callers SET webhook_url = $1 WHERE id = 'acme'`, endpoint.URL); err != nil {
+		t.Fatal(err)
+	}
+	o := ts.newOrder(t, "sk_test_acme", 100)
+	ts.do(t, chargeRequest(o.ID, "declined", "pm_card_chargeDeclined")) // one charge.failed event
+	drain(t, ts.relay(t))
+	var delivered bool
+	var attempts int
+	if err := ts.db.QueryRow(context.Background(), `SELECT delivered_at IS NOT NULL, delivery_attempts FROM events`).Scan(&delivered, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	if !delivered || attempts != 2 || calls.Load() != 2 || verified.Load() != 2 {
+		t.Errorf("delivered %v after %d attempts (%d calls, %d verified); want delivered on the 2nd, every call signed", delivered, attempts, calls.Load(), verified.Load())
+	}
+
+	// The demo receiver refuses a delivery it cannot verify.
+	res := ts.do(t, request{method: "POST", path: "/demo/webhooks/acme", header: http.Header{relay.SignatureHeader: {"t=1,v1=00"}}, body: `{"id":"evt_x"}`})
+	res.wantProblem(t, http.StatusBadRequest, "invalid_signature")
+}
