@@ -1,7 +1,8 @@
 // Command server runs the payments API.
 //
-//	server            migrate the database, seed the demo callers, serve
-//	server migrate    migrate the database and exit
+//	server               migrate the database, seed the demo callers, serve
+//	server migrate       migrate the database and exit
+//	server dead-letters  list the operations set aside for an operator (JSON lines)
 //
 // Configuration comes from the environment; see internal/server.Config and
 // the README.
@@ -9,6 +10,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,7 +23,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/server"
@@ -64,6 +69,36 @@ func startProcessor(log *slog.Logger, webhookURL string, webhookSecret []byte) (
 	}, url, nil
 }
 
+// listDeadLetters writes one JSON line per operation set aside (dead), for
+// an operator to resolve: whether its external effect happened is on the
+// processor's ledger under the charge's or refund's downstream key.
+func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) error {
+	q := dbsqlc.New()
+	callers, err := q.ListCallers(ctx, pool)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(out)
+	for _, c := range callers {
+		// One caller at a time: every query on tenant data names its caller.
+		dead, err := q.ListDeadIdempotencyKeys(ctx, pool, c.ID)
+		if err != nil {
+			return err
+		}
+		for _, rec := range dead {
+			if err := enc.Encode(map[string]any{
+				"caller": rec.CallerID, "key": rec.Key, "key_id": rec.ID,
+				"request_method": rec.RequestMethod, "request_path": rec.RequestPath,
+				"recovery_point": rec.RecoveryPoint, "attempt": rec.Attempt,
+				"created_at": rec.CreatedAt, "updated_at": rec.UpdatedAt,
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // run is the whole program, with its inputs passed in so tests can drive it.
 // It returns when ctx is canceled (after a graceful shutdown) or on error.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -71,8 +106,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if len(args) > 0 {
 		command = args[0]
 	}
-	if command != "serve" && command != "migrate" {
-		return fmt.Errorf("unknown command %q (want serve or migrate)", command)
+	if command != "serve" && command != "migrate" && command != "dead-letters" {
+		return fmt.Errorf("unknown command %q (want serve, migrate or dead-letters)", command)
 	}
 	cfg, err := server.LoadConfig(getenv)
 	if err != nil {
@@ -95,8 +130,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	log.Info("database migrated", "database", postgres.Redact(cfg.DatabaseURL))
-	if command == "migrate" {
+	switch command {
+	case "migrate":
 		return nil
+	case "dead-letters":
+		return listDeadLetters(ctx, pool, stdout)
 	}
 	if cfg.SeedDemoCallers {
 		if err := auth.SeedDemoCallers(ctx, pool); err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -116,5 +117,44 @@ func TestRunMigrateAndServe(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("run did not return after its context was canceled")
+	}
+}
+
+func TestRunListsDeadLetters(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.New(t)
+	vars := map[string]string{"DATABASE_URL": dbURL}
+	if err := run(context.Background(), []string{"migrate"}, env(vars), io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	pool := testdb.Pool(t, dbURL)
+	if err := auth.SeedDemoCallers(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pool.Exec(context.Background(), `
+		INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, attempt, request_method, request_path, request_fingerprint)
+		VALUES ('globex', 'given-up', 'dead', 'charge_created', 11, 'POST', '/v1/orders/ord_x/charges', '\x00'),
+		       ('acme', 'fine', 'in_progress', 'started', 1, 'POST', '/v1/orders', '\x00')`)
+	if err == nil {
+		t.Fatal("an in-progress record without a lease was accepted") // the CHECK constraint
+	}
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, attempt, request_method, request_path, request_fingerprint)
+		VALUES ('globex', 'given-up', 'dead', 'charge_created', 11, 'POST', '/v1/orders/ord_x/charges', '\x00')`); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := run(context.Background(), []string{"dead-letters"}, env(vars), &out); err != nil {
+		t.Fatal(err)
+	}
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["key"] != nil {
+			lines = append(lines, m)
+		}
+	}
+	if len(lines) != 1 || lines[0]["caller"] != "globex" || lines[0]["key"] != "given-up" || lines[0]["recovery_point"] != "charge_created" {
+		t.Errorf("dead letters %v; want the one dead globex record", lines)
 	}
 }

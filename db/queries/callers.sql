@@ -6,3 +6,6 @@ SELECT * FROM callers WHERE api_key_hash = @api_key_hash;
 INSERT INTO callers (id, name, api_key_hash)
 VALUES (@id, @name, @api_key_hash)
 ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, api_key_hash = EXCLUDED.api_key_hash;
+
+-- name: ListCallers :many
+SELECT * FROM callers ORDER BY id;

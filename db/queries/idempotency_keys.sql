@@ -142,3 +142,9 @@ WHERE caller_id = @caller_id
   AND id = @id
   AND attempt = @attempt
   AND status = 'in_progress';
+
+-- name: ListDeadIdempotencyKeys :many
+-- The caller's dead-letter list, oldest first, for an operator.
+SELECT * FROM idempotency_keys
+WHERE caller_id = @caller_id AND status = 'dead'
+ORDER BY created_at;

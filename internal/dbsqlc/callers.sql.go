@@ -27,6 +27,37 @@ func (q *Queries) GetCallerByAPIKeyHash(ctx context.Context, db DBTX, apiKeyHash
 	return i, err
 }
 
+const listCallers = `-- name: ListCallers :many
+SELECT id, name, api_key_hash, created_at, webhook_url, webhook_secret FROM callers ORDER BY id
+`
+
+func (q *Queries) ListCallers(ctx context.Context, db DBTX) ([]Caller, error) {
+	rows, err := db.Query(ctx, listCallers)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Caller{}
+	for rows.Next() {
+		var i Caller
+		if err := rows.Scan(
+			&i.ID,
+			&i.Name,
+			&i.ApiKeyHash,
+			&i.CreatedAt,
+			&i.WebhookUrl,
+			&i.WebhookSecret,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const upsertCaller = `-- name: UpsertCaller :exec
 INSERT INTO callers (id, name, api_key_hash)
 VALUES ($1, $2, $3)

@@ -337,6 +337,50 @@ func (q *Queries) GetIdempotencyKey(ctx context.Context, db DBTX, arg GetIdempot
 	return i, err
 }
 
+const listDeadIdempotencyKeys = `-- name: ListDeadIdempotencyKeys :many
+SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at FROM idempotency_keys
+WHERE caller_id = $1 AND status = 'dead'
+ORDER BY created_at
+`
+
+// The caller's dead-letter list, oldest first, for an operator.
+func (q *Queries) ListDeadIdempotencyKeys(ctx context.Context, db DBTX, callerID string) ([]IdempotencyKey, error) {
+	rows, err := db.Query(ctx, listDeadIdempotencyKeys, callerID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []IdempotencyKey{}
+	for rows.Next() {
+		var i IdempotencyKey
+		if err := rows.Scan(
+			&i.CallerID,
+			&i.ID,
+			&i.Key,
+			&i.Status,
+			&i.RecoveryPoint,
+			&i.Attempt,
+			&i.LockedUntil,
+			&i.RequestMethod,
+			&i.RequestPath,
+			&i.RequestFingerprint,
+			&i.ResponseStatus,
+			&i.ResponseHeaders,
+			&i.ResponseBody,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.CompletedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const setRecoveryPoint = `-- name: SetRecoveryPoint :execrows
 UPDATE idempotency_keys
 SET recovery_point = $1,

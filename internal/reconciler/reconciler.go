@@ -35,11 +35,17 @@ type Config struct {
 	// BackoffBase and BackoffCap shape the delay before the next try after
 	// a transient failure: full jitter, random(0, min(cap, base·2^attempt)).
 	BackoffBase, BackoffCap time.Duration
+	// RetriesPerScan and RetryBurst are the retry budget: every record the
+	// reconciler takes is a retry, so it may take at most RetriesPerScan
+	// more per scan, saved up to RetryBurst. During an outage of the
+	// processor this caps the load the reconciler adds to it.
+	RetriesPerScan, RetryBurst int
 }
 
 // Reconciler is the background worker.
 type Reconciler struct {
 	cfg     Config
+	budget  *retry.Budget
 	store   *idempotency.Store
 	charges charges.Deps
 	log     *slog.Logger
@@ -47,7 +53,7 @@ type Reconciler struct {
 
 // New returns a reconciler over store, resuming charges with deps.
 func New(cfg Config, store *idempotency.Store, deps charges.Deps, log *slog.Logger) *Reconciler {
-	return &Reconciler{cfg: cfg, store: store, charges: deps, log: log}
+	return &Reconciler{cfg: cfg, budget: retry.NewBudget(0, cfg.RetryBurst), store: store, charges: deps, log: log}
 }
 
 // Run scans until ctx is done.
@@ -58,7 +64,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 			r.log.WarnContext(ctx, "reconciler scan failed", "err", err)
 		}
 		if n == r.cfg.Batch && err == nil {
-			continue // a full batch: there may be more
+			continue // a full batch: there may be more (the budget still applies)
 		}
 		select {
 		case <-ctx.Done():
@@ -71,10 +77,17 @@ func (r *Reconciler) Run(ctx context.Context) {
 // RunOnce claims one batch of stale records and handles each; it returns
 // how many it claimed.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
-	leases, err := r.store.ClaimStale(ctx, r.cfg.Batch)
+	r.budget.Deposit(r.cfg.RetriesPerScan)
+	allowed := r.budget.SpendUpTo(r.cfg.Batch)
+	if allowed == 0 {
+		return 0, nil // out of budget: the records wait for a later scan
+	}
+	leases, err := r.store.ClaimStale(ctx, allowed)
 	if err != nil {
+		r.budget.Deposit(allowed)
 		return 0, err
 	}
+	r.budget.Deposit(allowed - len(leases)) // only what was used is spent
 	for _, l := range leases {
 		r.reconcile(ctx, l)
 	}

@@ -66,6 +66,7 @@ func (f *fixture) reconciler(maxAttempts int32) *reconciler.Reconciler {
 		Interval: time.Millisecond, Batch: 4, Lease: time.Minute,
 		MaxAttempts: maxAttempts, MaxAge: time.Hour,
 		BackoffBase: time.Millisecond, BackoffCap: time.Millisecond,
+		RetriesPerScan: 100, RetryBurst: 100,
 	}, f.store, f.deps, quiet)
 }
 
@@ -227,5 +228,32 @@ func TestReconcilerAbandonsNeverStarted(t *testing.T) {
 	var p *problem.Error
 	if _, err := f.store.Get(ctx, "acme", "never-started"); !errors.As(err, &p) || p.Code != problem.NotFound {
 		t.Fatalf("the never-started record is still there (%v)", err)
+	}
+}
+
+// The retry budget caps how many stalled records one scan may retry, so an
+// outage of the processor is not met with a burst of retries; the rest
+// wait for later scans.
+func TestRetryBudgetThrottlesTheReconciler(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 100) // the processor keeps failing: an outage
+	for i := range 6 {
+		f.stalledCharge(t, fmt.Sprintf("outage-%d", i))
+	}
+	r := reconciler.New(reconciler.Config{
+		Interval: time.Millisecond, Batch: 10, Lease: time.Minute, MaxAttempts: 100, MaxAge: time.Hour,
+		RetriesPerScan: 1, RetryBurst: 2,
+	}, f.store, f.deps, quiet)
+	first, err := r.RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := r.RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A burst of 2 (plus the scan's deposit, capped at 2), then 1 a scan.
+	if first != 2 || second != 1 {
+		t.Errorf("scans retried %d then %d records of 6; want 2 then 1", first, second)
 	}
 }

@@ -34,3 +34,48 @@ func maxDuration(a, b time.Duration) time.Duration {
 	}
 	return b
 }
+
+func TestBudgetCapsRetries(t *testing.T) {
+	t.Parallel()
+	b := NewBudget(0.1, 3)
+	spent := 0
+	for b.Spend() {
+		spent++
+	}
+	if spent != 3 {
+		t.Fatalf("a full bucket of 3 allowed %d retries", spent)
+	}
+	// Ten first tries earn one retry.
+	for range 10 {
+		b.Earn()
+	}
+	if !b.Spend() || b.Spend() {
+		t.Error("10 first tries at ratio 0.1 should earn exactly one retry")
+	}
+	// Earning never overfills the bucket.
+	for range 1000 {
+		b.Earn()
+	}
+	spent = 0
+	for b.Spend() {
+		spent++
+	}
+	if spent != 3 {
+		t.Errorf("after much work the bucket allowed %d retries; want its max, 3", spent)
+	}
+}
+
+func TestBudgetDepositAndSpendUpTo(t *testing.T) {
+	t.Parallel()
+	b := NewBudget(0, 5)
+	if got := b.SpendUpTo(3); got != 3 {
+		t.Fatalf("SpendUpTo(3) on a full bucket of 5 = %d", got)
+	}
+	if got := b.SpendUpTo(10); got != 2 {
+		t.Fatalf("SpendUpTo(10) with 2 left = %d", got)
+	}
+	b.Deposit(100)
+	if got := b.SpendUpTo(10); got != 5 {
+		t.Fatalf("a deposit never fills past max: spent %d, want 5", got)
+	}
+}

@@ -115,6 +115,9 @@ func NewReconciler(cfg Config, pool *pgxpool.Pool, log *slog.Logger) *reconciler
 		MaxAge:      cfg.ReconcilerMaxAge,
 		BackoffBase: time.Second,
 		BackoffCap:  5 * time.Minute,
+		// At most 5 retries a scan (5/s at the default interval), 20 saved up.
+		RetriesPerScan: 5,
+		RetryBurst:     20,
 	}, idempotency.NewStore(pool, cfg.Lease, log), chargeDeps(cfg, pool), log.With("component", "reconciler"))
 }
 
