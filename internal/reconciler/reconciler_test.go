@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -255,5 +257,86 @@ func TestRetryBudgetThrottlesTheReconciler(t *testing.T) {
 	// A burst of 2 (plus the scan's deposit, capped at 2), then 1 a scan.
 	if first != 2 || second != 1 {
 		t.Errorf("scans retried %d then %d records of 6; want 2 then 1", first, second)
+	}
+}
+
+// Fencing, end to end: the first owner of a charge stalls inside its
+// processor call (its network pauses) past its lease; the reconciler takes
+// the record over and finishes the charge. When the stalled owner wakes up
+// with the processor's answer, its phase 3 is refused (its attempt is
+// stale): the recovered result stands, and nothing is recorded twice.
+func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	ctx := context.Background()
+
+	// The stalled owner reaches the processor through a proxy that holds
+	// its request until the test lets it go.
+	inCall, resume := make(chan struct{}), make(chan struct{})
+	target, _ := url.Parse(f.processorURL)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	paused := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(inCall)
+		<-resume
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(paused.Close)
+	var once sync.Once
+	unpause := func() { once.Do(func() { close(resume) }) }
+	t.Cleanup(unpause)
+	stalledDeps := f.deps
+	stalledDeps.Processor = charges.NewProcessorClient(paused.URL, 30*time.Second)
+
+	o, err := orders.Create(ctx, f.pool, "acme", orders.NewOrder{Amount: 4200, Currency: "usd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := "/v1/orders/" + o.ID + "/charges"
+	fp, _ := idempotency.Fingerprint("POST", path, []byte(`{"payment_method":"pm_card_visa"}`))
+	req := idempotency.Request{CallerID: "acme", Key: "stalled-owner", Method: "POST", Path: path, Fingerprint: fp}
+	type result struct {
+		resp *idempotency.Response
+		err  error
+	}
+	stalled := make(chan result, 1)
+	go func() {
+		resp, err := f.store.Execute(ctx, req, func(ctx context.Context, l *idempotency.Lease) error {
+			return charges.Run(ctx, stalledDeps, l, charges.Request{CallerID: "acme", OrderID: o.ID, PaymentMethod: "pm_card_visa"})
+		})
+		stalled <- result{resp, err}
+	}()
+	<-inCall // phase 1 committed; the owner is inside its processor call
+
+	// Its lease runs out (on the database clock); the reconciler recovers.
+	if _, err := f.pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now() - interval '1 second' WHERE key = 'stalled-owner'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.reconciler(5).RunOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("reconciler: %d, %v", n, err)
+	}
+	recovered, err := f.store.Get(ctx, "acme", "stalled-owner")
+	if err != nil || recovered.Status != "completed" || recovered.Attempt != 2 {
+		t.Fatalf("after recovery the record is %s at attempt %d (%v)", recovered.Status, recovered.Attempt, err)
+	}
+
+	unpause()
+	got := <-stalled
+	var p *problem.Error
+	if !errors.As(got.err, &p) || p.Code != problem.IdempotencyKeyInUse {
+		t.Fatalf("the stalled owner got %v, %v; want its write refused (answered as in progress)", got.resp, got.err)
+	}
+	after, err := f.store.Get(ctx, "acme", "stalled-owner")
+	if err != nil || after.Attempt != 2 || string(after.ResponseBody) != string(recovered.ResponseBody) || after.UpdatedAt != recovered.UpdatedAt {
+		t.Errorf("the stalled owner changed the recovered record (%v)", err)
+	}
+	var succeeded, evts int
+	if err := f.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM charges WHERE status = 'succeeded'), (SELECT count(*) FROM events)`).Scan(&succeeded, &evts); err != nil {
+		t.Fatal(err)
+	}
+	if succeeded != 1 || evts != 2 {
+		t.Errorf("%d succeeded charges and %d events; want 1 and 2 (charge.succeeded, order.paid)", succeeded, evts)
+	}
+	if n := len(f.effects(t)); n != 1 {
+		t.Errorf("%d processor effects; want 1", n)
 	}
 }

@@ -107,3 +107,45 @@ func TestWebhookCompletesStalledChargeAndRetryAgrees(t *testing.T) {
 		t.Errorf("%d processor effects; want 1", n)
 	}
 }
+
+// Deliveries may come out of order and late: a refund's event before its
+// charge's, both after our own phases recorded everything. Each is
+// acknowledged and applied idempotently: nothing changes, nothing is
+// recorded twice.
+func TestWebhooksOutOfOrderChangeNothingTwice(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	ch := ts.paidCharge(t, 900)
+	if res := ts.do(t, refundRequest(ch.ID, "r1", `{"amount":400}`)); res.Status != http.StatusCreated {
+		t.Fatal(res.Status, string(res.Body))
+	}
+	var chargeKey, chargePID, refundKey, refundPID string
+	if err := ts.db.QueryRow(context.Background(), `
+		SELECT c.downstream_key, c.processor_charge_id, r.downstream_key, r.processor_refund_id
+		FROM charges c JOIN refunds r ON r.caller_id = c.caller_id AND r.charge_id = c.id`).Scan(&chargeKey, &chargePID, &refundKey, &refundPID); err != nil {
+		t.Fatal(err)
+	}
+	countEvents := func() (n int) {
+		if err := ts.db.QueryRow(context.Background(), `SELECT count(*) FROM events`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := countEvents()
+	for i, body := range []string{
+		fmt.Sprintf(`{"id":"pevt_late_refund","type":"refund.succeeded","created":2,"data":{"id":%q,"downstream_key":%q,"amount":400,"currency":"usd","status":"succeeded","decline_code":null}}`, refundPID, refundKey),
+		fmt.Sprintf(`{"id":"pevt_late_charge","type":"charge.succeeded","created":1,"data":{"id":%q,"downstream_key":%q,"amount":900,"currency":"usd","status":"succeeded","decline_code":null}}`, chargePID, chargeKey),
+	} {
+		if res := ts.do(t, signedWebhook(t, body, time.Now(), processor.DefaultWebhookSecret)); res.Status != http.StatusOK {
+			t.Fatalf("delivery %d: %d %s", i, res.Status, res.Body)
+		}
+	}
+	if after := countEvents(); after != before {
+		t.Errorf("late, reordered webhooks wrote %d events", after-before)
+	}
+	var refunded int64
+	if err := ts.db.QueryRow(context.Background(), `SELECT amount_refunded FROM charges`).Scan(&refunded); err != nil || refunded != 400 {
+		t.Errorf("amount refunded %d (%v); want 400", refunded, err)
+	}
+	assertMoneyConserved(t, ts)
+}
