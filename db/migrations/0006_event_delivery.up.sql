@@ -2,10 +2,13 @@
 -- each event's delivery.
 
 -- Where a caller's events are delivered, and the secret they are signed
--- with. A NULL URL means the server's built-in demo receiver.
+-- with: random per caller (122 bits from gen_random_uuid), so no caller can
+-- forge another's deliveries. A NULL URL means the server's built-in demo
+-- receiver.
 ALTER TABLE callers
     ADD COLUMN webhook_url    text,
-    ADD COLUMN webhook_secret text NOT NULL DEFAULT 'whsec_demo';
+    ADD COLUMN webhook_secret text NOT NULL
+        DEFAULT 'whsec_' || replace(gen_random_uuid()::text, '-', '');
 
 ALTER TABLE events
     ADD COLUMN delivered_at      timestamptz,

@@ -89,9 +89,9 @@ func Run(ctx context.Context, d Deps, l *idempotency.Lease, req Request) error {
 			}
 			d.Crash.Crash(faults.AfterChargeCreated)
 		case RecoveryChargeCreated:
-			ch, err := queries.GetChargeByKeyRecord(ctx, d.DB, dbsqlc.GetChargeByKeyRecordParams{CallerID: req.CallerID, IdempotencyKeyID: l.Record().ID})
+			ch, err := queries.GetChargeByKeyRecord(ctx, d.DB, dbsqlc.GetChargeByKeyRecordParams{CallerID: l.Record().CallerID, IdempotencyKeyID: l.Record().ID})
 			if err != nil {
-				return fmt.Errorf("load charge of key record %d: %w", l.Record().ID, err)
+				return unresolved(fmt.Errorf("load charge of key record %d: %w", l.Record().ID, err))
 			}
 			answer, err := d.Processor.Charge(ctx, ch.DownstreamKey, processor.CreateChargeRequest{
 				Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod,
@@ -106,19 +106,36 @@ func Run(ctx context.Context, d Deps, l *idempotency.Lease, req Request) error {
 			}
 			var declined *DeclinedError
 			if err != nil && !errors.As(err, &declined) {
-				return err
+				return unresolved(err)
 			}
-			return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
+			return unresolved(l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
 				res, err := finish(ctx, tx, ch, answer, declined, d.Render)
 				if err == nil {
 					d.Crash.Crash(faults.BeforeFinalCommit)
 				}
 				return res, err
-			})
+			}))
 		default:
 			return fmt.Errorf("charge: unknown recovery point %q", l.RecoveryPoint())
 		}
 	}
+}
+
+// unresolved keeps an unexpected failure after the processor may have
+// acted from becoming a final answer. Stored as a 500, it would leave the
+// charge pending for ever, its outcome never recorded; instead the
+// operation stays resumable (a 503 for the client), and if it keeps
+// failing the reconciler sets it aside for a person. Problems that are
+// outcomes (a decline, a conflict) and a lost lease pass through.
+func unresolved(err error) error {
+	var p *problem.Error
+	if err == nil || errors.Is(err, idempotency.ErrLeaseLost) || errors.As(err, &p) {
+		return err
+	}
+	prob := problem.New(problem.ServiceUnavailable,
+		"the operation could not be completed now; retry with the same Idempotency-Key and it resumes")
+	prob.RetryAfter = 1
+	return errors.Join(prob, err)
 }
 
 // start is phase 1.
@@ -135,12 +152,13 @@ func start(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Reques
 	if o.Status != "pending" {
 		return nil, problem.New(problem.OrderNotPayable, "order %s is %s; only a pending order can be charged", o.ID, o.Status)
 	}
+	id := ids.New(ids.Charge)
 	_, err = queries.CreateCharge(ctx, tx, dbsqlc.CreateChargeParams{
-		CallerID: req.CallerID, ID: ids.New(ids.Charge), OrderID: o.ID, IdempotencyKeyID: rec.ID,
+		CallerID: req.CallerID, ID: id, OrderID: o.ID, IdempotencyKeyID: rec.ID,
 		Amount: o.Amount, Currency: o.Currency, PaymentMethod: req.PaymentMethod,
-		// Derived from the record: every attempt of this operation sends
+		// Fixed here, with the row: every attempt of this operation sends
 		// the same key, and no other operation ever does.
-		DownstreamKey: downstreamKey(req.CallerID, "charge", rec.ID),
+		DownstreamKey: downstreamKey(req.CallerID, id),
 	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.ConstraintName == "charges_one_live_per_order" {
@@ -262,18 +280,19 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 }
 
 // downstreamKey is the Idempotency-Key sent to the processor for the
-// operation of key record id: "<caller>-<kind>-<id>". The record id is
-// unique for ever (an identity column), so no two operations share a key,
-// and the caller's id in it lets a webhook, which carries the key, find the
-// caller whose rows it is about.
-func downstreamKey(callerID, kind string, id int64) string {
-	return fmt.Sprintf("%s-%s-%d", callerID, kind, id)
+// charge or refund objectID (ch_… or re_…): "<caller>-<objectID>". The
+// object id is random, so no two operations ever share a key, even across
+// a restore of the database (a sequence would hand out used numbers again,
+// and the processor would replay an old charge). The caller's id in it lets
+// a webhook, which carries the key, find the caller whose rows it is about.
+func downstreamKey(callerID, objectID string) string {
+	return callerID + "-" + objectID
 }
 
 // CallerOfDownstreamKey returns the caller a downstream key belongs to.
 func CallerOfDownstreamKey(key string) (string, bool) {
-	for _, kind := range []string{"-charge-", "-refund-"} {
-		if i := strings.LastIndex(key, kind); i > 0 {
+	for _, prefix := range []string{"-" + ids.Charge + "_", "-" + ids.Refund + "_"} {
+		if i := strings.LastIndex(key, prefix); i > 0 {
 			return key[:i], true
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -72,11 +71,22 @@ func (c *ProcessorClient) Charge(ctx context.Context, downstreamKey string, req 
 		return ch, &DeclinedError{DeclineCode: e.Error.DeclineCode, ProcessorChargeID: e.Error.Charge}
 	case status == http.StatusTooManyRequests || status >= 500:
 		return ch, &UncertainError{Err: fmt.Errorf("processor answered %d", status), RetryAfter: retryAfter(header)}
+	case status >= 400:
+		// Any other 4xx is a definite "no": the processor refused the
+		// request and did nothing. The charge is recorded as failed.
+		return ch, &DeclinedError{DeclineCode: refusalCode(resBody, status)}
 	default:
-		// Any other 4xx means we sent something wrong: a bug, not a state
-		// of the world. It is final, and loud.
-		return ch, errors.New("processor rejected the request: " + strconv.Itoa(status) + " " + string(resBody))
+		return ch, &UncertainError{Err: fmt.Errorf("unexpected processor answer %d", status)}
 	}
+}
+
+// refusalCode is the processor's error code, or a generic one.
+func refusalCode(body []byte, status int) string {
+	var e processor.ErrorResponse
+	if json.Unmarshal(body, &e) == nil && e.Error.Code != "" {
+		return e.Error.Code
+	}
+	return "processor_refused_" + strconv.Itoa(status)
 }
 
 // post sends one request under downstreamKey. A failure to get a complete
@@ -142,11 +152,9 @@ func (c *ProcessorClient) Refund(ctx context.Context, downstreamKey string, req 
 		return re, nil
 	case status == http.StatusTooManyRequests || status >= 500:
 		return re, &UncertainError{Err: fmt.Errorf("processor answered %d", status), RetryAfter: retryAfter(header)}
-	case status == http.StatusBadRequest:
-		var e processor.ErrorResponse
-		if json.Unmarshal(body, &e) == nil && e.Error.Code != "" {
-			return re, &RefusedError{Code: e.Error.Code}
-		}
+	case status >= 400:
+		// A definite "no" (too large, not refundable, unknown charge).
+		return re, &RefusedError{Code: refusalCode(body, status)}
 	}
-	return re, errors.New("processor rejected the refund: " + strconv.Itoa(status) + " " + string(body))
+	return re, &UncertainError{Err: fmt.Errorf("unexpected processor answer %d", status)}
 }

@@ -54,11 +54,11 @@ func RunRefund(ctx context.Context, d Deps, l *idempotency.Lease, req RefundRequ
 		case RecoveryRefundCreated:
 			re, err := queries.GetRefundByKeyRecord(ctx, d.DB, dbsqlc.GetRefundByKeyRecordParams{CallerID: l.Record().CallerID, IdempotencyKeyID: l.Record().ID})
 			if err != nil {
-				return fmt.Errorf("load refund of key record %d: %w", l.Record().ID, err)
+				return unresolved(fmt.Errorf("load refund of key record %d: %w", l.Record().ID, err))
 			}
 			ch, err := queries.GetCharge(ctx, d.DB, dbsqlc.GetChargeParams{CallerID: re.CallerID, ID: re.ChargeID})
 			if err != nil {
-				return err
+				return unresolved(err)
 			}
 			answer, err := d.Processor.Refund(ctx, re.DownstreamKey, processor.CreateRefundRequest{
 				Charge: *ch.ProcessorChargeID, Amount: re.Amount,
@@ -72,11 +72,11 @@ func RunRefund(ctx context.Context, d Deps, l *idempotency.Lease, req RefundRequ
 			}
 			var refused *RefusedError
 			if err != nil && !errors.As(err, &refused) {
-				return err
+				return unresolved(err)
 			}
-			return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
+			return unresolved(l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
 				return finishRefund(ctx, tx, ch, re, answer, refused, d.RenderRefund)
-			})
+			}))
 		default:
 			return fmt.Errorf("refund: unknown recovery point %q", l.RecoveryPoint())
 		}
@@ -123,9 +123,10 @@ func startRefund(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req 
 	if err != nil {
 		return nil, err
 	}
+	id := ids.New(ids.Refund)
 	if _, err := queries.CreateRefund(ctx, tx, dbsqlc.CreateRefundParams{
-		CallerID: ch.CallerID, ID: ids.New(ids.Refund), ChargeID: ch.ID, IdempotencyKeyID: rec.ID,
-		Amount: amount, DownstreamKey: downstreamKey(ch.CallerID, "refund", rec.ID),
+		CallerID: ch.CallerID, ID: id, ChargeID: ch.ID, IdempotencyKeyID: rec.ID,
+		Amount: amount, DownstreamKey: downstreamKey(ch.CallerID, id),
 	}); err != nil {
 		return nil, err
 	}

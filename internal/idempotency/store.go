@@ -229,6 +229,8 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, retryDelay t
 		// request says what any concurrent duplicate would hear.
 		return nil, inProgress()
 	case IsRetryable(err):
+		s.log.WarnContext(ctx, "keyed operation left resumable", "err", err,
+			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", lease.record.RecoveryPoint, "attempt", rec.Attempt)
 		s.release(lease, retryDelay)
 		return nil, err
 	}

@@ -128,7 +128,9 @@ func IsTransient(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
+	// Canceled covers a worker stopped mid-operation (a deploy): the work is
+	// not done, and must stay resumable rather than be stored as failed.
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
 		return true
 	}
 	// A connection that broke mid-statement: pgconn reports these without a

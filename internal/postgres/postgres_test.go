@@ -2,9 +2,13 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/testdb"
@@ -67,5 +71,29 @@ func TestTransactCommitsAndRollsBack(t *testing.T) {
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil || len(ids) != 1 || ids[0] != "kept" {
 		t.Errorf("callers %v (%v); want only the committed one", ids, err)
+	}
+}
+
+func TestIsTransient(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{context.DeadlineExceeded, true},
+		{context.Canceled, true}, // a worker stopped mid-operation: not a final failure
+		{fmt.Errorf("wrapped: %w", io.ErrUnexpectedEOF), true},
+		{&pgconn.PgError{Code: "40001"}, true}, // serialization_failure
+		{&pgconn.PgError{Code: "40P01"}, true}, // deadlock_detected
+		{&pgconn.PgError{Code: "57P01"}, true}, // admin_shutdown
+		{&pgconn.PgError{Code: "08006"}, true}, // connection_failure
+		{&pgconn.PgError{Code: "23505"}, false}, // unique_violation: a real answer
+		{&pgconn.PgError{Code: "P0001"}, false}, // raise_exception
+		{errors.New("a bug"), false},
+		{nil, false},
+	} {
+		if got := postgres.IsTransient(tc.err); got != tc.want {
+			t.Errorf("IsTransient(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }

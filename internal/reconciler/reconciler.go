@@ -89,6 +89,11 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	}
 	r.budget.Deposit(allowed - len(leases)) // only what was used is spent
 	for _, l := range leases {
+		if ctx.Err() != nil {
+			// Stopping: the claimed records not yet handled keep their
+			// lease and are taken over once it runs out.
+			break
+		}
 		r.reconcile(ctx, l)
 	}
 	return len(leases), nil
@@ -98,7 +103,10 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 	rec := l.Record()
 	log := r.log.With("caller", rec.CallerID, "key_id", rec.ID, "path", rec.RequestPath,
 		"recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
+	// A record started is finished even if the reconciler is told to stop
+	// meanwhile (its writes must not be cut off halfway), bounded by the
+	// lease like any request.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Lease)
 	defer cancel()
 
 	// The age is judged on this process's clock; MaxAge is hours, so the

@@ -76,11 +76,19 @@ func TestRelayDeliversEveryEventAtLeastOnce(t *testing.T) {
 func TestRelayRetriesAFailingEndpoint(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t)
+	var secret string
+	if err := ts.db.QueryRow(context.Background(), `SELECT webhook_secret FROM callers WHERE id = 'acme'`).Scan(&secret); err != nil {
+		t.Fatal(err)
+	}
+	var other string
+	if err := ts.db.QueryRow(context.Background(), `SELECT webhook_secret FROM callers WHERE id = 'globex'`).Scan(&other); err != nil || other == secret {
+		t.Fatalf("callers share a webhook secret (%v)", err)
+	}
 	var calls atomic.Int32
 	var verified atomic.Int32
 	endpoint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		if processor.Verify([]byte("whsec_demo"), r.Header.Get(relay.SignatureHeader), body, time.Now(), 0) == nil {
+		if processor.Verify([]byte(secret), r.Header.Get(relay.SignatureHeader), body, time.Now(), 0) == nil {
 			verified.Add(1)
 		}
 		if calls.Add(1) == 1 {

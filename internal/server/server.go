@@ -108,8 +108,11 @@ func chargeDeps(cfg Config, pool *pgxpool.Pool) charges.Deps {
 // exactly as a client's retry through New's handler would.
 func NewReconciler(cfg Config, pool *pgxpool.Pool, log *slog.Logger) *reconciler.Reconciler {
 	return reconciler.New(reconciler.Config{
-		Interval:    cfg.ReconcilerInterval,
-		Batch:       20,
+		Interval: cfg.ReconcilerInterval,
+		// One record per claim: each claimed record's lease starts at the
+		// claim, so a batch handled one after another would run its last
+		// records on expired leases. Run loops at once while it finds work.
+		Batch:       1,
 		Lease:       cfg.Lease,
 		MaxAttempts: cfg.ReconcilerMaxAttempts,
 		MaxAge:      cfg.ReconcilerMaxAge,
@@ -125,10 +128,12 @@ func NewReconciler(cfg Config, pool *pgxpool.Pool, log *slog.Logger) *reconciler
 // built-in demo receiver (this server's /demo/webhooks/).
 func NewRelay(cfg Config, pool *pgxpool.Pool, log *slog.Logger, demoURL string) *relay.Relay {
 	return relay.New(relay.Config{
-		Interval:    cfg.ReconcilerInterval,
-		Batch:       50,
+		Interval: cfg.ReconcilerInterval,
+		// The batch is delivered one event after another within the lease:
+		// 5 × 5s < 30s.
+		Batch:       5,
 		Lease:       30 * time.Second,
-		Timeout:     10 * time.Second,
+		Timeout:     5 * time.Second,
 		DemoURL:     demoURL,
 		BackoffBase: time.Second,
 		BackoffCap:  time.Hour,

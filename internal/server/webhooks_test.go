@@ -19,7 +19,7 @@ func signedWebhook(t *testing.T, body string, at time.Time, secret string) reque
 func TestWebhookSignatureIsCheckedFirst(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t)
-	body := `{"id":"pevt_1","type":"charge.succeeded","created":1,"data":{"id":"pch_1","downstream_key":"acme-charge-1","amount":1,"currency":"usd","status":"succeeded","decline_code":null}}`
+	body := `{"id":"pevt_1","type":"charge.succeeded","created":1,"data":{"id":"pch_1","downstream_key":"acme-ch_unknown","amount":1,"currency":"usd","status":"succeeded","decline_code":null}}`
 	for name, req := range map[string]request{
 		"wrong secret":    signedWebhook(t, body, time.Now(), "whsec_wrong"),
 		"stale":           signedWebhook(t, body, time.Now().Add(-6*time.Minute), processor.DefaultWebhookSecret),
