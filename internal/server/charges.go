@@ -25,7 +25,7 @@ func (s *Server) CreateCharge(ctx context.Context, req apigen.CreateChargeReques
 	if _, err := orders.Get(ctx, s.pool, callerID, req.OrderId); err != nil {
 		return nil, err
 	}
-	chargeReq := charges.Request{CallerID: callerID, OrderID: req.OrderId, PaymentMethod: req.Body.PaymentMethod}
+	chargeReq := charges.Request{CallerID: callerID, OrderID: req.OrderId, PaymentMethod: string(req.Body.PaymentMethod)}
 	resp, err := s.keys.Execute(ctx, keyed, func(ctx context.Context, l *idempotency.Lease) error {
 		return charges.Run(ctx, s.charges, l, chargeReq)
 	})
