@@ -51,7 +51,9 @@ RETURNING *;
 -- name: SetRecoveryPoint :execrows
 -- Record that a phase finished. Fenced: zero rows means this owner no longer
 -- holds the lease (a newer attempt took over, or the lease ran out and
--- anyone may), and the caller must roll back the phase and stop.
+-- anyone may), and the caller must roll back the phase and stop. The lease
+-- is checked against clock_timestamp(), the time of this write, not now(),
+-- which inside a transaction is the time the transaction began.
 UPDATE idempotency_keys
 SET recovery_point = @recovery_point,
     updated_at     = now()
@@ -59,7 +61,7 @@ WHERE caller_id = @caller_id
   AND id = @id
   AND attempt = @attempt
   AND status = 'in_progress'
-  AND locked_until > now();
+  AND locked_until > clock_timestamp();
 
 -- name: CompleteIdempotencyKey :execrows
 -- Store the final response and release the lease. Fenced like SetRecoveryPoint.
@@ -79,7 +81,7 @@ WHERE caller_id = @caller_id
   AND id = @id
   AND attempt = @attempt
   AND status = 'in_progress'
-  AND locked_until > now();
+  AND locked_until > clock_timestamp();
 
 -- name: GetIdempotencyKey :one
 SELECT * FROM idempotency_keys

@@ -250,6 +250,9 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 	data := map[string]any{"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency}
 	if !o.Succeeded {
 		code := o.DeclineCode
+		if code == "" {
+			code = "generic_decline" // a failure the processor gave no reason for
+		}
 		if cur, err = queries.FailCharge(ctx, tx, dbsqlc.FailChargeParams{
 			CallerID: ch.CallerID, ID: ch.ID, FailureCode: &code, ProcessorChargeID: &o.ProcessorChargeID,
 		}); err != nil {

@@ -238,7 +238,7 @@ WHERE caller_id = $4
   AND id = $5
   AND attempt = $6
   AND status = 'in_progress'
-  AND locked_until > now()
+  AND locked_until > clock_timestamp()
 `
 
 type CompleteIdempotencyKeyParams struct {
@@ -389,7 +389,7 @@ WHERE caller_id = $2
   AND id = $3
   AND attempt = $4
   AND status = 'in_progress'
-  AND locked_until > now()
+  AND locked_until > clock_timestamp()
 `
 
 type SetRecoveryPointParams struct {
@@ -401,7 +401,9 @@ type SetRecoveryPointParams struct {
 
 // Record that a phase finished. Fenced: zero rows means this owner no longer
 // holds the lease (a newer attempt took over, or the lease ran out and
-// anyone may), and the caller must roll back the phase and stop.
+// anyone may), and the caller must roll back the phase and stop. The lease
+// is checked against clock_timestamp(), the time of this write, not now(),
+// which inside a transaction is the time the transaction began.
 func (q *Queries) SetRecoveryPoint(ctx context.Context, db DBTX, arg SetRecoveryPointParams) (int64, error) {
 	result, err := db.Exec(ctx, setRecoveryPoint,
 		arg.RecoveryPoint,
