@@ -83,10 +83,10 @@ func TestIsTransient(t *testing.T) {
 		{context.DeadlineExceeded, true},
 		{context.Canceled, true}, // a worker stopped mid-operation: not a final failure
 		{fmt.Errorf("wrapped: %w", io.ErrUnexpectedEOF), true},
-		{&pgconn.PgError{Code: "40001"}, true}, // serialization_failure
-		{&pgconn.PgError{Code: "40P01"}, true}, // deadlock_detected
-		{&pgconn.PgError{Code: "57P01"}, true}, // admin_shutdown
-		{&pgconn.PgError{Code: "08006"}, true}, // connection_failure
+		{&pgconn.PgError{Code: "40001"}, true},  // serialization_failure
+		{&pgconn.PgError{Code: "40P01"}, true},  // deadlock_detected
+		{&pgconn.PgError{Code: "57P01"}, true},  // admin_shutdown
+		{&pgconn.PgError{Code: "08006"}, true},  // connection_failure
 		{&pgconn.PgError{Code: "23505"}, false}, // unique_violation: a real answer
 		{&pgconn.PgError{Code: "P0001"}, false}, // raise_exception
 		{errors.New("a bug"), false},

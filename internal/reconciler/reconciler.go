@@ -121,6 +121,9 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 		return
 	}
 
+	// Past their first phase, charges and refunds carry everything a resume
+	// needs in their own rows, so the handler needs only the caller.
+	var resume idempotency.Handler
 	switch l.RecoveryPoint() {
 	case idempotency.RecoveryStarted:
 		// The first phase never committed, so nothing happened, locally or
@@ -130,32 +133,31 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 			return
 		}
 		log.InfoContext(ctx, "reconciler: abandoned an operation that never started")
+		return
 	case charges.RecoveryChargeCreated:
-		resp, err := r.store.Drive(ctx, l, func(ctx context.Context, l *idempotency.Lease) error {
+		resume = func(ctx context.Context, l *idempotency.Lease) error {
 			return charges.Run(ctx, r.charges, l, charges.Request{CallerID: rec.CallerID})
-		}, r.backoff(rec.Attempt))
-		if err != nil {
-			log.InfoContext(ctx, "reconciler: not finished, will try again", "err", err)
-			return
 		}
-		log.InfoContext(ctx, "reconciler: finished an operation", "status", resp.Status)
 	case charges.RecoveryRefundCreated:
-		resp, err := r.store.Drive(ctx, l, func(ctx context.Context, l *idempotency.Lease) error {
+		resume = func(ctx context.Context, l *idempotency.Lease) error {
 			return charges.RunRefund(ctx, r.charges, l, charges.RefundRequest{CallerID: rec.CallerID})
-		}, r.backoff(rec.Attempt))
+		}
+	}
+	if resume != nil {
+		resp, err := r.store.Drive(ctx, l, resume, r.backoff(rec.Attempt))
 		if err != nil {
 			log.InfoContext(ctx, "reconciler: not finished, will try again", "err", err)
 			return
 		}
 		log.InfoContext(ctx, "reconciler: finished an operation", "status", resp.Status)
-	default:
-		// A recovery point this code does not know: a person must look.
-		if err := l.Bury(ctx); err != nil {
-			log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
-			return
-		}
-		log.ErrorContext(ctx, "reconciler: unknown recovery point; operation set aside")
+		return
 	}
+	// A recovery point this code does not know: a person must look.
+	if err := l.Bury(ctx); err != nil {
+		log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
+		return
+	}
+	log.ErrorContext(ctx, "reconciler: unknown recovery point; operation set aside")
 }
 
 // backoff is the shared full-jitter policy.

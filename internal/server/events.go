@@ -11,14 +11,7 @@ import (
 
 // ListEvents is safe.
 func (s *Server) ListEvents(ctx context.Context, req apigen.ListEventsRequestObject) (apigen.ListEventsResponseObject, error) {
-	limit := 10
-	if req.Params.Limit != nil {
-		limit = *req.Params.Limit
-	}
-	var startingAfter string
-	if req.Params.StartingAfter != nil {
-		startingAfter = *req.Params.StartingAfter
-	}
+	limit, startingAfter := page(req.Params.Limit, req.Params.StartingAfter)
 	rows, hasMore, err := events.List(ctx, s.pool, auth.CallerFrom(ctx).ID, limit, startingAfter)
 	if err != nil {
 		return nil, err

@@ -55,14 +55,7 @@ func (s *Server) GetOrder(ctx context.Context, req apigen.GetOrderRequestObject)
 
 // ListOrders is safe.
 func (s *Server) ListOrders(ctx context.Context, req apigen.ListOrdersRequestObject) (apigen.ListOrdersResponseObject, error) {
-	limit := 10
-	if req.Params.Limit != nil {
-		limit = *req.Params.Limit
-	}
-	var startingAfter string
-	if req.Params.StartingAfter != nil {
-		startingAfter = *req.Params.StartingAfter
-	}
+	limit, startingAfter := page(req.Params.Limit, req.Params.StartingAfter)
 	rows, hasMore, err := orders.List(ctx, s.pool, auth.CallerFrom(ctx).ID, limit, startingAfter)
 	if err != nil {
 		return nil, err
@@ -112,6 +105,19 @@ func (s *Server) GetIdempotencyKey(ctx context.Context, req apigen.GetIdempotenc
 		out.ResponseStatus = &status
 	}
 	return out, nil
+}
+
+// page reads the list parameters: limit defaults to 10 (the contract's
+// default, which the validator does not fill in) and no cursor is "".
+func page(limit *int, startingAfter *string) (int, string) {
+	l, s := 10, ""
+	if limit != nil {
+		l = *limit
+	}
+	if startingAfter != nil {
+		s = *startingAfter
+	}
+	return l, s
 }
 
 func orderToAPI(o dbsqlc.Order) apigen.Order {
