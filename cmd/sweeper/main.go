@@ -1,14 +1,148 @@
-// Command sweeper will delete idempotency keys (and other retained records)
-// past their retention window. It is a placeholder until the retention
-// issue builds it; see DESIGN.md, "Retention and the sweeper".
+// Command sweeper deletes what is past its retention window: completed
+// idempotency records (IDEMPOTENCY_KEY_RETENTION, shared with the server),
+// delivered outbox events (OUTBOX_EVENT_RETENTION) and processed webhook
+// event ids (WEBHOOK_EVENT_RETENTION). See internal/sweeper.
+//
+//	sweeper --once                 one sweep, then exit (cron, a Kubernetes CronJob)
+//	sweeper --interval 5m          sweep every 5 minutes until SIGTERM
+//	sweeper --once --dry-run       count what would be deleted
+//
+// Each sweep logs one JSON line with what it did; --metrics-file writes the
+// same figures in the Prometheus text format (for node_exporter's textfile
+// collector when run as a one-shot job).
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/internal/server"
+	"github.com/retrysafe/payments/internal/sweeper"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "sweeper: not implemented yet (see the retention and sweeper issue)")
-	os.Exit(2)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "sweeper:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	flags := flag.NewFlagSet("sweeper", flag.ContinueOnError)
+	once := flags.Bool("once", false, "sweep once and exit")
+	interval := flags.Duration("interval", 0, "sweep repeatedly, this long apart (instead of --once)")
+	dryRun := flags.Bool("dry-run", false, "count what would be deleted; delete nothing")
+	batch := flags.Int("batch", 1000, "rows deleted per statement")
+	metricsFile := flags.String("metrics-file", "", "write Prometheus text-format metrics to this file after each sweep")
+	if err := flags.Parse(args); err != nil {
+		return err
+	}
+	if *once == (*interval > 0) {
+		return errors.New("give exactly one of --once and --interval")
+	}
+	if *batch < 1 {
+		return errors.New("--batch must be positive")
+	}
+	cfg, err := server.LoadConfig(getenv) // DATABASE_URL and IDEMPOTENCY_KEY_RETENTION, as the server reads them
+	if err != nil {
+		return err
+	}
+	eventRetention, err := retention(getenv, "OUTBOX_EVENT_RETENTION")
+	if err != nil {
+		return err
+	}
+	webhookRetention, err := retention(getenv, "WEBHOOK_EVENT_RETENTION")
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(stdout, nil))
+	pool, err := postgres.Open(ctx, cfg.DatabaseURL, false)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	s := sweeper.New(sweeper.Config{
+		KeyRetention: cfg.Retention, EventRetention: eventRetention, WebhookRetention: webhookRetention,
+		Batch: *batch, DryRun: *dryRun,
+	}, pool)
+	for {
+		r, err := s.Sweep(ctx)
+		log.Info("sweep",
+			"dry_run", r.DryRun, "deleted_idempotency_keys", r.Keys, "deleted_events", r.Events,
+			"deleted_webhook_events", r.WebhookEvents, "batches", r.Batches,
+			"stale_in_progress", r.StaleInProgress, "duration", r.Duration.String(), "err", err)
+		if r.StaleInProgress > 0 {
+			log.Warn("in-progress idempotency records older than the retention window were left for the reconciler",
+				"count", r.StaleInProgress)
+		}
+		if *metricsFile != "" {
+			if err := writeMetrics(*metricsFile, r); err != nil {
+				return err
+			}
+		}
+		if errors.Is(err, context.Canceled) {
+			return nil // SIGTERM between batches: a clean stop
+		}
+		if err != nil || *once {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(*interval):
+		}
+	}
+}
+
+func retention(getenv func(string) string, name string) (time.Duration, error) {
+	v := getenv(name)
+	if v == "" {
+		return 30 * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a positive Go duration such as 720h", name, v)
+	}
+	return d, nil
+}
+
+// writeMetrics writes the sweep's figures in the Prometheus text format,
+// through a temporary file and a rename so a collector never reads half a
+// file.
+func writeMetrics(path string, r sweeper.Report) error {
+	body := fmt.Sprintf(`# HELP payments_sweeper_deleted_rows Rows deleted by the last sweep (deletable, on a dry run).
+# TYPE payments_sweeper_deleted_rows gauge
+payments_sweeper_deleted_rows{table="idempotency_keys"} %d
+payments_sweeper_deleted_rows{table="events"} %d
+payments_sweeper_deleted_rows{table="processor_events"} %d
+# HELP payments_sweeper_batches Batches run by the last sweep.
+# TYPE payments_sweeper_batches gauge
+payments_sweeper_batches %d
+# HELP payments_sweeper_stale_in_progress In-progress idempotency records past the window, left for the reconciler.
+# TYPE payments_sweeper_stale_in_progress gauge
+payments_sweeper_stale_in_progress %d
+# HELP payments_sweeper_duration_seconds How long the last sweep took.
+# TYPE payments_sweeper_duration_seconds gauge
+payments_sweeper_duration_seconds %g
+# HELP payments_sweeper_last_run_timestamp_seconds When the last sweep finished.
+# TYPE payments_sweeper_last_run_timestamp_seconds gauge
+payments_sweeper_last_run_timestamp_seconds %d
+`, r.Keys, r.Events, r.WebhookEvents, r.Batches, r.StaleInProgress, r.Duration.Seconds(), time.Now().Unix())
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/sweeper"
 )
 
 // The tests in this file walk the idempotency contract table of DESIGN.md,
@@ -339,13 +340,18 @@ func TestLostDatabaseConnectionIsNotStored(t *testing.T) {
 }
 
 // Row: same key after the retention window → a new operation (the old
-// record is gone). The sweeper deletes the record; here the test does.
+// record is gone). The record is back-dated past the window and the real
+// sweeper removes it.
 func TestKeyAfterRetentionIsNewOperation(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t)
 	first := ts.createOrder(t, "old", teaOrder)
-	if _, err := ts.db.Exec(context.Background(), `DELETE FROM idempotency_keys WHERE key = 'old'`); err != nil {
+	if _, err := ts.db.Exec(context.Background(), `UPDATE idempotency_keys SET created_at = now() - interval '25 hours' WHERE key = 'old'`); err != nil {
 		t.Fatal(err)
+	}
+	r, err := sweeper.New(sweeper.Config{KeyRetention: ts.cfg.Retention, EventRetention: ts.cfg.Retention, WebhookRetention: ts.cfg.Retention, Batch: 10}, ts.db).Sweep(context.Background())
+	if err != nil || r.Keys != 1 {
+		t.Fatalf("sweep: %+v, %v; want the expired record deleted", r, err)
 	}
 	second := ts.createOrder(t, "old", `{"amount":1,"currency":"eur"}`)
 	if second.Status != http.StatusCreated || second.Header.Get("Idempotent-Replayed") != "" || bytes.Equal(first.Body, second.Body) {

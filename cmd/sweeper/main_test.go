@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/testdb"
+)
+
+// sweeper --once against a database with expired keys leaves exactly the
+// right rows, and reports what it did.
+func TestOnceLeavesExactlyTheRightRows(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.New(t)
+	pool := testdb.Pool(t, dbURL)
+	ctx := context.Background()
+	if err := auth.SeedDemoCallers(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, locked_until, request_method, request_path,
+		                              request_fingerprint, response_status, response_headers, response_body, created_at) VALUES
+		  ('acme', 'old-done', 'completed', 'finished', NULL, 'POST', '/v1/orders', '\x00', 201, '{}', '\x7b7d', now() - interval '2 hours'),
+		  ('acme', 'new-done', 'completed', 'finished', NULL, 'POST', '/v1/orders', '\x00', 201, '{}', '\x7b7d', now()),
+		  ('acme', 'old-open', 'in_progress', 'started', now(), 'POST', '/v1/orders', '\x00', NULL, NULL, NULL, now() - interval '2 hours')`); err != nil {
+		t.Fatal(err)
+	}
+	metrics := filepath.Join(t.TempDir(), "sweeper.prom")
+	var log strings.Builder
+	env := map[string]string{"DATABASE_URL": dbURL, "IDEMPOTENCY_KEY_RETENTION": "90m"}
+	if err := run(ctx, []string{"--once", "--batch", "1", "--metrics-file", metrics}, func(k string) string { return env[k] }, &log); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT key FROM idempotency_keys ORDER BY key`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for rows.Next() {
+		var k string
+		rows.Scan(&k)
+		left = append(left, k)
+	}
+	if strings.Join(left, ",") != "new-done,old-open" {
+		t.Errorf("left %v; want the recent record and the in-progress one", left)
+	}
+	if !strings.Contains(log.String(), `"deleted_idempotency_keys":1`) || !strings.Contains(log.String(), `"stale_in_progress":1`) {
+		t.Errorf("log does not report the sweep:\n%s", log.String())
+	}
+	b, err := os.ReadFile(metrics)
+	if err != nil || !strings.Contains(string(b), `payments_sweeper_deleted_rows{table="idempotency_keys"} 1`) {
+		t.Errorf("metrics file: %v\n%s", err, b)
+	}
+}
+
+func TestFlagsAreChecked(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{}, {"--once", "--interval", "1m"}, {"--once", "--batch", "0"}} {
+		if err := run(context.Background(), args, func(string) string { return "" }, io.Discard); err == nil {
+			t.Errorf("run(%q) accepted bad flags", args)
+		}
+	}
+}
