@@ -16,7 +16,9 @@ import (
 
 const window = 24 * time.Hour
 
-func newPool(t *testing.T) *pgxpool.Pool {
+func newPool(t *testing.T) *pgxpool.Pool { return newPoolTB(t) }
+
+func newPoolTB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	pool := testdb.NewPool(t)
 	if err := auth.SeedDemoCallers(context.Background(), pool); err != nil {
