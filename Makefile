@@ -21,10 +21,10 @@ generate:
 
 # Fail if the committed generated code is not what the sources generate.
 check-generated: generate
-	@git diff --exit-code -- internal/apigen internal/dbsqlc || \
+	@git diff --exit-code -- internal/apigen internal/dbsqlc client/apiclient || \
 		(echo "generated code is out of date: run 'make generate' and commit the result" >&2; exit 1)
-	@test -z "$$(git status --porcelain -- internal/apigen internal/dbsqlc)" || \
-		(echo "untracked generated files: run 'make generate' and commit the result" >&2; git status --porcelain -- internal/apigen internal/dbsqlc >&2; exit 1)
+	@test -z "$$(git status --porcelain -- internal/apigen internal/dbsqlc client/apiclient)" || \
+		(echo "untracked generated files: run 'make generate' and commit the result" >&2; git status --porcelain -- internal/apigen internal/dbsqlc client/apiclient >&2; exit 1)
 
 vet:
 	go vet ./...

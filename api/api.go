@@ -6,6 +6,7 @@ package api
 import _ "embed"
 
 //go:generate go tool oapi-codegen -config oapi-codegen.yaml openapi.yaml
+//go:generate go tool oapi-codegen -config oapi-codegen-client.yaml openapi.yaml
 
 // Spec is api/openapi.yaml.
 //

@@ -9,13 +9,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/retrysafe/payments/client"
+	"github.com/retrysafe/payments/client/apiclient"
 	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/testdb"
 )
@@ -155,20 +156,16 @@ func TestKilledMidEffectIsRecoveredOnce(t *testing.T) {
 	_ = doomed.cmd.Wait()
 	release()
 
-	// The client retries with the same key, honouring Retry-After, as the
-	// contract tells it to; the dead owner's lease runs out on the way.
-	var res response
-	deadline := time.Now().Add(20 * time.Second)
-	for attempt := 1; ; attempt++ {
-		res = survivor.createOrder(t, "killed", teaOrder)
-		if res.Status != http.StatusConflict || time.Now().After(deadline) {
-			break
-		}
-		wait, _ := strconv.Atoi(res.Header.Get("Retry-After"))
-		time.Sleep(time.Duration(wait) * time.Second)
+	// The project's client retries with the same key, honouring
+	// Retry-After (409 while the dead owner's lease runs out).
+	retried, result, err := retryingClient(t, survivor.URL).CreateOrder(context.Background(),
+		apiclient.CreateOrderRequest{Amount: 1999, Currency: "usd", Description: ptr("Tea")}, client.WithIdempotencyKey("killed"))
+	if err != nil || result.Replayed || result.Attempts < 2 {
+		t.Fatalf("retry after the crash: %+v, %v; want the takeover's fresh 201 after waiting", result, err)
 	}
-	if res.Status != http.StatusCreated || res.Header.Get("Idempotent-Replayed") != "" {
-		t.Fatalf("retry after the crash: %d %s; want the takeover's fresh 201", res.Status, res.Body)
+	res := survivor.createOrder(t, "killed", teaOrder) // the stored answer, replayed
+	if res.Status != http.StatusCreated || !strings.Contains(string(res.Body), retried.Id) {
+		t.Fatalf("replay: %d %s", res.Status, res.Body)
 	}
 	var attempt int
 	if err := db.QueryRow(context.Background(), `SELECT attempt FROM idempotency_keys WHERE key = 'killed' AND status = 'completed'`).Scan(&attempt); err != nil || attempt != 2 {
@@ -200,6 +197,19 @@ func TestChargeCrashAtEveryPhaseBoundary(t *testing.T) {
 		}
 	}
 }
+
+// retryingClient is the project's client, patient enough to outlast a dead
+// owner's lease.
+func retryingClient(t *testing.T, baseURL string) *client.Client {
+	t.Helper()
+	c, err := client.New(baseURL, "sk_test_acme", client.Policy{MaxAttempts: 20, BaseDelay: 100 * time.Millisecond, MaxDelay: time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func ptr[T any](v T) *T { return &v }
 
 func crashAndRecover(t *testing.T, point string, reconcilerAlone bool) {
 	procAddr, _ := startProcess(t, "cmd/processor", "PROCESSOR_ADDR=127.0.0.1:0")
@@ -247,16 +257,12 @@ func crashAndRecover(t *testing.T, point string, reconcilerAlone bool) {
 	} else {
 		restarted = startServerProcess(t, dbURL, append(common, "RECONCILER_ENABLED=false")...)
 		restarted.db, restarted.processorURL = db, processorURL
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			res = restarted.do(t, chargeRequest(o.ID, key, "pm_card_visa"))
-			if res.Status != http.StatusConflict || time.Now().After(deadline) {
-				break
-			}
-			// The dead owner's lease has not run out yet: wait as told.
-			wait, _ := strconv.Atoi(res.Header.Get("Retry-After"))
-			time.Sleep(time.Duration(wait) * time.Second)
+		// The project's client retries with the same key, waiting as told
+		// while the dead owner's lease runs out.
+		if _, _, err := retryingClient(t, restarted.URL).Charge(context.Background(), o.ID, apiclient.PmCardVisa, client.WithIdempotencyKey(key)); err != nil {
+			t.Fatalf("the client's retry after the crash: %v", err)
 		}
+		res = restarted.do(t, chargeRequest(o.ID, key, "pm_card_visa"))
 	}
 	if res.Status != http.StatusCreated {
 		t.Fatalf("after the crash at %s: %d %s", point, res.Status, res.Body)

@@ -1,0 +1,322 @@
+// Package client is the retry-safe Go client of the payments API: the
+// client generated from api/openapi.yaml (package apiclient), wrapped in
+// the other half of exactly-once effect, retrying correctly:
+//
+//   - one Idempotency-Key per logical operation, sent on every retry of it
+//     (generated, unless the caller supplies its own);
+//   - retries only what is safe to retry: connection errors and timeouts,
+//     409 idempotency_key_in_use, 429, 502, 503, 504; never another 4xx;
+//   - Retry-After honoured (seconds or an HTTP-date), otherwise full-jitter
+//     backoff, random(0, min(cap, base·2^attempt));
+//   - a cap on attempts, the context's deadline, and a retry budget shared
+//     by all calls (retries at most ~10% of calls plus a small floor), so
+//     an outage is not amplified;
+//   - what happened (attempts, whether the answer was a replay) returned
+//     with every answer.
+//
+// The backoff and the budget are internal/retry, the policy the server's
+// reconciler and outbox relay use too.
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/retrysafe/payments/client/apiclient"
+	"github.com/retrysafe/payments/internal/retry"
+)
+
+// Policy is how a Client retries.
+type Policy struct {
+	// MaxAttempts caps the tries of one operation, the first included.
+	MaxAttempts int
+	// BaseDelay and MaxDelay shape the full-jitter backoff.
+	BaseDelay, MaxDelay time.Duration
+	// Budget is shared by every call of the client (and may be shared by
+	// several clients): each first try earns a tenth of a retry, each retry
+	// spends one.
+	Budget *retry.Budget
+}
+
+// DefaultPolicy: 5 attempts, 100ms to 5s backoff, a budget of 10% of calls
+// with a floor of 10 retries.
+func DefaultPolicy() Policy {
+	return Policy{MaxAttempts: 5, BaseDelay: 100 * time.Millisecond, MaxDelay: 5 * time.Second, Budget: retry.NewBudget(0.1, 10)}
+}
+
+// Client calls the API for one caller.
+type Client struct {
+	api    *apiclient.ClientWithResponses
+	policy Policy
+	// sleep waits between attempts; tests replace it to record the delays.
+	sleep func(context.Context, time.Duration) error
+	// OnAttempt, if set, is told about every attempt (for verbose output).
+	OnAttempt func(Attempt)
+}
+
+// Attempt describes one try of an operation.
+type Attempt struct {
+	Number         int
+	IdempotencyKey string
+	Status         int   // 0 when no answer came
+	Err            error // the transport error, if any
+	Wait           time.Duration
+}
+
+// New returns a client for the API at baseURL, authenticated by apiKey.
+func New(baseURL, apiKey string, policy Policy, httpClient *http.Client) (*Client, error) {
+	if httpClient == nil {
+		httpClient = &http.Client{Timeout: 30 * time.Second}
+	}
+	api, err := apiclient.NewClientWithResponses(baseURL,
+		apiclient.WithHTTPClient(httpClient),
+		apiclient.WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
+			req.Header.Set("Authorization", "Bearer "+apiKey)
+			return nil
+		}))
+	if err != nil {
+		return nil, err
+	}
+	return &Client{api: api, policy: policy, sleep: sleepCtx}, nil
+}
+
+// Result is what happened to one logical operation.
+type Result struct {
+	IdempotencyKey string
+	Attempts       int
+	// Replayed: the answer is the stored outcome of an earlier attempt
+	// (Idempotent-Replayed: true).
+	Replayed bool
+	Status   int
+}
+
+// Option adjusts one call.
+type Option func(*callOptions)
+
+type callOptions struct{ key string }
+
+// WithIdempotencyKey sends key instead of a generated one: for a caller
+// that persists its keys, so that even a restart of the caller retries the
+// same operation.
+func WithIdempotencyKey(key string) Option { return func(o *callOptions) { o.key = key } }
+
+// Error is a final answer that is not a success: an RFC 9457 problem.
+type Error struct {
+	Status  int
+	Problem apiclient.Problem
+	Result  Result
+}
+
+func (e *Error) Error() string {
+	detail := ""
+	if e.Problem.Detail != nil {
+		detail = ": " + *e.Problem.Detail
+	}
+	return fmt.Sprintf("%d %s%s", e.Status, e.Problem.Code, detail)
+}
+
+// NewKey returns a fresh idempotency key: 128 random bits.
+func NewKey() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// answer is one attempt's raw outcome.
+type answer struct {
+	resp *http.Response
+	body []byte
+}
+
+// do runs one logical operation: send is called with the same key on
+// every attempt, until an answer is final, the attempts or the budget run
+// out, or the context's deadline would pass before the next try.
+func (c *Client) do(ctx context.Context, opts []Option, send func(ctx context.Context, key string) (answer, error)) (answer, Result, error) {
+	o := callOptions{key: NewKey()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	res := Result{IdempotencyKey: o.key}
+	if c.policy.Budget != nil {
+		c.policy.Budget.Earn()
+	}
+	for {
+		res.Attempts++
+		a, err := send(ctx, o.key)
+		att := Attempt{Number: res.Attempts, IdempotencyKey: o.key, Err: err}
+		if err == nil {
+			att.Status = a.resp.StatusCode
+			res.Status = a.resp.StatusCode
+			res.Replayed = a.resp.Header.Get("Idempotent-Replayed") == "true"
+		}
+		wait, retryable := c.retryable(a, err, res.Attempts)
+		switch {
+		case !retryable:
+		case res.Attempts >= c.policy.MaxAttempts:
+			retryable = false
+		case c.policy.Budget != nil && !c.policy.Budget.Spend():
+			retryable = false // the budget is spent: do not add load to an outage
+		default:
+			if deadline, ok := ctx.Deadline(); ok && time.Now().Add(wait).After(deadline) {
+				retryable = false // the next try could not finish in time
+			}
+		}
+		if retryable {
+			att.Wait = wait
+		}
+		if c.OnAttempt != nil {
+			c.OnAttempt(att)
+		}
+		if !retryable {
+			if err != nil {
+				return a, res, err
+			}
+			return a, res, nil
+		}
+		if err := c.sleep(ctx, wait); err != nil {
+			return a, res, err
+		}
+	}
+}
+
+// retryable says whether an attempt may be retried and after how long.
+func (c *Client) retryable(a answer, err error, attempt int) (time.Duration, bool) {
+	backoff := retry.FullJitter(c.policy.BaseDelay, c.policy.MaxDelay, int32(attempt-1))
+	if err != nil {
+		// A connection error or a timeout: the request may or may not have
+		// arrived. With the same key a retry is safe either way. A canceled
+		// or expired context is the caller's decision, not a failure.
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return 0, false
+		}
+		return backoff, true
+	}
+	switch a.resp.StatusCode {
+	case http.StatusConflict:
+		// Only "in progress" is transient; other conflicts are answers.
+		var p apiclient.Problem
+		if json.Unmarshal(a.body, &p) != nil || p.Code != apiclient.ProblemCodeIdempotencyKeyInUse {
+			return 0, false
+		}
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	default:
+		return 0, false
+	}
+	if d, ok := retryAfter(a.resp.Header.Get("Retry-After"), time.Now()); ok {
+		return d, true
+	}
+	return backoff, true
+}
+
+// retryAfter parses Retry-After: delay-seconds or an HTTP-date.
+func retryAfter(v string, now time.Time) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(0, t.Sub(now)), true
+	}
+	return 0, false
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// final turns the last answer into its value or an *Error.
+func final[T any](a answer, res Result, err error, want int, value func() *T) (T, Result, error) {
+	var zero T
+	if err != nil {
+		return zero, res, err
+	}
+	if a.resp.StatusCode == want {
+		if v := value(); v != nil {
+			return *v, res, nil
+		}
+		return zero, res, fmt.Errorf("%d without a body", want)
+	}
+	e := &Error{Status: a.resp.StatusCode, Result: res}
+	if err := json.NewDecoder(bytes.NewReader(a.body)).Decode(&e.Problem); err != nil {
+		return zero, res, fmt.Errorf("unexpected answer %d: %s", a.resp.StatusCode, a.body)
+	}
+	return zero, res, e
+}
+
+// CreateOrder creates an order, retrying safely.
+func (c *Client) CreateOrder(ctx context.Context, body apiclient.CreateOrderRequest, opts ...Option) (apiclient.Order, Result, error) {
+	var last *apiclient.CreateOrderResponse
+	a, res, err := c.do(ctx, opts, func(ctx context.Context, key string) (answer, error) {
+		r, err := c.api.CreateOrderWithResponse(ctx, &apiclient.CreateOrderParams{IdempotencyKey: key}, body)
+		if err != nil {
+			return answer{}, err
+		}
+		last = r
+		return answer{r.HTTPResponse, r.Body}, nil
+	})
+	return final(a, res, err, http.StatusCreated, func() *apiclient.Order { return last.JSON201 })
+}
+
+// Charge charges an order, retrying safely: however many attempts it
+// takes, the card is charged at most once.
+func (c *Client) Charge(ctx context.Context, orderID string, paymentMethod apiclient.CreateChargeRequestPaymentMethod, opts ...Option) (apiclient.Charge, Result, error) {
+	var last *apiclient.CreateChargeResponse
+	a, res, err := c.do(ctx, opts, func(ctx context.Context, key string) (answer, error) {
+		r, err := c.api.CreateChargeWithResponse(ctx, orderID, &apiclient.CreateChargeParams{IdempotencyKey: key},
+			apiclient.CreateChargeRequest{PaymentMethod: paymentMethod})
+		if err != nil {
+			return answer{}, err
+		}
+		last = r
+		return answer{r.HTTPResponse, r.Body}, nil
+	})
+	return final(a, res, err, http.StatusCreated, func() *apiclient.Charge { return last.JSON201 })
+}
+
+// Refund refunds a charge (all that remains when amount is nil), retrying
+// safely.
+func (c *Client) Refund(ctx context.Context, chargeID string, amount *int64, opts ...Option) (apiclient.Refund, Result, error) {
+	var last *apiclient.CreateRefundResponse
+	a, res, err := c.do(ctx, opts, func(ctx context.Context, key string) (answer, error) {
+		r, err := c.api.CreateRefundWithResponse(ctx, chargeID, &apiclient.CreateRefundParams{IdempotencyKey: key},
+			apiclient.CreateRefundRequest{Amount: amount})
+		if err != nil {
+			return answer{}, err
+		}
+		last = r
+		return answer{r.HTTPResponse, r.Body}, nil
+	})
+	return final(a, res, err, http.StatusCreated, func() *apiclient.Refund { return last.JSON201 })
+}
+
+// IdempotencyKey shows the record of one of the caller's keys (a safe
+// read, retried like any other).
+func (c *Client) IdempotencyKey(ctx context.Context, key string) (apiclient.IdempotencyKeyRecord, Result, error) {
+	var last *apiclient.GetIdempotencyKeyResponse
+	a, res, err := c.do(ctx, []Option{WithIdempotencyKey(key)}, func(ctx context.Context, _ string) (answer, error) {
+		r, err := c.api.GetIdempotencyKeyWithResponse(ctx, key)
+		if err != nil {
+			return answer{}, err
+		}
+		last = r
+		return answer{r.HTTPResponse, r.Body}, nil
+	})
+	return final(a, res, err, http.StatusOK, func() *apiclient.IdempotencyKeyRecord { return last.JSON200 })
+}
