@@ -24,7 +24,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -157,17 +156,18 @@ func (c *Client) do(ctx context.Context, opts []Option, send func(ctx context.Co
 			res.Status = a.resp.StatusCode
 			res.Replayed = a.resp.Header.Get("Idempotent-Replayed") == "true"
 		}
-		wait, retryable := c.retryable(a, err, res.Attempts)
+		wait, retryable := c.retryable(ctx, a, err, res.Attempts)
+		deadline, hasDeadline := ctx.Deadline()
 		switch {
 		case !retryable:
 		case res.Attempts >= c.policy.MaxAttempts:
 			retryable = false
+		case hasDeadline && time.Now().Add(wait).After(deadline):
+			retryable = false // the next try could not finish in time
 		case c.policy.Budget != nil && !c.policy.Budget.Spend():
-			retryable = false // the budget is spent: do not add load to an outage
-		default:
-			if deadline, ok := ctx.Deadline(); ok && time.Now().Add(wait).After(deadline) {
-				retryable = false // the next try could not finish in time
-			}
+			// Checked last, so that only a retry that will happen spends a
+			// token. Spent: do not add load to an outage.
+			retryable = false
 		}
 		if retryable {
 			att.Wait = wait
@@ -187,14 +187,18 @@ func (c *Client) do(ctx context.Context, opts []Option, send func(ctx context.Co
 	}
 }
 
+// maxRetryAfter bounds how long a server may make the client wait.
+const maxRetryAfter = 5 * time.Minute
+
 // retryable says whether an attempt may be retried and after how long.
-func (c *Client) retryable(a answer, err error, attempt int) (time.Duration, bool) {
+func (c *Client) retryable(ctx context.Context, a answer, err error, attempt int) (time.Duration, bool) {
 	backoff := retry.FullJitter(c.policy.BaseDelay, c.policy.MaxDelay, int32(attempt-1))
 	if err != nil {
-		// A connection error or a timeout: the request may or may not have
-		// arrived. With the same key a retry is safe either way. A canceled
-		// or expired context is the caller's decision, not a failure.
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		// A connection error or a timeout of this attempt (the HTTP
+		// client's own timeout too): the request may or may not have
+		// arrived. With the same key a retry is safe either way. Only the
+		// caller's context ending is the caller's decision to stop.
+		if ctx.Err() != nil {
 			return 0, false
 		}
 		return backoff, true
@@ -211,6 +215,9 @@ func (c *Client) retryable(a answer, err error, attempt int) (time.Duration, boo
 		return 0, false
 	}
 	if d, ok := retryAfter(a.resp.Header.Get("Retry-After"), time.Now()); ok {
+		if d > maxRetryAfter {
+			return 0, false // longer than any retry horizon: give up now
+		}
 		return d, true
 	}
 	return backoff, true
@@ -221,8 +228,9 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 	if v == "" {
 		return 0, false
 	}
-	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
-		return time.Duration(s) * time.Second, true
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil && s >= 0 {
+		// Beyond about 292 years the multiplication would overflow.
+		return time.Duration(min(s, int64(maxRetryAfter/time.Second)+1)) * time.Second, true
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		return max(0, t.Sub(now)), true

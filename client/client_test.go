@@ -204,3 +204,44 @@ func TestRetryAfterParsing(t *testing.T) {
 		}
 	}
 }
+
+// A hung attempt that hits the HTTP client's own timeout is retried with
+// the same key; only the caller's context ending stops the operation.
+func TestRetriesAnAttemptThatTimedOut(t *testing.T) {
+	t.Parallel()
+	var n atomic.Int32
+	keys := make(chan string, 2)
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		keys <- r.Header.Get("Idempotency-Key")
+		if n.Add(1) == 1 {
+			select { // hang until the client gives up on this attempt
+			case <-r.Context().Done():
+			case <-release:
+			}
+			return
+		}
+		status(201)(w)
+	}))
+	t.Cleanup(func() { close(release); srv.Close() })
+	c, err := New(srv.URL, "sk_test", DefaultPolicy(), &http.Client{Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.sleep = func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
+	if _, res, err := c.CreateOrder(context.Background(), apiclient.CreateOrderRequest{Amount: 1, Currency: "usd"}); err != nil || res.Attempts != 2 {
+		t.Fatalf("after a timed-out attempt: %+v, %v; want success on the 2nd attempt", res, err)
+	}
+	if first, second := <-keys, <-keys; first != second {
+		t.Errorf("keys %q then %q; want the same", first, second)
+	}
+}
+
+func TestAbsurdRetryAfterGivesUp(t *testing.T) {
+	t.Parallel()
+	s := &script{steps: []func(http.ResponseWriter){status(503, "Retry-After", "99999999999999999")}}
+	c, waits := newTestClient(t, serve(t, s), DefaultPolicy())
+	if _, res, err := c.CreateOrder(context.Background(), apiclient.CreateOrderRequest{Amount: 1, Currency: "usd"}); err == nil || res.Attempts != 1 || len(*waits) != 0 {
+		t.Errorf("%+v, waits %v, %v; want one attempt and the 503, not a wait of centuries", res, *waits, err)
+	}
+}

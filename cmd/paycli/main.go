@@ -21,13 +21,14 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"syscall"
 
 	"github.com/retrysafe/payments/client"
 	"github.com/retrysafe/payments/client/apiclient"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "paycli:", err)
@@ -97,6 +98,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		out, res, err = c.Refund(ctx, *charge, a, opts...)
 	case "key":
+		if *key == "" {
+			return errors.New("key needs --key")
+		}
 		out, res, err = c.IdempotencyKey(ctx, *key)
 	default:
 		return fmt.Errorf("unknown command %q (want order, charge, refund or key)", cmd)

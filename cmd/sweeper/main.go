@@ -95,9 +95,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		if errors.Is(err, context.Canceled) {
 			return nil // SIGTERM between batches: a clean stop
 		}
-		if err != nil || *once {
+		if *once {
 			return err
 		}
+		// Looping: a failed sweep (a database blip) was logged above; the
+		// next one tries again.
 		select {
 		case <-ctx.Done():
 			return nil

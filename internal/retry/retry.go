@@ -16,10 +16,9 @@ import (
 // Jitter").
 func FullJitter(base, cap time.Duration, attempt int32) time.Duration {
 	ceiling := cap
-	if attempt >= 0 && attempt < 30 {
-		if d := base << attempt; d > 0 && d < ceiling {
-			ceiling = d
-		}
+	// base·2^attempt, without overflowing: only when it stays below cap.
+	if attempt >= 0 && attempt < 63 && base > 0 && base <= cap>>attempt {
+		ceiling = base << attempt
 	}
 	if ceiling <= 0 {
 		return 0

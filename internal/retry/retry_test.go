@@ -79,3 +79,12 @@ func TestBudgetDepositAndSpendUpTo(t *testing.T) {
 		t.Fatalf("a deposit never fills past max: spent %d, want 5", got)
 	}
 }
+
+func TestFullJitterDoesNotOverflow(t *testing.T) {
+	t.Parallel()
+	for _, attempt := range []int32{29, 40, 62, 63, 100} {
+		if d := FullJitter(time.Hour, 2*time.Hour, attempt); d < 0 || d > 2*time.Hour {
+			t.Errorf("FullJitter(1h, 2h, %d) = %s; want within [0, 2h]", attempt, d)
+		}
+	}
+}

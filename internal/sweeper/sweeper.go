@@ -76,17 +76,30 @@ func (s *Sweeper) Sweep(ctx context.Context) (Report, error) {
 	}
 
 	batch := int32(s.cfg.Batch)
+	// Each DELETE runs to its end even when ctx is canceled (a SIGTERM):
+	// the sweep stops between batches, as promised, not in the middle of
+	// one. The statement is short (one bounded batch); the timeout only
+	// guards against a stuck connection.
+	stmt := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	}
 	for _, table := range []struct {
 		count *int64
 		sweep func() (int64, error)
 	}{
 		{&r.Keys, func() (int64, error) {
+			ctx, cancel := stmt()
+			defer cancel()
 			return s.queries.SweepIdempotencyKeys(ctx, s.pool, dbsqlc.SweepIdempotencyKeysParams{RetentionSeconds: keys, Batch: batch})
 		}},
 		{&r.Events, func() (int64, error) {
+			ctx, cancel := stmt()
+			defer cancel()
 			return s.queries.SweepDeliveredEvents(ctx, s.pool, dbsqlc.SweepDeliveredEventsParams{RetentionSeconds: events, Batch: batch})
 		}},
 		{&r.WebhookEvents, func() (int64, error) {
+			ctx, cancel := stmt()
+			defer cancel()
 			return s.queries.SweepProcessorEvents(ctx, s.pool, dbsqlc.SweepProcessorEventsParams{RetentionSeconds: hooks, Batch: batch})
 		}},
 	} {
