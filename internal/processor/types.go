@@ -1,5 +1,12 @@
 package processor
 
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+)
+
 // The wire types of the fake processor's API. They are exported so that the
 // payments server's processor client and its webhook receiver can decode
 // exactly what this package encodes.
@@ -194,4 +201,26 @@ type Chaos struct {
 	// DuplicateWebhookRate is the probability that an event is delivered
 	// twice.
 	DuplicateWebhookRate float64 `json:"duplicate_webhook_rate"`
+}
+
+// FetchLedger reads the ledger of the processor at baseURL: how tests (and
+// anyone else) check from outside that each downstream key had one effect.
+func FetchLedger(ctx context.Context, baseURL string) ([]LedgerEntry, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL+"/v1/ledger", nil)
+	if err != nil {
+		return nil, err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("ledger: %s", res.Status)
+	}
+	var list LedgerList
+	if err := json.NewDecoder(res.Body).Decode(&list); err != nil {
+		return nil, err
+	}
+	return list.Data, nil
 }

@@ -2,7 +2,6 @@ package reconciler_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -113,16 +112,11 @@ func (f *fixture) statuses(t *testing.T) map[string]int {
 
 func (f *fixture) effects(t *testing.T) []processor.LedgerEntry {
 	t.Helper()
-	res, err := http.Get(f.processorURL + "/v1/ledger")
+	effects, err := processor.FetchLedger(context.Background(), f.processorURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
-	var list processor.LedgerList
-	if err := json.NewDecoder(res.Body).Decode(&list); err != nil {
-		t.Fatal(err)
-	}
-	return list.Data
+	return effects
 }
 
 // Two reconcilers at once share the stalled charges: every charge is

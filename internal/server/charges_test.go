@@ -3,7 +3,6 @@ package server
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -31,16 +30,11 @@ func chargeRequest(orderID, key, paymentMethod string) request {
 // effects returns the processor's ledger entries: every charge it made.
 func (ts *testServer) effects(t *testing.T) []processor.LedgerEntry {
 	t.Helper()
-	res, err := http.Get(ts.processorURL + "/v1/ledger")
+	effects, err := processor.FetchLedger(context.Background(), ts.processorURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
-	var list processor.LedgerList
-	if err := json.NewDecoder(res.Body).Decode(&list); err != nil {
-		t.Fatal(err)
-	}
-	return list.Data
+	return effects
 }
 
 func (ts *testServer) orderStatus(t *testing.T, id string) string {

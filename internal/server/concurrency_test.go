@@ -141,18 +141,8 @@ func TestClientDisconnectStillStoresResponse(t *testing.T) {
 	release()         // ... and only now can the order insert proceed.
 
 	// The request finishes in the background; wait for its record.
-	deadline := time.Now().Add(10 * time.Second)
-	var status string
-	for {
-		if err := ts.db.QueryRow(context.Background(), `SELECT status FROM idempotency_keys WHERE key = 'hang-up'`).Scan(&status); err != nil {
-			t.Fatal(err)
-		}
-		if status != "in_progress" || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond) // polling the database for a state
-	}
-	if status != "completed" {
+	waitFor(t, 10*time.Second, "the hung-up request's record is settled", func() bool { return keyStatus(t, ts.db, "hang-up") != "in_progress" })
+	if status := keyStatus(t, ts.db, "hang-up"); status != "completed" {
 		t.Fatalf("record is %s after the client hung up; want completed", status)
 	}
 	retry := ts.createOrder(t, "hang-up", teaOrder)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -283,8 +284,7 @@ func (ts *testServer) blockOrderInserts(t *testing.T) (release func()) {
 // and are inside their effect transaction.
 func (ts *testServer) waitForBlockedOrderInsert(t *testing.T, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitFor(t, 10*time.Second, fmt.Sprintf("%d order inserts waiting on the lock", n), func() bool {
 		var waiting int
 		err := ts.db.QueryRow(context.Background(), `
 			SELECT count(*) FROM pg_stat_activity
@@ -292,12 +292,30 @@ func (ts *testServer) waitForBlockedOrderInsert(t *testing.T, n int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if waiting >= n {
-			return
-		}
+		return waiting >= n
+	})
+}
+
+// waitFor polls cond until it holds, failing the test after timeout. It
+// waits for a state of the system to be reached (something another
+// process or goroutine does), never for time itself to pass.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d order inserts waiting on the lock after 10s; want %d", waiting, n)
+			t.Fatalf("not reached within %s: %s", timeout, what)
 		}
-		time.Sleep(5 * time.Millisecond) // polling the database for a state, not waiting for time to pass
+		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// keyStatus is the status of the caller acme's record for key.
+func keyStatus(t testing.TB, db *pgxpool.Pool, key string) string {
+	t.Helper()
+	var status string
+	if err := db.QueryRow(context.Background(), `SELECT status FROM idempotency_keys WHERE key = $1`, key).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	return status
 }

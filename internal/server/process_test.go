@@ -235,20 +235,7 @@ func crashAndRecover(t *testing.T, point string, reconcilerAlone bool) {
 		restarted = startServerProcess(t, dbURL, append(common, "RECONCILER_INTERVAL=100ms")...)
 		restarted.db, restarted.processorURL = db, processorURL
 		// Nobody retries: wait for the reconciler to complete the record.
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			var status string
-			if err := db.QueryRow(context.Background(), `SELECT status FROM idempotency_keys WHERE key = $1`, key).Scan(&status); err != nil {
-				t.Fatal(err)
-			}
-			if status == "completed" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the reconciler did not complete the charge within 20s (record %s)", status)
-			}
-			time.Sleep(50 * time.Millisecond) // polling the database for a state
-		}
+		waitFor(t, 20*time.Second, "the reconciler completes the charge", func() bool { return keyStatus(t, db, key) == "completed" })
 		// The client comes back later and gets the stored answer.
 		res = restarted.do(t, chargeRequest(o.ID, key, "pm_card_visa"))
 		if res.Header.Get("Idempotent-Replayed") != "true" {

@@ -60,13 +60,7 @@ func TestWebhookCompletesStalledChargeAndRetryAgrees(t *testing.T) {
 	ts.do(t, chargeRequest(o.ID, "lost", "pm_card_lostResponse")).wantProblem(t, http.StatusServiceUnavailable, "processor_unavailable")
 
 	// The processor's own webhook arrives (asynchronously): wait for it.
-	deadline := time.Now().Add(10 * time.Second)
-	for ts.orderStatus(t, o.ID) != "paid" {
-		if time.Now().After(deadline) {
-			t.Fatal("the processor's webhook did not complete the charge within 10s")
-		}
-		time.Sleep(20 * time.Millisecond) // polling for a state
-	}
+	waitFor(t, 10*time.Second, "the processor's webhook completes the charge", func() bool { return ts.orderStatus(t, o.ID) == "paid" })
 	var recStatus string
 	if err := ts.db.QueryRow(context.Background(), `SELECT status FROM idempotency_keys WHERE key = 'lost'`).Scan(&recStatus); err != nil || recStatus != "in_progress" {
 		t.Fatalf("the key record is %s (%v); the webhook completes the charge, not the request", recStatus, err)
