@@ -1,4 +1,4 @@
--- The first schema. It is "shard-ready" (see DESIGN.md, "Scale"): every
+-- The first schema. It is "shard-ready" (see docs/design.md): every
 -- tenant-owned table carries caller_id, every primary key and unique
 -- constraint includes it, and foreign keys between tenant tables are
 -- composite with it. Under Citus each tenant table would be distributed by

@@ -18,7 +18,7 @@ import (
 var referenceTables = []string{"callers", "schema_migrations"}
 
 // TestSchemaIsShardReady reads the catalog and fails if a tenant table
-// breaks the rules of DESIGN.md's "Scale" section: it must carry caller_id,
+// breaks the shard-ready rules of docs/design.md: it must carry caller_id,
 // every primary key and unique constraint must include caller_id, and every
 // foreign key to another tenant table must be composite with caller_id on
 // both sides. Those rules keep one caller's rows co-located on one shard

@@ -333,6 +333,6 @@ func TestEveryOperationDeclaresItsIdempotencyClass(t *testing.T) {
 		}
 	}
 	if n != 12 {
-		t.Errorf("%d operations in the contract; DESIGN.md lists 12 (with the health checks)", n)
+		t.Errorf("%d operations in the contract; want 12 (with the health checks)", n)
 	}
 }

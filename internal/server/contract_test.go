@@ -13,7 +13,7 @@ import (
 	"github.com/retrysafe/payments/internal/sweeper"
 )
 
-// The tests in this file walk the idempotency contract table of DESIGN.md,
+// The tests in this file walk the idempotency contract table of docs/design.md,
 // one row at a time, through HTTP against a real database.
 
 const teaOrder = `{"amount":1999,"currency":"usd","description":"Tea"}`
