@@ -1,15 +1,29 @@
-// Command paycli drives the payments API through the retry-safe client,
-// for demos and scripts.
+// Command paycli drives the payments API through the retry-safe client
+// (package client), for demos and scripts. It prints the API's answer as
+// indented JSON on stdout.
 //
-//	paycli order  --amount 1999 --currency usd [--description "…"]
-//	paycli charge --order ord_… --payment-method pm_card_flaky
+//	paycli order  --amount 1999 [--currency usd] [--description "…"]
+//	paycli charge --order ord_… [--payment-method pm_card_flaky]
 //	paycli refund --charge ch_… [--amount 500]
 //	paycli key    --key <idempotency key>
 //
-// Common flags: --url (PAYMENTS_URL, default http://localhost:8080),
-// --api-key (PAYMENTS_API_KEY, default sk_test_acme), --idempotency-key to
-// retry a logical operation you started before, and -v to print every
-// attempt with its key, status and wait.
+// Every command also takes the common flags: --url (default $PAYMENTS_URL,
+// else http://localhost:8080), --api-key (default $PAYMENTS_API_KEY, else
+// sk_test_acme), --idempotency-key to retry a logical operation you started
+// before, and -v to print every attempt with its key, status and wait.
+// Flags go after the command, with one or two dashes.
+//
+//	paycli help                 the commands and the common flags
+//	paycli help refund          refund's flags (or: paycli refund --help)
+//
+// Why the standard library's flag package and not cobra: four commands
+// with a handful of flags each fit in one table (commands, below) and one
+// flag.FlagSet per command, which a newcomer can read top to bottom without
+// learning a framework. It keeps flag syntax exactly as before (flag
+// accepts -amount as well as --amount; cobra's pflag would read -amount as
+// the shorthands -a -m -o …), and it adds no direct dependency. The price
+// is the few lines of help and error handling in run, printHelp and
+// printFlags.
 package main
 
 import (
@@ -21,7 +35,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"text/tabwriter"
 
 	"github.com/retrysafe/payments/client"
 	"github.com/retrysafe/payments/client/apiclient"
@@ -36,32 +52,158 @@ func main() {
 	}
 }
 
+// A command is one subcommand of paycli.
+type command struct {
+	name     string
+	summary  string // one line, for the list of commands
+	synopsis string // the command's own flags, for its usage line
+	// flags defines the command's own flags on fs and returns the action
+	// that makes the API call once fs has been parsed.
+	flags func(fs *flag.FlagSet) action
+}
+
+// An action makes a command's API call with the parsed flags.
+type action func(ctx context.Context, c *client.Client, common *commonFlags) (any, client.Result, error)
+
+var commands = []command{
+	{
+		name:     "order",
+		summary:  "create an order",
+		synopsis: "--amount N [--currency usd] [--description TEXT]",
+		flags: func(fs *flag.FlagSet) action {
+			amount := fs.Int64("amount", 0, "amount `N` in minor units, e.g. 1999 for 19.99")
+			currency := fs.String("currency", "usd", "currency: usd, eur, gbp, jpy, chf, cad or aud")
+			description := fs.String("description", "", "order description")
+			return func(ctx context.Context, c *client.Client, common *commonFlags) (any, client.Result, error) {
+				body := apiclient.CreateOrderRequest{Amount: *amount, Currency: apiclient.Currency(*currency)}
+				if *description != "" {
+					body.Description = description
+				}
+				return c.CreateOrder(ctx, body, common.options()...)
+			}
+		},
+	},
+	{
+		name:     "charge",
+		summary:  "charge an order with a payment method",
+		synopsis: "--order ID [--payment-method pm_card_visa]",
+		flags: func(fs *flag.FlagSet) action {
+			order := fs.String("order", "", "`ID` of the order to charge (ord_…)")
+			pm := fs.String("payment-method", "pm_card_visa", "test payment `method`, e.g. pm_card_flaky to see retries")
+			return func(ctx context.Context, c *client.Client, common *commonFlags) (any, client.Result, error) {
+				return c.Charge(ctx, *order, apiclient.CreateChargeRequestPaymentMethod(*pm), common.options()...)
+			}
+		},
+	},
+	{
+		name:     "refund",
+		summary:  "refund a charge, in full or in part",
+		synopsis: "--charge ID [--amount N]",
+		flags: func(fs *flag.FlagSet) action {
+			charge := fs.String("charge", "", "`ID` of the charge to refund (ch_…)")
+			amount := fs.Int64("amount", 0, "amount `N` to refund, in minor units (default: the whole charge)")
+			return func(ctx context.Context, c *client.Client, common *commonFlags) (any, client.Result, error) {
+				var a *int64
+				if *amount > 0 {
+					a = amount
+				}
+				return c.Refund(ctx, *charge, a, common.options()...)
+			}
+		},
+	},
+	{
+		name:     "key",
+		summary:  "show what the API recorded for an idempotency key",
+		synopsis: "--key KEY",
+		flags: func(fs *flag.FlagSet) action {
+			key := fs.String("key", "", "the idempotency `KEY` to look up (--idempotency-key works too)")
+			return func(ctx context.Context, c *client.Client, common *commonFlags) (any, client.Result, error) {
+				k := or(*key, common.key)
+				if k == "" {
+					return nil, client.Result{}, errors.New("key needs --key (run 'paycli key --help')")
+				}
+				return c.IdempotencyKey(ctx, k)
+			}
+		},
+	},
+}
+
+// commonFlags are the flags every command accepts.
+type commonFlags struct {
+	url, apiKey, key string
+	verbose          bool
+}
+
+// define defines the common flags on fs, their defaults read through getenv.
+func (f *commonFlags) define(fs *flag.FlagSet, getenv func(string) string) {
+	fs.StringVar(&f.url, "url", or(getenv("PAYMENTS_URL"), "http://localhost:8080"), "API base `URL`, or $PAYMENTS_URL")
+	fs.StringVar(&f.apiKey, "api-key", or(getenv("PAYMENTS_API_KEY"), "sk_test_acme"), "API `key`, or $PAYMENTS_API_KEY")
+	fs.StringVar(&f.key, "idempotency-key", "", "idempotency `key`, to retry an operation started before (default: a new one per operation)")
+	fs.BoolVar(&f.verbose, "v", false, "print every attempt: its key, status and wait")
+}
+
+func (f *commonFlags) options() []client.Option {
+	if f.key == "" {
+		return nil
+	}
+	return []client.Option{client.WithIdempotencyKey(f.key)}
+}
+
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: paycli order|charge|refund|key [flags]")
+		printUsage(stderr)
+		return errors.New("no command given")
 	}
-	cmd, args := args[0], args[1:]
-	fs := flag.NewFlagSet("paycli "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	url := fs.String("url", or(getenv("PAYMENTS_URL"), "http://localhost:8080"), "API base URL")
-	apiKey := fs.String("api-key", or(getenv("PAYMENTS_API_KEY"), "sk_test_acme"), "API key")
-	key := fs.String("idempotency-key", "", "idempotency key (default: a new one per operation)")
-	verbose := fs.Bool("v", false, "print every attempt")
-	amount := fs.Int64("amount", 0, "amount in minor units")
-	currency := fs.String("currency", "usd", "currency")
-	description := fs.String("description", "", "order description")
-	order := fs.String("order", "", "order id")
-	pm := fs.String("payment-method", "pm_card_visa", "payment method")
-	charge := fs.String("charge", "", "charge id")
-	if err := fs.Parse(args); err != nil {
-		return err
+	name, args := args[0], args[1:]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		if name == "help" && len(args) > 0 {
+			if len(args) > 1 {
+				return errors.New("help takes one command (run 'paycli --help')")
+			}
+			if args[0] == "help" {
+				printUsage(stdout)
+				return nil
+			}
+			cmd, err := lookup(args[0])
+			if err != nil {
+				return err
+			}
+			printHelp(stdout, cmd)
+			return nil
+		}
+		printUsage(stdout)
+		return nil
 	}
-
-	c, err := client.New(*url, *apiKey, client.DefaultPolicy(), nil)
+	cmd, err := lookup(name)
 	if err != nil {
 		return err
 	}
-	if *verbose {
+
+	fs := flag.NewFlagSet("paycli "+cmd.name, flag.ContinueOnError)
+	// Parse only reports; run decides what to print, and where: help to
+	// stdout, errors (with a hint) to main, which prints them on stderr.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	act := cmd.flags(fs)
+	var common commonFlags
+	common.define(fs, getenv)
+	hint := fmt.Sprintf("run 'paycli %s --help'", cmd.name)
+	switch err := fs.Parse(args); {
+	case errors.Is(err, flag.ErrHelp):
+		printHelp(stdout, cmd)
+		return nil
+	case err != nil:
+		return fmt.Errorf("%s: %w (%s)", cmd.name, err, hint)
+	case fs.NArg() > 0:
+		return fmt.Errorf("%s: unexpected argument %q (%s)", cmd.name, fs.Arg(0), hint)
+	}
+
+	c, err := client.New(common.url, common.apiKey, client.DefaultPolicy(), nil)
+	if err != nil {
+		return err
+	}
+	if common.verbose {
 		c.OnAttempt = func(a client.Attempt) {
 			switch {
 			case a.Err != nil:
@@ -75,37 +217,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			fmt.Fprintln(stderr)
 		}
 	}
-	var opts []client.Option
-	if *key != "" {
-		opts = append(opts, client.WithIdempotencyKey(*key))
-	}
 
-	var out any
-	var res client.Result
-	switch cmd {
-	case "order":
-		body := apiclient.CreateOrderRequest{Amount: *amount, Currency: apiclient.Currency(*currency)}
-		if *description != "" {
-			body.Description = description
-		}
-		out, res, err = c.CreateOrder(ctx, body, opts...)
-	case "charge":
-		out, res, err = c.Charge(ctx, *order, apiclient.CreateChargeRequestPaymentMethod(*pm), opts...)
-	case "refund":
-		var a *int64
-		if *amount > 0 {
-			a = amount
-		}
-		out, res, err = c.Refund(ctx, *charge, a, opts...)
-	case "key":
-		if *key == "" {
-			return errors.New("key needs --key")
-		}
-		out, res, err = c.IdempotencyKey(ctx, *key)
-	default:
-		return fmt.Errorf("unknown command %q (want order, charge, refund or key)", cmd)
-	}
-	if *verbose {
+	out, res, err := act(ctx, c, &common)
+	if common.verbose && res.Attempts > 0 { // 0: no call was made (key without --key)
 		fmt.Fprintf(stderr, "done: %d attempt(s), key=%s, replayed=%v\n", res.Attempts, res.IdempotencyKey, res.Replayed)
 	}
 	var apiErr *client.Error
@@ -123,6 +237,74 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 	}
 	return err
+}
+
+// lookup finds the command called name.
+func lookup(name string) (command, error) {
+	for _, cmd := range commands {
+		if cmd.name == name {
+			return cmd, nil
+		}
+	}
+	if strings.HasPrefix(name, "-") {
+		return command{}, fmt.Errorf("unknown flag %q: flags go after the command (run 'paycli --help')", name)
+	}
+	return command{}, fmt.Errorf("unknown command %q: want order, charge, refund or key (run 'paycli --help')", name)
+}
+
+// printUsage prints the commands and the common flags.
+func printUsage(w io.Writer) {
+	fmt.Fprint(w, "paycli drives the payments API through the retry-safe client.\n\n")
+	fmt.Fprint(w, "Usage:\n  paycli <command> [flags]\n\nCommands:\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
+	for _, cmd := range commands {
+		fmt.Fprintf(tw, "  %s\t%s\n", cmd.name, cmd.summary)
+	}
+	tw.Flush()
+	fmt.Fprint(w, "\nCommon flags, accepted by every command:\n")
+	printFlags(w, commonFlagSet())
+	fmt.Fprint(w, "\nRun 'paycli help <command>' or 'paycli <command> --help' for a command's own flags.\n")
+}
+
+// printHelp prints one command's usage, its own flags and the common ones.
+func printHelp(w io.Writer, cmd command) {
+	fmt.Fprintf(w, "Usage:\n  paycli %s %s [common flags]\n\n", cmd.name, cmd.synopsis)
+	fmt.Fprintf(w, "%s%s.\n\nFlags:\n", strings.ToUpper(cmd.summary[:1]), cmd.summary[1:])
+	own := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
+	cmd.flags(own)
+	printFlags(w, own)
+	fmt.Fprint(w, "\nCommon flags:\n")
+	printFlags(w, commonFlagSet())
+}
+
+// commonFlagSet holds the common flags with their built-in defaults, for
+// help: help does not depend on the environment (nor print an API key
+// taken from it).
+func commonFlagSet() *flag.FlagSet {
+	fs := flag.NewFlagSet("common", flag.ContinueOnError)
+	new(commonFlags).define(fs, func(string) string { return "" })
+	return fs
+}
+
+// printFlags lists fs's flags, one a line, as --name, or -n for a
+// one-letter name: flag.PrintDefaults writes -name, and the docs use --name.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		name := "--" + f.Name
+		if len(f.Name) == 1 {
+			name = "-" + f.Name
+		}
+		if arg != "" {
+			name += " " + arg
+		}
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" {
+			usage += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\n", name, usage)
+	})
+	tw.Flush()
 }
 
 func or(v, def string) string {
