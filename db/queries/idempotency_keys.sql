@@ -11,36 +11,48 @@
 -- again, with a new snapshot that sees the row. That is rare and always safe:
 -- nobody ever owns the key except through the INSERT.
 --
--- lease_expired is computed on the database clock, never the application's,
--- so clock skew between replicas cannot make a live lease look expired.
+-- lease_expired and lease_remaining_seconds are computed on the database
+-- clock, never the application's, so clock skew between replicas cannot make
+-- a live lease look expired. The remaining lease is what a 409 tells the
+-- client to wait (Retry-After).
+--
+-- A new record's next_attempt_at is its lease's end: if its owner crashes,
+-- the reconciler looks at it as soon as the lease runs out.
 WITH claimed AS (
     INSERT INTO idempotency_keys AS k (
-        caller_id, key, request_method, request_path, request_fingerprint, locked_until
+        caller_id, key, request_method, request_path, request_fingerprint, locked_until, next_attempt_at
     ) VALUES (
         @caller_id, @key, @request_method, @request_path, @request_fingerprint,
+        now() + make_interval(secs => @lease_seconds::float8),
         now() + make_interval(secs => @lease_seconds::float8)
     )
     ON CONFLICT (caller_id, key) DO NOTHING
     RETURNING k.*
 )
-SELECT true AS claimed, false AS lease_expired, c.*
+SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, c.*
 FROM claimed c
 UNION ALL
-SELECT false AS claimed, coalesce(e.locked_until <= now(), false) AS lease_expired, e.*
+SELECT false AS claimed,
+       coalesce(e.locked_until <= now(), false) AS lease_expired,
+       coalesce(greatest(extract(epoch FROM e.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
+       e.*
 FROM idempotency_keys e
 WHERE e.caller_id = @caller_id AND e.key = @key;
 
 -- name: TakeOverIdempotencyKey :one
--- Take over an in-progress record whose lease has expired (its owner
--- crashed, stalled, or gave up after a transient failure). Incrementing
--- attempt is what fences the previous owner out: every later write of that
--- owner names its old attempt and matches no row. The WHERE repeats every
--- condition, so of several requests racing to take over one record exactly
--- one UPDATE matches; the others see zero rows.
+-- A client's retry takes over an in-progress record that no live owner
+-- holds (its owner crashed, stalled past its lease, or gave up after a
+-- transient failure). The reconciler's schedule (next_attempt_at) does not
+-- matter here: a client asking again is the best reason to try now.
+-- Incrementing attempt is what fences the previous owner out: every later
+-- write of that owner names its old attempt and matches no row. The WHERE
+-- repeats every condition, so of several requests racing to take over one
+-- record exactly one UPDATE matches; the others see zero rows.
 UPDATE idempotency_keys
-SET attempt      = attempt + 1,
-    locked_until = now() + make_interval(secs => @lease_seconds::float8),
-    updated_at   = now()
+SET attempt         = attempt + 1,
+    locked_until    = now() + make_interval(secs => @lease_seconds::float8),
+    next_attempt_at = now() + make_interval(secs => @lease_seconds::float8),
+    updated_at      = now()
 WHERE caller_id = @caller_id
   AND id = @id
   AND attempt = @attempt
@@ -88,35 +100,40 @@ SELECT * FROM idempotency_keys
 WHERE caller_id = @caller_id AND key = @key;
 
 -- name: ClaimStaleIdempotencyKeys :many
--- The reconciler's takeover, in a batch: in-progress records whose lease
--- ran out (their owner crashed, or gave up after a transient failure and
--- no client came back). SKIP LOCKED lets several reconcilers (one per
--- server replica) share the work without waiting on each other, and each
--- claimed record gets a new attempt number, fencing out its old owner
--- exactly as a client's takeover does.
+-- The reconciler's takeover, in a batch: in-progress records that are due
+-- on its own schedule (next_attempt_at) and that no live owner holds (their
+-- owner crashed, or gave up after a transient failure and no client came
+-- back). SKIP LOCKED lets several reconcilers (one per server replica)
+-- share the work without waiting on each other, and each claimed record
+-- gets a new attempt number, fencing out its old owner exactly as a
+-- client's takeover does.
 WITH stale AS (
     SELECT caller_id, id FROM idempotency_keys
-    WHERE status = 'in_progress' AND locked_until <= now()
-    ORDER BY locked_until
+    WHERE status = 'in_progress' AND next_attempt_at <= now() AND locked_until <= now()
+    ORDER BY next_attempt_at
     LIMIT @max_records
     FOR UPDATE SKIP LOCKED
 )
 UPDATE idempotency_keys k
-SET attempt      = k.attempt + 1,
-    locked_until = now() + make_interval(secs => @lease_seconds::float8),
-    updated_at   = now()
+SET attempt             = k.attempt + 1,
+    reconciler_attempts = k.reconciler_attempts + 1,
+    locked_until        = now() + make_interval(secs => @lease_seconds::float8),
+    next_attempt_at     = now() + make_interval(secs => @lease_seconds::float8),
+    updated_at          = now()
 FROM stale
 WHERE k.caller_id = stale.caller_id AND k.id = stale.id
 RETURNING k.*;
 
--- name: DeferIdempotencyKey :execrows
--- Give the lease up after a transient failure, delay_seconds from now: at
--- once (0) when a client was told to retry, so its retry can take over
--- without waiting for the lease to run out; later for the reconciler's
--- backoff. The record keeps its recovery point.
+-- name: ReleaseIdempotencyKey :execrows
+-- Give the lease up after a transient failure. The lease ends now, so a
+-- client's retry can take over at once; the reconciler's next try is
+-- scheduled reconcile_after_seconds from now (its backoff, or a grace that
+-- lets the client that was just told to retry come back first). The record
+-- keeps its recovery point.
 UPDATE idempotency_keys
-SET locked_until = now() + make_interval(secs => @delay_seconds::float8),
-    updated_at   = now()
+SET locked_until    = now(),
+    next_attempt_at = now() + make_interval(secs => @reconcile_after_seconds::float8),
+    updated_at      = now()
 WHERE caller_id = @caller_id
   AND id = @id
   AND attempt = @attempt
@@ -150,3 +167,11 @@ WHERE caller_id = @caller_id
 SELECT * FROM idempotency_keys
 WHERE caller_id = @caller_id AND status = 'dead'
 ORDER BY created_at;
+
+-- name: GetIdempotencyKeyWithLease :one
+-- The record and how much of its lease is left, on the database clock: for
+-- an owner that lost its lease and must tell its client what became of the
+-- operation.
+SELECT sqlc.embed(k), coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds
+FROM idempotency_keys k
+WHERE k.caller_id = @caller_id AND k.id = @id;

@@ -66,18 +66,22 @@ func (q *Queries) BuryIdempotencyKey(ctx context.Context, db DBTX, arg BuryIdemp
 const claimIdempotencyKey = `-- name: ClaimIdempotencyKey :one
 WITH claimed AS (
     INSERT INTO idempotency_keys AS k (
-        caller_id, key, request_method, request_path, request_fingerprint, locked_until
+        caller_id, key, request_method, request_path, request_fingerprint, locked_until, next_attempt_at
     ) VALUES (
         $1, $2, $3, $4, $5,
+        now() + make_interval(secs => $6::float8),
         now() + make_interval(secs => $6::float8)
     )
     ON CONFLICT (caller_id, key) DO NOTHING
-    RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at
+    RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts
 )
-SELECT true AS claimed, false AS lease_expired, c.caller_id, c.id, c.key, c.status, c.recovery_point, c.attempt, c.locked_until, c.request_method, c.request_path, c.request_fingerprint, c.response_status, c.response_headers, c.response_body, c.created_at, c.updated_at, c.completed_at
+SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, c.caller_id, c.id, c.key, c.status, c.recovery_point, c.attempt, c.locked_until, c.request_method, c.request_path, c.request_fingerprint, c.response_status, c.response_headers, c.response_body, c.created_at, c.updated_at, c.completed_at, c.next_attempt_at, c.reconciler_attempts
 FROM claimed c
 UNION ALL
-SELECT false AS claimed, coalesce(e.locked_until <= now(), false) AS lease_expired, e.caller_id, e.id, e.key, e.status, e.recovery_point, e.attempt, e.locked_until, e.request_method, e.request_path, e.request_fingerprint, e.response_status, e.response_headers, e.response_body, e.created_at, e.updated_at, e.completed_at
+SELECT false AS claimed,
+       coalesce(e.locked_until <= now(), false) AS lease_expired,
+       coalesce(greatest(extract(epoch FROM e.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
+       e.caller_id, e.id, e.key, e.status, e.recovery_point, e.attempt, e.locked_until, e.request_method, e.request_path, e.request_fingerprint, e.response_status, e.response_headers, e.response_body, e.created_at, e.updated_at, e.completed_at, e.next_attempt_at, e.reconciler_attempts
 FROM idempotency_keys e
 WHERE e.caller_id = $1 AND e.key = $2
 `
@@ -92,24 +96,27 @@ type ClaimIdempotencyKeyParams struct {
 }
 
 type ClaimIdempotencyKeyRow struct {
-	Claimed            bool
-	LeaseExpired       bool
-	CallerID           string
-	ID                 int64
-	Key                string
-	Status             string
-	RecoveryPoint      string
-	Attempt            int32
-	LockedUntil        *time.Time
-	RequestMethod      string
-	RequestPath        string
-	RequestFingerprint []byte
-	ResponseStatus     *int32
-	ResponseHeaders    []byte
-	ResponseBody       []byte
-	CreatedAt          time.Time
-	UpdatedAt          time.Time
-	CompletedAt        *time.Time
+	Claimed               bool
+	LeaseExpired          bool
+	LeaseRemainingSeconds float64
+	CallerID              string
+	ID                    int64
+	Key                   string
+	Status                string
+	RecoveryPoint         string
+	Attempt               int32
+	LockedUntil           *time.Time
+	RequestMethod         string
+	RequestPath           string
+	RequestFingerprint    []byte
+	ResponseStatus        *int32
+	ResponseHeaders       []byte
+	ResponseBody          []byte
+	CreatedAt             time.Time
+	UpdatedAt             time.Time
+	CompletedAt           *time.Time
+	NextAttemptAt         time.Time
+	ReconcilerAttempts    int32
 }
 
 // The atomic claim, in one statement. The INSERT ... ON CONFLICT DO NOTHING
@@ -124,8 +131,13 @@ type ClaimIdempotencyKeyRow struct {
 // again, with a new snapshot that sees the row. That is rare and always safe:
 // nobody ever owns the key except through the INSERT.
 //
-// lease_expired is computed on the database clock, never the application's,
-// so clock skew between replicas cannot make a live lease look expired.
+// lease_expired and lease_remaining_seconds are computed on the database
+// clock, never the application's, so clock skew between replicas cannot make
+// a live lease look expired. The remaining lease is what a 409 tells the
+// client to wait (Retry-After).
+//
+// A new record's next_attempt_at is its lease's end: if its owner crashes,
+// the reconciler looks at it as soon as the lease runs out.
 func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIdempotencyKeyParams) (ClaimIdempotencyKeyRow, error) {
 	row := db.QueryRow(ctx, claimIdempotencyKey,
 		arg.CallerID,
@@ -139,6 +151,7 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIde
 	err := row.Scan(
 		&i.Claimed,
 		&i.LeaseExpired,
+		&i.LeaseRemainingSeconds,
 		&i.CallerID,
 		&i.ID,
 		&i.Key,
@@ -155,6 +168,8 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIde
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.CompletedAt,
+		&i.NextAttemptAt,
+		&i.ReconcilerAttempts,
 	)
 	return i, err
 }
@@ -162,18 +177,20 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIde
 const claimStaleIdempotencyKeys = `-- name: ClaimStaleIdempotencyKeys :many
 WITH stale AS (
     SELECT caller_id, id FROM idempotency_keys
-    WHERE status = 'in_progress' AND locked_until <= now()
-    ORDER BY locked_until
+    WHERE status = 'in_progress' AND next_attempt_at <= now() AND locked_until <= now()
+    ORDER BY next_attempt_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 UPDATE idempotency_keys k
-SET attempt      = k.attempt + 1,
-    locked_until = now() + make_interval(secs => $1::float8),
-    updated_at   = now()
+SET attempt             = k.attempt + 1,
+    reconciler_attempts = k.reconciler_attempts + 1,
+    locked_until        = now() + make_interval(secs => $1::float8),
+    next_attempt_at     = now() + make_interval(secs => $1::float8),
+    updated_at          = now()
 FROM stale
 WHERE k.caller_id = stale.caller_id AND k.id = stale.id
-RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at
+RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts
 `
 
 type ClaimStaleIdempotencyKeysParams struct {
@@ -181,12 +198,13 @@ type ClaimStaleIdempotencyKeysParams struct {
 	MaxRecords   int32
 }
 
-// The reconciler's takeover, in a batch: in-progress records whose lease
-// ran out (their owner crashed, or gave up after a transient failure and
-// no client came back). SKIP LOCKED lets several reconcilers (one per
-// server replica) share the work without waiting on each other, and each
-// claimed record gets a new attempt number, fencing out its old owner
-// exactly as a client's takeover does.
+// The reconciler's takeover, in a batch: in-progress records that are due
+// on its own schedule (next_attempt_at) and that no live owner holds (their
+// owner crashed, or gave up after a transient failure and no client came
+// back). SKIP LOCKED lets several reconcilers (one per server replica)
+// share the work without waiting on each other, and each claimed record
+// gets a new attempt number, fencing out its old owner exactly as a
+// client's takeover does.
 func (q *Queries) ClaimStaleIdempotencyKeys(ctx context.Context, db DBTX, arg ClaimStaleIdempotencyKeysParams) ([]IdempotencyKey, error) {
 	rows, err := db.Query(ctx, claimStaleIdempotencyKeys, arg.LeaseSeconds, arg.MaxRecords)
 	if err != nil {
@@ -213,6 +231,8 @@ func (q *Queries) ClaimStaleIdempotencyKeys(ctx context.Context, db DBTX, arg Cl
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.CompletedAt,
+			&i.NextAttemptAt,
+			&i.ReconcilerAttempts,
 		); err != nil {
 			return nil, err
 		}
@@ -269,42 +289,8 @@ func (q *Queries) CompleteIdempotencyKey(ctx context.Context, db DBTX, arg Compl
 	return result.RowsAffected(), nil
 }
 
-const deferIdempotencyKey = `-- name: DeferIdempotencyKey :execrows
-UPDATE idempotency_keys
-SET locked_until = now() + make_interval(secs => $1::float8),
-    updated_at   = now()
-WHERE caller_id = $2
-  AND id = $3
-  AND attempt = $4
-  AND status = 'in_progress'
-`
-
-type DeferIdempotencyKeyParams struct {
-	DelaySeconds float64
-	CallerID     string
-	ID           int64
-	Attempt      int32
-}
-
-// Give the lease up after a transient failure, delay_seconds from now: at
-// once (0) when a client was told to retry, so its retry can take over
-// without waiting for the lease to run out; later for the reconciler's
-// backoff. The record keeps its recovery point.
-func (q *Queries) DeferIdempotencyKey(ctx context.Context, db DBTX, arg DeferIdempotencyKeyParams) (int64, error) {
-	result, err := db.Exec(ctx, deferIdempotencyKey,
-		arg.DelaySeconds,
-		arg.CallerID,
-		arg.ID,
-		arg.Attempt,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const getIdempotencyKey = `-- name: GetIdempotencyKey :one
-SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at FROM idempotency_keys
+SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts FROM idempotency_keys
 WHERE caller_id = $1 AND key = $2
 `
 
@@ -333,12 +319,60 @@ func (q *Queries) GetIdempotencyKey(ctx context.Context, db DBTX, arg GetIdempot
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.CompletedAt,
+		&i.NextAttemptAt,
+		&i.ReconcilerAttempts,
+	)
+	return i, err
+}
+
+const getIdempotencyKeyWithLease = `-- name: GetIdempotencyKeyWithLease :one
+SELECT k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds
+FROM idempotency_keys k
+WHERE k.caller_id = $1 AND k.id = $2
+`
+
+type GetIdempotencyKeyWithLeaseParams struct {
+	CallerID string
+	ID       int64
+}
+
+type GetIdempotencyKeyWithLeaseRow struct {
+	IdempotencyKey        IdempotencyKey
+	LeaseRemainingSeconds float64
+}
+
+// The record and how much of its lease is left, on the database clock: for
+// an owner that lost its lease and must tell its client what became of the
+// operation.
+func (q *Queries) GetIdempotencyKeyWithLease(ctx context.Context, db DBTX, arg GetIdempotencyKeyWithLeaseParams) (GetIdempotencyKeyWithLeaseRow, error) {
+	row := db.QueryRow(ctx, getIdempotencyKeyWithLease, arg.CallerID, arg.ID)
+	var i GetIdempotencyKeyWithLeaseRow
+	err := row.Scan(
+		&i.IdempotencyKey.CallerID,
+		&i.IdempotencyKey.ID,
+		&i.IdempotencyKey.Key,
+		&i.IdempotencyKey.Status,
+		&i.IdempotencyKey.RecoveryPoint,
+		&i.IdempotencyKey.Attempt,
+		&i.IdempotencyKey.LockedUntil,
+		&i.IdempotencyKey.RequestMethod,
+		&i.IdempotencyKey.RequestPath,
+		&i.IdempotencyKey.RequestFingerprint,
+		&i.IdempotencyKey.ResponseStatus,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
+		&i.IdempotencyKey.CreatedAt,
+		&i.IdempotencyKey.UpdatedAt,
+		&i.IdempotencyKey.CompletedAt,
+		&i.IdempotencyKey.NextAttemptAt,
+		&i.IdempotencyKey.ReconcilerAttempts,
+		&i.LeaseRemainingSeconds,
 	)
 	return i, err
 }
 
 const listDeadIdempotencyKeys = `-- name: ListDeadIdempotencyKeys :many
-SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at FROM idempotency_keys
+SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts FROM idempotency_keys
 WHERE caller_id = $1 AND status = 'dead'
 ORDER BY created_at
 `
@@ -370,6 +404,8 @@ func (q *Queries) ListDeadIdempotencyKeys(ctx context.Context, db DBTX, callerID
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.CompletedAt,
+			&i.NextAttemptAt,
+			&i.ReconcilerAttempts,
 		); err != nil {
 			return nil, err
 		}
@@ -379,6 +415,42 @@ func (q *Queries) ListDeadIdempotencyKeys(ctx context.Context, db DBTX, callerID
 		return nil, err
 	}
 	return items, nil
+}
+
+const releaseIdempotencyKey = `-- name: ReleaseIdempotencyKey :execrows
+UPDATE idempotency_keys
+SET locked_until    = now(),
+    next_attempt_at = now() + make_interval(secs => $1::float8),
+    updated_at      = now()
+WHERE caller_id = $2
+  AND id = $3
+  AND attempt = $4
+  AND status = 'in_progress'
+`
+
+type ReleaseIdempotencyKeyParams struct {
+	ReconcileAfterSeconds float64
+	CallerID              string
+	ID                    int64
+	Attempt               int32
+}
+
+// Give the lease up after a transient failure. The lease ends now, so a
+// client's retry can take over at once; the reconciler's next try is
+// scheduled reconcile_after_seconds from now (its backoff, or a grace that
+// lets the client that was just told to retry come back first). The record
+// keeps its recovery point.
+func (q *Queries) ReleaseIdempotencyKey(ctx context.Context, db DBTX, arg ReleaseIdempotencyKeyParams) (int64, error) {
+	result, err := db.Exec(ctx, releaseIdempotencyKey,
+		arg.ReconcileAfterSeconds,
+		arg.CallerID,
+		arg.ID,
+		arg.Attempt,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const setRecoveryPoint = `-- name: SetRecoveryPoint :execrows
@@ -419,15 +491,16 @@ func (q *Queries) SetRecoveryPoint(ctx context.Context, db DBTX, arg SetRecovery
 
 const takeOverIdempotencyKey = `-- name: TakeOverIdempotencyKey :one
 UPDATE idempotency_keys
-SET attempt      = attempt + 1,
-    locked_until = now() + make_interval(secs => $1::float8),
-    updated_at   = now()
+SET attempt         = attempt + 1,
+    locked_until    = now() + make_interval(secs => $1::float8),
+    next_attempt_at = now() + make_interval(secs => $1::float8),
+    updated_at      = now()
 WHERE caller_id = $2
   AND id = $3
   AND attempt = $4
   AND status = 'in_progress'
   AND locked_until <= now()
-RETURNING caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at
+RETURNING caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts
 `
 
 type TakeOverIdempotencyKeyParams struct {
@@ -437,12 +510,14 @@ type TakeOverIdempotencyKeyParams struct {
 	Attempt      int32
 }
 
-// Take over an in-progress record whose lease has expired (its owner
-// crashed, stalled, or gave up after a transient failure). Incrementing
-// attempt is what fences the previous owner out: every later write of that
-// owner names its old attempt and matches no row. The WHERE repeats every
-// condition, so of several requests racing to take over one record exactly
-// one UPDATE matches; the others see zero rows.
+// A client's retry takes over an in-progress record that no live owner
+// holds (its owner crashed, stalled past its lease, or gave up after a
+// transient failure). The reconciler's schedule (next_attempt_at) does not
+// matter here: a client asking again is the best reason to try now.
+// Incrementing attempt is what fences the previous owner out: every later
+// write of that owner names its old attempt and matches no row. The WHERE
+// repeats every condition, so of several requests racing to take over one
+// record exactly one UPDATE matches; the others see zero rows.
 func (q *Queries) TakeOverIdempotencyKey(ctx context.Context, db DBTX, arg TakeOverIdempotencyKeyParams) (IdempotencyKey, error) {
 	row := db.QueryRow(ctx, takeOverIdempotencyKey,
 		arg.LeaseSeconds,
@@ -468,6 +543,8 @@ func (q *Queries) TakeOverIdempotencyKey(ctx context.Context, db DBTX, arg TakeO
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.CompletedAt,
+		&i.NextAttemptAt,
+		&i.ReconcilerAttempts,
 	)
 	return i, err
 }

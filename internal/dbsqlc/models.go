@@ -70,6 +70,8 @@ type IdempotencyKey struct {
 	CreatedAt          time.Time
 	UpdatedAt          time.Time
 	CompletedAt        *time.Time
+	NextAttemptAt      time.Time
+	ReconcilerAttempts int32
 }
 
 type Order struct {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"runtime/debug"
 	"time"
@@ -50,12 +51,6 @@ const (
 // found out has been rolled back and the caller must stop driving it.
 var ErrLeaseLost = errors.New("idempotency: lease lost to a newer attempt")
 
-// inProgressRetryAfter is the Retry-After, in seconds, sent with a 409. The
-// first request is usually milliseconds from done, so a short wait and a
-// retry normally gets the replay; it is a hint, and the client's own backoff
-// still applies.
-const inProgressRetryAfter = 1
-
 // Store runs keyed operations against the idempotency_keys table.
 type Store struct {
 	pool    *pgxpool.Pool
@@ -69,6 +64,12 @@ type Store struct {
 // processor timeout): a lease that runs out under a live owner lets a second
 // owner in, and although fencing keeps the outcome correct, the work is then
 // done twice.
+//
+// The lease is also the grace the reconciler gives a client: after a
+// request ends in a transient failure (its client told to retry), the
+// reconciler leaves the record alone for one lease, so that the client's
+// own retry, not a background worker, is what resumes it. A client that
+// does not come back within that time has its operation finished for it.
 func NewStore(pool *pgxpool.Pool, lease time.Duration, log *slog.Logger) *Store {
 	return &Store{pool: pool, queries: dbsqlc.New(), lease: lease, log: log}
 }
@@ -207,16 +208,16 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 	if err != nil || replay != nil {
 		return replay, err
 	}
-	// A retryable failure releases the lease at once: the client is told
-	// to retry, and its retry should find the record free.
-	return s.Drive(ctx, lease, h, 0)
+	// A retryable failure releases the lease at once, so the client's retry
+	// finds the record free; the reconciler waits a lease before it steps in.
+	return s.Drive(ctx, lease, h, s.lease)
 }
 
 // Drive runs h on a lease already held (from a claim, or from the
 // reconciler's ClaimStale) and settles the outcome as the Handler
-// documentation says. After a retryable failure the lease is released
-// retryDelay from now.
-func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, retryDelay time.Duration) (*Response, error) {
+// documentation says. After a retryable failure the lease is released at
+// once, and the reconciler's next try is scheduled reconcileAfter from now.
+func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAfter time.Duration) (*Response, error) {
 	err := runHandler(ctx, h, lease)
 	rec := lease.record
 	switch {
@@ -225,13 +226,13 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, retryDelay t
 	case err == nil:
 		err = fmt.Errorf("idempotency: handler for %s %s returned without a response", rec.RequestMethod, rec.RequestPath)
 	case errors.Is(err, ErrLeaseLost):
-		// A newer attempt owns the record and will store the answer; this
-		// request says what any concurrent duplicate would hear.
-		return nil, inProgress()
+		// This owner was fenced out and its last phase rolled back. Answer
+		// with what became of the operation.
+		return s.current(lease.record)
 	case IsRetryable(err):
 		s.log.WarnContext(ctx, "keyed operation left resumable", "err", err,
 			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", lease.record.RecoveryPoint, "attempt", rec.Attempt)
-		s.release(lease, retryDelay)
+		s.release(lease, reconcileAfter)
 		return nil, err
 	}
 
@@ -245,12 +246,41 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, retryDelay t
 	resp := ProblemResponse(p)
 	if err := s.complete(lease, resp); err != nil {
 		if errors.Is(err, ErrLeaseLost) {
-			return nil, inProgress()
+			return s.current(lease.record)
 		}
-		s.release(lease, retryDelay)
+		s.release(lease, reconcileAfter)
 		return nil, err
 	}
 	return resp, nil
+}
+
+// current answers from what the record says now, for a request that could
+// not drive it: an owner that was fenced out (its last phase rolled back),
+// or a request that lost a race to take it over. Another owner may have
+// finished (its response is the answer) or may still be working (409 for
+// as long as its lease says); or the lease may simply have run out with
+// nobody holding it since, and a retry resumes the operation at once.
+func (s *Store) current(rec dbsqlc.IdempotencyKey) (*Response, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	row, err := s.queries.GetIdempotencyKeyWithLease(ctx, s.pool, dbsqlc.GetIdempotencyKeyWithLeaseParams{CallerID: rec.CallerID, ID: rec.ID})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// The reconciler freed a key whose first phase never committed.
+		return nil, resumable()
+	case err != nil:
+		return nil, fmt.Errorf("read idempotency key after losing its lease: %w", err)
+	}
+	switch cur := row.IdempotencyKey; {
+	case cur.Status == StatusCompleted:
+		return storedResponse(cur)
+	case cur.Status == StatusDead:
+		return nil, dead()
+	case row.LeaseRemainingSeconds > 0:
+		return nil, inProgress(row.LeaseRemainingSeconds)
+	default:
+		return nil, resumable()
+	}
 }
 
 // runHandler runs h, turning a panic into an error. A panic is a bug, so it
@@ -300,32 +330,55 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		resp, err := storedResponse(rec)
 		return nil, resp, err
 	case rec.Status == StatusInProgress && row.LeaseExpired:
-		// Its owner is gone (or gave up after a transient failure): take
-		// over and resume from the recovery point.
+		// No live owner holds it: its owner crashed, stalled past its
+		// lease, or gave up after a transient failure. Take over and resume
+		// from the recovery point, now, whatever the reconciler's schedule:
+		// this request is the caller asking for the operation again.
 		taken, err := s.queries.TakeOverIdempotencyKey(ctx, s.pool, dbsqlc.TakeOverIdempotencyKeyParams{
 			CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt, LeaseSeconds: s.lease.Seconds(),
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
-			// Another request took it over (or it finished) first.
-			return nil, nil, inProgress()
+			// Another request (or the reconciler) took it over first.
+			resp, err := s.current(rec)
+			return nil, resp, err
 		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("take over idempotency key: %w", err)
 		}
 		return &Lease{store: s, record: taken}, nil, nil
 	case rec.Status == StatusDead:
-		return nil, nil, problem.New(problem.IdempotencyKeyDead,
-			"the operation under this Idempotency-Key failed too often and was set aside for an operator; do not retry it")
+		return nil, nil, dead()
 	default:
-		return nil, nil, inProgress()
+		// A live owner holds it.
+		return nil, nil, inProgress(row.LeaseRemainingSeconds)
 	}
 }
 
-func inProgress() *problem.Error {
+// inProgress is the 409 for a record a live owner holds, leaseRemaining
+// seconds more at most. Retry-After is that remaining lease, rounded up and
+// never less than a second: by then the owner has either stored its answer
+// (the retry gets the replay) or lost its lease (the retry takes over). It
+// is an upper bound; a client that polls sooner only gets another 409.
+func inProgress(leaseRemaining float64) *problem.Error {
 	p := problem.New(problem.IdempotencyKeyInUse,
 		"a request with this Idempotency-Key is still being processed; retry after the Retry-After delay to receive its result")
-	p.RetryAfter = inProgressRetryAfter
+	p.RetryAfter = max(1, int(math.Ceil(leaseRemaining)))
 	return p
+}
+
+// resumable is the answer for an operation that nobody holds any more
+// after its owner ran out of time: nothing final was stored, and a retry
+// with the same key resumes it at once.
+func resumable() *problem.Error {
+	p := problem.New(problem.ServiceUnavailable,
+		"the operation could not be completed in time; retry with the same Idempotency-Key and it resumes where it stopped")
+	p.RetryAfter = 1
+	return p
+}
+
+func dead() *problem.Error {
+	return problem.New(problem.IdempotencyKeyDead,
+		"the operation under this Idempotency-Key failed too often and was set aside for an operator; do not retry it")
 }
 
 // cleanupTimeout bounds the writes that wrap up an execution after its
@@ -345,15 +398,16 @@ func (s *Store) complete(l *Lease, resp *Response) error {
 	return err
 }
 
-// release gives the lease up early (after delay, from now), so the next
-// retry can take over without waiting for the lease to run out. It is best
-// effort: if it fails, the lease simply expires.
-func (s *Store) release(l *Lease, delay time.Duration) {
+// release gives the lease up now, so that a client's retry can take over
+// without waiting for the lease to run out, and schedules the reconciler's
+// next try reconcileAfter from now. It is best effort: if it fails, the
+// lease simply expires.
+func (s *Store) release(l *Lease, reconcileAfter time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	rec := l.record
-	if _, err := s.queries.DeferIdempotencyKey(ctx, s.pool, dbsqlc.DeferIdempotencyKeyParams{
-		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt, DelaySeconds: delay.Seconds(),
+	if _, err := s.queries.ReleaseIdempotencyKey(ctx, s.pool, dbsqlc.ReleaseIdempotencyKeyParams{
+		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt, ReconcileAfterSeconds: reconcileAfter.Seconds(),
 	}); err != nil {
 		s.log.WarnContext(ctx, "release idempotency key", "err", err, "caller", rec.CallerID, "key_id", rec.ID)
 	}
@@ -418,5 +472,6 @@ func recordFromClaim(r dbsqlc.ClaimIdempotencyKeyRow) dbsqlc.IdempotencyKey {
 		RequestPath: r.RequestPath, RequestFingerprint: r.RequestFingerprint,
 		ResponseStatus: r.ResponseStatus, ResponseHeaders: r.ResponseHeaders, ResponseBody: r.ResponseBody,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
+		NextAttemptAt: r.NextAttemptAt, ReconcilerAttempts: r.ReconcilerAttempts,
 	}
 }

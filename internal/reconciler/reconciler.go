@@ -29,7 +29,9 @@ type Config struct {
 	// Lease bounds one record's run, as for a request.
 	Lease time.Duration
 	// MaxAttempts and MaxAge decide when a record is set aside (status
-	// dead) instead of tried again.
+	// dead) instead of tried again. MaxAttempts counts the reconciler's own
+	// tries (reconciler_attempts), not a client's retries: a client
+	// retrying through an outage must not use up the reconciler's patience.
 	MaxAttempts int32
 	MaxAge      time.Duration
 	// BackoffBase and BackoffCap shape the delay before the next try after
@@ -112,7 +114,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 	// The age is judged on this process's clock; MaxAge is hours, so the
 	// skew between replicas does not matter here (leases use the
 	// database's clock).
-	if rec.Attempt > r.cfg.MaxAttempts || time.Since(rec.CreatedAt) > r.cfg.MaxAge {
+	if rec.ReconcilerAttempts > r.cfg.MaxAttempts || time.Since(rec.CreatedAt) > r.cfg.MaxAge {
 		if err := l.Bury(ctx); err != nil {
 			log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
 			return
@@ -144,7 +146,10 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 		}
 	}
 	if resume != nil {
-		resp, err := r.store.Drive(ctx, l, resume, r.backoff(rec.Attempt))
+		// After a transient failure the lease is released at once (a
+		// client's retry may resume the record any time) and the
+		// reconciler's own next try waits out its backoff.
+		resp, err := r.store.Drive(ctx, l, resume, r.backoff(rec.ReconcilerAttempts))
 		if err != nil {
 			log.InfoContext(ctx, "reconciler: not finished, will try again", "err", err)
 			return

@@ -73,7 +73,9 @@ func (f *fixture) reconciler(maxAttempts int32) *reconciler.Reconciler {
 
 // stalledCharge runs a charge whose processor call fails (pm_card_flaky),
 // leaving its record at charge_created with the lease released: what a
-// client that got a 503 and never came back leaves behind.
+// client that got a 503 and never came back leaves behind. The
+// reconciler leaves such a record to its client for one lease; the record
+// is back-dated past that grace, on the database clock.
 func (f *fixture) stalledCharge(t *testing.T, key string) {
 	t.Helper()
 	ctx := context.Background()
@@ -88,6 +90,16 @@ func (f *fixture) stalledCharge(t *testing.T, key string) {
 	})
 	if !idempotency.IsRetryable(err) {
 		t.Fatalf("the first charge attempt: %v; want a retryable processor failure", err)
+	}
+	f.makeDue(t, key)
+}
+
+// makeDue back-dates the reconciler's next try of key to now.
+func (f *fixture) makeDue(t *testing.T, key string) {
+	t.Helper()
+	tag, err := f.pool.Exec(context.Background(), `UPDATE idempotency_keys SET next_attempt_at = now() WHERE key = $1 AND status = 'in_progress'`, key)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("make %q due: %v (%d rows)", key, err, tag.RowsAffected())
 	}
 }
 
@@ -189,7 +201,7 @@ func TestReconcilerBacksOffThenSetsAside(t *testing.T) {
 			t.Fatalf("after a failed try the record must stay unresolved, nothing stored (%v)", err)
 		}
 		// Let the (millisecond) backoff pass on the database clock.
-		if _, err := f.pool.Exec(context.Background(), `UPDATE idempotency_keys SET locked_until = now() WHERE status = 'in_progress'`); err != nil {
+		if _, err := f.pool.Exec(context.Background(), `UPDATE idempotency_keys SET next_attempt_at = now() WHERE status = 'in_progress'`); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -301,8 +313,9 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 	}()
 	<-inCall // phase 1 committed; the owner is inside its processor call
 
-	// Its lease runs out (on the database clock); the reconciler recovers.
-	if _, err := f.pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now() - interval '1 second' WHERE key = 'stalled-owner'`); err != nil {
+	// Its lease runs out (on the database clock), and with it the
+	// reconciler's wait for it; the reconciler recovers.
+	if _, err := f.pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now() - interval '1 second', next_attempt_at = now() - interval '1 second' WHERE key = 'stalled-owner'`); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := f.reconciler(5).RunOnce(ctx); err != nil || n != 1 {
@@ -313,11 +326,12 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 		t.Fatalf("after recovery the record is %s at attempt %d (%v)", recovered.Status, recovered.Attempt, err)
 	}
 
+	// Its write is refused, and its client is told what the operation's
+	// current owner stored: the recovered result, as a replay.
 	unpause()
 	got := <-stalled
-	var p *problem.Error
-	if !errors.As(got.err, &p) || p.Code != problem.IdempotencyKeyInUse {
-		t.Fatalf("the stalled owner got %v, %v; want its write refused (answered as in progress)", got.resp, got.err)
+	if got.err != nil || got.resp == nil || !got.resp.Replayed || string(got.resp.Body) != string(recovered.ResponseBody) {
+		t.Fatalf("the stalled owner got %v, %v; want its write refused and the recovered response replayed", got.resp, got.err)
 	}
 	after, err := f.store.Get(ctx, "acme", "stalled-owner")
 	if err != nil || after.Attempt != 2 || string(after.ResponseBody) != string(recovered.ResponseBody) || after.UpdatedAt != recovered.UpdatedAt {

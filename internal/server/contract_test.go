@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -163,8 +164,9 @@ func TestInProgressIsConflict(t *testing.T) {
 
 	dup := ts.createOrder(t, "slow", teaOrder)
 	dup.wantProblem(t, http.StatusConflict, "idempotency_key_in_use")
-	if ra := dup.Header.Get("Retry-After"); ra != "1" {
-		t.Errorf("Retry-After = %q; want 1 (seconds)", ra)
+	// Retry-After is the owner's remaining lease (30s by default), rounded up.
+	if ra, err := strconv.Atoi(dup.Header.Get("Retry-After")); err != nil || ra < 25 || ra > 30 {
+		t.Errorf("Retry-After = %q; want the remaining lease in seconds (25..30)", dup.Header.Get("Retry-After"))
 	}
 	// A different body under the in-progress key is still a misuse: 422.
 	ts.createOrder(t, "slow", `{"amount":1,"currency":"usd"}`).wantProblem(t, http.StatusUnprocessableEntity, "idempotency_key_reused")
