@@ -48,6 +48,7 @@ DELETE FROM processor_events
 WHERE (caller_id, event_id) IN (
     SELECT caller_id, event_id FROM processor_events
     WHERE received_at < now() - make_interval(secs => @retention_seconds::float8)
+      AND contradiction IS NULL -- set aside for an operator: never swept
     ORDER BY received_at
     LIMIT @batch
     FOR UPDATE SKIP LOCKED
@@ -55,4 +56,5 @@ WHERE (caller_id, event_id) IN (
 
 -- name: CountSweepableProcessorEvents :one
 SELECT count(*) FROM processor_events
-WHERE received_at < now() - make_interval(secs => @retention_seconds::float8);
+WHERE received_at < now() - make_interval(secs => @retention_seconds::float8)
+  AND contradiction IS NULL;

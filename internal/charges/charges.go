@@ -196,6 +196,19 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, answer processor.C
 	return render(cur)
 }
 
+// ContradictionError is a processor report that contradicts a final state
+// already recorded: a charge recorded as failed now reported succeeded, or
+// the other way round. It is found before anything is written. Nothing is
+// ever changed on such a report; a person must look.
+type ContradictionError struct {
+	Object, ID         string // "charge" or "refund", and its id
+	Recorded, Reported string // the statuses
+}
+
+func (e *ContradictionError) Error() string {
+	return fmt.Sprintf("%s %s is recorded as %s but the processor reports %s", e.Object, e.ID, e.Recorded, e.Reported)
+}
+
 // Outcome is the processor's definite answer about a charge.
 type Outcome struct {
 	Succeeded         bool
@@ -244,7 +257,7 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 		return cur, nil // recorded already
 	case StatusPending:
 	default:
-		return cur, fmt.Errorf("charge %s is %s but the processor now reports %s", cur.ID, cur.Status, want)
+		return cur, &ContradictionError{Object: "charge", ID: cur.ID, Recorded: cur.Status, Reported: want}
 	}
 
 	data := map[string]any{"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency}

@@ -189,7 +189,7 @@ func applyRefundSucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re d
 		return cur, nil // recorded already
 	case StatusPending:
 	default:
-		return cur, fmt.Errorf("refund %s is %s but the processor reports it succeeded", cur.ID, cur.Status)
+		return cur, &ContradictionError{Object: "refund", ID: cur.ID, Recorded: cur.Status, Reported: StatusSucceeded}
 	}
 	if cur, err = queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &processorRefundID}); err != nil {
 		return cur, err

@@ -86,10 +86,11 @@ type Order struct {
 }
 
 type ProcessorEvent struct {
-	CallerID   string
-	EventID    string
-	Type       string
-	ReceivedAt time.Time
+	CallerID      string
+	EventID       string
+	Type          string
+	ReceivedAt    time.Time
+	Contradiction *string
 }
 
 type Refund struct {

@@ -69,6 +69,39 @@ func (q *Queries) GetRefundByDownstreamKey(ctx context.Context, db DBTX, arg Get
 	return i, err
 }
 
+const listContradictingProcessorEvents = `-- name: ListContradictingProcessorEvents :many
+SELECT caller_id, event_id, type, received_at, contradiction FROM processor_events
+WHERE caller_id = $1 AND contradiction IS NOT NULL
+ORDER BY received_at
+`
+
+// The caller's processor events that were set aside, oldest first.
+func (q *Queries) ListContradictingProcessorEvents(ctx context.Context, db DBTX, callerID string) ([]ProcessorEvent, error) {
+	rows, err := db.Query(ctx, listContradictingProcessorEvents, callerID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ProcessorEvent{}
+	for rows.Next() {
+		var i ProcessorEvent
+		if err := rows.Scan(
+			&i.CallerID,
+			&i.EventID,
+			&i.Type,
+			&i.ReceivedAt,
+			&i.Contradiction,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const recordProcessorEvent = `-- name: RecordProcessorEvent :execrows
 INSERT INTO processor_events (caller_id, event_id, type)
 VALUES ($1, $2, $3)
@@ -88,4 +121,23 @@ func (q *Queries) RecordProcessorEvent(ctx context.Context, db DBTX, arg RecordP
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const setProcessorEventContradiction = `-- name: SetProcessorEventContradiction :exec
+UPDATE processor_events
+SET contradiction = $1
+WHERE caller_id = $2 AND event_id = $3
+`
+
+type SetProcessorEventContradictionParams struct {
+	Contradiction *string
+	CallerID      string
+	EventID       string
+}
+
+// Mark an event as not applied because it contradicts what is recorded,
+// for an operator. Written in the transaction that recorded the event id.
+func (q *Queries) SetProcessorEventContradiction(ctx context.Context, db DBTX, arg SetProcessorEventContradictionParams) error {
+	_, err := db.Exec(ctx, setProcessorEventContradiction, arg.Contradiction, arg.CallerID, arg.EventID)
+	return err
 }

@@ -54,6 +54,7 @@ func (q *Queries) CountSweepableIdempotencyKeys(ctx context.Context, db DBTX, re
 const countSweepableProcessorEvents = `-- name: CountSweepableProcessorEvents :one
 SELECT count(*) FROM processor_events
 WHERE received_at < now() - make_interval(secs => $1::float8)
+  AND contradiction IS NULL
 `
 
 func (q *Queries) CountSweepableProcessorEvents(ctx context.Context, db DBTX, retentionSeconds float64) (int64, error) {
@@ -123,6 +124,7 @@ DELETE FROM processor_events
 WHERE (caller_id, event_id) IN (
     SELECT caller_id, event_id FROM processor_events
     WHERE received_at < now() - make_interval(secs => $1::float8)
+      AND contradiction IS NULL -- set aside for an operator: never swept
     ORDER BY received_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED

@@ -209,8 +209,6 @@ func retryingClient(t *testing.T, baseURL string) *client.Client {
 	return c
 }
 
-func ptr[T any](v T) *T { return &v }
-
 func crashAndRecover(t *testing.T, point string, reconcilerAlone bool) {
 	procAddr, _ := startProcess(t, "cmd/processor", "PROCESSOR_ADDR=127.0.0.1:0")
 	processorURL := "http://" + procAddr

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -113,7 +114,16 @@ func TestRelayRetriesAFailingEndpoint(t *testing.T) {
 		t.Errorf("delivered %v after %d attempts (%d calls, %d verified); want delivered on the 2nd, every call signed", delivered, attempts, calls.Load(), verified.Load())
 	}
 
-	// The demo receiver refuses a delivery it cannot verify.
-	res := ts.do(t, request{method: "POST", path: "/demo/webhooks/acme", header: http.Header{relay.SignatureHeader: {"t=1,v1=00"}}, body: `{"id":"evt_x"}`})
-	res.wantProblem(t, http.StatusBadRequest, "invalid_signature")
+	// The demo receiver refuses a delivery it cannot verify, and answers an
+	// unknown caller exactly alike: this unauthenticated endpoint must not
+	// tell anyone which caller ids exist.
+	now := time.Now()
+	for _, sig := range []string{"t=1,v1=00", processor.Sign([]byte("whsec_guess"), now, []byte(`{"id":"evt_x"}`))} {
+		known := ts.do(t, request{method: "POST", path: "/demo/webhooks/acme", header: http.Header{relay.SignatureHeader: {sig}}, body: `{"id":"evt_x"}`})
+		known.wantProblem(t, http.StatusBadRequest, "invalid_signature")
+		unknown := ts.do(t, request{method: "POST", path: "/demo/webhooks/no-such-caller", header: http.Header{relay.SignatureHeader: {sig}}, body: `{"id":"evt_x"}`})
+		if unknown.Status != known.Status || !bytes.Equal(unknown.Body, known.Body) {
+			t.Errorf("signature %q: unknown caller answered %d %s, known caller %d %s; want them alike", sig, unknown.Status, unknown.Body, known.Status, known.Body)
+		}
+	}
 }

@@ -18,6 +18,13 @@ import (
 // The event id is recorded in the same transaction that applies the event:
 // a redelivery finds it and changes nothing, and a crash between the two
 // cannot happen.
+//
+// An event that contradicts a final state already recorded (a decline we
+// recorded, reported as a success) is acknowledged all the same: the
+// processor would otherwise redeliver it for ever, and no redelivery can
+// make it apply. Nothing about money changes; the event is kept, marked
+// with what it contradicts, for an operator (server dead-letters lists it),
+// and logged once, when it first arrives.
 func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.ReceiveProcessorWebhookRequestObject) (apigen.ReceiveProcessorWebhookResponseObject, error) {
 	ev := req.Body
 	callerID, ok := charges.CallerOfDownstreamKey(ev.Data.DownstreamKey)
@@ -26,6 +33,7 @@ func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.Receive
 		return apigen.ReceiveProcessorWebhook200JSONResponse{Received: true}, nil
 	}
 	duplicate := false
+	var contradiction *charges.ContradictionError
 	err := postgres.Transact(ctx, s.pool, func(tx pgx.Tx) error {
 		n, err := dbsqlc.New().RecordProcessorEvent(ctx, tx, dbsqlc.RecordProcessorEventParams{
 			CallerID: callerID, EventID: ev.Id, Type: string(ev.Type),
@@ -47,8 +55,19 @@ func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.Receive
 		case apigen.ProcessorEventTypeRefundSucceeded:
 			_, err = charges.ApplyRefundSucceeded(ctx, tx, callerID, ev.Data.DownstreamKey, ev.Data.Id)
 		}
+		// A contradiction is found before anything is written, so only the
+		// event id and the note commit with this transaction.
+		if errors.As(err, &contradiction) {
+			return dbsqlc.New().SetProcessorEventContradiction(ctx, tx, dbsqlc.SetProcessorEventContradictionParams{
+				CallerID: callerID, EventID: ev.Id, Contradiction: ptr(contradiction.Error()),
+			})
+		}
 		return err
 	})
+	if contradiction != nil && err == nil {
+		s.log.ErrorContext(ctx, "processor event contradicts a recorded final state; not applied, set aside for an operator",
+			"caller", callerID, "event_id", ev.Id, "type", ev.Type, "err", contradiction)
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23503" { // foreign_key_violation: no such caller
 		return apigen.ReceiveProcessorWebhook200JSONResponse{Received: true}, nil
@@ -58,3 +77,5 @@ func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.Receive
 	}
 	return apigen.ReceiveProcessorWebhook200JSONResponse{Received: true, Duplicate: duplicate}, nil
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -143,3 +143,65 @@ func TestWebhooksOutOfOrderChangeNothingTwice(t *testing.T) {
 	}
 	assertMoneyConserved(t, ts)
 }
+
+// A correctly signed event that contradicts a final state already recorded
+// is acknowledged (a 5xx would be redelivered for ever), changes no money
+// state, and is set aside for an operator with what it contradicts.
+func TestContradictingWebhookIsSetAsideNotApplied(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	declined := ts.newOrder(t, "sk_test_acme", 300)
+	if res := ts.do(t, chargeRequest(declined.ID, "declined", "pm_card_chargeDeclined")); res.Status != http.StatusPaymentRequired {
+		t.Fatalf("declined charge: %d %s", res.Status, res.Body)
+	}
+	paid := ts.paidCharge(t, 800)
+
+	type row struct{ key, pid, status string }
+	chargeRow := func(orderID string) (r row) {
+		if err := ts.db.QueryRow(context.Background(), `SELECT downstream_key, processor_charge_id, status FROM charges WHERE order_id = $1`,
+			orderID).Scan(&r.key, &r.pid, &r.status); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	countEvents := func() (n int) {
+		if err := ts.db.QueryRow(context.Background(), `SELECT count(*) FROM events`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	d, p := chargeRow(declined.ID), chargeRow(paid.OrderID)
+	eventsBefore := countEvents()
+	for _, ev := range []struct{ id, typ string }{{"pevt_contra_1", "charge.succeeded"}, {"pevt_contra_2", "charge.failed"}} {
+		r := d
+		if ev.typ == "charge.failed" {
+			r = p
+		}
+		body := fmt.Sprintf(`{"id":%q,"type":%q,"created":1,"data":{"id":%q,"downstream_key":%q,"amount":300,"currency":"usd","status":"succeeded","decline_code":null}}`,
+			ev.id, ev.typ, r.pid, r.key)
+		for delivery := range 2 {
+			res := ts.do(t, signedWebhook(t, body, time.Now(), processor.DefaultWebhookSecret))
+			if res.Status != http.StatusOK {
+				t.Fatalf("%s, delivery %d: %d %s; want 200 (acknowledged, not applied)", ev.typ, delivery, res.Status, res.Body)
+			}
+		}
+	}
+	if got := chargeRow(declined.ID).status; got != "failed" {
+		t.Errorf("the declined charge is now %s; want still failed", got)
+	}
+	if got := chargeRow(paid.OrderID).status; got != "succeeded" {
+		t.Errorf("the succeeded charge is now %s; want still succeeded", got)
+	}
+	if got := ts.orderStatus(t, declined.ID); got != "pending" {
+		t.Errorf("the declined charge's order is %s; want pending", got)
+	}
+	if n := countEvents(); n != eventsBefore {
+		t.Errorf("%d events written by contradicting webhooks; want none", n-eventsBefore)
+	}
+	var setAside int
+	if err := ts.db.QueryRow(context.Background(),
+		`SELECT count(*) FROM processor_events WHERE contradiction LIKE '%recorded as%'`).Scan(&setAside); err != nil || setAside != 2 {
+		t.Errorf("%d events set aside for an operator (%v); want 2", setAside, err)
+	}
+	assertMoneyConserved(t, ts)
+}

@@ -1,0 +1,2 @@
+DROP INDEX processor_events_contradictions;
+ALTER TABLE processor_events DROP COLUMN contradiction;
