@@ -191,6 +191,7 @@ const (
 	ProblemCodeOrderNotPayable       ProblemCode = "order_not_payable"
 	ProblemCodeProcessorUnavailable  ProblemCode = "processor_unavailable"
 	ProblemCodeRefundExceedsCharge   ProblemCode = "refund_exceeds_charge"
+	ProblemCodeRequestTimeout        ProblemCode = "request_timeout"
 	ProblemCodeRequestTooLarge       ProblemCode = "request_too_large"
 	ProblemCodeServiceUnavailable    ProblemCode = "service_unavailable"
 	ProblemCodeUnauthorized          ProblemCode = "unauthorized"
@@ -231,6 +232,8 @@ func (e ProblemCode) Valid() bool {
 	case ProblemCodeProcessorUnavailable:
 		return true
 	case ProblemCodeRefundExceedsCharge:
+		return true
+	case ProblemCodeRequestTimeout:
 		return true
 	case ProblemCodeRequestTooLarge:
 		return true
@@ -825,6 +828,15 @@ type NotFound = Problem
 // `detail`, which are for people and may change.
 type PayloadTooLarge = Problem
 
+// RequestTimeout An RFC 9457 problem details object, sent as `application/problem+json` for every error.
+//
+// `type` is a stable URI per kind of error:
+// `https://payments.example/problems/<code with underscores replaced by hyphens>`, e.g.
+// `https://payments.example/problems/card-declined` for `card_declined`. `code` is the
+// same identity as a short machine-readable string; branch on it, not on `title` or
+// `detail`, which are for people and may change.
+type RequestTimeout = Problem
+
 // ServiceUnavailable An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
 // `type` is a stable URI per kind of error:
@@ -862,11 +874,11 @@ type CreateRefundParams struct {
 	// `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`. A bare value without quotes,
 	// as Stripe clients send it, is accepted too and names the **same** key:
 	// `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`. The key itself is 1–255
-	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive; the schema allows 257
-	// characters for the header value because the Structured Field form adds two quote
-	// characters. Missing, empty, too long, any other character, or the header repeated on
-	// several lines: `400` (`idempotency_key_missing` / `idempotency_key_invalid`), not
-	// stored.
+	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive, counted after the Structured
+	// Field quotes and escapes are removed; the header value itself may therefore be up to 512
+	// characters (255 escaped characters, each `\"` or `\\`, inside two quotes). Missing,
+	// empty, too long, any other character, or the header repeated on several lines: `400`
+	// (`idempotency_key_missing` / `idempotency_key_invalid`), not stored.
 	//
 	// **Scope.** Keys belong to the caller (API key): another caller's identical key is an
 	// unrelated record. The key is bound to the request's fingerprint (method, path and
@@ -914,11 +926,11 @@ type CreateOrderParams struct {
 	// `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`. A bare value without quotes,
 	// as Stripe clients send it, is accepted too and names the **same** key:
 	// `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`. The key itself is 1–255
-	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive; the schema allows 257
-	// characters for the header value because the Structured Field form adds two quote
-	// characters. Missing, empty, too long, any other character, or the header repeated on
-	// several lines: `400` (`idempotency_key_missing` / `idempotency_key_invalid`), not
-	// stored.
+	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive, counted after the Structured
+	// Field quotes and escapes are removed; the header value itself may therefore be up to 512
+	// characters (255 escaped characters, each `\"` or `\\`, inside two quotes). Missing,
+	// empty, too long, any other character, or the header repeated on several lines: `400`
+	// (`idempotency_key_missing` / `idempotency_key_invalid`), not stored.
 	//
 	// **Scope.** Keys belong to the caller (API key): another caller's identical key is an
 	// unrelated record. The key is bound to the request's fingerprint (method, path and
@@ -944,11 +956,11 @@ type CreateChargeParams struct {
 	// `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`. A bare value without quotes,
 	// as Stripe clients send it, is accepted too and names the **same** key:
 	// `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`. The key itself is 1–255
-	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive; the schema allows 257
-	// characters for the header value because the Structured Field form adds two quote
-	// characters. Missing, empty, too long, any other character, or the header repeated on
-	// several lines: `400` (`idempotency_key_missing` / `idempotency_key_invalid`), not
-	// stored.
+	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive, counted after the Structured
+	// Field quotes and escapes are removed; the header value itself may therefore be up to 512
+	// characters (255 escaped characters, each `\"` or `\\`, inside two quotes). Missing,
+	// empty, too long, any other character, or the header repeated on several lines: `400`
+	// (`idempotency_key_missing` / `idempotency_key_invalid`), not stored.
 	//
 	// **Scope.** Keys belong to the caller (API key): another caller's identical key is an
 	// unrelated record. The key is bound to the request's fingerprint (method, path and
@@ -3209,6 +3221,8 @@ type CreateRefundResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON408 the response for an HTTP 408 `application/problem+json` response
+	ApplicationproblemJSON408 *RequestTimeout
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Problem
 	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
@@ -3251,6 +3265,11 @@ func (r CreateRefundResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r CreateRefundResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON408 returns the response for an HTTP 408 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON408() *RequestTimeout {
+	return r.ApplicationproblemJSON408
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
@@ -3624,6 +3643,8 @@ type CreateOrderResponse struct {
 	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON408 the response for an HTTP 408 `application/problem+json` response
+	ApplicationproblemJSON408 *RequestTimeout
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *IdempotencyKeyInUse
 	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
@@ -3661,6 +3682,11 @@ func (r CreateOrderResponse) GetApplicationproblemJSON400() *BadRequest {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r CreateOrderResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON408 returns the response for an HTTP 408 `application/problem+json` response
+func (r CreateOrderResponse) GetApplicationproblemJSON408() *RequestTimeout {
+	return r.ApplicationproblemJSON408
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
@@ -3968,6 +3994,8 @@ type CreateChargeResponse struct {
 	ApplicationproblemJSON402 *Problem
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON408 the response for an HTTP 408 `application/problem+json` response
+	ApplicationproblemJSON408 *RequestTimeout
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Problem
 	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
@@ -4017,6 +4045,11 @@ func (r CreateChargeResponse) GetApplicationproblemJSON402() *Problem {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r CreateChargeResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON408 returns the response for an HTTP 408 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON408() *RequestTimeout {
+	return r.ApplicationproblemJSON408
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
@@ -4095,6 +4128,8 @@ type ReceiveProcessorWebhookResponse struct {
 	JSON200 *WebhookAck
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON408 the response for an HTTP 408 `application/problem+json` response
+	ApplicationproblemJSON408 *RequestTimeout
 	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
 	ApplicationproblemJSON413 *PayloadTooLarge
 	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
@@ -4117,6 +4152,11 @@ func (r ReceiveProcessorWebhookResponse) GetJSON200() *WebhookAck {
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
 func (r ReceiveProcessorWebhookResponse) GetApplicationproblemJSON400() *Problem {
 	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON408 returns the response for an HTTP 408 `application/problem+json` response
+func (r ReceiveProcessorWebhookResponse) GetApplicationproblemJSON408() *RequestTimeout {
+	return r.ApplicationproblemJSON408
 }
 
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
@@ -4790,6 +4830,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest RequestTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -5207,6 +5254,13 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 		}
 		response.ApplicationproblemJSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest RequestTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
 		var dest IdempotencyKeyInUse
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -5558,6 +5612,13 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest RequestTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
 		var dest Problem
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -5709,6 +5770,13 @@ func ParseReceiveProcessorWebhookResponse(rsp *http.Response) (*ReceiveProcessor
 			return nil, err
 		}
 		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest RequestTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
 		var dest PayloadTooLarge

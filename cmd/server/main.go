@@ -69,9 +69,12 @@ func startProcessor(log *slog.Logger, webhookURL string, webhookSecret []byte) (
 	}, url, nil
 }
 
-// listDeadLetters writes one JSON line per operation set aside (dead), for
-// an operator to resolve: whether its external effect happened is on the
-// processor's ledger under the charge's or refund's downstream key.
+// listDeadLetters writes one JSON line per thing set aside for an operator:
+// every operation the reconciler gave up on (kind "operation", status
+// dead; whether its external effect happened is on the processor's ledger
+// under the charge's or refund's downstream key), and every processor
+// event that contradicted a recorded final state and was not applied (kind
+// "processor_event").
 func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) error {
 	q := dbsqlc.New()
 	callers, err := q.ListCallers(ctx, pool)
@@ -87,10 +90,24 @@ func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) err
 		}
 		for _, rec := range dead {
 			if err := enc.Encode(map[string]any{
+				"kind":   "operation",
 				"caller": rec.CallerID, "key": rec.Key, "key_id": rec.ID,
 				"request_method": rec.RequestMethod, "request_path": rec.RequestPath,
 				"recovery_point": rec.RecoveryPoint, "attempt": rec.Attempt,
 				"created_at": rec.CreatedAt, "updated_at": rec.UpdatedAt,
+			}); err != nil {
+				return err
+			}
+		}
+		contradicting, err := q.ListContradictingProcessorEvents(ctx, pool, c.ID)
+		if err != nil {
+			return err
+		}
+		for _, ev := range contradicting {
+			if err := enc.Encode(map[string]any{
+				"kind":   "processor_event",
+				"caller": ev.CallerID, "event_id": ev.EventID, "type": ev.Type,
+				"contradiction": ev.Contradiction, "received_at": ev.ReceivedAt,
 			}); err != nil {
 				return err
 			}
@@ -179,14 +196,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		// Requests must not be canceled by SIGTERM: graceful shutdown lets
-		// them finish. ctx is canceled by the signal, so requests get a base
-		// context detached from it.
-		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
+	// Requests must not be canceled by SIGTERM: graceful shutdown lets them
+	// finish. ctx is canceled by the signal, so requests get a base context
+	// detached from it.
+	srv := cfg.HTTPServer(context.WithoutCancel(ctx), handler)
 	log.Info("listening", "addr", ln.Addr().String())
 
 	serveErr := make(chan error, 1)

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -38,6 +40,10 @@ func TestRunRejectsInvalidConfiguration(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "must be longer than IDEMPOTENCY_LEASE") {
 		t.Errorf("a lease longer than the retention window: %v", err)
 	}
+	err = run(context.Background(), nil, env(map[string]string{"HTTP_WRITE_TIMEOUT": "20s"}), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "HTTP_WRITE_TIMEOUT") {
+		t.Errorf("a write timeout shorter than the lease: %v", err)
+	}
 	if err := run(context.Background(), []string{"explode"}, env(nil), io.Discard); err == nil {
 		t.Error("run accepted an unknown command")
 	}
@@ -60,32 +66,7 @@ func TestRunMigrateAndServe(t *testing.T) {
 		t.Fatalf("migrate: %v", err)
 	}
 
-	ctx, stop := context.WithCancel(context.Background())
-	logs, logWriter := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, nil, env(map[string]string{"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0"}), logWriter)
-		logWriter.Close()
-	}()
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(logs)
-		for sc.Scan() {
-			var line struct{ Msg, Addr string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
-				addr <- line.Addr
-			}
-		}
-	}()
-	var base string
-	select {
-	case a := <-addr:
-		base = "http://" + a
-	case err := <-done:
-		t.Fatalf("run returned before listening: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("not listening after 30s")
-	}
+	base, stop, done := startServer(t, map[string]string{"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0"})
 
 	for _, path := range []string{"/healthz", "/readyz", "/openapi.yaml", "/"} {
 		res, err := http.Get(base + path)
@@ -120,6 +101,117 @@ func TestRunMigrateAndServe(t *testing.T) {
 	}
 }
 
+// startServer runs the server with vars as its environment until stop is
+// called; done receives what run returned.
+func startServer(t *testing.T, vars map[string]string) (base string, stop func(), done <-chan error) {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	logs, logWriter := io.Pipe()
+	result := make(chan error, 1)
+	go func() {
+		result <- run(ctx, nil, env(vars), logWriter)
+		logWriter.Close()
+	}()
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(logs)
+		for sc.Scan() {
+			var line struct{ Msg, Addr string }
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
+				addr <- line.Addr
+			}
+		}
+	}()
+	select {
+	case a := <-addr:
+		return "http://" + a, stop, result
+	case err := <-result:
+		t.Fatalf("run returned before listening: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("not listening after 30s")
+	}
+	return "", nil, nil
+}
+
+// A client that sends its headers and then trickles its body, one byte at a
+// time, is cut off by the read timeout, whether or not it has credentials:
+// it never holds its connection for ever. With credentials the body is read
+// and the answer is a 408; without, the answer (401) comes at once, and the
+// connection is closed once the rest of the body fails to arrive in time.
+func TestSlowBodyIsCutOff(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.New(t)
+	base, _, _ := startServer(t, map[string]string{
+		"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0",
+		"HTTP_READ_HEADER_TIMEOUT": "1s", "HTTP_READ_TIMEOUT": "1s",
+	})
+	for auth, want := range map[string]string{
+		"Authorization: Bearer sk_test_acme\r\n": "request_timeout",
+		"":                                       "unauthorized",
+	} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "POST /v1/orders HTTP/1.1\r\nHost: x\r\n%sIdempotency-Key: trickle\r\n"+
+			"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{", auth)
+		// Trickle until the server hangs up (bounded, so a server that
+		// never does fails the test instead of hanging it).
+		go func() {
+			for range 300 {
+				if _, err := conn.Write([]byte(" ")); err != nil {
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}()
+		conn.SetReadDeadline(time.Now().Add(25 * time.Second))
+		res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("auth %q: no answer to a trickled body: %v", auth, err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		if !strings.Contains(string(body), `"code":"`+want+`"`) {
+			t.Errorf("auth %q: %d %s; want %s", auth, res.StatusCode, body, want)
+		}
+		if _, err := io.ReadAll(conn); err != nil {
+			t.Errorf("auth %q: the connection was not closed: %v", auth, err)
+		}
+	}
+}
+
+// An idle keep-alive connection is closed after the idle timeout.
+func TestIdleConnectionIsClosed(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.New(t)
+	base, _, _ := startServer(t, map[string]string{
+		"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0", "HTTP_IDLE_TIMEOUT": "1s",
+	})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprint(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	r := bufio.NewReader(conn)
+	res, err := http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, res.Body)
+	if res.StatusCode != http.StatusOK || res.Close {
+		t.Fatalf("healthz: %d, close %v; want 200 on a kept-alive connection", res.StatusCode, res.Close)
+	}
+	// Send nothing more: the server must hang up (EOF), well before the
+	// read deadline that keeps a broken server from hanging the test.
+	conn.SetReadDeadline(time.Now().Add(25 * time.Second))
+	if n, err := r.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("idle connection: read %d bytes, %v; want the server to close it (EOF)", n, err)
+	}
+}
+
 func TestRunListsDeadLetters(t *testing.T) {
 	t.Parallel()
 	dbURL := testdb.New(t)
@@ -143,6 +235,12 @@ func TestRunListsDeadLetters(t *testing.T) {
 		VALUES ('globex', 'given-up', 'dead', 'charge_created', 11, 'POST', '/v1/orders/ord_x/charges', '\x00')`); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO processor_events (caller_id, event_id, type, contradiction)
+		VALUES ('acme', 'pevt_contra', 'charge.succeeded', 'charge ch_x is recorded as failed but the processor reports succeeded'),
+		       ('acme', 'pevt_fine', 'charge.succeeded', NULL)`); err != nil {
+		t.Fatal(err)
+	}
 	var out strings.Builder
 	if err := run(context.Background(), []string{"dead-letters"}, env(vars), &out); err != nil {
 		t.Fatal(err)
@@ -150,11 +248,22 @@ func TestRunListsDeadLetters(t *testing.T) {
 	var lines []map[string]any
 	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
 		var m map[string]any
-		if json.Unmarshal([]byte(l), &m) == nil && m["key"] != nil {
+		if json.Unmarshal([]byte(l), &m) == nil && m["kind"] != nil {
 			lines = append(lines, m)
 		}
 	}
-	if len(lines) != 1 || lines[0]["caller"] != "globex" || lines[0]["key"] != "given-up" || lines[0]["recovery_point"] != "charge_created" {
-		t.Errorf("dead letters %v; want the one dead globex record", lines)
+	var ops, events []map[string]any
+	for _, l := range lines {
+		if l["kind"] == "operation" {
+			ops = append(ops, l)
+		} else if l["kind"] == "processor_event" {
+			events = append(events, l)
+		}
+	}
+	if len(ops) != 1 || ops[0]["caller"] != "globex" || ops[0]["key"] != "given-up" || ops[0]["recovery_point"] != "charge_created" {
+		t.Errorf("dead operations %v; want the one dead globex record", ops)
+	}
+	if len(events) != 1 || events[0]["event_id"] != "pevt_contra" || events[0]["contradiction"] == nil {
+		t.Errorf("set-aside processor events %v; want the one contradicting event", events)
 	}
 }

@@ -197,6 +197,7 @@ const (
 	ProblemCodeOrderNotPayable       ProblemCode = "order_not_payable"
 	ProblemCodeProcessorUnavailable  ProblemCode = "processor_unavailable"
 	ProblemCodeRefundExceedsCharge   ProblemCode = "refund_exceeds_charge"
+	ProblemCodeRequestTimeout        ProblemCode = "request_timeout"
 	ProblemCodeRequestTooLarge       ProblemCode = "request_too_large"
 	ProblemCodeServiceUnavailable    ProblemCode = "service_unavailable"
 	ProblemCodeUnauthorized          ProblemCode = "unauthorized"
@@ -237,6 +238,8 @@ func (e ProblemCode) Valid() bool {
 	case ProblemCodeProcessorUnavailable:
 		return true
 	case ProblemCodeRefundExceedsCharge:
+		return true
+	case ProblemCodeRequestTimeout:
 		return true
 	case ProblemCodeRequestTooLarge:
 		return true
@@ -831,6 +834,15 @@ type NotFound = Problem
 // `detail`, which are for people and may change.
 type PayloadTooLarge = Problem
 
+// RequestTimeout An RFC 9457 problem details object, sent as `application/problem+json` for every error.
+//
+// `type` is a stable URI per kind of error:
+// `https://payments.example/problems/<code with underscores replaced by hyphens>`, e.g.
+// `https://payments.example/problems/card-declined` for `card_declined`. `code` is the
+// same identity as a short machine-readable string; branch on it, not on `title` or
+// `detail`, which are for people and may change.
+type RequestTimeout = Problem
+
 // ServiceUnavailable An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
 // `type` is a stable URI per kind of error:
@@ -868,11 +880,11 @@ type CreateRefundParams struct {
 	// `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`. A bare value without quotes,
 	// as Stripe clients send it, is accepted too and names the **same** key:
 	// `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`. The key itself is 1–255
-	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive; the schema allows 257
-	// characters for the header value because the Structured Field form adds two quote
-	// characters. Missing, empty, too long, any other character, or the header repeated on
-	// several lines: `400` (`idempotency_key_missing` / `idempotency_key_invalid`), not
-	// stored.
+	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive, counted after the Structured
+	// Field quotes and escapes are removed; the header value itself may therefore be up to 512
+	// characters (255 escaped characters, each `\"` or `\\`, inside two quotes). Missing,
+	// empty, too long, any other character, or the header repeated on several lines: `400`
+	// (`idempotency_key_missing` / `idempotency_key_invalid`), not stored.
 	//
 	// **Scope.** Keys belong to the caller (API key): another caller's identical key is an
 	// unrelated record. The key is bound to the request's fingerprint (method, path and
@@ -920,11 +932,11 @@ type CreateOrderParams struct {
 	// `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`. A bare value without quotes,
 	// as Stripe clients send it, is accepted too and names the **same** key:
 	// `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`. The key itself is 1–255
-	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive; the schema allows 257
-	// characters for the header value because the Structured Field form adds two quote
-	// characters. Missing, empty, too long, any other character, or the header repeated on
-	// several lines: `400` (`idempotency_key_missing` / `idempotency_key_invalid`), not
-	// stored.
+	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive, counted after the Structured
+	// Field quotes and escapes are removed; the header value itself may therefore be up to 512
+	// characters (255 escaped characters, each `\"` or `\\`, inside two quotes). Missing,
+	// empty, too long, any other character, or the header repeated on several lines: `400`
+	// (`idempotency_key_missing` / `idempotency_key_invalid`), not stored.
 	//
 	// **Scope.** Keys belong to the caller (API key): another caller's identical key is an
 	// unrelated record. The key is bound to the request's fingerprint (method, path and
@@ -950,11 +962,11 @@ type CreateChargeParams struct {
 	// `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`. A bare value without quotes,
 	// as Stripe clients send it, is accepted too and names the **same** key:
 	// `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`. The key itself is 1–255
-	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive; the schema allows 257
-	// characters for the header value because the Structured Field form adds two quote
-	// characters. Missing, empty, too long, any other character, or the header repeated on
-	// several lines: `400` (`idempotency_key_missing` / `idempotency_key_invalid`), not
-	// stored.
+	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive, counted after the Structured
+	// Field quotes and escapes are removed; the header value itself may therefore be up to 512
+	// characters (255 escaped characters, each `\"` or `\\`, inside two quotes). Missing,
+	// empty, too long, any other character, or the header repeated on several lines: `400`
+	// (`idempotency_key_missing` / `idempotency_key_invalid`), not stored.
 	//
 	// **Scope.** Keys belong to the caller (API key): another caller's identical key is an
 	// unrelated record. The key is bound to the request's fingerprint (method, path and
@@ -1639,6 +1651,8 @@ type NotFoundApplicationProblemPlusJSONResponse Problem
 
 type PayloadTooLargeApplicationProblemPlusJSONResponse Problem
 
+type RequestTimeoutApplicationProblemPlusJSONResponse Problem
+
 type ServiceUnavailableResponseHeaders struct {
 	RetryAfter int
 }
@@ -1910,6 +1924,22 @@ func (response CreateRefund404ApplicationProblemPlusJSONResponse) VisitCreateRef
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund408ApplicationProblemPlusJSONResponse struct {
+	RequestTimeoutApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund408ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(408)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2391,6 +2421,22 @@ func (response CreateOrder401ApplicationProblemPlusJSONResponse) VisitCreateOrde
 	return err
 }
 
+type CreateOrder408ApplicationProblemPlusJSONResponse struct {
+	RequestTimeoutApplicationProblemPlusJSONResponse
+}
+
+func (response CreateOrder408ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(408)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateOrder409ApplicationProblemPlusJSONResponse struct {
 	IdempotencyKeyInUseApplicationProblemPlusJSONResponse
 }
@@ -2837,6 +2883,22 @@ func (response CreateCharge404ApplicationProblemPlusJSONResponse) VisitCreateCha
 	return err
 }
 
+type CreateCharge408ApplicationProblemPlusJSONResponse struct {
+	RequestTimeoutApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCharge408ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(408)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateCharge409ResponseHeaders struct {
 	IdempotentReplayed *string
 	RetryAfter         *int
@@ -2982,6 +3044,22 @@ func (response ReceiveProcessorWebhook400ApplicationProblemPlusJSONResponse) Vis
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReceiveProcessorWebhook408ApplicationProblemPlusJSONResponse struct {
+	RequestTimeoutApplicationProblemPlusJSONResponse
+}
+
+func (response ReceiveProcessorWebhook408ApplicationProblemPlusJSONResponse) VisitReceiveProcessorWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(408)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -3504,265 +3582,276 @@ func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params Receiv
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L3tchs3lj98KyjOPhWK06QpSrItqraeUhxn4p3E8djyZnbCrBrsBsWOmgDT6BbFxK7Kp72A/e8tPHML",
-	"z/e9lFzJv845ABr9RlF+SVK7Mx8mFtkE0MDBeT+/81MvUqu1kkLmujf9qbcUPBYZ/vNZLFZrlQuZvxTr",
-	"lG9FDJ/GQkdZss4TJXvTXphnhQjZZikky5eJZpnQayW1YIlm+VIwnatMxEwVeaRWgqkF45IJnqWJyFgm",
-	"fiiEztkmyZf0NF+JmQzdzNF2+GexDQOWmRWw+TYXbKEy/McZ43MtZM6UxJ+rLLlKJE/dKkbs6e1aaRGz",
-	"XM3kPFMbLTJYWKaKqyULz6NIaD18omSeqXRIDw+/oD0IRzPZC3rilq/WqehNe/CuvaCno6VYcdgLIYtV",
-	"b/otffFd0Mu3a3hO51kir3pv3wa9L1XEaavqO3exFGzN8yVsCaw9ygTPRQxLV0UWiYCJ0dWIhQ9uDh+o",
-	"DNYD/7l89MUPk9WfT2//crz+8ujmb3k4Yq9oi2ETZxKGcmfAZVzuHG5ykvtbwuo7MpP33JI7VtcLenDG",
-	"SQa0A7vk715zt16KPNueL3KRNffrC7VhqZJXsOwNT/KAJZJtlioVTItIyVgHbC4WKoP3z7NtIq+qdMUa",
-	"ZDWayR17cU/qmOx61VUikxXQytgRSSJzcSWy3lt48TXP+Erk5uI9WfLsSjyL24kmwm8/0SyJWT+Mlpe/",
-	"/Pz38GBUOZZoeXn05fqx/uzk5nk0uf7mh0dAuAkMATTXC3qSr+hBGOwyiXee1IrffinkVb7sTScnJwG8",
-	"jv37EBaf5yKDsf/92/Ph3/jwx/Hw9PK7P/5Tr+1GeIfwZ7FtvuJzvhKaKSlYqq6SiKdMrUWGlyhgWrF8",
-	"yXM84QQeW7AkZzm/FkwsFiICThCJEfuTkPAbwThbZEIvg5ksZPJDIdi12LK1yMpBWZ+z16+ffcZujoFn",
-	"JbHg6QHeHC1kjNQzGAD9DAbw46DOrOYq3gbAgMSNyLZEe3SneV7OMprJmRwMXm1lzm9HgwE7Z6/yrIjy",
-	"Aq7u54lIY0abxPovP3/CHp8eHx4ELBmJEc4Fy04ki1UxTwX7oVC50NMmp5yyWe+xGB+dPnoshsfj+GR4",
-	"fCQeD+fR6dHw4ePTY37yaHF6NDme9cIRO2dzngl2w9NC4FupIjdDBzPJNawwWQsWpQlIB9oPvHia8SgS",
-	"6xwvjsLNknhs9d1qXeI+CwxH7MK+dq5FuoBJD3/5+f9MTk5mcp0lMuewE+evnjx7hleCR3B9WD8c307G",
-	"4S8//59wfPvoaXgQsIhrMdRC6iRPbsQZnR3SNuNpqjaaTU4ezaQ3CMgXeIqEodmhuYh4oQV+0Ti7hcpW",
-	"jMexZvlG0Sb6I47YV4nWibwKmFit822A+wbsLGBcbpnKlyIrXyNg1QVkYk3CQcmZ1EBoPGVpIoWesvB4",
-	"PA5ZP0zKbb68FtvLFU0Ysges8V0ib3iaxLA5UuUzSULa0mik1gJI9M9iq9lcWKaLQoqnqchY//zFMzib",
-	"gynj0qwdv0GuJGSO9xYPTzMu4fJlIjXiLVJZ7J2uZnNVyNjOYFSCTzRbJPJKZHjUrL8S+VLFAUlMLuOZ",
-	"jLhUEuf5l1dfP2dwDQ/OWCYKeGvgCnCInMXJYiEy0BGssgFLYuHxZBKaF34pQMcBVrBJZKw28O6wPC2y",
-	"G9z8lVjNgSw4rhjGHQx4zlLBdc4mx2ypikwPBmyRqRWQ60wukkznDKhlvmWxWPAizVnfDKhFnsMaw2ef",
-	"Pf3qxdcXT58/+bfLPz/9t8uXTy+ePr949vXz8GDEvknyZUJqDS2L8Zkk7uI4ECyH5HurstUv714+tDrc",
-	"lKHKdhCgFEVan0kuWSKH60xdZUIT9+2Hx+PTkP2RhSiVhyiW4WcKtkQXcN3xZ7nIsmJN1ClGbDDAJ2E9",
-	"M0krHwzM0cLRw/7rjVjnAfIN7s7FMPZCGz5iyYfNMy7joRSbmSy5Nj1dSM34FU/kiP1ZiHWdB3Pp8flf",
-	"fv4vtlVFZr5eqiz5kT6eyY1IU5ZIncTC23FaoRREBXCaJQVYuvc5fCmCUYwDd4X/6mK14tm2N+196vht",
-	"4DFMVE6uxbYX9PC73nQvHt57G4BcNXyoOlGnbFlnYiGyTMQH3mz7ygyU36hEEF8q1Ygaj99fmXhUVyZa",
-	"VOhkleTtqtBKwX3OxUoD+8hEXmRAkUi/a34lAnYIXxyOxxX16HBsXuOHQmTb8i1SnMlfq7m69JMVvyUl",
-	"7nA8DkqV7rBFpQt6X4NS3KXCocZsNTjQm1tUuA51ukWHw9F+PRXuLUxDBgaS+ac8fklXGP6KlAR2A//k",
-	"63WakPnzYJ2peSpWf/xeky3k35MO6VSl6K94CjJWxKxJa4aOYfIYz6FjwKAXi5wnqTmF2kBsVeiczQU7",
-	"HE5OTli3jhEwY3NGAo5M5zwvdG96DFSRJ3lauxBGd7NLMNu5zPO1nj54sObbFWhXI7Mjdqf0A+8thtdi",
-	"O7RD4CVsF/bVLXuuGq+oJLEwYNaWce2xgXb4ygYm2mOuhvBQJNQnJWax91aVk73zVtkhiF/htl1mJY16",
-	"DFnFWzbPBL/WnlrYtiO1UWqkZGUYaCFsyTWb2BNnC+C/Gu92likw8L79qYcfgvnMV6qQMNxKaM2vYCpL",
-	"hka4XoGQWTCnbxz23gbeAFGRZfDerUMAH1QLVug4YKLIAnY1Xwfs+/U2YNFyAZpxHDBexL2338FG6ZzL",
-	"qGrVdx6aebtyP/Y/LPrp0P4UOUrJqP4pE4vetPeHB6Vf6gF9qx+8oDHoJ0226ml4ZpIp42zlOIfKLHEx",
-	"Z3DDh0SgAagacH6oWiSaVGNQLgM80kJeS7WR5kDhdw3CATW8SiihZy+qxULIOJFXoB/iGIlkIVFFeHDG",
-	"VIZ2ZO16aliXXXa3mn/AQI8r37XfrfS3OELYk6WIrkVsPSil/jWTUcqTFeiNg4FUudExBwM0xhfJra+1",
-	"G4dTRUe12g3oR2+D3hMlF2kSvYOs8G4jSTyp8ssIKDYFNu1fSRS+rE2CwrmueRLjSiMu4Y3mYNfAMCIG",
-	"A2JRoJmrjaMF1MJc8LjKv07Lq0CTwUCVxex9H/BlhlLlQ+/3H+5KkDfxE82IU8AB8lywWAmkcDKBiT5L",
-	"Pwu6HjntFK6v3Cu0vHCzSHdpHAQYL58pHBtJYYqDc6k3ImObJE1pr5ZcXglDFFWf0DP5Wov3oo8m6V8W",
-	"ukIh53Xfc6IbcgsMlRzWOxfIMjIVCa1FPGJoETFu7RzmWUgsFilvI/8u8mlqCozW+h6KwhBG+BAk1LZN",
-	"De7RuVEz2caF4CiARp47ZjJi3/Akrxqa1qnbwlJm0m7qFAw6oql8KSS7Ejne3KodTN4Ufi2YAksuQZ9h",
-	"lHG9RJ9HL/CDHt4auvbNPP3A81a/bXo2X4LBGH9QMs5oyLoWVqfbDQgrLeJOD0j/xdevLlgp5GlnrUWL",
-	"npQKuU4m3eTq1vTO5GpG+DAcr5U+YUN4mgkeb3dvzC8//1dlG8jfNJOgOKADqkWs0vKrBI1utSVGILhm",
-	"sZKCXAl+jMp3ZiSgXXB0YMNtqHJP8jtIsSl9D/hXxfMA5CfBhOPpU1Ao3o/uzEiXqJtU2KZkhRS3a1wo",
-	"w6+ZilCyVATkSVVXpOGYHe4eqiL9cki//CAcreUNQGvz3xgO8+sWS4ltlkoLJm5FVODfSx7P5FxcFTIg",
-	"3oj+qgWGIA3zmQKzSRxL8iNygQnZ7fDSBc4V7eQIe5pqsVmKTJiRS6WswcxaBr6LqbUEfXEXn6v8c1XI",
-	"92NooCgscBSPpp4ro2K06WtVsXlcEhVcNjvU3vQEShb96EOQ0nPFdBEtnY5lzirRzk0euhcOD0gNSmK6",
-	"7GhKoGAiB7vGAHXVmV4RkXTHX/Btqnh8odSXoJu+12EYpneZK3WZ4mi7jFpxGwkRG2Mn+VEwdJZVjufw",
-	"qDyel9apqxSzg+99TGbiYa7UkH78oS1EfKVE09Lg0Dh52slD/4mmt2P9sLFJNc0FVvZKZDdJJF5LfsMT",
-	"Ut/fzRFmFCeVXRbVsUqHBWYN2MdYnMSkw5NynUiWJyvR4r5oH7l23hHP4jsHt8pvVcGtidyzqj1BGhoF",
-	"DapSwqOYF27i6hL3phq38qE/ADoX6IB272rMcz7nlLhSyEzwaGlWUN/MtuFqW9kxWOfLGxJ611c3K6q9",
-	"+IcxAGKxFjJGfc9SxFVyAypJLBaJTHJr25loiVF8SAgu+XotJOg0g8FzcSMyG2scDKZGqycrqlX393wn",
-	"Lqjc1O6UZHwma6KaFpPkZaiKLINMRApjRGuFccUk90xSzMAJrN2vspk03oB8k0TiAMOFQxa2XqaQ9el3",
-	"1mKBH2rD9ctLBVcIDRNg/QuepKAGYDyT0Z0xoTsj17ciZygqRjhzC+WFrI8BZPviB1PGWZ5xqRPQbB0h",
-	"wlxFJlifs1TpHOaLlJQiMrsFrC/hafIj3Vjz+MEZbG/4AHXnH8MA19hF3B/QlHoteZFjhO49TajCH8i7",
-	"pK8Exh7JiWmi2Yxr9sm5eRwnmLJPBc9ExmbFeHwUXYst/kN8UlVLDsuL/Lo63943uLLODyXt7Hsl2jkQ",
-	"VWZMi0hdyUSjE8ef24i3iu0yqh7rN998M4RdojB/LtpDXLx8AugJVyxYrsCcqQa6aIt7uzLDiCR0sV6r",
-	"LBfxVyJO+AU+816k4Qa8XMGIlzhtnUjyutoAxqQ3EUxQVYNOfHJwczCcg5k57kEYboQhjjDEn34oErGK",
-	"EBoRwDC4ZmH99UIkkrbdqmlDoKS6lXmpbE0SOZeM57lYrUFFZGu+xVg9mgE2/S5vqCSwzesMWF2ekMZk",
-	"wiftFIjfGW4eY7ogDmkCJp/ApZCoboCml3thWfplNR57eHp6GvQWKlvxnEzkh8e9ZuQ36Jk8zkueV8iu",
-	"NxlPToaHh8PJ6cVkPD2aTI8P/9bzRox5LoZGfavRf9BzUZ47TvuJfe5t0DMs/JLIvb5D3yy3jLOQRFBo",
-	"ZR79Sbvhtv0TzWIRpYkUDMayiamJ1MVikUQgZy5R2mEQAwyYTaIFC2WRpiFsIvyDlC6KSjdeL2mJk3+9",
-	"5j8UYDAFbJ2JRXIrYhZGy8twn0zHxgwuRt4djzemG23Emm/1XvH4xkzmKl+Sw6gr7xefsU4lQ6LV+dar",
-	"S6D+y5tE87Z5LL9pZGSvKcgUss0ySQWrH6VV5+nOU0gLz9vex0RjZlBCWV9zAVoQ6FDxQUBe1lAXERiD",
-	"QDcqczRkEmBMSrRZBTBG+3SPaFLEve/8F/W/b2Z/lBkN3/Ywfu5lO7jgqRcENdvSOIfafajc0zJzW82/",
-	"F1GOcSr8mtiXl97A4ziBjebpC48RLXiqRVN1torkgvncZVGkqWExTYb2DtSTKzMRJdXlIKhKhRMOGK12",
-	"Laagv76p//wNqshpzt7Al8PhkJn/hz9DnwpD9oaZw9K1r1dc5yKDf+54iFb5GbESfNCwlRizGCdhwELz",
-	"CR5SyMIrIUWWRJfm47A2os+CPkcOtM+gLYwLxp3JzzFNj/ZFG9cbJZKDwm5zjkm9JzOia0vnYslvElVk",
-	"u3d1kfLrLay5aiQApZKnhfIIzc3U1m+tNlLnmeAr1O7Iec/Ck9vb0NxQewAUH7kSOQtPxkchDXfWFaGt",
-	"LQ5kkSry5vLK0GHFMzClSQJnw9iAeSHzJMVEP0zLy1wyoIySVJTZhEleW0HGc4HZX0Qt1VXQ5JqFx5PT",
-	"kF6mYkSa5dSGBNvnpcleao5pLTineswLMhtLpgkDmKHPzIsgc3Tsc5FI4yZTUjBxm2hkpYYXvKkyySqP",
-	"b94m78Pq7fG+aFwC7zskMO9vc6beJ94ee5/621Tl1rvFUo1h17hZN5/FGPq7slkMhmQmxeje+qHa3K0c",
-	"hqD9heyf2eHp6PR0L8XQJQuemv/tzhh8NxWv8lL1d/w8EyANbikTGjNf4TZiAqiQkQhYsQbhcTIee8lt",
-	"Z3ANV3xLHhElc55I9vz1l6z/+o/j8XgMCj8mxK6LnO6ILCg7eimymmV3sVFM6HUGl0ubbN8oU4nWnHKe",
-	"ypxEDBj5WYj/PpvdjsffDf7pTiJragHddPYS3TLvSmjGG6QWjDOntTjhi9Zi+NPbkHJR8VHMRyZr2qQ3",
-	"r3gitfnaugTvTbNugpJwib200u+IfUZprNP6ekC1qy/I1tKZ16oWOeExvS+tv207Ho/669ueqo3IhhHX",
-	"gj179TU7nhw+ci+KFgkl3qMoc9Z2muh8xM5xvzTtUqLdz2aSZ8Km1+HXwOX9Kx9hyQvcnLDQMWgRosjg",
-	"P1fzNfwnWi7wPxy/40Ucns0klaNthaQffr/ehgGo4dESM8ikkuhF9CRAoYHtiiLrBb2r+boX9L5fA8OO",
-	"lgv4f45qblHTmOlHDYvg6Y1oo5tXCtivI0HrkgUiIqaAh6ADtsmSPBfSkhSqBehJ5OgkZFxbwpBXYga7",
-	"RBPNjVIUizS5ERjltMmKSkbCTbQR86VS10zIGL2vtBNV4t/fep7sbz3HPOfdl51s0uZdS0zyCTc0ZNV4",
-	"2i7gjZHIpIhJDbA1IuQuR68pOkgqHLG83CQ1yuq7LkO2lArm1EtDtt0ibbtce5vX4ia/DIFdxAV5gIQ9",
-	"VCy2g1tS5fDwg4f/Oj+Knj9e/eXHw9uX+cm27QRy46yzZE/ies3RjDOcxrcDzUfGXAR+D+zJe+S7mmle",
-	"jraHCWl8cB6tGRppExx4q75MdN7Gmtac7DsBD+kAVBEwv1DPbnJ2S4dYsXCXnKfbXB4nzzKOQn/J9eVK",
-	"Za0+HYHhY/jWLIktVJqqzRlbc03XN4V7GSZxiK4+nfMM9NNLTpGXXKG5kC/FalRu5lypVHDZ2E18IW9F",
-	"bfuH9ScuJ6VGhFJU86RJthp3a3MDTdZzy3ubnFXK50j0lHEqC0NGgzZKtb6MHJ/90CRgU10TmXx8Jluz",
-	"g0FCSI5lVRgdBr5fD0YdNOqjnXbSuBMuXbv5OpR/vMmUrWFOcrM2thaZcTiXk9yZMX7XraB9LZfUdo5f",
-	"CJ6CpvZTe5YpWM54eEt8DoyqeYty0+m1UtcGRYB+v605367vfAczctvS64l5kco6XCsu/m9q1dTC5tCj",
-	"BEuqyW+6RXkjK7B99IWQEbnVroWcsvAwdOk9ZOi7zCLQ66JMgPEkYiZ4tEQTG7ETbtfwyjMJh0swC/xa",
-	"SMxtHLGnGNwESV76nfw0s0hJKwOJn2MaN2drXmDCpkpjkTlbNuLSlL/B6DQqJp/BJ1LgPsHJ16j+8E5b",
-	"pyLlG5dZuvzzDdfM1VLWHKRNlWC8v0pAu6hbVxCWywvZOi20YRzVKlHWt5WfXo3nwYjZ6sdEe0WPMwkm",
-	"1Vy0Vz7aotVK1WMjxa/t3Y/G7/Du121l96YeN3CF4I0SQqoMr57BXnWKLUtIVXQt4kv0DLWRQJIaWneZ",
-	"diqNXVloQJwCGDJdAnOarG9Tsnnu/E0rvp1Jl/17cGbiEjSEVI05EkPNrXt5ZyTDOgYvUfC0bzNK4PWS",
-	"m1ry8n6CFpCKHF2XKJhFbD16xPxJLZrJ0CiOhlBD1leZecQYniH91z3hfPeLRCZ6KWKs/ze+Kz8VFUz+",
-	"RBZCk1GFRn2N+OwQvdb3p3ypXf7rLy4uXlhXqeFRZQ1w271HmqwS3ouvX13smh8rJO/EXLn3tHfAnTww",
-	"DsT2lZE77bJLBLqtoQfsGk3iqP055gw6EoZ7AlZlmWFaWe9kfNhJsx477hTKiby0NeF+OMkr+yskVkJR",
-	"KTmGiyxRnbHQ0XNIhiCWxnsZLubV+raE3Rbw5nBLY8Hj0F50PBktcsaxRJsKsM06VDaT/VwptuJy63zl",
-	"uE+wKDsfVSgUMhNapTdkpKLKKB0VEmOvWejeHoDNYF8J8wR4zRDxv92trVC5twtW1dhG4PSIxo2qkXiT",
-	"rmrMtWbmeHKvTVNCP2x7tL70ltoKa2ubBlQnNIfNp5Js+BZtNa0XRWpdSR/HO/tRo/SH0/Gjjxul3+nC",
-	"xVTC8hNMvJOwy7h81BMdN7if6/XDheSBD4bvFiq/O4RtQ0fGvekCi/0QSA6LHsvYKuq3ZW2a/ScaZfQ8",
-	"bkT5BeOZoETFrti19VCYX9RCIe6xPXwObbFq/609ZnBHZBrv6F0OCRJSH9QhQbzh3R0SptboN3dI2Iyo",
-	"Ni738vMn7PT45BEz+VeMcsG08foF7TlSfq4ZmXSEQ4LeCMwaJV8gKfaaUAVev3yGQFTXCQkgfHg6k+Hd",
-	"OWGUjYieb/QOFBJ2NlKgAqMsjRAojy2366WQmnIWQ8rb2WuCiGfxMHaBenRmY9TPfTYC6R7TK5UleYT9",
-	"k1OOHNNLleVsxaNlIsUwE5ziC3RLzhDWJVpaK1SqnJymSZ6KEJNvQ9p850LH26oythZqnRK4HVhVZSVp",
-	"w5ncmvmEwCH1RZHjCH4w8r3z1WzOJghAN1BCNwZFZ3FqZ7lf/QtUPILWAo7OpEa/9IZUCSzbxepfUTqW",
-	"GzXV5cdrvjWfVUjBeWvxoTKO5Ly2l6Z0xESw6ZRaqxHs/urkSnIwPfGzWi1aW/Z9VQmrra4ZDvDSQVrC",
-	"pk1iDxpJVJng2tVJtyaUwCj17JWqlGz+qn2xlIzaZPXLYsWlR8G365RLUstRn020Lc0zQCWedmDzGzDF",
-	"17wmcAwsUdK6oFh602tiECxa96yJfICjNWAw9hI2nte4ReKUUBX7W3g8N9mNH8yi29eQQ0Ztj8Qhk/qr",
-	"OB5P2pRUk0XcPHrkrEGdAkw9i331imCpvvQTOPtdV8TGaxoTl7JL8pXzWXXPdE9Z46vaRZYMXbLCnUqW",
-	"zavGLfOVKbjkHWoAXWcXNt0/PHguKbxC6oC5N7VcZcwHAIUHZBSPYxchxCJ0MCHQ9WqSpGbSgcxlghmu",
-	"TDUsV7Ks7WwNlu7woXqpTQZeFk1eWDtaVa9lcmurbaqG1KOHx8fHj48eTvYyp6wieUcmurfhn8EvOuyM",
-	"ixq3pb1O4jM/Ggn7FJeByrgtPLkWN/nl8cWPj6//Mll9+nDz/DD6603vDsixZrTyvQOULQPcO0y5K0bZ",
-	"srX3Dnf7G+4qoKw70VENqrBzVeTvYs1/FEO+M3EEXa13pY5U6aUjsWIfhcGnB9RYPabgS9l3zJAvcz4v",
-	"O933Xl5oLVBFosdoTsS0TDi0ZBB9RdY9fTGT7psSugB1fId0a4NENkbmKtAwhayEN0xVxFMCQ72LpmqO",
-	"5j1z+/dhIWojWRK7cFt9MTW2ES0vTz+/Olr+y6PrLyc/fHMiXub3VQD8yY0eYCe3tiQpjx3J9L33SJGv",
-	"EUuwKzZKGXHNd/hKSUT3yIsMdEMMBrRkvb2LT4+2XOyZvHZ3+lkLUyjzaroRtN063qmgZB8H4uF0PJke",
-	"nu7vQNzb6ZaJus8tE5cnf90e8pePry5WR/N/lQ+XH7lq5I5qkF+jFsRHL3cOtn39aN9QOtp5dN1BrRG8",
-	"ZiriK4zDU3ZDyS+RdbW41KxCclevBMf8YrbkscOnmQshSwSlswqQDHk6qvRqUlXrfjEMKYjkpk07PE83",
-	"fKuZWc4vP/9XlRVrvhDp1gSua7NVpFOXE87NHHi70TwBLMyPiizJt6+wOpRAc7Ea9LxoC9+dS1fS6vxw",
-	"e9XrhiP2LDfeqUXiEvwJpCMXksv8YDSTn4mVwryOKQv19WUudH7JoxXWdtPDIf5J8PDukatUzcWt95D5",
-	"wASSqPQV9ssWunrFn1SXmciFsrWsnLDxDLbrC2M3lWnbVoz3Wmr19Yqnqa1G0bhZcLyDAVm4g0HABgNj",
-	"0Q4GhJysc8ZrtgtJ/MHAFLEPBgSSjP0Wkmhp5D/iyA2RJrFExk8zARoykLzZFj2gz0W+Udm1tiq8l/5Q",
-	"zRY1FcockelspgRB0JMVD8wTw3oGk24mc5GmtLQRe3rLozzdDnGsATUFQPjpjJANI7Wyse18A6pOQuAr",
-	"V+ipnlYhoylHmroCGFScthXZyqAkHzGEoIpVVKzMdUJSUzLPeESZ+HOVL9mSpzdC48784Q/svFIsDR9S",
-	"Hk/44OYwdPsU8cwUIPkV65wRXZmsIvQ2h+FMtl8Mn6zNgzPpsNirF2QwIIIeDMpLwi42isVwT+g7TRUu",
-	"hGhAfoe5up3OZGguTvUimZvjbkz9Dh2c+XFdzD/SmySPsFBpxdRiMZrJc3t1KTVJC6EDB4OOXtw0TWJR",
-	"gzVzAPU2NGLuQWCxGoKZNDmTqpnpNWVarQRW9KTaNN8oK5DGx2FNS25kBs4kphTMt0h2dvOMlrxRrI6Q",
-	"r0fs3K/at8VUXk0/h5kPCcU+fEB5cz+GQQnX4JZUSi2bg90PH5h/esApztOe6Jn0Cvhp3UmuWegszeEr",
-	"66QNbZcCA5R5wKQQMZPKrtVSuQ8dF6Vca6FLUi8vHfIVTQic8JTNzvcDoegYISka3g69wwqZuM2F1EDz",
-	"VJtHY7xpPPeGrQSXsLtv2FJtHLdqVOzVq/eQt71hIfwXhnkpeKzPjHDWVmCP8BsYb5EJkW5H9GPcMp6m",
-	"W4+lwGDmcxjvM2UaGCDqCLDGGx8onuA7EZrBPIesrk9ee+TlJgSKhD41iQ/204CFk/GY6vaRkCTqW/Xl",
-	"uto2aiRUJvqX5rtBEjUvRvgrb1iI/4D3oIobjReHdBi0BGErnmMQl8vmNaF5MdMwsGk5n+hKKomxptx1",
-	"q+bHAINfJbnNUfDqF8pXbKLKILBa+R4BUhFh1lFbGftiQ/sFvOFXCk5mhZbSDtSCna9LLQw0xbgTSYm7",
-	"apVElCFmmFgVtkYHrj+NrldF7vICxCIDvYyk31YVCGWuUBJTDaOXBuYyP42xhMR4xxaeuaQ7ysPjhLLJ",
-	"cF1UjWlrPTcuZbtS4gqnuV4jOcJhVPx7b1jo/w0H8ExS7xCbfl/3B5Z6bZjEIayeknwlNVUxqog+Y+5n",
-	"xv9aqv5VJyzVCf/hDzhOE4qIGCE88tLow6W7xF4MFIB1WioTPcvWRUC+2LzI9iyaycGg0RMJhPMdDYx4",
-	"Xpb4NvsUYb7jTA7xlajTDcqWu9sTTWeSsffpQAS/39WEiL1rDyIYuNKGiL1rFyK7Ma2NiNh9+hARHela",
-	"NyLaA0ldgSi3lWNfIMqwvm93IGaaA8Go2B/I6Qljehfs6QMbriO1FnG1r8+UmIK9+KRGtWtRI+8eWP3U",
-	"a9gD337jdakJPHQ94tgGKNN1+KnG66bs1Rfnw8nJQ/v5YEBBazBh8IAHgzXPl2DEuCZdLR2B4HaQvYla",
-	"HNMYGQ+w1cuVTBZJxGUOSk8u9JpHiHWxUjciPhixl2KIEhSIHn+M3sJhIlFLNqEvi5/jxLN5AaMPwGPc",
-	"3aoZmCswMKV7c798vwSjLYFnWYk7WzYtagNVthi0aO3R6XGmkxSFNOXhOUulyEDgmOMsuy2RMjsiYyDj",
-	"myoyUNkfypy5tWis+WCOlkw8W21pFBBfk2S//Md/sjXPdIkxD59gjBi+9mO2v/zHf8I5I/68aSEEz/eB",
-	"MRoZmUgtsvyMbZYK35r+RigBEIMkAGyC9wFORX+KEWmHOskLknhvShXijXnh/7dDFzR6Qqmet2HFvjGd",
-	"ubobc70BHbkcrITub7QIm/O40n/E3XjiAAfdk1nQf28y1yXBROb7luBsC8Kg1urAH74W4yfqpdItmypV",
-	"zmSlTuBRd6WrVxup02yTScvLGDJvnYHUCPtupPMm6Emjllb4CqetO4SA5C0IEnvM49RSAyXRSNYeDCoN",
-	"S8mVUiryBWhg8AftBJmOTwjRbHiBOWMPWGibiJKzDitSdmAGszf42O51E/o569drKHD7PV6d82thQtbW",
-	"J0QKnCu5rqqmg0H79CVWfqOO5o3f4svvy4ixkjT2+oZdKSkOygmAO2COiPb7ViC/QBnXaFfBWaSyjKCf",
-	"u0BQkIVN2SK5pWaqhPlmtakkt/3G3NT0amUZyVxccVmmltoEdG1kFc+EBcGs9mdNk2thQywaKxgjL00D",
-	"+7FNwgPsUgLyQ2g9zIoUWTF21CA45JmMCxRZ5YJMJzfEKuaahY2ULnLct2Zr4YSwamzi53CzkwqkN+uH",
-	"J2hTwpGcs8HAw58srRGDv4TepHZMzMBIIRETmg0u63hyGh64dixclsDaXluJRBv7ogucs3m7gxpUKYhn",
-	"i97OHe4fUh5VN7QiiI522UN2HL++xtwfMJXmPLq+ytCA8dBweKqVM5N0DvqW3w2G0hwwoAkkbRv+mkon",
-	"RJ8hE1pl1y6oYCt2cEEmndbjVVTBh7K93guRLlkN9J80SNsX0eLp1xsiemVxcObV5oczuav7YcAiVWDp",
-	"o2Mz5AdwxTlnLPzT04uZfHBzWG8ooB/8dC22b0Oml2pjmjZ+ollYlj6EZZVe2VyR6Y0Qa2rgIXJrRxAF",
-	"7N2qcDBo4WSDgQWBN7pHTDwEqBmb0FBtrwmyBCZVByFZIyWNH2fEXil/vbbm19gKiGAN2jscV6XBoRE5",
-	"FImXV7j8ZCVsRLdqfueKquq4Nu0HsBA1Lahr0Q+FKAzWg3F/ZwLztbUFhWl0SfQkf0s7X8O1sQNl7UA8",
-	"gkQILjKq0WaV6bYMonnlRFZrsYj5huA46v1TMnINAJJ5CQeAS3xME2eypwz3CdQSA4az5DeCZYU8CBCL",
-	"93h8yjp0iYC4VgA8aUL/OTKG/8n4mBy2JgiXdXCPpm+h4l4GoTRiXyipihp28kz2TT7XAW3SOhNayNzP",
-	"OwHGw9RiYbS3Ik3Z90kOluVMhjoVYs3+mQEdq1V/HLBVIvsRX4MaqgX77/+fTf7d0MvBge1vxZkBgTFw",
-	"QOTHsqVYnOUqB6s0FjxGaeb12qwrBOVlg62ZFzEwLNv4mfg/v3IIyXBnkkWC1omlQfRAObs5PL69DXc2",
-	"IWLnDioOJaWVr6VoxXR0kHH22tS1fZPZ77edOSv7kFcUDBupSBzTxVyLwOY/WIy5JNZEs4OBgbEBDaIG",
-	"W1PLphoMyswJYDsGuCqRhGIDy/wnxLA6Q98NvhF8+f2a2vj89/93Mh7TLdgKaUBrvGwMh/60SBXP9YiW",
-	"98Qt3KywNe1Kxb7aWEXqmVZRdnBxBmiHQHRa8HbM5M9iO6tJYCI/lY3+IOCuyZyYmmol1keWehAQoKhF",
-	"7oa/M3EZwux90obgIwRFYX30I5atrZwNuzLruEhWwAxXa7ucl58/YUdHR6fMpXzgib2+eGLPnRTIMgZi",
-	"0SuAyu+oRGH97gqUgGkhSHyFptglNA3qDuyumEReU5fy+uUzc+kahRFU5uFXa9AnATozqiUbzFZsjFhZ",
-	"8HKvehYTrjeNUe6oa7lHQUt7i6xwxP6VHA+eCAByNEqb7dfHmu36zirKucbYLALqVrAmSyFmPAsGRhtl",
-	"o3FpYvRuhzW34tm1RnZo7ISajXlWM1r7FgLEioGZpJg3qcA7xJaVUEfhmW9zkleVuwxi2+5kxM7TFPTP",
-	"TAgkeHG7Vpp8ivNMbTS5Qc/RnBmCUZupdPgUHxp+QRthcyTSJBKSmr6ZxIfzNY+WYjgZjXtBr8hSL5d8",
-	"s9mMOH49UtnVA/Nb/eDLZ0+ePn/1FH/z1mss0UyhOH/xrBf0bkSmKXNiPDqk36i1kHyd9Ka9o9F4dIQV",
-	"gPkSE1NsgBX+fSXaiu9sOHgCXLWRRoUaytpYktkNkNUXFxcvMDMlWoroGllt2W2BDFY5kyqLlkLnFBF3",
-	"2JtG83KaThJVO9T7IP3zLBGLdMv4hlMwthGJnaLmsUDjrBbItHChFBc05+UE37O4N+39SeRfmM2p9Qae",
-	"jMc7MNpbsNltflpPXe+PcW6gaTogzr3952lyI0aV1KPe9NvvAq8VyJfJjUDZjwA2vaCX8yvdm37bo+Pv",
-	"fRf0KoHk3rQHG4djmrj73hQiZOX4Ii5ZjAD5iyIlA65fP0rXbcHY5XhdZ9LpdsbNkSoeszlPuYzI4b6m",
-	"0AkqIxlfLJKIXP8JcdYk4h+JMF7SlvzO6AJXBTuARoLdEuzmczI+6hrXvcKDlpY/u4gKpkvemapuDm0V",
-	"0oOfXMbj204qe2l8/D5wkct1cdZcCf2uZImcwq1EM4k6Nit0Js1TJWw/9UIrvTi1ziVkim0FQuJIZ5sl",
-	"MUavTPxhJm08KXCBKmMffXhKfGLLD9+PEmsIfl4acBfEfwPDr4rML4s0pdTfjtzjuyD/mpjzdZRed3vK",
-	"/Nq9L5HZtg7matPA3wa9Y9rJ3RfHaxaPPzm8+yeva61RjsfHd//ItavDG73HwqrdE9+XD7ib/yeRO/gC",
-	"79rbqsLOew9nauMx2DG8bR3lI+aUnsW9t991s4wHJtONgObfcfigt1Z6B9uhdBhjJvvJ4TaRpDNRBusB",
-	"0BuhEFR8zTMwkb8xSQGhgepzCXts0w6py/raQfGSEwoHNRbdiL2yMXKYIOGpG89gdK14LM5cSigsdGuC",
-	"quQb92oWYlfZBOYhinT0yG5ZViCWkkmVSrdUpO+5w9CPaj1zTsQLuVBZJJx3oJUNmhwlE5iv5yoBg6wn",
-	"mCAERlvfXpu3PWJfUviB3iswnhks1MEUpUS25CWRf9RLTDJWZHcOkks4ag++9Ml3N5OtvvGDspsXIR1m",
-	"WbEmkwQXal1kRIIrzM4qIWkiivl+bcIxxiEYTsaHxjtkRnEkO2Kv0NQ6Yw2AImNMdZttI+sjDLsCK1NH",
-	"0NifiaJXXHYRtV3MTLJK2MifqLUO37ycuX22hZt5SUJJKrvjwkXZwhSuNsZM2zLnrnjLlGyZSn+40vfj",
-	"p8a5EN0ZTbsjmNLSKK4M1BClEnnYPTmmdWDgyza4qbbo3NH4npm+92eNBqtVzcIHFu/dl21XkSmRuxrv",
-	"86cq3u6vmBA6apGm1b6GL/dFIfe6HL4l2QOMsXUw+M5m5Ti55lokWu3oZDy+RwPCNnB26vpV09UO301X",
-	"w7qxPcCWu5Q5r5ALf95ebPU+Wpahn862pVXOhHIDBOZdbKhsS1xG/LCfD7mj2kASQPo5EMQP30s46FnP",
-	"UheULDEee2H7oa/MRMvLX37+e3gQGPODkqE9DmAsg9FMvjRCHcM2UpVdeumlE+yG0MreSv7jwBrqqL7V",
-	"JbWQUlkPRSVTu3vb/W5V5+Px6Tv2sm3HhGl0Xa32HSNhhELIEUJLA9YuvBnXuO+JKShtHk1D2FWqQMuW",
-	"jqel/9AMRk43b7a9W/jRcodS5UNvAKz7aocCauxSNXnHkGeiraSibKeskJKqLOv71Yk4VPZ1bxm8pi6W",
-	"E80FSBJXo2hTIMoIrieiWSxS3qLpde52LdUA9E5a6/5N41t9/aZKsQ2QqLLdXzlFbKeULJtot0McuZ19",
-	"6XqGTE7G40ob7cPj09MugcyUdGXRTSru3D0r8M0spd25f+ttGGBoBhhGnvH/3v0mvyaHlElRdsFVfcaw",
-	"gA8rvDiqF/OtiTJZJb0rYgFykN91Mer0CormhctQMk2LjXCcYrJPeztiIyRaLRdSOds1fVzlvZR9U7uA",
-	"TXpNd5nzajbZlOkuwXWnVdJuJjhb9J0thQ+4xDbEs3KFZdidjGp35EaM5EoxtcgF1YltuIZ1dqLHupAu",
-	"Hu0ZM0W4NkL98RShWn/kWtcWQ3O5Ioo09olLKWhSIHtBmR7GMu+8M0qm2yZge3m7HXT7uKV1D2orh3t4",
-	"xl7wbap4fKHUl7aD//HhyT4qS0ubX/jxZLKHE68G9I/4eb+xB9Cw5BYnoPXGtTgBq+4bFwagOqdOz/+X",
-	"ic41OfzbGpJMTeondkqhnIoqLJH3mQ0OYGvysI5uFI7YU06F4NK0qrhH6yCW5DNZVhT2uf8o8Y+5uj0w",
-	"AVAzCZYZa5Ys8E5jDliyoCJR04+ICv9y4EQv+JWp5IqKTKtsOOca8zop8k4VwB8jzAAn8JQO6b6uAGzC",
-	"13sb/NSFNZbE1OATIV4p7a7kAvQIKhMU7c+Sq2VudDIqh0SBkpp2hH2fMA4ClozECAeS4jZn1AVCSYGx",
-	"m8QUkbnYsyQcIJDmM+mRW7XYqNEoaPLn+NHii8Pvv9GnP3y5Ol4jumNv2vuhENm2F9jIfxUBttIX3GsY",
-	"Nzk5qeN4+e3jzod/48Mfx8PTy+/+2NZC7rv3DQMR4tm3P90VAcI2Va4B1a/Q/Qm/3N2XyeuXBPT2u32D",
-	"FoIxb9AAVIMDLXGIERRlb5W17PDUorTWezz9qqGu31JuwYaYd/Zklvngrnh1e0p2p+B6tTRNihsNeJBd",
-	"k90wGACrGQxasBk2BmcaE+O9nEzQgrwWBkG1JUFmmwz0O3VDa9TWuwvMpMrYmpvWEY2SFtOzSXutcG3b",
-	"gYOgpWoGJSKmdoCUyr1WQaGZMTQZ8ZmppNzdIgLVXpNeYnPYbZOUEftKcElQJKngGUIgIAACeeZzFanU",
-	"FPLBOPCcUcnO2r2IlUrBJfYTb0R4qomvVCmCHnqQ4n77DQq0WayMrSoCzEJFWCRsnuNkmm7JHFbZTM5F",
-	"qgjTpVa1Stk0+UaZLNqYZGGR6KU1utZFtlZaHHykFISau/99ZJABuLb9Jio+jHOvLq3FRW9bVB3emb6A",
-	"TYX8VkldjYcQk3DfbkDV5j+U/lDvm+M3man3lLHNX6q9Xu6B5NtoxYJ9Upz7vtxVwmYq+3/Ud5ks5Uq3",
-	"/LIftEmoqdY5UfPl5llMdp7F8fF0fHTHWbhn6CwOo9PF8Xwiho/4UTw8Fo8Xw9P5Qz6cxCfRY3G4GPNH",
-	"833Potpt6J1P5PRlfiw/nWz+Kh5uX/PDaNeJ0ErckfiHcA9nVGvjt44YC1UJEa/8Rz5Ll1bwTOq1iPKd",
-	"XfE8dcFXEfbPdWnrxVqZ4hNtauo5mruEBpfkARsMDISEqRfvaGI2k/1wL/wH6ksQepAWv/z891kvPAjY",
-	"WmSRkPlQyEjFInYWFlYzc40FKPhvLa4QC6zvFXmx8AG1u/h/Jp+HAeMM0QfMJ4jOYyAmCDfVYEog0E8s",
-	"cL4zv8bJ5A9jJgl9bfanz03iPzbyYhtVpPFMmvIAZpfutSW+b2c3NOBMJyJjv10bydYVANsJvuzSl4hv",
-	"7OPqaG110uECmJZtR7DjiFGgsN4Nx5lJgnkEnX93OxJjKUtxxkJreYRUbWbVUUSdA80ILOmP5G34mvbp",
-	"A3obTC+dXd4GeuQ38zaYTjLd3oaONMn/Ad4Ga38fU0rDDpXhZHo4qWWfUpvxyoF7yadtItrPanD+gv0z",
-	"YG37rIYXoMbh72hWtSv1tVyeAZmtegKA+eytLpSdlXY6Aoz78H+VI0BZNmMlu/lgl1BvTRO1qHDcMhpj",
-	"cRts6FprOeJB9KBhQiVSMRDKXCADcg2+0Op1/cKwVt51DbsjoXIwGLE7ciQvkGVtaEEePt1M3g1Qh4mG",
-	"e8DU+RmSM9lMkcS3BovbYvmUmJM4gw2SEVi74eVBtXR4JiuoJN63NayRu/OLMHwKNvtMRvZoa4XrFxV4",
-	"jTa4Iw/eqDvFjvqP/VYZdi3Oz/dhavdMjcN39zLj6vrVB8uU+53y9Htx8C4Ljy4DAmmbUsaPmEZnp/i1",
-	"Mul2/do99ysnm53eN2L7TL7WJlT8jxDz/hL6iQEMMSJ1LymNIs/5642X5icbnblfdZlRiLrrvNivWOZl",
-	"xcSvVeX1q/JDUsE/GDP8h59rZ93Wfe7Tu5Vt4RH5VVuNi/iAgJvvX7JVDt2piuPIeB+dTm00W61AcUYQ",
-	"YGUhhuau6GlUgf00ICEISdN5pdtwr0HhpjUQGmYVuLoOqE1oSbxaQl3Rjqu/x5eQql2lJ9BrhJKcSZTX",
-	"2B+JklkM2O9BBYcGU98QsgdO2iCdGaPDrBe7EeA2mYVMbWFOW2/N0GKM2CQW7OxvMdTtzhBOkbNmaoo9",
-	"ArmKLOEpXDKbfWOLyaaE5m6Uc7Q3LILWJpG6hDkjHn0lcsObT9u1cFzQ/2T26to8f0AWGzCpNljXZjIn",
-	"D7wG1L9v/ruXAvfEZPH+5jqQvS734NmGKXVrQS5C9TG4Lw1d+lM/ocoH6wnJFfqhMVHbogDvApn/Ws5k",
-	"ifXr0ngTXSnCdVce+UdoMgGpLXo9G9Ak/3k5gzbPC/iOSflDrc+1X4en2HzrVV0KC2i5KFJbXDqTmyXP",
-	"MdDv0AQL9M7/TmphLypJxq31rwETmAFJmBo8Z7xeDGv5NaU+RCqLMZv9cGSiCrDDv/zHf5Y98lxfMrXB",
-	"+kNjQfaddD4oi5Kt5JtJxthg0F1wi4EwnhPm2byj+V9QaQ2AY6Ji78dEz2ZyMnLJ42Zx5RuUYW5bXOnq",
-	"qHgFBvRabM9m8mjEQhviLwchLMqgciek2DioXJfp2Nn+Adfe3QICyWjR0neAAHER47vsL8TlFvsUBDsr",
-	"lmVkwLYqI35icXVBPXLYugaasB3504HrDgZAUC53xyMpAoxM00bbhyueyJa62eq+m/YuhBnqtYZVacrX",
-	"GuHJcoV7RrdnWjKaRJcV7/tXVBuC/qAV1ZOw3p572t5pk/W1EDVAroOzKm+kAgZqdIbxPtu9bq9ihhG7",
-	"UIzABq2Zm8UBsDKs0ga1V2xMdxGvTLuJvzv1eDIwbKcgsFJvMMzar1ik1e9fk109dlvgcZXcCAR+qVZr",
-	"9026CoHxndzeWljLA79qu3LOO3Byz2oXqN6hobO6O8l3VXWXIYSPUdTtEGN+w6JuizDXyD0CcreWS0ny",
-	"x+PJgZ9g1IkMQ0f2me27DSrQIuXX2/o8XvqSbaGum/zTxIZBldtncpqJFDiKzXS/nntin4ER7+behed0",
-	"zr8P9/r/HtAgr5y9qpVaPXJv7zwItLp7nu30zgPv+9/smZ+8a1W3L3irdxb7FiWR5UVtZduVH9fbaveu",
-	"aIDLcgBXRHvRKt9N3/1E60JkI8zv0DlIznslg5Z1tBOv5tsD94zvVevNs3gY+1w1kbpYLJIogbvm4Jcq",
-	"GXXue0bf33vrWuZo2z1QRZPGdGAN2Og1qQhFFoGN8zvd0g9RitxOUP2aYmmb4HFNCM+JrKuTZCo6551u",
-	"VSZr7E3n2H3XGnWdqmZAKt7elbOuv3hZEeoXtrqvZhJbteVV1bXqaUAllnE0vkh7/SiM8u2vi0nxD7iF",
-	"XxduoWHoNLfaSXzPee8sHgx3Nfe3Oay3teh4Y20Myq9eh5E794SGIJDv7X3BPnBxiPVhf/xBwRPyjfJy",
-	"Z/4HQii0NKdxZf/72MdVeFHmYicL04LD6wm1m/NWIQuqrQ6bzokKq/2wGAZ9Yy6Xlti1WJMllsirA4tx",
-	"0A1wcOYnJDuxV24OenfohG2VGvpw2VpkWsl/4CP8Ax/hYwZu6IK2BG52gKS24SM0+1mjq6A1+HLRCKDA",
-	"dVeZi8QaDkDYPca/yYwvuNKufi1M9Ttpa2uldTJPt7YhukuBTDQTMiYvLjVVKxtk2/ZAjZbbrodDV8/t",
-	"gN2IDNuf2GjDYJDxzWDgGDqmV5rLwaVBARSpFjPZjxRq9zk2p0AbgGeJVjJgJ8NVIguwB2xXC5arVGTA",
-	"dw9M4q0dsgzYbFR23R2p8ZvzDgZt7Xkv3N9JzHxl2tYTNHAlqCcMqH8mkoY/dym0psGviEukikprX8MJ",
-	"3LqsJs1LJLmyn/f5ep0ia3GYFIl2PWHLZt5IBrCzic4tt6mW/C5StZky7nqxG9jZ0qmGrciBGs372TZg",
-	"VAzke05cDF86Ew7DZeypiZLMkQ6xZYiugM3b8ooZJmzt7nrc4iB9KSKR3AhHmt/Qu/TuqOUK83+mZh+F",
-	"TG6tUkBNP4KbQ/OdtlRuuoEEplt0qEvyN74er9HMUtzO5BdfnT8ZvvrifHLyMDA9ekpBsORACXbXtYgy",
-	"kQfWPeQIPWCchaOyn/9MZnxTuU5TFnrz9O1AOfsjm/VGsx77Iz52EIKq/j01zCursd1LlBUuK56jL5uF",
-	"dXyoE0b3UGPvBq97jimTn8koVdE161PffuwdF4uF4Ll2IRbgQtieE+9CInSj1iv/58NHD4+Pjx8fPZzA",
-	"MZxMTh7xxw9PxSMRibmI+dGELxb84SSKI3604CeHEY8fiUeP+FicPFwsTo4exuNIPBaH48fx43lsS22I",
-	"R5W1Ni2M7H0qxd4jk9uWsk69F+/CuGgmnvi+F3LElnG2Syq/bXfKojt2HS0vTz+/Olr+y6PrLyc/fHMi",
-	"Xuad7lb6hbjJL48vfnx8/ZfJ6tOHm+eH0V9vdoFh3MPeoANBdrGf5/u+NeqOudZd/I49Yxtyx1SdiWaN",
-	"Dd8C9AYjYsmID9nVvg16yEKrc32OXNXO1jEeYoY0B9x7Lw0HPI+uuxxO9H6gqrvO5Wh8ofgCC2oT+PaM",
-	"/Zwk7Uz2G3LqYMSeJpQOwLe16J5eqgKbtqt1udMgvcjtXXqb38WPUu0C3LTq6U19XAj8QZuvpDZUzW1Z",
-	"0WJsxzcazHtXnA7MeWrOhHIHWzb1pr0HeEmC3kpoza9gSts50WQw129PwCoQWBZtvoY1UzoOxp4zxXRU",
-	"Ll9mfy8K/XSYuSBU4PbGSYzqRn/KY1YKE4WOxdQTZDt2W3vst7LfLRzaUwETTItwjftKJdGqhlWXSsvO",
-	"+BPfe2/KH384J3C5gSB3qTN34PXiVhnbZNiDWxHmSNduzGRzO1g/bOx4eHDmGlQmVxjGaKFtpGjs9F5r",
-	"uE3Bd1TikZEQj7A3+rcwPH8D27Gzyw6y7lKUOHWpaup5Jqa1GcnG9OwvohD3k6FPuHVj1DdsDGmWK/yp",
-	"Nxc8E9l5AWrMt98h80DtjfgUtTZ7gEzFrKpZ625aUpFNWmklpIEeWHXho1LjMu2FmnXeVDZO8scVX6oN",
-	"2Vp+BWawX06fN6fJt2zOaTMe7aRlz9k135YFoaZCsB6Q2JH7WM5tXQbNyS0cOExO/SEo9cj2GOZeONr2",
-	"wGhpR1JOZdEbm1MZ28t6+hYqTdVmqCQzMkib/pO4swFr2nS//Pz3g3tCKmLPEYup6K3S4HU1F/lvWLiD",
-	"lToV/70xunVQBYiqIUF5M/h3oTnNMzlXpgUB7EnHjfSGczfy7Xdv/28AAAD//w==",
+	"7L3vchs3ljd8KyjOvhWK06QpSrItqqbeUhxn4x3H8djyZnbCrBrsBsWOmgDT6BbFxK7Kp72AffYW3rmF",
+	"9/tzKbmSp845ABr9j6Js58+zO/NhYpFsAA0cnP/nd37sRWq1VlLIXPemP/aWgsciw38+i8VqrXIh81di",
+	"nfKtiOHTWOgoS9Z5omRv2gvzrBAh2yyFZPky0SwTeq2kFizRLF8KpnOViZipIo/USjC1YFwywbM0ERnL",
+	"xPeF0DnbJPmSfs1XYiZDN3O0Hf5ZbMOAZWYFbL7NBVuoDP9xxvhcC5kzJfFxlSVXieSpW8WIPb1dKy1i",
+	"lquZnGdqo0UGC8tUcbVk4XkUCa2HT5TMM5UO6cfDL2gPwtFM9oKeuOWrdSp60x68ay/o6WgpVhz2Qshi",
+	"1Zt+Q198G/Ty7Rp+p/MskVe9d++C3nMVcdqq+s5dLAVb83wJWwJrjzLBcxHD0lWRRSJgYnQ1YuGDm8MH",
+	"KoP1wH8uH33x/WT159Pbvxyvnx/d/C0PR+w1bTFs4kzCUO4MuIzLncNNTnJ/S1h9R2bynltyx+p6QQ/O",
+	"OMmAdmCX/N1r7tYrkWfb80UusuZ+faE2LFXyCpa94UkesESyzVKlgmkRKRnrgM3FQmXw/nm2TeRVla5Y",
+	"g6xGM7ljL+5JHZNdr7pKZLICWjl0RJLIXFyJrPcOXnzNM74Subl4T5Y8uxLP4naiifDbTzRLYtYPo+Xl",
+	"zz/9PTwYVY4lWl4ePV8/1p+d3LyIJtdff/8ICDeBIYDmekFP8hX9EAa7TOKdJ7Xit8+FvMqXvenk5CSA",
+	"17F/H8Li81xkMPa/f3M+/Bsf/jAenl5++8d/6rXdCO8Q/iy2zVd8wVdCMyUFS9VVEvGUqbXI8BIFTCuW",
+	"L3mOJ5zAzxYsyVnOrwUTi4WIgBNEYsT+WUh4RjDOFpnQy2AmC5l8Xwh2LbZsLbJyUNbn7M2bZ5+xm2Pg",
+	"WUkseHqAN0cLGSP1DAZAP4MBPBzUmdVcxdsAGJC4EdmWaI/uNM/LWUYzOZODweutzPntaDBg5+x1nhVR",
+	"XsDV/TwRacxok1j/1edP2OPT48ODgCUjMcK5YNmJZLEq5qlg3xcqF3ra5JRTNus9FuOj00ePxfB4HJ8M",
+	"j4/E4+E8Oj0aPnx8esxPHi1OjybHs144YudszjPBbnhaCHwrVeRm6GAmuYYVJmvBojQB6UD7gRdPMx5F",
+	"Yp3jxVG4WRKPrb5brUvcZ4HhiF3Y1861SBcw6eHPP/2vycnJTK6zROYcduL89ZNnz/BK8AiuD+uH49vJ",
+	"OPz5p/8Vjm8fPQ0PAhZxLYZaSJ3kyY0IWKQKCUvnwGhwyeVRzCSdBW0DvpnQEV/Dv5GzrNSNiM/wKRKV",
+	"Zv/MKld8C99lxIjmghVr4C0nh5OZ9Fc5OTkxA8fe6gMmeLRk4Ww264VMZfivWQisTiexYPlGmZUdjNiX",
+	"idaJvApmUqzW+TbAowAOGTAut0zBMsqxAxjOW3Um1iRvlGQaSJenLE2k0FMWHo/H4Uz2w6Q8uctrsb1c",
+	"0Ywhe8Aa3yXyhqdJDPstVW7EvqX6SK0FEP2fxVazubBsHMUeT1ORsf75y2dw2gdTxqVZOn6DfE7IHDkB",
+	"kgOcClznTKRGYEYqiz160WyuChnbGYyS8Ylmi0ReiQyJh/VXIl+qOCAZzGU8kxGXSuI8//L6qxcMLvbB",
+	"GctEAS8NfAbUDs7iZLEQGWgdVn2BJbHweDIJzQu/EqA1AXPZJDJWG3h3WJ4W2Q3u/Uqs5kAHHFcM4w4G",
+	"PGep4Dpnk2O2VEWmBwO2yNQKSGsmF0mmc1ZoweZbFosFL9Kc9c2AWuQ5rDF89tnTL19+dfH0xZN/u/zz",
+	"03+7fPX04umLi2dfvQgPRuzrJF8mpCjRshifSeJXjqfBckhjaFXf+uVtzodWK5wyVAIPApTLGl5nJrlk",
+	"iRyuM3WVCU38vB8ej09D9kcWopwfoqCHxxRsiS5WeOEYCMYsK9ZEnGLEBoNze1NnklY+GJijhaOH/dcb",
+	"sc4DvK/cnYsRFYU2nMmSD5tnXMZDKTYzWcoB+nUhNeNXPJEj9mch1nWuzqUnOX7+6b/YVhWZ+XqpsuQH",
+	"+ngmNyJN3bV1O04rlIKoAE6zpABL977MKIU6KgbAr+G/uliteLbtTXufOg4eeCwY1Z1rse0FPfyuN91L",
+	"KvTeBSCpDSusTtQprdaZWIgsE/GBN9u+Ugg1AlRLiC2ViklNauyrnpwcTurqSYtSnqySvF25Wim4z7lY",
+	"aWAfmciLDCgS6XfNr0TADuGLw/G4onAdjs1rfF+IbFu+RYoz+Ws1V5ceWfFboxaOx8FuJTHofQVqdpdS",
+	"iDq41QlBE29RCjsU9BatEEf79ZTCdzANmSxI5p/y+BVdYfgrUhLYDfyTr9dpQgbVg3Wm5qlY/fE7TdaV",
+	"f086hFOVor/k6UJlKxGzJq0ZOobJYzyHjgGDXixynqTmFGoDsVWhc1ACDocg77u1loAZKzYScGQ653mh",
+	"e9NjoIo8ydPahTDaoF2C2c5lnq/19MGDNd+uQF8bmR2xO6UfeG8xvBbboR0CL2G7rK9u2QvVeEUliYUB",
+	"s7aMa48NtMNXNjDRHnM1hIcioT4pMYu9t6qc7L23yg5B/Aq37TIradRjyCresnkm+LVhxXRfWnakNkqN",
+	"lKwMAy2ELblmE3vibAH8V+PdzjIFJuM3P/bwQzDI+QrU217QWwmt+RVMZcnQCNcrEDIL5vSNw967wBsg",
+	"KrIM3rt1COCDasEKHQdMFFnArubrgH233gYsWi5A144Dxou49+5b2CidcxlV/QSdh2bertyP/Q+LHh3a",
+	"R5GjlIzqnzKx6E17f3hQeroe0Lf6wUsagx5pslVPwzOTTBlnK8c5VGaJizkTHj4kAg1A1YDzQ9Ui0aAZ",
+	"zyQolwEeaSGvpdpIc6DwXINwWD+sEUroWaBqsRAyTuQV6Ic4RiJZSFQRHpwxlaFlWrueGtZll92t5R8w",
+	"0OPKd+136/wtrhX2ZCmiaxFbn0ypf81klPJkBXrjYFDaCoMBmveL5NbX2o0Lq6KjWu0G9KN3Qe+Jkos0",
+	"id5DVni3kSSeVPllBBSbApv2ryQKX9YmQeFc1zyJcaURl/BGc7BrYBgwFTOxKNBw1sZ1A2phLnhc5V+n",
+	"5VWgyWCgymL2vg/4MkOp8qH3/Me7EuSf/EQz4hRwgDwXLFYCKZzxNFUbos/Sc4POTE47hesr9wotL9ws",
+	"0l0aBwHGy2cKx0ZSmOLgXOqNyNgmSVPaqyWXV8IQRdXL9Ey+0eKD6KNJ+peFrlDIed2bneiG3AJDJYf1",
+	"zgWyjExFQmsRjxhaRJ5HwrOQWCxS3kb+XeTT1BQYrfUDFIUhjPAxSKhtmxrco3Oj2rwSdBThAXDmNLkR",
+	"TG2kyNhSAT80bOcTjbJOjNgL3zlRMURtxCJPVoKlYmGiCkZMioBlqpCxiI1Lp+J69sy6VGg9k/mSS3Y4",
+	"BWM9p9iIWxfX1qoGluAsa8+QvBK5Rkeb9d0foEzheiZThXatoDVVnsr5tdBMwRqIaZJFXbmHByP2UqUp",
+	"7KlWCpYD/HjJsxUs+4wl8NKpWYE1SNFsHzHUz9D7AvcOjfN0yzbLBLZBrQSoBolmG5Vdw/hKUjDCzT01",
+	"5M1ZeDI+CgMmFQrHRJNV7L2KXXuSg5aCajHawl5wyju5Lmo0v37gRRXeNT3Qr8AMjz8qc8hoyLpuW+cG",
+	"G1ABtIg7/Ur9l1+9vmCl6kRXxh4L+qcqTGAy6WYCbk3vzQTMCB9HjrTeetgQnmaCx9vdG/PzT/9V2Qby",
+	"4s0kqGPo1mtRVmj5IEpKFoC+yiVGirhmsZKCSNGPJfouogR0No6BBmDaVZlE3hwpNqVHB/+q+HOA/CQY",
+	"xjx9Cmrah9GdGekSNb6KMJKskOJ2jQtl+DVTEcrritpxUtXAaThmh7uHAk5PDunJjyInWt4AdGH/jeEw",
+	"v2qxP4E3a8HErYgK/HvJ45mci6tCBiRx0Au4wFCxYcBTYDaJY81+5DQwodUdvs8Az7sindnTVIvNUmTC",
+	"jFxxi1eZWcvAdzG1luA87uILlX8OcuqDCAvUrwWO4tHUC2UUtzYtuKqMHJdEBZfNDrU3PYHqSg99DFJ6",
+	"oZguoqXTXM1ZJdoFH0L3wqBGwDEmMV12NNDQQ01hC42JBNUQRU2pgDW/5NtU8fhCqeeg8X/QYRimd5kr",
+	"dZniaLtcBeI2EsIoPjr5QTB0QVaO5/CoPJ5X1lWuFLOD731MZuJhrtSQHv7YdrdREGhpcGicVCmKe4BW",
+	"B2/H+mFjk6qMftTD7AL8zUWyEqrIP86ZmLE6TiROYrKIsgwU0w0FYA7H+swGUynWELAF13ndo/W45Zjc",
+	"fPc/JPPoRz6iwJyRjNIiBl7Z/s6VQwMJb18FNPraboZn7HDsNOsy3IUaPgWjcfsoKqeNi0UpplO1SZFe",
+	"IhhYLRalOI+UlCKyUjxKFZpdJYVMqyfS6W14LbKbJBJvJL/hCVnW7+ejNjaNyi6L6lilLxFThOzPyo0l",
+	"uxc2NVmJFs9i+8g1Eo14Ft85uLVLq5tR09vOqiYGGeSkwVdVDY/tvHQTV5e4N1W7lQ/9AdDvRwe0e1dj",
+	"nvM5pyy1QmaCR0uzgvpmtg1X28qOwTpf3pDQ+766WVHtxT+ObR6LtZAxGg2WIq7gFnO4g4lMcut2MYFM",
+	"oz2TJrXk67WQcK0GgxdgC8+kde1NjWFHFmDV7HbZW47KXAZJ00RQkvGZrOl7tJgkL6PIOTKGTEQKw7dr",
+	"hSH/JPe8RZhuF1iXnMpm0jjq8k0SiQOM5A9Z2HqZQtan57RRFOFBbVSH8lLBFcLYOegPC56kwB8x1YDR",
+	"nTG2v1EOtyJnqG+McOYWygtZH1M7nDkPHDHPuNTIFB0hwlxFJlifs1TpHOYr+V/AOLDihKfJD3Rjzc8P",
+	"zmB7wwdogP0QBrjGLuL+iPb4G8mLHIPnH2iHF/5A3iV9LTAtgOILJtGEcc0+OTc/N/6JTwXPRMZmxXh8",
+	"FF2LLf5DfFKVyoflRX5TnW/vG1xZ58eSx/a9Eu18+yoz9mmkrmSi0b/qz210pIoBPKoe69dffz2EXaIM",
+	"nFy0R595+QugJ1yxYLkCm7gag6Yt7u1KAyWS0MV6rbJcxF+KOOEX+JsPIg034OUKRrzEaetEktd1T66Z",
+	"PxFMUNWlT3xycHMwnIOZOe5BGG6EIY4wxEc/FolYbRotUWAYXLOw/nohEknbbtVUatCH3Mq8vNUmiZxL",
+	"xvNcrNZgZ7A132IaDdqSNtc2b6gksM3rDFhdnpDGZCKb7RSI3xluHmNuMA5pYpmfwKWQqG6AuZB7GRP0",
+	"ZDVV4vD09DToLVS24jn5WR4e95pJGUHPJG1f8rxCdr3JeHIyPDwcTk4vJuPp0WR6fPi3njdizHMxNOpb",
+	"jf6DngvA3nHaT+zv3gU9w8IvidzrO/T1css4C0kEhVbm0Z+0G27bP9EsFlGaSFCZY5eFnkhdLBZJBHLm",
+	"EqUdxhfBCt4kWrBQFmkawibCP0jpooSRxuslLSksX6359wVY3QFbZ2KR3IqYhdHyMtwnrbkxg0tf6U6V",
+	"MfY/bcSab/VeqTKNmcxVviSvY1eSP/7GeiYNiVbnW68ugfovbxLN2+ax/KZRfrEmOyg0fvj6UVp1nu48",
+	"RZvxvO19TDQm7SWUkDkXoAWBDhUfBBS4CHURRULEQDcqczRkctNM/YNZBTBG++se0aSIe9/6L+p/30zM",
+	"KpONvulhaouXiOTyGrz8BLMtjXOo3YfKPS3LNNT8OxGhQfwEvyb25WUe8ThOYKN5+tJjRAueatFUna0i",
+	"uWA+d1kUaWpYTJOhvQf15MpMRPmuOQiqUuGEA0bXjxZT0F/f1h9/iypymrO38OVwOGTm/+HP0KfCkL1l",
+	"5rB07esV+irgnzt+RKv8jFgJ/tCwlRgTjCdhwELzCR5SyMIrIUWWRJfm47A2os+CPkcOtM+gLYwLxp3J",
+	"zzGDlvZFG/8tVY2Awm4LDEi9JzOia0vnYslvElVku3d1kfLrLay5aiQApZK7jlJ8zc3UNvihNlLnmeAr",
+	"1O4oAsTCk9vb0NxQewBTtlUFuxI5xddouLOu5Ina4qzrpbG8Mqpf8QxMbRDP2jA2l6WQeZJiDi5mzGYu",
+	"T1dGSSoyP7RXXUHGc4GJmUQt1VXQ5JqFx5PTkF6mYkSa5dSGBNvnlUksbI5pLTineswLMhtLpgkDmKHP",
+	"zIsgc3Tsc5FI42tVUjBxm2hkpYYXvK0yySqPb94m78Pq7fG+aFwC7zskMO/v0lnYssfep/42Vbn1brFU",
+	"Y9g1btbNZzG95X3ZLEbUMpP9d2/9UG3uVg5D0P5C9id2eDo6Pd1LMXR5vKfmf7uTed9Pxau8VP0dP88E",
+	"SINbKlLAUDrcRszNFjISgS1EGY+9vFMM+K/4ljwiSuY8kezFm+es/+aP4/F4DAo/JjWsi5zuiCyocGEp",
+	"sppld7FRTOh1BpdLm0T8KFOJ1pzSEb0k7fG4miD877PZ7Xj87eCf7iSyphbQTWev0C3zvoRmvEFqwThz",
+	"WosTvmgthj++CylNHH+KpQJkTZvKgxVPpDZfW5fgvWnWTVASLrGXVvodsc/IWz6trwdUu/qCbOGsea1q",
+	"RSMe04fS+ru24/Gov77tqdqIbBhxLdiz11+x48nhI/eiaJFQTQyKMmdtp4nOR+wc90vTLiXaPTaTPBM2",
+	"8xW/Bi7vX/kI69vg5oSFjkGLEEUG/7mar+E/0XKB/+H4HS/i8GwmKQFoKyQ9+N16GwaghkdLzPGRSqIX",
+	"0ZMAhQa2K4qsF/Su5ute0PtuDQw7Wi7g/zmquUVNY6aHGhbB0xvRRjevFbBfR4LWJQtEREwBD0EHbJMl",
+	"eS6kJSlUC9CTyClIwrUlDHklZrBLNNHcKEWxSJMbTANyecRKRsJNtBHzpVLXTMgYva+0E1Xi3996nuxv",
+	"Pcc8592XnWzS5l1LTA4XNzRk1XjaLuCNkcikrfyz5VvkLkevKTpIKhyxvNwkNcpS2y5DtpQK5tRLQ7bd",
+	"Im27XHub1+ImvwyBXcQFeYCEPVSsrIVbUuXw8MDDf50fRS8er/7yw+Htq/xk23YCuXHWWbIncb3maMYZ",
+	"TuPbgeYjYy4Cvwf25P3k25ppXo62hwlpfHAerRkaaRMceKueJzpvY01rTvadgB/pAFQRML9Qz25ydkuH",
+	"WEx0l5yn21weJ88yjkJ/yfXlSmWtPh2BOQjwrVkSW6g0VZsztuaarm8K9zJM4hBdfTrnGeinl5wiL7lC",
+	"cyFfitWo3My5UqngsrGb+ELeitr2D0vDXGJTjQilqJYwkGw17tbmBpqChJb3NunklBSU6CnjVLGJjAZt",
+	"lGrpJzk++6GpjaCSQzL5+Ey2Ju6DhJAcKx4xxQD4fj0YddAAQ3DaSeNOuEqK5utQacAmUxawIMnN2tha",
+	"ZMbhXE5yZzHHXbeC9rVcUts5fiF4Cpraj+0J4GA54+Et8XdgVM1blJtOr5W6NpAh9Py25ny7vvMdzMht",
+	"S69nd0Yq63CtePkIWEaqFra8BSVYUs2g1C3KG1mB7aMvhIzIrXYt5JSFh6HLESND36WngV4XZQKMJxFT",
+	"BTjmIHPJxO06wap0SvdNNGb5SszyHbGnGNwESV76nfxcxUhJKwOJn2OFBWdrXmAutUpjkTlbNuLSpDDD",
+	"6DQqZjDCJ1LgPsHJ16j+8E5bpyLlG5dZutKQDdfMlTnXHKRNlWC8v0pAu6hbVxCWywvZOi20YRzVAm7W",
+	"t0XZfj7KiNnC5ER79cgzCSbVXLQXJdt68kpBciNPtO3dj8bv8e7XbRgbplQ+cKgPjepeQhmonsFeJcQt",
+	"S0hVdC3iS/QMtZFAkhpad+mafup+QJwCGDJdAnOarG+rJXju/E0rvp1JhAMBGj44M3EJGkKqxhyJoebW",
+	"vbwzkmEdg5coeNq3GSXwegkLr95P0AJSkaPrEgWziK1Hj5g/qUUzGRrF0RBqyPoqMz8xhmdI/3W/cL77",
+	"RSITvRQxgn0Y35WfzwwmfyILocmoQqO+Rnx2iF7r+1Pe1i7/9RcXFy+tq9TwqLI8v+3eI01WCe/lV68v",
+	"ds2Pxct3Aizde9o7sI0eGAdi+8rInXbZJQLd1tAP7BpN9rF9HBNPHQnDPZGmysKmNfoAROPDTpr12HGn",
+	"UE7kpYVr8MNJXkVuIbFIkVAeMFxkieqMhY6eQzIEEbXCy3Axr9a36BK2tj6HWxoLHof2ouPJaJEzjugJ",
+	"hI1g1qGymeznSrEVl1vnK8d98qtpqHiokJnQKr0hIxVVRumokBh7zUL39gBsBvtKmCfAa4aI/+1ubYWQ",
+	"GFywqsY2AqdHNG5UjcSbdFVjrjUzx5N7bZoS+mHbo/Wlt9SCH1jbNKASvjlsPqElwLdoq2m9KFLrSvpl",
+	"vLO/aJT+cDp+9MtG6Xe6cDGVsPwEE+8k7DIuH/VExw3u53r9eCF54IPh+4XK7w5h29CRcW+6wGI/BJLD",
+	"euQytor6bVk2av+JRhn9Hjei/ALxmzBRsSt2bT0U5olaKMT9bA+fQ1us2n9rjxncEZnGO3qXQ4KE1Ed1",
+	"SBBveH+HhClY+80dEjYjqo3Lvfr8CTs9PnnETP4Vo1wwbbx+QXuOlJ9rRiYdQQShNwKzRskXSIq9JsCP",
+	"N6+eIercdUICCH88ncnw7pwwykZEzzd6BwoJOxspUIFRlkaIismW2/VSSE05iyHl7ew1QcSzeBi7QD06",
+	"szHq5z4bgXSPha2QnUn0FhMsV045ckwvVZazFY+WiRTDTHCKL9AtOUPEpWhprVCpcnKaJnkqQky+DWnz",
+	"nQsdb6vK2FqodUpIlmBVlUXeDWdya+YTYvrUF0WOI3hg5Hvnq9mcTXyObgyTbniYzrrxzprR+heoeASt",
+	"VUDNKpTONEe/oouUC6yxx1J9UbqaGwAI5cdrvjWfVYjD+W/xR2VkyflxL01Fkolp07m11ifYHdfJleRg",
+	"jOJntRLHtnz8qlpWW10zQOAliLQEUpvkHzTSqjLBtQM1aE0xgVHq+SxVudl8qn2xlJ7aZP7LYsWlR9O3",
+	"65RLUtRRw020rfg0qEKevmAzHjDp17ymKVVnidYFRdebfhQDN9O6Z02YEhytgVmzl/jx/MgtMqjEldnf",
+	"5uO5yXf8aDbevqYdsm57JA6Y2F/F8XjSpraavOLm0SOvDeoUYCpc7KtXRE31pZ/A2e+6IjaC05i4lGaS",
+	"r5wXq3ume0ofX/kusmTo0hfuVLtspjVuma9ewSXvUAzoOrtA6v4Bw3NJARdSEMy9qWUvY4YAqEAgtXgc",
+	"u5ghAjQAx0ZnrEmbmkmHCJkJZrgyVbVcybJkuDV8usOr6iU7GXRpNIJh7WhnvZHJra2/qZpWjx4eHx8/",
+	"Pno42cvAsqrlHbnp3oZ/Bk90WB4XNW5Le53EZ358EvYpLkOXcVvAci1u8svjix8eX/9lsvr04ebFYfTX",
+	"m94d+IDN+OUHhyxbBrh34HJX1LJla+8dAPc33NVEWQejoxpUaueqyN/Hvv9FTPvOVBJ0vt6VTFKll45U",
+	"i30UBp8eUIf1mIIvZd8zZ77MAr3sdOh7maK10BWJHqM5EdMyAdKSQfQV2fv0xUy6b8oSWtT6HdC1DRvZ",
+	"qJmrScOkshKLNFURTwn8+C6aqrme98z234eFqI1kSewCcPXF1NhGtLw8/fzqaPkvj66fT77/+kS8yu+r",
+	"APiTGz3ATm6tS1IeO9Lrex+QNF8jlmBXtJRy5Jrv8KWSCBqTFxnohhgeaMmDex8vH2252DOd7e6EtBam",
+	"UGbadAPou3W8V4nJPi7Fw+l4Mj083d+luLcbLhN1L1wmLk/+uj3krx5fXayO5v8qHy5/4TqSO+pDfo3q",
+	"EL95gXO57etZ+5oS1M6j6w5qjeA1UxFfYWSe8h1Kfomsq8XJZhWSu1qlOOYXsyWPHezRXAhZwp2dVfCJ",
+	"yPdRpVeTvFr3lGGQQSQ3bdrhebrhW83Mcn7+6b+qrFjzhUi3JpRdm60inbrccm7mwNuN5glgqX5UZEm+",
+	"fY31ooRwjfWh50VbQO9cuiJX55nbq4I3HLFnufFXLRKX8k/YL7mQXOYHo5n8TKwUZnpMWaivL3Oh80se",
+	"rbDam34c4p/UHcL95CpVc3Hr/ch8YEJLVAwL+2VLX71yUKrUTORC2epWTkCWBoj5pbGbykRuK8Z7LdX7",
+	"esXT1NanaNwsON7BgCzcwSBgg4GxaAcDArrQOeM124Uk/mBgytoHA0I0x3YrSbQ08h9BH4dIk1g04yee",
+	"AA0Z/Oxsiz7RFyLfqOxaWxXeS4io5o+ammWOMJI2d8KAfqAVD8wTA30GQHImc5GmtLQRe3rLozzdDnGs",
+	"AfUEGXgdGSK1stHufAOqTkKYPlfou55W8d0pa5qaghiwpbYV2VqhJDcgebGKipW5TgZ7JM94RLn5c5Uv",
+	"2ZKnN0LjzvzhD+y8Uj4NH1JmT/jg5jB0+xTxzJQk+TXsnBFdmTwj9D+H4Uy2XwyfrM0PZ9I1TqhekMGA",
+	"CHowKC8Ju9goFsM9oe801bwQxgH5HebqdjqTobk41Ytkbo67MfU7dHDmR3oxI0lvkjzC0qUVU4vFaCbP",
+	"7dWlZCUthA5czwL066ZpEosaWp7rJmGDJeYeBBa9IZhJk0WpmrlfU4dwKFJteu+UNUnj47CmJTdyBWcS",
+	"kwzmWyQ7u3lGS94oVm9noUfs3K/jt+VVXpU/h5kPqeVE+IAy6X4IgxLAwS2plFo2K7sfPjD/9KBUnO89",
+	"0TPplfTTupNcs9BZmsPX1kkb2o4iBtX2gEkhYiaVXaulch+RMEq51kKXpF5eOuQrmuBy4Vc2X98PjaJj",
+	"hKRoeDv0Ditk4jYXUgPNU7UejfG28bu3bCW4hN19y5Zq47hVo4avXs+HvO0tC+G/MMwrwWN9ZoSztgJ7",
+	"hN/AeItMiHQ7oodxy3iabj2WAoOZz2G8z5TpNoI4JMAab/yuDoS1i2AN5nfI6vrktUdeboKiSOhTkwph",
+	"Pw1YOBmPqZIfCUmivlVfrqt2oz5iZep/ab4b2F/zYoTI8paF+A94D6rB0XhxSIdBSxC24gWGdblsXhOa",
+	"F3MPAw+71U8uMdaUu27VjBlg8Kskt1kLXkVD+YpNnBnE6yvfI0AqIihE6iplX2xov4A3/FLByazQUtqB",
+	"Y7DzdanfiKaodyIplVetkohyxgwTqwLZGLxULWztoVcnucsLEIsM9DKSfltVYN8BhZKYqhq9xDCXC2qM",
+	"JSTGO7bwzKXhWaDXKON6yZTDfHXVnxuXxF0peoXTXK+RHOEwKv69tyz0/4YDeCap0Y9NyK/7A0u9Nkzi",
+	"EFZPab+SGiAZVUSfMfeY8b+Wqn/VCUuVw3/4A47TBCciRgg/eWX04dJdYi8GCsA6LZWpn2XnMiBf7F1m",
+	"W5bN5GDQaIkGwvmO/mU8L4t+m23KMANyJof4SqaVFZDj3d3JpjPJ2Ic0IIPnd/UgY+/bggwGrnQhY+/b",
+	"hMxuTGsfMnafNmRER7rWjIz2QDLs4EXZrhx7eFHO9ft28oJRsZmX0xPG9C7YgAs2XEdqLeJqE64pMQV7",
+	"8UmNateiRt49sPqp110Lvv3aaykVePh/xLEN/qprx1WN103Z6y/Oh5OTh/bzwYCC1mDC4AEPBmueL8GI",
+	"cT36Wtp3we0gexO1OKYxMk7t1K5kskgiLnNQenKh1zxC9Ats8HYwYq/EECUoED0+jN7CYSJRSzahL4uo",
+	"48SzeQGjD8DPuLtVMzBXYGBKAOd+QX+JcVziGbMSzrjsMNaGgG6hjdHao9PjTCcpCmnKzHOWSpHJEtm7",
+	"bI1GyuyIjIGMb6pYQWUzN3Pm1qKx5oM5WjLxbP2lUUB8TZL9/B//ydY802VDCPgEY8TwtR+z/fk//hPO",
+	"GZtFmH5f8Ps+MEYjIxOpRZafsc1S4VvT3wguAGKQBIBN+T7AqehPMSLtUCd5QRLvbalCvDUv/P926IJG",
+	"TyjV8zYI4rd061h3E723oCOXg5V9Nhrt/Oa82iTQ3XjiAAfdk9kOHd5krqWJicz3LcHZDqRBrS+JP3wt",
+	"xk/US8VcNnmqnMlKncCj7koLvjZSp9kmk5aXMWTeOgOpEfbdSOdN0JNG/efeEoo96+oe0IIpscc8Ti01",
+	"4BKN9O3BoNKvmFwppSJfgAYGf9BOkOn4hDDOhheYRfaAhbaHMDnrsEZlBxQ1e4s/271u0MuA1OpVFbj9",
+	"Hq+u9RQYDKwC54qwq6rpYNA+fdnYolFZ89bvx+e3ZcVYSRp7Tf6ulBQH5QTAHTBHRPtNZpBfoIxr9Jbh",
+	"LFJZRojiXbAoyMKmbJHcUvsCQoGz2pSFhx0xNzW9WllYMhdXXJbJpjYlXRtZxTNhYTGr7ZnT5FrYEIvG",
+	"msbIS9PA5omT8ABbCoH8EFoPsyJFVoztbwhleybjAkVWuSDTdhEhsLlmYSOlixz3rdlaOCGsGjtuOjj2",
+	"pIIUz/rhCdqUcCTnbDDwEClLa8QgMqE3qR0lMyhbSyC+DS7reHIaHrjeSVyWeO1eD5hEG/uiC66zebuD",
+	"GngpiGfbFIA7JECkPKp3aMUUHe2yh+w4fsWNuT9gKs15dH2FPUV8fByeauXMJJ2DvuW3bqI0BwxoAknb",
+	"ft+m9gnxaMiEVtm1CyrYGh5ckEmw9XgV1fShbK83LqVLVusl4VrhYsqKbdNQ717qFcrBmVc7lc7krlal",
+	"ZYtex2bID+DKdc5Y+M9PL2bywc1hvU+FfvDjtdi+C5leqo3psPqJZmFZDBGWdXtlJ1SmN0KsqduOyK0d",
+	"QRSwd1/RwaCFkw0GtreA0T1i4iFAzdgxiqp9TZAlMKk6CNIaKWn8OCP2WvnrtVXAxlZAYHTQ3uG4Kt1I",
+	"jcihSLy8siDiNqJbNb9zRXV2XJuuFoEB9sYj+74QhUF/MO7vTGAGt7YwMY2Wpp7kb+nmbbg2toutHYhH",
+	"kAjKRUY12qzUdcb21CkLjKzWYhsxGILjqPdPycg1mbLmJUpIcMpsJM5kTxnuE6glBh5nyW8Eywp5ECA6",
+	"7/H4lHXoEgFxrQB40oT+c2QM/5PxMTlsTRAu6+AeTd9Cxb0MQmnEvlBSFTU05Znsm3yuA9qkdSa0kLmf",
+	"dwKMh6nFwmhvRZqy75IcLMuZDHUqxJr9iQEdq1V/HLBVIvsRX4MaqgX73/8/m/y7oZeDA9uMjjMDC2MA",
+	"gsiPZYuzOMtVDlZpLHiM0sxrjFtXCMrLBlszL2JgWLbvO/F/fuUwk+HOJIsErRNLg+iBcnZzeHx7G+7s",
+	"GMbOHXgcSkorX0vRignqIOPstalr+ybX3++VbJDXrKXoFAwbqUgc08Vci8DmP1jUuSTWRLODgQG2AQ2i",
+	"BmRTy6YaDMrMCWA7BsoqkYRrA8v8J0S1OkPfDb4RfPndmnpu/e//72Q8pluwFdLA2HjZGA4PapEqnusR",
+	"Le+JW7hZYWvalYp9tbGK3TOt4u7g4gz0DsHqtCDwmMmfxXZWk8BEfiob/UEIXpM5MTX1S6yPLPUgIIhR",
+	"i+UNf2fiMoTZ+6QNwUcIk8L66Ecs+9A5G3Zl1nGRrIAZrtZ2Oa8+f8KOjo5OmUv5wBN7c/HEnjspkGUM",
+	"xOJZAJXfUZvC+t01KQHTQpD4Ck35S2i6SR7YXTGJvKZS5c2rZ+bSNUolqPDDr9+gTwJ0ZlSLOJit4Rix",
+	"sgTmXhUuJlxv+u3cUelyjxKX9n524Yj9KzkePBEA5GiUNttckzV7a55VlHONsVmE2K2gT+JBY3EejR1x",
+	"LPu2wldu0fZFDEVkhxtgcYj/UHIWWI820is8Hp+ELGzWbzg2LFl4Dh+FDsiExLBxI3Eyth2mI4L6o7u0",
+	"H3729PnTi6detzEgJL5tgwg3a3kcskbrDhI63PMsoQFVokju7gqCyPg0FOu3NwE5a2nngZlIzZ4eJGlX",
+	"8+SqUIW2a7Lq68KVfXe6N4yCwqWBUROpFgZTC87EwM6YK4kCinzQ3GR7mxheP/xxZhKUZr0pOwyY/+fk",
+	"nQu8IlfJ7FY43SndnrFnQ+obC4zh0fHpkTPMajkwwB6rHgQUXh2xCtt3mor2UItUUqDveMS+dBjmtGWR",
+	"Wq05opGgEzuRzo2dblk/PPcYEqwVfaCZFvmf3lx8PnyM3AA+PzizeD1IGlaTxR+Vap/xxRkoeiRjEwTA",
+	"ePcO/8eKZ9caSdBY1jWvzFnNzdO3MDpWcZpJyhKxpNGp6Fmd7ig88700lgZszr3tOzVi52kKFlsmBG6o",
+	"uF0DyWIpfaY2mgIH5+gAGMIhZiodPsUfDb+gjbBZRWkSCUk9TU2q0PmaR0sxnIzGvaBXZKlXfbHZbEYc",
+	"vx6p7OqBeVY/eP7sydMXr5/iM++85izNpKPzl896Qe9GZJpyjcajQ3pGrYXk66Q37R2NxqMjrKLNl5jK",
+	"ZVMS4N9Xoq2A1SZQTOD2NRIPUadfG99LdgP374uLi5eYyxUtRXSNyknZsYRcPHImVRYthc4ph8RxHmOr",
+	"OJ4DF3MuIl4YX7Tf6GKeJWKRbhnfcEpfaOQuTFFXX6A7oxb6t5C7FEk35+UY+rO4N+39s8i/MJtTa30/",
+	"GY939Dlo6W9gMzp76nr/PgEG3qmjTYC3/zxNbsSokqzXm37zbeC103me3AjUlhEEqhf0cn6le9NvenT8",
+	"vW+DXiX1ojftwcbhmCZTZW8KEbJyfCBPY2wysShScnn060fpOpYYhonXdSadNWQcg6niMZvzlMuIQlRr",
+	"7XpM5RlfLJKIgmUJ6SJJxH8hwnhFW/I7owtcFewAimu7JdhW7WR81DWue4UHLW2zdhEVTJe8N1XdHNq6",
+	"vQc/uhzhd51U9spExXzwL5cd5vwfZfsEJUv0IW51QJPaZvOoZ9L8qmx9QU0pS79nrfsPOS+2AmGlpPNm",
+	"JDHGe03EDkQvRWADF9o1HoWPT4lPlq7O+EMosYaC6SXOd7XJaOBgVrtbyCJNKVm+I1v/LtjMZt+GOtK1",
+	"uz1lRvrel8hsWwdztYUT74LeMe3k7ovzKXcIxvjI4d2PvKm1FzoeH9/9kOsbijd6j4VV29h+KB9wN/+f",
+	"Re4gQLxrb+twO+89nKmNYPam37Svo/yJOaVnce/dt90s44HJDaVmDe85fNBbK72D7VACmXEs+eUUNvWq",
+	"M7UMK2jQf6cQmH/Ns3xEmRdgQIUG7tKluJKB2YIC3dcOzprsRRzU+EBG7LXNKoEJEp668QzO3YrH4swl",
+	"UcNCtyYNgaJJXpVP7GoBxY2QKNIxhrFlWYF4ZCa5MN0S0IXnQMbIg/VlOxEv5EJlkXD+tFY2aLL6rI1c",
+	"y+4DBllPyUIYmba29LbSYcSeU8CO3iswvkwsbcOkvkS2ZPJRRMFL5TN+l+6sPZei1x6u7JO3eyZbo0kH",
+	"ZUc8QgvNsmJNJgku1DqViQRXmM9YwjpFlCXxlQlgWifEZHxo/KlmFEeyI/YaTa0z1gD5MsZUt9lmnQqn",
+	"YVcocuoIGnucOYO1g6jtYmaSVQKt/kStyBXm5czts20QzUsS0ljZphwuyhamcNVkZtqWOXdFKKdky1R6",
+	"LJbeUj+Z1Hk3zmjaHeHHlmaLZWiTKJXIw+7JMa0DQ8W2SVS1V/KIPQHTS8R+yN3EvzDyboqWKp2uq5qF",
+	"D87fuy/brqK7Inc13ppPVbzdXzEhhOEiTau9QV/ti+TvdQp9R7IHGGPrYPCdzWNzcs21GbXa0cl4fI8m",
+	"nm0NDqhzXk1XO3w/XQ0rLfcALO9S5rzSR3y8vTzxQ7QsQz+dzYmrnAnlBgjMu9hQ2R++jJFjTyxyR7XB",
+	"ioD0c0CiH7+pe9CznqUuOGZiPPbC9kNfmYmWlz//9PfwIDDmB5UPeBzAWAajmXxlhDoGOqUq26XTSyfY",
+	"UaSVvZX8x8Gb1JGxq0tqIaWygpCKDHf3h/zdqs7H48d3P1BrRI6Pnb5nG+l28KVGw+Nqyz+SYSi7HP20",
+	"9D7uAnZyPTOfmMrt5ok2ZGSl3Lrspnpauh3NYOSr82bbu3smLXcoVT70BsACy3YUrsYuVbPkDFUn2go4",
+	"SivMCimpnLm+X51gX27DzlsGr2mZ5URzAQLIFQPbXKMyVcKT7CwWKW9REDt3u5bTA+oqrXXv7W4Pqply",
+	"4Dbkr8p2f+n0t53CtWy4344l5nb2lWvXMzkZj43hQVz88Pj0tEuOMyUd/kCTijt3z+oJZpbSXN2/Kz8M",
+	"MDQDDCPPZ/DBrV6/Ij+WqQVwWQz6jGGlLJZSctRK5lsTzrW6fVegA8Qnv+ti1OkV9NMLlwpo+oW7dvsb",
+	"nuTtncCNbGk1eEhTbTcQcJX3shFMkRD2xzaNnc6raZtTprvk3Z3GTLt14UzY9zYwPuIS28AGyxWWUWiy",
+	"xd2RGzGSK8XUIhdUkLnhGtbZCdzscifwaM+YqXa3qSC/nP5Ua01ea5hkaC5XRJHGrHG5O00KZC8ppcoY",
+	"9J13Rsl02+yVUN7unV2zUMk53MOh9pJvU8XjC6WeEwuB50720XRaOmzDw5PJHr6/Wo8NhK78jR2HhiW3",
+	"+A6tE6/Fd1j1+rjoARUUdgYMnic61xQnaOsFNDU51tikiJKXqvhf3mc2psBlPJNhHUYsHLGnnBAXpOkS",
+	"c4+uXSzJZ7Is3e1z/6fEP+bq9sDETc0kWM+vWbLAO43JlsmCqrFNKzCqsM2BE73kVzY3oMi0yoZzrjGB",
+	"mgL2lEfyS0Qn4ASe0iHd14OA/S9774Ifu0D9kph66yK6MuW3llyAfoLKBCUJZMnVMjc6GdUdo0BJTSfQ",
+	"vk8YBwFLRmKEA0lxmzNqwKKkwJBPYqo1XchaEuAWSPOZ9MitWtXX6NE1+XP8aPHF4Xdf69Pvn6+O1wij",
+	"2pv2vi9Etu0FNmGgCr5cacnv9WqcnJzUAfP8zo3nw7/x4Q/j4enlt39s69747YdGjwha8Jsf7wocYYc4",
+	"1/vtV2i8hl/ubonmtSoDevvdvkELwZg3aCAXwoGWEOCIPrS3ylo2V2tRWuvt1X7VCNlvKbdgQ8w7ezLL",
+	"fHBXmLu99qFTcL1emv7gjd5XyK7JbhgMgNUMBi0gKBsD8Y4VKF7yM2hBXveQoNoNJLP9PfqduqE1auuN",
+	"PWZSZWzNTdeWRu2YaZemvS7UtuPHQdBSnoYSETNCQErlXpeu0MwYmtKTzJQs7+7OgmqvyUqxxSK2P9GI",
+	"fSm4JMyfVPAMsUYQaYQc+rmKVGoqZmEc+J1Ryc7anY+VktwltvJvBIaqGeZUkoWOfZDifucbis9ZUJqt",
+	"KgJM90b8Mexb5WSabknRV9lMzkWqCDypVh5OSTj5Rpl09ZhkYZHopTW61kW2Vloc/EKZC7UowYfIIIMt",
+	"b1u9VHwY514BaItn33aHO7wz6wH7efldyrp6fiH4576NuKp9tyhrot6yyu/vVG/nZPsuVdss3QMyu9EF",
+	"CVsUOa9/uasEgla23qnvMlnKYJ9RRz2v85DDGqkWFBIcfvMsJjvP4vh4Oj664yzcb+gsDqPTxfF8IoaP",
+	"+FE8PBaPF8PT+UM+nMQn0WNxuBjzR/N9z6La6Ou9T+T0VX4sP51s/ioebt/ww2jXidBK3JH4h3APZ1Rr",
+	"z8WO0AyV4xGv/EcaTJdW8EzqtYjynQ0pPXXBVxH2T5Fpa4NcmeITbcArOJq7lC2e5AEbDAxWiwFm6Ogf",
+	"OJP9cC+gFWoJEnrYMT//9PdZLzwI2FpkkZD5UMhIxSJ2FhZWMnDtyiiYFlcIutf3qilZ+IA6zfw/k8/D",
+	"gHGGMB/mE4TBMlguBFBswFsQUSsWON+ZX0xo0o4xAYW+NvvT56bCBnvosY0q0ngmTR0Os0v3OoLft6ki",
+	"GnCmCZix366NZOuKm+1EOXdZT8Q39nF1tHYZ6nABTMuOP9jsxyhQWFiK48wk4amCzr+7E5CxlKU4Y6G1",
+	"PEIq67TqKMI7gmZExSm/iLfhK9qnj+htMG2sdnkb6Ce/mbfBNHHq9jZ0ZFf+N/A2WPv7mDIhdqgMJ9PD",
+	"SS1plTr8Vw7cy1ltE9F+MoTzF+yfOGs71zW8ADUOf0efuF0Zs+XyDJpz1RMAzGdvdaFsarbTEWDch/+j",
+	"HAHKshkr2c0Hu4R6a3aphV/kltEYi9uAsNe6OhIPoh8aJlRCggOhzAUyINdbz5T5WSB9TPGzDfvuyMMc",
+	"DEbsjtTKC2RZG1qQBwQ5k3cjQWJ+4h54kH5i5Uw2MyvxrcHitqBZJbgrzmCDZNQVwfDyoFqjP5MV+B/v",
+	"2xqoz91pSRg+BZt9JiN7tDWEiIsKjk0brpiHI9admUet/36rxLwW5+eHMLV7ZtThu3sJdXX96qMl2P1O",
+	"efq9OHiXhUeXARHrTQXkL5h9Z6f4tRLwdj3tfvcr56h9SMrZfQK9z+QbbSLM/4hM7y/YnxhAHyOJ9xLu",
+	"KCmdm984d360QZ371bIZPaq7qoz9ikVlVrr8WjVlvyobJc39o/HQf7jHdlaJ3ec+vV+RGB6RXyPWuIgP",
+	"CFj9/gVi5dCdGjyOjPfRqeJGIdYK9G0E6VYWAmzuSqxGFVheA+KDkFGdV7oNlx70dFoDodVWgeXrgPeE",
+	"ZsarBdsVpbr6PL6EVO2WAIHSI9TrTKKYx/5llANjwLgPKjhRmDGHkFpw0gaJ0NgqZr3YLQS3ySxkasuA",
+	"2nrfhhYDyOa+ZFdiJm2PA7szhCPmjKCaPYBAyyJLeAqXzCbt2NK1KYF+GJ0ezRSLcLdJpC5hCIlHX4nc",
+	"8ObTduUdF/Tfmb26xuwfkcUGTKoNVtGZhMsDr2X875v/7qXAPTHJv7+5DmSvyz14tmFK3VqQC2z9EtyX",
+	"hi7dsJ9QwYR1oOQK3deY323hlXY1gfhKzmSJxe2yfxNdKfl1Vx75R2gSCBFZoJFEaHIGvVRDmx4GfMdk",
+	"CqLWZ7wTmsGv2Hzr1XgKCzi7KFJbyjqTmyXPMT/AoX0W6NT/nVTeXlRyk1urbQPC0TIIHjxnvF56a/k1",
+	"ZUxEKosxCf5wZIIRsMM//8d/lj0sXd9AtcFqR2N49p10PihLoK3km0nG2GDQXd6L8TOeEybhvKM5Z1Bp",
+	"3YFjomLvh1LPZnIycjnnZnHlG5TRcVvK6aq2eAWm91psz2byaMRCmxlQDkJYsUHlTkixcVDWLkGysz0L",
+	"rr27RQuS0aKlLwgBViMGf9n/i8st9hEJdtZHy8iA4VVG/MTiXoN65LCvDXRoOzKvA78eDICgXMqPR1IE",
+	"6JqmjbYsVzyRLVW61X03KGCE6eu1blZpytca4QNzhXtGt2daMppEl/X1+9dvG4L+qPXbk7DePn/a3gmX",
+	"9bUQNcA8C+5meSPVPVAjQgwT2u6Se9VAjNiFYgQGas3cLA6AlWFNOKi9YmO6/3hF4U187KnHk4FhOwWB",
+	"lXqDYdZ+fSStfv8K8Oqx27qQq+RGIMxMtTa8b7JcCCzz5PbWws4e+DXilXPegWN9VrtA9Q4qnbXkSb6r",
+	"hryMPPwSJeQOn+Y3LCG3CJCNlCUgd2u5lCR/PJ4c+HlJnTg0dGSf2b74oAItUn69rc/jZT3BZAvECG3w",
+	"TxNSBlVun8lpJlLgKKTT/XruF/sMjOg69y5zp3P+fXjl/+dAFHnF81Wt1OqRezv1QaDVvfpsp1MfeN//",
+	"ZIf+5H2LwX3BW72z2FcsiSwvaqv2rjxcb3vfu6IBLssBXO3tRat8n1ML/ETrQmQjTAvROUjOe+WQluW3",
+	"E69U3APfje9VIs6zeBj7XDWRulgskiiBu+bAniqJeO57Rt/fe+ta5mjbPVBFk8Z0YA3YoDepCEUWgY3z",
+	"O93Sj1HB3E5Q/ZpiaZtUck0owImsq5NkKjrnnW5VJmvsTefYHdsadZ2qZkAq3t4Ft67/f1lI6tfDuq9m",
+	"Elsp5lXVteppQCWWcTS+SHv9RRjlu/8rEDD+Ae7w64I7NOyj5lY7RcHz+TtDCaNkzf1tDuttLfrrWBtf",
+	"82vlYeTOPaEhCLt/e19oEVwcIovYhz8qVANBQpe5Ov/3QTb0rdsBS3+SlWCpWORMSUR0J/QFiwiPjpeD",
+	"u1EeWhpVOWSCfWzxKnAqc3GahWnH4/WH283lq6gK1banTUdIha1/XJiFvjHNS6vvWqzJ6kvk1YGFYejG",
+	"YDjzc6adiC03Bz1JRBS2kA79xWwtMq3kPyAc/gHh8EsGieiCtgSJdsC/tkE4NHvbo1uiNdBz0QjWwHVX",
+	"mYv6Gg5A8ELGl8qM39k2PUMv81qYAn3SDNdK62SebtFXbdOZQSNNNBMyJo8xNVgsm+XbVmGN9vuun0tX",
+	"//2A3YgMWyHZyMZgkPHNYOBkAGaAtrW0mMl+pNCSyLFRjen0kGglA3YyXCWyyImrY4cblqtUZMB3D0xu",
+	"sB2yDA5tVHbdHRXyG3UPBm2tui/c30nMfMXdljw0oC+oPxTojCZqh4+7LF/T7FvEJZhGpc234QRuXVZr",
+	"5yVGXtnb/3y9TpG1ONgMECemP3TZ2B/JAHY20bnlNtWq5EWqNlPGmSFYC6hbOvByZajRvJ9tCUj1Sr6X",
+	"xuULSGcuYmiOPTURmTnSIfYq0RUYfVsBMsPksN0d0Fucsa9EJJIb4Ujza3qX3h3lZmH+J2r8U8jk1uoR",
+	"1AAouDk032lL5aYzUGA6x4e6JH/jV/KaTi3F7Ux+8eX5k+HrL84nJw8D06+rFARLDpRgd12LKBN5YF1R",
+	"jtADxlk4CoOykWPGN5XrNGWhN0/fDpSzP7JZbzTrsT/izw5C0O+/o+aZZcG4e4myCGfFc/Sbs7AOYXXC",
+	"6B5q7ErhddIylfwzGaUqumZ9aiWDfSRjsRA81y6cA1wIW/XiXUiEbpSj5X86fPTw+Pj48dHDCRzDyeTk",
+	"EX/88FQ8EpGYi5gfTfhiwR9OojjiRwt+chjx+JF49IiPxcnDxeLk6GE8jsRjcTh+HD+ex7YaiHhUWQ7U",
+	"wsg+pJjtA5LNbbXt1HvxLhiOZpKL7+chp28Z07ukCuF2BzC6ftfR8vL086uj5b88un4++f7rE/Eq73Tt",
+	"0hPiJr88vvjh8fVfJqtPH25eHEZ/vdmF13EPI4UOBNnFfl72+5bRO+ZaDyc49rzFxoGWqTq7ztonvtno",
+	"DUbEkhEfsqt9F/SQhVbn+hy5qp2tYzyENWkOuPdeGg54Hl13Obfo/UBV51Ek1jZHnsQXGF2bwLdn7Ock",
+	"aWey35BTByP2NKHUA76tRRL1UhUptkFalzsN0otc7KVn+32cL9WWWU1XAL2pD12BD7Q5WGpD1VykFS3G",
+	"dn+kwbx3xelGwNKw5RrKHWzf1pv2HuAlCXoroTW/gilt7ymTLV2/PQGroHRZHP0aHE7pbRh7HhjTXb18",
+	"mf1dL/ToMHMBr8DtjZMY1Y3+lMesFCYKnZipJ8h27Lb22G9lv1s4tKcCJtp1rQNiK5VEqxpW/TAtO+NP",
+	"fO+9KR/+eA7ncgNB7lKX/sDry68ytsmwH78iWJSu3ZjJ5nawftjY8fDgzDWrTa4wZNJC20jRcOXr3elq",
+	"nfkMj3A3+v28sL+FvfobmJydbYeQ45cSyGlZVQvRs0ytqUmmqWe2EWG5R4Y+vddtWN8eMhRdrvDH3lzw",
+	"TGTnBWg/33yLPAeVPmJv1OvtAfIis6pmFb/p0UWmbKW3kgYyYtWFj0pFzfRbalawU0E8iS1XVqo2ZKL5",
+	"taXBfmmH3pwmJbQ5p03KtJOWbavXfFuWuprax3rMZEd6Zjm39TQ0J7f46DA5Ncyg7Cjbppx7EXPbFKSl",
+	"P0s5lcWlbE5lTDbrIFyoNFWboZLMiC5tWtjizgasaQr+/NPfD+4JFolNWCxapLdKg0TWXOS/YW0RFhNV",
+	"YgXGVtdBFfqqhnHlzeDfheY0z+RcmZ4MsCcdN9Ibzt3Id9+++z8BAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

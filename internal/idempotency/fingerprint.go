@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+
+	"github.com/retrysafe/payments/internal/ijson"
 )
 
 // Fingerprint identifies what a keyed request asked for: SHA-256 over its
@@ -35,10 +37,14 @@ func Fingerprint(method, path string, body []byte) ([]byte, error) {
 // with its keys in another order has the same fingerprint. Numbers keep
 // their literal text (1e2 and 100 stay different: we never claim two
 // requests are the same unless they plainly are). An empty body is its own
-// canonical form.
+// canonical form. A document with a member named twice in one object has
+// no canonical form (which value would it keep?) and is refused.
 func CanonicalJSON(body []byte) ([]byte, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, nil
+	}
+	if err := ijson.CheckUniqueNames(body); err != nil {
+		return nil, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()

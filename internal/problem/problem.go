@@ -35,6 +35,7 @@ const (
 	IdempotencyKeyReused  Code = "idempotency_key_reused"
 	IdempotencyKeyDead    Code = "idempotency_key_dead"
 	RequestTooLarge       Code = "request_too_large"
+	RequestTimeout        Code = "request_timeout"
 	UnsupportedMediaType  Code = "unsupported_media_type"
 	NotFound              Code = "not_found"
 	MethodNotAllowed      Code = "method_not_allowed"
@@ -63,6 +64,7 @@ var kinds = map[Code]struct {
 	IdempotencyKeyReused:  {http.StatusUnprocessableEntity, "Idempotency key reused"},
 	IdempotencyKeyDead:    {http.StatusConflict, "Operation set aside"},
 	RequestTooLarge:       {http.StatusRequestEntityTooLarge, "Request too large"},
+	RequestTimeout:        {http.StatusRequestTimeout, "Request timeout"},
 	UnsupportedMediaType:  {http.StatusUnsupportedMediaType, "Unsupported media type"},
 	NotFound:              {http.StatusNotFound, "Not found"},
 	MethodNotAllowed:      {http.StatusMethodNotAllowed, "Method not allowed"},

@@ -1,8 +1,11 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +20,23 @@ type Config struct {
 	DatabaseURL string
 	// HTTPAddr is the listen address (HTTP_ADDR).
 	HTTPAddr string
+	// The HTTP server's timeouts, so that a slow or idle client cannot hold
+	// a connection for ever:
+	//   - ReadHeaderTimeout (HTTP_READ_HEADER_TIMEOUT): the request line and
+	//     headers must arrive within it.
+	//   - ReadTimeout (HTTP_READ_TIMEOUT): the whole request, body included,
+	//     counted afresh for every request on a connection. The default 10s
+	//     lets the largest allowed body (MaxBodyBytes, 64 KiB) arrive at
+	//     6.4 KiB/s, and cuts off a client that trickles it byte by byte; the
+	//     body's reader then fails and the request is answered 408.
+	//   - WriteTimeout (HTTP_WRITE_TIMEOUT): from the end of the headers to
+	//     the end of the response. A keyed operation may run for up to its
+	//     lease, so this must be longer than the lease, or a slow but
+	//     healthy charge would lose its answer (the client's retry would
+	//     still get it, as a replay).
+	//   - IdleTimeout (HTTP_IDLE_TIMEOUT): how long a keep-alive connection
+	//     may wait for its next request.
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 	// Lease is how long an execution holds an idempotency key before another
 	// request may take it over (IDEMPOTENCY_LEASE).
 	Lease time.Duration
@@ -63,6 +83,20 @@ type Config struct {
 // is pgx's pool size setting (its own default is 4 on a small machine).
 const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable&pool_max_conns=20"
 
+// HTTPServer returns the http.Server that serves handler with the
+// configured timeouts. Requests get base as their context, so that the
+// signal which starts a graceful shutdown does not cancel them.
+func (cfg Config) HTTPServer(base context.Context, handler http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		BaseContext:       func(net.Listener) context.Context { return base },
+	}
+}
+
 // LoadConfig reads the configuration through getenv, applying defaults,
 // and reports every invalid variable at once.
 func LoadConfig(getenv func(string) string) (Config, error) {
@@ -88,6 +122,10 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	cfg := Config{
 		DatabaseURL:            str("DATABASE_URL", DefaultDatabaseURL),
 		HTTPAddr:               str("HTTP_ADDR", ":8080"),
+		ReadHeaderTimeout:      duration("HTTP_READ_HEADER_TIMEOUT", 5*time.Second),
+		ReadTimeout:            duration("HTTP_READ_TIMEOUT", 10*time.Second),
+		WriteTimeout:           duration("HTTP_WRITE_TIMEOUT", 45*time.Second),
+		IdleTimeout:            duration("HTTP_IDLE_TIMEOUT", 60*time.Second),
 		Lease:                  duration("IDEMPOTENCY_LEASE", 30*time.Second),
 		Retention:              duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
 		ShutdownTimeout:        duration("SHUTDOWN_TIMEOUT", 15*time.Second),
@@ -154,6 +192,12 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	// shorter than the call would let a retry take over a live charge.
 	if cfg.ProcessorTimeout >= cfg.Lease {
 		errs = append(errs, fmt.Errorf("PROCESSOR_TIMEOUT (%s) must be shorter than IDEMPOTENCY_LEASE (%s)", cfg.ProcessorTimeout, cfg.Lease))
+	}
+	if cfg.ReadHeaderTimeout > cfg.ReadTimeout {
+		errs = append(errs, fmt.Errorf("HTTP_READ_HEADER_TIMEOUT (%s) must not be longer than HTTP_READ_TIMEOUT (%s), which covers the headers too", cfg.ReadHeaderTimeout, cfg.ReadTimeout))
+	}
+	if cfg.WriteTimeout <= cfg.Lease {
+		errs = append(errs, fmt.Errorf("HTTP_WRITE_TIMEOUT (%s) must be longer than IDEMPOTENCY_LEASE (%s): an operation may run for its whole lease before it answers", cfg.WriteTimeout, cfg.Lease))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/ijson"
 	"github.com/retrysafe/payments/internal/problem"
 	"github.com/retrysafe/payments/internal/processor"
 )
@@ -45,12 +47,23 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		case errors.Is(err, routers.ErrPathNotFound):
 			return next(c) // not an API operation: the demo page or the spec
 		case errors.Is(err, routers.ErrMethodNotAllowed):
-			return problem.New(problem.MethodNotAllowed, "%s is not allowed on %s", req.Method, req.URL.Path)
+			allow := s.allowedMethods(req)
+			c.Response().Header().Set("Allow", strings.Join(allow, ", "))
+			return problem.New(problem.MethodNotAllowed, "%s is not allowed on %s (allowed: %s)", req.Method, req.URL.Path, strings.Join(allow, ", "))
 		case err != nil:
 			return err
 		}
 		op := route.Operation
 		ctx := req.Context()
+
+		// Ambiguity is refused, not resolved: with two Authorization or
+		// Content-Type lines, a proxy in front of us may have read the other
+		// one. (A repeated Idempotency-Key is refused by its parser.)
+		for _, name := range []string{"Authorization", "Content-Type"} {
+			if n := len(req.Header.Values(name)); n > 1 {
+				return problem.New(problem.InvalidRequest, "the %s header was sent %d times; send it once", name, n)
+			}
+		}
 
 		// 1. Authenticate.
 		if requiresAuth(route) {
@@ -73,10 +86,18 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 
 		// 3. Read the body (bounded) and validate the whole request against
 		// the contract: parameters, content type and body schema, including
-		// additionalProperties: false.
+		// additionalProperties: false. A member named twice in one object is
+		// refused first: the validator and the handler would each see only
+		// one of its values.
 		body, err := s.readBody(req, op)
 		if err != nil {
 			return err
+		}
+		var dup *ijson.DuplicateNameError
+		if errors.As(ijson.CheckUniqueNames(body), &dup) {
+			p := problem.New(problem.InvalidRequest, "%s: a member name may appear only once in an object (I-JSON, RFC 7493)", dup.Pointer)
+			p.Errors = []problem.FieldError{{Field: dup.Pointer, Message: "appears more than once"}}
+			return p
 		}
 		// The processor's webhook has no API key: its signature, over the
 		// raw body, is checked first, before the body is even parsed.
@@ -116,6 +137,20 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
+// allowedMethods lists the methods the contract defines for req's path, for
+// the Allow header of a 405.
+func (s *Server) allowedMethods(req *http.Request) []string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		probe := req.Clone(req.Context())
+		probe.Method = m
+		if _, _, err := s.router.FindRoute(probe); err == nil {
+			allow = append(allow, m)
+		}
+	}
+	return allow
+}
+
 func isAPIPath(p string) bool {
 	return strings.HasPrefix(p, "/v1/") || p == "/v1" || strings.HasPrefix(p, "/webhooks/")
 }
@@ -147,6 +182,12 @@ func (s *Server) readBody(req *http.Request, op *openapi3.Operation) ([]byte, er
 		return nil, problem.New(problem.RequestTooLarge, "the request body is %d bytes; the limit is %d", req.ContentLength, s.cfg.MaxBodyBytes)
 	}
 	body, err := io.ReadAll(io.LimitReader(req.Body, s.cfg.MaxBodyBytes+1))
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		// The server's read deadline passed: a client trickling its body.
+		// The connection is closed after this answer.
+		return nil, problem.New(problem.RequestTimeout, "the request did not arrive within %s; send it again, faster", s.cfg.ReadTimeout)
+	}
 	if err != nil {
 		return nil, problem.New(problem.InvalidRequest, "could not read the request body: %v", err)
 	}
@@ -155,10 +196,20 @@ func (s *Server) readBody(req *http.Request, op *openapi3.Operation) ([]byte, er
 	}
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	if len(body) > 0 && op.RequestBody != nil {
+		// Media types are case-insensitive and may carry parameters
+		// (Application/JSON; charset=UTF-8). Judge the type here, then hand
+		// the validator, whose match is exact, the one spelling the
+		// contract names. JSON is UTF-8 (RFC 8259): another charset is
+		// refused rather than misread.
 		ct := req.Header.Get("Content-Type")
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+		mt, params, err := mime.ParseMediaType(ct) // lower-cases the type and the parameter names
+		if err != nil || mt != "application/json" {
 			return nil, problem.New(problem.UnsupportedMediaType, "the body must be sent as Content-Type: application/json (got %q)", ct)
 		}
+		if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+			return nil, problem.New(problem.UnsupportedMediaType, "a JSON body must be UTF-8 (got charset=%s)", cs)
+		}
+		req.Header.Set("Content-Type", "application/json")
 	}
 	return body, nil
 }
