@@ -3,7 +3,12 @@
 // at /openapi.yaml exactly as written.
 package api
 
-import _ "embed"
+import (
+	"context"
+	_ "embed"
+
+	"github.com/getkin/kin-openapi/openapi3"
+)
 
 //go:generate go tool oapi-codegen -config oapi-codegen.yaml openapi.yaml
 //go:generate go tool oapi-codegen -config oapi-codegen-client.yaml openapi.yaml
@@ -12,3 +17,16 @@ import _ "embed"
 //
 //go:embed openapi.yaml
 var Spec []byte
+
+// Load parses Spec, the contract exactly as written, and validates it. Use
+// it rather than internal/apigen's embedded copy, which oapi-codegen
+// normalises (its operationIds are capitalised, for one): the server routes
+// and validates requests, and names each keyed record's operation, by the
+// contract as it is served at /openapi.yaml.
+func Load() (*openapi3.T, error) {
+	spec, err := openapi3.NewLoader().LoadFromData(Spec)
+	if err != nil {
+		return nil, err
+	}
+	return spec, spec.Validate(context.Background())
+}

@@ -4,8 +4,13 @@
 //	server migrate       migrate the database and exit
 //	server dead-letters  list the operations set aside for an operator (JSON lines)
 //
-// Configuration comes from the environment; see internal/server.Config and
-// the README.
+// Configuration comes from the environment; see internal/config and the
+// README.
+//
+// This is where the service is wired: the one place that knows which
+// processor it talks to, which operations can be resumed, and which
+// background workers run. Everything it builds is passed in, never reached
+// for, so a test can build the same pieces differently.
 package main
 
 import (
@@ -26,9 +31,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/cardprocessor"
+	"github.com/retrysafe/payments/internal/charges"
+	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/reconciler"
+	"github.com/retrysafe/payments/internal/refunds"
+	"github.com/retrysafe/payments/internal/relay"
 	"github.com/retrysafe/payments/internal/server"
 )
 
@@ -116,6 +128,69 @@ func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) err
 	return nil
 }
 
+// A worker runs in the background until its context is done.
+type worker interface{ Run(ctx context.Context) }
+
+// newWorkers builds the background workers the configuration turns on:
+// the reconciler, and the outbox relay (delivering to the built-in demo
+// receiver at demoURL for callers without their own endpoint).
+func newWorkers(cfg config.Server, pool *pgxpool.Pool, keys *idempotency.Store, operations *idempotency.Registry, log *slog.Logger, demoURL string) ([]worker, error) {
+	var workers []worker
+	if cfg.Reconciler {
+		r, err := reconciler.New(reconciler.Config{
+			Interval: cfg.ReconcilerInterval,
+			// One record per claim: each claimed record's lease starts at
+			// the claim, so a batch handled one after another would run its
+			// last records on expired leases. The loop runs again at once
+			// while it finds work, within the budget.
+			Batch:       1,
+			Lease:       cfg.Lease,
+			MaxAttempts: cfg.ReconcilerMaxAttempts,
+			MaxAge:      cfg.ReconcilerMaxAge,
+			BackoffBase: time.Second,
+			BackoffCap:  5 * time.Minute,
+			// At most 5 retries per interval (5/s by default), 20 saved up.
+			RetriesPerInterval: 5,
+			RetryBurst:         20,
+		}, keys, operations, log.With("component", "reconciler"))
+		if err != nil {
+			return nil, err
+		}
+		workers = append(workers, r)
+	}
+	if cfg.Relay {
+		r, err := relay.New(relay.Config{
+			Interval: cfg.RelayInterval,
+			// The batch is delivered one event after another within the
+			// lease: 5 × 5s < 30s.
+			Batch:       5,
+			Lease:       30 * time.Second,
+			Timeout:     5 * time.Second,
+			DemoURL:     demoURL,
+			BackoffBase: time.Second,
+			BackoffCap:  time.Hour,
+		}, pool, log.With("component", "relay"))
+		if err != nil {
+			return nil, err
+		}
+		workers = append(workers, r)
+	}
+	return workers, nil
+}
+
+// newHTTPServer returns the http.Server that serves handler with the
+// configured timeouts; requests get base as their context.
+func newHTTPServer(cfg config.Server, handler http.Handler, base context.Context) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		BaseContext:       func(net.Listener) context.Context { return base },
+	}
+}
+
 // run is the whole program, with its inputs passed in so tests can drive it.
 // It returns when ctx is canceled (after a graceful shutdown) or on error.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -126,7 +201,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if command != "serve" && command != "migrate" && command != "dead-letters" {
 		return fmt.Errorf("unknown command %q (want serve, migrate or dead-letters)", command)
 	}
-	cfg, err := server.LoadConfig(getenv)
+	cfg, err := config.Load(getenv)
 	if err != nil {
 		return err
 	}
@@ -179,27 +254,40 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		cfg.ProcessorURL = url
 	}
 
-	if cfg.Reconciler {
-		// The background workers: the reconciler, and the outbox relay
-		// (delivering to the built-in demo receiver of this server for
-		// callers without their own endpoint).
-		demoURL := fmt.Sprintf("http://127.0.0.1:%d/demo/webhooks/", ln.Addr().(*net.TCPAddr).Port)
-		workersCtx, stopWorkers := context.WithCancel(context.WithoutCancel(ctx))
-		var workers sync.WaitGroup
-		workers.Go(func() { server.NewReconciler(cfg, pool, log).Run(workersCtx) })
-		workers.Go(func() { server.NewRelay(cfg, pool, log, demoURL).Run(workersCtx) })
-		// Stop them (between records) before the pool closes.
-		defer func() { stopWorkers(); workers.Wait() }()
-	}
+	// The domain: the idempotency store, the processor, and the operations
+	// that move money through it, each registered under its operationId so
+	// that the reconciler resumes a record with the very handler a client's
+	// retry would run.
+	keys := idempotency.NewStore(pool, cfg.Lease, log)
+	proc := cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
+	chargeService := charges.NewService(pool, proc, cfg.CrashPoints)
+	refundService := refunds.NewService(pool, proc, cfg.CrashPoints)
+	operations := idempotency.NewRegistry()
+	operations.Register(charges.Operation, chargeService.Resume)
+	operations.Register(refunds.Operation, refundService.Resume)
 
-	handler, err := server.New(cfg, pool, log)
+	workers, err := newWorkers(cfg, pool, keys, operations, log, fmt.Sprintf("http://127.0.0.1:%d/demo/webhooks/", ln.Addr().(*net.TCPAddr).Port))
+	if err != nil {
+		return err
+	}
+	workersCtx, stopWorkers := context.WithCancel(context.WithoutCancel(ctx))
+	var running sync.WaitGroup
+	for _, w := range workers {
+		running.Go(func() { w.Run(workersCtx) })
+	}
+	// Stop them (between records) before the pool closes.
+	defer func() { stopWorkers(); running.Wait() }()
+
+	handler, err := server.New(server.Deps{
+		Config: cfg, Pool: pool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService,
+	})
 	if err != nil {
 		return err
 	}
 	// Requests must not be canceled by SIGTERM: graceful shutdown lets them
 	// finish. ctx is canceled by the signal, so requests get a base context
 	// detached from it.
-	srv := cfg.HTTPServer(context.WithoutCancel(ctx), handler)
+	srv := newHTTPServer(cfg, handler, context.WithoutCancel(ctx))
 	log.Info("listening", "addr", ln.Addr().String())
 
 	serveErr := make(chan error, 1)

@@ -224,15 +224,15 @@ func TestRunListsDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := pool.Exec(context.Background(), `
-		INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, attempt, request_method, request_path, request_fingerprint)
-		VALUES ('globex', 'given-up', 'dead', 'charge_created', 11, 'POST', '/v1/orders/ord_x/charges', '\x00'),
-		       ('acme', 'fine', 'in_progress', 'started', 1, 'POST', '/v1/orders', '\x00')`)
+		INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, attempt, operation, request_method, request_path, request_fingerprint)
+		VALUES ('globex', 'given-up', 'dead', 'charge_created', 11, 'createCharge', 'POST', '/v1/orders/ord_x/charges', '\x00'),
+		       ('acme', 'fine', 'in_progress', 'started', 1, 'createOrder', 'POST', '/v1/orders', '\x00')`)
 	if err == nil {
 		t.Fatal("an in-progress record without a lease was accepted") // the CHECK constraint
 	}
 	if _, err := pool.Exec(context.Background(), `
-		INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, attempt, request_method, request_path, request_fingerprint)
-		VALUES ('globex', 'given-up', 'dead', 'charge_created', 11, 'POST', '/v1/orders/ord_x/charges', '\x00')`); err != nil {
+		INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, attempt, operation, request_method, request_path, request_fingerprint)
+		VALUES ('globex', 'given-up', 'dead', 'charge_created', 11, 'createCharge', 'POST', '/v1/orders/ord_x/charges', '\x00')`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(context.Background(), `

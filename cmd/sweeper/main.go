@@ -24,8 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/postgres"
-	"github.com/retrysafe/payments/internal/server"
 	"github.com/retrysafe/payments/internal/sweeper"
 )
 
@@ -54,15 +54,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if *batch < 1 {
 		return errors.New("--batch must be positive")
 	}
-	cfg, err := server.LoadConfig(getenv) // DATABASE_URL and IDEMPOTENCY_KEY_RETENTION, as the server reads them
-	if err != nil {
-		return err
-	}
-	eventRetention, err := retention(getenv, "OUTBOX_EVENT_RETENTION")
-	if err != nil {
-		return err
-	}
-	webhookRetention, err := retention(getenv, "WEBHOOK_EVENT_RETENTION")
+	// DATABASE_URL and the retention windows, read as the server reads
+	// them; nothing that only the server uses.
+	cfg, err := config.LoadSweeper(getenv)
 	if err != nil {
 		return err
 	}
@@ -74,7 +68,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	defer pool.Close()
 
 	s := sweeper.New(sweeper.Config{
-		KeyRetention: cfg.Retention, EventRetention: eventRetention, WebhookRetention: webhookRetention,
+		KeyRetention: cfg.KeyRetention, EventRetention: cfg.EventRetention, WebhookRetention: cfg.WebhookRetention,
 		Batch: *batch, DryRun: *dryRun,
 	}, pool)
 	for {
@@ -106,18 +100,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		case <-time.After(*interval):
 		}
 	}
-}
-
-func retention(getenv func(string) string, name string) (time.Duration, error) {
-	v := getenv(name)
-	if v == "" {
-		return 30 * 24 * time.Hour, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("%s=%q: want a positive Go duration such as 720h", name, v)
-	}
-	return d, nil
 }
 
 // writeMetrics writes the sweep's figures in the Prometheus text format,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,16 +24,18 @@ func TestOnceLeavesExactlyTheRightRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `
-		INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, locked_until, request_method, request_path,
+		INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, locked_until, operation, request_method, request_path,
 		                              request_fingerprint, response_status, response_headers, response_body, created_at) VALUES
-		  ('acme', 'old-done', 'completed', 'finished', NULL, 'POST', '/v1/orders', '\x00', 201, '{}', '\x7b7d', now() - interval '2 hours'),
-		  ('acme', 'new-done', 'completed', 'finished', NULL, 'POST', '/v1/orders', '\x00', 201, '{}', '\x7b7d', now()),
-		  ('acme', 'old-open', 'in_progress', 'started', now(), 'POST', '/v1/orders', '\x00', NULL, NULL, NULL, now() - interval '2 hours')`); err != nil {
+		  ('acme', 'old-done', 'completed', 'finished', NULL, 'createOrder', 'POST', '/v1/orders', '\x00', 201, '{}', '\x7b7d', now() - interval '2 hours'),
+		  ('acme', 'new-done', 'completed', 'finished', NULL, 'createOrder', 'POST', '/v1/orders', '\x00', 201, '{}', '\x7b7d', now()),
+		  ('acme', 'old-open', 'in_progress', 'started', now(), 'createOrder', 'POST', '/v1/orders', '\x00', NULL, NULL, NULL, now() - interval '2 hours')`); err != nil {
 		t.Fatal(err)
 	}
 	metrics := filepath.Join(t.TempDir(), "sweeper.prom")
 	var log strings.Builder
-	env := map[string]string{"DATABASE_URL": dbURL, "IDEMPOTENCY_KEY_RETENTION": "90m"}
+	// The server would refuse PROCESSOR_TIMEOUT and HTTP_WRITE_TIMEOUT
+	// here (both against its lease); the sweeper reads neither.
+	env := map[string]string{"DATABASE_URL": dbURL, "IDEMPOTENCY_KEY_RETENTION": "90m", "PROCESSOR_TIMEOUT": "1h", "HTTP_WRITE_TIMEOUT": "1s"}
 	if err := run(ctx, []string{"--once", "--batch", "1", "--metrics-file", metrics}, func(k string) string { return env[k] }, &log); err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +66,24 @@ func TestFlagsAreChecked(t *testing.T) {
 	for _, args := range [][]string{{}, {"--once", "--interval", "1m"}, {"--once", "--batch", "0"}} {
 		if err := run(context.Background(), args, func(string) string { return "" }, io.Discard); err == nil {
 			t.Errorf("run(%q) accepted bad flags", args)
+		}
+	}
+}
+
+// The sweeper links only what it runs: no HTTP server, no request
+// validation, no charges or processor. (A cron job that deletes rows should
+// not carry the API's attack surface or its start-up rules.)
+func TestSweeperLinksNoServerCode(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for dep := range strings.FieldsSeq(string(out)) {
+		for _, banned := range []string{"github.com/labstack/echo", "github.com/getkin/kin-openapi", "/internal/server", "/internal/charges", "/internal/processor", "/internal/relay"} {
+			if strings.Contains(dep, banned) {
+				t.Errorf("cmd/sweeper depends on %s", dep)
+			}
 		}
 	}
 }

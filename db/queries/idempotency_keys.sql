@@ -20,9 +20,9 @@
 -- the reconciler looks at it as soon as the lease runs out.
 WITH claimed AS (
     INSERT INTO idempotency_keys AS k (
-        caller_id, key, request_method, request_path, request_fingerprint, locked_until, next_attempt_at
+        caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until, next_attempt_at
     ) VALUES (
-        @caller_id, @key, @request_method, @request_path, @request_fingerprint,
+        @caller_id, @key, @operation, @request_method, @request_path, @request_fingerprint,
         now() + make_interval(secs => @lease_seconds::float8),
         now() + make_interval(secs => @lease_seconds::float8)
     )

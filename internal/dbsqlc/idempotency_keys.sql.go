@@ -66,22 +66,22 @@ func (q *Queries) BuryIdempotencyKey(ctx context.Context, db DBTX, arg BuryIdemp
 const claimIdempotencyKey = `-- name: ClaimIdempotencyKey :one
 WITH claimed AS (
     INSERT INTO idempotency_keys AS k (
-        caller_id, key, request_method, request_path, request_fingerprint, locked_until, next_attempt_at
+        caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until, next_attempt_at
     ) VALUES (
-        $1, $2, $3, $4, $5,
-        now() + make_interval(secs => $6::float8),
-        now() + make_interval(secs => $6::float8)
+        $1, $2, $3, $4, $5, $6,
+        now() + make_interval(secs => $7::float8),
+        now() + make_interval(secs => $7::float8)
     )
     ON CONFLICT (caller_id, key) DO NOTHING
-    RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts
+    RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation
 )
-SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, c.caller_id, c.id, c.key, c.status, c.recovery_point, c.attempt, c.locked_until, c.request_method, c.request_path, c.request_fingerprint, c.response_status, c.response_headers, c.response_body, c.created_at, c.updated_at, c.completed_at, c.next_attempt_at, c.reconciler_attempts
+SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, c.caller_id, c.id, c.key, c.status, c.recovery_point, c.attempt, c.locked_until, c.request_method, c.request_path, c.request_fingerprint, c.response_status, c.response_headers, c.response_body, c.created_at, c.updated_at, c.completed_at, c.next_attempt_at, c.reconciler_attempts, c.operation
 FROM claimed c
 UNION ALL
 SELECT false AS claimed,
        coalesce(e.locked_until <= now(), false) AS lease_expired,
        coalesce(greatest(extract(epoch FROM e.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
-       e.caller_id, e.id, e.key, e.status, e.recovery_point, e.attempt, e.locked_until, e.request_method, e.request_path, e.request_fingerprint, e.response_status, e.response_headers, e.response_body, e.created_at, e.updated_at, e.completed_at, e.next_attempt_at, e.reconciler_attempts
+       e.caller_id, e.id, e.key, e.status, e.recovery_point, e.attempt, e.locked_until, e.request_method, e.request_path, e.request_fingerprint, e.response_status, e.response_headers, e.response_body, e.created_at, e.updated_at, e.completed_at, e.next_attempt_at, e.reconciler_attempts, e.operation
 FROM idempotency_keys e
 WHERE e.caller_id = $1 AND e.key = $2
 `
@@ -89,6 +89,7 @@ WHERE e.caller_id = $1 AND e.key = $2
 type ClaimIdempotencyKeyParams struct {
 	CallerID           string
 	Key                string
+	Operation          string
 	RequestMethod      string
 	RequestPath        string
 	RequestFingerprint []byte
@@ -117,6 +118,7 @@ type ClaimIdempotencyKeyRow struct {
 	CompletedAt           *time.Time
 	NextAttemptAt         time.Time
 	ReconcilerAttempts    int32
+	Operation             string
 }
 
 // The atomic claim, in one statement. The INSERT ... ON CONFLICT DO NOTHING
@@ -142,6 +144,7 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIde
 	row := db.QueryRow(ctx, claimIdempotencyKey,
 		arg.CallerID,
 		arg.Key,
+		arg.Operation,
 		arg.RequestMethod,
 		arg.RequestPath,
 		arg.RequestFingerprint,
@@ -170,6 +173,7 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIde
 		&i.CompletedAt,
 		&i.NextAttemptAt,
 		&i.ReconcilerAttempts,
+		&i.Operation,
 	)
 	return i, err
 }
@@ -190,7 +194,7 @@ SET attempt             = k.attempt + 1,
     updated_at          = now()
 FROM stale
 WHERE k.caller_id = stale.caller_id AND k.id = stale.id
-RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts
+RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation
 `
 
 type ClaimStaleIdempotencyKeysParams struct {
@@ -233,6 +237,7 @@ func (q *Queries) ClaimStaleIdempotencyKeys(ctx context.Context, db DBTX, arg Cl
 			&i.CompletedAt,
 			&i.NextAttemptAt,
 			&i.ReconcilerAttempts,
+			&i.Operation,
 		); err != nil {
 			return nil, err
 		}
@@ -290,7 +295,7 @@ func (q *Queries) CompleteIdempotencyKey(ctx context.Context, db DBTX, arg Compl
 }
 
 const getIdempotencyKey = `-- name: GetIdempotencyKey :one
-SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts FROM idempotency_keys
+SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation FROM idempotency_keys
 WHERE caller_id = $1 AND key = $2
 `
 
@@ -321,12 +326,13 @@ func (q *Queries) GetIdempotencyKey(ctx context.Context, db DBTX, arg GetIdempot
 		&i.CompletedAt,
 		&i.NextAttemptAt,
 		&i.ReconcilerAttempts,
+		&i.Operation,
 	)
 	return i, err
 }
 
 const getIdempotencyKeyWithLease = `-- name: GetIdempotencyKeyWithLease :one
-SELECT k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds
+SELECT k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds
 FROM idempotency_keys k
 WHERE k.caller_id = $1 AND k.id = $2
 `
@@ -366,13 +372,14 @@ func (q *Queries) GetIdempotencyKeyWithLease(ctx context.Context, db DBTX, arg G
 		&i.IdempotencyKey.CompletedAt,
 		&i.IdempotencyKey.NextAttemptAt,
 		&i.IdempotencyKey.ReconcilerAttempts,
+		&i.IdempotencyKey.Operation,
 		&i.LeaseRemainingSeconds,
 	)
 	return i, err
 }
 
 const listDeadIdempotencyKeys = `-- name: ListDeadIdempotencyKeys :many
-SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts FROM idempotency_keys
+SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation FROM idempotency_keys
 WHERE caller_id = $1 AND status = 'dead'
 ORDER BY created_at
 `
@@ -406,6 +413,7 @@ func (q *Queries) ListDeadIdempotencyKeys(ctx context.Context, db DBTX, callerID
 			&i.CompletedAt,
 			&i.NextAttemptAt,
 			&i.ReconcilerAttempts,
+			&i.Operation,
 		); err != nil {
 			return nil, err
 		}
@@ -500,7 +508,7 @@ WHERE caller_id = $2
   AND attempt = $4
   AND status = 'in_progress'
   AND locked_until <= now()
-RETURNING caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts
+RETURNING caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation
 `
 
 type TakeOverIdempotencyKeyParams struct {
@@ -545,6 +553,7 @@ func (q *Queries) TakeOverIdempotencyKey(ctx context.Context, db DBTX, arg TakeO
 		&i.CompletedAt,
 		&i.NextAttemptAt,
 		&i.ReconcilerAttempts,
+		&i.Operation,
 	)
 	return i, err
 }

@@ -72,6 +72,7 @@ type IdempotencyKey struct {
 	CompletedAt        *time.Time
 	NextAttemptAt      time.Time
 	ReconcilerAttempts int32
+	Operation          string
 }
 
 type Order struct {

@@ -15,15 +15,18 @@ import (
 	"syscall"
 )
 
-// The crash points of a charge, in the order an execution passes them.
+// The crash points, in the order an execution passes them. The last two
+// are in the step every external effect shares (package effect), so
+// charges and refunds both pass them.
 const (
-	// AfterChargeCreated: phase 1 committed (charge row pending, record at
-	// charge_created); the processor was not called.
+	// AfterChargeCreated: a charge's create phase committed (charge row
+	// pending, record at charge_created); the processor was not called.
 	AfterChargeCreated = "after_charge_created"
-	// AfterProcessorCall: the processor answered (the card is charged);
-	// nothing of its answer is recorded.
+	// AfterProcessorCall: the processor answered (the card is charged, or
+	// refunded); nothing of its answer is recorded.
 	AfterProcessorCall = "after_processor_call"
-	// BeforeFinalCommit: phase 3's writes are done but not committed.
+	// BeforeFinalCommit: the final phase's writes are done but not
+	// committed.
 	BeforeFinalCommit = "before_final_commit"
 )
 

@@ -23,8 +23,11 @@ import (
 // Request is one keyed request: who sent it, under which key, and what it
 // asked for.
 type Request struct {
-	CallerID    string
-	Key         string
+	CallerID string
+	Key      string
+	// Operation is the contract's operationId (createCharge). It is stored
+	// with the record and names the Handler that resumes it (see Registry).
+	Operation   string
 	Method      string
 	Path        string
 	Fingerprint []byte
@@ -304,7 +307,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	// sees that row. Twice is enough; a third try is for safety, not need.
 	for range 3 {
 		row, err = s.queries.ClaimIdempotencyKey(ctx, s.pool, dbsqlc.ClaimIdempotencyKeyParams{
-			CallerID: req.CallerID, Key: req.Key, RequestMethod: req.Method, RequestPath: req.Path,
+			CallerID: req.CallerID, Key: req.Key, Operation: req.Operation, RequestMethod: req.Method, RequestPath: req.Path,
 			RequestFingerprint: req.Fingerprint, LeaseSeconds: s.lease.Seconds(),
 		})
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -472,6 +475,6 @@ func recordFromClaim(r dbsqlc.ClaimIdempotencyKeyRow) dbsqlc.IdempotencyKey {
 		RequestPath: r.RequestPath, RequestFingerprint: r.RequestFingerprint,
 		ResponseStatus: r.ResponseStatus, ResponseHeaders: r.ResponseHeaders, ResponseBody: r.ResponseBody,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
-		NextAttemptAt: r.NextAttemptAt, ReconcilerAttempts: r.ReconcilerAttempts,
+		NextAttemptAt: r.NextAttemptAt, ReconcilerAttempts: r.ReconcilerAttempts, Operation: r.Operation,
 	}
 }

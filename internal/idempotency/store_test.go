@@ -38,7 +38,7 @@ func testRequest(t *testing.T, key string) Request {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Request{CallerID: "acme", Key: key, Method: "POST", Path: "/v1/orders", Fingerprint: fp}
+	return Request{CallerID: "acme", Key: key, Operation: "createOrder", Method: "POST", Path: "/v1/orders", Fingerprint: fp}
 }
 
 // expireLease simulates the passage of the lease on the database clock:

@@ -224,3 +224,7 @@ func FetchLedger(ctx context.Context, baseURL string) ([]LedgerEntry, error) {
 	}
 	return list.Data, nil
 }
+
+// SignatureHeader carries the signature of a webhook this processor sends
+// (the scheme of package signature).
+const SignatureHeader = "Processor-Signature"

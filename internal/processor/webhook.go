@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/ids"
+	"github.com/retrysafe/payments/internal/signature"
 )
 
 // emit queues an event for delivery, twice with the chaos probability of a
@@ -203,7 +204,7 @@ func (d *deliverer) send(body []byte) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "retrysafe-fake-processor")
-	req.Header.Set(SignatureHeader, Sign(d.secret, d.now(), body))
+	req.Header.Set(SignatureHeader, signature.Sign(d.secret, d.now(), body))
 	res, err := d.client.Do(req)
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/signature"
 )
 
 // receiver is a webhook endpoint that verifies every delivery, as the
@@ -35,7 +36,7 @@ func newReceiver(t *testing.T, secret string) *receiver {
 			return
 		}
 		// Verify first, before looking at the body at all.
-		if err := processor.Verify(rc.secret, r.Header.Get(processor.SignatureHeader), body, time.Now(), processor.DefaultTolerance); err != nil {
+		if err := signature.Verify(rc.secret, r.Header.Get(processor.SignatureHeader), body, time.Now(), signature.DefaultTolerance); err != nil {
 			t.Errorf("delivery failed verification: %v", err)
 			http.Error(w, "bad signature", http.StatusBadRequest)
 			return

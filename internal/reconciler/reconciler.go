@@ -7,6 +7,10 @@
 //
 // Several reconcilers (one per server replica) can run at once: each claim
 // uses FOR UPDATE SKIP LOCKED, so a record goes to one of them.
+//
+// It has no code of its own for any operation: it runs the handler that
+// the operation registered (idempotency.Registry), the same one a client's
+// retry runs, so an operation's phases live in one place.
 package reconciler
 
 import (
@@ -15,9 +19,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/retry"
+	"github.com/retrysafe/payments/internal/worker"
 )
 
 // Config tunes the reconciler.
@@ -32,54 +36,82 @@ type Config struct {
 	// dead) instead of tried again. MaxAttempts counts the reconciler's own
 	// tries (reconciler_attempts), not a client's retries: a client
 	// retrying through an outage must not use up the reconciler's patience.
-	MaxAttempts int32
+	MaxAttempts int
 	MaxAge      time.Duration
 	// BackoffBase and BackoffCap shape the delay before the next try after
 	// a transient failure: full jitter, random(0, min(cap, base·2^attempt)).
 	BackoffBase, BackoffCap time.Duration
-	// RetriesPerScan and RetryBurst are the retry budget: every record the
-	// reconciler takes is a retry, so it may take at most RetriesPerScan
-	// more per scan, saved up to RetryBurst. During an outage of the
-	// processor this caps the load the reconciler adds to it.
-	RetriesPerScan, RetryBurst int
+	// RetriesPerInterval and RetryBurst are the retry budget: every record
+	// the reconciler takes is a retry, so it may take at most
+	// RetriesPerInterval more per Interval of time, saved up to RetryBurst
+	// (the budget starts full). During an outage of the processor this caps
+	// the load the reconciler adds to it, however fast it loops.
+	RetriesPerInterval, RetryBurst int
+	// Clock tells the time for the budget; nil is time.Now. Tests pass a
+	// clock they move by hand.
+	Clock func() time.Time
+}
+
+func (c Config) validate() error {
+	var p worker.Problems
+	p.Check(c.Interval > 0, "Interval must be positive")
+	p.Check(c.Batch >= 1, "Batch must be at least 1")
+	p.Check(c.Lease > 0, "Lease must be positive")
+	p.Check(c.MaxAttempts >= 1, "MaxAttempts must be at least 1")
+	p.Check(c.MaxAge > 0, "MaxAge must be positive")
+	p.Check(c.BackoffBase > 0 && c.BackoffCap >= c.BackoffBase, "BackoffBase must be positive and BackoffCap at least BackoffBase")
+	p.Check(c.RetriesPerInterval >= 1 && c.RetryBurst >= c.RetriesPerInterval, "RetriesPerInterval must be at least 1 and RetryBurst at least RetriesPerInterval")
+	return p.Err("reconciler")
 }
 
 // Reconciler is the background worker.
 type Reconciler struct {
-	cfg     Config
-	budget  *retry.Budget
-	store   *idempotency.Store
-	charges charges.Deps
-	log     *slog.Logger
+	cfg        Config
+	budget     *retry.Budget
+	lastRefill time.Time
+	store      *idempotency.Store
+	operations *idempotency.Registry
+	log        *slog.Logger
 }
 
-// New returns a reconciler over store, resuming charges with deps.
-func New(cfg Config, store *idempotency.Store, deps charges.Deps, log *slog.Logger) *Reconciler {
-	return &Reconciler{cfg: cfg, budget: retry.NewBudget(0, cfg.RetryBurst), store: store, charges: deps, log: log}
+// New returns a reconciler over store that resumes each record with the
+// handler its operation registered in operations. It refuses an invalid
+// configuration.
+func New(cfg Config, store *idempotency.Store, operations *idempotency.Registry, log *slog.Logger) (*Reconciler, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	return &Reconciler{cfg: cfg, budget: retry.NewBudget(0, cfg.RetryBurst), store: store, operations: operations, log: log}, nil
 }
 
 // Run scans until ctx is done.
 func (r *Reconciler) Run(ctx context.Context) {
-	for {
-		n, err := r.RunOnce(ctx)
-		if err != nil && ctx.Err() == nil {
-			r.log.WarnContext(ctx, "reconciler scan failed", "err", err)
-		}
-		if n == r.cfg.Batch && err == nil {
-			continue // a full batch: there may be more (the budget still applies)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(r.cfg.Interval):
-		}
+	worker.Run(ctx, "reconciler", r.cfg.Interval, r.cfg.Batch, r.log, r.RunOnce)
+}
+
+// refill deposits RetriesPerInterval for every whole Interval since the
+// last refill. The budget is refilled by time, not by scans: the loop runs
+// again at once after a full batch, and a deposit per scan would let it
+// retry without limit.
+func (r *Reconciler) refill() {
+	now := r.cfg.Clock()
+	if r.lastRefill.IsZero() {
+		r.lastRefill = now // the budget starts full
+		return
+	}
+	if periods := int(now.Sub(r.lastRefill) / r.cfg.Interval); periods > 0 {
+		r.budget.Deposit(periods * r.cfg.RetriesPerInterval)
+		r.lastRefill = r.lastRefill.Add(time.Duration(periods) * r.cfg.Interval)
 	}
 }
 
 // RunOnce claims one batch of stale records and handles each; it returns
 // how many it claimed.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
-	r.budget.Deposit(r.cfg.RetriesPerScan)
+	r.refill()
 	allowed := r.budget.SpendUpTo(r.cfg.Batch)
 	if allowed == 0 {
 		return 0, nil // out of budget: the records wait for a later scan
@@ -103,7 +135,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 
 func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 	rec := l.Record()
-	log := r.log.With("caller", rec.CallerID, "key_id", rec.ID, "path", rec.RequestPath,
+	log := r.log.With("caller", rec.CallerID, "key_id", rec.ID, "operation", rec.Operation, "path", rec.RequestPath,
 		"recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
 	// A record started is finished even if the reconciler is told to stop
 	// meanwhile (its writes must not be cut off halfway), bounded by the
@@ -114,7 +146,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 	// The age is judged on this process's clock; MaxAge is hours, so the
 	// skew between replicas does not matter here (leases use the
 	// database's clock).
-	if rec.ReconcilerAttempts > r.cfg.MaxAttempts || time.Since(rec.CreatedAt) > r.cfg.MaxAge {
+	if int(rec.ReconcilerAttempts) > r.cfg.MaxAttempts || time.Since(rec.CreatedAt) > r.cfg.MaxAge {
 		if err := l.Bury(ctx); err != nil {
 			log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
 			return
@@ -123,46 +155,37 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 		return
 	}
 
-	// Past their first phase, charges and refunds carry everything a resume
-	// needs in their own rows, so the handler needs only the caller.
-	var resume idempotency.Handler
-	switch l.RecoveryPoint() {
-	case idempotency.RecoveryStarted:
+	if l.RecoveryPoint() == idempotency.RecoveryStarted {
 		// The first phase never committed, so nothing happened, locally or
-		// at the processor. Free the key; a client retry runs afresh.
+		// downstream, whatever the operation. Free the key; a client retry
+		// runs afresh.
 		if err := l.Abandon(ctx); err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
 			log.WarnContext(ctx, "reconciler: abandon failed", "err", err)
 			return
 		}
 		log.InfoContext(ctx, "reconciler: abandoned an operation that never started")
 		return
-	case charges.RecoveryChargeCreated:
-		resume = func(ctx context.Context, l *idempotency.Lease) error {
-			return charges.Run(ctx, r.charges, l, charges.Request{CallerID: rec.CallerID})
-		}
-	case charges.RecoveryRefundCreated:
-		resume = func(ctx context.Context, l *idempotency.Lease) error {
-			return charges.RunRefund(ctx, r.charges, l, charges.RefundRequest{CallerID: rec.CallerID})
-		}
 	}
-	if resume != nil {
-		// After a transient failure the lease is released at once (a
-		// client's retry may resume the record any time) and the
-		// reconciler's own next try waits out its backoff.
-		resp, err := r.store.Drive(ctx, l, resume, r.backoff(rec.ReconcilerAttempts))
-		if err != nil {
-			log.InfoContext(ctx, "reconciler: not finished, will try again", "err", err)
+	resume, ok := r.operations.Lookup(rec.Operation)
+	if !ok {
+		// An operation this build does not know how to resume: a person
+		// must look.
+		if err := l.Bury(ctx); err != nil {
+			log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
 			return
 		}
-		log.InfoContext(ctx, "reconciler: finished an operation", "status", resp.Status)
+		log.ErrorContext(ctx, "reconciler: no handler registered for the operation; set aside")
 		return
 	}
-	// A recovery point this code does not know: a person must look.
-	if err := l.Bury(ctx); err != nil {
-		log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
+	// After a transient failure the lease is released at once (a client's
+	// retry may resume the record any time) and the reconciler's own next
+	// try waits out its backoff.
+	resp, err := r.store.Drive(ctx, l, resume, r.backoff(rec.ReconcilerAttempts))
+	if err != nil {
+		log.InfoContext(ctx, "reconciler: not finished, will try again", "err", err)
 		return
 	}
-	log.ErrorContext(ctx, "reconciler: unknown recovery point; operation set aside")
+	log.InfoContext(ctx, "reconciler: finished an operation", "status", resp.Status)
 }
 
 // backoff is the shared full-jitter policy.

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,8 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
-	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/problem"
@@ -32,7 +34,8 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 type fixture struct {
 	pool         *pgxpool.Pool
 	store        *idempotency.Store
-	deps         charges.Deps
+	charges      *charges.Service
+	operations   *idempotency.Registry
 	processorURL string
 }
 
@@ -48,27 +51,30 @@ func newFixture(t *testing.T, flakyFailures int) *fixture {
 	}
 	srv := httptest.NewServer(proc)
 	t.Cleanup(func() { proc.Close(); srv.Close() })
+	chargeService := charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second), faults.CrashPoints{})
+	operations := idempotency.NewRegistry()
+	operations.Register(charges.Operation, chargeService.Resume)
 	return &fixture{
-		pool:  pool,
-		store: idempotency.NewStore(pool, time.Minute, quiet),
-		deps: charges.Deps{
-			DB:        pool,
-			Processor: charges.NewProcessorClient(srv.URL, 5*time.Second),
-			Render: func(ch dbsqlc.Charge) (*idempotency.Response, error) {
-				return idempotency.JSONResponse(http.StatusCreated, nil, map[string]string{"id": ch.ID})
-			},
-		},
+		pool:         pool,
+		store:        idempotency.NewStore(pool, time.Minute, quiet),
+		charges:      chargeService,
+		operations:   operations,
 		processorURL: srv.URL,
 	}
 }
 
-func (f *fixture) reconciler(maxAttempts int32) *reconciler.Reconciler {
-	return reconciler.New(reconciler.Config{
+func (f *fixture) reconciler(t *testing.T, maxAttempts int) *reconciler.Reconciler {
+	t.Helper()
+	r, err := reconciler.New(reconciler.Config{
 		Interval: time.Millisecond, Batch: 4, Lease: time.Minute,
 		MaxAttempts: maxAttempts, MaxAge: time.Hour,
 		BackoffBase: time.Millisecond, BackoffCap: time.Millisecond,
-		RetriesPerScan: 100, RetryBurst: 100,
-	}, f.store, f.deps, quiet)
+		RetriesPerInterval: 100, RetryBurst: 100,
+	}, f.store, f.operations, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // stalledCharge runs a charge whose processor call fails (pm_card_flaky),
@@ -84,9 +90,9 @@ func (f *fixture) stalledCharge(t *testing.T, key string) {
 		t.Fatal(err)
 	}
 	fp, _ := idempotency.Fingerprint("POST", "/v1/orders/"+o.ID+"/charges", []byte(`{"payment_method":"pm_card_flaky"}`))
-	req := idempotency.Request{CallerID: "acme", Key: key, Method: "POST", Path: "/v1/orders/" + o.ID + "/charges", Fingerprint: fp}
+	req := idempotency.Request{CallerID: "acme", Key: key, Operation: charges.Operation, Method: "POST", Path: "/v1/orders/" + o.ID + "/charges", Fingerprint: fp}
 	_, err = f.store.Execute(ctx, req, func(ctx context.Context, l *idempotency.Lease) error {
-		return charges.Run(ctx, f.deps, l, charges.Request{CallerID: "acme", OrderID: o.ID, PaymentMethod: "pm_card_flaky"})
+		return f.charges.Run(ctx, l, charges.Request{CallerID: "acme", OrderID: o.ID, PaymentMethod: "pm_card_flaky"})
 	})
 	if !idempotency.IsRetryable(err) {
 		t.Fatalf("the first charge attempt: %v; want a retryable processor failure", err)
@@ -143,7 +149,7 @@ func TestTwoReconcilersFinishEachChargeOnce(t *testing.T) {
 	if got := f.statuses(t)["in_progress/charge_created"]; got != n {
 		t.Fatalf("%d stalled records; want %d", got, n)
 	}
-	a, b := f.reconciler(5), f.reconciler(5)
+	a, b := f.reconciler(t, 5), f.reconciler(t, 5)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	claimed := 0
@@ -191,7 +197,7 @@ func TestReconcilerBacksOffThenSetsAside(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 100) // the processor keeps failing
 	f.stalledCharge(t, "hopeless")
-	r := f.reconciler(3)
+	r := f.reconciler(t, 3)
 	for range 10 {
 		if _, err := r.RunOnce(context.Background()); err != nil {
 			t.Fatal(err)
@@ -225,12 +231,12 @@ func TestReconcilerAbandonsNeverStarted(t *testing.T) {
 	ctx := context.Background()
 	fp, _ := idempotency.Fingerprint("POST", "/v1/orders", []byte(`{}`))
 	_, err := f.pool.Exec(ctx, `
-		INSERT INTO idempotency_keys (caller_id, key, request_method, request_path, request_fingerprint, locked_until)
-		VALUES ('acme', 'never-started', 'POST', '/v1/orders', $1, now() - interval '1 second')`, fp)
+		INSERT INTO idempotency_keys (caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until)
+		VALUES ('acme', 'never-started', 'createOrder', 'POST', '/v1/orders', $1, now() - interval '1 second')`, fp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.reconciler(5).RunOnce(ctx); err != nil {
+	if _, err := f.reconciler(t, 5).RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var p *problem.Error
@@ -239,37 +245,140 @@ func TestReconcilerAbandonsNeverStarted(t *testing.T) {
 	}
 }
 
-// The retry budget caps how many stalled records one scan may retry, so an
-// outage of the processor is not met with a burst of retries; the rest
-// wait for later scans.
+// The retry budget caps how many stalled records the reconciler retries
+// per interval of time, however fast it scans, so an outage of the
+// processor is not met with a burst of retries; the rest wait. It starts
+// full (the burst) and is refilled by the clock, not by scans: a loop that
+// scans again at once after a full batch must not refill it.
 func TestRetryBudgetThrottlesTheReconciler(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 100) // the processor keeps failing: an outage
 	for i := range 6 {
 		f.stalledCharge(t, fmt.Sprintf("outage-%d", i))
 	}
-	r := reconciler.New(reconciler.Config{
-		Interval: time.Millisecond, Batch: 10, Lease: time.Minute, MaxAttempts: 100, MaxAge: time.Hour,
-		RetriesPerScan: 1, RetryBurst: 2,
-	}, f.store, f.deps, quiet)
-	first, err := r.RunOnce(context.Background())
+	now := time.Now()
+	r, err := reconciler.New(reconciler.Config{
+		Interval: time.Second, Batch: 10, Lease: time.Minute, MaxAttempts: 100, MaxAge: time.Hour,
+		BackoffBase: time.Hour, BackoffCap: time.Hour, // a record tried once is not due again here
+		RetriesPerInterval: 1, RetryBurst: 2,
+		Clock: func() time.Time { return now },
+	}, f.store, f.operations, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := r.RunOnce(context.Background())
+	scan := func() int {
+		n, err := r.RunOnce(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	burst, again := scan(), scan()
+	now = now.Add(time.Second)
+	afterASecond := scan()
+	now = now.Add(3 * time.Second)
+	afterThree := scan()
+	if burst != 2 || again != 0 || afterASecond != 1 || afterThree != 2 {
+		t.Errorf("scans retried %d, %d, then %d after a second and %d after three more; want 2 (the burst), 0, 1, 2 (capped by the burst)",
+			burst, again, afterASecond, afterThree)
+	}
+}
+
+// A reconciler refuses a configuration that could not work, such as a
+// zero batch (which once made its loop spin, ignoring cancellation).
+func TestReconcilerRefusesInvalidConfig(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	good := reconciler.Config{
+		Interval: time.Second, Batch: 1, Lease: time.Minute, MaxAttempts: 3, MaxAge: time.Hour,
+		BackoffBase: time.Second, BackoffCap: time.Minute, RetriesPerInterval: 1, RetryBurst: 1,
+	}
+	if _, err := reconciler.New(good, f.store, f.operations, quiet); err != nil {
+		t.Fatalf("a valid configuration was refused: %v", err)
+	}
+	for name, mutate := range map[string]func(*reconciler.Config){
+		"Batch":              func(c *reconciler.Config) { c.Batch = 0 },
+		"Interval":           func(c *reconciler.Config) { c.Interval = 0 },
+		"Lease":              func(c *reconciler.Config) { c.Lease = -time.Second },
+		"MaxAttempts":        func(c *reconciler.Config) { c.MaxAttempts = 0 },
+		"MaxAge":             func(c *reconciler.Config) { c.MaxAge = 0 },
+		"BackoffCap":         func(c *reconciler.Config) { c.BackoffCap = time.Millisecond },
+		"RetriesPerInterval": func(c *reconciler.Config) { c.RetriesPerInterval = 0 },
+		"RetryBurst":         func(c *reconciler.Config) { c.RetryBurst = 0 },
+	} {
+		cfg := good
+		mutate(&cfg)
+		if _, err := reconciler.New(cfg, f.store, f.operations, quiet); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("bad %s: %v; want an error naming it", name, err)
+		}
+	}
+}
+
+// Run returns once its context is canceled, also while records keep it
+// busy.
+func TestReconcilerStopsWhenCanceled(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 100) // the processor keeps failing
+	for i := range 3 {
+		f.stalledCharge(t, fmt.Sprintf("busy-%d", i))
+	}
+	r := f.reconciler(t, 5)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	waitForAttempt(t, f.pool, 2) // it is working
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context was canceled")
+	}
+}
+
+// A record whose operation has no registered handler is set aside for a
+// person, never guessed at.
+func TestUnknownOperationIsSetAside(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	f.stalledCharge(t, "orphan")
+	bare := idempotency.NewRegistry() // knows no operation
+	r, err := reconciler.New(reconciler.Config{
+		Interval: time.Second, Batch: 1, Lease: time.Minute, MaxAttempts: 3, MaxAge: time.Hour,
+		BackoffBase: time.Second, BackoffCap: time.Minute, RetriesPerInterval: 1, RetryBurst: 1,
+	}, f.store, bare, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A burst of 2 (plus the scan's deposit, capped at 2), then 1 a scan.
-	if first != 2 || second != 1 {
-		t.Errorf("scans retried %d then %d records of 6; want 2 then 1", first, second)
+	if _, err := r.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.statuses(t); got["dead/charge_created"] != 1 {
+		t.Errorf("records %v; want the charge set aside as dead", got)
+	}
+}
+
+func waitForAttempt(t *testing.T, pool *pgxpool.Pool, attempt int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE attempt >= $1`, attempt).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no record reached attempt %d", attempt)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
 // Fencing, end to end: the first owner of a charge stalls inside its
 // processor call (its network pauses) past its lease; the reconciler takes
 // the record over and finishes the charge. When the stalled owner wakes up
-// with the processor's answer, its phase 3 is refused (its attempt is
+// with the processor's answer, its final phase is refused (its attempt is
 // stale): the recovered result stands, and nothing is recorded twice.
 func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 	t.Parallel()
@@ -290,8 +399,7 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 	var once sync.Once
 	unpause := func() { once.Do(func() { close(resume) }) }
 	t.Cleanup(unpause)
-	stalledDeps := f.deps
-	stalledDeps.Processor = charges.NewProcessorClient(paused.URL, 30*time.Second)
+	stalledCharges := charges.NewService(f.pool, cardprocessor.NewClient(paused.URL, 30*time.Second), faults.CrashPoints{})
 
 	o, err := orders.Create(ctx, f.pool, "acme", orders.NewOrder{Amount: 4200, Currency: "usd"})
 	if err != nil {
@@ -299,7 +407,7 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 	}
 	path := "/v1/orders/" + o.ID + "/charges"
 	fp, _ := idempotency.Fingerprint("POST", path, []byte(`{"payment_method":"pm_card_visa"}`))
-	req := idempotency.Request{CallerID: "acme", Key: "stalled-owner", Method: "POST", Path: path, Fingerprint: fp}
+	req := idempotency.Request{CallerID: "acme", Key: "stalled-owner", Operation: charges.Operation, Method: "POST", Path: path, Fingerprint: fp}
 	type result struct {
 		resp *idempotency.Response
 		err  error
@@ -307,18 +415,18 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 	stalled := make(chan result, 1)
 	go func() {
 		resp, err := f.store.Execute(ctx, req, func(ctx context.Context, l *idempotency.Lease) error {
-			return charges.Run(ctx, stalledDeps, l, charges.Request{CallerID: "acme", OrderID: o.ID, PaymentMethod: "pm_card_visa"})
+			return stalledCharges.Run(ctx, l, charges.Request{CallerID: "acme", OrderID: o.ID, PaymentMethod: "pm_card_visa"})
 		})
 		stalled <- result{resp, err}
 	}()
-	<-inCall // phase 1 committed; the owner is inside its processor call
+	<-inCall // the create phase committed; the owner is inside its processor call
 
 	// Its lease runs out (on the database clock), and with it the
 	// reconciler's wait for it; the reconciler recovers.
 	if _, err := f.pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now() - interval '1 second', next_attempt_at = now() - interval '1 second' WHERE key = 'stalled-owner'`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := f.reconciler(5).RunOnce(ctx); err != nil || n != 1 {
+	if n, err := f.reconciler(t, 5).RunOnce(ctx); err != nil || n != 1 {
 		t.Fatalf("reconciler: %d, %v", n, err)
 	}
 	recovered, err := f.store.Get(ctx, "acme", "stalled-owner")

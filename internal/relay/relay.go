@@ -20,8 +20,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/retry"
+	"github.com/retrysafe/payments/internal/signature"
+	"github.com/retrysafe/payments/internal/worker"
 )
 
 // SignatureHeader carries the signature of a delivery, in the processor's
@@ -57,27 +58,29 @@ type Relay struct {
 	log     *slog.Logger
 }
 
-// New returns a relay.
-func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) *Relay {
-	return &Relay{cfg: cfg, pool: pool, queries: dbsqlc.New(), client: &http.Client{Timeout: cfg.Timeout}, log: log}
+func (c Config) validate() error {
+	var p worker.Problems
+	p.Check(c.Interval > 0, "Interval must be positive")
+	p.Check(c.Batch >= 1, "Batch must be at least 1")
+	p.Check(c.Timeout > 0, "Timeout must be positive")
+	// A batch is delivered one event after another, each within Timeout,
+	// all under the lease taken when the batch was claimed.
+	p.Check(c.Lease > time.Duration(max(c.Batch, 1))*c.Timeout, "Lease must be longer than Batch deliveries of Timeout each")
+	p.Check(c.BackoffBase > 0 && c.BackoffCap >= c.BackoffBase, "BackoffBase must be positive and BackoffCap at least BackoffBase")
+	return p.Err("relay")
+}
+
+// New returns a relay. It refuses an invalid configuration.
+func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (*Relay, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Relay{cfg: cfg, pool: pool, queries: dbsqlc.New(), client: &http.Client{Timeout: cfg.Timeout}, log: log}, nil
 }
 
 // Run delivers until ctx is done.
 func (r *Relay) Run(ctx context.Context) {
-	for {
-		n, err := r.RunOnce(ctx)
-		if err != nil && ctx.Err() == nil {
-			r.log.WarnContext(ctx, "relay scan failed", "err", err)
-		}
-		if n == r.cfg.Batch && err == nil {
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(r.cfg.Interval):
-		}
-	}
+	worker.Run(ctx, "relay", r.cfg.Interval, r.cfg.Batch, r.log, r.RunOnce)
 }
 
 // Delivery is the body posted to a caller's endpoint.
@@ -132,7 +135,7 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(SignatureHeader, processor.Sign([]byte(ev.WebhookSecret), time.Now(), body))
+	req.Header.Set(SignatureHeader, signature.Sign([]byte(ev.WebhookSecret), time.Now(), body))
 	res, err := r.client.Do(req)
 	if err != nil {
 		return err

@@ -2,14 +2,13 @@ package server
 
 import (
 	"context"
-	"net/http"
 
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/charges"
-	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
+	"github.com/retrysafe/payments/internal/refunds"
 )
 
 // CreateCharge is keyed, with an external effect: see package charges for
@@ -27,7 +26,7 @@ func (s *Server) CreateCharge(ctx context.Context, req apigen.CreateChargeReques
 	}
 	chargeReq := charges.Request{CallerID: callerID, OrderID: req.OrderId, PaymentMethod: string(req.Body.PaymentMethod)}
 	resp, err := s.keys.Execute(ctx, keyed, func(ctx context.Context, l *idempotency.Lease) error {
-		return charges.Run(ctx, s.charges, l, chargeReq)
+		return s.charges.Run(ctx, l, chargeReq)
 	})
 	if err != nil {
 		return nil, err
@@ -41,10 +40,10 @@ func (s *Server) GetCharge(ctx context.Context, req apigen.GetChargeRequestObjec
 	if err != nil {
 		return nil, err
 	}
-	return apigen.GetCharge200JSONResponse(chargeToAPI(ch)), nil
+	return apigen.GetCharge200JSONResponse(charges.ToAPI(ch)), nil
 }
 
-// CreateRefund is keyed, with an external effect: see package charges.
+// CreateRefund is keyed, with an external effect: see package refunds.
 func (s *Server) CreateRefund(ctx context.Context, req apigen.CreateRefundRequestObject) (apigen.CreateRefundResponseObject, error) {
 	keyed, err := keyedRequest(ctx)
 	if err != nil {
@@ -55,42 +54,15 @@ func (s *Server) CreateRefund(ctx context.Context, req apigen.CreateRefundReques
 	if _, err := charges.Get(ctx, s.pool, callerID, req.ChargeId); err != nil {
 		return nil, err
 	}
-	refundReq := charges.RefundRequest{CallerID: callerID, ChargeID: req.ChargeId}
+	refundReq := refunds.Request{CallerID: callerID, ChargeID: req.ChargeId}
 	if req.Body != nil {
 		refundReq.Amount = req.Body.Amount
 	}
 	resp, err := s.keys.Execute(ctx, keyed, func(ctx context.Context, l *idempotency.Lease) error {
-		return charges.RunRefund(ctx, s.charges, l, refundReq)
+		return s.refunds.Run(ctx, l, refundReq)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return replayable{resp}, nil
-}
-
-func renderRefund(re dbsqlc.Refund) (*idempotency.Response, error) {
-	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/charges/" + re.ChargeID}}, apigen.Refund{
-		Id:        re.ID,
-		ChargeId:  re.ChargeID,
-		Amount:    re.Amount,
-		Status:    apigen.RefundStatus(re.Status),
-		CreatedAt: re.CreatedAt,
-	})
-}
-
-func renderCharge(ch dbsqlc.Charge) (*idempotency.Response, error) {
-	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/charges/" + ch.ID}}, chargeToAPI(ch))
-}
-
-func chargeToAPI(ch dbsqlc.Charge) apigen.Charge {
-	return apigen.Charge{
-		Id:            ch.ID,
-		OrderId:       ch.OrderID,
-		Amount:        ch.Amount,
-		Currency:      apigen.Currency(ch.Currency),
-		Status:        apigen.ChargeStatus(ch.Status),
-		PaymentMethod: ch.PaymentMethod,
-		FailureCode:   ch.FailureCode,
-		CreatedAt:     ch.CreatedAt,
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/processor"
 )
 
@@ -155,7 +156,7 @@ func TestProcessorFailureResumesWithOneEffect(t *testing.T) {
 // the processor answers with the charge it already made.
 func TestLostAnswerIsRecoveredWithoutSecondCharge(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t, withConfig(func(c *Config) { c.ProcessorTimeout = 300 * time.Millisecond }))
+	ts := newTestServer(t, withConfig(func(c *config.Server) { c.ProcessorTimeout = 300 * time.Millisecond }))
 	for _, method := range []string{"pm_card_lostResponse", "pm_card_timeout"} {
 		t.Run(method, func(t *testing.T) {
 			o := ts.newOrder(t, "sk_test_acme", 800)

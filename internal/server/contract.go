@@ -16,19 +16,21 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/ijson"
 	"github.com/retrysafe/payments/internal/problem"
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/signature"
 )
 
-// Idempotency classes, as declared by each operation's x-idempotency
-// extension in api/openapi.yaml. The contract, not the Go code, says which
-// operations take an Idempotency-Key.
-const (
-	classKeyed         = "keyed"
-	classKeyedExternal = "keyed-external"
-)
+// keyedClasses are the idempotency classes, as declared by each
+// operation's x-idempotency extension in api/openapi.yaml, that take an
+// Idempotency-Key. The contract, not the Go code, says which operations
+// those are. The middleware treats both alike (parse the key, fingerprint
+// the request); they differ only in how the handler runs the operation:
+// one transaction for "keyed", atomic phases around an external call for
+// "keyed-external".
+var keyedClasses = map[string]bool{"keyed": true, "keyed-external": true}
 
 // contract enforces api/openapi.yaml on every request to an operation it
 // declares, in the order the idempotency contract requires:
@@ -76,7 +78,7 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 
 		// 2. Parse the Idempotency-Key of keyed operations.
 		class, _ := op.Extensions["x-idempotency"].(string)
-		keyed := class == classKeyed || class == classKeyedExternal
+		keyed := keyedClasses[class]
 		var key string
 		if keyed {
 			if key, err = idempotency.ParseKey(req.Header.Values("Idempotency-Key")); err != nil {
@@ -102,7 +104,7 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		// The processor's webhook has no API key: its signature, over the
 		// raw body, is checked first, before the body is even parsed.
 		if authn, _ := op.Extensions["x-authentication"].(string); authn == "processor-signature" {
-			if err := processor.Verify(s.cfg.ProcessorWebhookSecret, req.Header.Get(processor.SignatureHeader), body, time.Now(), processor.DefaultTolerance); err != nil {
+			if err := signature.Verify(s.cfg.ProcessorWebhookSecret, req.Header.Get(cardprocessor.SignatureHeader), body, time.Now(), signature.DefaultTolerance); err != nil {
 				return problem.New(problem.InvalidSignature, "the Processor-Signature header does not verify: %v", err)
 			}
 		}
@@ -127,6 +129,7 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 			ctx = idempotency.WithRequest(ctx, idempotency.Request{
 				CallerID:    auth.CallerFrom(ctx).ID,
 				Key:         key,
+				Operation:   op.OperationID,
 				Method:      req.Method,
 				Path:        req.URL.Path,
 				Fingerprint: fp,

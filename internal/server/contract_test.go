@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/sweeper"
 )
@@ -204,8 +205,8 @@ func TestExpiredLeaseIsTakenOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = ts.db.Exec(context.Background(), `
-		INSERT INTO idempotency_keys (caller_id, key, request_method, request_path, request_fingerprint, locked_until, created_at)
-		VALUES ('acme', 'crashed', 'POST', '/v1/orders', $1, now() - interval '1 second', now() - interval '1 minute')`, fp)
+		INSERT INTO idempotency_keys (caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until, created_at)
+		VALUES ('acme', 'crashed', 'createOrder', 'POST', '/v1/orders', $1, now() - interval '1 second', now() - interval '1 minute')`, fp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +367,7 @@ func TestKeyAfterRetentionIsNewOperation(t *testing.T) {
 
 func TestIdempotencyKeyRecord(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t, withConfig(func(c *Config) { c.Retention = 36 * time.Hour }))
+	ts := newTestServer(t, withConfig(func(c *config.Server) { c.Retention = 36 * time.Hour }))
 	key := `order 7/b "quoted" 100%`
 	sfKey := `"order 7/b \"quoted\" 100%"`
 	if res := ts.createOrder(t, sfKey, teaOrder); res.Status != http.StatusCreated {

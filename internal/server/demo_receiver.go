@@ -12,8 +12,8 @@ import (
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/problem"
-	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/relay"
+	"github.com/retrysafe/payments/internal/signature"
 )
 
 // demoReceiver is the built-in webhook endpoint the relay delivers the
@@ -36,7 +36,7 @@ func (s *Server) demoReceiver(c echo.Context) error {
 	} else if err != nil {
 		return err
 	}
-	if err := processor.Verify([]byte(secret), c.Request().Header.Get(relay.SignatureHeader), body, time.Now(), processor.DefaultTolerance); err != nil {
+	if err := signature.Verify([]byte(secret), c.Request().Header.Get(relay.SignatureHeader), body, time.Now(), signature.DefaultTolerance); err != nil {
 		return problem.New(problem.InvalidSignature, "the %s header does not verify: %v", relay.SignatureHeader, err)
 	}
 	var d relay.Delivery

@@ -18,10 +18,15 @@ import (
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/retrysafe/payments/internal/apigen"
-
+	"github.com/retrysafe/payments/api"
 	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/cardprocessor"
+	"github.com/retrysafe/payments/internal/charges"
+	"github.com/retrysafe/payments/internal/config"
+	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/reconciler"
+	"github.com/retrysafe/payments/internal/refunds"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -29,16 +34,20 @@ import (
 // idempotency layer) over HTTP, on its own freshly migrated database.
 type testServer struct {
 	URL string
-	cfg Config
+	cfg config.Server
 	// db is the test's own connection to the database, separate from the
 	// server's pool, for arranging and inspecting rows.
 	db *pgxpool.Pool
 	// processorURL is the fake card processor the server charges through.
 	processorURL string
+	// keys and operations are the server's own, for building a reconciler
+	// that resumes exactly as cmd/server's does.
+	keys       *idempotency.Store
+	operations *idempotency.Registry
 }
 
 type serverOptions struct {
-	config func(*Config)
+	config func(*config.Server)
 	wrap   func(http.Handler) http.Handler
 	pool   func(*pgxpool.Config)
 }
@@ -50,7 +59,7 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 		opt(&o)
 	}
 	dbURL := testdb.New(t)
-	cfg, err := LoadConfig(func(string) string { return "" })
+	cfg, err := config.Load(func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +97,16 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	if err := auth.SeedDemoCallers(context.Background(), serverPool); err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(cfg, serverPool, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
+	// Wired as cmd/server wires it.
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	keys := idempotency.NewStore(serverPool, cfg.Lease, log)
+	processorClient := cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
+	chargeService := charges.NewService(serverPool, processorClient, cfg.CrashPoints)
+	refundService := refunds.NewService(serverPool, processorClient, cfg.CrashPoints)
+	operations := idempotency.NewRegistry()
+	operations.Register(charges.Operation, chargeService.Resume)
+	operations.Register(refunds.Operation, refundService.Resume)
+	h, err := New(Deps{Config: cfg, Pool: serverPool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,10 +114,25 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 		h = o.wrap(h)
 	}
 	handler = h
-	return &testServer{URL: srv.URL, cfg: cfg, db: testdb.Pool(t, dbURL), processorURL: procServer.URL}
+	return &testServer{URL: srv.URL, cfg: cfg, db: testdb.Pool(t, dbURL), processorURL: procServer.URL, keys: keys, operations: operations}
 }
 
-func withConfig(f func(*Config)) func(*serverOptions) {
+// reconciler is a reconciler over the test server's database, configured
+// as cmd/server configures it, with the backoff given.
+func (ts *testServer) reconciler(t testing.TB, backoffBase time.Duration) *reconciler.Reconciler {
+	t.Helper()
+	r, err := reconciler.New(reconciler.Config{
+		Interval: ts.cfg.ReconcilerInterval, Batch: 1, Lease: ts.cfg.Lease,
+		MaxAttempts: ts.cfg.ReconcilerMaxAttempts, MaxAge: ts.cfg.ReconcilerMaxAge,
+		BackoffBase: backoffBase, BackoffCap: 5 * time.Minute, RetriesPerInterval: 5, RetryBurst: 20,
+	}, ts.keys, ts.operations, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func withConfig(f func(*config.Server)) func(*serverOptions) {
 	return func(o *serverOptions) { o.config = f }
 }
 
@@ -195,7 +228,7 @@ var (
 // the tests keep the contract honest about what the server does.
 func conformsToContract(req *http.Request, res *http.Response, body []byte) error {
 	contractOnce.Do(func() {
-		spec, err := apigen.GetSwagger()
+		spec, err := api.Load()
 		if err != nil {
 			contractErr = err
 			return

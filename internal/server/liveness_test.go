@@ -4,12 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/processor"
 )
 
@@ -38,7 +37,7 @@ func (ts *testServer) setChaos(t *testing.T, c processor.Chaos) {
 // the processor.
 func TestClientRetryIsNotLockedOutAfterAnOutage(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t, withConfig(func(c *Config) {
+	ts := newTestServer(t, withConfig(func(c *config.Server) {
 		c.Lease = 2 * time.Second
 		c.ProcessorTimeout = time.Second
 		c.ReconcilerInterval = 10 * time.Millisecond
@@ -63,7 +62,7 @@ func TestClientRetryIsNotLockedOutAfterAnOutage(t *testing.T) {
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
-		NewReconciler(ts.cfg, ts.db, slog.New(slog.NewTextHandler(io.Discard, nil))).Run(ctx)
+		ts.reconciler(t, time.Second).Run(ctx)
 	}()
 	waitFor(t, 20*time.Second, "the reconciler's own try during the outage", func() bool {
 		var attempt int

@@ -11,16 +11,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/relay"
+	"github.com/retrysafe/payments/internal/signature"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
 func (ts *testServer) relay(t *testing.T) *relay.Relay {
 	t.Helper()
 	cfg := ts.cfg
-	return relay.New(relay.Config{Batch: 10, Lease: 30 * time.Second, Timeout: 5 * time.Second, DemoURL: ts.URL + "/demo/webhooks/"},
-		testdb.Pool(t, cfg.DatabaseURL), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r, err := relay.New(relay.Config{
+		Interval: time.Second, Batch: 10, Lease: 60 * time.Second, Timeout: 5 * time.Second, DemoURL: ts.URL + "/demo/webhooks/",
+		BackoffBase: time.Millisecond, BackoffCap: time.Millisecond,
+	}, testdb.Pool(t, cfg.DatabaseURL), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 func drain(t *testing.T, r *relay.Relay) {
@@ -89,7 +95,7 @@ func TestRelayRetriesAFailingEndpoint(t *testing.T) {
 	var verified atomic.Int32
 	endpoint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		if processor.Verify([]byte(secret), r.Header.Get(relay.SignatureHeader), body, time.Now(), 0) == nil {
+		if signature.Verify([]byte(secret), r.Header.Get(relay.SignatureHeader), body, time.Now(), 0) == nil {
 			verified.Add(1)
 		}
 		if calls.Add(1) == 1 {
@@ -118,7 +124,7 @@ func TestRelayRetriesAFailingEndpoint(t *testing.T) {
 	// unknown caller exactly alike: this unauthenticated endpoint must not
 	// tell anyone which caller ids exist.
 	now := time.Now()
-	for _, sig := range []string{"t=1,v1=00", processor.Sign([]byte("whsec_guess"), now, []byte(`{"id":"evt_x"}`))} {
+	for _, sig := range []string{"t=1,v1=00", signature.Sign([]byte("whsec_guess"), now, []byte(`{"id":"evt_x"}`))} {
 		known := ts.do(t, request{method: "POST", path: "/demo/webhooks/acme", header: http.Header{relay.SignatureHeader: {sig}}, body: `{"id":"evt_x"}`})
 		known.wantProblem(t, http.StatusBadRequest, "invalid_signature")
 		unknown := ts.do(t, request{method: "POST", path: "/demo/webhooks/no-such-caller", header: http.Header{relay.SignatureHeader: {sig}}, body: `{"id":"evt_x"}`})

@@ -1,6 +1,7 @@
 // Package server is the HTTP face of the service: the contract middleware,
 // the handlers that implement the generated strict server interface, and the
-// one error handler.
+// one error handler. It builds nothing but HTTP: cmd/server wires the
+// domain services it is given (Deps), and runs the background workers.
 package server
 
 import (
@@ -22,21 +23,32 @@ import (
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/charges"
+	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/problem"
-	"github.com/retrysafe/payments/internal/reconciler"
-	"github.com/retrysafe/payments/internal/relay"
+	"github.com/retrysafe/payments/internal/refunds"
 	"github.com/retrysafe/payments/web"
 )
 
+// Deps is what the API needs, built by cmd/server (or a test).
+type Deps struct {
+	Config  config.Server
+	Pool    *pgxpool.Pool
+	Log     *slog.Logger
+	Keys    *idempotency.Store
+	Charges *charges.Service
+	Refunds *refunds.Service
+}
+
 // Server implements the API.
 type Server struct {
-	cfg        Config
+	cfg        config.Server
 	pool       *pgxpool.Pool
 	log        *slog.Logger
 	auth       *auth.Authenticator
 	keys       *idempotency.Store
-	charges    charges.Deps
+	charges    *charges.Service
+	refunds    *refunds.Service
 	router     routers.Router
 	validation openapi3filter.Options
 }
@@ -44,8 +56,8 @@ type Server struct {
 var _ apigen.StrictServerInterface = (*Server)(nil)
 
 // New returns the service's HTTP handler.
-func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (http.Handler, error) {
-	spec, err := apigen.GetSwagger()
+func New(d Deps) (http.Handler, error) {
+	spec, err := api.Load()
 	if err != nil {
 		return nil, fmt.Errorf("load embedded spec: %w", err)
 	}
@@ -57,12 +69,13 @@ func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (http.Handler, error)
 		return nil, fmt.Errorf("route spec: %w", err)
 	}
 	s := &Server{
-		cfg:     cfg,
-		pool:    pool,
-		log:     log,
-		auth:    auth.NewAuthenticator(pool, cfg.AuthCacheTTL),
-		keys:    idempotency.NewStore(pool, cfg.Lease, log),
-		charges: chargeDeps(cfg, pool),
+		cfg:     d.Config,
+		pool:    d.Pool,
+		log:     d.Log,
+		auth:    auth.NewAuthenticator(d.Pool, d.Config.AuthCacheTTL),
+		keys:    d.Keys,
+		charges: d.Charges,
+		refunds: d.Refunds,
 		router:  router,
 		validation: openapi3filter.Options{
 			MultiError: true,
@@ -92,52 +105,6 @@ func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (http.Handler, error)
 	})
 	e.GET("/*", echo.WrapHandler(http.FileServerFS(web.Files)))
 	return e, nil
-}
-
-func chargeDeps(cfg Config, pool *pgxpool.Pool) charges.Deps {
-	return charges.Deps{
-		DB:           pool,
-		Processor:    charges.NewProcessorClient(cfg.ProcessorURL, cfg.ProcessorTimeout),
-		Render:       renderCharge,
-		RenderRefund: renderRefund,
-		Crash:        cfg.CrashPoints,
-	}
-}
-
-// NewReconciler returns the background reconciler, resuming operations
-// exactly as a client's retry through New's handler would.
-func NewReconciler(cfg Config, pool *pgxpool.Pool, log *slog.Logger) *reconciler.Reconciler {
-	return reconciler.New(reconciler.Config{
-		Interval: cfg.ReconcilerInterval,
-		// One record per claim: each claimed record's lease starts at the
-		// claim, so a batch handled one after another would run its last
-		// records on expired leases. Run loops at once while it finds work.
-		Batch:       1,
-		Lease:       cfg.Lease,
-		MaxAttempts: cfg.ReconcilerMaxAttempts,
-		MaxAge:      cfg.ReconcilerMaxAge,
-		BackoffBase: time.Second,
-		BackoffCap:  5 * time.Minute,
-		// At most 5 retries a scan (5/s at the default interval), 20 saved up.
-		RetriesPerScan: 5,
-		RetryBurst:     20,
-	}, idempotency.NewStore(pool, cfg.Lease, log), chargeDeps(cfg, pool), log.With("component", "reconciler"))
-}
-
-// NewRelay returns the outbox relay; demoURL is the base URL of the
-// built-in demo receiver (this server's /demo/webhooks/).
-func NewRelay(cfg Config, pool *pgxpool.Pool, log *slog.Logger, demoURL string) *relay.Relay {
-	return relay.New(relay.Config{
-		Interval: cfg.ReconcilerInterval,
-		// The batch is delivered one event after another within the lease:
-		// 5 × 5s < 30s.
-		Batch:       5,
-		Lease:       30 * time.Second,
-		Timeout:     5 * time.Second,
-		DemoURL:     demoURL,
-		BackoffBase: time.Second,
-		BackoffCap:  time.Hour,
-	}, pool, log.With("component", "relay"))
 }
 
 func decodeJSON(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -10,7 +10,9 @@ import (
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/internal/refunds"
 )
 
 // ReceiveProcessorWebhook applies an event from the processor. Its
@@ -27,13 +29,13 @@ import (
 // and logged once, when it first arrives.
 func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.ReceiveProcessorWebhookRequestObject) (apigen.ReceiveProcessorWebhookResponseObject, error) {
 	ev := req.Body
-	callerID, ok := charges.CallerOfDownstreamKey(ev.Data.DownstreamKey)
+	callerID, ok := effect.CallerOf(ev.Data.DownstreamKey)
 	if !ok {
 		// Not one of our keys: acknowledge, so the processor stops.
 		return apigen.ReceiveProcessorWebhook200JSONResponse{Received: true}, nil
 	}
 	duplicate := false
-	var contradiction *charges.ContradictionError
+	var contradiction *effect.ContradictionError
 	err := postgres.Transact(ctx, s.pool, func(tx pgx.Tx) error {
 		n, err := dbsqlc.New().RecordProcessorEvent(ctx, tx, dbsqlc.RecordProcessorEventParams{
 			CallerID: callerID, EventID: ev.Id, Type: string(ev.Type),
@@ -53,7 +55,7 @@ func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.Receive
 			}
 			_, err = charges.ApplyChargeOutcome(ctx, tx, callerID, ev.Data.DownstreamKey, o)
 		case apigen.ProcessorEventTypeRefundSucceeded:
-			_, err = charges.ApplyRefundSucceeded(ctx, tx, callerID, ev.Data.DownstreamKey, ev.Data.Id)
+			_, err = refunds.ApplySucceeded(ctx, tx, callerID, ev.Data.DownstreamKey, ev.Data.Id)
 		}
 		// A contradiction is found before anything is written, so only the
 		// event id and the note commit with this transaction.

@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/signature"
 )
 
 func signedWebhook(t *testing.T, body string, at time.Time, secret string) request {
 	t.Helper()
 	return request{method: "POST", path: "/webhooks/processor",
-		header: http.Header{"Processor-Signature": {processor.Sign([]byte(secret), at, []byte(body))}}, body: body}
+		header: http.Header{"Processor-Signature": {signature.Sign([]byte(secret), at, []byte(body))}}, body: body}
 }
 
 func TestWebhookSignatureIsCheckedFirst(t *testing.T) {

@@ -37,8 +37,8 @@ func BenchmarkSweepMillion(b *testing.B) {
 				}
 				start := time.Now()
 				if _, err := pool.Exec(context.Background(), `
-					INSERT INTO idempotency_keys (caller_id, key, request_method, request_path, request_fingerprint, locked_until)
-					VALUES ('acme', $1, 'POST', '/v1/orders', '\x00', now() + interval '30 seconds')
+					INSERT INTO idempotency_keys (caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until)
+					VALUES ('acme', $1, 'createOrder', 'POST', '/v1/orders', '\x00', now() + interval '30 seconds')
 					ON CONFLICT (caller_id, key) DO NOTHING`, fmt.Sprintf("claim-%d", i)); err != nil {
 					b.Error(err)
 					return
@@ -70,9 +70,9 @@ func seed(b *testing.B, pool *pgxpool.Pool, n int) {
 	b.Helper()
 	for done := 0; done < n; done += 100_000 {
 		if _, err := pool.Exec(context.Background(), `
-			INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, request_method, request_path,
+			INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, operation, request_method, request_path,
 			                              request_fingerprint, response_status, response_headers, response_body, created_at)
-			SELECT 'acme', 'old-' || g, 'completed', 'finished', 'POST', '/v1/orders', '\x00', 201, '{}', '\x7b7d',
+			SELECT 'acme', 'old-' || g, 'completed', 'finished', 'createOrder', 'POST', '/v1/orders', '\x00', 201, '{}', '\x7b7d',
 			       now() - interval '25 hours' - make_interval(secs => g)
 			FROM generate_series($1::int, $2::int) g`, done, done+99_999); err != nil {
 			b.Fatal(err)

@@ -43,12 +43,12 @@ func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 func insertKeys(t *testing.T, pool *pgxpool.Pool, prefix, status string, age time.Duration, n int) {
 	t.Helper()
 	exec(t, pool, `
-		INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, locked_until, request_method, request_path,
+		INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, locked_until, operation, request_method, request_path,
 		                              request_fingerprint, response_status, response_headers, response_body, created_at)
 		SELECT 'acme', $1 || g, $2,
 		       CASE WHEN $2 = 'completed' THEN 'finished' ELSE 'started' END,
 		       CASE WHEN $2 = 'in_progress' THEN now() ELSE NULL END,
-		       'POST', '/v1/orders', '\x00',
+		       'createOrder', 'POST', '/v1/orders', '\x00',
 		       CASE WHEN $2 = 'completed' THEN 201 END,
 		       CASE WHEN $2 = 'completed' THEN '{}'::jsonb END,
 		       CASE WHEN $2 = 'completed' THEN '\x7b7d'::bytea END,
@@ -172,8 +172,8 @@ func TestSweepDoesNotBlockClaims(t *testing.T) {
 				// A claim that waited on the sweep would miss this bound.
 				claimCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 				_, err := pool.Exec(claimCtx, `
-					INSERT INTO idempotency_keys (caller_id, key, request_method, request_path, request_fingerprint, locked_until)
-					VALUES ('acme', $1, 'POST', '/v1/orders', '\x00', now() + interval '30 seconds')
+					INSERT INTO idempotency_keys (caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until)
+					VALUES ('acme', $1, 'createOrder', 'POST', '/v1/orders', '\x00', now() + interval '30 seconds')
 					ON CONFLICT (caller_id, key) DO NOTHING`, fmt.Sprintf("new-%d-%d", w, i))
 				cancel()
 				if err != nil {

@@ -1,4 +1,15 @@
-package processor
+// Package signature signs and verifies webhook deliveries with one
+// scheme, used in both directions: the card processor signs the events it
+// sends us (Processor-Signature), and the outbox relay signs the events we
+// send to our callers (Payments-Signature), which the demo receiver
+// verifies.
+//
+//	<Header>: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>
+//
+// The timestamp is inside the signed string, so an attacker who captured a
+// delivery cannot re-send it later with a fresh timestamp: Verify rejects
+// the old one as stale and a new one as forged.
+package signature
 
 import (
 	"crypto/hmac"
@@ -10,15 +21,6 @@ import (
 	"time"
 )
 
-// SignatureHeader carries a webhook's signature:
-//
-//	Processor-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>
-//
-// The timestamp is inside the signed string, so an attacker who captured a
-// delivery cannot re-send it later with a fresh timestamp: Verify rejects
-// the old one as stale and a new one as forged.
-const SignatureHeader = "Processor-Signature"
-
 // DefaultTolerance is how far a signature's timestamp may be from the
 // receiver's clock; Verify uses it when given a tolerance <= 0.
 const DefaultTolerance = 5 * time.Minute
@@ -26,16 +28,16 @@ const DefaultTolerance = 5 * time.Minute
 // Errors from Verify; a receiver answers each of them with a 4xx before
 // doing any other work.
 var (
-	ErrSignatureMalformed = errors.New("processor signature: malformed header")
-	ErrSignatureMismatch  = errors.New("processor signature: no matching v1 signature")
-	ErrSignatureStale     = errors.New("processor signature: timestamp outside the tolerance")
-	ErrSignatureNoSecret  = errors.New("processor signature: empty secret")
+	ErrMalformed = errors.New("signature: malformed header")
+	ErrMismatch  = errors.New("signature: no matching v1 signature")
+	ErrStale     = errors.New("signature: timestamp outside the tolerance")
+	ErrNoSecret  = errors.New("signature: empty secret")
 )
 
 // maxSignatureHeader bounds the work a hostile header can cause.
 const maxSignatureHeader = 1024
 
-// Sign returns the Processor-Signature header value for body sent at t.
+// Sign returns the signature header value for body sent at t.
 func Sign(secret []byte, t time.Time, body []byte) string {
 	ts := strconv.FormatInt(t.Unix(), 10)
 	return "t=" + ts + ",v1=" + hex.EncodeToString(mac(secret, ts, body))
@@ -61,13 +63,13 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 	// An empty secret is a misconfiguration: anyone can compute an HMAC
 	// with an empty key, so accepting it would accept forgeries.
 	if len(secret) == 0 {
-		return ErrSignatureNoSecret
+		return ErrNoSecret
 	}
 	if tolerance <= 0 {
 		tolerance = DefaultTolerance
 	}
 	if len(header) > maxSignatureHeader {
-		return ErrSignatureMalformed
+		return ErrMalformed
 	}
 	var (
 		ts    string
@@ -79,28 +81,28 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 	for part := range strings.SplitSeq(header, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
 		if !ok {
-			return ErrSignatureMalformed
+			return ErrMalformed
 		}
 		switch k {
 		case "t":
 			// Two timestamps would make it ambiguous which one was signed.
 			if haveT || !isDigits(v) {
-				return ErrSignatureMalformed
+				return ErrMalformed
 			}
 			if unix, err = strconv.ParseInt(v, 10, 64); err != nil {
-				return ErrSignatureMalformed
+				return ErrMalformed
 			}
 			ts, haveT = v, true
 		case "v1":
 			sig, err := hex.DecodeString(v)
 			if err != nil || len(sig) != sha256.Size {
-				return ErrSignatureMalformed
+				return ErrMalformed
 			}
 			sigs = append(sigs, sig)
 		}
 	}
 	if !haveT || len(sigs) == 0 {
-		return ErrSignatureMalformed
+		return ErrMalformed
 	}
 	// The MAC is over the timestamp exactly as it appears in the header.
 	want := mac(secret, ts, body)
@@ -111,12 +113,12 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 		}
 	}
 	if !match {
-		return ErrSignatureMismatch
+		return ErrMismatch
 	}
 	// Checked after the MAC, so "stale" is only ever said of a genuine
 	// signature, which makes the error useful when debugging clock skew.
 	if d := now.Sub(time.Unix(unix, 0)); d > tolerance || d < -tolerance {
-		return ErrSignatureStale
+		return ErrStale
 	}
 	return nil
 }

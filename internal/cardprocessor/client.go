@@ -1,30 +1,95 @@
-package charges
+// Package cardprocessor is our side of the card processor: the interface
+// the charge and refund operations need (Processor), and a client of the
+// processor's HTTP API that implements it (Client), with the wire types it
+// speaks. The fake processor in internal/processor serves the same API; a
+// fork that uses a real processor implements Processor for it and wires it
+// in cmd/server instead.
+package cardprocessor
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"time"
-
-	"github.com/retrysafe/payments/internal/processor"
 )
 
-// ProcessorClient calls the card processor's API.
-type ProcessorClient struct {
+// Processor moves money. Each call is one attempt under a downstream
+// idempotency key that the processor must honour: the same key always
+// names the same effect, so a call repeated after a crash or a timeout
+// collapses into the first one. Its errors say how certain the outcome is:
+//
+//   - nil: a definite success;
+//   - *DeclinedError (charges) or *RefusedError (refunds): a definite "no",
+//     nothing was done; a final outcome;
+//   - *UncertainError: no definite answer (a timeout, a dropped
+//     connection, a 5xx, a 429); the effect may or may not exist, and the
+//     caller must ask again later under the same key;
+//   - anything else is treated as uncertain too.
+type Processor interface {
+	Charge(ctx context.Context, downstreamKey string, req ChargeRequest) (ChargeResult, error)
+	Refund(ctx context.Context, downstreamKey string, req RefundRequest) (RefundResult, error)
+}
+
+// ChargeRequest is a charge to make: an amount in minor units of currency,
+// from a payment method token (never a card number).
+type ChargeRequest struct {
+	Amount        int64  `json:"amount"`
+	Currency      string `json:"currency"`
+	PaymentMethod string `json:"payment_method"`
+}
+
+// ChargeResult is a charge that succeeded: the processor's id for it.
+type ChargeResult struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+}
+
+// RefundRequest is a refund of amount from the processor's charge.
+type RefundRequest struct {
+	Charge string `json:"charge"`
+	Amount int64  `json:"amount"`
+}
+
+// RefundResult is a refund that succeeded: the processor's id for it.
+type RefundResult struct {
+	ID string `json:"id"`
+}
+
+// SignatureHeader carries the signature of the processor's webhooks (the
+// scheme of package signature).
+const SignatureHeader = "Processor-Signature"
+
+// statusSucceeded is the status of a successful charge on the wire.
+const statusSucceeded = "succeeded"
+
+// errorResponse is the body of every error answer of the processor's API.
+type errorResponse struct {
+	Error struct {
+		Code        string `json:"code"`
+		DeclineCode string `json:"decline_code"`
+		Charge      string `json:"charge"`
+	} `json:"error"`
+}
+
+// Client calls the processor's HTTP API (the fake's, or one that speaks it).
+type Client struct {
 	baseURL string
 	http    *http.Client
 }
 
-// NewProcessorClient returns a client for the processor at baseURL. Each
-// call is bounded by timeout, which must stay well below the idempotency
-// lease: the whole operation, processor call included, has to finish
-// within the lease.
-func NewProcessorClient(baseURL string, timeout time.Duration) *ProcessorClient {
-	return &ProcessorClient{baseURL: baseURL, http: &http.Client{Timeout: timeout}}
+var _ Processor = (*Client)(nil)
+
+// NewClient returns a client for the processor at baseURL. Each call is
+// bounded by timeout, which must stay well below the idempotency lease:
+// the whole operation, processor call included, has to finish within the
+// lease.
+func NewClient(baseURL string, timeout time.Duration) *Client {
+	return &Client{baseURL: baseURL, http: &http.Client{Timeout: timeout}}
 }
 
 // UncertainError means the processor gave no definite answer: a timeout, a
@@ -51,8 +116,8 @@ func (e *DeclinedError) Error() string { return "card declined: " + e.DeclineCod
 // Charge asks the processor to charge req under downstreamKey. It makes one
 // attempt: retries belong to the client of our API and to the reconciler,
 // and a retry loop here would multiply theirs.
-func (c *ProcessorClient) Charge(ctx context.Context, downstreamKey string, req processor.CreateChargeRequest) (processor.Charge, error) {
-	var ch processor.Charge
+func (c *Client) Charge(ctx context.Context, downstreamKey string, req ChargeRequest) (ChargeResult, error) {
+	var ch ChargeResult
 	status, header, resBody, err := c.post(ctx, "/v1/charges", downstreamKey, req)
 	if err != nil {
 		return ch, err
@@ -62,9 +127,12 @@ func (c *ProcessorClient) Charge(ctx context.Context, downstreamKey string, req 
 		if err := json.Unmarshal(resBody, &ch); err != nil {
 			return ch, &UncertainError{Err: fmt.Errorf("decode processor charge: %w", err)}
 		}
+		if ch.Status != statusSucceeded {
+			return ch, &UncertainError{Err: fmt.Errorf("processor answered 201 with status %q", ch.Status)}
+		}
 		return ch, nil
 	case status == http.StatusPaymentRequired:
-		var e processor.ErrorResponse
+		var e errorResponse
 		if err := json.Unmarshal(resBody, &e); err != nil || e.Error.DeclineCode == "" {
 			return ch, &UncertainError{Err: fmt.Errorf("undecodable decline: %s", resBody)}
 		}
@@ -82,7 +150,7 @@ func (c *ProcessorClient) Charge(ctx context.Context, downstreamKey string, req 
 
 // refusalCode is the processor's error code, or a generic one.
 func refusalCode(body []byte, status int) string {
-	var e processor.ErrorResponse
+	var e errorResponse
 	if json.Unmarshal(body, &e) == nil && e.Error.Code != "" {
 		return e.Error.Code
 	}
@@ -91,7 +159,7 @@ func refusalCode(body []byte, status int) string {
 
 // post sends one request under downstreamKey. A failure to get a complete
 // answer is an UncertainError: the processor may have acted.
-func (c *ProcessorClient) post(ctx context.Context, path, downstreamKey string, req any) (int, http.Header, []byte, error) {
+func (c *Client) post(ctx context.Context, path, downstreamKey string, req any) (int, http.Header, []byte, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return 0, nil, nil, err
@@ -138,8 +206,8 @@ func (e *RefusedError) Error() string { return "processor refused the refund: " 
 
 // Refund asks the processor to refund req under downstreamKey, in one
 // attempt (see Charge).
-func (c *ProcessorClient) Refund(ctx context.Context, downstreamKey string, req processor.CreateRefundRequest) (processor.Refund, error) {
-	var re processor.Refund
+func (c *Client) Refund(ctx context.Context, downstreamKey string, req RefundRequest) (RefundResult, error) {
+	var re RefundResult
 	status, header, body, err := c.post(ctx, "/v1/refunds", downstreamKey, req)
 	if err != nil {
 		return re, err
@@ -157,4 +225,12 @@ func (c *ProcessorClient) Refund(ctx context.Context, downstreamKey string, req 
 		return re, &RefusedError{Code: refusalCode(body, status)}
 	}
 	return re, &UncertainError{Err: fmt.Errorf("unexpected processor answer %d", status)}
+}
+
+// IsDefinite reports whether err is a definite "no" from the processor (a
+// decline or a refusal): nothing was done, and the outcome is final.
+func IsDefinite(err error) bool {
+	var declined *DeclinedError
+	var refused *RefusedError
+	return errors.As(err, &declined) || errors.As(err, &refused)
 }

@@ -1,0 +1,250 @@
+// Package config reads the programs' configuration from the environment.
+//
+// It is its own small package, importing nothing of the service, so that
+// each binary links only what it runs: the sweeper reads the database URL
+// and the retention windows here without linking the HTTP server, and
+// without being refused over a setting that only the server uses.
+//
+// Every program reports every invalid variable at once, so that an
+// operator fixes a deployment in one go (see Reader).
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/retrysafe/payments/internal/faults"
+)
+
+// DefaultDatabaseURL is the local PostgreSQL of the README. pool_max_conns
+// is pgx's pool size setting (its own default is 4 on a small machine).
+const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable&pool_max_conns=20"
+
+// DemoProcessorWebhookSecret is the secret the fake card processor signs
+// its webhooks with unless told otherwise. It is public: anything real
+// sets PROCESSOR_WEBHOOK_SECRET.
+const DemoProcessorWebhookSecret = "whsec_test_processor"
+
+// Server is the configuration of cmd/server: the API and the background
+// workers it runs.
+type Server struct {
+	// DatabaseURL is the PostgreSQL connection string (DATABASE_URL).
+	DatabaseURL string
+	// HTTPAddr is the listen address (HTTP_ADDR).
+	HTTPAddr string
+	// The HTTP server's timeouts, so that a slow or idle client cannot hold
+	// a connection for ever:
+	//   - ReadHeaderTimeout (HTTP_READ_HEADER_TIMEOUT): the request line and
+	//     headers must arrive within it.
+	//   - ReadTimeout (HTTP_READ_TIMEOUT): the whole request, body included,
+	//     counted afresh for every request on a connection. The default 10s
+	//     lets the largest allowed body (MaxBodyBytes, 64 KiB) arrive at
+	//     6.4 KiB/s, and cuts off a client that trickles it byte by byte; the
+	//     body's reader then fails and the request is answered 408.
+	//   - WriteTimeout (HTTP_WRITE_TIMEOUT): from the end of the headers to
+	//     the end of the response. A keyed operation may run for up to its
+	//     lease, so this must be longer than the lease, or a slow but
+	//     healthy charge would lose its answer (the client's retry would
+	//     still get it, as a replay).
+	//   - IdleTimeout (HTTP_IDLE_TIMEOUT): how long a keep-alive connection
+	//     may wait for its next request.
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// Lease is how long an execution holds an idempotency key before another
+	// request may take it over (IDEMPOTENCY_LEASE).
+	Lease time.Duration
+	// Retention is how long idempotency keys are remembered
+	// (IDEMPOTENCY_KEY_RETENTION); records show it as expires_at.
+	Retention time.Duration
+	// MaxBodyBytes is the largest request body accepted; larger is a 413
+	// (MAX_BODY_BYTES).
+	MaxBodyBytes int64
+	// SeedDemoCallers creates the demo callers acme and globex at start-up
+	// (SEED_DEMO_CALLERS).
+	SeedDemoCallers bool
+	// ShutdownTimeout bounds the graceful shutdown (SHUTDOWN_TIMEOUT).
+	ShutdownTimeout time.Duration
+	// AuthCacheTTL is how long a known API key is trusted without asking the
+	// database again (AUTH_CACHE_TTL).
+	AuthCacheTTL time.Duration
+	// ProcessorURL is the card processor's base URL (PROCESSOR_URL). Empty
+	// means cmd/server starts the fake processor in-process.
+	ProcessorURL string
+	// ProcessorTimeout bounds one call to the processor (PROCESSOR_TIMEOUT).
+	// It must be well below the lease.
+	ProcessorTimeout time.Duration
+	// ProcessorWebhookSecret verifies the processor's webhook signatures
+	// (PROCESSOR_WEBHOOK_SECRET).
+	ProcessorWebhookSecret []byte
+	// CrashPoints are the test facility's crash points
+	// (FAULT_CRASH_POINTS, comma-separated; see internal/faults). Off by
+	// default; never set in production.
+	CrashPoints faults.CrashPoints
+	// Reconciler runs the reconciler in this process (RECONCILER_ENABLED),
+	// scanning every ReconcilerInterval (RECONCILER_INTERVAL) when idle and
+	// setting aside records past ReconcilerMaxAttempts of its own tries
+	// (RECONCILER_MAX_ATTEMPTS) or ReconcilerMaxAge (RECONCILER_MAX_AGE).
+	Reconciler            bool
+	ReconcilerInterval    time.Duration
+	ReconcilerMaxAttempts int
+	ReconcilerMaxAge      time.Duration
+	// Relay runs the outbox relay in this process (RELAY_ENABLED), scanning
+	// every RelayInterval (RELAY_INTERVAL) when idle.
+	Relay         bool
+	RelayInterval time.Duration
+}
+
+// Load reads the server's configuration through getenv, applying
+// defaults, and reports every invalid variable at once.
+func Load(getenv func(string) string) (Server, error) {
+	r := NewReader(getenv)
+	cfg := Server{
+		DatabaseURL:            r.String("DATABASE_URL", DefaultDatabaseURL),
+		HTTPAddr:               r.String("HTTP_ADDR", ":8080"),
+		ReadHeaderTimeout:      r.Duration("HTTP_READ_HEADER_TIMEOUT", 5*time.Second),
+		ReadTimeout:            r.Duration("HTTP_READ_TIMEOUT", 10*time.Second),
+		WriteTimeout:           r.Duration("HTTP_WRITE_TIMEOUT", 45*time.Second),
+		IdleTimeout:            r.Duration("HTTP_IDLE_TIMEOUT", 60*time.Second),
+		Lease:                  r.Duration("IDEMPOTENCY_LEASE", 30*time.Second),
+		Retention:              r.Duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
+		MaxBodyBytes:           int64(r.Int("MAX_BODY_BYTES", 64<<10, 1)),
+		SeedDemoCallers:        r.Bool("SEED_DEMO_CALLERS", true),
+		ShutdownTimeout:        r.Duration("SHUTDOWN_TIMEOUT", 15*time.Second),
+		AuthCacheTTL:           r.Duration("AUTH_CACHE_TTL", time.Minute),
+		ProcessorURL:           r.String("PROCESSOR_URL", ""),
+		ProcessorTimeout:       r.Duration("PROCESSOR_TIMEOUT", 10*time.Second),
+		ProcessorWebhookSecret: []byte(r.String("PROCESSOR_WEBHOOK_SECRET", DemoProcessorWebhookSecret)),
+		Reconciler:             r.Bool("RECONCILER_ENABLED", true),
+		ReconcilerInterval:     r.Duration("RECONCILER_INTERVAL", time.Second),
+		ReconcilerMaxAttempts:  r.Int("RECONCILER_MAX_ATTEMPTS", 10, 1),
+		ReconcilerMaxAge:       r.Duration("RECONCILER_MAX_AGE", time.Hour),
+		Relay:                  r.Bool("RELAY_ENABLED", true),
+		RelayInterval:          r.Duration("RELAY_INTERVAL", time.Second),
+	}
+	if v := r.String("FAULT_CRASH_POINTS", ""); v != "" {
+		cp, err := faults.Parse(v)
+		r.Check(err == nil, "FAULT_CRASH_POINTS: %v", err)
+		cfg.CrashPoints = cp
+	}
+
+	// The rules between settings.
+	//
+	// A window shorter than the lease would let the sweeper forget an
+	// operation that is still allowed to be running.
+	r.Check(cfg.Retention > cfg.Lease,
+		"IDEMPOTENCY_KEY_RETENTION (%s) must be longer than IDEMPOTENCY_LEASE (%s)", cfg.Retention, cfg.Lease)
+	// A record must be set aside before the sweeper could consider it.
+	r.Check(cfg.ReconcilerMaxAge < cfg.Retention,
+		"RECONCILER_MAX_AGE (%s) must be shorter than IDEMPOTENCY_KEY_RETENTION (%s)", cfg.ReconcilerMaxAge, cfg.Retention)
+	// The lease covers a whole operation, processor call included: a lease
+	// shorter than the call would let a retry take over a live charge.
+	r.Check(cfg.ProcessorTimeout < cfg.Lease,
+		"PROCESSOR_TIMEOUT (%s) must be shorter than IDEMPOTENCY_LEASE (%s)", cfg.ProcessorTimeout, cfg.Lease)
+	r.Check(cfg.ReadHeaderTimeout <= cfg.ReadTimeout,
+		"HTTP_READ_HEADER_TIMEOUT (%s) must not be longer than HTTP_READ_TIMEOUT (%s), which covers the headers too", cfg.ReadHeaderTimeout, cfg.ReadTimeout)
+	r.Check(cfg.WriteTimeout > cfg.Lease,
+		"HTTP_WRITE_TIMEOUT (%s) must be longer than IDEMPOTENCY_LEASE (%s): an operation may run for its whole lease before it answers", cfg.WriteTimeout, cfg.Lease)
+	return cfg, r.Err()
+}
+
+// Sweeper is the configuration of cmd/sweeper: the database and the
+// retention windows, read exactly as the server reads them.
+type Sweeper struct {
+	DatabaseURL string // DATABASE_URL
+	// KeyRetention is IDEMPOTENCY_KEY_RETENTION, the server's window.
+	KeyRetention time.Duration
+	// EventRetention (OUTBOX_EVENT_RETENTION) and WebhookRetention
+	// (WEBHOOK_EVENT_RETENTION) keep delivered events and processed
+	// webhook ids; 30 days each by default.
+	EventRetention, WebhookRetention time.Duration
+}
+
+// LoadSweeper reads the sweeper's configuration through getenv.
+func LoadSweeper(getenv func(string) string) (Sweeper, error) {
+	r := NewReader(getenv)
+	cfg := Sweeper{
+		DatabaseURL:      r.String("DATABASE_URL", DefaultDatabaseURL),
+		KeyRetention:     r.Duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
+		EventRetention:   r.Duration("OUTBOX_EVENT_RETENTION", 30*24*time.Hour),
+		WebhookRetention: r.Duration("WEBHOOK_EVENT_RETENTION", 30*24*time.Hour),
+	}
+	return cfg, r.Err()
+}
+
+// Reader reads environment variables and collects what is wrong with
+// them, instead of stopping at the first: each method returns the default
+// for an invalid value and notes the error; Err reports them all.
+type Reader struct {
+	getenv func(string) string
+	errs   []error
+}
+
+// NewReader returns a Reader over getenv (os.Getenv, or a map in tests).
+func NewReader(getenv func(string) string) *Reader { return &Reader{getenv: getenv} }
+
+// String is the variable name, trimmed, or def when it is unset or blank.
+func (r *Reader) String(name, def string) string {
+	if v := strings.TrimSpace(r.getenv(name)); v != "" {
+		return v
+	}
+	return def
+}
+
+// Duration is a positive Go duration such as 30s or 24h.
+func (r *Reader) Duration(name string, def time.Duration) time.Duration {
+	v := r.String(name, "")
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		r.errs = append(r.errs, fmt.Errorf("%s=%q: want a positive Go duration such as 30s or 24h", name, v))
+		return def
+	}
+	return d
+}
+
+// Int is an integer of at least least.
+func (r *Reader) Int(name string, def, least int) int {
+	v := r.String(name, "")
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < least {
+		r.errs = append(r.errs, fmt.Errorf("%s=%q: want an integer of at least %d", name, v, least))
+		return def
+	}
+	return n
+}
+
+// Bool is true or false (strconv.ParseBool's spellings).
+func (r *Reader) Bool(name string, def bool) bool {
+	v := r.String(name, "")
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		r.errs = append(r.errs, fmt.Errorf("%s=%q: want true or false", name, v))
+		return def
+	}
+	return b
+}
+
+// Check notes a rule between settings that does not hold.
+func (r *Reader) Check(ok bool, format string, args ...any) {
+	if !ok {
+		r.errs = append(r.errs, fmt.Errorf(format, args...))
+	}
+}
+
+// Err reports every problem found, or nil.
+func (r *Reader) Err() error {
+	if err := errors.Join(r.errs...); err != nil {
+		return fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return nil
+}

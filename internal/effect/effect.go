@@ -1,0 +1,116 @@
+// Package effect is the step that every operation with an external effect
+// shares, whatever the effect: call the processor under the operation's
+// downstream idempotency key, outside any transaction, then record a
+// definite answer in the operation's final phase. Charges and refunds both
+// run it; a new operation that moves money runs it too, and so gets the
+// same rules for free:
+//
+//   - no definite answer (a timeout, a 5xx, a 429) is never recorded: the
+//     client gets a 503 with Retry-After, the record stays at its recovery
+//     point, and the next attempt calls again under the same key, which the
+//     processor collapses into one effect;
+//   - once the processor may have acted, no failure of ours becomes a final
+//     answer (see Unresolved);
+//   - the crash points after the call and before the final commit, so that
+//     tests can kill the process at both.
+package effect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/retrysafe/payments/internal/cardprocessor"
+	"github.com/retrysafe/payments/internal/faults"
+	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/problem"
+)
+
+// A FinishFunc is an operation's final phase: it records the processor's
+// definite answer inside tx and returns the operation's final response.
+// refusal is the processor's definite "no" (a *cardprocessor.DeclinedError
+// or *cardprocessor.RefusedError), or nil when answer is a success.
+type FinishFunc[A any] func(ctx context.Context, tx pgx.Tx, answer A, refusal error) (idempotency.Result, error)
+
+// Call makes the external call of the operation held by l and finishes
+// the operation with its answer. call makes exactly one attempt (retries
+// belong to the API's client and to the reconciler: a loop here would
+// multiply theirs). what names the operation for the client ("charge").
+func Call[A any](ctx context.Context, l *idempotency.Lease, crash faults.CrashPoints, what string,
+	call func(context.Context) (A, error), finish FinishFunc[A]) error {
+	answer, err := call(ctx)
+	crash.Crash(faults.AfterProcessorCall)
+
+	var uncertain *cardprocessor.UncertainError
+	switch {
+	case errors.As(err, &uncertain):
+		p := problem.New(problem.ProcessorUnavailable,
+			"the card processor did not give a definite answer; retry with the same Idempotency-Key and the %s resumes (it will not happen twice)", what)
+		p.RetryAfter = max(1, int(math.Ceil(uncertain.RetryAfter.Seconds())))
+		return errors.Join(p, err)
+	case err != nil && !cardprocessor.IsDefinite(err):
+		return Unresolved(err)
+	}
+	refusal := err
+	return Unresolved(l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
+		res, err := finish(ctx, tx, answer, refusal)
+		if err == nil {
+			crash.Crash(faults.BeforeFinalCommit)
+		}
+		return res, err
+	}))
+}
+
+// Unresolved keeps an unexpected failure after the processor may have
+// acted from becoming a final answer. Stored as a 500, it would leave the
+// effect unrecorded for ever; instead the operation stays resumable (a 503
+// for the client), and if it keeps failing the reconciler sets it aside for
+// a person. Problems that are outcomes (a decline, a conflict) and a lost
+// lease pass through.
+func Unresolved(err error) error {
+	var p *problem.Error
+	if err == nil || errors.Is(err, idempotency.ErrLeaseLost) || errors.As(err, &p) {
+		return err
+	}
+	prob := problem.New(problem.ServiceUnavailable,
+		"the operation could not be completed now; retry with the same Idempotency-Key and it resumes")
+	prob.RetryAfter = 1
+	return errors.Join(prob, err)
+}
+
+// ContradictionError is a processor report that contradicts a final state
+// already recorded: a charge recorded as failed now reported succeeded, or
+// the other way round. It is found before anything is written. Nothing is
+// ever changed on such a report; a person must look.
+type ContradictionError struct {
+	Object, ID         string // "charge" or "refund", and its id
+	Recorded, Reported string // the statuses
+}
+
+func (e *ContradictionError) Error() string {
+	return fmt.Sprintf("%s %s is recorded as %s but the processor reports %s", e.Object, e.ID, e.Recorded, e.Reported)
+}
+
+// DownstreamKey is the Idempotency-Key sent to the processor for the local
+// object objectID (ch_… or re_…): "<caller>-<objectID>". The object id is
+// random, so no two operations ever share a key, even across a restore of
+// the database (a sequence would hand out used numbers again, and the
+// processor would replay an old effect). The caller's id in it lets a
+// webhook, which carries the key, find the caller whose rows it is about.
+func DownstreamKey(callerID, objectID string) string {
+	return callerID + "-" + objectID
+}
+
+// CallerOf returns the caller a downstream key belongs to. Object ids
+// never contain a '-', so the caller is everything before the last one.
+func CallerOf(downstreamKey string) (string, bool) {
+	i := strings.LastIndex(downstreamKey, "-")
+	if i <= 0 || i == len(downstreamKey)-1 {
+		return "", false
+	}
+	return downstreamKey[:i], true
+}

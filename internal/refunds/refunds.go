@@ -1,0 +1,246 @@
+// Package refunds returns money from a succeeded charge through the card
+// processor, in full or in part. A refund follows the charge's pattern:
+//
+//	started        → create (one transaction): lock the order, reserve the
+//	                 amount on the charge (a CHECK constraint keeps the
+//	                 reservations within the charged amount), create the
+//	                 refund row (pending) with its downstream key.
+//	refund_created → the processor call with that key (package effect);
+//	                 no definite answer: stop here, nothing stored.
+//	               → finish (one transaction): the refund succeeded (or was
+//	                 refused, and its reservation given back), the outbox
+//	                 event, the stored response.
+//
+// It takes the order's row lock first, as charges do (see package charges).
+package refunds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/payments/internal/apigen"
+	"github.com/retrysafe/payments/internal/cardprocessor"
+	"github.com/retrysafe/payments/internal/charges"
+	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/effect"
+	"github.com/retrysafe/payments/internal/events"
+	"github.com/retrysafe/payments/internal/faults"
+	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/ids"
+	"github.com/retrysafe/payments/internal/problem"
+)
+
+// Operation is the contract's operationId of a refund: the name its
+// records carry, under which its handler is registered for resuming.
+const Operation = "createRefund"
+
+// RecoveryRefundCreated is the point between creating the local refund row
+// and recording the processor's answer.
+const RecoveryRefundCreated idempotency.RecoveryPoint = "refund_created"
+
+// Refund status values.
+const (
+	StatusPending   = "pending"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+)
+
+var queries = dbsqlc.New()
+
+// Request is what a caller asked for; a nil Amount refunds what remains.
+type Request struct {
+	CallerID string
+	ChargeID string
+	Amount   *int64
+}
+
+// Service runs refunds.
+type Service struct {
+	db        *pgxpool.Pool
+	processor cardprocessor.Processor
+	crash     faults.CrashPoints
+}
+
+// NewService returns a Service that refunds through processor. crash is
+// the test facility's crash points (zero: none).
+func NewService(db *pgxpool.Pool, processor cardprocessor.Processor, crash faults.CrashPoints) *Service {
+	return &Service{db: db, processor: processor, crash: crash}
+}
+
+// Run drives the refund operation held by l from its recovery point to its
+// final response, for a fresh claim and for a client's takeover; Resume
+// runs it for the reconciler.
+func (s *Service) Run(ctx context.Context, l *idempotency.Lease, req Request) error {
+	for {
+		switch l.RecoveryPoint() {
+		case idempotency.RecoveryStarted:
+			if err := l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
+				return create(ctx, tx, l.Record(), req)
+			}); err != nil {
+				return err
+			}
+		case RecoveryRefundCreated:
+			rec := l.Record()
+			re, err := queries.GetRefundByKeyRecord(ctx, s.db, dbsqlc.GetRefundByKeyRecordParams{CallerID: rec.CallerID, IdempotencyKeyID: rec.ID})
+			if err != nil {
+				return effect.Unresolved(fmt.Errorf("load refund of key record %d: %w", rec.ID, err))
+			}
+			ch, err := queries.GetCharge(ctx, s.db, dbsqlc.GetChargeParams{CallerID: re.CallerID, ID: re.ChargeID})
+			if err != nil {
+				return effect.Unresolved(fmt.Errorf("load charge %s of refund %s: %w", re.ChargeID, re.ID, err))
+			}
+			return effect.Call(ctx, l, s.crash, "refund",
+				func(ctx context.Context) (cardprocessor.RefundResult, error) {
+					return s.processor.Refund(ctx, re.DownstreamKey, cardprocessor.RefundRequest{Charge: *ch.ProcessorChargeID, Amount: re.Amount})
+				},
+				func(ctx context.Context, tx pgx.Tx, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
+					return finish(ctx, tx, ch, re, answer, refusal)
+				})
+		default:
+			return fmt.Errorf("refund: unknown recovery point %q", l.RecoveryPoint())
+		}
+	}
+}
+
+// Resume drives a refund nobody is finishing, for the reconciler: past its
+// first phase a refund carries everything it needs in its own row. It is
+// registered under Operation.
+func (s *Service) Resume(ctx context.Context, l *idempotency.Lease) error {
+	return s.Run(ctx, l, Request{CallerID: l.Record().CallerID})
+}
+
+// create is the first phase.
+func create(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Request) (idempotency.Result, error) {
+	ch, err := queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: req.CallerID, ID: req.ChargeID})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, problem.New(problem.NotFound, "no charge %q", req.ChargeID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	// The order first (see the lock order in the package comment), then
+	// the charge as it is now: concurrent refunds of one charge queue here.
+	if _, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: ch.CallerID, ID: ch.OrderID}); err != nil {
+		return nil, err
+	}
+	if ch, err = queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: req.CallerID, ID: req.ChargeID}); err != nil {
+		return nil, err
+	}
+	remaining := ch.Amount - ch.AmountRefunded
+	switch {
+	case ch.Status != charges.StatusSucceeded:
+		return nil, problem.New(problem.ChargeNotRefundable, "charge %s is %s; only a succeeded charge can be refunded", ch.ID, ch.Status)
+	case remaining == 0:
+		return nil, problem.New(problem.ChargeNotRefundable, "charge %s is already fully refunded", ch.ID)
+	}
+	amount := remaining
+	if req.Amount != nil {
+		amount = *req.Amount
+	}
+	if amount > remaining {
+		return nil, problem.New(problem.RefundExceedsCharge, "the refund of %d is more than the %d that remains refundable on charge %s", amount, remaining, ch.ID)
+	}
+	_, err = queries.ReserveRefund(ctx, tx, dbsqlc.ReserveRefundParams{Amount: amount, CallerID: ch.CallerID, ID: ch.ID})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.ConstraintName == "refunds_within_charge" {
+		// The lock above makes this unreachable; the constraint is the
+		// guarantee that holds even if a future change forgets the lock.
+		return nil, problem.New(problem.RefundExceedsCharge, "the refund is more than remains refundable on charge %s", ch.ID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	id := ids.New(ids.Refund)
+	if _, err := queries.CreateRefund(ctx, tx, dbsqlc.CreateRefundParams{
+		CallerID: ch.CallerID, ID: id, ChargeID: ch.ID, IdempotencyKeyID: rec.ID,
+		Amount: amount, DownstreamKey: effect.DownstreamKey(ch.CallerID, id),
+	}); err != nil {
+		return nil, err
+	}
+	return RecoveryRefundCreated, nil
+}
+
+// finish is the final phase: record the processor's definite answer.
+func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
+	var refused *cardprocessor.RefusedError
+	if errors.As(refusal, &refused) {
+		// Definitely not refunded: give the reservation back.
+		if _, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: ch.CallerID, ID: ch.OrderID}); err != nil {
+			return nil, err
+		}
+		if _, err := queries.FailRefund(ctx, tx, dbsqlc.FailRefundParams{CallerID: re.CallerID, ID: re.ID}); err != nil {
+			return nil, err
+		}
+		if err := queries.ReleaseRefund(ctx, tx, dbsqlc.ReleaseRefundParams{Amount: re.Amount, CallerID: ch.CallerID, ID: ch.ID}); err != nil {
+			return nil, err
+		}
+		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", refused.Code)), nil
+	}
+	succeeded, err := applySucceeded(ctx, tx, ch, re, answer.ID)
+	if err != nil {
+		return nil, err
+	}
+	return Render(succeeded)
+}
+
+// Render is a refund's successful response, as stored and replayed.
+func Render(re dbsqlc.Refund) (*idempotency.Response, error) {
+	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/charges/" + re.ChargeID}}, apigen.Refund{
+		Id:        re.ID,
+		ChargeId:  re.ChargeID,
+		Amount:    re.Amount,
+		Status:    apigen.RefundStatus(re.Status),
+		CreatedAt: re.CreatedAt,
+	})
+}
+
+// ApplySucceeded records that the refund made under downstreamKey
+// succeeded, as reported by a processor webhook; false for a refund we do
+// not know. Like charges.ApplyChargeOutcome it is idempotent and agrees with the
+// refund's own final phase.
+func ApplySucceeded(ctx context.Context, tx pgx.Tx, callerID, downstreamKey, processorRefundID string) (bool, error) {
+	re, err := queries.GetRefundByDownstreamKey(ctx, tx, dbsqlc.GetRefundByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	ch, err := queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: re.CallerID, ID: re.ChargeID})
+	if err != nil {
+		return false, err
+	}
+	_, err = applySucceeded(ctx, tx, ch, re, processorRefundID)
+	return err == nil, err
+}
+
+// applySucceeded moves a pending refund to succeeded, with its event,
+// and returns it as it now is; an already succeeded refund is left alone.
+func applySucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, processorRefundID string) (dbsqlc.Refund, error) {
+	if _, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: ch.CallerID, ID: ch.OrderID}); err != nil {
+		return re, err
+	}
+	cur, err := queries.GetRefundByKeyRecord(ctx, tx, dbsqlc.GetRefundByKeyRecordParams{CallerID: re.CallerID, IdempotencyKeyID: re.IdempotencyKeyID})
+	if err != nil {
+		return re, err
+	}
+	switch cur.Status {
+	case StatusSucceeded:
+		return cur, nil // recorded already
+	case StatusPending:
+	default:
+		return cur, &effect.ContradictionError{Object: "refund", ID: cur.ID, Recorded: cur.Status, Reported: StatusSucceeded}
+	}
+	if cur, err = queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &processorRefundID}); err != nil {
+		return cur, err
+	}
+	return cur, events.Record(ctx, tx, re.CallerID, events.RefundSucceeded, map[string]any{
+		"refund_id": re.ID, "charge_id": ch.ID, "order_id": ch.OrderID, "amount": re.Amount, "currency": ch.Currency,
+	})
+}
