@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test generate check-generated vet bench bench-sweeper fuzz
+.PHONY: run test generate check-generated vet staticcheck rename check-rename bench bench-sweeper fuzz
 
 # Run the service (API, demo page, spec) on :8080 against the local
 # PostgreSQL; creates the database if missing and migrates it.
@@ -26,8 +26,23 @@ check-generated: generate
 	@test -z "$$(git status --porcelain -- internal/apigen internal/dbsqlc client/apiclient)" || \
 		(echo "untracked generated files: run 'make generate' and commit the result" >&2; git status --porcelain -- internal/apigen internal/dbsqlc client/apiclient >&2; exit 1)
 
+# go vet over the whole module.
 vet:
 	go vet ./...
+
+# staticcheck over the whole module (pinned in go.mod, run with `go tool`).
+staticcheck:
+	go tool staticcheck ./...
+
+# For a fork: rename the Go module everywhere, `make rename MODULE=example.com/you/payments`.
+rename:
+	@test -n "$(MODULE)" || \
+		(echo "MODULE is not set: use 'make rename MODULE=example.com/you/payments'" >&2; exit 1)
+	bash scripts/rename-module.sh "$(MODULE)"
+
+# Rename a temporary copy of the tree and build, vet and test it (needs PostgreSQL).
+check-rename:
+	bash scripts/check-rename.sh
 
 # Hot-path benchmarks through HTTP against the real database; figures are
 # recorded in docs/benchmarks.md.
