@@ -4,16 +4,17 @@ package auth
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
+
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
 // Caller is an authenticated tenant.
 type Caller struct {
@@ -35,10 +36,9 @@ func HashKey(apiKey string) []byte {
 // up to the cache TTL. Unknown keys are not cached (that path is not hot,
 // and caching it would let garbage keys fill memory).
 type Authenticator struct {
-	pool    *pgxpool.Pool
-	queries *dbsqlc.Queries
-	ttl     time.Duration
-	now     func() time.Time
+	pool *pgxpool.Pool
+	ttl  time.Duration
+	now  func() time.Time
 
 	mu    sync.RWMutex
 	cache map[[sha256.Size]byte]cached
@@ -52,7 +52,7 @@ type cached struct {
 // NewAuthenticator returns an Authenticator caching known keys for ttl.
 func NewAuthenticator(pool *pgxpool.Pool, ttl time.Duration) *Authenticator {
 	return &Authenticator{
-		pool: pool, queries: dbsqlc.New(), ttl: ttl, now: time.Now,
+		pool: pool, ttl: ttl, now: time.Now,
 		cache: map[[sha256.Size]byte]cached{},
 	}
 }
@@ -72,8 +72,8 @@ func (a *Authenticator) Authenticate(ctx context.Context, apiKey string) (Caller
 		return c.caller, nil
 	}
 
-	row, err := a.queries.GetCallerByAPIKeyHash(ctx, a.pool, hash[:])
-	if errors.Is(err, pgx.ErrNoRows) {
+	row, err := queries.GetCallerByAPIKeyHash(ctx, a.pool, hash[:])
+	if postgres.IsNotFound(err) {
 		return Caller{}, problem.New(problem.Unauthorized, "the API key is not valid")
 	}
 	if err != nil {
@@ -96,9 +96,8 @@ var DemoCallers = []struct{ ID, Name, APIKey string }{
 
 // SeedDemoCallers creates (or refreshes) the demo callers.
 func SeedDemoCallers(ctx context.Context, db dbsqlc.DBTX) error {
-	q := dbsqlc.New()
 	for _, c := range DemoCallers {
-		if err := q.UpsertCaller(ctx, db, dbsqlc.UpsertCallerParams{ID: c.ID, Name: c.Name, ApiKeyHash: HashKey(c.APIKey)}); err != nil {
+		if err := queries.UpsertCaller(ctx, db, dbsqlc.UpsertCallerParams{ID: c.ID, Name: c.Name, ApiKeyHash: HashKey(c.APIKey)}); err != nil {
 			return err
 		}
 	}

@@ -39,6 +39,8 @@ import (
 	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/ids"
+	"github.com/retrysafe/payments/internal/orders"
+	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
 
@@ -57,7 +59,7 @@ const (
 	StatusFailed    = "failed"
 )
 
-var queries = dbsqlc.New()
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
 // Request is what a caller asked for.
 type Request struct {
@@ -125,10 +127,7 @@ func (s *Service) Resume(ctx context.Context, l *idempotency.Lease) error {
 func create(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Request) (idempotency.Result, error) {
 	// The order's row lock orders this phase against a cancel (which takes
 	// the same lock) and against other charges of the order.
-	o, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: req.CallerID, ID: req.OrderID})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, problem.New(problem.NotFound, "no order %q", req.OrderID)
-	}
+	o, err := orders.Lock(ctx, tx, req.CallerID, req.OrderID)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +210,7 @@ type Outcome struct {
 // other finds it recorded.
 func ApplyChargeOutcome(ctx context.Context, tx pgx.Tx, callerID, downstreamKey string, o Outcome) (bool, error) {
 	ch, err := queries.GetChargeByDownstreamKey(ctx, tx, dbsqlc.GetChargeByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
-	if errors.Is(err, pgx.ErrNoRows) {
+	if postgres.IsNotFound(err) {
 		return false, nil
 	}
 	if err != nil {
@@ -229,7 +228,7 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 	// The order first: see the lock order in the package comment. After the
 	// lock, read the charge again: a concurrent finish or webhook may have
 	// just recorded the outcome.
-	if _, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: ch.CallerID, ID: ch.OrderID}); err != nil {
+	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return ch, err
 	}
 	cur, err := queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: ch.CallerID, ID: ch.ID})
@@ -286,8 +285,5 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 // Get returns the caller's charge id.
 func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (dbsqlc.Charge, error) {
 	ch, err := queries.GetCharge(ctx, db, dbsqlc.GetChargeParams{CallerID: callerID, ID: id})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ch, problem.New(problem.NotFound, "no charge %q", id)
-	}
-	return ch, err
+	return ch, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no charge %q", id) })
 }

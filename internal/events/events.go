@@ -5,12 +5,12 @@ package events
 import (
 	"context"
 	"encoding/json"
-	"errors"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/ids"
+	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
 
@@ -22,7 +22,7 @@ const (
 	RefundSucceeded = "refund.succeeded"
 )
 
-var queries = dbsqlc.New()
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
 // Record writes an event. Call it with the transaction that makes the
 // change: the event then commits, or not, with it.
@@ -40,7 +40,7 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 	p := dbsqlc.ListEventsParams{CallerID: callerID, RowLimit: int32(limit) + 1}
 	if startingAfter != "" {
 		cursor, err := queries.GetEvent(ctx, db, dbsqlc.GetEventParams{CallerID: callerID, ID: startingAfter})
-		if errors.Is(err, pgx.ErrNoRows) {
+		if postgres.IsNotFound(err) {
 			e := problem.New(problem.InvalidRequest, "starting_after names no event of yours")
 			e.Errors = []problem.FieldError{{Field: "starting_after", Message: "no such event"}}
 			return nil, false, e

@@ -20,6 +20,8 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+
 // Request is one keyed request: who sent it, under which key, and what it
 // asked for.
 type Request struct {
@@ -56,10 +58,9 @@ var ErrLeaseLost = errors.New("idempotency: lease lost to a newer attempt")
 
 // Store runs keyed operations against the idempotency_keys table.
 type Store struct {
-	pool    *pgxpool.Pool
-	queries *dbsqlc.Queries
-	lease   time.Duration
-	log     *slog.Logger
+	pool  *pgxpool.Pool
+	lease time.Duration
+	log   *slog.Logger
 }
 
 // NewStore returns a Store whose owners hold their lease for lease. The
@@ -74,7 +75,7 @@ type Store struct {
 // own retry, not a background worker, is what resumes it. A client that
 // does not come back within that time has its operation finished for it.
 func NewStore(pool *pgxpool.Pool, lease time.Duration, log *slog.Logger) *Store {
-	return &Store{pool: pool, queries: dbsqlc.New(), lease: lease, log: log}
+	return &Store{pool: pool, lease: lease, log: log}
 }
 
 // Lease is the right, held by exactly one request (or worker) at a time, to
@@ -139,7 +140,7 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 
 // writeResult writes a phase's result to the record, fenced on the attempt.
 func (l *Lease) writeResult(ctx context.Context, tx dbsqlc.DBTX, result Result) error {
-	q, rec := l.store.queries, l.record
+	q, rec := queries, l.record
 	var n int64
 	var err error
 	switch r := result.(type) {
@@ -266,9 +267,9 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 func (s *Store) current(rec dbsqlc.IdempotencyKey) (*Response, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
-	row, err := s.queries.GetIdempotencyKeyWithLease(ctx, s.pool, dbsqlc.GetIdempotencyKeyWithLeaseParams{CallerID: rec.CallerID, ID: rec.ID})
+	row, err := queries.GetIdempotencyKeyWithLease(ctx, s.pool, dbsqlc.GetIdempotencyKeyWithLeaseParams{CallerID: rec.CallerID, ID: rec.ID})
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case postgres.IsNotFound(err):
 		// The reconciler freed a key whose first phase never committed.
 		return nil, resumable()
 	case err != nil:
@@ -306,11 +307,11 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	// key between this statement's snapshot and its insert; running it again
 	// sees that row. Twice is enough; a third try is for safety, not need.
 	for range 3 {
-		row, err = s.queries.ClaimIdempotencyKey(ctx, s.pool, dbsqlc.ClaimIdempotencyKeyParams{
+		row, err = queries.ClaimIdempotencyKey(ctx, s.pool, dbsqlc.ClaimIdempotencyKeyParams{
 			CallerID: req.CallerID, Key: req.Key, Operation: req.Operation, RequestMethod: req.Method, RequestPath: req.Path,
 			RequestFingerprint: req.Fingerprint, LeaseSeconds: s.lease.Seconds(),
 		})
-		if !errors.Is(err, pgx.ErrNoRows) {
+		if !postgres.IsNotFound(err) {
 			break
 		}
 	}
@@ -337,10 +338,10 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		// lease, or gave up after a transient failure. Take over and resume
 		// from the recovery point, now, whatever the reconciler's schedule:
 		// this request is the caller asking for the operation again.
-		taken, err := s.queries.TakeOverIdempotencyKey(ctx, s.pool, dbsqlc.TakeOverIdempotencyKeyParams{
+		taken, err := queries.TakeOverIdempotencyKey(ctx, s.pool, dbsqlc.TakeOverIdempotencyKeyParams{
 			CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt, LeaseSeconds: s.lease.Seconds(),
 		})
-		if errors.Is(err, pgx.ErrNoRows) {
+		if postgres.IsNotFound(err) {
 			// Another request (or the reconciler) took it over first.
 			resp, err := s.current(rec)
 			return nil, resp, err
@@ -409,7 +410,7 @@ func (s *Store) release(l *Lease, reconcileAfter time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	rec := l.record
-	if _, err := s.queries.ReleaseIdempotencyKey(ctx, s.pool, dbsqlc.ReleaseIdempotencyKeyParams{
+	if _, err := queries.ReleaseIdempotencyKey(ctx, s.pool, dbsqlc.ReleaseIdempotencyKeyParams{
 		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt, ReconcileAfterSeconds: reconcileAfter.Seconds(),
 	}); err != nil {
 		s.log.WarnContext(ctx, "release idempotency key", "err", err, "caller", rec.CallerID, "key_id", rec.ID)
@@ -420,7 +421,7 @@ func (s *Store) release(l *Lease, reconcileAfter time.Duration) {
 // expired, for the reconciler. Several reconcilers may call it at once:
 // each record goes to exactly one of them.
 func (s *Store) ClaimStale(ctx context.Context, n int) ([]*Lease, error) {
-	recs, err := s.queries.ClaimStaleIdempotencyKeys(ctx, s.pool, dbsqlc.ClaimStaleIdempotencyKeysParams{
+	recs, err := queries.ClaimStaleIdempotencyKeys(ctx, s.pool, dbsqlc.ClaimStaleIdempotencyKeysParams{
 		LeaseSeconds: s.lease.Seconds(), MaxRecords: int32(n),
 	})
 	if err != nil {
@@ -437,7 +438,7 @@ func (s *Store) ClaimStale(ctx context.Context, n int) ([]*Lease, error) {
 // done), freeing its key. It returns ErrLeaseLost if the record moved on.
 func (l *Lease) Abandon(ctx context.Context) error {
 	rec := l.record
-	n, err := l.store.queries.AbandonIdempotencyKey(ctx, l.store.pool, dbsqlc.AbandonIdempotencyKeyParams{
+	n, err := queries.AbandonIdempotencyKey(ctx, l.store.pool, dbsqlc.AbandonIdempotencyKeyParams{
 		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
 	})
 	if err == nil && n == 0 {
@@ -450,7 +451,7 @@ func (l *Lease) Abandon(ctx context.Context) error {
 // ErrLeaseLost if the record moved on.
 func (l *Lease) Bury(ctx context.Context) error {
 	rec := l.record
-	n, err := l.store.queries.BuryIdempotencyKey(ctx, l.store.pool, dbsqlc.BuryIdempotencyKeyParams{
+	n, err := queries.BuryIdempotencyKey(ctx, l.store.pool, dbsqlc.BuryIdempotencyKeyParams{
 		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
 	})
 	if err == nil && n == 0 {
@@ -461,11 +462,10 @@ func (l *Lease) Bury(ctx context.Context) error {
 
 // Get returns the caller's record for key.
 func (s *Store) Get(ctx context.Context, callerID, key string) (dbsqlc.IdempotencyKey, error) {
-	rec, err := s.queries.GetIdempotencyKey(ctx, s.pool, dbsqlc.GetIdempotencyKeyParams{CallerID: callerID, Key: key})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return rec, problem.New(problem.NotFound, "no idempotency key %q for this caller (it may never have been used, or its retention window has passed)", key)
-	}
-	return rec, err
+	rec, err := queries.GetIdempotencyKey(ctx, s.pool, dbsqlc.GetIdempotencyKeyParams{CallerID: callerID, Key: key})
+	return rec, postgres.NotFound(err, func() error {
+		return problem.New(problem.NotFound, "no idempotency key %q for this caller (it may never have been used, or its retention window has passed)", key)
+	})
 }
 
 func recordFromClaim(r dbsqlc.ClaimIdempotencyKeyRow) dbsqlc.IdempotencyKey {

@@ -6,7 +6,6 @@ package orders
 
 import (
 	"context"
-	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,7 +23,7 @@ const (
 	StatusCanceled = "canceled"
 )
 
-var queries = dbsqlc.New() // stateless: sqlc's queries take the connection per call
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
 // NewOrder is what a caller asks for. Amount and currency were validated
 // against the contract before any of this runs.
@@ -46,10 +45,7 @@ func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (d
 // exactly like one that does not exist, so ids leak nothing across tenants.
 func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (dbsqlc.Order, error) {
 	o, err := queries.GetOrder(ctx, db, dbsqlc.GetOrderParams{CallerID: callerID, ID: id})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return o, problem.New(problem.NotFound, "no order %q", id)
-	}
-	return o, err
+	return o, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no order %q", id) })
 }
 
 // List returns up to limit of the caller's orders, newest first, starting
@@ -58,7 +54,7 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 	p := dbsqlc.ListOrdersParams{CallerID: callerID, RowLimit: int32(limit) + 1}
 	if startingAfter != "" {
 		cursor, err := queries.GetOrder(ctx, db, dbsqlc.GetOrderParams{CallerID: callerID, ID: startingAfter})
-		if errors.Is(err, pgx.ErrNoRows) {
+		if postgres.IsNotFound(err) {
 			e := problem.New(problem.InvalidRequest, "starting_after names no order of yours")
 			e.Errors = []problem.FieldError{{Field: "starting_after", Message: "no such order"}}
 			return nil, false, e
@@ -79,6 +75,15 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 	return rows, false, nil
 }
 
+// Lock reads the caller's order id and locks its row until tx ends. Every
+// transaction that changes an order or its charges takes this lock first,
+// so that they queue in one order instead of deadlocking (see package
+// charges).
+func Lock(ctx context.Context, tx pgx.Tx, callerID, id string) (dbsqlc.Order, error) {
+	o, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: callerID, ID: id})
+	return o, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no order %q", id) })
+}
+
 // Cancel cancels the caller's order. It is naturally idempotent: canceling a
 // canceled order returns it unchanged. A paid order, or one with a charge in
 // progress, cannot be canceled.
@@ -92,11 +97,7 @@ func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string) (dbsql
 	var o dbsqlc.Order
 	err := postgres.Transact(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		o, err = queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: callerID, ID: id})
-		if errors.Is(err, pgx.ErrNoRows) {
-			return problem.New(problem.NotFound, "no order %q", id)
-		}
-		if err != nil {
+		if o, err = Lock(ctx, tx, callerID, id); err != nil {
 			return err
 		}
 		switch o.Status {

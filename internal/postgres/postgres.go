@@ -169,3 +169,19 @@ func Redact(databaseURL string) string {
 	}
 	return u.Redacted()
 }
+
+// NotFound translates the error of a single-row query: a missing row
+// becomes notFound() (the domain's own answer, such as a 404 problem), any
+// other error is returned as it is, and nil stays nil. With IsNotFound it
+// is the one place that knows how the driver says "no row" (pgx.ErrNoRows),
+// as River's driver translates it once into its own ErrNotFound.
+func NotFound(err error, notFound func() error) error {
+	if IsNotFound(err) {
+		return notFound()
+	}
+	return err
+}
+
+// IsNotFound reports whether err says a single-row query found no row, for
+// the places where a missing row is not an error but a branch.
+func IsNotFound(err error) bool { return errors.Is(err, pgx.ErrNoRows) }

@@ -33,6 +33,8 @@ import (
 	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/ids"
+	"github.com/retrysafe/payments/internal/orders"
+	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
 
@@ -51,7 +53,7 @@ const (
 	StatusFailed    = "failed"
 )
 
-var queries = dbsqlc.New()
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
 // Request is what a caller asked for; a nil Amount refunds what remains.
 type Request struct {
@@ -117,16 +119,13 @@ func (s *Service) Resume(ctx context.Context, l *idempotency.Lease) error {
 
 // create is the first phase.
 func create(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Request) (idempotency.Result, error) {
-	ch, err := queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: req.CallerID, ID: req.ChargeID})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, problem.New(problem.NotFound, "no charge %q", req.ChargeID)
-	}
+	ch, err := charges.Get(ctx, tx, req.CallerID, req.ChargeID)
 	if err != nil {
 		return nil, err
 	}
 	// The order first (see the lock order in the package comment), then
 	// the charge as it is now: concurrent refunds of one charge queue here.
-	if _, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: ch.CallerID, ID: ch.OrderID}); err != nil {
+	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return nil, err
 	}
 	if ch, err = queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: req.CallerID, ID: req.ChargeID}); err != nil {
@@ -171,7 +170,7 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, 
 	var refused *cardprocessor.RefusedError
 	if errors.As(refusal, &refused) {
 		// Definitely not refunded: give the reservation back.
-		if _, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: ch.CallerID, ID: ch.OrderID}); err != nil {
+		if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 			return nil, err
 		}
 		if _, err := queries.FailRefund(ctx, tx, dbsqlc.FailRefundParams{CallerID: re.CallerID, ID: re.ID}); err != nil {
@@ -206,7 +205,7 @@ func Render(re dbsqlc.Refund) (*idempotency.Response, error) {
 // refund's own final phase.
 func ApplySucceeded(ctx context.Context, tx pgx.Tx, callerID, downstreamKey, processorRefundID string) (bool, error) {
 	re, err := queries.GetRefundByDownstreamKey(ctx, tx, dbsqlc.GetRefundByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
-	if errors.Is(err, pgx.ErrNoRows) {
+	if postgres.IsNotFound(err) {
 		return false, nil
 	}
 	if err != nil {
@@ -223,7 +222,7 @@ func ApplySucceeded(ctx context.Context, tx pgx.Tx, callerID, downstreamKey, pro
 // applySucceeded moves a pending refund to succeeded, with its event,
 // and returns it as it now is; an already succeeded refund is left alone.
 func applySucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, processorRefundID string) (dbsqlc.Refund, error) {
-	if _, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: ch.CallerID, ID: ch.OrderID}); err != nil {
+	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return re, err
 	}
 	cur, err := queries.GetRefundByKeyRecord(ctx, tx, dbsqlc.GetRefundByKeyRecordParams{CallerID: re.CallerID, IdempotencyKeyID: re.IdempotencyKeyID})

@@ -25,6 +25,8 @@ import (
 	"github.com/retrysafe/payments/internal/worker"
 )
 
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+
 // SignatureHeader carries the signature of a delivery, in the processor's
 // scheme: t=<unix>,v1=<hex HMAC-SHA256(secret, t + "." + body)>.
 const SignatureHeader = "Payments-Signature"
@@ -51,11 +53,10 @@ type Config struct {
 
 // Relay is the background worker.
 type Relay struct {
-	cfg     Config
-	pool    *pgxpool.Pool
-	queries *dbsqlc.Queries
-	client  *http.Client
-	log     *slog.Logger
+	cfg    Config
+	pool   *pgxpool.Pool
+	client *http.Client
+	log    *slog.Logger
 }
 
 func (c Config) validate() error {
@@ -75,7 +76,7 @@ func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, pool: pool, queries: dbsqlc.New(), client: &http.Client{Timeout: cfg.Timeout}, log: log}, nil
+	return &Relay{cfg: cfg, pool: pool, client: &http.Client{Timeout: cfg.Timeout}, log: log}, nil
 }
 
 // Run delivers until ctx is done.
@@ -94,7 +95,7 @@ type Delivery struct {
 // RunOnce claims the due events and tries to deliver each once; it returns
 // how many it claimed.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
-	due, err := r.queries.ClaimUndeliveredEvents(ctx, r.pool, dbsqlc.ClaimUndeliveredEventsParams{
+	due, err := queries.ClaimUndeliveredEvents(ctx, r.pool, dbsqlc.ClaimUndeliveredEventsParams{
 		MaxEvents: int32(r.cfg.Batch), LeaseSeconds: r.cfg.Lease.Seconds(),
 	})
 	if err != nil {
@@ -105,14 +106,14 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 			delay := r.backoff(ev.DeliveryAttempts)
 			r.log.InfoContext(ctx, "relay: delivery failed, will retry", "caller", ev.CallerID, "event", ev.ID,
 				"attempt", ev.DeliveryAttempts, "retry_in", delay, "err", err)
-			if err := r.queries.RetryEventAfter(ctx, r.pool, dbsqlc.RetryEventAfterParams{
+			if err := queries.RetryEventAfter(ctx, r.pool, dbsqlc.RetryEventAfterParams{
 				CallerID: ev.CallerID, ID: ev.ID, DelaySeconds: delay.Seconds(),
 			}); err != nil {
 				return len(due), err
 			}
 			continue
 		}
-		if err := r.queries.MarkEventDelivered(ctx, r.pool, dbsqlc.MarkEventDeliveredParams{CallerID: ev.CallerID, ID: ev.ID}); err != nil {
+		if err := queries.MarkEventDelivered(ctx, r.pool, dbsqlc.MarkEventDeliveredParams{CallerID: ev.CallerID, ID: ev.ID}); err != nil {
 			return len(due), err
 		}
 	}

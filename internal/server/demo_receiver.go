@@ -2,15 +2,14 @@ package server
 
 import (
 	"crypto/rand"
-	"errors"
 	"io"
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 	"github.com/retrysafe/payments/internal/relay"
 	"github.com/retrysafe/payments/internal/signature"
@@ -26,9 +25,8 @@ func (s *Server) demoReceiver(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	q := dbsqlc.New()
-	secret, err := q.GetCallerWebhookSecret(c.Request().Context(), s.pool, callerID)
-	if errors.Is(err, pgx.ErrNoRows) {
+	secret, err := queries.GetCallerWebhookSecret(c.Request().Context(), s.pool, callerID)
+	if postgres.IsNotFound(err) {
 		// An unknown caller is answered exactly as a known one with a bad
 		// signature, so this unauthenticated endpoint does not tell anyone
 		// which caller ids exist: verify against a secret nobody has.
@@ -43,7 +41,7 @@ func (s *Server) demoReceiver(c echo.Context) error {
 	if err := decodeJSON(body, &d); err != nil || d.ID == "" {
 		return problem.New(problem.InvalidRequest, "not an event delivery")
 	}
-	deliveries, err := q.RecordDemoDelivery(c.Request().Context(), s.pool, dbsqlc.RecordDemoDeliveryParams{
+	deliveries, err := queries.RecordDemoDelivery(c.Request().Context(), s.pool, dbsqlc.RecordDemoDeliveryParams{
 		CallerID: callerID, EventID: d.ID, Type: d.Type,
 	})
 	if err != nil {

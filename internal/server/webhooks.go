@@ -15,6 +15,8 @@ import (
 	"github.com/retrysafe/payments/internal/refunds"
 )
 
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+
 // ReceiveProcessorWebhook applies an event from the processor. Its
 // signature was verified by the contract middleware before anything else.
 // The event id is recorded in the same transaction that applies the event:
@@ -37,7 +39,7 @@ func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.Receive
 	duplicate := false
 	var contradiction *effect.ContradictionError
 	err := postgres.Transact(ctx, s.pool, func(tx pgx.Tx) error {
-		n, err := dbsqlc.New().RecordProcessorEvent(ctx, tx, dbsqlc.RecordProcessorEventParams{
+		n, err := queries.RecordProcessorEvent(ctx, tx, dbsqlc.RecordProcessorEventParams{
 			CallerID: callerID, EventID: ev.Id, Type: string(ev.Type),
 		})
 		if err != nil {
@@ -60,7 +62,7 @@ func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.Receive
 		// A contradiction is found before anything is written, so only the
 		// event id and the note commit with this transaction.
 		if errors.As(err, &contradiction) {
-			return dbsqlc.New().SetProcessorEventContradiction(ctx, tx, dbsqlc.SetProcessorEventContradictionParams{
+			return queries.SetProcessorEventContradiction(ctx, tx, dbsqlc.SetProcessorEventContradictionParams{
 				CallerID: callerID, EventID: ev.Id, Contradiction: ptr(contradiction.Error()),
 			})
 		}

@@ -16,6 +16,8 @@ import (
 	"github.com/retrysafe/payments/internal/dbsqlc"
 )
 
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+
 // Config is what to keep, and how much to delete per statement.
 type Config struct {
 	// KeyRetention is IDEMPOTENCY_KEY_RETENTION, shared with the server.
@@ -42,14 +44,13 @@ type Report struct {
 
 // Sweeper runs sweeps.
 type Sweeper struct {
-	cfg     Config
-	pool    *pgxpool.Pool
-	queries *dbsqlc.Queries
+	cfg  Config
+	pool *pgxpool.Pool
 }
 
 // New returns a sweeper.
 func New(cfg Config, pool *pgxpool.Pool) *Sweeper {
-	return &Sweeper{cfg: cfg, pool: pool, queries: dbsqlc.New()}
+	return &Sweeper{cfg: cfg, pool: pool}
 }
 
 // Sweep runs one sweep over every table. It stops between batches when ctx
@@ -60,17 +61,17 @@ func (s *Sweeper) Sweep(ctx context.Context) (Report, error) {
 	r := Report{DryRun: s.cfg.DryRun}
 	keys, events, hooks := s.cfg.KeyRetention.Seconds(), s.cfg.EventRetention.Seconds(), s.cfg.WebhookRetention.Seconds()
 	var err error
-	if r.StaleInProgress, err = s.queries.CountStaleInProgressKeys(ctx, s.pool, keys); err != nil {
+	if r.StaleInProgress, err = queries.CountStaleInProgressKeys(ctx, s.pool, keys); err != nil {
 		return r, err
 	}
 	if s.cfg.DryRun {
-		if r.Keys, err = s.queries.CountSweepableIdempotencyKeys(ctx, s.pool, keys); err != nil {
+		if r.Keys, err = queries.CountSweepableIdempotencyKeys(ctx, s.pool, keys); err != nil {
 			return r, err
 		}
-		if r.Events, err = s.queries.CountSweepableEvents(ctx, s.pool, events); err != nil {
+		if r.Events, err = queries.CountSweepableEvents(ctx, s.pool, events); err != nil {
 			return r, err
 		}
-		r.WebhookEvents, err = s.queries.CountSweepableProcessorEvents(ctx, s.pool, hooks)
+		r.WebhookEvents, err = queries.CountSweepableProcessorEvents(ctx, s.pool, hooks)
 		r.Duration = time.Since(start)
 		return r, err
 	}
@@ -90,17 +91,17 @@ func (s *Sweeper) Sweep(ctx context.Context) (Report, error) {
 		{&r.Keys, func() (int64, error) {
 			ctx, cancel := stmt()
 			defer cancel()
-			return s.queries.SweepIdempotencyKeys(ctx, s.pool, dbsqlc.SweepIdempotencyKeysParams{RetentionSeconds: keys, Batch: batch})
+			return queries.SweepIdempotencyKeys(ctx, s.pool, dbsqlc.SweepIdempotencyKeysParams{RetentionSeconds: keys, Batch: batch})
 		}},
 		{&r.Events, func() (int64, error) {
 			ctx, cancel := stmt()
 			defer cancel()
-			return s.queries.SweepDeliveredEvents(ctx, s.pool, dbsqlc.SweepDeliveredEventsParams{RetentionSeconds: events, Batch: batch})
+			return queries.SweepDeliveredEvents(ctx, s.pool, dbsqlc.SweepDeliveredEventsParams{RetentionSeconds: events, Batch: batch})
 		}},
 		{&r.WebhookEvents, func() (int64, error) {
 			ctx, cancel := stmt()
 			defer cancel()
-			return s.queries.SweepProcessorEvents(ctx, s.pool, dbsqlc.SweepProcessorEventsParams{RetentionSeconds: hooks, Batch: batch})
+			return queries.SweepProcessorEvents(ctx, s.pool, dbsqlc.SweepProcessorEventsParams{RetentionSeconds: hooks, Batch: batch})
 		}},
 	} {
 		// Batch after batch until a short one: then nothing (visible to us)
