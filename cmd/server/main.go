@@ -44,6 +44,8 @@ import (
 	"github.com/retrysafe/payments/internal/server"
 )
 
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -88,15 +90,14 @@ func startProcessor(log *slog.Logger, webhookURL string, webhookSecret []byte) (
 // event that contradicted a recorded final state and was not applied (kind
 // "processor_event").
 func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) error {
-	q := dbsqlc.New()
-	callers, err := q.ListCallers(ctx, pool)
+	callers, err := queries.ListCallers(ctx, pool)
 	if err != nil {
 		return err
 	}
 	enc := json.NewEncoder(out)
 	for _, c := range callers {
 		// One caller at a time: every query on tenant data names its caller.
-		dead, err := q.ListDeadIdempotencyKeys(ctx, pool, c.ID)
+		dead, err := queries.ListDeadIdempotencyKeys(ctx, pool, c.ID)
 		if err != nil {
 			return err
 		}
@@ -111,7 +112,7 @@ func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) err
 				return err
 			}
 		}
-		contradicting, err := q.ListContradictingProcessorEvents(ctx, pool, c.ID)
+		contradicting, err := queries.ListContradictingProcessorEvents(ctx, pool, c.ID)
 		if err != nil {
 			return err
 		}
