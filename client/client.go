@@ -14,7 +14,7 @@
 //   - what happened (attempts, whether the answer was a replay) returned
 //     with every answer.
 //
-// The backoff and the budget are internal/retry, the policy the server's
+// The backoff and the budget are package retry, the policy the server's
 // reconciler and outbox relay use too.
 package client
 
@@ -30,7 +30,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/client/apiclient"
-	"github.com/retrysafe/payments/internal/retry"
+	"github.com/retrysafe/payments/retry"
 )
 
 // Policy is how a Client retries.

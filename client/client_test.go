@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/client/apiclient"
-	"github.com/retrysafe/payments/internal/retry"
+	"github.com/retrysafe/payments/retry"
 )
 
 const orderJSON = `{"id":"ord_1","amount":100,"currency":"usd","description":null,"status":"pending","created_at":"2026-11-29T20:00:00Z"}`

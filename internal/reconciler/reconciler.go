@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/idempotency"
-	"github.com/retrysafe/payments/internal/retry"
 	"github.com/retrysafe/payments/internal/worker"
+	"github.com/retrysafe/payments/retry"
 )
 
 // Config tunes the reconciler.

@@ -20,9 +20,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/retry"
 	"github.com/retrysafe/payments/internal/signature"
 	"github.com/retrysafe/payments/internal/worker"
+	"github.com/retrysafe/payments/retry"
 )
 
 var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument

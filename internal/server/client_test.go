@@ -8,7 +8,7 @@ import (
 
 	"github.com/retrysafe/payments/client"
 	"github.com/retrysafe/payments/client/apiclient"
-	"github.com/retrysafe/payments/internal/retry"
+	"github.com/retrysafe/payments/retry"
 )
 
 // The project's retry-safe client against the real server and its flaky

@@ -1,6 +1,8 @@
-// Package retry holds the project's retry policy, shared by every
-// background retrier (the reconciler, the outbox relay): full-jitter
-// backoff, and a retry budget.
+// Package retry holds the project's retry policy, shared by the Go client
+// (package client) and by the server's background retriers (the
+// reconciler, the outbox relay): full-jitter backoff, and a retry budget.
+// It is public, outside internal/, because the client's Policy names its
+// Budget: a program that uses the client builds or shares one.
 package retry
 
 import (
