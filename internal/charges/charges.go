@@ -34,6 +34,7 @@ import (
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/derrors"
 	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/faults"
@@ -208,7 +209,8 @@ type Outcome struct {
 // charge we do not know. It is idempotent, and agrees with the final phase
 // of the charge's own operation: whichever comes first records the outcome, the
 // other finds it recorded.
-func ApplyChargeOutcome(ctx context.Context, tx pgx.Tx, callerID, downstreamKey string, o Outcome) (bool, error) {
+func ApplyChargeOutcome(ctx context.Context, tx pgx.Tx, callerID, downstreamKey string, o Outcome) (_ bool, err error) {
+	defer derrors.Wrap(&err, "charges.ApplyChargeOutcome(%s, %q)", callerID, downstreamKey)
 	ch, err := queries.GetChargeByDownstreamKey(ctx, tx, dbsqlc.GetChargeByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
 	if postgres.IsNotFound(err) {
 		return false, nil
@@ -283,7 +285,8 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 }
 
 // Get returns the caller's charge id.
-func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (dbsqlc.Charge, error) {
-	ch, err := queries.GetCharge(ctx, db, dbsqlc.GetChargeParams{CallerID: callerID, ID: id})
+func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (ch dbsqlc.Charge, err error) {
+	defer derrors.Wrap(&err, "charges.Get(%s, %q)", callerID, id)
+	ch, err = queries.GetCharge(ctx, db, dbsqlc.GetChargeParams{CallerID: callerID, ID: id})
 	return ch, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no charge %q", id) })
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/derrors"
 	"github.com/retrysafe/payments/internal/ids"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
@@ -26,7 +27,8 @@ var queries = dbsqlc.New() // stateless: every query takes its connection or tra
 
 // Record writes an event. Call it with the transaction that makes the
 // change: the event then commits, or not, with it.
-func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map[string]any) error {
+func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map[string]any) (err error) {
+	defer derrors.Wrap(&err, "events.Record(%s, %s)", callerID, eventType)
 	b, err := json.Marshal(data)
 	if err != nil {
 		return err
@@ -36,7 +38,8 @@ func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map
 
 // List returns up to limit of the caller's events, newest first, after the
 // event startingAfter when it is not empty, and whether more exist.
-func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) ([]dbsqlc.Event, bool, error) {
+func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Event, _ bool, err error) {
+	defer derrors.Wrap(&err, "events.List(%s)", callerID)
 	p := dbsqlc.ListEventsParams{CallerID: callerID, RowLimit: int32(limit) + 1}
 	if startingAfter != "" {
 		cursor, err := queries.GetEvent(ctx, db, dbsqlc.GetEventParams{CallerID: callerID, ID: startingAfter})

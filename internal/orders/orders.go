@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/derrors"
 	"github.com/retrysafe/payments/internal/ids"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
@@ -34,7 +35,8 @@ type NewOrder struct {
 }
 
 // Create inserts a pending order for callerID.
-func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (dbsqlc.Order, error) {
+func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (_ dbsqlc.Order, err error) {
+	defer derrors.Wrap(&err, "orders.Create(%s)", callerID)
 	return queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{
 		CallerID: callerID, ID: ids.New(ids.Order),
 		Amount: n.Amount, Currency: n.Currency, Description: n.Description,
@@ -43,14 +45,16 @@ func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (d
 
 // Get returns the caller's order id. Another caller's order is "not found",
 // exactly like one that does not exist, so ids leak nothing across tenants.
-func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (dbsqlc.Order, error) {
-	o, err := queries.GetOrder(ctx, db, dbsqlc.GetOrderParams{CallerID: callerID, ID: id})
+func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (o dbsqlc.Order, err error) {
+	defer derrors.Wrap(&err, "orders.Get(%s, %q)", callerID, id)
+	o, err = queries.GetOrder(ctx, db, dbsqlc.GetOrderParams{CallerID: callerID, ID: id})
 	return o, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no order %q", id) })
 }
 
 // List returns up to limit of the caller's orders, newest first, starting
 // after the order startingAfter when it is not empty, and whether more exist.
-func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) ([]dbsqlc.Order, bool, error) {
+func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Order, _ bool, err error) {
+	defer derrors.Wrap(&err, "orders.List(%s)", callerID)
 	p := dbsqlc.ListOrdersParams{CallerID: callerID, RowLimit: int32(limit) + 1}
 	if startingAfter != "" {
 		cursor, err := queries.GetOrder(ctx, db, dbsqlc.GetOrderParams{CallerID: callerID, ID: startingAfter})
@@ -93,9 +97,9 @@ func Lock(ctx context.Context, tx pgx.Tx, callerID, id string) (dbsqlc.Order, er
 // (a new statement, so a new snapshot) sees it. A check without the lock
 // could miss a charge committed a moment later and cancel an order whose
 // card is about to be charged.
-func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string) (dbsqlc.Order, error) {
-	var o dbsqlc.Order
-	err := postgres.Transact(ctx, pool, func(tx pgx.Tx) error {
+func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string) (o dbsqlc.Order, err error) {
+	defer derrors.Wrap(&err, "orders.Cancel(%s, %q)", callerID, id)
+	err = postgres.Transact(ctx, pool, func(tx pgx.Tx) error {
 		var err error
 		if o, err = Lock(ctx, tx, callerID, id); err != nil {
 			return err

@@ -28,6 +28,7 @@ import (
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/derrors"
 	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/faults"
@@ -203,7 +204,8 @@ func Render(re dbsqlc.Refund) (*idempotency.Response, error) {
 // succeeded, as reported by a processor webhook; false for a refund we do
 // not know. Like charges.ApplyChargeOutcome it is idempotent and agrees with the
 // refund's own final phase.
-func ApplySucceeded(ctx context.Context, tx pgx.Tx, callerID, downstreamKey, processorRefundID string) (bool, error) {
+func ApplySucceeded(ctx context.Context, tx pgx.Tx, callerID, downstreamKey, processorRefundID string) (_ bool, err error) {
+	defer derrors.Wrap(&err, "refunds.ApplySucceeded(%s, %q)", callerID, downstreamKey)
 	re, err := queries.GetRefundByDownstreamKey(ctx, tx, dbsqlc.GetRefundByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
 	if postgres.IsNotFound(err) {
 		return false, nil

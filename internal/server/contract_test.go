@@ -352,7 +352,11 @@ func TestKeyAfterRetentionIsNewOperation(t *testing.T) {
 	if _, err := ts.db.Exec(context.Background(), `UPDATE idempotency_keys SET created_at = now() - interval '25 hours' WHERE key = 'old'`); err != nil {
 		t.Fatal(err)
 	}
-	r, err := sweeper.New(sweeper.Config{KeyRetention: ts.cfg.Retention, EventRetention: ts.cfg.Retention, WebhookRetention: ts.cfg.Retention, Batch: 10}, ts.db).Sweep(context.Background())
+	sw, err := sweeper.New(sweeper.Config{KeyRetention: ts.cfg.Retention, EventRetention: ts.cfg.Retention, WebhookRetention: ts.cfg.Retention, Batch: 10}, ts.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := sw.Sweep(context.Background())
 	if err != nil || r.Keys != 1 {
 		t.Fatalf("sweep: %+v, %v; want the expired record deleted", r, err)
 	}

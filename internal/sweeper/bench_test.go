@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/retrysafe/payments/internal/sweeper"
 )
 
 // BenchmarkSweepMillion sweeps 1,000,000 expired idempotency records while
@@ -47,7 +45,7 @@ func BenchmarkSweepMillion(b *testing.B) {
 			}
 		})
 		start := time.Now()
-		r, err := sweeper.New(config(5000), pool).Sweep(context.Background())
+		r, err := newSweeper(b, config(5000), pool).Sweep(context.Background())
 		elapsed := time.Since(start)
 		close(stop)
 		wg.Wait()

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/worker"
 )
 
 var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
@@ -48,9 +49,17 @@ type Sweeper struct {
 	pool *pgxpool.Pool
 }
 
-// New returns a sweeper.
-func New(cfg Config, pool *pgxpool.Pool) *Sweeper {
-	return &Sweeper{cfg: cfg, pool: pool}
+// New returns a sweeper. It refuses a configuration that could not work: a
+// batch under one row, or a window that is not positive (which would delete
+// records the moment they complete).
+func New(cfg Config, pool *pgxpool.Pool) (*Sweeper, error) {
+	var p worker.Problems
+	p.Check(cfg.Batch >= 1, "Batch must be at least 1")
+	p.Check(cfg.KeyRetention > 0 && cfg.EventRetention > 0 && cfg.WebhookRetention > 0, "KeyRetention, EventRetention and WebhookRetention must be positive")
+	if err := p.Err("sweeper"); err != nil {
+		return nil, err
+	}
+	return &Sweeper{cfg: cfg, pool: pool}, nil
 }
 
 // Sweep runs one sweep over every table. It stops between batches when ctx

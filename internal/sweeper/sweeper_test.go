@@ -3,6 +3,7 @@ package sweeper_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,6 +26,29 @@ func newPoolTB(t testing.TB) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	return pool
+}
+
+// newSweeper is sweeper.New for a configuration the test knows is valid.
+func newSweeper(t testing.TB, cfg sweeper.Config, pool *pgxpool.Pool) *sweeper.Sweeper {
+	t.Helper()
+	s, err := sweeper.New(cfg, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// A sweeper refuses a configuration that could not work.
+func TestNewRefusesInvalidConfig(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]sweeper.Config{
+		"Batch":        {KeyRetention: time.Hour, EventRetention: time.Hour, WebhookRetention: time.Hour, Batch: 0},
+		"KeyRetention": {KeyRetention: 0, EventRetention: time.Hour, WebhookRetention: time.Hour, Batch: 10},
+	} {
+		if _, err := sweeper.New(cfg, nil); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("bad %s: %v; want an error naming it", name, err)
+		}
+	}
 }
 
 func config(batch int) sweeper.Config {
@@ -86,7 +110,7 @@ func TestSweepDeletesExactlyWhatExpired(t *testing.T) {
 		  ('acme', 'pevt_old', 'charge.succeeded', now() - interval '25 hours'),
 		  ('acme', 'pevt_new', 'charge.succeeded', now())`)
 
-	dry, err := sweeper.New(sweeper.Config{KeyRetention: window, EventRetention: window, WebhookRetention: window, Batch: 2, DryRun: true}, pool).Sweep(context.Background())
+	dry, err := newSweeper(t, sweeper.Config{KeyRetention: window, EventRetention: window, WebhookRetention: window, Batch: 2, DryRun: true}, pool).Sweep(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +118,7 @@ func TestSweepDeletesExactlyWhatExpired(t *testing.T) {
 		t.Fatalf("dry run %+v; want counts 5/1/1 and nothing deleted", dry)
 	}
 
-	r, err := sweeper.New(config(2), pool).Sweep(context.Background())
+	r, err := newSweeper(t, config(2), pool).Sweep(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +151,7 @@ func TestTwoSweepersAtOnce(t *testing.T) {
 	reports := make([]sweeper.Report, 2)
 	errs := make([]error, 2)
 	for i := range 2 {
-		wg.Go(func() { reports[i], errs[i] = sweeper.New(config(100), pool).Sweep(context.Background()) })
+		wg.Go(func() { reports[i], errs[i] = newSweeper(t, config(100), pool).Sweep(context.Background()) })
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -161,7 +185,7 @@ func TestSweepDoesNotBlockClaims(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() {
-		_, err := sweeper.New(config(500), pool).Sweep(ctx)
+		_, err := newSweeper(t, config(500), pool).Sweep(ctx)
 		done <- err
 	}()
 	var wg sync.WaitGroup
