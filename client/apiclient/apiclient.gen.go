@@ -740,6 +740,14 @@ type Refund struct {
 // Example: succeeded
 type RefundStatus string
 
+// RefundList A page of a charge's refunds, oldest first.
+type RefundList struct {
+	Data []Refund `json:"data"`
+
+	// HasMore Whether more refunds follow; pass the last `id` as `starting_after` to get them.
+	HasMore bool `json:"has_more"`
+}
+
 // WebhookAck The acknowledgement of a processor event.
 type WebhookAck struct {
 	// Duplicate `true` when the event id had already been processed; nothing was changed.
@@ -863,6 +871,16 @@ type Unauthorized = Problem
 // same identity as a short machine-readable string; branch on it, not on `title` or
 // `detail`, which are for people and may change.
 type UnsupportedMediaType = Problem
+
+// ListRefundsParams defines parameters for ListRefunds.
+type ListRefundsParams struct {
+	// Limit The most items to return in one page, 1 to 100.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// StartingAfter A refund id of this charge. The page starts with the refund that comes right after
+	// it (oldest first). An id that does not name a refund of this charge is a `400`.
+	StartingAfter *string `form:"starting_after,omitempty" json:"starting_after,omitempty"`
+}
 
 // CreateRefundParams defines parameters for CreateRefund.
 type CreateRefundParams struct {
@@ -1345,6 +1363,18 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/charges/{charge_id} (the `GetCharge` operationId).
 	GetCharge(ctx context.Context, chargeId ChargeId, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListRefunds List a charge's refunds
+	//
+	// Lists the refunds of one of your charges, oldest first, including `pending` ones (whose
+	// processor outcome is not known yet) and `failed` ones. Pages are cursor-based: pass the
+	// `id` of the last refund of a page as `starting_after` to get the next one. An unknown
+	// charge, or another caller's, is a `404`.
+	//
+	// Idempotency class: **safe** (changes nothing; retry freely).
+	//
+	// Corresponds with GET /v1/charges/{charge_id}/refunds (the `ListRefunds` operationId).
+	ListRefunds(ctx context.Context, chargeId ChargeId, params *ListRefundsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// CreateRefundWithBody Refund a charge
 	//
 	// Returns money from a `succeeded` charge through the card processor, in full or in part.
@@ -1668,6 +1698,28 @@ func (c *Client) GetReadyz(ctx context.Context, reqEditors ...RequestEditorFn) (
 // Corresponds with GET /v1/charges/{charge_id} (the `GetCharge` operationId).
 func (c *Client) GetCharge(ctx context.Context, chargeId ChargeId, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetChargeRequest(c.Server, chargeId)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListRefunds List a charge's refunds
+//
+// Lists the refunds of one of your charges, oldest first, including `pending` ones (whose
+// processor outcome is not known yet) and `failed` ones. Pages are cursor-based: pass the
+// `id` of the last refund of a page as `starting_after` to get the next one. An unknown
+// charge, or another caller's, is a `404`.
+//
+// Idempotency class: **safe** (changes nothing; retry freely).
+//
+// Corresponds with GET /v1/charges/{charge_id}/refunds (the `ListRefunds` operationId).
+func (c *Client) ListRefunds(ctx context.Context, chargeId ChargeId, params *ListRefundsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListRefundsRequest(c.Server, chargeId, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2157,6 +2209,79 @@ func NewGetChargeRequest(server string, chargeId ChargeId) (*http.Request, error
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewListRefundsRequest constructs an http.Request for the ListRefunds method
+func NewListRefundsRequest(server string, chargeId ChargeId, params *ListRefundsParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "charge_id", chargeId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/charges/%s/refunds", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.StartingAfter != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "starting_after", *params.StartingAfter, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -2708,6 +2833,20 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/charges/{charge_id} (the `GetCharge` operationId).
 	GetChargeWithResponse(ctx context.Context, chargeId ChargeId, reqEditors ...RequestEditorFn) (*GetChargeResponse, error)
 
+	// ListRefundsWithResponse List a charge's refunds
+	//
+	// Lists the refunds of one of your charges, oldest first, including `pending` ones (whose
+	// processor outcome is not known yet) and `failed` ones. Pages are cursor-based: pass the
+	// `id` of the last refund of a page as `starting_after` to get the next one. An unknown
+	// charge, or another caller's, is a `404`.
+	//
+	// Idempotency class: **safe** (changes nothing; retry freely).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/charges/{charge_id}/refunds (the `ListRefunds` operationId).
+	ListRefundsWithResponse(ctx context.Context, chargeId ChargeId, params *ListRefundsParams, reqEditors ...RequestEditorFn) (*ListRefundsResponse, error)
+
 	// CreateRefundWithBodyWithResponse Refund a charge
 	//
 	// Returns money from a `succeeded` charge through the card processor, in full or in part.
@@ -3177,6 +3316,103 @@ func (r GetChargeResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetChargeResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListRefundsResponse401Headers the declared response headers of an HTTP 401 response for ListRefunds
+type ListRefundsResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// ListRefundsResponse500Headers the declared response headers of an HTTP 500 response for ListRefunds
+type ListRefundsResponse500Headers struct {
+	IdempotentReplayed *string
+}
+
+// ListRefundsResponse503Headers the declared response headers of an HTTP 503 response for ListRefunds
+type ListRefundsResponse503Headers struct {
+	RetryAfter int
+}
+
+type ListRefundsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *RefundList
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListRefundsResponse401Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListRefundsResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListRefundsResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListRefundsResponse) GetJSON200() *RefundList {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListRefundsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListRefundsResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListRefundsResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListRefundsResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ListRefundsResponse) GetApplicationproblemJSON503() *ServiceUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListRefundsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListRefundsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListRefundsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListRefundsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -4263,6 +4499,26 @@ func (c *ClientWithResponses) GetChargeWithResponse(ctx context.Context, chargeI
 	return ParseGetChargeResponse(rsp)
 }
 
+// ListRefundsWithResponse List a charge's refunds
+//
+// Lists the refunds of one of your charges, oldest first, including `pending` ones (whose
+// processor outcome is not known yet) and `failed` ones. Pages are cursor-based: pass the
+// `id` of the last refund of a page as `starting_after` to get the next one. An unknown
+// charge, or another caller's, is a `404`.
+//
+// Idempotency class: **safe** (changes nothing; retry freely).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/charges/{charge_id}/refunds (the `ListRefunds` operationId).
+func (c *ClientWithResponses) ListRefundsWithResponse(ctx context.Context, chargeId ChargeId, params *ListRefundsParams, reqEditors ...RequestEditorFn) (*ListRefundsResponse, error) {
+	rsp, err := c.ListRefunds(ctx, chargeId, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListRefundsResponse(rsp)
+}
+
 // CreateRefundWithBodyWithResponse Refund a charge
 //
 // Returns money from a `succeeded` charge through the card processor, in full or in part.
@@ -4775,6 +5031,100 @@ func ParseGetChargeResponse(rsp *http.Response) (*GetChargeResponse, error) {
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetChargeResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListRefundsResponse parses an HTTP response from a ListRefundsWithResponse call
+func ParseListRefundsResponse(rsp *http.Response) (*ListRefundsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListRefundsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest RefundList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListRefundsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListRefundsResponse500Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListRefundsResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {

@@ -32,3 +32,18 @@ UPDATE refunds
 SET status = 'failed', updated_at = now()
 WHERE caller_id = @caller_id AND id = @id AND status = 'pending'
 RETURNING *;
+
+-- name: GetRefund :one
+SELECT * FROM refunds
+WHERE caller_id = @caller_id AND id = @id;
+
+-- name: ListRefundsOfCharge :many
+-- A charge's refunds, oldest first. Keyset pagination: the page starts
+-- strictly after the (created_at, id) of the starting_after refund, which
+-- the caller looked up first. Served by refunds_charge_created.
+SELECT * FROM refunds
+WHERE caller_id = @caller_id AND charge_id = @charge_id
+  AND (NOT @has_cursor::boolean
+       OR (created_at, id) > (@cursor_created_at::timestamptz, @cursor_id::text))
+ORDER BY created_at, id
+LIMIT @row_limit;

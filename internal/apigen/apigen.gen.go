@@ -746,6 +746,14 @@ type Refund struct {
 // Example: succeeded
 type RefundStatus string
 
+// RefundList A page of a charge's refunds, oldest first.
+type RefundList struct {
+	Data []Refund `json:"data"`
+
+	// HasMore Whether more refunds follow; pass the last `id` as `starting_after` to get them.
+	HasMore bool `json:"has_more"`
+}
+
 // WebhookAck The acknowledgement of a processor event.
 type WebhookAck struct {
 	// Duplicate `true` when the event id had already been processed; nothing was changed.
@@ -869,6 +877,16 @@ type Unauthorized = Problem
 // same identity as a short machine-readable string; branch on it, not on `title` or
 // `detail`, which are for people and may change.
 type UnsupportedMediaType = Problem
+
+// ListRefundsParams defines parameters for ListRefunds.
+type ListRefundsParams struct {
+	// Limit The most items to return in one page, 1 to 100.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// StartingAfter A refund id of this charge. The page starts with the refund that comes right after
+	// it (oldest first). An id that does not name a refund of this charge is a `400`.
+	StartingAfter *string `form:"starting_after,omitempty" json:"starting_after,omitempty"`
+}
 
 // CreateRefundParams defines parameters for CreateRefund.
 type CreateRefundParams struct {
@@ -1257,6 +1275,9 @@ type ServerInterface interface {
 	// GetCharge Get a charge
 	// (GET /v1/charges/{charge_id})
 	GetCharge(ctx echo.Context, chargeId ChargeId) error
+	// ListRefunds List a charge's refunds
+	// (GET /v1/charges/{charge_id}/refunds)
+	ListRefunds(ctx echo.Context, chargeId ChargeId, params ListRefundsParams) error
 	// CreateRefund Refund a charge
 	// (POST /v1/charges/{charge_id}/refunds)
 	CreateRefund(ctx echo.Context, chargeId ChargeId, params CreateRefundParams) error
@@ -1322,6 +1343,38 @@ func (w *ServerInterfaceWrapper) GetCharge(ctx echo.Context) error {
 
 	// Invoke the callback with all the unmarshaled arguments
 	err = w.Handler.GetCharge(ctx, chargeId)
+	return err
+}
+
+// ListRefunds converts echo context to params.
+func (w *ServerInterfaceWrapper) ListRefunds(ctx echo.Context) error {
+	var err error
+	// ------------- Path parameter "charge_id" -------------
+	var chargeId ChargeId
+
+	err = runtime.BindStyledParameterWithOptions("simple", "charge_id", ctx.Param("charge_id"), &chargeId, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: ctx.Request().URL.RawPath == ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter charge_id: %s", err))
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListRefundsParams
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", ctx.QueryParams(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter limit: %s", err))
+	}
+
+	// ------------- Optional query parameter "starting_after" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "starting_after", ctx.QueryParams(), &params.StartingAfter, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter starting_after: %s", err))
+	}
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.ListRefunds(ctx, chargeId, params)
 	return err
 }
 
@@ -1616,6 +1669,7 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 	router.POST(options.BaseURL+"/v1/orders/:order_id/cancel", wrapper.CancelOrder, options.OperationMiddlewares["cancelOrder"]...)
 	router.POST(options.BaseURL+"/v1/orders/:order_id/charges", wrapper.CreateCharge, options.OperationMiddlewares["createCharge"]...)
 	router.GET(options.BaseURL+"/v1/charges/:charge_id", wrapper.GetCharge, options.OperationMiddlewares["getCharge"]...)
+	router.GET(options.BaseURL+"/v1/charges/:charge_id/refunds", wrapper.ListRefunds, options.OperationMiddlewares["listRefunds"]...)
 	router.POST(options.BaseURL+"/v1/charges/:charge_id/refunds", wrapper.CreateRefund, options.OperationMiddlewares["createRefund"]...)
 	router.GET(options.BaseURL+"/v1/events", wrapper.ListEvents, options.OperationMiddlewares["listEvents"]...)
 	router.GET(options.BaseURL+"/v1/idempotency-keys/:key", wrapper.GetIdempotencyKey, options.OperationMiddlewares["getIdempotencyKey"]...)
@@ -1829,6 +1883,116 @@ type GetCharge503ApplicationProblemPlusJSONResponse struct {
 }
 
 func (response GetCharge503ApplicationProblemPlusJSONResponse) VisitGetChargeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefundsRequestObject struct {
+	ChargeId ChargeId `json:"charge_id"`
+	Params   ListRefundsParams
+}
+
+type ListRefundsResponseObject interface {
+	VisitListRefundsResponse(w http.ResponseWriter) error
+}
+
+type ListRefunds200JSONResponse RefundList
+
+func (response ListRefunds200JSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefunds400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListRefunds400ApplicationProblemPlusJSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefunds401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListRefunds401ApplicationProblemPlusJSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefunds404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ListRefunds404ApplicationProblemPlusJSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefunds500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ListRefunds500ApplicationProblemPlusJSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefunds503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ListRefunds503ApplicationProblemPlusJSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -3143,6 +3307,9 @@ type StrictServerInterface interface {
 	// GetCharge Get a charge
 	// (GET /v1/charges/{charge_id})
 	GetCharge(ctx context.Context, request GetChargeRequestObject) (GetChargeResponseObject, error)
+	// ListRefunds List a charge's refunds
+	// (GET /v1/charges/{charge_id}/refunds)
+	ListRefunds(ctx context.Context, request ListRefundsRequestObject) (ListRefundsResponseObject, error)
 	// CreateRefund Refund a charge
 	// (POST /v1/charges/{charge_id}/refunds)
 	CreateRefund(ctx context.Context, request CreateRefundRequestObject) (CreateRefundResponseObject, error)
@@ -3249,6 +3416,32 @@ func (sh *strictHandler) GetCharge(ctx echo.Context, chargeId ChargeId) error {
 		return err
 	} else if validResponse, ok := response.(GetChargeResponseObject); ok {
 		return validResponse.VisitGetChargeResponse(ctx.Response())
+	} else if response != nil {
+		return fmt.Errorf("unexpected response type: %T", response)
+	}
+	return nil
+}
+
+// ListRefunds operation middleware
+func (sh *strictHandler) ListRefunds(ctx echo.Context, chargeId ChargeId, params ListRefundsParams) error {
+	var request ListRefundsRequestObject
+
+	request.ChargeId = chargeId
+	request.Params = params
+
+	handler := func(ctx echo.Context, request interface{}) (interface{}, error) {
+		return sh.ssi.ListRefunds(ctx.Request().Context(), request.(ListRefundsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListRefunds")
+	}
+
+	response, err := handler(ctx, request)
+
+	if err != nil {
+		return err
+	} else if validResponse, ok := response.(ListRefundsResponseObject); ok {
+		return validResponse.VisitListRefundsResponse(ctx.Response())
 	} else if response != nil {
 		return fmt.Errorf("unexpected response type: %T", response)
 	}
@@ -3582,276 +3775,280 @@ func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params Receiv
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L3vchs3ljd8KyjOvhWK06QpSrItqqbeUhxn4x3H8djyZnbCrBrsBsWOmgDT6BbFxK7Kp72AffYW3rmF",
-	"9/tzKbmSp845ABr9j6Js58+zO/NhYpFsAA0cnP/nd37sRWq1VlLIXPemP/aWgsciw38+i8VqrXIh81di",
-	"nfKtiOHTWOgoS9Z5omRv2gvzrBAh2yyFZPky0SwTeq2kFizRLF8KpnOViZipIo/USjC1YFwywbM0ERnL",
-	"xPeF0DnbJPmSfs1XYiZDN3O0Hf5ZbMOAZWYFbL7NBVuoDP9xxvhcC5kzJfFxlSVXieSpW8WIPb1dKy1i",
-	"lquZnGdqo0UGC8tUcbVk4XkUCa2HT5TMM5UO6cfDL2gPwtFM9oKeuOWrdSp60x68ay/o6WgpVhz2Qshi",
-	"1Zt+Q198G/Ty7Rp+p/MskVe9d++C3nMVcdqq+s5dLAVb83wJWwJrjzLBcxHD0lWRRSJgYnQ1YuGDm8MH",
-	"KoP1wH8uH33x/WT159Pbvxyvnx/d/C0PR+w1bTFs4kzCUO4MuIzLncNNTnJ/S1h9R2bynltyx+p6QQ/O",
-	"OMmAdmCX/N1r7tYrkWfb80UusuZ+faE2LFXyCpa94UkesESyzVKlgmkRKRnrgM3FQmXw/nm2TeRVla5Y",
-	"g6xGM7ljL+5JHZNdr7pKZLICWjl0RJLIXFyJrPcOXnzNM74Subl4T5Y8uxLP4naiifDbTzRLYtYPo+Xl",
-	"zz/9PTwYVY4lWl4ePV8/1p+d3LyIJtdff/8ICDeBIYDmekFP8hX9EAa7TOKdJ7Xit8+FvMqXvenk5CSA",
-	"17F/H8Li81xkMPa/f3M+/Bsf/jAenl5++8d/6rXdCO8Q/iy2zVd8wVdCMyUFS9VVEvGUqbXI8BIFTCuW",
-	"L3mOJ5zAzxYsyVnOrwUTi4WIgBNEYsT+WUh4RjDOFpnQy2AmC5l8Xwh2LbZsLbJyUNbn7M2bZ5+xm2Pg",
-	"WUkseHqAN0cLGSP1DAZAP4MBPBzUmdVcxdsAGJC4EdmWaI/uNM/LWUYzOZODweutzPntaDBg5+x1nhVR",
-	"XsDV/TwRacxok1j/1edP2OPT48ODgCUjMcK5YNmJZLEq5qlg3xcqF3ra5JRTNus9FuOj00ePxfB4HJ8M",
-	"j4/E4+E8Oj0aPnx8esxPHi1OjybHs144YudszjPBbnhaCHwrVeRm6GAmuYYVJmvBojQB6UD7gRdPMx5F",
-	"Yp3jxVG4WRKPrb5brUvcZ4HhiF3Y1861SBcw6eHPP/2vycnJTK6zROYcduL89ZNnz/BK8AiuD+uH49vJ",
-	"OPz5p/8Vjm8fPQ0PAhZxLYZaSJ3kyY0IWKQKCUvnwGhwyeVRzCSdBW0DvpnQEV/Dv5GzrNSNiM/wKRKV",
-	"Zv/MKld8C99lxIjmghVr4C0nh5OZ9Fc5OTkxA8fe6gMmeLRk4Ww264VMZfivWQisTiexYPlGmZUdjNiX",
-	"idaJvApmUqzW+TbAowAOGTAut0zBMsqxAxjOW3Um1iRvlGQaSJenLE2k0FMWHo/H4Uz2w6Q8uctrsb1c",
-	"0Ywhe8Aa3yXyhqdJDPstVW7EvqX6SK0FEP2fxVazubBsHMUeT1ORsf75y2dw2gdTxqVZOn6DfE7IHDkB",
-	"kgOcClznTKRGYEYqiz160WyuChnbGYyS8Ylmi0ReiQyJh/VXIl+qOCAZzGU8kxGXSuI8//L6qxcMLvbB",
-	"GctEAS8NfAbUDs7iZLEQGWgdVn2BJbHweDIJzQu/EqA1AXPZJDJWG3h3WJ4W2Q3u/Uqs5kAHHFcM4w4G",
-	"PGep4Dpnk2O2VEWmBwO2yNQKSGsmF0mmc1ZoweZbFosFL9Kc9c2AWuQ5rDF89tnTL19+dfH0xZN/u/zz",
-	"03+7fPX04umLi2dfvQgPRuzrJF8mpCjRshifSeJXjqfBckhjaFXf+uVtzodWK5wyVAIPApTLGl5nJrlk",
-	"iRyuM3WVCU38vB8ej09D9kcWopwfoqCHxxRsiS5WeOEYCMYsK9ZEnGLEBoNze1NnklY+GJijhaOH/dcb",
-	"sc4DvK/cnYsRFYU2nMmSD5tnXMZDKTYzWcoB+nUhNeNXPJEj9mch1nWuzqUnOX7+6b/YVhWZ+XqpsuQH",
-	"+ngmNyJN3bV1O04rlIKoAE6zpABL977MKIU6KgbAr+G/uliteLbtTXufOg4eeCwY1Z1rse0FPfyuN91L",
-	"KvTeBSCpDSusTtQprdaZWIgsE/GBN9u+Ugg1AlRLiC2ViklNauyrnpwcTurqSYtSnqySvF25Wim4z7lY",
-	"aWAfmciLDCgS6XfNr0TADuGLw/G4onAdjs1rfF+IbFu+RYoz+Ws1V5ceWfFboxaOx8FuJTHofQVqdpdS",
-	"iDq41QlBE29RCjsU9BatEEf79ZTCdzANmSxI5p/y+BVdYfgrUhLYDfyTr9dpQgbVg3Wm5qlY/fE7TdaV",
-	"f086hFOVor/k6UJlKxGzJq0ZOobJYzyHjgGDXixynqTmFGoDsVWhc1ACDocg77u1loAZKzYScGQ653mh",
-	"e9NjoIo8ydPahTDaoF2C2c5lnq/19MGDNd+uQF8bmR2xO6UfeG8xvBbboR0CL2G7rK9u2QvVeEUliYUB",
-	"s7aMa48NtMNXNjDRHnM1hIcioT4pMYu9t6qc7L23yg5B/Aq37TIradRjyCresnkm+LVhxXRfWnakNkqN",
-	"lKwMAy2ELblmE3vibAH8V+PdzjIFJuM3P/bwQzDI+QrU217QWwmt+RVMZcnQCNcrEDIL5vSNw967wBsg",
-	"KrIM3rt1COCDasEKHQdMFFnArubrgH233gYsWi5A144Dxou49+5b2CidcxlV/QSdh2bertyP/Q+LHh3a",
-	"R5GjlIzqnzKx6E17f3hQeroe0Lf6wUsagx5pslVPwzOTTBlnK8c5VGaJizkTHj4kAg1A1YDzQ9Ui0aAZ",
-	"zyQolwEeaSGvpdpIc6DwXINwWD+sEUroWaBqsRAyTuQV6Ic4RiJZSFQRHpwxlaFlWrueGtZll92t5R8w",
-	"0OPKd+136/wtrhX2ZCmiaxFbn0ypf81klPJkBXrjYFDaCoMBmveL5NbX2o0Lq6KjWu0G9KN3Qe+Jkos0",
-	"id5DVni3kSSeVPllBBSbApv2ryQKX9YmQeFc1zyJcaURl/BGc7BrYBgwFTOxKNBw1sZ1A2phLnhc5V+n",
-	"5VWgyWCgymL2vg/4MkOp8qH3/Me7EuSf/EQz4hRwgDwXLFYCKZzxNFUbos/Sc4POTE47hesr9wotL9ws",
-	"0l0aBwHGy2cKx0ZSmOLgXOqNyNgmSVPaqyWXV8IQRdXL9Ey+0eKD6KNJ+peFrlDIed2bneiG3AJDJYf1",
-	"zgWyjExFQmsRjxhaRJ5HwrOQWCxS3kb+XeTT1BQYrfUDFIUhjPAxSKhtmxrco3Oj2rwSdBThAXDmNLkR",
-	"TG2kyNhSAT80bOcTjbJOjNgL3zlRMURtxCJPVoKlYmGiCkZMioBlqpCxiI1Lp+J69sy6VGg9k/mSS3Y4",
-	"BWM9p9iIWxfX1qoGluAsa8+QvBK5Rkeb9d0foEzheiZThXatoDVVnsr5tdBMwRqIaZJFXbmHByP2UqUp",
-	"7KlWCpYD/HjJsxUs+4wl8NKpWYE1SNFsHzHUz9D7AvcOjfN0yzbLBLZBrQSoBolmG5Vdw/hKUjDCzT01",
-	"5M1ZeDI+CgMmFQrHRJNV7L2KXXuSg5aCajHawl5wyju5Lmo0v37gRRXeNT3Qr8AMjz8qc8hoyLpuW+cG",
-	"G1ABtIg7/Ur9l1+9vmCl6kRXxh4L+qcqTGAy6WYCbk3vzQTMCB9HjrTeetgQnmaCx9vdG/PzT/9V2Qby",
-	"4s0kqGPo1mtRVmj5IEpKFoC+yiVGirhmsZKCSNGPJfouogR0No6BBmDaVZlE3hwpNqVHB/+q+HOA/CQY",
-	"xjx9Cmrah9GdGekSNb6KMJKskOJ2jQtl+DVTEcrritpxUtXAaThmh7uHAk5PDunJjyInWt4AdGH/jeEw",
-	"v2qxP4E3a8HErYgK/HvJ45mci6tCBiRx0Au4wFCxYcBTYDaJY81+5DQwodUdvs8Az7sindnTVIvNUmTC",
-	"jFxxi1eZWcvAdzG1luA87uILlX8OcuqDCAvUrwWO4tHUC2UUtzYtuKqMHJdEBZfNDrU3PYHqSg99DFJ6",
-	"oZguoqXTXM1ZJdoFH0L3wqBGwDEmMV12NNDQQ01hC42JBNUQRU2pgDW/5NtU8fhCqeeg8X/QYRimd5kr",
-	"dZniaLtcBeI2EsIoPjr5QTB0QVaO5/CoPJ5X1lWuFLOD731MZuJhrtSQHv7YdrdREGhpcGicVCmKe4BW",
-	"B2/H+mFjk6qMftTD7AL8zUWyEqrIP86ZmLE6TiROYrKIsgwU0w0FYA7H+swGUynWELAF13ndo/W45Zjc",
-	"fPc/JPPoRz6iwJyRjNIiBl7Z/s6VQwMJb18FNPraboZn7HDsNOsy3IUaPgWjcfsoKqeNi0UpplO1SZFe",
-	"IhhYLRalOI+UlCKyUjxKFZpdJYVMqyfS6W14LbKbJBJvJL/hCVnW7+ejNjaNyi6L6lilLxFThOzPyo0l",
-	"uxc2NVmJFs9i+8g1Eo14Ft85uLVLq5tR09vOqiYGGeSkwVdVDY/tvHQTV5e4N1W7lQ/9AdDvRwe0e1dj",
-	"nvM5pyy1QmaCR0uzgvpmtg1X28qOwTpf3pDQ+766WVHtxT+ObR6LtZAxGg2WIq7gFnO4g4lMcut2MYFM",
-	"oz2TJrXk67WQcK0GgxdgC8+kde1NjWFHFmDV7HbZW47KXAZJ00RQkvGZrOl7tJgkL6PIOTKGTEQKw7dr",
-	"hSH/JPe8RZhuF1iXnMpm0jjq8k0SiQOM5A9Z2HqZQtan57RRFOFBbVSH8lLBFcLYOegPC56kwB8x1YDR",
-	"nTG2v1EOtyJnqG+McOYWygtZH1M7nDkPHDHPuNTIFB0hwlxFJlifs1TpHOYr+V/AOLDihKfJD3Rjzc8P",
-	"zmB7wwdogP0QBrjGLuL+iPb4G8mLHIPnH2iHF/5A3iV9LTAtgOILJtGEcc0+OTc/N/6JTwXPRMZmxXh8",
-	"FF2LLf5DfFKVyoflRX5TnW/vG1xZ58eSx/a9Eu18+yoz9mmkrmSi0b/qz210pIoBPKoe69dffz2EXaIM",
-	"nFy0R595+QugJ1yxYLkCm7gag6Yt7u1KAyWS0MV6rbJcxF+KOOEX+JsPIg034OUKRrzEaetEktd1T66Z",
-	"PxFMUNWlT3xycHMwnIOZOe5BGG6EIY4wxEc/FolYbRotUWAYXLOw/nohEknbbtVUatCH3Mq8vNUmiZxL",
-	"xvNcrNZgZ7A132IaDdqSNtc2b6gksM3rDFhdnpDGZCKb7RSI3xluHmNuMA5pYpmfwKWQqG6AuZB7GRP0",
-	"ZDVV4vD09DToLVS24jn5WR4e95pJGUHPJG1f8rxCdr3JeHIyPDwcTk4vJuPp0WR6fPi3njdizHMxNOpb",
-	"jf6DngvA3nHaT+zv3gU9w8IvidzrO/T1css4C0kEhVbm0Z+0G27bP9EsFlGaSFCZY5eFnkhdLBZJBHLm",
-	"EqUdxhfBCt4kWrBQFmkawibCP0jpooSRxuslLSksX6359wVY3QFbZ2KR3IqYhdHyMtwnrbkxg0tf6U6V",
-	"MfY/bcSab/VeqTKNmcxVviSvY1eSP/7GeiYNiVbnW68ugfovbxLN2+ax/KZRfrEmOyg0fvj6UVp1nu48",
-	"RZvxvO19TDQm7SWUkDkXoAWBDhUfBBS4CHURRULEQDcqczRkctNM/YNZBTBG++se0aSIe9/6L+p/30zM",
-	"KpONvulhaouXiOTyGrz8BLMtjXOo3YfKPS3LNNT8OxGhQfwEvyb25WUe8ThOYKN5+tJjRAueatFUna0i",
-	"uWA+d1kUaWpYTJOhvQf15MpMRPmuOQiqUuGEA0bXjxZT0F/f1h9/iypymrO38OVwOGTm/+HP0KfCkL1l",
-	"5rB07esV+irgnzt+RKv8jFgJ/tCwlRgTjCdhwELzCR5SyMIrIUWWRJfm47A2os+CPkcOtM+gLYwLxp3J",
-	"zzGDlvZFG/8tVY2Awm4LDEi9JzOia0vnYslvElVku3d1kfLrLay5aiQApZK7jlJ8zc3UNvihNlLnmeAr",
-	"1O4oAsTCk9vb0NxQewBTtlUFuxI5xddouLOu5Ina4qzrpbG8Mqpf8QxMbRDP2jA2l6WQeZJiDi5mzGYu",
-	"T1dGSSoyP7RXXUHGc4GJmUQt1VXQ5JqFx5PTkF6mYkSa5dSGBNvnlUksbI5pLTineswLMhtLpgkDmKHP",
-	"zIsgc3Tsc5FI42tVUjBxm2hkpYYXvK0yySqPb94m78Pq7fG+aFwC7zskMO/v0lnYssfep/42Vbn1brFU",
-	"Y9g1btbNZzG95X3ZLEbUMpP9d2/9UG3uVg5D0P5C9id2eDo6Pd1LMXR5vKfmf7uTed9Pxau8VP0dP88E",
-	"SINbKlLAUDrcRszNFjISgS1EGY+9vFMM+K/4ljwiSuY8kezFm+es/+aP4/F4DAo/JjWsi5zuiCyocGEp",
-	"sppld7FRTOh1BpdLm0T8KFOJ1pzSEb0k7fG4miD877PZ7Xj87eCf7iSyphbQTWev0C3zvoRmvEFqwThz",
-	"WosTvmgthj++CylNHH+KpQJkTZvKgxVPpDZfW5fgvWnWTVASLrGXVvodsc/IWz6trwdUu/qCbOGsea1q",
-	"RSMe04fS+ru24/Gov77tqdqIbBhxLdiz11+x48nhI/eiaJFQTQyKMmdtp4nOR+wc90vTLiXaPTaTPBM2",
-	"8xW/Bi7vX/kI69vg5oSFjkGLEEUG/7mar+E/0XKB/+H4HS/i8GwmKQFoKyQ9+N16GwaghkdLzPGRSqIX",
-	"0ZMAhQa2K4qsF/Su5ute0PtuDQw7Wi7g/zmquUVNY6aHGhbB0xvRRjevFbBfR4LWJQtEREwBD0EHbJMl",
-	"eS6kJSlUC9CTyClIwrUlDHklZrBLNNHcKEWxSJMbTANyecRKRsJNtBHzpVLXTMgYva+0E1Xi3996nuxv",
-	"Pcc8592XnWzS5l1LTA4XNzRk1XjaLuCNkcikrfyz5VvkLkevKTpIKhyxvNwkNcpS2y5DtpQK5tRLQ7bd",
-	"Im27XHub1+ImvwyBXcQFeYCEPVSsrIVbUuXw8MDDf50fRS8er/7yw+Htq/xk23YCuXHWWbIncb3maMYZ",
-	"TuPbgeYjYy4Cvwf25P3k25ppXo62hwlpfHAerRkaaRMceKueJzpvY01rTvadgB/pAFQRML9Qz25ydkuH",
-	"WEx0l5yn21weJ88yjkJ/yfXlSmWtPh2BOQjwrVkSW6g0VZsztuaarm8K9zJM4hBdfTrnGeinl5wiL7lC",
-	"cyFfitWo3My5UqngsrGb+ELeitr2D0vDXGJTjQilqJYwkGw17tbmBpqChJb3NunklBSU6CnjVLGJjAZt",
-	"lGrpJzk++6GpjaCSQzL5+Ey2Ju6DhJAcKx4xxQD4fj0YddAAQ3DaSeNOuEqK5utQacAmUxawIMnN2tha",
-	"ZMbhXE5yZzHHXbeC9rVcUts5fiF4Cpraj+0J4GA54+Et8XdgVM1blJtOr5W6NpAh9Py25ny7vvMdzMht",
-	"S69nd0Yq63CtePkIWEaqFra8BSVYUs2g1C3KG1mB7aMvhIzIrXYt5JSFh6HLESND36WngV4XZQKMJxFT",
-	"BTjmIHPJxO06wap0SvdNNGb5SszyHbGnGNwESV76nfxcxUhJKwOJn2OFBWdrXmAutUpjkTlbNuLSpDDD",
-	"6DQqZjDCJ1LgPsHJ16j+8E5bpyLlG5dZutKQDdfMlTnXHKRNlWC8v0pAu6hbVxCWywvZOi20YRzVAm7W",
-	"t0XZfj7KiNnC5ER79cgzCSbVXLQXJdt68kpBciNPtO3dj8bv8e7XbRgbplQ+cKgPjepeQhmonsFeJcQt",
-	"S0hVdC3iS/QMtZFAkhpad+mafup+QJwCGDJdAnOarG+rJXju/E0rvp1JhAMBGj44M3EJGkKqxhyJoebW",
-	"vbwzkmEdg5coeNq3GSXwegkLr95P0AJSkaPrEgWziK1Hj5g/qUUzGRrF0RBqyPoqMz8xhmdI/3W/cL77",
-	"RSITvRQxgn0Y35WfzwwmfyILocmoQqO+Rnx2iF7r+1Pe1i7/9RcXFy+tq9TwqLI8v+3eI01WCe/lV68v",
-	"ds2Pxct3Aizde9o7sI0eGAdi+8rInXbZJQLd1tAP7BpN9rF9HBNPHQnDPZGmysKmNfoAROPDTpr12HGn",
-	"UE7kpYVr8MNJXkVuIbFIkVAeMFxkieqMhY6eQzIEEbXCy3Axr9a36BK2tj6HWxoLHof2ouPJaJEzjugJ",
-	"hI1g1qGymeznSrEVl1vnK8d98qtpqHiokJnQKr0hIxVVRumokBh7zUL39gBsBvtKmCfAa4aI/+1ubYWQ",
-	"GFywqsY2AqdHNG5UjcSbdFVjrjUzx5N7bZoS+mHbo/Wlt9SCH1jbNKASvjlsPqElwLdoq2m9KFLrSvpl",
-	"vLO/aJT+cDp+9MtG6Xe6cDGVsPwEE+8k7DIuH/VExw3u53r9eCF54IPh+4XK7w5h29CRcW+6wGI/BJLD",
-	"euQytor6bVk2av+JRhn9Hjei/ALxmzBRsSt2bT0U5olaKMT9bA+fQ1us2n9rjxncEZnGO3qXQ4KE1Ed1",
-	"SBBveH+HhClY+80dEjYjqo3Lvfr8CTs9PnnETP4Vo1wwbbx+QXuOlJ9rRiYdQQShNwKzRskXSIq9JsCP",
-	"N6+eIercdUICCH88ncnw7pwwykZEzzd6BwoJOxspUIFRlkaIismW2/VSSE05iyHl7ew1QcSzeBi7QD06",
-	"szHq5z4bgXSPha2QnUn0FhMsV045ckwvVZazFY+WiRTDTHCKL9AtOUPEpWhprVCpcnKaJnkqQky+DWnz",
-	"nQsdb6vK2FqodUpIlmBVlUXeDWdya+YTYvrUF0WOI3hg5Hvnq9mcTXyObgyTbniYzrrxzprR+heoeASt",
-	"VUDNKpTONEe/oouUC6yxx1J9UbqaGwAI5cdrvjWfVYjD+W/xR2VkyflxL01Fkolp07m11ifYHdfJleRg",
-	"jOJntRLHtnz8qlpWW10zQOAliLQEUpvkHzTSqjLBtQM1aE0xgVHq+SxVudl8qn2xlJ7aZP7LYsWlR9O3",
-	"65RLUtRRw020rfg0qEKevmAzHjDp17ymKVVnidYFRdebfhQDN9O6Z02YEhytgVmzl/jx/MgtMqjEldnf",
-	"5uO5yXf8aDbevqYdsm57JA6Y2F/F8XjSpraavOLm0SOvDeoUYCpc7KtXRE31pZ/A2e+6IjaC05i4lGaS",
-	"r5wXq3ume0ofX/kusmTo0hfuVLtspjVuma9ewSXvUAzoOrtA6v4Bw3NJARdSEMy9qWUvY4YAqEAgtXgc",
-	"u5ghAjQAx0ZnrEmbmkmHCJkJZrgyVbVcybJkuDV8usOr6iU7GXRpNIJh7WhnvZHJra2/qZpWjx4eHx8/",
-	"Pno42cvAsqrlHbnp3oZ/Bk90WB4XNW5Le53EZ358EvYpLkOXcVvAci1u8svjix8eX/9lsvr04ebFYfTX",
-	"m94d+IDN+OUHhyxbBrh34HJX1LJla+8dAPc33NVEWQejoxpUaueqyN/Hvv9FTPvOVBJ0vt6VTFKll45U",
-	"i30UBp8eUIf1mIIvZd8zZ77MAr3sdOh7maK10BWJHqM5EdMyAdKSQfQV2fv0xUy6b8oSWtT6HdC1DRvZ",
-	"qJmrScOkshKLNFURTwn8+C6aqrme98z234eFqI1kSewCcPXF1NhGtLw8/fzqaPkvj66fT77/+kS8yu+r",
-	"APiTGz3ATm6tS1IeO9Lrex+QNF8jlmBXtJRy5Jrv8KWSCBqTFxnohhgeaMmDex8vH2252DOd7e6EtBam",
-	"UGbadAPou3W8V4nJPi7Fw+l4Mj083d+luLcbLhN1L1wmLk/+uj3krx5fXayO5v8qHy5/4TqSO+pDfo3q",
-	"EL95gXO57etZ+5oS1M6j6w5qjeA1UxFfYWSe8h1Kfomsq8XJZhWSu1qlOOYXsyWPHezRXAhZwp2dVfCJ",
-	"yPdRpVeTvFr3lGGQQSQ3bdrhebrhW83Mcn7+6b+qrFjzhUi3JpRdm60inbrccm7mwNuN5glgqX5UZEm+",
-	"fY31ooRwjfWh50VbQO9cuiJX55nbq4I3HLFnufFXLRKX8k/YL7mQXOYHo5n8TKwUZnpMWaivL3Oh80se",
-	"rbDam34c4p/UHcL95CpVc3Hr/ch8YEJLVAwL+2VLX71yUKrUTORC2epWTkCWBoj5pbGbykRuK8Z7LdX7",
-	"esXT1NanaNwsON7BgCzcwSBgg4GxaAcDArrQOeM124Uk/mBgytoHA0I0x3YrSbQ08h9BH4dIk1g04yee",
-	"AA0Z/Oxsiz7RFyLfqOxaWxXeS4io5o+ammWOMJI2d8KAfqAVD8wTA30GQHImc5GmtLQRe3rLozzdDnGs",
-	"AfUEGXgdGSK1stHufAOqTkKYPlfou55W8d0pa5qaghiwpbYV2VqhJDcgebGKipW5TgZ7JM94RLn5c5Uv",
-	"2ZKnN0LjzvzhD+y8Uj4NH1JmT/jg5jB0+xTxzJQk+TXsnBFdmTwj9D+H4Uy2XwyfrM0PZ9I1TqhekMGA",
-	"CHowKC8Ju9goFsM9oe801bwQxgH5HebqdjqTobk41Ytkbo67MfU7dHDmR3oxI0lvkjzC0qUVU4vFaCbP",
-	"7dWlZCUthA5czwL066ZpEosaWp7rJmGDJeYeBBa9IZhJk0WpmrlfU4dwKFJteu+UNUnj47CmJTdyBWcS",
-	"kwzmWyQ7u3lGS94oVm9noUfs3K/jt+VVXpU/h5kPqeVE+IAy6X4IgxLAwS2plFo2K7sfPjD/9KBUnO89",
-	"0TPplfTTupNcs9BZmsPX1kkb2o4iBtX2gEkhYiaVXaulch+RMEq51kKXpF5eOuQrmuBy4Vc2X98PjaJj",
-	"hKRoeDv0Ditk4jYXUgPNU7UejfG28bu3bCW4hN19y5Zq47hVo4avXs+HvO0tC+G/MMwrwWN9ZoSztgJ7",
-	"hN/AeItMiHQ7oodxy3iabj2WAoOZz2G8z5TpNoI4JMAab/yuDoS1i2AN5nfI6vrktUdeboKiSOhTkwph",
-	"Pw1YOBmPqZIfCUmivlVfrqt2oz5iZep/ab4b2F/zYoTI8paF+A94D6rB0XhxSIdBSxC24gWGdblsXhOa",
-	"F3MPAw+71U8uMdaUu27VjBlg8Kskt1kLXkVD+YpNnBnE6yvfI0AqIihE6iplX2xov4A3/FLByazQUtqB",
-	"Y7DzdanfiKaodyIplVetkohyxgwTqwLZGLxULWztoVcnucsLEIsM9DKSfltVYN8BhZKYqhq9xDCXC2qM",
-	"JSTGO7bwzKXhWaDXKON6yZTDfHXVnxuXxF0peoXTXK+RHOEwKv69tyz0/4YDeCap0Y9NyK/7A0u9Nkzi",
-	"EFZPab+SGiAZVUSfMfeY8b+Wqn/VCUuVw3/4A47TBCciRgg/eWX04dJdYi8GCsA6LZWpn2XnMiBf7F1m",
-	"W5bN5GDQaIkGwvmO/mU8L4t+m23KMANyJof4SqaVFZDj3d3JpjPJ2Ic0IIPnd/UgY+/bggwGrnQhY+/b",
-	"hMxuTGsfMnafNmRER7rWjIz2QDLs4EXZrhx7eFHO9ft28oJRsZmX0xPG9C7YgAs2XEdqLeJqE64pMQV7",
-	"8UmNateiRt49sPqp110Lvv3aaykVePh/xLEN/qprx1WN103Z6y/Oh5OTh/bzwYCC1mDC4AEPBmueL8GI",
-	"cT36Wtp3we0gexO1OKYxMk7t1K5kskgiLnNQenKh1zxC9Ats8HYwYq/EECUoED0+jN7CYSJRSzahL4uo",
-	"48SzeQGjD8DPuLtVMzBXYGBKAOd+QX+JcVziGbMSzrjsMNaGgG6hjdHao9PjTCcpCmnKzHOWSpHJEtm7",
-	"bI1GyuyIjIGMb6pYQWUzN3Pm1qKx5oM5WjLxbP2lUUB8TZL9/B//ydY802VDCPgEY8TwtR+z/fk//hPO",
-	"GZtFmH5f8Ps+MEYjIxOpRZafsc1S4VvT3wguAGKQBIBN+T7AqehPMSLtUCd5QRLvbalCvDUv/P926IJG",
-	"TyjV8zYI4rd061h3E723oCOXg5V9Nhrt/Oa82iTQ3XjiAAfdk9kOHd5krqWJicz3LcHZDqRBrS+JP3wt",
-	"xk/US8VcNnmqnMlKncCj7koLvjZSp9kmk5aXMWTeOgOpEfbdSOdN0JNG/efeEoo96+oe0IIpscc8Ti01",
-	"4BKN9O3BoNKvmFwppSJfgAYGf9BOkOn4hDDOhheYRfaAhbaHMDnrsEZlBxQ1e4s/271u0MuA1OpVFbj9",
-	"Hq+u9RQYDKwC54qwq6rpYNA+fdnYolFZ89bvx+e3ZcVYSRp7Tf6ulBQH5QTAHTBHRPtNZpBfoIxr9Jbh",
-	"LFJZRojiXbAoyMKmbJHcUvsCQoGz2pSFhx0xNzW9WllYMhdXXJbJpjYlXRtZxTNhYTGr7ZnT5FrYEIvG",
-	"msbIS9PA5omT8ABbCoH8EFoPsyJFVoztbwhleybjAkVWuSDTdhEhsLlmYSOlixz3rdlaOCGsGjtuOjj2",
-	"pIIUz/rhCdqUcCTnbDDwEClLa8QgMqE3qR0lMyhbSyC+DS7reHIaHrjeSVyWeO1eD5hEG/uiC66zebuD",
-	"GngpiGfbFIA7JECkPKp3aMUUHe2yh+w4fsWNuT9gKs15dH2FPUV8fByeauXMJJ2DvuW3bqI0BwxoAknb",
-	"ft+m9gnxaMiEVtm1CyrYGh5ckEmw9XgV1fShbK83LqVLVusl4VrhYsqKbdNQ717qFcrBmVc7lc7krlal",
-	"ZYtex2bID+DKdc5Y+M9PL2bywc1hvU+FfvDjtdi+C5leqo3psPqJZmFZDBGWdXtlJ1SmN0KsqduOyK0d",
-	"QRSwd1/RwaCFkw0GtreA0T1i4iFAzdgxiqp9TZAlMKk6CNIaKWn8OCP2WvnrtVXAxlZAYHTQ3uG4Kt1I",
-	"jcihSLy8siDiNqJbNb9zRXV2XJuuFoEB9sYj+74QhUF/MO7vTGAGt7YwMY2Wpp7kb+nmbbg2toutHYhH",
-	"kAjKRUY12qzUdcb21CkLjKzWYhsxGILjqPdPycg1mbLmJUpIcMpsJM5kTxnuE6glBh5nyW8Eywp5ECA6",
-	"7/H4lHXoEgFxrQB40oT+c2QM/5PxMTlsTRAu6+AeTd9Cxb0MQmnEvlBSFTU05Znsm3yuA9qkdSa0kLmf",
-	"dwKMh6nFwmhvRZqy75IcLMuZDHUqxJr9iQEdq1V/HLBVIvsRX4MaqgX73/8/m/y7oZeDA9uMjjMDC2MA",
-	"gsiPZYuzOMtVDlZpLHiM0sxrjFtXCMrLBlszL2JgWLbvO/F/fuUwk+HOJIsErRNLg+iBcnZzeHx7G+7s",
-	"GMbOHXgcSkorX0vRignqIOPstalr+ybX3++VbJDXrKXoFAwbqUgc08Vci8DmP1jUuSTWRLODgQG2AQ2i",
-	"BmRTy6YaDMrMCWA7BsoqkYRrA8v8J0S1OkPfDb4RfPndmnpu/e//72Q8pluwFdLA2HjZGA4PapEqnusR",
-	"Le+JW7hZYWvalYp9tbGK3TOt4u7g4gz0DsHqtCDwmMmfxXZWk8BEfiob/UEIXpM5MTX1S6yPLPUgIIhR",
-	"i+UNf2fiMoTZ+6QNwUcIk8L66Ecs+9A5G3Zl1nGRrIAZrtZ2Oa8+f8KOjo5OmUv5wBN7c/HEnjspkGUM",
-	"xOJZAJXfUZvC+t01KQHTQpD4Ck35S2i6SR7YXTGJvKZS5c2rZ+bSNUolqPDDr9+gTwJ0ZlSLOJit4Rix",
-	"sgTmXhUuJlxv+u3cUelyjxKX9n524Yj9KzkePBEA5GiUNttckzV7a55VlHONsVmE2K2gT+JBY3EejR1x",
-	"LPu2wldu0fZFDEVkhxtgcYj/UHIWWI820is8Hp+ELGzWbzg2LFl4Dh+FDsiExLBxI3Eyth2mI4L6o7u0",
-	"H3729PnTi6detzEgJL5tgwg3a3kcskbrDhI63PMsoQFVokju7gqCyPg0FOu3NwE5a2nngZlIzZ4eJGlX",
-	"8+SqUIW2a7Lq68KVfXe6N4yCwqWBUROpFgZTC87EwM6YK4kCinzQ3GR7mxheP/xxZhKUZr0pOwyY/+fk",
-	"nQu8IlfJ7FY43SndnrFnQ+obC4zh0fHpkTPMajkwwB6rHgQUXh2xCtt3mor2UItUUqDveMS+dBjmtGWR",
-	"Wq05opGgEzuRzo2dblk/PPcYEqwVfaCZFvmf3lx8PnyM3AA+PzizeD1IGlaTxR+Vap/xxRkoeiRjEwTA",
-	"ePcO/8eKZ9caSdBY1jWvzFnNzdO3MDpWcZpJyhKxpNGp6Fmd7ig88700lgZszr3tOzVi52kKFlsmBG6o",
-	"uF0DyWIpfaY2mgIH5+gAGMIhZiodPsUfDb+gjbBZRWkSCUk9TU2q0PmaR0sxnIzGvaBXZKlXfbHZbEYc",
-	"vx6p7OqBeVY/eP7sydMXr5/iM++85izNpKPzl896Qe9GZJpyjcajQ3pGrYXk66Q37R2NxqMjrKLNl5jK",
-	"ZVMS4N9Xoq2A1SZQTOD2NRIPUadfG99LdgP374uLi5eYyxUtRXSNyknZsYRcPHImVRYthc4ph8RxHmOr",
-	"OJ4DF3MuIl4YX7Tf6GKeJWKRbhnfcEpfaOQuTFFXX6A7oxb6t5C7FEk35+UY+rO4N+39s8i/MJtTa30/",
-	"GY939Dlo6W9gMzp76nr/PgEG3qmjTYC3/zxNbsSokqzXm37zbeC103me3AjUlhEEqhf0cn6le9NvenT8",
-	"vW+DXiX1ojftwcbhmCZTZW8KEbJyfCBPY2wysShScnn060fpOpYYhonXdSadNWQcg6niMZvzlMuIQlRr",
-	"7XpM5RlfLJKIgmUJ6SJJxH8hwnhFW/I7owtcFewAimu7JdhW7WR81DWue4UHLW2zdhEVTJe8N1XdHNq6",
-	"vQc/uhzhd51U9spExXzwL5cd5vwfZfsEJUv0IW51QJPaZvOoZ9L8qmx9QU0pS79nrfsPOS+2AmGlpPNm",
-	"JDHGe03EDkQvRWADF9o1HoWPT4lPlq7O+EMosYaC6SXOd7XJaOBgVrtbyCJNKVm+I1v/LtjMZt+GOtK1",
-	"uz1lRvrel8hsWwdztYUT74LeMe3k7ovzKXcIxvjI4d2PvKm1FzoeH9/9kOsbijd6j4VV29h+KB9wN/+f",
-	"Re4gQLxrb+twO+89nKmNYPam37Svo/yJOaVnce/dt90s44HJDaVmDe85fNBbK72D7VACmXEs+eUUNvWq",
-	"M7UMK2jQf6cQmH/Ns3xEmRdgQIUG7tKluJKB2YIC3dcOzprsRRzU+EBG7LXNKoEJEp668QzO3YrH4swl",
-	"UcNCtyYNgaJJXpVP7GoBxY2QKNIxhrFlWYF4ZCa5MN0S0IXnQMbIg/VlOxEv5EJlkXD+tFY2aLL6rI1c",
-	"y+4DBllPyUIYmba29LbSYcSeU8CO3iswvkwsbcOkvkS2ZPJRRMFL5TN+l+6sPZei1x6u7JO3eyZbo0kH",
-	"ZUc8QgvNsmJNJgku1DqViQRXmM9YwjpFlCXxlQlgWifEZHxo/KlmFEeyI/YaTa0z1gD5MsZUt9lmnQqn",
-	"YVcocuoIGnucOYO1g6jtYmaSVQKt/kStyBXm5czts20QzUsS0ljZphwuyhamcNVkZtqWOXdFKKdky1R6",
-	"LJbeUj+Z1Hk3zmjaHeHHlmaLZWiTKJXIw+7JMa0DQ8W2SVS1V/KIPQHTS8R+yN3EvzDyboqWKp2uq5qF",
-	"D87fuy/brqK7Inc13ppPVbzdXzEhhOEiTau9QV/ti+TvdQp9R7IHGGPrYPCdzWNzcs21GbXa0cl4fI8m",
-	"nm0NDqhzXk1XO3w/XQ0rLfcALO9S5rzSR3y8vTzxQ7QsQz+dzYmrnAnlBgjMu9hQ2R++jJFjTyxyR7XB",
-	"ioD0c0CiH7+pe9CznqUuOGZiPPbC9kNfmYmWlz//9PfwIDDmB5UPeBzAWAajmXxlhDoGOqUq26XTSyfY",
-	"UaSVvZX8x8Gb1JGxq0tqIaWygpCKDHf3h/zdqs7H48d3P1BrRI6Pnb5nG+l28KVGw+Nqyz+SYSi7HP20",
-	"9D7uAnZyPTOfmMrt5ok2ZGSl3Lrspnpauh3NYOSr82bbu3smLXcoVT70BsACy3YUrsYuVbPkDFUn2go4",
-	"SivMCimpnLm+X51gX27DzlsGr2mZ5URzAQLIFQPbXKMyVcKT7CwWKW9REDt3u5bTA+oqrXXv7W4Pqply",
-	"4Dbkr8p2f+n0t53CtWy4344l5nb2lWvXMzkZj43hQVz88Pj0tEuOMyUd/kCTijt3z+oJZpbSXN2/Kz8M",
-	"MDQDDCPPZ/DBrV6/Ij+WqQVwWQz6jGGlLJZSctRK5lsTzrW6fVegA8Qnv+ti1OkV9NMLlwpo+oW7dvsb",
-	"nuTtncCNbGk1eEhTbTcQcJX3shFMkRD2xzaNnc6raZtTprvk3Z3GTLt14UzY9zYwPuIS28AGyxWWUWiy",
-	"xd2RGzGSK8XUIhdUkLnhGtbZCdzscifwaM+YqXa3qSC/nP5Ua01ea5hkaC5XRJHGrHG5O00KZC8ppcoY",
-	"9J13Rsl02+yVUN7unV2zUMk53MOh9pJvU8XjC6WeEwuB50720XRaOmzDw5PJHr6/Wo8NhK78jR2HhiW3",
-	"+A6tE6/Fd1j1+rjoARUUdgYMnic61xQnaOsFNDU51tikiJKXqvhf3mc2psBlPJNhHUYsHLGnnBAXpOkS",
-	"c4+uXSzJZ7Is3e1z/6fEP+bq9sDETc0kWM+vWbLAO43JlsmCqrFNKzCqsM2BE73kVzY3oMi0yoZzrjGB",
-	"mgL2lEfyS0Qn4ASe0iHd14OA/S9774Ifu0D9kph66yK6MuW3llyAfoLKBCUJZMnVMjc6GdUdo0BJTSfQ",
-	"vk8YBwFLRmKEA0lxmzNqwKKkwJBPYqo1XchaEuAWSPOZ9MitWtXX6NE1+XP8aPHF4Xdf69Pvn6+O1wij",
-	"2pv2vi9Etu0FNmGgCr5cacnv9WqcnJzUAfP8zo3nw7/x4Q/j4enlt39s69747YdGjwha8Jsf7wocYYc4",
-	"1/vtV2i8hl/ubonmtSoDevvdvkELwZg3aCAXwoGWEOCIPrS3ylo2V2tRWuvt1X7VCNlvKbdgQ8w7ezLL",
-	"fHBXmLu99qFTcL1emv7gjd5XyK7JbhgMgNUMBi0gKBsD8Y4VKF7yM2hBXveQoNoNJLP9PfqduqE1auuN",
-	"PWZSZWzNTdeWRu2YaZemvS7UtuPHQdBSnoYSETNCQErlXpeu0MwYmtKTzJQs7+7OgmqvyUqxxSK2P9GI",
-	"fSm4JMyfVPAMsUYQaYQc+rmKVGoqZmEc+J1Ryc7anY+VktwltvJvBIaqGeZUkoWOfZDifucbis9ZUJqt",
-	"KgJM90b8Mexb5WSabknRV9lMzkWqCDypVh5OSTj5Rpl09ZhkYZHopTW61kW2Vloc/EKZC7UowYfIIIMt",
-	"b1u9VHwY514BaItn33aHO7wz6wH7efldyrp6fiH4576NuKp9tyhrot6yyu/vVG/nZPsuVdss3QMyu9EF",
-	"CVsUOa9/uasEgla23qnvMlnKYJ9RRz2v85DDGqkWFBIcfvMsJjvP4vh4Oj664yzcb+gsDqPTxfF8IoaP",
-	"+FE8PBaPF8PT+UM+nMQn0WNxuBjzR/N9z6La6Ou9T+T0VX4sP51s/ioebt/ww2jXidBK3JH4h3APZ1Rr",
-	"z8WO0AyV4xGv/EcaTJdW8EzqtYjynQ0pPXXBVxH2T5Fpa4NcmeITbcArOJq7lC2e5AEbDAxWiwFm6Ogf",
-	"OJP9cC+gFWoJEnrYMT//9PdZLzwI2FpkkZD5UMhIxSJ2FhZWMnDtyiiYFlcIutf3qilZ+IA6zfw/k8/D",
-	"gHGGMB/mE4TBMlguBFBswFsQUSsWON+ZX0xo0o4xAYW+NvvT56bCBnvosY0q0ngmTR0Os0v3OoLft6ki",
-	"GnCmCZix366NZOuKm+1EOXdZT8Q39nF1tHYZ6nABTMuOP9jsxyhQWFiK48wk4amCzr+7E5CxlKU4Y6G1",
-	"PEIq67TqKMI7gmZExSm/iLfhK9qnj+htMG2sdnkb6Ce/mbfBNHHq9jZ0ZFf+N/A2WPv7mDIhdqgMJ9PD",
-	"SS1plTr8Vw7cy1ltE9F+MoTzF+yfOGs71zW8ADUOf0efuF0Zs+XyDJpz1RMAzGdvdaFsarbTEWDch/+j",
-	"HAHKshkr2c0Hu4R6a3aphV/kltEYi9uAsNe6OhIPoh8aJlRCggOhzAUyINdbz5T5WSB9TPGzDfvuyMMc",
-	"DEbsjtTKC2RZG1qQBwQ5k3cjQWJ+4h54kH5i5Uw2MyvxrcHitqBZJbgrzmCDZNQVwfDyoFqjP5MV+B/v",
-	"2xqoz91pSRg+BZt9JiN7tDWEiIsKjk0brpiHI9admUet/36rxLwW5+eHMLV7ZtThu3sJdXX96qMl2P1O",
-	"efq9OHiXhUeXARHrTQXkL5h9Z6f4tRLwdj3tfvcr56h9SMrZfQK9z+QbbSLM/4hM7y/YnxhAHyOJ9xLu",
-	"KCmdm984d360QZ371bIZPaq7qoz9ikVlVrr8WjVlvyobJc39o/HQf7jHdlaJ3ec+vV+RGB6RXyPWuIgP",
-	"CFj9/gVi5dCdGjyOjPfRqeJGIdYK9G0E6VYWAmzuSqxGFVheA+KDkFGdV7oNlx70dFoDodVWgeXrgPeE",
-	"ZsarBdsVpbr6PL6EVO2WAIHSI9TrTKKYx/5llANjwLgPKjhRmDGHkFpw0gaJ0NgqZr3YLQS3ySxkasuA",
-	"2nrfhhYDyOa+ZFdiJm2PA7szhCPmjKCaPYBAyyJLeAqXzCbt2NK1KYF+GJ0ezRSLcLdJpC5hCIlHX4nc",
-	"8ObTduUdF/Tfmb26xuwfkcUGTKoNVtGZhMsDr2X875v/7qXAPTHJv7+5DmSvyz14tmFK3VqQC2z9EtyX",
-	"hi7dsJ9QwYR1oOQK3deY323hlXY1gfhKzmSJxe2yfxNdKfl1Vx75R2gSCBFZoJFEaHIGvVRDmx4GfMdk",
-	"CqLWZ7wTmsGv2Hzr1XgKCzi7KFJbyjqTmyXPMT/AoX0W6NT/nVTeXlRyk1urbQPC0TIIHjxnvF56a/k1",
-	"ZUxEKosxCf5wZIIRsMM//8d/lj0sXd9AtcFqR2N49p10PihLoK3km0nG2GDQXd6L8TOeEybhvKM5Z1Bp",
-	"3YFjomLvh1LPZnIycjnnZnHlG5TRcVvK6aq2eAWm91psz2byaMRCmxlQDkJYsUHlTkixcVDWLkGysz0L",
-	"rr27RQuS0aKlLwgBViMGf9n/i8st9hEJdtZHy8iA4VVG/MTiXoN65LCvDXRoOzKvA78eDICgXMqPR1IE",
-	"6JqmjbYsVzyRLVW61X03KGCE6eu1blZpytca4QNzhXtGt2daMppEl/X1+9dvG4L+qPXbk7DePn/a3gmX",
-	"9bUQNcA8C+5meSPVPVAjQgwT2u6Se9VAjNiFYgQGas3cLA6AlWFNOKi9YmO6/3hF4U187KnHk4FhOwWB",
-	"lXqDYdZ+fSStfv8K8Oqx27qQq+RGIMxMtTa8b7JcCCzz5PbWws4e+DXilXPegWN9VrtA9Q4qnbXkSb6r",
-	"hryMPPwSJeQOn+Y3LCG3CJCNlCUgd2u5lCR/PJ4c+HlJnTg0dGSf2b74oAItUn69rc/jZT3BZAvECG3w",
-	"TxNSBlVun8lpJlLgKKTT/XruF/sMjOg69y5zp3P+fXjl/+dAFHnF81Wt1OqRezv1QaDVvfpsp1MfeN//",
-	"ZIf+5H2LwX3BW72z2FcsiSwvaqv2rjxcb3vfu6IBLssBXO3tRat8n1ML/ETrQmQjTAvROUjOe+WQluW3",
-	"E69U3APfje9VIs6zeBj7XDWRulgskiiBu+bAniqJeO57Rt/fe+ta5mjbPVBFk8Z0YA3YoDepCEUWgY3z",
-	"O93Sj1HB3E5Q/ZpiaZtUck0owImsq5NkKjrnnW5VJmvsTefYHdsadZ2qZkAq3t4Ft67/f1lI6tfDuq9m",
-	"Elsp5lXVteppQCWWcTS+SHv9RRjlu/8rEDD+Ae7w64I7NOyj5lY7RcHz+TtDCaNkzf1tDuttLfrrWBtf",
-	"82vlYeTOPaEhCLt/e19oEVwcIovYhz8qVANBQpe5Ov/3QTb0rdsBS3+SlWCpWORMSUR0J/QFiwiPjpeD",
-	"u1EeWhpVOWSCfWzxKnAqc3GahWnH4/WH283lq6gK1banTUdIha1/XJiFvjHNS6vvWqzJ6kvk1YGFYejG",
-	"YDjzc6adiC03Bz1JRBS2kA79xWwtMq3kPyAc/gHh8EsGieiCtgSJdsC/tkE4NHvbo1uiNdBz0QjWwHVX",
-	"mYv6Gg5A8ELGl8qM39k2PUMv81qYAn3SDNdK62SebtFXbdOZQSNNNBMyJo8xNVgsm+XbVmGN9vuun0tX",
-	"//2A3YgMWyHZyMZgkPHNYOBkAGaAtrW0mMl+pNCSyLFRjen0kGglA3YyXCWyyImrY4cblqtUZMB3D0xu",
-	"sB2yDA5tVHbdHRXyG3UPBm2tui/c30nMfMXdljw0oC+oPxTojCZqh4+7LF/T7FvEJZhGpc234QRuXVZr",
-	"5yVGXtnb/3y9TpG1ONgMECemP3TZ2B/JAHY20bnlNtWq5EWqNlPGmSFYC6hbOvByZajRvJ9tCUj1Sr6X",
-	"xuULSGcuYmiOPTURmTnSIfYq0RUYfVsBMsPksN0d0Fucsa9EJJIb4Ujza3qX3h3lZmH+J2r8U8jk1uoR",
-	"1AAouDk032lL5aYzUGA6x4e6JH/jV/KaTi3F7Ux+8eX5k+HrL84nJw8D06+rFARLDpRgd12LKBN5YF1R",
-	"jtADxlk4CoOykWPGN5XrNGWhN0/fDpSzP7JZbzTrsT/izw5C0O+/o+aZZcG4e4myCGfFc/Sbs7AOYXXC",
-	"6B5q7ErhddIylfwzGaUqumZ9aiWDfSRjsRA81y6cA1wIW/XiXUiEbpSj5X86fPTw+Pj48dHDCRzDyeTk",
-	"EX/88FQ8EpGYi5gfTfhiwR9OojjiRwt+chjx+JF49IiPxcnDxeLk6GE8jsRjcTh+HD+ex7YaiHhUWQ7U",
-	"wsg+pJjtA5LNbbXt1HvxLhiOZpKL7+chp28Z07ukCuF2BzC6ftfR8vL086uj5b88un4++f7rE/Eq73Tt",
-	"0hPiJr88vvjh8fVfJqtPH25eHEZ/vdmF13EPI4UOBNnFfl72+5bRO+ZaDyc49rzFxoGWqTq7ztonvtno",
-	"DUbEkhEfsqt9F/SQhVbn+hy5qp2tYzyENWkOuPdeGg54Hl13Obfo/UBV51Ek1jZHnsQXGF2bwLdn7Ock",
-	"aWey35BTByP2NKHUA76tRRL1UhUptkFalzsN0otc7KVn+32cL9WWWU1XAL2pD12BD7Q5WGpD1VykFS3G",
-	"dn+kwbx3xelGwNKw5RrKHWzf1pv2HuAlCXoroTW/gilt7ymTLV2/PQGroHRZHP0aHE7pbRh7HhjTXb18",
-	"mf1dL/ToMHMBr8DtjZMY1Y3+lMesFCYKnZipJ8h27Lb22G9lv1s4tKcCJtp1rQNiK5VEqxpW/TAtO+NP",
-	"fO+9KR/+eA7ncgNB7lKX/sDry68ytsmwH78iWJSu3ZjJ5nawftjY8fDgzDWrTa4wZNJC20jRcOXr3elq",
-	"nfkMj3A3+v28sL+FvfobmJydbYeQ45cSyGlZVQvRs0ytqUmmqWe2EWG5R4Y+vddtWN8eMhRdrvDH3lzw",
-	"TGTnBWg/33yLPAeVPmJv1OvtAfIis6pmFb/p0UWmbKW3kgYyYtWFj0pFzfRbalawU0E8iS1XVqo2ZKL5",
-	"taXBfmmH3pwmJbQ5p03KtJOWbavXfFuWuprax3rMZEd6Zjm39TQ0J7f46DA5Ncyg7Cjbppx7EXPbFKSl",
-	"P0s5lcWlbE5lTDbrIFyoNFWboZLMiC5tWtjizgasaQr+/NPfD+4JFolNWCxapLdKg0TWXOS/YW0RFhNV",
-	"YgXGVtdBFfqqhnHlzeDfheY0z+RcmZ4MsCcdN9Ibzt3Id9+++z8BAAD//w==",
+	"7L3vchu3kjd8KyiefSsUz5CmKMm2qDr1luI4G+9xHK8tb3Y3zGrAGVCcaAgwgxlRTOyqfNoL2Gdv4d1b",
+	"eL8/l5Ireaq7AQzmH0X5T5Jn95wPJxbJATBAo//+uvvnXqRWayWFzHVv+nNvKXgsMvzns1is1ioXMn8l",
+	"1infihg+jYWOsmSdJ0r2pr0wzwoRss1SSJYvE80yoddKasESzfKlYDpXmYiZKvJIrQRTC8YlEzxLE5Gx",
+	"TPxYCJ2zTZIv6dd8JWYydDNH2+FfxTYMWGZWwObbXLCFyvAfZ4zPtZA5UxIfV1lylUieulWM2NPbtdIi",
+	"ZrmayXmmNlpksLBMFVdLFp5HkdB6+ETJPFPpkH48/Ir2IBzNZC/oiVu+WqeiN+3Bu/aCno6WYsVhL4Qs",
+	"Vr3pd/TF90Ev367hdzrPEnnVe/cu6D1XEaetqu/cxVKwNc+XsCWw9igTPBcxLF0VWSQCJkZXIxY+uDl8",
+	"oDJYD/zn8tFXP05Wfz29/cfj9fOjm3/NwxF7TVsMmziTMJQ7Ay7jcudwk5Pc3xJW35GZvOeW3LG6XtCD",
+	"M04yoB3YJX/3mrv1SuTZ9nyRi6y5X1+pDUuVvIJlb3iSByyRbLNUqWBaRErGOmBzsVAZvH+ebRN5VaUr",
+	"1iCr0Uzu2It7Usdk16uuEpmsgFYOHZEkMhdXIuu9gxdf84yvRG4u3pMlz67Es7idaCL89jPNkpj1w2h5",
+	"+esv/xUejCrHEi0vj56vH+svTm5eRJPrb398BISbwBBAc72gJ/mKfgiDXSbxzpNa8dvnQl7ly950cnIS",
+	"wOvYvw9h8XkuMhj73747H/4rH/40Hp5efv/nv+u13QjvEP4qts1XfMFXQjMlBUvVVRLxlKm1yPASBUwr",
+	"li95jiecwM8WLMlZzq8FE4uFiIATRGLE/l5IeEYwzhaZ0MtgJguZ/FgIdi22bC2yclDW5+zNm2dfsJtj",
+	"4FlJLHh6gDdHCxkj9QwGQD+DATwc1JnVXMXbABiQuBHZlmiP7jTPy1lGMzmTg8Hrrcz57WgwYOfsdZ4V",
+	"UV7A1f0yEWnMaJNY/9WXT9jj0+PDg4AlIzHCuWDZiWSxKuapYD8WKhd62uSUUzbrPRbjo9NHj8XweByf",
+	"DI+PxOPhPDo9Gj58fHrMTx4tTo8mx7NeOGLnbM4zwW54Wgh8K1XkZuhgJrmGFSZrwaI0AelA+4EXTzMe",
+	"RWKd48VRuFkSj62+W61L3GeB4Yhd2NfOtUgXMOnhr7/8r8nJyUyus0TmHHbi/PWTZ8/wSvAIrg/rh+Pb",
+	"yTj89Zf/FY5vHz0NDwIWcS2GWkid5MmNCFikCglL58BocMnlUcwknQVtA76Z0BFfw7+Rs6zUjYjP8CkS",
+	"lWb/zCpXfAvfZcSI5oIVa+AtJ4eTmfRXOTk5MQPH3uoDJni0ZOFsNuuFTGX4r1kIrE4nsWD5RpmVHYzY",
+	"14nWibwKZlKs1vk2wKMADhkwLrdMwTLKsQMYzlt1JtYkb5RkGkiXpyxNpNBTFh6Px+FM9sOkPLnLa7G9",
+	"XNGMIXvAGt8l8oanSQz7LVVuxL6l+kitBRD9X8VWs7mwbBzFHk9TkbH++ctncNoHU8alWTp+g3xOyBw5",
+	"AZIDnApc50ykRmBGKos9etFsrgoZ2xmMkvGZZotEXokMiYf1VyJfqjggGcxlPJMRl0riPP/w+psXDC72",
+	"wRnLRAEvDXwG1A7O4mSxEBloHVZ9gSWx8HgyCc0LvxKgNQFz2SQyVht4d1ieFtkN7v1KrOZABxxXDOMO",
+	"BjxnqeA6Z5NjtlRFpgcDtsjUCkhrJhdJpnNWaMHmWxaLBS/SnPXNgFrkOawxfPbF069ffnPx9MWTf7n8",
+	"69N/uXz19OLpi4tn37wID0bs2yRfJqQo0bIYn0niV46nwXJIY2hV3/rlbc6HViucMlQCDwKUyxpeZya5",
+	"ZIkcrjN1lQlN/LwfHo9PQ/ZnFqKcH6Kgh8cUbIkuVnjhGAjGLCvWRJxixAaDc3tTZ5JWPhiYo4Wjh/3X",
+	"G7HOA7yv3J2LERWFNpzJkg+bZ1zGQyk2M1nKAfp1ITXjVzyRI/ZXIdZ1rs6lJzl+/eU/2VYVmfl6qbLk",
+	"J/p4JjciTd21dTtOK5SCqABOs6QAS/e+zCiFOioGwK/hv7pYrXi27U17nzsOHngsGNWda7HtBT38rjfd",
+	"Syr03gUgqQ0rrE7UKa3WmViILBPxgTfbvlIINQJUS4gtlYpJTWrsq56cHE7q6kmLUp6skrxduVopuM+5",
+	"WGlgH5nIiwwoEul3za9EwA7hi8PxuKJwHY7Na/xYiGxbvkWKM/lrNVeXHlnxW6MWjsfBbiUx6H0DanaX",
+	"Uog6uNUJQRNvUQo7FPQWrRBH++2UwncwDZksSOaf8/gVXWH4K1IS2A38k6/XaUIG1YN1puapWP35B03W",
+	"lX9POoRTlaK/5ulCZSsRsyatGTqGyWM8h44Bg14scp6k5hRqA7FVoXNQAg6HIO+7tZaAGSs2EnBkOud5",
+	"oXvTY6CKPMnT2oUw2qBdgtnOZZ6v9fTBgzXfrkBfG5kdsTulH3hvMbwW26EdAi9hu6yvbtkL1XhFJYmF",
+	"AbO2jGuPDbTDVzYw0R5zNYSHIqE+KTGLvbeqnOy9t8oOQfwKt+0yK2nUY8gq3rJ5Jvi1YcV0X1p2pDZK",
+	"jZSsDAMthC25ZhN74mwB/Ffj3c4yBSbjdz/38EMwyPkK1Nte0FsJrfkVTGXJ0AjXKxAyC+b0jcPeu8Ab",
+	"ICqyDN67dQjgg2rBCh0HTBRZwK7m64D9sN4GLFouQNeOA8aLuPfue9gonXMZVf0EnYdm3q7cj/0Pix4d",
+	"2keRo5SM6u8ysehNe396UHq6HtC3+sFLGoMeabJVT8Mzk0wZZyvHOVRmiYs5Ex4+JAINQNWA80PVItGg",
+	"Gc8kKJcBHmkhr6XaSHOg8FyDcFg/rBFK6FmgarEQMk7kFeiHOEYiWUhUER6cMZWhZVq7nhrWZZfdreUf",
+	"MNDjynftd+v8La4V9mQpomsRW59MqX/NZJTyZAV642BQ2gqDAZr3i+TW19qNC6uio1rtBvSjd0HviZKL",
+	"NIneQ1Z4t5EknlT5ZQQUmwKb9q8kCl/WJkHhXNc8iXGlEZfwRnOwa2AYMBUzsSjQcNbGdQNqYS54XOVf",
+	"p+VVoMlgoMpi9r4P+DJDqfKh9/zHuxLkn/xMM+IUcIA8FyxWAimc8TRVG6LP0nODzkxOO4XrK/cKLS/c",
+	"LNJdGgcBxssXCsdGUpji4FzqjcjYJklT2qsll1fCEEXVy/RMvtHig+ijSfqXha5QyHndm53ohtwCQyWH",
+	"9c4FsoxMRUJrEY8YWkSeR8KzkFgsUt5G/l3k09QUGK31AxSFIYzwMUiobZsa3KNzo9q8EnQU4QFw5jS5",
+	"EUxtpMjYUgE/NGznM42yTozYC985UTFEbcQiT1aCpWJhogpGTIqAZaqQsYiNS6fievbMulRoPZP5kkt2",
+	"OAVjPafYiFsX19aqBpbgLGvPkLwSuUZHm/XdH6BM4XomU4V2raA1VZ7K+bXQTMEaiGmSRV25hwcj9lKl",
+	"KeypVgqWA/x4ybMVLPuMJfDSqVmBNUjRbB8x1M/Q+wL3Do3zdMs2ywS2Qa0EqAaJZhuVXcP4SlIwws09",
+	"NeTNWXgyPgoDJhUKx0STVey9il17koOWgmox2sJecMo7uS5qNL9+4EUV3jU90K/ADI8/KnPIaMi6blvn",
+	"BhtQAbSIO/1K/ZffvL5gpepEV8YeC/qnKkxgMulmAm5N780EzAgfR4603nrYEJ5mgsfb3Rvz6y//WdkG",
+	"8uLNJKhj6NZrUVZo+SBKShaAvsolRoq4ZrGSgkjRjyX6LqIEdDaOgQZg2lWZRN4cKTalRwf/qvhzgPwk",
+	"GMY8fQpq2ofRnRnpEjW+ijCSrJDido0LZfg1UxHK64racVLVwGk4Zoe7hwJOTw7pyY8iJ1reAHRh/43h",
+	"ML9psT+BN2vBxK2ICvx7yeOZnIurQgYkcdALuMBQsWHAU2A2iWPNfuQ0MKHVHb7PAM+7Ip3Z01SLzVJk",
+	"woxccYtXmVnLwHcxtZbgPO7iC5V/CXLqgwgL1K8FjuLR1AtlFLc2LbiqjByXRAWXzQ61Nz2B6koPfQxS",
+	"eqGYLqKl01zNWSXaBR9C98KgRsAxJjFddjTQ0ENNYQuNQIJqiKKmVMCaX/Jtqnh8odRz0Pg/6DAM07vM",
+	"lbpMcbRdrgJxGwlhFB+d/CQYuiArx3N4VB7PK+sqV4rZwfc+JjPxMFdqSA9/bLvbKAi0NDg0TqoUxT1A",
+	"q4O3Y/2wsUlVRj/qIboAf3ORrIQq8o9zJmasjhOJk5gsoiwDxXRDAZjDsT6zwVSKNQRswXVe92g9bjkm",
+	"N9/9D8k8+pGPKDBnJKO0iIFXtr9z5dBAwttXAY2+tpvhGTscO826DHehhk/BaNw+ispp42JRiulUbVKk",
+	"lwgGVotFKc4jJaWIrBSPUoVmV0kh0+qJdHobXovsJonEG8lveEKW9fv5qI1No7LLojpW6UtEiJD9Wbmx",
+	"ZPfCpiYr0eJZbB+5RqIRz+I7B7d2aXUzanrbWdXEIIOcNPiqquGxnZdu4uoS96Zqt/KhPwD6/eiAdu9q",
+	"zHM+54RSK2QmeLQ0K6hvZttwta3sGKzz5Q0Jve+rmxXVXvzj2OaxWAsZo9FgKeIKbjGHO5jIJLduFxPI",
+	"NNozaVJLvl4LCddqMHgBtvBMWtfe1Bh2ZAFWzW6H3nJU5hAkTRNBScZnsqbv0WKSvIwi58gYMhEpDN+u",
+	"FYb8k9zzFiHcLrAuOZXNpHHU5ZskEgcYyR+ysPUyhaxPz2mjKMKD2qgO5aWCK4Sxc9AfFjxJgT8i1IDR",
+	"nTG2v1EOtyJnqG+McOYWygtZH6EdzpwHjphnXGpkio4QYa4iE6zPWap0DvOV/C9gHFhxwtPkJ7qx5ucH",
+	"Z7C94QM0wH4KA1xjF3F/RHv8jeRFjsHzD7TDC38g75K+FggLoPiCAZowrtln5+bnxj/xueCZyNisGI+P",
+	"omuxxX+Iz6pS+bC8yG+q8+19gyvr/Fjy2L5Xop1vX2XGPo3UlUw0+lf9uY2OVDGAR9Vj/fbbb4ewS4TA",
+	"yUV79JmXvwB6whULliuwiasxaNri3i4YKJGELtZrleUi/lrECb/A33wQabgBL1cw4iVOWyeSvK57cs38",
+	"iWCCqi594pODm4PhHMzMcQ/CcCMMcYQhPvqxSMRq02iJAsPgmoX11wuRSNp2q6ZSgz7kVubhVpskci4Z",
+	"z3OxWoOdwdZ8izAatCUt1jZvqCSwzesMWF2ekMZkIpvtFIjfGW4eIzYYhzSxzM/gUkhUN8BcyD3EBD1Z",
+	"hUocnp6eBr2FylY8Jz/Lw+NeE5QR9Axo+5LnFbLrTcaTk+Hh4XByejEZT48m0+PDf+15I8Y8F0OjvtXo",
+	"P+i5AOwdp/3E/u5d0DMs/JLIvb5D3y63jLOQRFBoZR79Sbvhtv0zzWIRpYkElTl2KPRE6mKxSCKQM5co",
+	"7TC+CFbwJtGChbJI0xA2Ef5BShcBRhqvl7RAWL5Z8x8LsLoDts7EIrkVMQuj5WW4D6y5MYODr3RDZYz9",
+	"Txux5lu9F1SmMZO5ypfkdewC+eNvrGfSkGh1vvXqEqj/8ibRvG0ey28a6RdrsoNC44evH6VV5+nOU7QZ",
+	"z9vex0QjaC8hQOZcgBYEOlR8EFDgItRFFAkRA92ozNGQwaaZ/AezCmCM9tc9okkR9773X9T/vgnMKsFG",
+	"3/UQ2uIBkRyuwcMnmG1pnEPtPlTuaZmmoeY/iAgN4if4NbEvD3nE4ziBjebpS48RLXiqRVN1torkgvnc",
+	"ZVGkqWExTYb2HtSTKzMR4V1zEFSlwgkHjK4fLaagv76tP/4WVeQ0Z2/hy+FwyMz/w5+hT4Uhe8vMYena",
+	"1yv0VcA/d/yIVvkFsRL8oWErMQKMJ2HAQvMJHlLIwishRZZEl+bjsDaiz4K+RA60z6AtjAvGnckvEUFL",
+	"+6KN/5ayRkBhtwkGpN6TGdG1pXOx5DeJKrLdu7pI+fUW1lw1EoBSyV1HEF9zM7UNfqiN1Hkm+Aq1O4oA",
+	"sfDk9jY0N9QewJRtVcGuRE7xNRrurAs8UVucdb00lldG9SuegakN4lkbxmJZCpknKWJwETGbOZyujJJU",
+	"ZH5or7qCjOcCgZlELdVV0OSahceT05BepmJEmuXUhgTb55UBFjbHtBacUz3mBZmNJdOEAczQZ+ZFkDk6",
+	"9rlIpPG1KimYuE00slLDC95WmWSVxzdvk/dh9fZ4XzQugfcdEpj3d+ksbNlj71N/m6rcerdYqjHsGjfr",
+	"5rMIb3lfNosRtcyg/+6tH6rN3cphCNpfyP7CDk9Hp6d7KYYOx3tq/rcbzPt+Kl7lperv+GUmQBrcUpIC",
+	"htLhNiI2W8hIBDYRZTz2cKcY8F/xLXlElMx5ItmLN89Z/82fx+PxGBR+BDWsi5zuiCwocWEpsppld7FR",
+	"TOh1BpdLGyB+lKlEa05wRA+kPR5XAcL/NpvdjsffD/7uTiJragHddPYK3TLvS2jGG6QWjDOntTjhi9Zi",
+	"+PO7kGDi+FNMFSBr2mQerHgitfnaugTvTbNugpJwib200u+IfUHe8ml9PaDa1RdkE2fNa1UzGvGYPpTW",
+	"37Udj0f99W1P1UZkw4hrwZ69/oYdTw4fuRdFi4RyYlCUOWs7TXQ+Yue4X5p2KdHusZnkmbDIV/wauLx/",
+	"5SPMb4ObExY6Bi1CFBn852q+hv9EywX+h+N3vIjDs5kkANBWSHrwh/U2DEANj5aI8ZFKohfRkwCFBrYr",
+	"iqwX9K7m617Q+2ENDDtaLuD/Oaq5RU1jpocaFsHTG9FGN68VsF9HgtYlC0RETAEPQQdskyV5LqQlKVQL",
+	"0JPIKUjCtSUMeSVmsEs00dwoRbFIkxuEATkcsZKRcBNtxHyp1DUTMkbvK+1Elfj3t54n+1vPMc9592Un",
+	"m7R51xKD4eKGhqwaT9sFvDESmbSZfzZ9i9zl6DVFB0mFI5aXm6RGmWrbZciWUsGcemnItlukbZdrb/Na",
+	"3OSXIbCLuCAPkLCHipm1cEuqHB4eePhP86PoxePVP/50ePsqP9m2nUBunHWW7ElcrzmacYbT+Hag+ciY",
+	"i8DvgT15P/m+ZpqXo+1hQhofnEdrhkbaBAfequeJzttY05qTfSfgRzoAVQTML9Szm5zd0iEmE90l5+k2",
+	"l8fJs4yj0F9yfblSWatPRyAGAb41S2ILlaZqc8bWXNP1TeFehkkcoqtP5zwD/fSSU+QlV2gu5EuxGpWb",
+	"OVcqFVw2dhNfyFtR2/5hapgDNtWIUIpqCgPJVuNubW6gSUhoeW8DJydQUKKnjFPGJjIatFGqqZ/k+OyH",
+	"JjeCUg7J5OMz2QrcBwkhOWY8IsQA+H49GHXQKIbgtJPGnXCZFM3XodSATaZswYIkN2tja5EZh3M5yZ3J",
+	"HHfdCtrXcklt5/iV4Cloaj+3A8DBcsbDW+LvwKiatyg3nV4rdW1KhtDz25rz7frOdzAjty29ju6MVNbh",
+	"WvHwCJhGqhY2vQUlWFJFUOoW5Y2swPbRF0JG5Fa7FnLKwsPQYcTI0HfwNNDrokyA8SRiygBHDDKXTNyu",
+	"E8xKJ7hvohHlKxHlO2JPMbgJkrz0O/lYxUhJKwOJn2OGBWdrXiCWWqWxyJwtG3FpIMwwOo2KCEb4RArc",
+	"Jzj5GtUf3mnrVKR84zJLlxqy4Zq5NOeag7SpEoz3VwloF3XrCsJyeSFbp4U2jKOawM36Ninbx6OMmE1M",
+	"TrSXjzyTYFLNRXtSss0nryQkN3Cibe9+NH6Pd79uq7FhUuUDV/Whkd1LVQaqZ7BXCnHLElIVXYv4Ej1D",
+	"bSSQpIbWHVzTh+4HxCmAIdMlMKfJ+jZbgufO37Ti25nEciBAwwdnJi5BQ0jVmCMx1Ny6l3dGMqxj8BIF",
+	"T/s2owReL2Hh1fsJWkAqcnRdomAWsfXoEfMntWgmQ6M4GkINWV9l5ifG8Azpv+4Xzne/SGSilyLGYh/G",
+	"d+XjmcHkT2QhNBlVaNTXiM8O0Wt9f8Jt7fJff3Vx8dK6Sg2PKtPz2+490mSV8F5+8/pi1/yYvHxngaV7",
+	"T3tHbaMHxoHYvjJyp112iUC3NfQDu0aDPraPI/DUkTDcE2myLCys0S9AND7spFmPHXcK5URe2nINfjjJ",
+	"y8gtJCYpUpUHDBdZojpjoaPnkAxBrFrhIVzMq/VtdQmbW5/DLY0Fj0N70fFktMgZx+oJVBvBrENlM9nP",
+	"lWIrLrfOV4775GfTUPJQITOhVXpDRiqqjNJRITH2moXu7QHYDPaVECfAa4aI/+1ubYUqMbhgVY1tBE6P",
+	"aNyoGok36arGXGtmjif32jQl9MO2R+tLb6ktfmBt04BS+Oaw+VQtAb5FW03rRZFaV9Kn8c5+0ij94XT8",
+	"6NNG6Xe6cBFKWH6CwDsJu4zLRz3RcYP7uV4/Xkge+GD4fqHyu0PYNnRk3JsusNgPgeQwH7mMraJ+W6aN",
+	"2n+iUUa/x40ov8D6TQhU7IpdWw+FeaIWCnE/28Pn0Bar9t/aYwZ3RKbxjt7lkCAh9VEdEsQb3t8hYRLW",
+	"fneHhEVEtXG5V18+YafHJ4+YwV8xwoJp4/UL2jFSPtaMTDoqEYTeCESNki+QFHtNBT/evHqGVeeuExJA",
+	"+OPpTIZ3Y8IIjYieb/QOFBJ2NlKgAqMsjbAqJltu10shNWEWQ8Lt7DVBxLN4GLtAPTqzMernPhuBdI+F",
+	"zZCdSfQWU1munDByTC9VlrMVj5aJFMNMcIov0C05w4pL0dJaoVLl5DRN8lSECL4NafOdCx1vq8rYWqh1",
+	"SpUswaoqk7wbzuRW5BPW9KkvihxH8MDI985X0ZzN+hzdNUy6y8N05o135ozWv0DFI2jNAmpmoXTCHP2M",
+	"LlIuMMceU/VF6WpuFEAoP17zrfmsQhzOf4s/KiNLzo97aTKSTEybzq01P8HuuE6uJAdjFD+rpTi24fGr",
+	"alltdc0AgQcQaQmkNsk/aMCqMsG1K2rQCjGBUep4lqrcbD7VvliCpzaZ/7JYcenR9O065ZIUddRwE20z",
+	"Pk1VIU9fsIgHBP2a1zSp6izRuqDoetOPYsrNtO5Zs0wJjtaoWbOX+PH8yC0yqKwrs7/Nx3ODd/xoNt6+",
+	"ph2ybnskrjCxv4rj8aRNbTW44ubRI68N6hRgMlzsq1dETfWln8DZ77oiNoLTmLiUZpKvnBere6Z7Sh9f",
+	"+S6yZOjgC3eqXRZpjVvmq1dwyTsUA7rOLpC6f8DwXFLAhRQEc29q6GVECIAKBFKLx7GLGWKBBuDY6Iw1",
+	"sKmZdBUhM8EMV6aslitZpgy3hk93eFU9sJOpLo1GMKwd7aw3Mrm1+TdV0+rRw+Pj48dHDyd7GVhWtbwD",
+	"m+5t+BfwRIflcVHjtrTXSXzmxydhn+IydBm3BSzX4ia/PL746fH1P05Wnz/cvDiM/vmmd0d9wGb88oND",
+	"li0D3DtwuStq2bK19w6A+xvucqKsg9FRDSq1c1Xk72PffxLTvhNKgs7Xu8AkVXrpgFrsozD49IA6rMcU",
+	"fCn7npj5EgV62enQ95CitdAViR6jORHTMgHSkkH0Fdn79MVMum/KFFrU+l2haxs2slEzl5OGoLKyFmmq",
+	"Ip5S8eO7aKrmet4T7b8PC1EbyZLYBeDqi6mxjWh5efrl1dHyHx5dP5/8+O2JeJXfVwHwJzd6gJ3cWpek",
+	"PHbA63sfAJqvEUuwK1pKGLnmO3ytJBaNyYsMdEMMD7Tg4N7Hy0dbLvaEs90NSGthCiXSpruAvlvHe6WY",
+	"7ONSPJyOJ9PD0/1dinu74TJR98Jl4vLkn7eH/NXjq4vV0fyf5MPlJ84juSM/5LfIDvGbFziX276eNaL8",
+	"u1xrvGy3YLJ8A6bS+GO52cz1e38/m1nU7+9o+5bwfufRdcflj4BqUhFfIdCB9rYUPygJWjbT6nd3dZ5x",
+	"siRmSx67KlJzIWRZPe6sUu6JXEnV62+wwPX9wJiNSG7alO3zdMO3mpnl/PrLf1Ylm+YLkW4NMqA2W0XY",
+	"d22+mznwdqN5Alj5ICqyJN++xvRbKhiO6bbnRVt89Fy6nGHn6NwrITocsWe5cf8tEpdBQaV0ciG5zA9G",
+	"M/mFWCkEzkxZqK8vc6HzSx6tMHmefhzin9Rsw/3kKlVzcev9yHxgInWUWwz7ZTOJvexaSnxN5ELZZGFO",
+	"dUFNXeuXxgwtcfFWK+q1FEPQK56mNt1H42bB8Q4G5DAYDAI2GBgHwWBAdUN0DiyjYgqSAjUYmKs6GFCB",
+	"eOxek0RLo05hDc0h0iTmIPk4HqAhU44826KL+YXINyq71tYi8vAlVTiuSQHnWJXTQlFMDRV0ioAswrip",
+	"qcc5k7lIU1raiD295VGeboc41oBarAy8BheRWlnwQL4BzTGhEklXyKKm1XL5BEKnHiumdlXbimzqVZKb",
+	"moOxioqVuU6mlEue8YhSHeYqX7IlT2+Exp3505/YeSUbHT4koFT44OYwdPsU8cxkePklATgjujKwLXTn",
+	"h+FMtl8Mn6zND2fS9aGoXpDBgAh6MCgvCbvYKBbDPaHvNKUQUckIcuPM1e10JkNzcaoXydwcd2Pqd+jg",
+	"zA+cI8BLb5I8wkywFVOLxWgmz+3VJeyXFkIHrgUEusnTNIlFrfiga85hY0/mHgROTM6kAaWqJpRu6gpG",
+	"ilSbVkZlitf4OKwZHQ3o5UwiZmO+RbKzm2eMjo1i9e4gesTO/bIINlvNK5rAYeZD6uARPiBg4k9hUNbD",
+	"cEsqpZYFuffDB+afXmUaF8pI9Ex6FRJo3UmuWegM9+Fr6/MObYMWUyT4gEkhYiaVXaulcr/AY5RyrYUu",
+	"Sb28dMhXNFUfhl/Z9Ac/0ox+JpKi4e3QO6yQidtcSA00T8mPNMbbxu/espXgEnb3LVuqjeNWjZTIenok",
+	"8ra3LIT/wjCvBI/1mRHO2grsEX4D4y0yIdLtiB7GLeNpuvVYCgxmPofxvlCmeQuWdQHWeOM3yaDSxVj7",
+	"wvwOWV2fgiDIy02MGQl9apAl9tOAhZPxmAojICFJVF/ry3XJg9SWrcykKL0hpoqyeTEqcPOWhfgPeA9K",
+	"adJ4cUiHQcMatuIFRsm5bF4TmhehnIFXCtfH6hjj1F23KgAJGPwqyS0IxEsQKV+xWbYHyx+W7xEgFVFl",
+	"SWrSZV9saL+AN/xawcms0PDcURZi5+tS+xZNansiCRmtVklEEDzDxKp1gUz5WS1sKqeXdrrLqRKLDPQy",
+	"kn5bVWAbB4WSmJJEPZydg9Ya2xOJ8Y4tPHOoRls3N8q4XjLlSui6ZNqNw8RXcojhNNdrJEc4jIq79C0L",
+	"/b/hAJ5J6ptk8xvq7tVSrwW7AlZPKGpJ/aSMKqLPmHvMuLNL1b/q06ZE7D/9Ccdp1noiRgg/eWX04dL7",
+	"ZC8GCsA6LZVI2rIRHJAvtoKzHeBmcjBodJgD4XxHOzielznUza5vCCidySG+kukMBuR4d7O36Uwy9iH9",
+	"3OD5XS3d2Pt2dIOBK03d2Pv2dLMb09rWjd2nqxvRka71dqM9kAwbohF4mGNLNIKwv29jNBgVe6M5PWFM",
+	"74L9zGDDdaTWIq72NJsSU7AXn9Sodi1q5N0Dq596zcrg22+9Dl2BV06ROLYpZ+u6m1XDn1P2+qvz4eTk",
+	"of18MCAMAJgweMCDwZrnSzBiXMvDlm5ocDvI3kQtjmkEGlB3uiuZLJKIyxyUnlzoNY+wmAj2yzsYsVdi",
+	"iBIUiB4fRufrMJGoJZtIoi1Q5MSzeQGjD8DPuLtVMzBXYGDC03O/PkJZMrosD83K6tBlw7a2gvK2UjRa",
+	"e3R6nOkkRSFNQEdnqRSZLAull53mSJkdkTGQ8U219FLZG8+cubVorPlgjpZMPJvOahQQX5Nkv/77f7A1",
+	"z3TZXwM+wZA7fO2HwH/99/+Ac8beG6Z9Gvy+D4zRyMhEapHlZ2yzVPjW9DfWagAxSALAIugPcCr6U4xI",
+	"O9RJXpDEe1uqEG/NC/+/Hbqg0RNK9bytovNbunWsuyfhW9CRy8HKtiWN7ohzXu256G48cYCD7slswxNv",
+	"MtchxgAd+pbgbEPXoNbmxR++Bpkg6qXcOItFK2eyUifwqLvS0bCN1Gm2yaTlZQyZt85AaoR9N9J5E/Sk",
+	"UTu/t9QUgHU1Y2gp0bHHPE4tNbU6Gmj4waDS/plcKaUiX4AGBn/QTpDp+IRKxg0vEJT3gIW2JTM56zDl",
+	"Z0dlb/YWf7Z73aCXAanVk1Rw+z1eXWvRMBhYBc7ltFdV08GgffqyT0gjUemt397Q73KLoac09nomXikp",
+	"DsoJgDsg5Eb7PXuQX6CMa7Tq4SxSWUYF2ruqzCALm7JFckvdIKiontWmbLXdEXNT06uVeTpzccVlid21",
+	"CH9tZBXPhK0yWu12nSbXwkasNKaIRh7qBXtRTsID7NAE8kNoPcyKFFkxdhOiouUzGRcossoFmS6WWFGc",
+	"axY2EHIUB2kFv+GEsGpsYOqq2yeVwvusH56gTQlHcs4GA6/AZ2mNmAJX6E1qLzoalJ06sFwQLut4choe",
+	"uFZUXJbl772WOok29kVX9dPm7Q5qtWBBPNseC9wVVkTKo/SR1hKto132kB3HT2Ay9wdMpTmPrq+wRYtf",
+	"boinWjkzSeegb/mdsAg1gvFhIGnbPt2kkmF5HzKhVXbtggo2JQoXZMIoHq+iFEmU7fU+sHTJaq05XGdh",
+	"RADZrhf1ZrBe3iGcebXx60zu6vxadjx2bIb8AC776YyFf//0YiYf3BzW237oBz9fi+27kOml2piGtZ9p",
+	"Fpa5JWGZBlk2lmV6I8SamheJ3NoRRAF7t2kdDFo42WBgWzUY3SMmHgLUjA24KHnaBFkCg3zCmreRksaP",
+	"M2Kvlb9em1RtbAWsMw/aOxxXpbmrETkEbJBXtia7DZBXze9cUdoi16ZJSGDqpOOR/ViIwhTTMO7vTGCc",
+	"TtuqO40OsZ7kb2mObrg2dt+tHYhHkFjjjIxqtFmpiY9tUVTma1mtxfa1MATHUe+fkpFrgMfmJcoK6wQU",
+	"Jc5kTxnuE6glptrQkt8IlhXyIMBix8fjU9ahSwTEtQLgSRP6z5Ex/E/Gx+SwNUG4rIN7NH0LFfcyCKUR",
+	"+0pJVdSKU89k38DjDmiT1pnQQuY+jAcYD1OLhdHeijRlPyQ5WJYzGepUiDX7CwM6Vqv+OGCrRPYjvgY1",
+	"VAv2v/9/Nvk3Qy8HB7a3H2emyo6pt0R+LJvrxlmucrBKY8FjlGZen+G6QlBeNtiaeREDw7Jt9In/8ytX",
+	"ghruTLJI0DqxNIgeKGc3h8e3t+HOBmzs3NXiQ0lp5WspWhHvDzLOXpu6tm9SJ/zW06aQnbUUnYJhIxWJ",
+	"Y7oIXQksnMQW8UtiTTQ7GJg6QaBB1OoC1cBpg0EJRAG2YyqDJZLKBMEy/w6LhJ2h7wbfCL78YU0tzP73",
+	"/3cyHtMt2AppqgJ54BZXXmuRKp7rES3viVu4WWErik3FvtpYLYU0rZYxwsWZSkZUpailoJGZ/FlsZzV4",
+	"MPJT2egPVjQ2QJSpSQdjfWSpBwFVbLWl0eHvTFyGMHuftCH4CKvOsD76Ecu2fs6GXZl1XCQrYIartV3O",
+	"qy+fsKOjo1PmEDR4Ym8unthzJwWyjIHY8iBA5Xek+rB+d4pPwLQQJL5Ck00UmuacB3ZXDC7aJP68efXM",
+	"XLpG5gnl0fjpMPRJgM6Mak4MsykxI1ZmFN0rYciE6037ojsSh+6RMdTeHjAcsX8ix4MnAoAcjdJme5Wy",
+	"ZqvSs4pyrjE2ixWLK8U88aAx15HGjjhm0VvhK7do+2JJSmSHG2BxWE6j5CywHm2kV3g8PglZ2EyHcWxY",
+	"svAcPgpdXRgSw8aNxMnYdiUysUcCukv74RdPnz+9eOo1bwNC4tu2iutmLY9D1uiEQkKHe54lNKDKopy7",
+	"m6xgowEaivXbe6qctXRHQWBXs0UKSdrVPLkqVKHtmqz6unBZ9J3uDaOgcGmq0olUC1OiDM7EVPExVxIF",
+	"FPmguQHPmxheP/x5ZvBes96UHQbM/3PyzgVekatkdiuc7pRuz9izIbXhBcbw6Pj0yBlmNQwMsMeqBwGF",
+	"V0eswrbxJmwWapFKCvQdj9jXriQ8bVmkVmuOxV3QiZ1I58ZOt6wfnnsMCdaKPtBMi/wvby6+HD5GbgCf",
+	"H5zZ8kdIGlaTxR+Vap/xxZnK/kjGJgiA8e4d/o8Vz641kqCxrGtembOam6dvqxJZxWkmCSViSaNT0bM6",
+	"3VF45ntpLA3YFAbbxmvEztMULLZMCNxQcbsGksXKBJnaaAocnKMDYAiHmKl0+BR/NPyKNsKiitIkEpJa",
+	"xBqo0PmaR0sxnIzGvaBXZKmXzLLZbEYcvx6p7OqBeVY/eP7sydMXr5/iM++8XjdN0NH5y2e9oHcjMk1Y",
+	"o/HokJ5RayH5OulNe0ej8egIk5LzJUK5LCQB/n0l2kCLFkAxgdvXwHGiTr82vpfsBu7fVxcXLxHLFS1F",
+	"dI3KSdkAhlw8ciZVFi2FzglD4jiPsVUcz4GLORcRL4wv2u8bMs8SsUi3jG84wRca2IUp6uoLdGfUQv+2",
+	"gjFF0s15OYb+LO5Ne38v8q/M5pQlEnDTJuPxjrYRLe0iLEC2p673b7tgqmV1dF3w9p+nyY0YVcB6vel3",
+	"3wded6LnyY1AbRlravWCXs6vdG/6XY+Ov/d90KtAL3rTHmwcjmmQKntTiJCV4wN5GmPPjkWRksujXz9K",
+	"1wDGMEy8rjPprCHjGEwVj9mcp1xGFKJaa9eyK8/4YpFEFCxLSBdJIv6JCOMVbckfjC5wVbADKK7tlmCX",
+	"upPxUde47hUetHQh20VUMF3y3lR1c2jTIB/87CDX7zqp7JWJivm11Bw6zPk/ym4USpbFnLjVAQ20zcLS",
+	"Z9L8quwkQj0+S79nrZkSOS+2Aqt0SefNSGKM95qIHYheisAGLrRrPAofnxKfLF3a9odQYq2oqJeH0NV1",
+	"pFFWtNosRBZpSrkHHckPd1UhbbbBqBcOd7enBPjvfYnMtnUwV5uH8i7oHdNO7r44n3NXEBofObz7kTe1",
+	"bk3H4+O7H3JtWPFG77GwalfgD+UD7ub/vchdDoN37W1ac+e9hzO1Ecze9Lv2dZQ/Maf0LO69+76bZTww",
+	"2NBO1vEcrDPjxqK8hlpNRsdH/ByMCldxiSzEMJBLeNls3WyCGI7PlEbsJb+yynqRaZUNQQzGU5dlMZOY",
+	"YWFQFcbPW5YNxySS3ekXTIpbLKHkcymbLeezKvZbcSo4g1fCFiS4HxVgb4Heu+DnrmrqSewy4f02JrhR",
+	"5PsuvbcuT5DnBmeeJVfLnCKEWJG671MB8fnEPOD0VCziyr1j8Rv/VOA8e+RTJfAyPxYi2/YCayhUz7bS",
+	"2cwreT85OannHfsF8M+H/8qHP42Hp5ff/7mtCP73Hyo1KCvpu1J8YC7dHiWpu+SLl9yGj7dvWBvj/95P",
+	"bsKEm71lgZez1dq+0mZtlVmFZd7W32REl4yA/WxJdPPEhf3kU4iLoLdWeocaSYBgEyjwsw0tlLYTKowJ",
+	"phiPUdi3Zs2zfERIOlXkLDTVoF3KAjkMW5ok9LXr9kD+PxzU+LRH7LVFCcIECU/deKYM7IrH4swlxcBC",
+	"twZWRugAj1xjlyovboREEw1j0luWFViu04DF0y3VgfICghhJtrFJZ7IJuVBZJFx8pFVYGJS29XnW0Nog",
+	"RuoQW6yy1nCCJeQUTBDb+5wAGFaSeRwdQdqJbEFmU4TYg2YbP3o3CttBrtvhJ32KXs5kKzrgoGwYS8W0",
+	"s6xYk4sJF2qDhESCK8Snl1UPI0K9fWMAKdapPBkfmviYGcWR7Ii9RtfZGWvUwDTOsW43nHUSn4Zd0JKp",
+	"I2hsAeockB1EbRczk6wCnPEnai3sZF7O3D7bJdi8JBXi1CVUokjTLUzhkq3NtC1z7kKcTMk3VWlBXEa/",
+	"/OQA560+o2l3wElaehGXUBWiVCIPuyfHtA6E/tgeisq2EkT1bMSeLEV0LWIfQmXwDIikMkmoXg/Nuv7l",
+	"9665twJWLX7eI70BRdnnKt7urzJQAf4iTauts1/t2+jGa6T9joQDMMbWweC7qsz2u3B76so9ely39f+h",
+	"xrI1Lerw/Wzv3095up+m1N27v8qZUG6AwLyLDQVE7BaibTiIg/q2Vd0C6efqbHudhVsmuatxdPmIe+Jd",
+	"0LORgq5uBcR47IXth75xGi0vf/3lv8KDwLiTKB3M4wDGfhrNpLGJCLgilQtDmJdOsOFWK3vzTRpT/ave",
+	"OKK6pBZSKjPCKWl8d/vkP6yaezx+fPcDZlUXpqohPnZ6/+7PVCOrtTZhhQ95JUFMR1ySYSi7HP34TMn0",
+	"lO6qe+haSj8xhU2aJ9qQkZVqJGWz8dMyjGQGo9iLN9vezaVpuUOp8qE3ACbMtxepbOxSFfVsqDrRVsAR",
+	"TDwrpKRqH/X96qyF6TbsvGXwmpZZTjQXIIBccQeLHS2hb55kZ7FIeYuC2LnbNYwmqKu01r23ux0kYco7",
+	"tBXGrGz3105/2ylc7dZ2ldp0O/vK+T8mJ+OxMTyIix8en552yXGmpCvP06Tizt2zeoKZpXQ/7rt5tIKh",
+	"GWAYeT7gD+6E/g35E01ul0Ol6TOGlQ8wNZ6jVjLfGniO1e27AtcgPvldF6NOr6CfXjhoN2bcOcVwiijp",
+	"mnJq0RskW1oNHtJU2w0EXOW9bAST9AkLtd668yoMf8p0l7y705hpty6cCfveBsZHXGJbLd5yhSWqiGxx",
+	"d+RGjORKMbXIBSXYb7iGdXb2NXBYODzaM2aql1ho36fTnzwaa+knaGguV0SRxqxxWMwmBbKXBJE1Bn3n",
+	"nVEy3TZbCXnO011NJVHJOdzD+fWSb1PF4wulnhMLgedO9tF0HKQScTsXsAJ4eDLZw09Xa0GFlZ1/Zyef",
+	"YcktsaAdzr2q18dFgylB/I4oDsZr2lrlTU3ODPbwIzBqtTym95kNx3AZz2RYr7IZjthTThV0pGmido+m",
+	"lizJZ7IsxdDn/k+Jf8zV7YHBwZhJsD6LZskC7zSC55MFVdcwnTKpYkIOnKg9fISJ2HD5CRf4qWI4T+mQ",
+	"PloIR7oKWztiNvST9pANozoSKFBS0yi77xPGQcCSkRh5YTHsT2aDY+2hHYoOzqRHbjvCOuImv5z8NX60",
+	"+Orwh2/16Y/PV8fr/x5xnTuAANhA1bVG/Q36kuKXuzuGep08gd7+sG/QQjDmDRqFfT8kuFX2Ht0Z2yIa",
+	"/02jWb97cEpYXmZllvngLthSey5bp+B6jSlueUtrSGTXZDcMBsBqBoOWolYbU5kRMwq9ZBbQgrzmWkG1",
+	"WVZm21/1O3VDa9TW+17NpMrYmpumZo1cYNNNtGyLVTbEOgha0o1RIiLCD6RU7jWxDM2MoUklzEwJit3N",
+	"y1DtNShDm/xn2/eN2NeCS6rhlgqeYe0orBxFDv1cRSo1FRBgHPidUcnO2p2PlRILS7WRINJrdlI1Y4hS",
+	"bNGxD1LcbwxH8TlbZGyrigDTd7CeJLZ1dDJNt6RcqWwm5yJVVAyvBuEgUGW+USb9KCZZWCR6aY2udZGt",
+	"lRYHnwiJVosSfIgMMq1XbCe0ig/j3Evob/Hs2+aph3ei2LDdpd/Es6slJtbG3rdPZbUtJaHg6h0d/faH",
+	"9W6Hti1htQvhPTpKNJoEYgc/5/Uvd5WKWpad6eq7TJYy2GfUcNZrzOdqR1UTxKlbTPMsJjvP4vh4Oj66",
+	"4yzcb+gsDqPTxfF8IoaP+FE8PBaPF8PT+UM+nMQn0WNxuBjzR/N9z6LaB/O9T+T0VX4sP59s/lk83L7h",
+	"h9GuE6GVuCPxD+EezqjWlsQdoRlKryZe+TfISpdW8EzqtYjynf2aPXXBVxH2x7A0D6c2xWfaFCPiaO5S",
+	"9k+SB2wwMLW3TKGdjva6M9kP9yqcRR2zQq8W2K+//NesFx4EbC2ySMh8KGSkYhE7Cwsz07h2aXFMiyss",
+	"otr3suNZ+IDqQ/8/ky/DgHGGZZvMJ1jW0NTmIkSiKcaFFRJjgfOd+cnhJo0EASj0tdmfPjcZk9hilm1U",
+	"kcYzafIqmV26kqLRUn1PXo4GnOmRaey3ayPZuuJmO5uAOBQr8Y19XB2tTfjuRJCyBoAUx5nJewNIz1ho",
+	"LY+Q0vStOorlekEzomTDT+Jt+Ib26SN6G0yXx13eBvrJ7+ZtMD0Ou70NHWj5/0Yo0mNCQuxQGU6mh5Na",
+	"EoIoslo/TD8HoU1E+2AI5y/YPxHCNnZteAFqHP6ONqq7MiDK5ZlmB1VPADCfvdWFsufnTkeAcR/+j3IE",
+	"KMtmrGQ3H+wS6q3oUltOl1tGYyxu06Ok1vSYeBD90DChMtEACGUukAG51rMmbdv2mUGIn+1newcOczAY",
+	"sTuglRfIsja0IK+w70zeXdkX8Yl71Pf1gZUz2URW4luDxW2LIJbFunEGGySjpkGGlwfVmiszWSnn5n1b",
+	"K9J2NywJw6dgs89kZI+2VvHnolKXrK1OpFcXshuZR51xfy9gXovz80OY2j0RdfjuHqCurl99NIDdH5Sn",
+	"34uDd1l4dBmwA4nJaP+E6Ds7xW8FwNv1tPvdb4xR+xDI2X0Cvc/kG20izH+LTO8v2J+YAm1GEu8l3FFS",
+	"Oje/ce78bIM698tNNnpUd5Yw+w2ThK10+a1yhH9TNkqa+0fjoX9zj+3M+r3PfXq/LC48Ij/nt3ERH1Cj",
+	"DHil9x26U4PHkfE+ljm/pBBrBfo2Nl1QtqTj3KVYjSpl1k1RNiwB2Hml2/qMgJ5Oa6Dq49VGIfUGJlSd",
+	"klcLcFSU6urz+BJStVsC1GQES3fPJIp5bO9JGBjTXOGgUvcPEXNYIhFO2lSWNbaKWS92f8JtMguZ2jSg",
+	"ttbwoa3pZrEv2ZWYSduzxu4M1YV0RlDNHsDC+SJLeAqXzIJ2bOralIo4GZ0ezRRbsXSTSF2WlSUefSVy",
+	"w5tP25V3XNB/Z/Zqz+1jstiASbXBLDoDuDxgoZ0n/GPz370UuCcG/Pu760D2utyDZxum1K0FucDWp+C+",
+	"NHTphv2MEiasAyVX6L5GfLctl7erqc83cibL3grCS9D3U37dlUf+ERoAIRZuaIAIDWbQgxpaeBjwHYMU",
+	"RK3PeCc0g1+x+dbL8RS2gPiiSG0q60xuljxHfICr3lygU/8Pknl7UcEmt2bbBlQX0VRk4jnj9dRby68J",
+	"MRGpLEYQ/OHIBCNgh3/99/8oWzy7trpqg9mOxvDsO+l8UKZAW8k3k4yxwaA7vRfjZzynGrPzjt7VQaUV",
+	"E46Jir0fSj2bycnIYc7N4so3KKPjNpXTZW3xStn1a7E9m8mjEQstMqAchGp/B5U7IcXGtSZwAMnOdlu4",
+	"9u6WW0hGi5Y+T9SAAHuqlP0cudxiX6hgZ360jExx08qIn9k+BqAeuV4GphR0e6V118xgMACCcpAfj6So",
+	"QHeaNtpsXfFEtmTpVvfdVHWkGu3lw5FKU77WWA42V7hndHumJaNxFT/i++RvG4L+qPnbkxAEaBZf2obw",
+	"4bS9UTzrayFqBVBtsU7LGynvgRrLYpjQNl/eKwdixC4Uo+LO1szN4gBYGeaEg9orNqabm5cU3ux3MPV4",
+	"MjBspyCwUm8wzNrPj6TV758BXj12mxdyldwILBtWzQ3vG5QLFT8+ub21ZcQP/Bzxyjnv6EtwVrtA9Y5Y",
+	"nbnkSb4rh7yMPHyKFHJXb+x3TCG3FX0bkCUgd2u5lCR/PJ4c+LikzrpidGRfmAdRBVqk/Hpbn8dDPcFk",
+	"C6z53OCfJqQMqtw+k9NMpMBRSKf79dwv9hkYq6XdO82dzvmP4ZX/n1Nyzkuer2qlVo/c26kPAq3u1Wc7",
+	"nfrA+/4nO/Qn75sM7gve6p3FPpFJZHlRW7Z35eGg50vm3rR3RQNclgO43NuLVvk+3+LBJloXIhshLETn",
+	"IDnvhSEt028nXqq4V0w9vleKOM/iYexz1UTqYrFIogTumiveVwHiue+ZLRt1z61rmaNt90AVTRrTgTVg",
+	"g96kIhRZBDbOH3RLP0YGcztB9WuKpW06zDVVdU9kXZ0kU9E573SrMlljbzoHxdcZdZ2qZkAq3t4Jt0YN",
+	"8hNJ/XxY99VMYmvcvKq6Vj0NqMQyjsYXaa+fhFG++7+iAsbfijv8tsUdGvZRc6udouD5/J2hhFGy5v42",
+	"h/W2Fv11rI2v+bnyMHLnntAQ1Itle9/SIrg4rCxiH/6opRqoxH+J1fm/r2RD37odMPUnWQmWikXOlMQO",
+	"HVR9wXb4QMfLwd1VHloaD7rKBPvY4tVC2MzFaRamvZrX73M3l69WVai2sW46Qips/eOWWegb07y0+q7F",
+	"mqy+RF4d2DIM3TUYznzMtBOx5eagJ4mIwibSob+YrUWmlfxbCYe/lXD4lEEiuqAtQaId5bzbSjhsxHyp",
+	"1LV+4C4KuiVaAz0XjWANXHeVuaiv4QBUXsj4UpnxO9smluhlXguToE+a4VppnczTLfqqLZwZNNJEMyFj",
+	"8hhTw1yp2PnLZ9R6nniT3wTbmlLUn4vWOHydXGF8TJStm25Ehq3tbGRjMMj4ZjBwMgARoG0timayHym0",
+	"JHJsPGY69yRayYCdDFeJLHLi6tixjOUqFRnw3QODDbZDlsGhjcquu6NCsYgLUu5EPBjY9dLehehFvXB/",
+	"JzHzFXeb8tAofUH9/kBnNFE7fNyhfGORJjfYfdQV0+DRtVSbVMRXjrOHbl1Wa+dljTwLdRix8/U6Rdbi",
+	"ymaAODH9/h0DIzKAnU10brlNNSt5karNlHFmCNYW1C0deLky1Gjez7Z4tRXUSy+NwwtIZy5iaI49NRGZ",
+	"OdIh9p7SlbYoNgNkhuAwDPdVtgb9vAS6aHPGvhKRSG6EI81v6V16d6SbhflfqJFbIZNbq0dQQ7fg5tB8",
+	"py2Vm05vAcOIDwt1Sf7Gr+Q1EVyK25n86uvzJ8PXX51PTh4Gpv9iKQiWHCjB7roWUSbywLqiHKEHjLNw",
+	"FAZlY96MbyrXacpCb56+HShnf2az3mjWY3/Gnx2EoN//QM2Qy4Rx9xJlEs6K5+g3Z2G9hNUJo3uoscuQ",
+	"1xnRZPLPZJSq6Jr1qTUY9gWOxULwXLtwDnAhbL2OdyERupGOlv/l8NHD4+Pjx0cPJ3AMJ5OTR/zxw1Px",
+	"SERiLmJ+NOGLBX84ieKIHy34yWHE40fi0SM+FicPF4uTo4fxOBKPxeH4cfx4HttsIOJRZTpQCyP7kGS2",
+	"DwCb22zbqffiXWU4miAX389DTt8ypndJGcLtDmB0/a6j5eXpl1dHy394dP188uO3J+JV3unapSfETX55",
+	"fPHT4+t/nKw+f7h5cRj9882ueh33MFLoQJBd7Odlv28avWOu9XCCY89b7Cthmaqz66x94puN3mBELBnx",
+	"Ibvad0EPWWh1ri+Rq9rZOsbDsibNAffeS8MBz6PrLucWvR+o6jyKxNpi5El8gdG1CXx7xn5OknYm+w05",
+	"dTBiTxOCHvBtLZKol6pIsa3dutxpkF7kYi892+/jfKm2QGy6AuhN/dIV+ECbg6U2VM1FWtFibDdfGsx7",
+	"V5xuBCwNW2ii3MF2nL1p7wFekqC3ElrzK5jS9hI0aOn67QlYpUqXraNfK4dTehvGngeGXoaVL7O/64Ue",
+	"HWYu4BW4vXESo7rRn/OYlcJEoRMz9QTZjt3WHvut7HcLh/ZUwES7LqRAbKWSaFXDqh+mZWf8ie+9N+XD",
+	"H8/hXG4gyN1E60ReBWzF04XKVuTC2mQKPlNUFqVrN2ayuR2sHzZ2PDw4c83HkysMmbTQNlI0XPl6t9Fa",
+	"p1XDI9yNfj8v7O9hr/4OJmdnGznk+KUEclpW1UL0LFNrapJp6pltRFjukaFP73Ub1reHDEWXK/y5Nxc8",
+	"E9l5AdrPd98jz0Glj9gb9e58gLzIrKqZxW96LpIpW+mVp4GMWHXho1JRM/3zmhnslBBPYsullaoNmWh+",
+	"bmmwH+zQm9NAQptzWlCmndSgw3LF1nxbprqa3Md6zGQHPLOc23oampPb+ugwOTXMIHSUgeWBbeYi5rYp",
+	"SEt/lnIqW5eyOZUx2ayDcKHSVG2GSjIjurRpSY47G7CmKfjrL/91cM9ikdiExVaL9FZpKpE1F/kvmFuE",
+	"yUSVWIGx1XVQLX1Vq3HlzeDfheY0z+RcmZ4MsCcdN9Ibzt3Id9+/+z8BAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

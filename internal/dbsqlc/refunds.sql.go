@@ -7,6 +7,7 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 )
 
 const createRefund = `-- name: CreateRefund :one
@@ -79,6 +80,34 @@ func (q *Queries) FailRefund(ctx context.Context, db DBTX, arg FailRefundParams)
 	return i, err
 }
 
+const getRefund = `-- name: GetRefund :one
+SELECT caller_id, id, charge_id, idempotency_key_id, amount, status, downstream_key, processor_refund_id, created_at, updated_at FROM refunds
+WHERE caller_id = $1 AND id = $2
+`
+
+type GetRefundParams struct {
+	CallerID string
+	ID       string
+}
+
+func (q *Queries) GetRefund(ctx context.Context, db DBTX, arg GetRefundParams) (Refund, error) {
+	row := db.QueryRow(ctx, getRefund, arg.CallerID, arg.ID)
+	var i Refund
+	err := row.Scan(
+		&i.CallerID,
+		&i.ID,
+		&i.ChargeID,
+		&i.IdempotencyKeyID,
+		&i.Amount,
+		&i.Status,
+		&i.DownstreamKey,
+		&i.ProcessorRefundID,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
 const getRefundByKeyRecord = `-- name: GetRefundByKeyRecord :one
 SELECT caller_id, id, charge_id, idempotency_key_id, amount, status, downstream_key, processor_refund_id, created_at, updated_at FROM refunds
 WHERE caller_id = $1 AND idempotency_key_id = $2
@@ -105,6 +134,65 @@ func (q *Queries) GetRefundByKeyRecord(ctx context.Context, db DBTX, arg GetRefu
 		&i.UpdatedAt,
 	)
 	return i, err
+}
+
+const listRefundsOfCharge = `-- name: ListRefundsOfCharge :many
+SELECT caller_id, id, charge_id, idempotency_key_id, amount, status, downstream_key, processor_refund_id, created_at, updated_at FROM refunds
+WHERE caller_id = $1 AND charge_id = $2
+  AND (NOT $3::boolean
+       OR (created_at, id) > ($4::timestamptz, $5::text))
+ORDER BY created_at, id
+LIMIT $6
+`
+
+type ListRefundsOfChargeParams struct {
+	CallerID        string
+	ChargeID        string
+	HasCursor       bool
+	CursorCreatedAt time.Time
+	CursorID        string
+	RowLimit        int32
+}
+
+// A charge's refunds, oldest first. Keyset pagination: the page starts
+// strictly after the (created_at, id) of the starting_after refund, which
+// the caller looked up first. Served by refunds_charge_created.
+func (q *Queries) ListRefundsOfCharge(ctx context.Context, db DBTX, arg ListRefundsOfChargeParams) ([]Refund, error) {
+	rows, err := db.Query(ctx, listRefundsOfCharge,
+		arg.CallerID,
+		arg.ChargeID,
+		arg.HasCursor,
+		arg.CursorCreatedAt,
+		arg.CursorID,
+		arg.RowLimit,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Refund{}
+	for rows.Next() {
+		var i Refund
+		if err := rows.Scan(
+			&i.CallerID,
+			&i.ID,
+			&i.ChargeID,
+			&i.IdempotencyKeyID,
+			&i.Amount,
+			&i.Status,
+			&i.DownstreamKey,
+			&i.ProcessorRefundID,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const releaseRefund = `-- name: ReleaseRefund :exec

@@ -189,15 +189,52 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, 
 	return Render(succeeded)
 }
 
+// List returns up to limit of the caller's refunds of the charge chargeID,
+// oldest first, starting after the refund startingAfter when it is not
+// empty, and whether more exist. An unknown charge is not found.
+func List(ctx context.Context, db dbsqlc.DBTX, callerID, chargeID string, limit int, startingAfter string) (_ []dbsqlc.Refund, _ bool, err error) {
+	defer derrors.Wrap(&err, "refunds.List(%s, %q)", callerID, chargeID)
+	if _, err := charges.Get(ctx, db, callerID, chargeID); err != nil {
+		return nil, false, err
+	}
+	p := dbsqlc.ListRefundsOfChargeParams{CallerID: callerID, ChargeID: chargeID, RowLimit: int32(limit) + 1}
+	if startingAfter != "" {
+		cursor, err := queries.GetRefund(ctx, db, dbsqlc.GetRefundParams{CallerID: callerID, ID: startingAfter})
+		if postgres.IsNotFound(err) || (err == nil && cursor.ChargeID != chargeID) {
+			e := problem.New(problem.InvalidRequest, "starting_after names no refund of this charge")
+			e.Errors = []problem.FieldError{{Field: "starting_after", Message: "no such refund of this charge"}}
+			return nil, false, e
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		p.HasCursor, p.CursorCreatedAt, p.CursorID = true, cursor.CreatedAt, cursor.ID
+	}
+	rows, err := queries.ListRefundsOfCharge(ctx, db, p)
+	if err != nil {
+		return nil, false, err
+	}
+	// One extra row was asked for: its presence is has_more.
+	if len(rows) > limit {
+		return rows[:limit], true, nil
+	}
+	return rows, false, nil
+}
+
 // Render is a refund's successful response, as stored and replayed.
 func Render(re dbsqlc.Refund) (*idempotency.Response, error) {
-	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/charges/" + re.ChargeID}}, apigen.Refund{
+	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/charges/" + re.ChargeID}}, ToAPI(re))
+}
+
+// ToAPI is the refund as the contract shows it.
+func ToAPI(re dbsqlc.Refund) apigen.Refund {
+	return apigen.Refund{
 		Id:        re.ID,
 		ChargeId:  re.ChargeID,
 		Amount:    re.Amount,
 		Status:    apigen.RefundStatus(re.Status),
 		CreatedAt: re.CreatedAt,
-	})
+	}
 }
 
 // ApplySucceeded records that the refund made under downstreamKey

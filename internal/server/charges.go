@@ -66,3 +66,17 @@ func (s *Server) CreateRefund(ctx context.Context, req apigen.CreateRefundReques
 	}
 	return replayable{resp}, nil
 }
+
+// ListRefunds is safe.
+func (s *Server) ListRefunds(ctx context.Context, req apigen.ListRefundsRequestObject) (apigen.ListRefundsResponseObject, error) {
+	limit, startingAfter := page(req.Params.Limit, req.Params.StartingAfter)
+	rows, hasMore, err := refunds.List(ctx, s.pool, auth.CallerFrom(ctx).ID, req.ChargeId, limit, startingAfter)
+	if err != nil {
+		return nil, err
+	}
+	out := apigen.ListRefunds200JSONResponse{Data: make([]apigen.Refund, len(rows)), HasMore: hasMore}
+	for i, re := range rows {
+		out.Data[i] = refunds.ToAPI(re)
+	}
+	return out, nil
+}

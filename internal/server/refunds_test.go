@@ -125,3 +125,43 @@ func assertMoneyConserved(t *testing.T, ts *testServer) {
 		t.Errorf("money: we hold %d, the processor %d; %d charges disagree with their refunds", ourNet, processorNet, inconsistent)
 	}
 }
+
+// GET /v1/charges/{id}/refunds lists a charge's refunds oldest first, a page
+// at a time; another caller's charge is a 404 and a cursor from another
+// charge a 400. (The operation docs/adding-an-operation.md walks through.)
+func TestListRefundsOfACharge(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	ch := ts.paidCharge(t, 1000)
+	other := ts.paidCharge(t, 700)
+	var made []refund
+	for i, amount := range []int{100, 200, 300} {
+		res := ts.do(t, refundRequest(ch.ID, fmt.Sprintf("list-%d", i), fmt.Sprintf(`{"amount":%d}`, amount)))
+		if res.Status != http.StatusCreated {
+			t.Fatalf("refund %d: %d %s", i, res.Status, res.Body)
+		}
+		var re refund
+		res.decode(t, &re)
+		made = append(made, re)
+	}
+	var otherRefund refund
+	ts.do(t, refundRequest(other.ID, "list-other", `{"amount":50}`)).decode(t, &otherRefund)
+
+	type page struct {
+		Data    []refund `json:"data"`
+		HasMore bool     `json:"has_more"`
+	}
+	var first, second page
+	ts.get(t, "/v1/charges/"+ch.ID+"/refunds?limit=2").decode(t, &first)
+	if len(first.Data) != 2 || !first.HasMore || first.Data[0].ID != made[0].ID || first.Data[1].ID != made[1].ID {
+		t.Fatalf("first page %+v; want the two oldest refunds and has_more", first)
+	}
+	ts.get(t, "/v1/charges/"+ch.ID+"/refunds?limit=2&starting_after="+first.Data[1].ID).decode(t, &second)
+	if len(second.Data) != 1 || second.HasMore || second.Data[0].ID != made[2].ID || second.Data[0].Amount != 300 {
+		t.Fatalf("second page %+v; want the third refund and no more", second)
+	}
+
+	ts.get(t, "/v1/charges/"+ch.ID+"/refunds?starting_after="+otherRefund.ID).wantProblem(t, http.StatusBadRequest, "invalid_request")
+	ts.get(t, "/v1/charges/ch_nosuch/refunds").wantProblem(t, http.StatusNotFound, "not_found")
+	ts.do(t, request{method: "GET", path: "/v1/charges/" + ch.ID + "/refunds", apiKey: "sk_test_globex"}).wantProblem(t, http.StatusNotFound, "not_found")
+}

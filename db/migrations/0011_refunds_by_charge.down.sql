@@ -1,0 +1,1 @@
+DROP INDEX refunds_charge_created;
