@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test generate check-generated vet staticcheck rename check-rename bench bench-sweeper fuzz
+.PHONY: run test check check-static generate check-generated vet staticcheck check-docs rename check-rename bench bench-sweeper fuzz
 
 # Run the service (API, demo page, spec) on :8080 against the local
 # PostgreSQL; creates the database if missing and migrates it.
@@ -12,6 +12,14 @@ run:
 # set TEST_DATABASE_URL to use another). Each test gets its own database.
 test:
 	go test -race -count=1 ./...
+
+# What CI runs (.ci/run): the static checks, then the tests.
+check: check-static test
+
+# Everything but the tests: generated-code drift, vet, staticcheck, the
+# docs' commands, and a renamed copy of the module (which runs the tests of
+# that copy, so it needs PostgreSQL too).
+check-static: check-generated vet staticcheck check-docs check-rename
 
 # Regenerate the committed code: oapi-codegen (api/openapi.yaml ->
 # internal/apigen) and sqlc (db/ -> internal/dbsqlc). Both tools are pinned
@@ -33,6 +41,10 @@ vet:
 # staticcheck over the whole module (pinned in go.mod, run with `go tool`).
 staticcheck:
 	go tool staticcheck ./...
+
+# Run the commands of the docs' sh blocks, so the walkthroughs cannot rot.
+check-docs:
+	bash scripts/check-docs.sh
 
 # For a fork: rename the Go module everywhere, `make rename MODULE=example.com/you/payments`.
 rename:

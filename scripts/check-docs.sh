@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run the commands of the docs' ```sh blocks (make check-docs), so that a
+# walkthrough that names a file, a query or a test fails CI the day it stops
+# being true. Each block runs in its own bash, at the repository root, with
+# -euo pipefail.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+docs=(docs/adding-an-operation.md)
+for doc in "${docs[@]}"; do
+  n=0
+  while IFS= read -r -d '' block; do
+    n=$((n + 1))
+    echo "check-docs: $doc, block $n"
+    bash -euo pipefail -c "$block" >/dev/null || {
+      echo "check-docs: $doc, block $n failed:" >&2
+      echo "$block" >&2
+      exit 1
+    }
+  done < <(awk '
+    /^```sh[[:space:]]*$/ { inblock = 1; block = ""; next }
+    /^```/ && inblock    { inblock = 0; printf "%s%c", block, 0; next }
+    inblock              { block = block $0 "\n" }
+  ' "$doc")
+  if [[ $n -eq 0 ]]; then
+    echo "check-docs: $doc has no sh blocks; nothing was checked" >&2
+    exit 1
+  fi
+done
+echo "check-docs: OK"
