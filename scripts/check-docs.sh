@@ -27,4 +27,19 @@ for doc in "${docs[@]}"; do
     exit 1
   fi
 done
+# Every relative link in the README and docs must name a file of the
+# repository: a clone or a fork has nothing else.
+dead=0
+for doc in README.md docs/*.md; do
+  dir=$(dirname "$doc")
+  while IFS= read -r target; do
+    case $target in http://* | https://* | mailto:* | "#"*) continue ;; esac
+    path=${target%%#*}
+    if [[ ! -e "$dir/$path" ]]; then
+      echo "check-docs: $doc links to $target, which does not exist" >&2
+      dead=1
+    fi
+  done < <(grep -o '\](\([^)]*\))' "$doc" | sed 's/^](//; s/)$//')
+done
+[[ $dead -eq 0 ]] || exit 1
 echo "check-docs: OK"
