@@ -94,3 +94,43 @@ func TestClientRetryIsNotLockedOutAfterAnOutage(t *testing.T) {
 		t.Fatalf("charge %s with %d processor effects; want succeeded with 1", ch.Status, n)
 	}
 }
+
+// The issue's own reproduction: the reconciler runs all along, and the
+// client retries through the outage as fast as it likes. While the client
+// keeps coming back, the reconciler leaves the record to it (each 503 puts
+// the reconciler's next try a lease away), so the client never meets a 409,
+// and its first retry after the processor recovers is answered.
+func TestClientRetryingThroughAnOutageNeverMeetsA409(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withConfig(func(c *config.Server) {
+		c.Lease = 5 * time.Second
+		c.ProcessorTimeout = time.Second
+		c.ReconcilerInterval = 10 * time.Millisecond
+	}))
+	ctx, stop := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		ts.reconciler(t, time.Second).Run(ctx)
+	}()
+	t.Cleanup(func() { stop(); <-stopped })
+
+	o := ts.newOrder(t, "sk_test_acme", 3100)
+	retry := chargeRequest(o.ID, "fast-retries", "pm_card_visa")
+	ts.setChaos(t, processor.Chaos{ErrorRate: 1})
+	for range 20 {
+		ts.do(t, retry).wantProblem(t, http.StatusServiceUnavailable, "processor_unavailable")
+	}
+	ts.setChaos(t, processor.Chaos{})
+	if res := ts.do(t, retry); res.Status != http.StatusCreated {
+		t.Fatalf("first retry after the outage: %d %s; want 201", res.Status, res.Body)
+	}
+	var reconcilerTries int
+	if err := ts.db.QueryRow(context.Background(),
+		`SELECT reconciler_attempts FROM idempotency_keys WHERE key = 'fast-retries'`).Scan(&reconcilerTries); err != nil {
+		t.Fatal(err)
+	}
+	if reconcilerTries != 0 {
+		t.Errorf("the reconciler took the record over %d times while its client was retrying; want 0", reconcilerTries)
+	}
+}
