@@ -256,7 +256,7 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 			code = "generic_decline" // a failure the processor gave no reason for
 		}
 		if cur, err = queries.FailCharge(ctx, tx, dbsqlc.FailChargeParams{
-			CallerID: ch.CallerID, ID: ch.ID, FailureCode: &code, ProcessorChargeID: &o.ProcessorChargeID,
+			CallerID: ch.CallerID, ID: ch.ID, FailureCode: &code, ProcessorChargeID: orNil(o.ProcessorChargeID),
 		}); err != nil {
 			return cur, err
 		}
@@ -264,7 +264,7 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 		return cur, events.Record(ctx, tx, ch.CallerID, events.ChargeFailed, data)
 	}
 	if cur, err = queries.SucceedCharge(ctx, tx, dbsqlc.SucceedChargeParams{
-		CallerID: ch.CallerID, ID: ch.ID, ProcessorChargeID: &o.ProcessorChargeID,
+		CallerID: ch.CallerID, ID: ch.ID, ProcessorChargeID: orNil(o.ProcessorChargeID),
 	}); err != nil {
 		return cur, err
 	}
@@ -289,4 +289,13 @@ func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (ch dbsqlc.Ch
 	defer derrors.Wrap(&err, "charges.Get(%s, %q)", callerID, id)
 	ch, err = queries.GetCharge(ctx, db, dbsqlc.GetChargeParams{CallerID: callerID, ID: id})
 	return ch, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no charge %q", id) })
+}
+
+// orNil is nil for "", so that a refusal the processor gave without its own
+// charge id is stored as NULL, not as an empty id.
+func orNil(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }

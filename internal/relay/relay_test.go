@@ -1,0 +1,484 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/events"
+	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/internal/relay"
+	"github.com/retrysafe/payments/internal/signature"
+	"github.com/retrysafe/payments/internal/testdb"
+)
+
+// These tests run the relay against a real PostgreSQL outbox and real HTTP
+// endpoints (httptest servers standing in for the callers' receivers).
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// goodConfig is a valid configuration whose backoff is an hour, so an event
+// whose delivery failed is not due again during a test.
+func goodConfig() relay.Config {
+	return relay.Config{
+		Interval: time.Second, Batch: 10, Lease: time.Minute, Timeout: 5 * time.Second,
+		BackoffBase: time.Hour, BackoffCap: time.Hour,
+	}
+}
+
+func newPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := testdb.NewPool(t)
+	if err := auth.SeedDemoCallers(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+func newRelay(t *testing.T, pool *pgxpool.Pool, cfg relay.Config) *relay.Relay {
+	t.Helper()
+	r, err := relay.New(cfg, pool, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// recordEvent writes an event to the outbox, as a change's transaction does.
+func recordEvent(t *testing.T, pool *pgxpool.Pool, callerID, eventType string, data map[string]any) {
+	t.Helper()
+	if err := postgres.Transact(context.Background(), pool, func(tx pgx.Tx) error {
+		return events.Record(context.Background(), tx, callerID, eventType, data)
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setWebhookURL(t *testing.T, pool *pgxpool.Pool, callerID, url string) {
+	t.Helper()
+	if tag, err := pool.Exec(context.Background(), `UPDATE callers SET webhook_url = $2 WHERE id = $1`, callerID, url); err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("set %s's webhook URL: %v", callerID, err)
+	}
+}
+
+func webhookSecret(t *testing.T, pool *pgxpool.Pool, callerID string) []byte {
+	t.Helper()
+	var secret string
+	if err := pool.QueryRow(context.Background(), `SELECT webhook_secret FROM callers WHERE id = $1`, callerID).Scan(&secret); err != nil {
+		t.Fatal(err)
+	}
+	return []byte(secret)
+}
+
+type outboxEvent struct {
+	callerID    string
+	typ         string
+	data        map[string]any
+	createdAt   time.Time
+	delivered   bool
+	attempts    int32
+	due         bool          // next_attempt_at <= now()
+	nextAttempt time.Duration // next_attempt_at - now()
+}
+
+// outbox reads every event, by id.
+func outbox(t *testing.T, pool *pgxpool.Pool) map[string]outboxEvent {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+		SELECT id, caller_id, type, data, created_at, delivered_at IS NOT NULL, delivery_attempts,
+		       next_attempt_at <= now(), next_attempt_at - now()
+		FROM events`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]outboxEvent{}
+	for rows.Next() {
+		var id string
+		var e outboxEvent
+		var data []byte
+		if err := rows.Scan(&id, &e.callerID, &e.typ, &data, &e.createdAt, &e.delivered, &e.attempts, &e.due, &e.nextAttempt); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(data, &e.data); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = e
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// received is one request an endpoint got.
+type received struct {
+	method, path string
+	header       http.Header
+	body         []byte
+}
+
+// endpoint is a caller's webhook receiver: it records every request and
+// answers with status (204 unless set).
+type endpoint struct {
+	*httptest.Server
+	status atomic.Int32
+	mu     sync.Mutex
+	got    []received
+}
+
+func newEndpoint(t *testing.T) *endpoint {
+	t.Helper()
+	e := &endpoint{}
+	e.status.Store(http.StatusNoContent)
+	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			t.Errorf("endpoint: read body: %v", err)
+		}
+		e.mu.Lock()
+		e.got = append(e.got, received{method: r.Method, path: r.URL.Path, header: r.Header.Clone(), body: body})
+		e.mu.Unlock()
+		w.WriteHeader(int(e.status.Load()))
+	}))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func (e *endpoint) requests() []received {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.got)
+}
+
+// New refuses every configuration that could not work, with an error that
+// names the field, so a bad setting fails at start-up and says which one.
+func TestNewRefusesInvalidConfig(t *testing.T) {
+	t.Parallel()
+	if _, err := relay.New(goodConfig(), nil, quiet); err != nil {
+		t.Fatalf("a valid configuration was refused: %v", err)
+	}
+	for _, c := range []struct {
+		field  string
+		mutate func(*relay.Config)
+	}{
+		{"Batch", func(c *relay.Config) { c.Batch = 0 }},
+		{"Interval", func(c *relay.Config) { c.Interval = 0 }},
+		{"Timeout", func(c *relay.Config) { c.Timeout = 0 }},
+		// A batch is delivered under one lease: it must outlast Batch
+		// deliveries of Timeout each, strictly.
+		{"Lease", func(c *relay.Config) { c.Lease = time.Duration(c.Batch) * c.Timeout }},
+		{"Lease", func(c *relay.Config) { c.Batch = 20 }},
+		{"BackoffCap", func(c *relay.Config) { c.BackoffBase, c.BackoffCap = time.Second, time.Second-1 }},
+		{"BackoffBase", func(c *relay.Config) { c.BackoffBase = 0 }},
+	} {
+		cfg := goodConfig()
+		c.mutate(&cfg)
+		r, err := relay.New(cfg, nil, quiet)
+		if err == nil || r != nil || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("bad %s (%+v): %v; want no relay and an error naming %s", c.field, cfg, err, c.field)
+		}
+	}
+}
+
+// RunOnce posts every due event to its caller's endpoint (the caller's
+// webhook URL, or the demo receiver's URL plus the caller id), signed with
+// that caller's own secret, with the event's id, type, time and data; it
+// marks each delivered, and a second scan finds nothing to deliver.
+func TestRunOnceDeliversSignedEvents(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	ep := newEndpoint(t)
+	setWebhookURL(t, pool, "acme", ep.URL+"/acme-hooks")
+	// globex has no webhook URL: its events go to the demo receiver.
+	cfg := goodConfig()
+	cfg.DemoURL = ep.URL + "/demo/"
+	r := newRelay(t, pool, cfg)
+
+	recordEvent(t, pool, "acme", events.ChargeSucceeded, map[string]any{"charge_id": "ch_1", "amount": 100})
+	recordEvent(t, pool, "acme", events.OrderPaid, map[string]any{"order_id": "ord_1", "amount": 100})
+	recordEvent(t, pool, "globex", events.ChargeFailed, map[string]any{"charge_id": "ch_2", "failure_code": "generic_decline"})
+	want := outbox(t, pool)
+	secrets := map[string][]byte{"acme": webhookSecret(t, pool, "acme"), "globex": webhookSecret(t, pool, "globex")}
+	if string(secrets["acme"]) == string(secrets["globex"]) {
+		t.Fatal("the callers share a webhook secret")
+	}
+
+	n, err := r.RunOnce(context.Background())
+	if err != nil || n != 3 {
+		t.Fatalf("RunOnce: %d, %v; want the 3 events", n, err)
+	}
+
+	got := ep.requests()
+	if len(got) != 3 {
+		t.Fatalf("the endpoints got %d requests; want 3", len(got))
+	}
+	seen := map[string]bool{}
+	for _, req := range got {
+		var d relay.Delivery
+		if err := json.Unmarshal(req.body, &d); err != nil {
+			t.Fatalf("delivery body %s: %v", req.body, err)
+		}
+		ev, ok := want[d.ID]
+		if !ok {
+			t.Fatalf("delivered an event that is not in the outbox: %s", req.body)
+		}
+		seen[d.ID] = true
+		wantPath := map[string]string{"acme": "/acme-hooks", "globex": "/demo/globex"}[ev.callerID]
+		if req.method != http.MethodPost || req.path != wantPath || req.header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s was sent as %s %s (%s); want POST %s, application/json", d.ID, req.method, req.path, req.header.Get("Content-Type"), wantPath)
+		}
+		var data map[string]any
+		if err := json.Unmarshal(d.Data, &data); err != nil {
+			t.Fatal(err)
+		}
+		if d.Type != ev.typ || !d.CreatedAt.Equal(ev.createdAt) || !reflect.DeepEqual(data, ev.data) {
+			t.Errorf("%s delivered as %s at %v with %v; want %s at %v with %v", d.ID, d.Type, d.CreatedAt, data, ev.typ, ev.createdAt, ev.data)
+		}
+		sig := req.header.Get(relay.SignatureHeader)
+		if err := signature.Verify(secrets[ev.callerID], sig, req.body, time.Now(), 0); err != nil {
+			t.Errorf("%s: the signature does not verify with %s's secret: %v", d.ID, ev.callerID, err)
+		}
+		other := map[string]string{"acme": "globex", "globex": "acme"}[ev.callerID]
+		if err := signature.Verify(secrets[other], sig, req.body, time.Now(), 0); !errors.Is(err, signature.ErrMismatch) {
+			t.Errorf("%s: verifying with %s's secret: %v; want a mismatch (each caller has its own)", d.ID, other, err)
+		}
+	}
+	if len(seen) != 3 {
+		t.Errorf("delivered %d distinct events; want each of the 3 once", len(seen))
+	}
+	for id, ev := range outbox(t, pool) {
+		if !ev.delivered || ev.attempts != 1 {
+			t.Errorf("%s: delivered %v after %d attempts; want delivered at the first", id, ev.delivered, ev.attempts)
+		}
+	}
+
+	if n, err := r.RunOnce(context.Background()); err != nil || n != 0 {
+		t.Errorf("second RunOnce: %d, %v; want nothing left to deliver", n, err)
+	}
+	if len(ep.requests()) != 3 {
+		t.Errorf("the endpoints got %d requests after a second scan; want still 3", len(ep.requests()))
+	}
+}
+
+// A delivery that fails (the endpoint answers 500, or cannot be reached at
+// all) leaves the event undelivered, with the attempt counted and its next
+// try put off by the backoff, not by the claim's lease: the next scan does
+// not hammer the endpoint, and once the event is due again and the
+// endpoint works it is delivered.
+func TestFailedDeliveryIsRetriedLater(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"500", "unreachable"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pool := newPool(t)
+			ep := newEndpoint(t)
+			if name == "500" {
+				ep.status.Store(http.StatusInternalServerError)
+				setWebhookURL(t, pool, "acme", ep.URL)
+			} else {
+				gone := httptest.NewServer(http.NotFoundHandler())
+				gone.Close()
+				setWebhookURL(t, pool, "acme", gone.URL)
+			}
+			cfg := goodConfig()
+			cfg.Lease = 24 * time.Hour // far longer than the backoff cap (an hour)
+			r := newRelay(t, pool, cfg)
+			recordEvent(t, pool, "acme", events.OrderPaid, map[string]any{"order_id": "ord_1"})
+
+			n, err := r.RunOnce(context.Background())
+			if err != nil || n != 1 {
+				t.Fatalf("RunOnce: %d, %v; want the event claimed, its failure handled", n, err)
+			}
+			for id, ev := range outbox(t, pool) {
+				// Full jitter draws the delay from [0, 1h]; a draw of a few
+				// milliseconds is possible but (about 1 in a million) rare.
+				if ev.delivered || ev.attempts != 1 || ev.due || ev.nextAttempt > time.Hour {
+					t.Errorf("%s: delivered %v, %d attempts, next try in %v; want undelivered, 1 attempt, next try in (0, 1h]",
+						id, ev.delivered, ev.attempts, ev.nextAttempt)
+				}
+			}
+			if n, err := r.RunOnce(context.Background()); err != nil || n != 0 {
+				t.Errorf("an immediate second scan claimed %d (%v); want none before the backoff", n, err)
+			}
+			wantCalls := map[string]int{"500": 1, "unreachable": 0}[name]
+			if got := len(ep.requests()); got != wantCalls {
+				t.Errorf("the endpoint got %d requests; want %d", got, wantCalls)
+			}
+
+			// The endpoint works again and the backoff has passed.
+			ep.status.Store(http.StatusOK)
+			setWebhookURL(t, pool, "acme", ep.URL)
+			if _, err := pool.Exec(context.Background(), `UPDATE events SET next_attempt_at = now()`); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := r.RunOnce(context.Background()); err != nil || n != 1 {
+				t.Fatalf("RunOnce after recovery: %d, %v", n, err)
+			}
+			for id, ev := range outbox(t, pool) {
+				if !ev.delivered || ev.attempts != 2 {
+					t.Errorf("%s: delivered %v after %d attempts; want delivered at the second", id, ev.delivered, ev.attempts)
+				}
+			}
+		})
+	}
+}
+
+// Two relays draining one outbox at once (two server replicas) share it:
+// a claimed event is invisible to the other relay, so without failures
+// every event is delivered exactly once.
+func TestTwoRelaysShareTheQueue(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	ep := newEndpoint(t)
+	setWebhookURL(t, pool, "acme", ep.URL)
+	const n = 30
+	for i := range n {
+		recordEvent(t, pool, "acme", events.OrderPaid, map[string]any{"order_id": i})
+	}
+	cfg := goodConfig()
+	cfg.Batch = 4
+	relays := []*relay.Relay{newRelay(t, pool, cfg), newRelay(t, pool, cfg)}
+	var claimed atomic.Int64
+	var wg sync.WaitGroup
+	for _, r := range relays {
+		wg.Go(func() {
+			for {
+				k, err := r.RunOnce(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				claimed.Add(int64(k))
+				if k == 0 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+
+	deliveries := map[string]int{}
+	for _, req := range ep.requests() {
+		var d relay.Delivery
+		if err := json.Unmarshal(req.body, &d); err != nil {
+			t.Fatal(err)
+		}
+		deliveries[d.ID]++
+	}
+	ids := slices.Collect(maps.Keys(outbox(t, pool)))
+	for _, id := range ids {
+		if deliveries[id] != 1 {
+			t.Errorf("%s delivered %d times; want once", id, deliveries[id])
+		}
+	}
+	if claimed.Load() != n || len(deliveries) != n {
+		t.Errorf("the relays claimed %d and delivered %d distinct events; want %d each", claimed.Load(), len(deliveries), n)
+	}
+	for id, ev := range outbox(t, pool) {
+		if !ev.delivered || ev.attempts != 1 {
+			t.Errorf("%s: delivered %v after %d attempts; want delivered at the first", id, ev.delivered, ev.attempts)
+		}
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after a deadline.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func runInBackground(r *relay.Relay) (cancel func(), done <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan struct{})
+	go func() { defer close(ch); r.Run(ctx) }()
+	return cancel, ch
+}
+
+func wantReturnSoon(t *testing.T, done <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return within 5s of its context being canceled")
+	}
+}
+
+// Run returns promptly once its context is canceled: while it waits out
+// its interval (here an hour) after a scan, and while a delivery is in
+// flight to an endpoint that does not answer (the relay's timeout is 30s;
+// the cancellation must reach the request, not wait for the timeout).
+func TestRunReturnsPromptlyWhenCanceled(t *testing.T) {
+	t.Parallel()
+
+	t.Run("waiting", func(t *testing.T) {
+		t.Parallel()
+		pool := newPool(t)
+		ep := newEndpoint(t)
+		setWebhookURL(t, pool, "acme", ep.URL)
+		recordEvent(t, pool, "acme", events.OrderPaid, map[string]any{"order_id": "ord_1"})
+		cfg := goodConfig()
+		cfg.Interval = time.Hour
+		cancel, done := runInBackground(newRelay(t, pool, cfg))
+		defer cancel()
+		waitFor(t, "the delivery", func() bool { return len(ep.requests()) == 1 })
+		cancel()
+		wantReturnSoon(t, done)
+	})
+
+	t.Run("delivering", func(t *testing.T) {
+		t.Parallel()
+		pool := newPool(t)
+		inFlight, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			once.Do(func() { close(inFlight) })
+			select {
+			case <-r.Context().Done():
+			case <-release:
+			}
+		}))
+		t.Cleanup(hang.Close)
+		t.Cleanup(func() { close(release) }) // runs first: frees the handler before Close waits for it
+		setWebhookURL(t, pool, "acme", hang.URL)
+		recordEvent(t, pool, "acme", events.OrderPaid, map[string]any{"order_id": "ord_1"})
+		cfg := goodConfig()
+		cfg.Batch, cfg.Timeout = 1, 30*time.Second
+		cancel, done := runInBackground(newRelay(t, pool, cfg))
+		defer cancel()
+		select {
+		case <-inFlight:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the relay never called the endpoint")
+		}
+		cancel()
+		wantReturnSoon(t, done)
+		for id, ev := range outbox(t, pool) {
+			if ev.delivered {
+				t.Errorf("%s is marked delivered though the endpoint never acknowledged it", id)
+			}
+		}
+	})
+}
