@@ -95,7 +95,7 @@ func TestClientRetryIsNotLockedOutAfterAnOutage(t *testing.T) {
 	}
 }
 
-// The issue's own reproduction: the reconciler runs all along, and the
+// The outage as it was reported: the reconciler runs all along, and the
 // client retries through the outage as fast as it likes. While the client
 // keeps coming back, the reconciler leaves the record to it (each 503 puts
 // the reconciler's next try a lease away), so the client never meets a 409,
