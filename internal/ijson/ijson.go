@@ -8,7 +8,6 @@
 package ijson
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -27,56 +26,161 @@ func (e *DuplicateNameError) Error() string {
 // doc that has a member name twice. It does not otherwise judge doc: a
 // document that is not JSON is left to the caller's own decoding, and
 // reported as nil here.
+//
+// Names are compared as Go's encoding/json matches them to struct fields:
+// after unescaping ("amount" and "\u0061mount" are one member) and without
+// regard to case ("type" and "Type" fill the same field, the last one
+// winning, while a schema validator sees two members). Either pair is
+// refused.
+//
+// It runs on every request body, so it is a single pass over the bytes
+// that allocates only for the names it compares, not a decoder walking
+// tokens (which cost a tenth of a replay's CPU time).
 func CheckUniqueNames(doc []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	dec.UseNumber()
-	err := walk(dec, "")
-	if _, dup := err.(*DuplicateNameError); dup {
-		return err
-	}
-	return nil
+	s := scanner{doc: doc}
+	s.value("")
+	return s.dup
 }
 
-// walk reads one value from dec; path is its pointer.
-func walk(dec *json.Decoder, path string) error {
-	tok, err := dec.Token()
-	if err != nil {
-		return err
-	}
-	switch tok {
-	case json.Delim('{'):
-		seen := map[string]bool{}
-		for dec.More() {
-			nameTok, err := dec.Token()
-			if err != nil {
-				return err
-			}
-			name, _ := nameTok.(string)
-			member := path + "/" + escape(name)
-			// Names are compared after unescaping, as a parser sees them:
-			// "amount" and "\u0061mount" are the same member.
-			if seen[name] {
-				return &DuplicateNameError{Pointer: member}
-			}
-			seen[name] = true
-			if err := walk(dec, member); err != nil {
-				return err
-			}
-		}
-		_, err = dec.Token() // '}'
-		return err
-	case json.Delim('['):
-		for i := 0; dec.More(); i++ {
-			if err := walk(dec, path+"/"+strconv.Itoa(i)); err != nil {
-				return err
-			}
-		}
-		_, err = dec.Token() // ']'
-		return err
-	}
-	return nil
+// pointerEscaper escapes a member name for a JSON pointer (RFC 6901).
+var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
+
+type scanner struct {
+	doc []byte
+	pos int
+	dup error // the duplicate found; also set to stop on malformed input
+	bad bool
 }
 
-func escape(name string) string {
-	return strings.NewReplacer("~", "~0", "/", "~1").Replace(name)
+func (s *scanner) stopped() bool { return s.dup != nil || s.bad }
+
+func (s *scanner) skipSpace() {
+	for s.pos < len(s.doc) {
+		switch s.doc[s.pos] {
+		case ' ', '\t', '\n', '\r':
+			s.pos++
+		default:
+			return
+		}
+	}
+}
+
+// value reads one value; path is its pointer.
+func (s *scanner) value(path string) {
+	s.skipSpace()
+	if s.pos >= len(s.doc) {
+		s.bad = true
+		return
+	}
+	switch s.doc[s.pos] {
+	case '{':
+		s.object(path)
+	case '[':
+		s.array(path)
+	case '"':
+		s.str()
+	default: // a number, true, false or null: up to the next delimiter
+		start := s.pos
+		for s.pos < len(s.doc) && !strings.ContainsRune(",]}: \t\n\r", rune(s.doc[s.pos])) {
+			s.pos++
+		}
+		if s.pos == start { // a delimiter where a value should be
+			s.bad = true
+		}
+	}
+}
+
+func (s *scanner) object(path string) {
+	s.pos++ // '{'
+	var names []string // objects are small: a slice beats a map
+	for !s.stopped() {
+		s.skipSpace()
+		if s.pos < len(s.doc) && s.doc[s.pos] == '}' {
+			s.pos++
+			return
+		}
+		if s.pos >= len(s.doc) || s.doc[s.pos] != '"' {
+			s.bad = true
+			return
+		}
+		name, ok := s.str()
+		if !ok {
+			return
+		}
+		member := path + "/" + pointerEscaper.Replace(name)
+		for _, n := range names {
+			if strings.EqualFold(n, name) {
+				s.dup = &DuplicateNameError{Pointer: member}
+				return
+			}
+		}
+		names = append(names, name)
+		s.skipSpace()
+		if s.pos >= len(s.doc) || s.doc[s.pos] != ':' {
+			s.bad = true
+			return
+		}
+		s.pos++
+		s.value(member)
+		s.separator('}')
+	}
+}
+
+// separator moves past the ',' after a member or element; the closing
+// delimiter is left for the caller's loop, and anything else is malformed.
+func (s *scanner) separator(closing byte) {
+	if s.stopped() {
+		return
+	}
+	s.skipSpace()
+	switch {
+	case s.pos < len(s.doc) && s.doc[s.pos] == ',':
+		s.pos++
+	case s.pos < len(s.doc) && s.doc[s.pos] == closing:
+	default:
+		s.bad = true
+	}
+}
+
+func (s *scanner) array(path string) {
+	s.pos++ // '['
+	for i := 0; !s.stopped(); i++ {
+		s.skipSpace()
+		if s.pos < len(s.doc) && s.doc[s.pos] == ']' {
+			s.pos++
+			return
+		}
+		s.value(path + "/" + strconv.Itoa(i))
+		s.separator(']')
+	}
+}
+
+// str reads a string at s.pos and returns its unescaped value.
+func (s *scanner) str() (string, bool) {
+	start := s.pos
+	s.pos++ // '"'
+	escaped := false
+	for s.pos < len(s.doc) {
+		switch s.doc[s.pos] {
+		case '\\':
+			escaped = true
+			s.pos += 2
+			continue
+		case '"':
+			s.pos++
+			raw := s.doc[start:s.pos]
+			if !escaped {
+				return string(raw[1 : len(raw)-1]), true
+			}
+			var v string
+			if err := json.Unmarshal(raw, &v); err != nil {
+				s.bad = true
+				return "", false
+			}
+			return v, true
+		}
+		s.pos++
+	}
+	s.bad = true
+	return "", false
 }
