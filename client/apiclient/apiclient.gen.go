@@ -694,7 +694,7 @@ type ProcessorEventData struct {
 	// charge or refund the event is about.
 	//
 	//
-	// Example: ch_3Lp8sD5vNc2kWq7e
+	// Example: acme-ch_3Lp8sD5vNc2kWq7e
 	DownstreamKey string `json:"downstream_key"`
 
 	// Id The processor's own id for the charge or refund.

@@ -127,8 +127,10 @@ func (c *Client) Charge(ctx context.Context, downstreamKey string, req ChargeReq
 		if err := json.Unmarshal(resBody, &ch); err != nil {
 			return ch, &UncertainError{Err: fmt.Errorf("decode processor charge: %w", err)}
 		}
-		if ch.Status != statusSucceeded {
-			return ch, &UncertainError{Err: fmt.Errorf("processor answered 201 with status %q", ch.Status)}
+		if ch.Status != statusSucceeded || ch.ID == "" {
+			// Not the success the API promises: we cannot record it (a
+			// refund would have no charge to name), so ask again later.
+			return ch, &UncertainError{Err: fmt.Errorf("processor answered 201 with status %q and id %q", ch.Status, ch.ID)}
 		}
 		return ch, nil
 	case status == http.StatusPaymentRequired:
@@ -214,8 +216,8 @@ func (c *Client) Refund(ctx context.Context, downstreamKey string, req RefundReq
 	}
 	switch {
 	case status == http.StatusCreated:
-		if err := json.Unmarshal(body, &re); err != nil {
-			return re, &UncertainError{Err: fmt.Errorf("decode processor refund: %w", err)}
+		if err := json.Unmarshal(body, &re); err != nil || re.ID == "" {
+			return re, &UncertainError{Err: fmt.Errorf("decode processor refund (%s): %v", body, err)}
 		}
 		return re, nil
 	case status == http.StatusTooManyRequests || status >= 500:
@@ -233,4 +235,18 @@ func IsDefinite(err error) bool {
 	var declined *DeclinedError
 	var refused *RefusedError
 	return errors.As(err, &declined) || errors.As(err, &refused)
+}
+
+// RefusalCode is the processor's reason for a definite "no" (a decline
+// code, or a refusal code), or "" when err is not one.
+func RefusalCode(err error) string {
+	var declined *DeclinedError
+	var refused *RefusedError
+	switch {
+	case errors.As(err, &declined):
+		return declined.DeclineCode
+	case errors.As(err, &refused):
+		return refused.Code
+	}
+	return ""
 }

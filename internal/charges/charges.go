@@ -99,7 +99,7 @@ func (s *Service) Run(ctx context.Context, l *idempotency.Lease, req Request) er
 			rec := l.Record()
 			ch, err := queries.GetChargeByKeyRecord(ctx, s.db, dbsqlc.GetChargeByKeyRecordParams{CallerID: rec.CallerID, IdempotencyKeyID: rec.ID})
 			if err != nil {
-				return effect.Unresolved(fmt.Errorf("load charge of key record %d: %w", rec.ID, err))
+				return fmt.Errorf("load charge of key record %d: %w", rec.ID, err)
 			}
 			return effect.Call(ctx, l, s.crash, "charge",
 				func(ctx context.Context) (cardprocessor.ChargeResult, error) {

@@ -10,7 +10,7 @@
 //     point, and the next attempt calls again under the same key, which the
 //     processor collapses into one effect;
 //   - once the processor may have acted, no failure of ours becomes a final
-//     answer (see Unresolved);
+//     answer (the idempotency layer keeps the record resumable);
 //   - the crash points after the call and before the final commit, so that
 //     tests can kill the process at both.
 package effect
@@ -53,33 +53,19 @@ func Call[A any](ctx context.Context, l *idempotency.Lease, crash faults.CrashPo
 		p.RetryAfter = max(1, int(math.Ceil(uncertain.RetryAfter.Seconds())))
 		return errors.Join(p, err)
 	case err != nil && !cardprocessor.IsDefinite(err):
-		return Unresolved(err)
+		// Neither an answer nor a "no": treat it as no answer. (The
+		// idempotency layer keeps any unexpected error after the first
+		// phase resumable, never final; see idempotency.Handler.)
+		return err
 	}
 	refusal := err
-	return Unresolved(l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
+	return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
 		res, err := finish(ctx, tx, answer, refusal)
 		if err == nil {
 			crash.Crash(faults.BeforeFinalCommit)
 		}
 		return res, err
-	}))
-}
-
-// Unresolved keeps an unexpected failure after the processor may have
-// acted from becoming a final answer. Stored as a 500, it would leave the
-// effect unrecorded for ever; instead the operation stays resumable (a 503
-// for the client), and if it keeps failing the reconciler sets it aside for
-// a person. Problems that are outcomes (a decline, a conflict) and a lost
-// lease pass through.
-func Unresolved(err error) error {
-	var p *problem.Error
-	if err == nil || errors.Is(err, idempotency.ErrLeaseLost) || errors.As(err, &p) {
-		return err
-	}
-	prob := problem.New(problem.ServiceUnavailable,
-		"the operation could not be completed now; retry with the same Idempotency-Key and it resumes")
-	prob.RetryAfter = 1
-	return errors.Join(prob, err)
+	})
 }
 
 // ContradictionError is a processor report that contradicts a final state

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/problem"
@@ -90,7 +91,7 @@ func TestTransientFailureFreesTheRecordForTheClient(t *testing.T) {
 	if reconcilerWaits < 50*time.Second {
 		t.Errorf("the reconciler may try again in %s; want about a lease (1m), leaving the record to the client", reconcilerWaits)
 	}
-	if stale, err := s.ClaimStale(ctx, 10); err != nil || len(stale) != 0 {
+	if stale, err := s.ClaimStale(ctx, 10, []string{"createOrder"}); err != nil || len(stale) != 0 {
 		t.Fatalf("the reconciler claimed %d records (err %v); want none before its time", len(stale), err)
 	}
 
@@ -119,5 +120,36 @@ func TestLapsedOwnerIsToldToRetry(t *testing.T) {
 	}
 	if n := countOrders(t, pool); n != 0 {
 		t.Fatalf("%d orders; the lapsed owner's phase should have rolled back", n)
+	}
+}
+
+// An unexpected failure (here a panic) after the first phase committed is
+// not a final answer: an outside effect may be pending, so the record stays
+// resumable at its recovery point, the lease is released, and the client
+// is told to retry (503). Before the first phase the same failure is a
+// stored 500 (TestPanicIsAFinalInternalError).
+func TestFailureAfterTheFirstPhaseIsNeverFinal(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t, time.Minute)
+	ctx := context.Background()
+	req := testRequest(t, "half-done")
+	_, err := s.Execute(ctx, req, func(ctx context.Context, l *Lease) error {
+		if err := l.Phase(ctx, func(context.Context, pgx.Tx) (Result, error) { return RecoveryPoint("charge_created"), nil }); err != nil {
+			return err
+		}
+		panic("a bug after the processor was called")
+	})
+	var p *problem.Error
+	if !errors.As(err, &p) || p.Code != problem.ServiceUnavailable || p.RetryAfter < 1 {
+		t.Fatalf("got %v; want a 503 service_unavailable with Retry-After", err)
+	}
+	var status, point string
+	var leaseLive bool
+	if err := pool.QueryRow(ctx, `SELECT status, recovery_point, locked_until > now() FROM idempotency_keys WHERE key = 'half-done'`).
+		Scan(&status, &point, &leaseLive); err != nil {
+		t.Fatal(err)
+	}
+	if status != StatusInProgress || point != "charge_created" || leaseLive {
+		t.Errorf("record %s at %s, lease live %v; want in_progress at charge_created with the lease released", status, point, leaseLive)
 	}
 }

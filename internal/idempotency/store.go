@@ -183,7 +183,15 @@ func (l *Lease) writeResult(ctx context.Context, tx dbsqlc.DBTX, result Result) 
 //     is stored: a retry must not replay a failure that was not final.
 //   - a *problem.Error: a final outcome found during execution (a
 //     business-rule conflict). It is stored and replayed like a success.
-//   - any other error: a final internal error, stored as a generic 500.
+//   - any other error (a bug, a panic), before the first phase committed:
+//     nothing happened, so it is a final internal error, stored as a
+//     generic 500 (a retry would only fail again).
+//   - any other error after the first phase committed: an effect may be
+//     pending outside our database (a charge at the processor), and a
+//     stored 500 would leave it unrecorded for ever. The record stays
+//     resumable, exactly as after a transient failure (the client gets a
+//     503), and the reconciler sets it aside for a person if it keeps
+//     failing. So a handler never has to sort its own unexpected errors.
 type Handler func(ctx context.Context, l *Lease) error
 
 // IsRetryable reports whether a Handler's error leaves the operation
@@ -238,6 +246,14 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", lease.record.RecoveryPoint, "attempt", rec.Attempt)
 		s.release(lease, reconcileAfter)
 		return nil, err
+	case !isProblem(err) && lease.RecoveryPoint() != RecoveryStarted:
+		s.log.ErrorContext(ctx, "keyed operation failed after its first phase; left resumable, not final", "err", err,
+			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", lease.record.RecoveryPoint, "attempt", rec.Attempt)
+		s.release(lease, reconcileAfter)
+		p := problem.New(problem.ServiceUnavailable,
+			"the operation could not be completed now; retry with the same Idempotency-Key and it resumes where it stopped")
+		p.RetryAfter = 1
+		return nil, errors.Join(p, err)
 	}
 
 	// A final outcome: store it, so that every retry gets the same answer.
@@ -287,9 +303,15 @@ func (s *Store) current(rec dbsqlc.IdempotencyKey) (*Response, error) {
 	}
 }
 
+func isProblem(err error) bool {
+	var p *problem.Error
+	return errors.As(err, &p)
+}
+
 // runHandler runs h, turning a panic into an error. A panic is a bug, so it
-// is a final outcome like any unexpected error: stored as a 500, instead of
-// leaving the record to be taken over and panic again on every retry.
+// is treated like any unexpected error: stored as a 500 before the first
+// phase committed; after it, left resumable for the reconciler to set
+// aside, since an outside effect may be pending.
 func runHandler(ctx context.Context, h Handler, l *Lease) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -417,12 +439,14 @@ func (s *Store) release(l *Lease, reconcileAfter time.Duration) {
 	}
 }
 
-// ClaimStale takes over up to n in-progress records whose lease has
-// expired, for the reconciler. Several reconcilers may call it at once:
-// each record goes to exactly one of them.
-func (s *Store) ClaimStale(ctx context.Context, n int) ([]*Lease, error) {
+// ClaimStale takes over up to n in-progress records that are due and that
+// no live owner holds, for the reconciler: those that never passed their
+// first phase, and those of the given operations (the ones it can resume).
+// Several reconcilers may call it at once: each record goes to exactly one
+// of them.
+func (s *Store) ClaimStale(ctx context.Context, n int, operations []string) ([]*Lease, error) {
 	recs, err := queries.ClaimStaleIdempotencyKeys(ctx, s.pool, dbsqlc.ClaimStaleIdempotencyKeysParams{
-		LeaseSeconds: s.lease.Seconds(), MaxRecords: int32(n),
+		LeaseSeconds: s.lease.Seconds(), MaxRecords: int32(n), Operations: operations,
 	})
 	if err != nil {
 		return nil, err

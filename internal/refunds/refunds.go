@@ -92,11 +92,16 @@ func (s *Service) Run(ctx context.Context, l *idempotency.Lease, req Request) er
 			rec := l.Record()
 			re, err := queries.GetRefundByKeyRecord(ctx, s.db, dbsqlc.GetRefundByKeyRecordParams{CallerID: rec.CallerID, IdempotencyKeyID: rec.ID})
 			if err != nil {
-				return effect.Unresolved(fmt.Errorf("load refund of key record %d: %w", rec.ID, err))
+				return fmt.Errorf("load refund of key record %d: %w", rec.ID, err)
 			}
 			ch, err := queries.GetCharge(ctx, s.db, dbsqlc.GetChargeParams{CallerID: re.CallerID, ID: re.ChargeID})
 			if err != nil {
-				return effect.Unresolved(fmt.Errorf("load charge %s of refund %s: %w", re.ChargeID, re.ID, err))
+				return fmt.Errorf("load charge %s of refund %s: %w", re.ChargeID, re.ID, err)
+			}
+			if ch.ProcessorChargeID == nil {
+				// The create phase refuses such a charge; this is a record
+				// from before that rule, or damaged data: a person must look.
+				return fmt.Errorf("charge %s of refund %s has no processor charge id", ch.ID, re.ID)
 			}
 			return effect.Call(ctx, l, s.crash, "refund",
 				func(ctx context.Context) (cardprocessor.RefundResult, error) {
@@ -138,6 +143,11 @@ func create(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Reque
 		return nil, problem.New(problem.ChargeNotRefundable, "charge %s is %s; only a succeeded charge can be refunded", ch.ID, ch.Status)
 	case remaining == 0:
 		return nil, problem.New(problem.ChargeNotRefundable, "charge %s is already fully refunded", ch.ID)
+	case ch.ProcessorChargeID == nil:
+		// A success reported without the processor's id for it: there is
+		// nothing to name in a refund request. Refused before anything is
+		// reserved.
+		return nil, problem.New(problem.ChargeNotRefundable, "charge %s has no processor charge id to refund against", ch.ID)
 	}
 	amount := remaining
 	if req.Amount != nil {
@@ -168,9 +178,10 @@ func create(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Reque
 
 // finish is the final phase: record the processor's definite answer.
 func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
-	var refused *cardprocessor.RefusedError
-	if errors.As(refusal, &refused) {
-		// Definitely not refunded: give the reservation back.
+	if refusal != nil {
+		// Definitely not refunded, whatever kind of "no" the processor
+		// gave (effect.Call lets only a definite one through): give the
+		// reservation back.
 		if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 			return nil, err
 		}
@@ -180,7 +191,7 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, 
 		if err := queries.ReleaseRefund(ctx, tx, dbsqlc.ReleaseRefundParams{Amount: re.Amount, CallerID: ch.CallerID, ID: ch.ID}); err != nil {
 			return nil, err
 		}
-		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", refused.Code)), nil
+		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", cardprocessor.RefusalCode(refusal))), nil
 	}
 	succeeded, err := applySucceeded(ctx, tx, ch, re, answer.ID)
 	if err != nil {

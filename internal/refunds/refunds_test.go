@@ -465,7 +465,7 @@ func TestApplySucceededIsIdempotent(t *testing.T) {
 		WHERE key = 'lost'`); err != nil {
 		t.Fatal(err)
 	}
-	leases, err := f.store.ClaimStale(context.Background(), 10)
+	leases, err := f.store.ClaimStale(context.Background(), 10, []string{refunds.Operation})
 	if err != nil || len(leases) != 1 {
 		t.Fatalf("ClaimStale: %d, %v; want the one stale refund", len(leases), err)
 	}
@@ -660,5 +660,33 @@ func TestListRefusesWhatIsNotTheCallersCharge(t *testing.T) {
 		if !errors.As(err, &p) || p.Code != problem.InvalidRequest || len(p.Errors) != 1 || p.Errors[0].Field != "starting_after" || rows != nil || more {
 			t.Errorf("cursor %s: %v (%d rows); want invalid_request naming starting_after", cursor, err, len(rows))
 		}
+	}
+}
+
+// decliningProcessor answers every refund with a decline: a definite "no"
+// of the other kind, as a real processor's client might report one.
+type decliningProcessor struct{ cardprocessor.Processor }
+
+func (decliningProcessor) Refund(context.Context, string, cardprocessor.RefundRequest) (cardprocessor.RefundResult, error) {
+	return cardprocessor.RefundResult{}, &cardprocessor.DeclinedError{DeclineCode: "refund_declined"}
+}
+
+// Any definite "no" from the processor fails the refund and gives its
+// reservation back; none is ever recorded as a success.
+func TestDeclinedRefundIsNotRecordedAsASuccess(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ch := f.paidCharge(t, 1000)
+	declining := refunds.NewService(f.pool, decliningProcessor{cardprocessor.NewClient(f.processorURL, 5*time.Second)}, faults.CrashPoints{})
+	resp, err := f.refundWith(t, declining, "acme", "declined-refund", ch.ID, amount(400))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.wantStoredProblem(t, "declined-refund", resp, http.StatusConflict, problem.ChargeNotRefundable)
+	if re := f.refundOf(t, "declined-refund"); re.Status != refunds.StatusFailed {
+		t.Errorf("refund is %s; want failed", re.Status)
+	}
+	if got := f.getCharge(t, ch.ID).AmountRefunded; got != 0 {
+		t.Errorf("amount_refunded %d; want 0 (the reservation given back)", got)
 	}
 }
