@@ -22,7 +22,14 @@ ALTER TABLE idempotency_keys
     ADD COLUMN reconciler_attempts integer     NOT NULL DEFAULT 0 CHECK (reconciler_attempts >= 0);
 
 -- A record written by the old code carried its backoff in locked_until.
+-- Move it to next_attempt_at, and end every lease now: the old backoffs
+-- would otherwise keep clients locked out until they ran out, and the old
+-- code cannot tell us which leases are live owners'. Ending a live owner's
+-- lease is safe: its next write is fenced (it needs a live lease) and rolls
+-- back, and whoever takes over resumes from the recovery point under the
+-- same downstream key.
 UPDATE idempotency_keys SET next_attempt_at = locked_until WHERE status = 'in_progress';
+UPDATE idempotency_keys SET locked_until = now() WHERE status = 'in_progress' AND locked_until > now();
 
 -- The reconciler now scans by its own schedule.
 DROP INDEX idempotency_keys_in_progress_locked_until;

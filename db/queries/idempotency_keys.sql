@@ -107,9 +107,15 @@ WHERE caller_id = @caller_id AND key = @key;
 -- share the work without waiting on each other, and each claimed record
 -- gets a new attempt number, fencing out its old owner exactly as a
 -- client's takeover does.
+--
+-- Only records this reconciler can handle: any that never passed 'started'
+-- (it abandons those, whatever the operation), and those of the operations
+-- it has a handler for. During a rolling deploy an older replica leaves a
+-- newer operation to the replicas that know it, instead of giving up on it.
 WITH stale AS (
     SELECT caller_id, id FROM idempotency_keys
     WHERE status = 'in_progress' AND next_attempt_at <= now() AND locked_until <= now()
+      AND (recovery_point = 'started' OR operation = ANY(@operations::text[]))
     ORDER BY next_attempt_at
     LIMIT @max_records
     FOR UPDATE SKIP LOCKED

@@ -211,7 +211,7 @@ func (f *fixture) resume(t *testing.T, key string) *idempotency.Response {
 	t.Helper()
 	f.makeStale(t, key)
 	before := f.record(t, key)
-	leases, err := f.store.ClaimStale(context.Background(), 10)
+	leases, err := f.store.ClaimStale(context.Background(), 10, []string{charges.Operation})
 	if err != nil || len(leases) != 1 {
 		t.Fatalf("ClaimStale: %d leases, %v; want the one stale record", len(leases), err)
 	}

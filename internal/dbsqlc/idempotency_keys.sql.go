@@ -182,8 +182,9 @@ const claimStaleIdempotencyKeys = `-- name: ClaimStaleIdempotencyKeys :many
 WITH stale AS (
     SELECT caller_id, id FROM idempotency_keys
     WHERE status = 'in_progress' AND next_attempt_at <= now() AND locked_until <= now()
+      AND (recovery_point = 'started' OR operation = ANY($2::text[]))
     ORDER BY next_attempt_at
-    LIMIT $2
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 UPDATE idempotency_keys k
@@ -199,6 +200,7 @@ RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.loc
 
 type ClaimStaleIdempotencyKeysParams struct {
 	LeaseSeconds float64
+	Operations   []string
 	MaxRecords   int32
 }
 
@@ -209,8 +211,13 @@ type ClaimStaleIdempotencyKeysParams struct {
 // share the work without waiting on each other, and each claimed record
 // gets a new attempt number, fencing out its old owner exactly as a
 // client's takeover does.
+//
+// Only records this reconciler can handle: any that never passed 'started'
+// (it abandons those, whatever the operation), and those of the operations
+// it has a handler for. During a rolling deploy an older replica leaves a
+// newer operation to the replicas that know it, instead of giving up on it.
 func (q *Queries) ClaimStaleIdempotencyKeys(ctx context.Context, db DBTX, arg ClaimStaleIdempotencyKeysParams) ([]IdempotencyKey, error) {
-	rows, err := db.Query(ctx, claimStaleIdempotencyKeys, arg.LeaseSeconds, arg.MaxRecords)
+	rows, err := db.Query(ctx, claimStaleIdempotencyKeys, arg.LeaseSeconds, arg.Operations, arg.MaxRecords)
 	if err != nil {
 		return nil, err
 	}

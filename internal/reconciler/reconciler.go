@@ -10,7 +10,9 @@
 //
 // It has no code of its own for any operation: it runs the handler that
 // the operation registered (idempotency.Registry), the same one a client's
-// retry runs, so an operation's phases live in one place.
+// retry runs, so an operation's phases live in one place. It claims only
+// what it can handle: records that never passed their first phase (which
+// it abandons), and records of registered operations.
 package reconciler
 
 import (
@@ -116,7 +118,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	if allowed == 0 {
 		return 0, nil // out of budget: the records wait for a later scan
 	}
-	leases, err := r.store.ClaimStale(ctx, allowed)
+	leases, err := r.store.ClaimStale(ctx, allowed, r.operations.Operations())
 	if err != nil {
 		r.budget.Deposit(allowed)
 		return 0, err
@@ -159,17 +161,21 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 		// The first phase never committed, so nothing happened, locally or
 		// downstream, whatever the operation. Free the key; a client retry
 		// runs afresh.
-		if err := l.Abandon(ctx); err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
+		switch err := l.Abandon(ctx); {
+		case errors.Is(err, idempotency.ErrLeaseLost):
+			log.InfoContext(ctx, "reconciler: the record moved on before it could be abandoned")
+		case err != nil:
 			log.WarnContext(ctx, "reconciler: abandon failed", "err", err)
-			return
+		default:
+			log.InfoContext(ctx, "reconciler: abandoned an operation that never started")
 		}
-		log.InfoContext(ctx, "reconciler: abandoned an operation that never started")
 		return
 	}
 	resume, ok := r.operations.Lookup(rec.Operation)
 	if !ok {
-		// An operation this build does not know how to resume: a person
-		// must look.
+		// ClaimStale claims only registered operations past 'started', so
+		// this means the registry changed under a running reconciler: a
+		// wiring bug. A person must look.
 		if err := l.Bury(ctx); err != nil {
 			log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
 			return

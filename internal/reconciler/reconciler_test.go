@@ -335,25 +335,36 @@ func TestReconcilerStopsWhenCanceled(t *testing.T) {
 	}
 }
 
-// A record whose operation has no registered handler is set aside for a
-// person, never guessed at.
-func TestUnknownOperationIsSetAside(t *testing.T) {
+// A reconciler leaves alone a record of an operation it has no handler
+// for (an older replica during a rolling deploy, say), instead of giving up
+// on it; a reconciler that knows the operation finishes it.
+func TestUnknownOperationIsLeftToAReconcilerThatKnowsIt(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
 	f.stalledCharge(t, "orphan")
-	bare := idempotency.NewRegistry() // knows no operation
-	r, err := reconciler.New(reconciler.Config{
+	cfg := reconciler.Config{
 		Interval: time.Second, Batch: 1, Lease: time.Minute, MaxAttempts: 3, MaxAge: time.Hour,
 		BackoffBase: time.Second, BackoffCap: time.Minute, RetriesPerInterval: 1, RetryBurst: 1,
-	}, f.store, bare, quiet)
+	}
+	older, err := reconciler.New(cfg, f.store, idempotency.NewRegistry(), quiet) // knows no operation
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.RunOnce(context.Background()); err != nil {
+	if n, err := older.RunOnce(context.Background()); err != nil || n != 0 {
+		t.Fatalf("a reconciler without the handler claimed %d records (%v); want none", n, err)
+	}
+	if got := f.statuses(t); got["in_progress/charge_created"] != 1 {
+		t.Fatalf("records %v; want the charge still in progress, untouched", got)
+	}
+	newer, err := reconciler.New(cfg, f.store, f.operations, quiet)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := f.statuses(t); got["dead/charge_created"] != 1 {
-		t.Errorf("records %v; want the charge set aside as dead", got)
+	if n, err := newer.RunOnce(context.Background()); err != nil || n != 1 {
+		t.Fatalf("the reconciler with the handler claimed %d records (%v); want 1", n, err)
+	}
+	if got := f.statuses(t); got["completed/finished"] != 1 {
+		t.Errorf("records %v; want the charge finished", got)
 	}
 }
 
