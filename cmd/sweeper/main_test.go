@@ -61,6 +61,17 @@ func TestOnceLeavesExactlyTheRightRows(t *testing.T) {
 	}
 }
 
+// The sweeper holds the retention window to the server's rules: a window
+// no longer than the lease would forget operations that may still run.
+func TestRetentionIsChecked(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"IDEMPOTENCY_KEY_RETENTION": "1m", "IDEMPOTENCY_LEASE": "2m"}
+	err := run(context.Background(), []string{"--once"}, func(k string) string { return env[k] }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "IDEMPOTENCY_KEY_RETENTION") {
+		t.Errorf("a window shorter than the lease: %v; want it refused", err)
+	}
+}
+
 func TestFlagsAreChecked(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{}, {"--once", "--interval", "1m"}, {"--once", "--batch", "0"}} {

@@ -23,6 +23,13 @@ import (
 // is pgx's pool size setting (its own default is 4 on a small machine).
 const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable&pool_max_conns=20"
 
+// The defaults of the settings that more than one program reads.
+const (
+	DefaultLease            = 30 * time.Second
+	DefaultRetention        = 24 * time.Hour
+	DefaultReconcilerMaxAge = time.Hour
+)
+
 // DemoProcessorWebhookSecret is the secret the fake card processor signs
 // its webhooks with unless told otherwise. It is public: anything real
 // sets PROCESSOR_WEBHOOK_SECRET.
@@ -45,10 +52,11 @@ type Server struct {
 	//     6.4 KiB/s, and cuts off a client that trickles it byte by byte; the
 	//     body's reader then fails and the request is answered 408.
 	//   - WriteTimeout (HTTP_WRITE_TIMEOUT): from the end of the headers to
-	//     the end of the response. A keyed operation may run for up to its
-	//     lease, so this must be longer than the lease, or a slow but
-	//     healthy charge would lose its answer (the client's retry would
-	//     still get it, as a replay).
+	//     the end of the response. It covers reading the body (up to
+	//     ReadTimeout), the operation (up to its lease) and the cleanup
+	//     writes after a failure (CleanupAllowance), so it must exceed their
+	//     sum, or a slow but healthy charge would lose its answer (the
+	//     client's retry would still get it, as a replay).
 	//   - IdleTimeout (HTTP_IDLE_TIMEOUT): how long a keep-alive connection
 	//     may wait for its next request.
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
@@ -105,10 +113,10 @@ func Load(getenv func(string) string) (Server, error) {
 		HTTPAddr:               r.String("HTTP_ADDR", ":8080"),
 		ReadHeaderTimeout:      r.Duration("HTTP_READ_HEADER_TIMEOUT", 5*time.Second),
 		ReadTimeout:            r.Duration("HTTP_READ_TIMEOUT", 10*time.Second),
-		WriteTimeout:           r.Duration("HTTP_WRITE_TIMEOUT", 45*time.Second),
+		WriteTimeout:           r.Duration("HTTP_WRITE_TIMEOUT", 60*time.Second),
 		IdleTimeout:            r.Duration("HTTP_IDLE_TIMEOUT", 60*time.Second),
-		Lease:                  r.Duration("IDEMPOTENCY_LEASE", 30*time.Second),
-		Retention:              r.Duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
+		Lease:                  r.Duration("IDEMPOTENCY_LEASE", DefaultLease),
+		Retention:              r.Duration("IDEMPOTENCY_KEY_RETENTION", DefaultRetention),
 		MaxBodyBytes:           int64(r.Int("MAX_BODY_BYTES", 64<<10, 1)),
 		SeedDemoCallers:        r.Bool("SEED_DEMO_CALLERS", true),
 		ShutdownTimeout:        r.Duration("SHUTDOWN_TIMEOUT", 15*time.Second),
@@ -119,7 +127,7 @@ func Load(getenv func(string) string) (Server, error) {
 		Reconciler:             r.Bool("RECONCILER_ENABLED", true),
 		ReconcilerInterval:     r.Duration("RECONCILER_INTERVAL", time.Second),
 		ReconcilerMaxAttempts:  r.Int("RECONCILER_MAX_ATTEMPTS", 10, 1),
-		ReconcilerMaxAge:       r.Duration("RECONCILER_MAX_AGE", time.Hour),
+		ReconcilerMaxAge:       r.Duration("RECONCILER_MAX_AGE", DefaultReconcilerMaxAge),
 		Relay:                  r.Bool("RELAY_ENABLED", true),
 		RelayInterval:          r.Duration("RELAY_INTERVAL", time.Second),
 	}
@@ -130,27 +138,43 @@ func Load(getenv func(string) string) (Server, error) {
 	}
 
 	// The rules between settings.
-	//
-	// A window shorter than the lease would let the sweeper forget an
-	// operation that is still allowed to be running.
-	r.Check(cfg.Retention > cfg.Lease,
-		"IDEMPOTENCY_KEY_RETENTION (%s) must be longer than IDEMPOTENCY_LEASE (%s)", cfg.Retention, cfg.Lease)
-	// A record must be set aside before the sweeper could consider it.
-	r.Check(cfg.ReconcilerMaxAge < cfg.Retention,
-		"RECONCILER_MAX_AGE (%s) must be shorter than IDEMPOTENCY_KEY_RETENTION (%s)", cfg.ReconcilerMaxAge, cfg.Retention)
+	checkRetention(r, cfg.Retention, cfg.Lease, cfg.ReconcilerMaxAge)
 	// The lease covers a whole operation, processor call included: a lease
 	// shorter than the call would let a retry take over a live charge.
 	r.Check(cfg.ProcessorTimeout < cfg.Lease,
 		"PROCESSOR_TIMEOUT (%s) must be shorter than IDEMPOTENCY_LEASE (%s)", cfg.ProcessorTimeout, cfg.Lease)
 	r.Check(cfg.ReadHeaderTimeout <= cfg.ReadTimeout,
 		"HTTP_READ_HEADER_TIMEOUT (%s) must not be longer than HTTP_READ_TIMEOUT (%s), which covers the headers too", cfg.ReadHeaderTimeout, cfg.ReadTimeout)
-	r.Check(cfg.WriteTimeout > cfg.Lease,
-		"HTTP_WRITE_TIMEOUT (%s) must be longer than IDEMPOTENCY_LEASE (%s): an operation may run for its whole lease before it answers", cfg.WriteTimeout, cfg.Lease)
+	r.Check(cfg.WriteTimeout > cfg.ReadTimeout+cfg.Lease+CleanupAllowance,
+		"HTTP_WRITE_TIMEOUT (%s) must be longer than HTTP_READ_TIMEOUT (%s) + IDEMPOTENCY_LEASE (%s) + %s: a request may read its body, run for its whole lease and clean up before it answers",
+		cfg.WriteTimeout, cfg.ReadTimeout, cfg.Lease, CleanupAllowance)
 	return cfg, r.Err()
 }
 
+// CleanupAllowance is how long an operation's wrap-up writes may take
+// after its handler failed, counted in the write timeout. It is the
+// idempotency store's cleanupTimeout (config imports nothing of the
+// service, so the figure is repeated; keep them equal).
+const CleanupAllowance = 5 * time.Second
+
+// checkRetention holds the rules that keep the retention window safe,
+// checked by every program that reads it: the sweeper deletes by the same
+// window the server promises its clients.
+func checkRetention(r *Reader, retention, lease, reconcilerMaxAge time.Duration) {
+	// A window shorter than the lease would let the sweeper forget an
+	// operation that is still allowed to be running (and a late retry
+	// would run it again).
+	r.Check(retention > lease,
+		"IDEMPOTENCY_KEY_RETENTION (%s) must be longer than IDEMPOTENCY_LEASE (%s)", retention, lease)
+	// A record must be set aside before the sweeper could consider it.
+	r.Check(reconcilerMaxAge < retention,
+		"RECONCILER_MAX_AGE (%s) must be shorter than IDEMPOTENCY_KEY_RETENTION (%s)", reconcilerMaxAge, retention)
+}
+
 // Sweeper is the configuration of cmd/sweeper: the database and the
-// retention windows, read exactly as the server reads them.
+// retention windows, read exactly as the server reads them and held to
+// the same rules (so it also reads IDEMPOTENCY_LEASE and
+// RECONCILER_MAX_AGE, which the window must outlast).
 type Sweeper struct {
 	DatabaseURL string // DATABASE_URL
 	// KeyRetention is IDEMPOTENCY_KEY_RETENTION, the server's window.
@@ -166,10 +190,11 @@ func LoadSweeper(getenv func(string) string) (Sweeper, error) {
 	r := NewReader(getenv)
 	cfg := Sweeper{
 		DatabaseURL:      r.String("DATABASE_URL", DefaultDatabaseURL),
-		KeyRetention:     r.Duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
+		KeyRetention:     r.Duration("IDEMPOTENCY_KEY_RETENTION", DefaultRetention),
 		EventRetention:   r.Duration("OUTBOX_EVENT_RETENTION", 30*24*time.Hour),
 		WebhookRetention: r.Duration("WEBHOOK_EVENT_RETENTION", 30*24*time.Hour),
 	}
+	checkRetention(r, cfg.KeyRetention, r.Duration("IDEMPOTENCY_LEASE", DefaultLease), r.Duration("RECONCILER_MAX_AGE", DefaultReconcilerMaxAge))
 	return cfg, r.Err()
 }
 

@@ -91,7 +91,7 @@ func (s *scanner) value(path string) {
 }
 
 func (s *scanner) object(path string) {
-	s.pos++ // '{'
+	s.pos++            // '{'
 	var names []string // objects are small: a slice beats a map
 	for !s.stopped() {
 		s.skipSpace()

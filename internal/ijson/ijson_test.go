@@ -18,7 +18,7 @@ func TestCheckUniqueNames(t *testing.T) {
 		{`{"a":[{"x":1},{"x":1,"x":2}]}`, "/a/1/x"},
 		{`{"a/b":1,"a/b":2}`, "/a~1b"},
 		{`{"type":"charge.failed","Type":"charge.succeeded"}`, "/Type"}, // one struct field to encoding/json
-		{`{"a":{"b":1},"b":{"a":1}}`, ""}, // the same names in different objects
+		{`{"a":{"b":1},"b":{"a":1}}`, ""},                               // the same names in different objects
 		{`[{"k":1},{"k":2}]`, ""},
 		{`not json`, ""},     // left to the caller's decoder
 		{`{"a":1,"a"`, "/a"}, // the second name is a duplicate, however the document ends

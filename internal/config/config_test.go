@@ -1,0 +1,81 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(vars map[string]string) func(string) string {
+	return func(k string) string { return vars[k] }
+}
+
+// The defaults are a valid configuration, and demo features stay off.
+func TestDefaultsAreValid(t *testing.T) {
+	t.Parallel()
+	cfg, err := Load(env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Lease != DefaultLease || cfg.Retention != DefaultRetention || cfg.WriteTimeout <= cfg.ReadTimeout+cfg.Lease+CleanupAllowance {
+		t.Errorf("defaults %+v break their own rules", cfg)
+	}
+	if _, err := LoadSweeper(env(nil)); err != nil {
+		t.Errorf("sweeper defaults: %v", err)
+	}
+}
+
+// Every invalid variable is reported at once, each by name.
+func TestEveryProblemIsReported(t *testing.T) {
+	t.Parallel()
+	_, err := Load(env(map[string]string{
+		"IDEMPOTENCY_LEASE":       "soon",
+		"MAX_BODY_BYTES":          "0",
+		"RELAY_ENABLED":           "maybe",
+		"RECONCILER_MAX_ATTEMPTS": "-1",
+		"FAULT_CRASH_POINTS":      "nowhere",
+	}))
+	for _, name := range []string{"IDEMPOTENCY_LEASE", "MAX_BODY_BYTES", "RELAY_ENABLED", "RECONCILER_MAX_ATTEMPTS", "FAULT_CRASH_POINTS"} {
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("error does not name %s: %v", name, err)
+		}
+	}
+}
+
+// The rules between settings.
+func TestRulesBetweenSettings(t *testing.T) {
+	t.Parallel()
+	for name, vars := range map[string]map[string]string{
+		"HTTP_WRITE_TIMEOUT":        {"HTTP_WRITE_TIMEOUT": "44s"}, // 10s read + 30s lease + 5s cleanup = 45s
+		"PROCESSOR_TIMEOUT":         {"PROCESSOR_TIMEOUT": "30s"},
+		"IDEMPOTENCY_KEY_RETENTION": {"IDEMPOTENCY_KEY_RETENTION": "20s"},
+		"RECONCILER_MAX_AGE":        {"RECONCILER_MAX_AGE": "25h"},
+		"HTTP_READ_HEADER_TIMEOUT":  {"HTTP_READ_HEADER_TIMEOUT": "11s"},
+	} {
+		if _, err := Load(env(vars)); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%v: %v; want an error naming %s", vars, err, name)
+		}
+	}
+	if _, err := Load(env(map[string]string{"HTTP_WRITE_TIMEOUT": "46s"})); err != nil {
+		t.Errorf("a write timeout just long enough: %v", err)
+	}
+}
+
+// The sweeper reads only its own settings and the window's rules: what
+// only the server uses cannot stop it.
+func TestSweeperIgnoresServerOnlySettings(t *testing.T) {
+	t.Parallel()
+	cfg, err := LoadSweeper(env(map[string]string{
+		"PROCESSOR_TIMEOUT": "1h", "HTTP_WRITE_TIMEOUT": "1s", "MAX_BODY_BYTES": "lots",
+		"IDEMPOTENCY_KEY_RETENTION": "48h", "OUTBOX_EVENT_RETENTION": "240h",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.KeyRetention != 48*time.Hour || cfg.EventRetention != 240*time.Hour || cfg.WebhookRetention != 30*24*time.Hour {
+		t.Errorf("sweeper config %+v", cfg)
+	}
+	if _, err := LoadSweeper(env(map[string]string{"IDEMPOTENCY_KEY_RETENTION": "30m", "RECONCILER_MAX_AGE": "1h"})); err == nil {
+		t.Error("a window shorter than RECONCILER_MAX_AGE was accepted")
+	}
+}
