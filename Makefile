@@ -3,10 +3,12 @@
 
 .PHONY: run test check check-static generate check-generated vet staticcheck check-docs rename check-rename bench bench-sweeper fuzz
 
-# Run the service (API, demo page, spec) on :8080 against the local
-# PostgreSQL; creates the database if missing and migrates it.
+# Run the demo on :8080 against the local PostgreSQL (the database is
+# created if missing and migrated): the API, the demo page, the spec, the
+# fake processor, and DEMO_MODE's /demo endpoints, with the server restarted
+# whenever the demo crashes it. DEMO_MODE is for this command only.
 run:
-	go run ./cmd/server
+	go run ./cmd/server demo
 
 # The whole test suite, against a real PostgreSQL (127.0.0.1:5432 by default;
 # set TEST_DATABASE_URL to use another). Each test gets its own database.

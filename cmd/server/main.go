@@ -1,6 +1,8 @@
 // Command server runs the payments API.
 //
 //	server               migrate the database, seed the demo callers, serve
+//	server demo          the demo (make run): the fake processor here, the server as a
+//	                     child process with DEMO_MODE on, restarted whenever it crashes
 //	server migrate       migrate the database and exit
 //	server dead-letters  list the operations set aside for an operator (JSON lines)
 //
@@ -35,6 +37,7 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/processor"
@@ -199,14 +202,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if len(args) > 0 {
 		command = args[0]
 	}
-	if command != "serve" && command != "migrate" && command != "dead-letters" {
-		return fmt.Errorf("unknown command %q (want serve, migrate or dead-letters)", command)
+	if command != "serve" && command != "demo" && command != "migrate" && command != "dead-letters" {
+		return fmt.Errorf("unknown command %q (want serve, demo, migrate or dead-letters)", command)
 	}
 	cfg, err := config.Load(getenv)
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(stdout, nil))
+	if command == "demo" {
+		return runDemo(ctx, cfg, log, stdout)
+	}
 
 	pool, err := postgres.Open(ctx, cfg.DatabaseURL, true)
 	if errors.Is(err, postgres.ErrUnreachable) {
@@ -236,8 +242,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 
 	// Listen first: the in-process processor needs our address for its
-	// webhooks.
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	// webhooks. Under the demo's supervisor the socket is inherited (see
+	// runDemo), so that it outlives a crash of this process.
+	ln, err := listen(cfg.HTTPAddr, getenv(listenFDVar))
 	if err != nil {
 		return err
 	}
@@ -261,8 +268,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	// retry would run.
 	keys := idempotency.NewStore(pool, cfg.Lease, log)
 	proc := cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
-	chargeService := charges.NewService(pool, proc, cfg.CrashPoints)
-	refundService := refunds.NewService(pool, proc, cfg.CrashPoints)
+	crash := cfg.CrashPoints
+	var demo *server.Demo
+	if cfg.DemoMode {
+		if crash == nil {
+			crash = &faults.CrashPoints{} // none for good; the demo arms one at a time
+		}
+		demo = &server.Demo{Crash: crash, ProcessorURL: cfg.ProcessorURL}
+		log.Warn("DEMO_MODE is on: /demo can crash this server and make its processor fail; never in production")
+	}
+	chargeService := charges.NewService(pool, proc, crash)
+	refundService := refunds.NewService(pool, proc, crash)
 	operations := idempotency.NewRegistry()
 	operations.Register(charges.Operation, chargeService.Resume)
 	operations.Register(refunds.Operation, refundService.Resume)
@@ -280,7 +296,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	defer func() { stopWorkers(); running.Wait() }()
 
 	handler, err := server.New(server.Deps{
-		Config: cfg, Pool: pool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService,
+		Config: cfg, Pool: pool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService, Demo: demo,
 	})
 	if err != nil {
 		return err

@@ -52,3 +52,12 @@ RETURNING deliveries;
 
 -- name: GetCallerWebhookSecret :one
 SELECT webhook_secret FROM callers WHERE id = @id;
+
+-- name: ListDemoDeliveries :many
+-- What the demo receiver got for the caller, newest first: each event once,
+-- with how many times it was delivered (a count above one is a duplicate
+-- the receiver dropped).
+SELECT * FROM demo_received_events
+WHERE caller_id = @caller_id
+ORDER BY received_at DESC, event_id DESC
+LIMIT @row_limit;

@@ -22,7 +22,6 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/effect"
-	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/problem"
@@ -71,7 +70,7 @@ func newFixture(t *testing.T, cfg processor.Config, clientTimeout time.Duration,
 	return &fixture{
 		pool:         pool,
 		store:        idempotency.NewStore(pool, time.Minute, quiet),
-		charges:      charges.NewService(pool, client, faults.CrashPoints{}),
+		charges:      charges.NewService(pool, client, nil),
 		processorURL: srv.URL,
 	}
 }

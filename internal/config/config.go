@@ -86,10 +86,16 @@ type Server struct {
 	// ProcessorWebhookSecret verifies the processor's webhook signatures
 	// (PROCESSOR_WEBHOOK_SECRET).
 	ProcessorWebhookSecret []byte
+	// DemoMode turns on the browser demo's powers (DEMO_MODE): the /demo
+	// endpoints that change the processor's chaos settings, arm a crash
+	// point and read the processor's ledger. `make run` turns it on; it is
+	// off everywhere else, and must never be on in production: anyone who
+	// can reach the server could crash it.
+	DemoMode bool
 	// CrashPoints are the test facility's crash points
 	// (FAULT_CRASH_POINTS, comma-separated; see internal/faults). Off by
 	// default; never set in production.
-	CrashPoints faults.CrashPoints
+	CrashPoints *faults.CrashPoints
 	// Reconciler runs the reconciler in this process (RECONCILER_ENABLED),
 	// scanning every ReconcilerInterval (RECONCILER_INTERVAL) when idle and
 	// setting aside records past ReconcilerMaxAttempts of its own tries
@@ -130,6 +136,7 @@ func Load(getenv func(string) string) (Server, error) {
 		ReconcilerMaxAge:       r.Duration("RECONCILER_MAX_AGE", DefaultReconcilerMaxAge),
 		Relay:                  r.Bool("RELAY_ENABLED", true),
 		RelayInterval:          r.Duration("RELAY_INTERVAL", time.Second),
+		DemoMode:               r.Bool("DEMO_MODE", false),
 	}
 	if v := r.String("FAULT_CRASH_POINTS", ""); v != "" {
 		cp, err := faults.Parse(v)

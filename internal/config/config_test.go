@@ -20,6 +20,9 @@ func TestDefaultsAreValid(t *testing.T) {
 	if cfg.Lease != DefaultLease || cfg.Retention != DefaultRetention || cfg.WriteTimeout <= cfg.ReadTimeout+cfg.Lease+CleanupAllowance {
 		t.Errorf("defaults %+v break their own rules", cfg)
 	}
+	if cfg.DemoMode {
+		t.Error("DEMO_MODE is on by default; it must be off everywhere but make run")
+	}
 	if _, err := LoadSweeper(env(nil)); err != nil {
 		t.Errorf("sweeper defaults: %v", err)
 	}

@@ -134,6 +134,47 @@ func (q *Queries) InsertEvent(ctx context.Context, db DBTX, arg InsertEventParam
 	return err
 }
 
+const listDemoDeliveries = `-- name: ListDemoDeliveries :many
+SELECT caller_id, event_id, type, deliveries, received_at FROM demo_received_events
+WHERE caller_id = $1
+ORDER BY received_at DESC, event_id DESC
+LIMIT $2
+`
+
+type ListDemoDeliveriesParams struct {
+	CallerID string
+	RowLimit int32
+}
+
+// What the demo receiver got for the caller, newest first: each event once,
+// with how many times it was delivered (a count above one is a duplicate
+// the receiver dropped).
+func (q *Queries) ListDemoDeliveries(ctx context.Context, db DBTX, arg ListDemoDeliveriesParams) ([]DemoReceivedEvent, error) {
+	rows, err := db.Query(ctx, listDemoDeliveries, arg.CallerID, arg.RowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []DemoReceivedEvent{}
+	for rows.Next() {
+		var i DemoReceivedEvent
+		if err := rows.Scan(
+			&i.CallerID,
+			&i.EventID,
+			&i.Type,
+			&i.Deliveries,
+			&i.ReceivedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const listEvents = `-- name: ListEvents :many
 SELECT caller_id, id, type, data, created_at, delivered_at, delivery_attempts, next_attempt_at FROM events
 WHERE caller_id = $1

@@ -40,7 +40,7 @@ type FinishFunc[A any] func(ctx context.Context, tx pgx.Tx, answer A, refusal er
 // the operation with its answer. call makes exactly one attempt (retries
 // belong to the API's client and to the reconciler: a loop here would
 // multiply theirs). what names the operation for the client ("charge").
-func Call[A any](ctx context.Context, l *idempotency.Lease, crash faults.CrashPoints, what string,
+func Call[A any](ctx context.Context, l *idempotency.Lease, crash *faults.CrashPoints, what string,
 	call func(context.Context) (A, error), finish FinishFunc[A]) error {
 	answer, err := call(ctx)
 	crash.Crash(faults.AfterProcessorCall)

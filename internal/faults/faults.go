@@ -3,8 +3,8 @@
 // operation with a real SIGKILL and check that a restart recovers the
 // operation exactly once.
 //
-// It is off unless FAULT_CRASH_POINTS names points explicitly. Never set it
-// in production.
+// It is off unless FAULT_CRASH_POINTS names points explicitly, or the demo
+// (DEMO_MODE) arms one. Never set either in production.
 package faults
 
 import (
@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -33,30 +34,75 @@ const (
 // Known lists every crash point.
 var Known = []string{AfterChargeCreated, AfterProcessorCall, BeforeFinalCommit}
 
-// CrashPoints is the set of enabled crash points. The zero value has none.
-type CrashPoints struct{ enabled []string }
+// CrashPoints are the crash points in force: those enabled for good (by
+// FAULT_CRASH_POINTS, for tests) and one armed for a single pass (by the
+// browser demo's "Crash at" control). A nil *CrashPoints has none.
+type CrashPoints struct {
+	mu     sync.Mutex
+	always []string
+	once   string
+}
 
-// Parse reads a comma-separated list of crash point names.
-func Parse(list string) (CrashPoints, error) {
-	var c CrashPoints
+// Parse reads a comma-separated list of crash point names, enabled for
+// good.
+func Parse(list string) (*CrashPoints, error) {
+	c := &CrashPoints{}
 	for name := range strings.SplitSeq(list, ",") {
 		name = strings.TrimSpace(name)
 		if name == "" {
 			continue
 		}
-		if !slices.Contains(Known, name) {
-			return c, fmt.Errorf("unknown crash point %q (known: %s)", name, strings.Join(Known, ", "))
+		if err := check(name); err != nil {
+			return nil, err
 		}
-		c.enabled = append(c.enabled, name)
+		c.always = append(c.always, name)
 	}
 	return c, nil
 }
 
+func check(point string) error {
+	if !slices.Contains(Known, point) {
+		return fmt.Errorf("unknown crash point %q (known: %s)", point, strings.Join(Known, ", "))
+	}
+	return nil
+}
+
+// Arm makes the next execution that passes point crash there, once; an
+// empty point disarms. It is the demo's control: the server is restarted
+// by its supervisor, and the armed point does not survive the crash.
+func (c *CrashPoints) Arm(point string) error {
+	if point != "" {
+		if err := check(point); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.once = point
+	return nil
+}
+
+// Armed is the point armed for one pass, or "".
+func (c *CrashPoints) Armed() string {
+	if c == nil {
+		return ""
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.once
+}
+
 // Crash kills the process at once, as a power cut would (no deferred
 // functions, no graceful shutdown, open transactions left to the database
-// to abort), if the point is enabled.
-func (c CrashPoints) Crash(point string) {
-	if slices.Contains(c.enabled, point) {
+// to abort), if the point is enabled or armed.
+func (c *CrashPoints) Crash(point string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	fire := slices.Contains(c.always, point) || c.once == point
+	c.mu.Unlock()
+	if fire {
 		fmt.Fprintf(os.Stderr, "faults: crashing at %s\n", point)
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // SIGKILL cannot be caught; never return

@@ -22,7 +22,6 @@ import (
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/postgres"
@@ -101,7 +100,7 @@ func newPayments(t *testing.T, pool *pgxpool.Pool) *payments {
 	return &payments{
 		pool:    pool,
 		store:   idempotency.NewStore(pool, time.Minute, quiet),
-		charges: charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second), faults.CrashPoints{}),
+		charges: charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second), nil),
 		procURL: srv.URL,
 	}
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
-	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/problem"
@@ -51,7 +50,7 @@ func newFixture(t *testing.T, flakyFailures int) *fixture {
 	}
 	srv := httptest.NewServer(proc)
 	t.Cleanup(func() { proc.Close(); srv.Close() })
-	chargeService := charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second), faults.CrashPoints{})
+	chargeService := charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second), nil)
 	operations := idempotency.NewRegistry()
 	operations.Register(charges.Operation, chargeService.Resume)
 	return &fixture{
@@ -410,7 +409,7 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 	var once sync.Once
 	unpause := func() { once.Do(func() { close(resume) }) }
 	t.Cleanup(unpause)
-	stalledCharges := charges.NewService(f.pool, cardprocessor.NewClient(paused.URL, 30*time.Second), faults.CrashPoints{})
+	stalledCharges := charges.NewService(f.pool, cardprocessor.NewClient(paused.URL, 30*time.Second), nil)
 
 	o, err := orders.Create(ctx, f.pool, "acme", orders.NewOrder{Amount: 4200, Currency: "usd"})
 	if err != nil {

@@ -67,12 +67,12 @@ type Request struct {
 type Service struct {
 	db        *pgxpool.Pool
 	processor cardprocessor.Processor
-	crash     faults.CrashPoints
+	crash     *faults.CrashPoints
 }
 
 // NewService returns a Service that refunds through processor. crash is
 // the test facility's crash points (zero: none).
-func NewService(db *pgxpool.Pool, processor cardprocessor.Processor, crash faults.CrashPoints) *Service {
+func NewService(db *pgxpool.Pool, processor cardprocessor.Processor, crash *faults.CrashPoints) *Service {
 	return &Service{db: db, processor: processor, crash: crash}
 }
 

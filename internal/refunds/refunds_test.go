@@ -24,7 +24,6 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/effect"
-	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/problem"
@@ -72,8 +71,8 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{
 		pool:         pool,
 		store:        idempotency.NewStore(pool, time.Minute, quiet),
-		charges:      charges.NewService(pool, client, faults.CrashPoints{}),
-		refunds:      refunds.NewService(pool, client, faults.CrashPoints{}),
+		charges:      charges.NewService(pool, client, nil),
+		refunds:      refunds.NewService(pool, client, nil),
 		proc:         proc,
 		processorURL: srv.URL,
 	}
@@ -424,7 +423,7 @@ func TestApplySucceededIsIdempotent(t *testing.T) {
 	if err := f.proc.SetChaos(processor.Chaos{TimeoutRate: 1}); err != nil {
 		t.Fatal(err)
 	}
-	impatient := refunds.NewService(f.pool, cardprocessor.NewClient(f.processorURL, 2*time.Second), faults.CrashPoints{})
+	impatient := refunds.NewService(f.pool, cardprocessor.NewClient(f.processorURL, 2*time.Second), nil)
 	if _, err := f.refundWith(t, impatient, "acme", "lost", ch.ID, amount(250)); !idempotency.IsRetryable(err) {
 		t.Fatalf("refund: %v; want a retryable failure (the answer never came)", err)
 	}
@@ -677,7 +676,7 @@ func TestDeclinedRefundIsNotRecordedAsASuccess(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ch := f.paidCharge(t, 1000)
-	declining := refunds.NewService(f.pool, decliningProcessor{cardprocessor.NewClient(f.processorURL, 5*time.Second)}, faults.CrashPoints{})
+	declining := refunds.NewService(f.pool, decliningProcessor{cardprocessor.NewClient(f.processorURL, 5*time.Second)}, nil)
 	resp, err := f.refundWith(t, declining, "acme", "declined-refund", ch.ID, amount(400))
 	if err != nil {
 		t.Fatal(err)

@@ -23,6 +23,7 @@ import (
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/config"
+	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/reconciler"
@@ -47,6 +48,7 @@ type testServer struct {
 }
 
 type serverOptions struct {
+	demo   bool
 	config func(*config.Server)
 	wrap   func(http.Handler) http.Handler
 	pool   func(*pgxpool.Config)
@@ -106,7 +108,11 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	operations := idempotency.NewRegistry()
 	operations.Register(charges.Operation, chargeService.Resume)
 	operations.Register(refunds.Operation, refundService.Resume)
-	h, err := New(Deps{Config: cfg, Pool: serverPool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService})
+	deps := Deps{Config: cfg, Pool: serverPool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService}
+	if o.demo {
+		deps.Demo = &Demo{Crash: &faults.CrashPoints{}, ProcessorURL: procServer.URL}
+	}
+	h, err := New(deps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +137,9 @@ func (ts *testServer) reconciler(t testing.TB, backoffBase time.Duration) *recon
 	}
 	return r
 }
+
+// withDemo turns the demo's own endpoints on, as DEMO_MODE does.
+func withDemo(o *serverOptions) { o.demo = true }
 
 func withConfig(f func(*config.Server)) func(*serverOptions) {
 	return func(o *serverOptions) { o.config = f }

@@ -38,6 +38,9 @@ type Deps struct {
 	Keys    *idempotency.Store
 	Charges *charges.Service
 	Refunds *refunds.Service
+	// Demo turns on the browser demo's own endpoints (DEMO_MODE); nil, as
+	// everywhere but `make run`, leaves them out.
+	Demo *Demo
 }
 
 // Server implements the API.
@@ -100,6 +103,9 @@ func New(d Deps) (http.Handler, error) {
 
 	apigen.RegisterHandlers(e, apigen.NewStrictHandler(s, nil))
 	e.POST("/demo/webhooks/:caller", s.demoReceiver)
+	if d.Demo != nil {
+		s.registerDemo(e, d.Demo)
+	}
 	e.GET("/openapi.yaml", func(c echo.Context) error {
 		return c.Blob(http.StatusOK, "application/yaml", api.Spec)
 	})

@@ -1,0 +1,110 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/faults"
+	"github.com/retrysafe/payments/internal/problem"
+)
+
+// Demo is what the browser demo's own endpoints need. They exist only when
+// the server runs with DEMO_MODE (Deps.Demo is not nil): they let anyone
+// who reaches the server crash it and make the processor fail, powers no
+// production server may have. They are not part of the API's contract.
+//
+//	GET  /demo/chaos        the fake processor's chaos settings
+//	PUT  /demo/chaos        replace them ({"error_rate": 0.5, "latency_ms": 200, "timeout_rate": 0.1, ...})
+//	GET  /demo/crash        the crash point armed for the next pass, if any
+//	PUT  /demo/crash        arm one: {"point": "after_processor_call"}; "" disarms
+//	GET  /demo/ledger       every effect the processor performed, with its downstream key
+//	GET  /demo/deliveries   what the demo receiver got: ?caller=acme, each event with its delivery count
+type Demo struct {
+	// Crash is the process's crash points, which PUT /demo/crash arms.
+	Crash *faults.CrashPoints
+	// ProcessorURL is the fake processor, whose admin and ledger endpoints
+	// the demo shows.
+	ProcessorURL string
+}
+
+func (s *Server) registerDemo(e *echo.Echo, d *Demo) {
+	client := &http.Client{Timeout: 5 * time.Second}
+	forward := func(method, path string) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			req, err := http.NewRequestWithContext(c.Request().Context(), method, d.ProcessorURL+path, c.Request().Body)
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Content-Type", "application/json")
+			res, err := client.Do(req)
+			if err != nil {
+				p := problem.New(problem.ServiceUnavailable, "the card processor did not answer: %v", err)
+				p.RetryAfter = 1
+				return p
+			}
+			defer res.Body.Close()
+			body, err := io.ReadAll(io.LimitReader(res.Body, 8<<20))
+			if err != nil {
+				return err
+			}
+			return c.Blob(res.StatusCode, res.Header.Get("Content-Type"), body)
+		}
+	}
+	e.GET("/demo/chaos", forward(http.MethodGet, "/admin/chaos"))
+	e.PUT("/demo/chaos", forward(http.MethodPut, "/admin/chaos"))
+	e.GET("/demo/ledger", forward(http.MethodGet, "/v1/ledger"))
+
+	e.GET("/demo/crash", func(c echo.Context) error {
+		return c.JSON(http.StatusOK, map[string]any{"armed": d.Crash.Armed(), "points": faults.Known})
+	})
+	e.PUT("/demo/crash", func(c echo.Context) error {
+		var body struct {
+			Point string `json:"point"`
+		}
+		raw, err := io.ReadAll(io.LimitReader(c.Request().Body, 1<<10))
+		if err != nil {
+			return err
+		}
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&body); err != nil {
+			return problem.New(problem.InvalidRequest, "want {\"point\": \"<crash point>\"}: %v", err)
+		}
+		if err := d.Crash.Arm(body.Point); err != nil {
+			return problem.New(problem.InvalidRequest, "%v", err)
+		}
+		s.log.WarnContext(c.Request().Context(), "demo: crash point armed", "point", body.Point)
+		return c.JSON(http.StatusOK, map[string]any{"armed": body.Point, "points": faults.Known})
+	})
+
+	e.GET("/demo/deliveries", func(c echo.Context) error {
+		limit := 50
+		if v, err := strconv.Atoi(c.QueryParam("limit")); err == nil && v >= 1 && v <= 500 {
+			limit = v
+		}
+		rows, err := queries.ListDemoDeliveries(c.Request().Context(), s.pool, dbsqlc.ListDemoDeliveriesParams{
+			CallerID: c.QueryParam("caller"), RowLimit: int32(limit),
+		})
+		if err != nil {
+			return err
+		}
+		type delivery struct {
+			EventID    string    `json:"event_id"`
+			Type       string    `json:"type"`
+			Deliveries int32     `json:"deliveries"`
+			ReceivedAt time.Time `json:"received_at"`
+		}
+		out := make([]delivery, len(rows))
+		for i, r := range rows {
+			out[i] = delivery{EventID: r.EventID, Type: r.Type, Deliveries: r.Deliveries, ReceivedAt: r.ReceivedAt}
+		}
+		return c.JSON(http.StatusOK, map[string]any{"data": out})
+	})
+}

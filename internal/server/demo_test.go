@@ -1,0 +1,160 @@
+package server
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/testdb"
+)
+
+// Without DEMO_MODE the demo's powers do not exist: nobody can crash the
+// server or make its processor fail through it.
+func TestDemoEndpointsExistOnlyInDemoMode(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	for _, r := range []request{
+		{method: "GET", path: "/demo/chaos"},
+		{method: "PUT", path: "/demo/chaos", body: `{"error_rate":1}`},
+		{method: "PUT", path: "/demo/crash", body: `{"point":"after_processor_call"}`},
+		{method: "GET", path: "/demo/ledger"},
+	} {
+		if res := ts.do(t, r); res.Status != http.StatusNotFound && res.Status != http.StatusMethodNotAllowed {
+			t.Errorf("%s %s without demo mode: %d %s", r.method, r.path, res.Status, res.Body)
+		}
+	}
+}
+
+// In demo mode the endpoints reach the processor and the crash points.
+func TestDemoEndpoints(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	if res := ts.do(t, request{method: "PUT", path: "/demo/chaos", body: `{"error_rate":0.5,"latency_ms":20}`}); res.Status != http.StatusOK {
+		t.Fatalf("set chaos: %d %s", res.Status, res.Body)
+	}
+	var chaos processor.Chaos
+	ts.do(t, request{method: "GET", path: "/demo/chaos"}).decode(t, &chaos)
+	if chaos.ErrorRate != 0.5 || chaos.LatencyMS != 20 {
+		t.Errorf("chaos %+v; want what was set", chaos)
+	}
+	ts.do(t, request{method: "PUT", path: "/demo/chaos", body: `{}`})
+
+	if res := ts.do(t, request{method: "PUT", path: "/demo/crash", body: `{"point":"nowhere"}`}); res.Status != http.StatusBadRequest {
+		t.Errorf("an unknown crash point: %d %s; want 400", res.Status, res.Body)
+	}
+	ts.do(t, request{method: "PUT", path: "/demo/crash", body: `{"point":"after_processor_call"}`})
+	var crash struct{ Armed string }
+	ts.do(t, request{method: "GET", path: "/demo/crash"}).decode(t, &crash)
+	if crash.Armed != "after_processor_call" {
+		t.Errorf("armed %q; want after_processor_call", crash.Armed)
+	}
+	ts.do(t, request{method: "PUT", path: "/demo/crash", body: `{"point":""}`}) // disarm before anything passes it
+
+	ch := ts.paidCharge(t, 1200)
+	var ledger struct {
+		Data []processor.LedgerEntry `json:"data"`
+	}
+	ts.do(t, request{method: "GET", path: "/demo/ledger"}).decode(t, &ledger)
+	if len(ledger.Data) != 1 || ledger.Data[0].Amount != 1200 {
+		t.Errorf("ledger %+v; want the one charge of 1200 (%s)", ledger.Data, ch.ID)
+	}
+}
+
+// The demo as `make run` starts it: a supervisor running the processor and
+// the server as a child. Arming "after_processor_call" and charging kills
+// the server with a real SIGKILL after the card was charged and before
+// anything was recorded; the supervisor starts it again on the same
+// socket; the client's retry with the same key gets the charge, and the
+// processor's ledger shows one effect.
+func TestDemoCrashIsRecoveredOnce(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.New(t)
+	addr, _ := startCommand(t, "cmd/server", []string{"demo"}, "DATABASE_URL="+dbURL, "HTTP_ADDR=127.0.0.1:0",
+		"IDEMPOTENCY_LEASE=3s", "PROCESSOR_TIMEOUT=1s", "RECONCILER_INTERVAL=100ms")
+	base := "http://" + addr
+	call := func(method, path, key, body string) (int, http.Header, []byte, error) {
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer sk_test_acme")
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, nil, nil, err
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		return res.StatusCode, res.Header, b, err
+	}
+	status, _, body, err := call("POST", "/v1/orders", "demo-order", `{"amount":4200,"currency":"usd"}`)
+	if err != nil || status != http.StatusCreated {
+		t.Fatalf("create order: %d %s %v", status, body, err)
+	}
+	var order struct{ ID string }
+	json.Unmarshal(body, &order)
+	if status, _, body, err := call("PUT", "/demo/crash", "", `{"point":"after_processor_call"}`); err != nil || status != http.StatusOK {
+		t.Fatalf("arm: %d %s %v", status, body, err)
+	}
+
+	charge := `{"payment_method":"pm_card_visa"}`
+	path := "/v1/orders/" + order.ID + "/charges"
+	// The server dies mid-request. The client sees the connection drop, or,
+	// since net/http quietly resends a request with an Idempotency-Key on a
+	// dropped connection, the restarted server's 409 for the key the dead
+	// one still leases. Either way, no final answer.
+	if status, _, body, err := call("POST", path, "demo-charge", charge); err == nil && status != http.StatusConflict && status != http.StatusServiceUnavailable {
+		t.Fatalf("the armed charge answered %d %s; want the server to die mid-request", status, body)
+	}
+
+	// The retry, as the browser's client makes it: same key, honouring
+	// Retry-After, until a final answer (the restarted server, or its
+	// reconciler, finishes the charge).
+	deadline := time.Now().Add(60 * time.Second)
+	var header http.Header
+	for {
+		status, header, body, err = call("POST", path, "demo-charge", charge)
+		if err == nil && status == http.StatusCreated {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no final answer after the crash: %d %s %v", status, body, err)
+		}
+		wait := 100 * time.Millisecond
+		if s, convErr := strconv.Atoi(header.Get("Retry-After")); convErr == nil {
+			wait = time.Duration(s) * time.Second
+		}
+		time.Sleep(wait) // the client's backoff, as Retry-After says
+	}
+	var ch struct{ ID, Status string }
+	json.Unmarshal(body, &ch)
+	if ch.Status != "succeeded" {
+		t.Errorf("charge %+v; want succeeded", ch)
+	}
+
+	_, _, body, err = call("GET", "/demo/ledger", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ledger struct {
+		Data []processor.LedgerEntry `json:"data"`
+	}
+	if err := json.Unmarshal(body, &ledger); err != nil {
+		t.Fatalf("ledger: %v %s", err, body)
+	}
+	if n := len(ledger.Data); n != 1 || !strings.HasSuffix(ledger.Data[0].IdempotencyKey, ch.ID) {
+		t.Errorf("ledger %+v; want exactly one effect, under charge %s's downstream key", ledger.Data, ch.ID)
+	}
+	// The armed point did not survive the crash: this is a new process.
+	_, _, body, _ = call("GET", "/demo/crash", "", "")
+	if !strings.Contains(string(body), `"armed":""`) {
+		t.Errorf("after the restart: %s; want nothing armed (a restarted server)", body)
+	}
+}
