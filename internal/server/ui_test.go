@@ -1,0 +1,278 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/retrysafe/payments/internal/processor"
+)
+
+// These tests drive the demo page in a real headless Chromium against the
+// real server (demo mode on), and check what they see through the API and
+// the processor's ledger, not only on the page.
+
+// chromium finds a Chromium or Chrome binary: CHROME_PATH, or the usual
+// names on the PATH.
+func chromium() string {
+	if p := os.Getenv("CHROME_PATH"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// browser opens a tab on the page at url. Console errors and uncaught
+// exceptions on the page fail the test (a page asset that fails to load,
+// too; an API answer with an error status does not). Without Chromium the test is
+// skipped with a hint, except under CI, where it fails.
+func browser(t *testing.T, url string, width, height int) context.Context {
+	t.Helper()
+	path := chromium()
+	if path == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("the browser tests need Chromium, and CI must have it (.ci/run installs it)")
+		}
+		t.Skip("no Chromium: install it (apt-get install -y chromium) or set CHROME_PATH to run the browser tests")
+	}
+	opts := append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
+		chromedp.ExecPath(path),
+		chromedp.NoSandbox,
+		chromedp.Flag("disable-gpu", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(width, height),
+	)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancelAlloc)
+	ctx, cancelTab := chromedp.NewContext(allocCtx)
+	t.Cleanup(cancelTab)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(cancelTimeout)
+
+	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatalf("start Chromium: %v", err)
+	}
+	var (
+		mu       sync.Mutex
+		problems []string
+	)
+	messages := chromedp.Console(ctx)
+	go func() {
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			if m.Type == chromedp.ConsoleError && m.Source == "network" && strings.Contains(m.URL, "/v1/") {
+				// Chromium logs every API answer with an error status
+				// (a 409, a 422, a 503) as a failed load. Those answers
+				// are what the demo shows in its timeline, not faults of
+				// the page; any other failed load is.
+				continue
+			}
+			if m.Type == chromedp.ConsoleError || m.IsException() {
+				mu.Lock()
+				problems = append(problems, m.String())
+				mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, p := range problems {
+			t.Errorf("console: %s", p)
+		}
+	})
+	if err := chromedp.Do(ctx, chromedp.Navigate(url)); err != nil {
+		t.Fatal(err)
+	}
+	waitPage(t, ctx, `document.getElementById("server-status").textContent === "server: up"`)
+	return ctx
+}
+
+// waitPage waits until the JavaScript condition holds on the page.
+func waitPage(t *testing.T, ctx context.Context, condition string) {
+	t.Helper()
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](condition, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		t.Fatalf("waiting for %s: %v", condition, err)
+	}
+}
+
+func click(t *testing.T, ctx context.Context, id string) {
+	t.Helper()
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID(id))); err != nil {
+		t.Fatalf("click #%s: %v", id, err)
+	}
+}
+
+func pageText(t *testing.T, ctx context.Context, expr string) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](expr))
+	if err != nil {
+		t.Fatalf("%s: %v", expr, err)
+	}
+	return s
+}
+
+// The statuses of the timeline's attempts, newest first.
+const attemptStatuses = `[...document.querySelectorAll("#attempts tbody tr")].map(r => r.children[2].textContent)`
+
+// Create an order, send it again with the same key: the second answer is
+// the replay, marked as such, and one order exists.
+func TestDemoPageReplay(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	ctx := browser(t, ts.URL, 1280, 1000)
+
+	click(t, ctx, "create-order")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	click(t, ctx, "send-again")
+	waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 2`)
+	waitPage(t, ctx, `document.querySelector("#attempts tbody tr").children[3].textContent === "replayed"`)
+	if msg := pageText(t, ctx, `document.getElementById("break-result").textContent`); !strings.Contains(msg, "byte for byte") {
+		t.Errorf("explanation %q", msg)
+	}
+	if n := ts.count(t, "orders"); n != 1 {
+		t.Errorf("%d orders; want 1", n)
+	}
+}
+
+// The same key with a different body is a 422, explained.
+func TestDemoPageSameKeyDifferentBody(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	ctx := browser(t, ts.URL, 1280, 1000)
+	click(t, ctx, "create-order")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	click(t, ctx, "different-body")
+	waitPage(t, ctx, attemptStatuses+`[0] === "422 idempotency_key_reused"`)
+	if msg := pageText(t, ctx, `document.getElementById("break-result").textContent`); !strings.Contains(msg, "422") {
+		t.Errorf("explanation %q", msg)
+	}
+	if n := ts.count(t, "orders"); n != 1 {
+		t.Errorf("%d orders; want 1", n)
+	}
+}
+
+// Five concurrent identical requests under one key create one order; the
+// timeline shows all five answers.
+func TestDemoPageSendFiveAtOnce(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	ctx := browser(t, ts.URL, 1280, 1000)
+	click(t, ctx, "send-five")
+	waitPage(t, ctx, `document.getElementById("break-result").textContent.startsWith("5 requests")`)
+	statuses := pageText(t, ctx, attemptStatuses+`.join(",")`)
+	if n := strings.Count(statuses, "201") + strings.Count(statuses, "409"); n != 5 {
+		t.Errorf("statuses %s; want five answers, each a 201 (new or replayed) or a 409", statuses)
+	}
+	if n := ts.count(t, "orders"); n != 1 {
+		t.Errorf("%d orders after 5 concurrent requests with one key; want exactly 1", n)
+	}
+}
+
+// pm_card_flaky: the page's client retries the 503s with the same key
+// until the charge succeeds, and the processor charged the card once.
+func TestDemoPageFlakyChargeRetriedToSuccess(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	ctx := browser(t, ts.URL, 1280, 1000)
+	click(t, ctx, "create-order")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("payment-method"), "pm_card_flaky")); err != nil {
+		t.Fatal(err)
+	}
+	click(t, ctx, "charge")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	statuses := pageText(t, ctx, attemptStatuses+`.join(",")`)
+	if n := strings.Count(statuses, "503"); n < 2 {
+		t.Errorf("statuses %s; want the two 503s before the 201 to be visible", statuses)
+	}
+	n := 0
+	for _, e := range ts.effects(t) {
+		if e.Object == processor.ObjectCharge {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d charges at the processor; want 1", n)
+	}
+	waitPage(t, ctx, `document.querySelectorAll("#ledger tbody tr").length === 1`)
+}
+
+// A key whose operation has no final answer survives a reload; once the
+// operation is final, the next one gets a fresh key.
+func TestDemoPageKeepsThePendingKey(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	ctx := browser(t, ts.URL, 1280, 1000)
+	const keyValue = `document.getElementById("idempotency-key").value`
+	pending := pageText(t, ctx, keyValue)
+	if err := chromedp.Do(ctx, chromedp.Reload()); err != nil {
+		t.Fatal(err)
+	}
+	waitPage(t, ctx, `document.getElementById("server-status").textContent === "server: up"`)
+	if after := pageText(t, ctx, keyValue); after != pending || after == "" {
+		t.Fatalf("key %q after a reload; want the pending %q", after, pending)
+	}
+	click(t, ctx, "create-order")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	click(t, ctx, "create-order")
+	waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 2`)
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	keys := pageText(t, ctx, `[...document.querySelectorAll("#attempts tbody tr")].map(r => r.children[6].textContent).join(",")`)
+	first, second, _ := strings.Cut(keys, ",")
+	if second != pending || first == pending {
+		t.Errorf("keys (newest first) %s; want the pending key %s used first, and a fresh key for the next order", keys, pending)
+	}
+	if n := ts.count(t, "orders"); n != 2 {
+		t.Errorf("%d orders; want 2", n)
+	}
+}
+
+// The page fits a phone's width without horizontal scrolling. With
+// SCREENSHOTS set to a directory, it also saves the screenshots the README
+// shows (desktop and phone).
+func TestDemoPageLayout(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	for _, size := range []struct {
+		name          string
+		width, height int
+	}{{"desktop", 1280, 1400}, {"phone", 390, 2400}} {
+		ctx := browser(t, ts.URL, size.width, size.height)
+		click(t, ctx, "create-order")
+		waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+		// The key record panel follows: the operation is complete, at its
+		// last recovery point.
+		waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
+		waitPage(t, ctx, `document.querySelector("#points li[aria-current=step]").textContent === "finished"`)
+		overflow := pageText(t, ctx, `String(document.documentElement.scrollWidth - document.documentElement.clientWidth)`)
+		if overflow != "0" {
+			t.Errorf("%s: the page is %spx wider than the window", size.name, overflow)
+		}
+		if dir := os.Getenv("SCREENSHOTS"); dir != "" {
+			png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("demo-%s.png", size.name)), png, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}

@@ -1,0 +1,404 @@
+// The demo page: a real client of the public API (the same contract and API
+// keys as curl), plus the demo-only /demo endpoints when DEMO_MODE is on.
+// Plain ES module, no build step: `make run` needs no Node.
+
+const API_KEYS = { acme: "sk_test_acme", globex: "sk_test_globex" };
+
+// The retry policy of the Go client (package client): the same key on every
+// attempt, retries only of what may succeed later, Retry-After honoured,
+// otherwise full jitter, and a cap on attempts.
+const POLICY = { maxAttempts: 6, baseMs: 250, capMs: 4000 };
+const RETRYABLE = new Set([429, 502, 503, 504]);
+
+const $ = (id) => document.getElementById(id);
+const store = window.localStorage;
+
+const state = {
+  caller: store.getItem("demo.caller") || "acme",
+  orderId: store.getItem("demo.orderId") || "",
+  chargeId: store.getItem("demo.chargeId") || "",
+  // The last operation sent, for "Send again" and "Same key, different body".
+  last: JSON.parse(store.getItem("demo.last") || "null"),
+};
+
+function save() {
+  store.setItem("demo.caller", state.caller);
+  store.setItem("demo.orderId", state.orderId);
+  store.setItem("demo.chargeId", state.chargeId);
+  store.setItem("demo.last", JSON.stringify(state.last));
+}
+
+// The key field. A key is kept (across a reload, too) until its operation
+// has a final answer; the next operation then gets a fresh one.
+function newKey() {
+  const key = crypto.randomUUID();
+  $("idempotency-key").value = key;
+  store.setItem("demo.key", key);
+  store.removeItem("demo.keyFinal");
+  return key;
+}
+
+function keyForNextOperation() {
+  const field = $("idempotency-key");
+  if (!field.value || store.getItem("demo.keyFinal") === field.value) {
+    return newKey();
+  }
+  store.setItem("demo.key", field.value);
+  return field.value;
+}
+
+function markFinal(key) {
+  store.setItem("demo.keyFinal", key);
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+function jitter(attempt) {
+  return Math.random() * Math.min(POLICY.capMs, POLICY.baseMs * 2 ** attempt);
+}
+
+function retryAfterMs(res) {
+  const v = res.headers.get("Retry-After");
+  if (!v) return null;
+  const s = Number(v);
+  return Number.isFinite(s) ? s * 1000 : Math.max(0, Date.parse(v) - Date.now());
+}
+
+// send makes one attempt and records it in the timeline.
+async function send(method, path, { key, body } = {}) {
+  const headers = { Authorization: "Bearer " + API_KEYS[state.caller] };
+  if (key) {
+    headers["Idempotency-Key"] = JSON.stringify(key); // a Structured Field string
+    store.setItem("demo.sent." + key, "1");
+  }
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const row = addAttempt(method, path, key);
+  try {
+    const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    const text = await res.text();
+    let json = null;
+    try { json = text ? JSON.parse(text) : null; } catch { /* not JSON */ }
+    fillAttempt(row, res, json);
+    return { res, json, row };
+  } catch (err) {
+    fillAttempt(row, null, null, err);
+    return { res: null, json: null, row, err };
+  }
+}
+
+function retryable(res, json) {
+  if (!res) return true; // a network error: the request may or may not have run
+  if (res.status === 409) return json && json.code === "idempotency_key_in_use";
+  return RETRYABLE.has(res.status);
+}
+
+// call is one logical operation: attempts with the same key until a final
+// answer or the attempts run out.
+async function call(method, path, { key, body } = {}) {
+  let out;
+  for (let attempt = 0; attempt < POLICY.maxAttempts; attempt++) {
+    out = await send(method, path, { key, body });
+    if (!retryable(out.res, out.json)) break;
+    if (attempt === POLICY.maxAttempts - 1) break;
+    const wait = (out.res && retryAfterMs(out.res)) ?? jitter(attempt);
+    setBackoff(out.row, wait);
+    await sleep(wait);
+  }
+  if (key && out.res && !retryable(out.res, out.json)) markFinal(key);
+  refreshSoon();
+  return out;
+}
+
+// --- the timeline ---------------------------------------------------------
+
+function addAttempt(method, path, key) {
+  const tr = document.createElement("tr");
+  const cells = [new Date().toLocaleTimeString(), `${method} ${path}`, "…", "", "", "", key || ""];
+  for (const c of cells) {
+    const td = document.createElement("td");
+    td.textContent = c;
+    tr.appendChild(td);
+  }
+  tr.lastChild.className = "key";
+  $("attempts").tBodies[0].prepend(tr);
+  return tr;
+}
+
+function fillAttempt(tr, res, json, err) {
+  const [, , status, replayed, retryAfter] = tr.children;
+  if (!res) {
+    status.innerHTML = `<span class="badge bad">network error</span>`;
+    status.title = String(err);
+    return;
+  }
+  const cls = res.ok ? "ok" : RETRYABLE.has(res.status) || res.status === 409 ? "warn" : "bad";
+  const code = json && json.code ? ` ${json.code}` : "";
+  status.innerHTML = `<span class="badge ${cls}"></span>`;
+  status.firstChild.textContent = `${res.status}${code}`;
+  replayed.textContent = res.headers.get("Idempotent-Replayed") === "true" ? "replayed" : "";
+  retryAfter.textContent = res.headers.get("Retry-After") || "";
+}
+
+function setBackoff(tr, ms) {
+  tr.children[5].textContent = `${(ms / 1000).toFixed(1)}s`;
+}
+
+// --- operations -----------------------------------------------------------
+
+function orderBody() {
+  const body = { amount: Number($("amount").value), currency: $("currency").value };
+  if ($("description").value) body.description = $("description").value;
+  return body;
+}
+
+async function operation(method, path, body) {
+  const key = keyForNextOperation();
+  state.last = { method, path, body, key };
+  save();
+  const out = await call(method, path, { key, body });
+  remember(out);
+  return out;
+}
+
+function remember(out) {
+  const j = out.json;
+  if (!out.res || !out.res.ok || !j) return;
+  if (j.id && j.id.startsWith("ord_")) state.orderId = j.id;
+  if (j.id && j.id.startsWith("ch_")) state.chargeId = j.id;
+  if (j.charge_id) state.chargeId = j.charge_id;
+  save();
+  showIds();
+}
+
+function showIds() {
+  $("order-id").textContent = state.orderId || "none yet";
+  $("charge-id").textContent = state.chargeId || "none yet";
+}
+
+$("order-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  operation("POST", "/v1/orders", orderBody());
+});
+
+$("charge-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  if (!state.orderId) return say("Create an order first.");
+  operation("POST", `/v1/orders/${state.orderId}/charges`, { payment_method: $("payment-method").value });
+});
+
+$("refund-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  if (!state.chargeId) return say("Charge an order first.");
+  const amount = $("refund-amount").value;
+  operation("POST", `/v1/charges/${state.chargeId}/refunds`, amount ? { amount: Number(amount) } : {});
+});
+
+$("new-key").addEventListener("click", () => newKey());
+
+function say(text) {
+  $("break-result").textContent = text;
+}
+
+// --- break things on purpose ----------------------------------------------
+
+$("send-again").addEventListener("click", async () => {
+  if (!state.last) return say("Make a request first.");
+  const { method, path, body, key } = state.last;
+  const out = await call(method, path, { key, body });
+  const replayed = out.res && out.res.headers.get("Idempotent-Replayed") === "true";
+  say(replayed
+    ? "The same key and body: the stored answer, byte for byte, marked Idempotent-Replayed. Nothing ran twice."
+    : "Not a replay yet: the first request has no final answer (see the attempts).");
+});
+
+$("send-five").addEventListener("click", async () => {
+  const key = newKey();
+  const body = orderBody();
+  state.last = { method: "POST", path: "/v1/orders", body, key };
+  save();
+  const outs = await Promise.all(Array.from({ length: 5 }, () => send("POST", "/v1/orders", { key, body })));
+  markFinal(key);
+  const created = outs.filter((o) => o.res && o.res.status === 201 && o.res.headers.get("Idempotent-Replayed") !== "true").length;
+  const replays = outs.filter((o) => o.res && o.res.headers.get("Idempotent-Replayed") === "true").length;
+  const busy = outs.filter((o) => o.res && o.res.status === 409).length;
+  outs.forEach(remember);
+  say(`5 requests, one key: ${created} created the order, ${replays} got its replay, ${busy} were told 409 (in progress). One order exists.`);
+  refreshSoon();
+});
+
+$("different-body").addEventListener("click", async () => {
+  if (!state.last || !state.last.body) return say("Make a request first.");
+  const { method, path, key } = state.last;
+  const body = { ...state.last.body };
+  if (typeof body.amount === "number") body.amount += 1;
+  else body.payment_method = body.payment_method === "pm_card_visa" ? "pm_card_mastercard" : "pm_card_visa";
+  const out = await send(method, path, { key, body });
+  say(out.res && out.res.status === 422
+    ? "422: this key was first used for a different request. A key names one operation; reusing it for another is a client bug, never silently answered with the first request's result."
+    : "Unexpected: see the attempts.");
+});
+
+// --- demo mode ------------------------------------------------------------
+
+async function demo(method, path, body) {
+  const res = await fetch(path, { method, headers: { "Content-Type": "application/json" }, body: body && JSON.stringify(body) });
+  return res.ok ? res.json() : null;
+}
+
+$("apply-chaos").addEventListener("click", async () => {
+  const chaos = {
+    error_rate: Number($("error-rate").value),
+    latency_ms: Number($("latency").value),
+    timeout_rate: Number($("lost-rate").value),
+  };
+  const out = await demo("PUT", "/demo/chaos", chaos);
+  $("demo-hint").textContent = out ? `Processor chaos set: ${JSON.stringify(out)}` : "Could not set the chaos.";
+});
+
+$("arm-crash").addEventListener("click", async () => {
+  const point = $("crash-point").value;
+  const out = await demo("PUT", "/demo/crash", { point });
+  $("demo-hint").textContent = out
+    ? `Armed: the next charge kills the server ${point.replaceAll("_", " ")}. Watch it go away and come back.`
+    : "Could not arm the crash.";
+});
+
+// --- the panels -------------------------------------------------------------
+
+const POINTS = {
+  "/charges": ["started", "charge_created", "finished"],
+  "/refunds": ["started", "refund_created", "finished"],
+  "": ["started", "finished"],
+};
+
+async function refreshRecord() {
+  const key = $("idempotency-key").value;
+  const dl = $("record");
+  if (!key || !store.getItem("demo.sent." + key)) {
+    // Never sent: the server has no record (asking would only log a 404).
+    dl.replaceChildren(...term("status", "not used yet"));
+    $("points").replaceChildren();
+    return;
+  }
+  let rec = null;
+  try {
+    const res = await fetch(`/v1/idempotency-keys/${encodeURIComponent(key)}`, {
+      headers: { Authorization: "Bearer " + API_KEYS[state.caller] },
+    });
+    if (res.ok) rec = await res.json();
+  } catch { return; }
+  dl.replaceChildren();
+  if (!rec) {
+    dl.append(...term("status", "not used yet"));
+    $("points").replaceChildren();
+    return;
+  }
+  const left = rec.locked_until ? Math.max(0, (Date.parse(rec.locked_until) - Date.now()) / 1000) : null;
+  dl.append(
+    ...term("status", rec.status),
+    ...term("recovery point", rec.recovery_point),
+    ...term("attempt", String(rec.attempt)),
+    ...term("lease", left === null ? "none (nobody is working on it)" : `${left.toFixed(1)}s left`),
+    ...term("response", rec.response_status ? String(rec.response_status) : "none stored yet"),
+    ...term("expires at", new Date(rec.expires_at).toLocaleString()),
+  );
+  const kind = Object.keys(POINTS).find((k) => k && rec.request_path.endsWith(k)) || "";
+  $("points").replaceChildren(...POINTS[kind].map((p) => {
+    const li = document.createElement("li");
+    li.textContent = p;
+    if (p === rec.recovery_point) li.setAttribute("aria-current", "step");
+    return li;
+  }));
+}
+
+function term(name, value) {
+  const dt = document.createElement("dt");
+  dt.textContent = name;
+  const dd = document.createElement("dd");
+  dd.textContent = value;
+  return [dt, dd];
+}
+
+function fillTable(id, rows, cells) {
+  const tbody = $(id).tBodies[0];
+  tbody.replaceChildren(...rows.map((r) => {
+    const tr = document.createElement("tr");
+    for (const c of cells(r)) {
+      const td = document.createElement("td");
+      td.textContent = c;
+      tr.appendChild(td);
+    }
+    return tr;
+  }));
+}
+
+let demoMode = false;
+
+async function refreshPanels() {
+  await refreshRecord();
+  try {
+    const headers = { Authorization: "Bearer " + API_KEYS[state.caller] };
+    const ev = await (await fetch("/v1/events?limit=10", { headers })).json();
+    let deliveries = {};
+    if (demoMode) {
+      const d = await demo("GET", `/demo/deliveries?caller=${state.caller}`);
+      for (const x of (d && d.data) || []) deliveries[x.event_id] = x.deliveries;
+    }
+    fillTable("events", ev.data || [], (e) => [e.id, e.type, demoMode ? String(deliveries[e.id] ?? "not yet") : "n/a"]);
+    if (demoMode) {
+      const ledger = await demo("GET", "/demo/ledger");
+      const mine = ((ledger && ledger.data) || []).filter((e) => e.idempotency_key.startsWith(state.caller + "-"));
+      fillTable("ledger", mine.slice(-15).reverse(), (e) => [e.object, String(e.amount), e.status, e.idempotency_key]);
+    }
+  } catch { /* the server may be restarting; the next refresh will tell */ }
+}
+
+let refreshTimer = null;
+function refreshSoon() {
+  clearTimeout(refreshTimer);
+  refreshTimer = setTimeout(refreshPanels, 100);
+}
+
+async function checkServer() {
+  const badge = $("server-status");
+  try {
+    const res = await fetch("/healthz", { cache: "no-store" });
+    badge.textContent = res.ok ? "server: up" : `server: ${res.status}`;
+    badge.className = "badge " + (res.ok ? "ok" : "bad");
+  } catch {
+    badge.textContent = "server: down (restarting?)";
+    badge.className = "badge bad";
+  }
+}
+
+async function detectDemo() {
+  try {
+    demoMode = (await fetch("/demo/crash")).ok;
+  } catch { demoMode = false; }
+  $("chaos").disabled = !demoMode;
+  if (!demoMode) {
+    $("demo-hint").textContent = "Demo mode is off on this server: chaos, crashes and the processor's ledger need DEMO_MODE (make run).";
+  }
+}
+
+// --- start ------------------------------------------------------------------
+
+$("caller").value = state.caller;
+$("caller").addEventListener("change", () => {
+  state.caller = $("caller").value;
+  state.orderId = state.chargeId = "";
+  state.last = null;
+  save();
+  showIds();
+  newKey();
+  refreshPanels();
+});
+$("idempotency-key").value = store.getItem("demo.key") || "";
+if (!$("idempotency-key").value) newKey();
+$("idempotency-key").addEventListener("change", () => store.setItem("demo.key", $("idempotency-key").value));
+showIds();
+await detectDemo();
+await checkServer();
+await refreshPanels();
+setInterval(checkServer, 1000);
+setInterval(refreshPanels, 1500);
