@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test check check-static generate check-generated vet staticcheck check-docs rename check-rename bench bench-sweeper fuzz
+.PHONY: run test axe-core check check-static generate check-generated vet staticcheck check-docs rename check-rename bench bench-sweeper fuzz
 
 # Run the demo on :8080 against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -14,6 +14,11 @@ run:
 # set TEST_DATABASE_URL to use another). Each test gets its own database.
 test:
 	go test -race -count=1 ./...
+
+# axe-core, for the browser tests' accessibility check: from the npm
+# registry, at a pinned version, into .cache/ (ignored by git).
+axe-core:
+	npm install --no-save --silent --prefix .cache/npm axe-core@4.14.1
 
 # What CI runs (.ci/run): the static checks, then the tests.
 check: check-static test

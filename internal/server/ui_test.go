@@ -15,6 +15,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/testdb"
 )
 
 // These tests drive the demo page in a real headless Chromium against the
@@ -274,5 +275,85 @@ func TestDemoPageLayout(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// axeCore is the axe-core accessibility engine, installed from the npm
+// registry at a pinned version by `make axe-core` (.ci/run does it) under .cache/.
+const axeCorePath = "../../.cache/npm/node_modules/axe-core/axe.min.js"
+
+// axe-core finds no serious or critical accessibility violation on the
+// page, before and after a request fills its panels.
+func TestDemoPageAccessibility(t *testing.T) {
+	t.Parallel()
+	axe, err := os.ReadFile(axeCorePath)
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("axe-core is needed under CI (.ci/run installs it): %v", err)
+		}
+		t.Skipf("no axe-core (%v): run 'make axe-core' to install it", err)
+	}
+	ts := newTestServer(t, withDemo)
+	ctx := browser(t, ts.URL, 1280, 1000)
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](string(axe))); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		result, err := chromedp.Run(ctx, chromedp.Evaluate[string](`axe.run(document, {resultTypes: ["violations"]}).then(r =>
+			JSON.stringify(r.violations.filter(v => v.impact === "serious" || v.impact === "critical")
+				.map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.map(n => n.target.join(" "))}))))`,
+			chromedp.EvalAwaitPromise))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if result != "[]" {
+			t.Errorf("%s: serious or critical accessibility violations: %s", when, result)
+		}
+	}
+	check("on load")
+	click(t, ctx, "create-order")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
+	check("after a request")
+}
+
+// The demo as `make run` starts it, in the browser: arm a crash after the
+// processor call and charge. The server dies with a real SIGKILL, its
+// supervisor starts it again, the page's client retries with the same key
+// until the charge is answered, and the processor's ledger, as the page
+// shows it, has one effect.
+func TestDemoPageCrashIsRecoveredOnce(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.New(t)
+	addr, _ := startCommand(t, "cmd/server", []string{"demo"}, "DATABASE_URL="+dbURL, "HTTP_ADDR=127.0.0.1:0",
+		"IDEMPOTENCY_LEASE=2s", "PROCESSOR_TIMEOUT=1s", "RECONCILER_INTERVAL=100ms")
+	ctx := browser(t, "http://"+addr, 1280, 1000)
+	waitPage(t, ctx, `!document.getElementById("chaos").disabled`) // demo mode detected
+
+	click(t, ctx, "create-order")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("crash-point"), "after_processor_call")); err != nil {
+		t.Fatal(err)
+	}
+	click(t, ctx, "arm-crash")
+	waitPage(t, ctx, `document.getElementById("demo-hint").textContent.startsWith("Armed")`)
+	click(t, ctx, "charge")
+	// The first attempt dies with the server. The page sees a network
+	// error, or (Chromium resends a request once when a kept-alive
+	// connection drops) the restarted server's 409 for the key the dead
+	// one still leases; its retries end in the charge.
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	statuses := pageText(t, ctx, attemptStatuses+`.join(",")`)
+	all := strings.Split(statuses, ",")
+	charge := all[:len(all)-1] // the last (oldest) row is the order
+	if first := charge[len(charge)-1]; len(charge) < 2 || !strings.HasPrefix(first, "409") && first != "network error" {
+		t.Errorf("statuses (newest first) %s; want the charge's first attempt to end without an answer (409 or network error)", statuses)
+	}
+	// The key record says the operation was taken over: its first owner died.
+	waitPage(t, ctx, `[...document.querySelectorAll("#record dt")].some(dt => dt.textContent === "attempt" && dt.nextElementSibling.textContent === "2")`)
+	waitPage(t, ctx, `document.querySelectorAll("#ledger tbody tr").length >= 1`)
+	if n := pageText(t, ctx, `String(document.querySelectorAll("#ledger tbody tr").length)`); n != "1" {
+		t.Errorf("the ledger shows %s effects; want 1", n)
 	}
 }
