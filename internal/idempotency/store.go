@@ -458,6 +458,13 @@ func (s *Store) ClaimStale(ctx context.Context, n int, operations []string) ([]*
 	return leases, nil
 }
 
+// Release gives the lease up without doing any work, for a worker that
+// claimed the record and is stopping: a client's retry may take it over at
+// once, and a reconciler may try it at once too.
+func (l *Lease) Release() {
+	l.store.release(l, 0)
+}
+
 // Abandon deletes a record that never passed its first phase (nothing was
 // done), freeing its key. It returns ErrLeaseLost if the record moved on.
 func (l *Lease) Abandon(ctx context.Context) error {

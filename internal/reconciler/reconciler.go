@@ -118,7 +118,18 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	if allowed == 0 {
 		return 0, nil // out of budget: the records wait for a later scan
 	}
-	leases, err := r.store.ClaimStale(ctx, allowed, r.operations.Operations())
+	// A claim is never cut off halfway: canceled mid-statement, it could
+	// commit without this reconciler learning what it took, leaving those
+	// records leased to nobody (and clients told 409) until the leases ran
+	// out. So the claim runs on a context detached from cancellation, and
+	// every record it returns is handled or given back.
+	if ctx.Err() != nil {
+		r.budget.Deposit(allowed)
+		return 0, nil
+	}
+	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Lease)
+	leases, err := r.store.ClaimStale(claimCtx, allowed, r.operations.Operations())
+	cancel()
 	if err != nil {
 		r.budget.Deposit(allowed)
 		return 0, err
@@ -126,9 +137,11 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	r.budget.Deposit(allowed - len(leases)) // only what was used is spent
 	for _, l := range leases {
 		if ctx.Err() != nil {
-			// Stopping: the claimed records not yet handled keep their
-			// lease and are taken over once it runs out.
-			break
+			// Stopping: give the records not yet handled back at once, so
+			// that a client's retry (or another reconciler) need not wait
+			// for their leases to run out.
+			l.Release()
+			continue
 		}
 		r.reconcile(ctx, l)
 	}

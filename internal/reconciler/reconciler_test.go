@@ -466,3 +466,25 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 		t.Errorf("%d processor effects; want 1", n)
 	}
 }
+
+// A reconciler told to stop claims nothing more: a claim it could not
+// finish would leave the record leased to nobody, and its client told 409,
+// until the lease ran out.
+func TestStoppedReconcilerClaimsNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 100)
+	f.stalledCharge(t, "left-alone")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if n, err := f.reconciler(t, 5).RunOnce(ctx); n != 0 || err != nil {
+		t.Fatalf("a stopped reconciler claimed %d records (%v); want none", n, err)
+	}
+	var attempt int
+	var leaseLive bool
+	if err := f.pool.QueryRow(context.Background(), `SELECT attempt, locked_until > now() FROM idempotency_keys WHERE key = 'left-alone'`).Scan(&attempt, &leaseLive); err != nil {
+		t.Fatal(err)
+	}
+	if attempt != 1 || leaseLive {
+		t.Errorf("record at attempt %d, lease live %v; want it untouched (attempt 1, no live lease)", attempt, leaseLive)
+	}
+}
