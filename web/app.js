@@ -359,13 +359,27 @@ function refreshSoon() {
   refreshTimer = setTimeout(refreshPanels, 100);
 }
 
+// The server's start time (demo mode): when it changes, the server was
+// restarted, after a demo crash say.
+let startedAt = null;
+let restartedAt = null;
+
 async function checkServer() {
   const badge = $("server-status");
   try {
     const res = await fetch("/healthz", { cache: "no-store" });
-    badge.textContent = res.ok ? "server: up" : `server: ${res.status}`;
-    badge.className = "badge " + (res.ok ? "ok" : "bad");
+    if (demoMode && res.ok) {
+      const info = await demo("GET", "/demo/crash");
+      if (info && startedAt && info.started_at !== startedAt) restartedAt = new Date();
+      if (info) startedAt = info.started_at;
+    }
+    const restarted = restartedAt && Date.now() - restartedAt < 15000
+      ? ` (restarted at ${restartedAt.toLocaleTimeString()} after a crash)` : "";
+    badge.textContent = res.ok ? "server: up" + restarted : `server: ${res.status}`;
+    badge.className = "badge " + (res.ok ? (restarted ? "warn" : "ok") : "bad");
   } catch {
+    // The demo's supervisor keeps the socket open across a restart, so
+    // requests usually just wait; a refused one means the server is gone.
     badge.textContent = "server: down (restarting?)";
     badge.className = "badge bad";
   }

@@ -274,7 +274,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		if crash == nil {
 			crash = &faults.CrashPoints{} // none for good; the demo arms one at a time
 		}
-		demo = &server.Demo{Crash: crash, ProcessorURL: cfg.ProcessorURL}
+		demo = &server.Demo{Crash: crash, ProcessorURL: cfg.ProcessorURL, StartedAt: time.Now()}
 		log.Warn("DEMO_MODE is on: /demo can crash this server and make its processor fail; never in production")
 	}
 	chargeService := charges.NewService(pool, proc, crash)

@@ -22,7 +22,7 @@ import (
 //
 //	GET  /demo/chaos        the fake processor's chaos settings
 //	PUT  /demo/chaos        replace them ({"error_rate": 0.5, "latency_ms": 200, "timeout_rate": 0.1, ...})
-//	GET  /demo/crash        the crash point armed for the next pass, if any
+//	GET  /demo/crash        the crash point armed for the next pass, if any, and when this process started
 //	PUT  /demo/crash        arm one: {"point": "after_processor_call"}; "" disarms
 //	GET  /demo/ledger       every effect the processor performed, with its downstream key
 //	GET  /demo/deliveries   what the demo receiver got: ?caller=acme, each event with its delivery count
@@ -32,6 +32,9 @@ type Demo struct {
 	// ProcessorURL is the fake processor, whose admin and ledger endpoints
 	// the demo shows.
 	ProcessorURL string
+	// StartedAt is when this server process started: the page notices a
+	// restart (after a demo crash) when it changes.
+	StartedAt time.Time
 }
 
 func (s *Server) registerDemo(e *echo.Echo, d *Demo) {
@@ -62,7 +65,7 @@ func (s *Server) registerDemo(e *echo.Echo, d *Demo) {
 	e.GET("/demo/ledger", forward(http.MethodGet, "/v1/ledger"))
 
 	e.GET("/demo/crash", func(c echo.Context) error {
-		return c.JSON(http.StatusOK, map[string]any{"armed": d.Crash.Armed(), "points": faults.Known})
+		return c.JSON(http.StatusOK, map[string]any{"armed": d.Crash.Armed(), "points": faults.Known, "started_at": d.StartedAt})
 	})
 	e.PUT("/demo/crash", func(c echo.Context) error {
 		var body struct {

@@ -110,7 +110,7 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	operations.Register(refunds.Operation, refundService.Resume)
 	deps := Deps{Config: cfg, Pool: serverPool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService}
 	if o.demo {
-		deps.Demo = &Demo{Crash: &faults.CrashPoints{}, ProcessorURL: procServer.URL}
+		deps.Demo = &Demo{Crash: &faults.CrashPoints{}, ProcessorURL: procServer.URL, StartedAt: time.Now()}
 	}
 	h, err := New(deps)
 	if err != nil {

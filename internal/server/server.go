@@ -20,6 +20,7 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/retrysafe/payments/api"
+	"github.com/retrysafe/payments/docs"
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/charges"
@@ -106,6 +107,8 @@ func New(d Deps) (http.Handler, error) {
 	if d.Demo != nil {
 		s.registerDemo(e, d.Demo)
 	}
+	// The project's docs, as written, for the demo page's links.
+	e.GET("/guide/*", echo.WrapHandler(http.StripPrefix("/guide/", http.FileServerFS(docs.Files))))
 	e.GET("/openapi.yaml", func(c echo.Context) error {
 		return c.Blob(http.StatusOK, "application/yaml", api.Spec)
 	})

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -350,10 +351,33 @@ func TestDemoPageCrashIsRecoveredOnce(t *testing.T) {
 	if first := charge[len(charge)-1]; len(charge) < 2 || !strings.HasPrefix(first, "409") && first != "network error" {
 		t.Errorf("statuses (newest first) %s; want the charge's first attempt to end without an answer (409 or network error)", statuses)
 	}
+	// The page noticed the server going away and coming back.
+	waitPage(t, ctx, `document.getElementById("server-status").textContent.includes("restarted")`)
 	// The key record says the operation was taken over: its first owner died.
 	waitPage(t, ctx, `[...document.querySelectorAll("#record dt")].some(dt => dt.textContent === "attempt" && dt.nextElementSibling.textContent === "2")`)
 	waitPage(t, ctx, `document.querySelectorAll("#ledger tbody tr").length >= 1`)
 	if n := pageText(t, ctx, `String(document.querySelectorAll("#ledger tbody tr").length)`); n != "1" {
 		t.Errorf("the ledger shows %s effects; want 1", n)
+	}
+}
+
+// Every link on the page leads somewhere: the docs it points to are served
+// from the binary, and nothing is fetched from elsewhere.
+func TestDemoPageLinksResolve(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	ctx := browser(t, ts.URL, 1280, 1000)
+	links := pageText(t, ctx, `[...document.querySelectorAll("a[href]")].map(a => a.getAttribute("href")).join(" ")`)
+	if links == "" {
+		t.Fatal("no links on the page")
+	}
+	for href := range strings.FieldsSeq(links) {
+		if !strings.HasPrefix(href, "/") {
+			t.Errorf("link %q leaves the server", href)
+			continue
+		}
+		if res := ts.do(t, request{method: "GET", path: href}); res.Status != http.StatusOK {
+			t.Errorf("link %s: %d", href, res.Status)
+		}
 	}
 }
