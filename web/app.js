@@ -211,18 +211,29 @@ $("send-again").addEventListener("click", async () => {
     : "Not a replay yet: the first request has no final answer (see the attempts).");
 });
 
+// Five concurrent identical requests under one key: of the last kind of
+// operation made (an order, or a charge of a fresh order).
 $("send-five").addEventListener("click", async () => {
+  let what = "order", path = "/v1/orders", body = orderBody();
+  if (state.last && state.last.path.endsWith("/charges")) {
+    const order = await call("POST", "/v1/orders", { key: crypto.randomUUID(), body: orderBody() });
+    if (!order.res || !order.res.ok) return say("Could not create an order to charge.");
+    remember(order);
+    what = "charge";
+    path = `/v1/orders/${state.orderId}/charges`;
+    body = { payment_method: $("payment-method").value };
+  }
   const key = newKey();
-  const body = orderBody();
-  state.last = { method: "POST", path: "/v1/orders", body, key };
+  state.last = { method: "POST", path, body, key };
   save();
-  const outs = await Promise.all(Array.from({ length: 5 }, () => send("POST", "/v1/orders", { key, body })));
+  const outs = await Promise.all(Array.from({ length: 5 }, () => send("POST", path, { key, body })));
   markFinal(key);
-  const created = outs.filter((o) => o.res && o.res.status === 201 && o.res.headers.get("Idempotent-Replayed") !== "true").length;
-  const replays = outs.filter((o) => o.res && o.res.headers.get("Idempotent-Replayed") === "true").length;
+  const replayed = (o) => o.res && o.res.headers.get("Idempotent-Replayed") === "true";
+  const first = outs.filter((o) => o.res && (o.res.status === 201 || o.res.status === 402) && !replayed(o)).length;
+  const replays = outs.filter(replayed).length;
   const busy = outs.filter((o) => o.res && o.res.status === 409).length;
   outs.forEach(remember);
-  say(`5 requests, one key: ${created} created the order, ${replays} got its replay, ${busy} were told 409 (in progress). One order exists.`);
+  say(`5 requests, one key: ${first} ran the ${what}, ${replays} got its replay, ${busy} were told 409 (in progress). One ${what} exists.`);
   refreshSoon();
 });
 

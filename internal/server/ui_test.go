@@ -187,6 +187,34 @@ func TestDemoPageSendFiveAtOnce(t *testing.T) {
 	}
 }
 
+// After a charge, Send 5 at once charges a fresh order five times at once
+// under one key: one charge exists, and the processor made one.
+func TestDemoPageSendFiveChargesAtOnce(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	ctx := browser(t, ts.URL, 1280, 1000)
+	click(t, ctx, "create-order")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	click(t, ctx, "charge")
+	waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 2`)
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	click(t, ctx, "send-five")
+	waitPage(t, ctx, `document.getElementById("break-result").textContent.startsWith("5 requests")`)
+	if msg := pageText(t, ctx, `document.getElementById("break-result").textContent`); !strings.Contains(msg, "One charge exists") {
+		t.Errorf("message %q", msg)
+	}
+	var charges, ordersCharged int
+	if err := ts.db.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT order_id) FROM charges`).Scan(&charges, &ordersCharged); err != nil {
+		t.Fatal(err)
+	}
+	if charges != 2 || ordersCharged != 2 {
+		t.Errorf("%d charges of %d orders; want 2 of 2 (the first charge, and one for the five requests)", charges, ordersCharged)
+	}
+	if n := len(ts.effects(t)); n != 2 {
+		t.Errorf("%d processor effects; want 2", n)
+	}
+}
+
 // pm_card_flaky: the page's client retries the 503s with the same key
 // until the charge succeeds, and the processor charged the card once.
 func TestDemoPageFlakyChargeRetriedToSuccess(t *testing.T) {
