@@ -95,9 +95,18 @@ type Delivery struct {
 // RunOnce claims the due events and tries to deliver each once; it returns
 // how many it claimed.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
-	due, err := queries.ClaimUndeliveredEvents(ctx, r.pool, dbsqlc.ClaimUndeliveredEventsParams{
+	// As the reconciler's: a claim canceled mid-statement could commit
+	// without the relay learning what it took, and those events would wait
+	// out their lease. A stopped relay claims nothing; a claim, once made,
+	// is seen through.
+	if ctx.Err() != nil {
+		return 0, nil
+	}
+	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Timeout)
+	due, err := queries.ClaimUndeliveredEvents(claimCtx, r.pool, dbsqlc.ClaimUndeliveredEventsParams{
 		MaxEvents: int32(r.cfg.Batch), LeaseSeconds: r.cfg.Lease.Seconds(),
 	})
+	cancel()
 	if err != nil {
 		return 0, err
 	}
