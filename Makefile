@@ -73,6 +73,12 @@ bench:
 bench-sweeper:
 	go test -run='^$$' -bench=SweepMillion -benchtime=1x ./internal/sweeper/
 
-# Fuzz the Idempotency-Key parser.
+# Fuzz what parses hostile input, 30s each: the Idempotency-Key parser, the
+# fingerprint's canonical JSON (same document, same fingerprint; any value
+# changed, another), the duplicate-member check, and webhook signatures.
+# Crashers land in each package's testdata/fuzz and become seeds.
 fuzz:
-	go test -run='^$$' -fuzz=FuzzParseKey -fuzztime=60s ./internal/idempotency/
+	go test -run='^$$' -fuzz='^FuzzParseKey$$' -fuzztime=30s ./internal/idempotency/
+	go test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=30s ./internal/idempotency/
+	go test -run='^$$' -fuzz='^FuzzCheckUniqueNames$$' -fuzztime=30s ./internal/ijson/
+	go test -run='^$$' -fuzz='^FuzzVerify$$' -fuzztime=30s ./internal/signature/

@@ -2,6 +2,10 @@ package idempotency
 
 import (
 	"bytes"
+	"encoding/json"
+	"maps"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -76,4 +80,113 @@ func mustFingerprint(t *testing.T, method, path, body string) []byte {
 		t.Fatalf("Fingerprint(%s %s %q): %v", method, path, body, err)
 	}
 	return fp
+}
+
+// FuzzFingerprint checks the canonicaliser's two promises on arbitrary
+// JSON: the same document written another way (its object members in
+// another order, other whitespace) has the same fingerprint, and a document
+// with any value changed has another. Run it with
+// go test -fuzz=FuzzFingerprint ./internal/idempotency/.
+func FuzzFingerprint(f *testing.F) {
+	for _, seed := range []string{
+		`{"amount":1999,"currency":"usd","description":"Two espressos"}`,
+		`{"payment_method":"pm_card_visa"}`,
+		`{"a":{"b":[1,2,{"c":null}],"d":true},"e":"\u00e9"}`,
+		`{"amount":1e3}`, `{}`, `[]`, `"x"`, `0`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		// Numbers are kept as their literal text (1e3 and 1000 are
+		// different requests to the fingerprint, on purpose), so the
+		// re-encodings below keep them as json.Number.
+		var v any
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.UseNumber()
+		if dec.Decode(&v) != nil || dec.More() {
+			return // not one JSON document: the validator refuses it first
+		}
+		want, err := Fingerprint("POST", "/v1/x", body)
+		if err != nil {
+			return // refused (a member named twice): nothing to compare
+		}
+		// The same document, re-encoded: members in Go's map order, no
+		// insignificant whitespace, a different indentation.
+		for _, other := range [][]byte{mustMarshal(t, v), mustIndent(t, v)} {
+			got, err := Fingerprint("POST", "/v1/x", other)
+			if err != nil {
+				t.Fatalf("re-encoded %s: %v", other, err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("%s and its re-encoding %s have different fingerprints", body, other)
+			}
+		}
+		// Any value changed: a different fingerprint.
+		if changed, ok := changeOneValue(v); ok {
+			got, err := Fingerprint("POST", "/v1/x", mustMarshal(t, changed))
+			if err == nil && bytes.Equal(got, want) {
+				t.Fatalf("%s and the changed %s have the same fingerprint", body, mustMarshal(t, changed))
+			}
+		}
+	})
+}
+
+func mustMarshal(t *testing.T, v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func mustIndent(t *testing.T, v any) []byte {
+	b, err := json.MarshalIndent(v, " ", "\t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// changeOneValue returns a copy of v with its first scalar changed (or a
+// member added to an empty object), and whether it could.
+func changeOneValue(v any) (any, bool) {
+	switch x := v.(type) {
+	case map[string]any:
+		if len(x) == 0 {
+			return map[string]any{"added": true}, true
+		}
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		out := maps.Clone(x)
+		if c, ok := changeOneValue(x[keys[0]]); ok {
+			out[keys[0]] = c
+			return out, true
+		}
+		return nil, false
+	case []any:
+		if len(x) == 0 {
+			return []any{"added"}, true
+		}
+		out := slices.Clone(x)
+		if c, ok := changeOneValue(x[0]); ok {
+			out[0] = c
+			return out, true
+		}
+		return nil, false
+	case string:
+		return x + "!", true
+	case json.Number:
+		if n, ok := strings.CutPrefix(string(x), "-"); ok {
+			return json.Number(n), true
+		}
+		return json.Number("-" + string(x)), true
+	case bool:
+		return !x, true
+	case nil:
+		return false, true
+	}
+	return nil, false
 }
