@@ -130,6 +130,14 @@ func pageText(t *testing.T, ctx context.Context, expr string) string {
 	return s
 }
 
+// createOrderOnPage clicks Create order and waits for its 201 in the
+// timeline.
+func createOrderOnPage(t *testing.T, ctx context.Context) {
+	t.Helper()
+	click(t, ctx, "create-order")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+}
+
 // The statuses of the timeline's attempts, newest first.
 const attemptStatuses = `[...document.querySelectorAll("#attempts tbody tr")].map(r => r.children[2].textContent)`
 
@@ -140,8 +148,7 @@ func TestDemoPageReplay(t *testing.T) {
 	ts := newTestServer(t, withDemo)
 	ctx := browser(t, ts.URL, 1280, 1000)
 
-	click(t, ctx, "create-order")
-	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	createOrderOnPage(t, ctx)
 	click(t, ctx, "send-again")
 	waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 2`)
 	waitPage(t, ctx, `document.querySelector("#attempts tbody tr").children[3].textContent === "replayed"`)
@@ -158,8 +165,7 @@ func TestDemoPageSameKeyDifferentBody(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, withDemo)
 	ctx := browser(t, ts.URL, 1280, 1000)
-	click(t, ctx, "create-order")
-	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	createOrderOnPage(t, ctx)
 	click(t, ctx, "different-body")
 	waitPage(t, ctx, attemptStatuses+`[0] === "422 idempotency_key_reused"`)
 	if msg := pageText(t, ctx, `document.getElementById("break-result").textContent`); !strings.Contains(msg, "422") {
@@ -193,8 +199,7 @@ func TestDemoPageSendFiveChargesAtOnce(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, withDemo)
 	ctx := browser(t, ts.URL, 1280, 1000)
-	click(t, ctx, "create-order")
-	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	createOrderOnPage(t, ctx)
 	click(t, ctx, "charge")
 	waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 2`)
 	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
@@ -221,8 +226,7 @@ func TestDemoPageFlakyChargeRetriedToSuccess(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, withDemo)
 	ctx := browser(t, ts.URL, 1280, 1000)
-	click(t, ctx, "create-order")
-	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	createOrderOnPage(t, ctx)
 	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("payment-method"), "pm_card_flaky")); err != nil {
 		t.Fatal(err)
 	}
@@ -259,8 +263,7 @@ func TestDemoPageKeepsThePendingKey(t *testing.T) {
 	if after := pageText(t, ctx, keyValue); after != pending || after == "" {
 		t.Fatalf("key %q after a reload; want the pending %q", after, pending)
 	}
-	click(t, ctx, "create-order")
-	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	createOrderOnPage(t, ctx)
 	click(t, ctx, "create-order")
 	waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 2`)
 	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
@@ -285,8 +288,7 @@ func TestDemoPageLayout(t *testing.T) {
 		width, height int
 	}{{"desktop", 1280, 1400}, {"phone", 390, 2400}} {
 		ctx := browser(t, ts.URL, size.width, size.height)
-		click(t, ctx, "create-order")
-		waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+		createOrderOnPage(t, ctx)
 		// The key record panel follows: the operation is complete, at its
 		// last recovery point.
 		waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
@@ -341,8 +343,7 @@ func TestDemoPageAccessibility(t *testing.T) {
 		}
 	}
 	check("on load")
-	click(t, ctx, "create-order")
-	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	createOrderOnPage(t, ctx)
 	waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
 	check("after a request")
 }
@@ -360,8 +361,7 @@ func TestDemoPageCrashIsRecoveredOnce(t *testing.T) {
 	ctx := browser(t, "http://"+addr, 1280, 1000)
 	waitPage(t, ctx, `!document.getElementById("chaos").disabled`) // demo mode detected
 
-	click(t, ctx, "create-order")
-	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	createOrderOnPage(t, ctx)
 	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("crash-point"), "after_processor_call")); err != nil {
 		t.Fatal(err)
 	}
