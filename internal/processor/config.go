@@ -17,6 +17,7 @@ import (
 //	WEBHOOK_MAX_ATTEMPTS           deliveries per event (default 8)
 //	PROCESSOR_FLAKY_FAILURES       503s before pm_card_flaky succeeds (default 2)
 //	PROCESSOR_TIMEOUT_HOLD         longest withheld answer (default 30s)
+//	PROCESSOR_PAYOUT_DELAY         how long a payout takes to arrive (default 2s)
 //	CHAOS_LATENCY_MS               added to every /v1 call (default 0)
 //	CHAOS_ERROR_RATE               0..1, 503 before any effect
 //	CHAOS_TIMEOUT_RATE             0..1, answer withheld after the effect
@@ -58,6 +59,13 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 			errs = append(errs, fmt.Errorf("PROCESSOR_TIMEOUT_HOLD=%q: want a positive Go duration such as 30s", v))
 		}
 		cfg.TimeoutHold = d
+	}
+	if v := str("PROCESSOR_PAYOUT_DELAY"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			errs = append(errs, fmt.Errorf("PROCESSOR_PAYOUT_DELAY=%q: want a positive Go duration such as 2s", v))
+		}
+		cfg.PayoutDelay = d
 	}
 	integer("CHAOS_LATENCY_MS", 0, &cfg.Chaos.LatencyMS)
 	rate("CHAOS_ERROR_RATE", &cfg.Chaos.ErrorRate)

@@ -13,6 +13,8 @@
 //
 //	POST /v1/charges       create a charge (Idempotency-Key required)
 //	POST /v1/refunds       refund part or all of a charge (Idempotency-Key required)
+//	POST /v1/payouts       start a payout to a test bank account (Idempotency-Key required)
+//	GET  /v1/payouts/{id}  a payout as it is now (in_transit, then paid or failed)
 //	GET  /v1/ledger        every effect, in order (?idempotency_key= filters)
 //	GET  /admin/chaos      the chaos settings
 //	PUT  /admin/chaos      replace the chaos settings
@@ -59,6 +61,9 @@ type Config struct {
 	// FlakyFailures is how many attempts on a downstream key
 	// pm_card_flaky answers with 503 before it succeeds (default 2).
 	FlakyFailures int
+	// PayoutDelay is how long a payout's transfer takes to arrive (ten
+	// times as long to ba_test_slow). Default 2s.
+	PayoutDelay time.Duration
 	// TimeoutHold is the longest a withheld answer (pm_card_timeout, chaos
 	// timeouts) is held if the client does not give up first (default 30s).
 	// After it, the answer is sent late.
@@ -107,6 +112,9 @@ func (cfg Config) withDefaults() Config {
 	if cfg.FlakyFailures == 0 {
 		cfg.FlakyFailures = 2
 	}
+	if cfg.PayoutDelay == 0 {
+		cfg.PayoutDelay = 2 * time.Second
+	}
 	if cfg.TimeoutHold == 0 {
 		cfg.TimeoutHold = 30 * time.Second
 	}
@@ -133,7 +141,7 @@ func (cfg Config) validate() error {
 	if cfg.WebhookMaxAttempts < 0 || cfg.FlakyFailures < 0 {
 		errs = append(errs, errors.New("webhook max attempts and flaky failures must not be negative"))
 	}
-	if cfg.WebhookBackoffBase < 0 || cfg.WebhookBackoffCap < 0 || cfg.WebhookTimeout < 0 || cfg.TimeoutHold < 0 {
+	if cfg.WebhookBackoffBase < 0 || cfg.WebhookBackoffCap < 0 || cfg.WebhookTimeout < 0 || cfg.TimeoutHold < 0 || cfg.PayoutDelay < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
 	}
 	if err := cfg.Chaos.validate(); err != nil {
@@ -174,12 +182,13 @@ type Server struct {
 
 	keys keyStore
 
-	// mu guards the ledger and the charges. It is only ever taken while
+	// mu guards the ledger, the charges and the payouts. It is only ever taken while
 	// holding a key's turn, never the other way round, so the two cannot
 	// deadlock.
 	mu      sync.Mutex
 	ledger  []LedgerEntry
 	charges map[string]*chargeState
+	payouts map[string]*payoutState
 
 	webhooks *deliverer // nil without a WebhookURL
 
@@ -210,6 +219,7 @@ func New(cfg Config) (*Server, error) {
 		chaos:   cfg.Chaos,
 		rand:    cfg.Rand,
 		charges: make(map[string]*chargeState),
+		payouts: make(map[string]*payoutState),
 		closing: make(chan struct{}),
 	}
 	s.keys.entries = make(map[string]*keyEntry)
@@ -224,6 +234,8 @@ func (s *Server) routes() {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST /v1/charges", s.handleCreateCharge)
 	s.mux.HandleFunc("POST /v1/refunds", s.handleCreateRefund)
+	s.mux.HandleFunc("POST /v1/payouts", s.handleCreatePayout)
+	s.mux.HandleFunc("GET /v1/payouts/{id}", s.handleGetPayout)
 	s.mux.HandleFunc("GET /v1/ledger", s.handleLedger)
 	s.mux.HandleFunc("GET /admin/chaos", s.handleGetChaos)
 	s.mux.HandleFunc("PUT /admin/chaos", s.handlePutChaos)

@@ -155,7 +155,11 @@ type LedgerEntry struct {
 	PaymentMethod  string `json:"payment_method,omitempty"`
 	DeclineCode    string `json:"decline_code,omitempty"`
 	Charge         string `json:"charge,omitempty"`
-	Created        int64  `json:"created"`
+	// Destination and FailureCode are set on payouts; a payout's Status
+	// moves from in_transit to paid or failed.
+	Destination string `json:"destination,omitempty"`
+	FailureCode string `json:"failure_code,omitempty"`
+	Created     int64  `json:"created"`
 }
 
 // LedgerList is the answer of GET /v1/ledger, in the order the effects
@@ -186,6 +190,8 @@ type EventData struct {
 	DeclineCode   *string `json:"decline_code"`
 	// Charge is the refunded charge, on refund events.
 	Charge string `json:"charge,omitempty"`
+	// FailureCode is why a payout failed, on payout.failed.
+	FailureCode *string `json:"failure_code,omitempty"`
 }
 
 // Chaos is the fault injection applied to every request, set in Config and
