@@ -29,17 +29,19 @@ check: check-static test
 check-static: check-generated vet staticcheck check-docs check-rename
 
 # Regenerate the committed code: oapi-codegen (api/openapi.yaml ->
-# internal/apigen) and sqlc (db/ -> internal/dbsqlc). Both tools are pinned
-# in go.mod and run with `go tool`.
+# internal/apigen and client/apiclient), River's migrations (the River in
+# go.mod -> db/migrations/*_river_*, see internal/riverschema) and sqlc
+# (db/ -> internal/dbsqlc). The tools are pinned in go.mod and run with
+# `go tool`.
 generate:
 	go generate ./...
 
 # Fail if the committed generated code is not what the sources generate.
 check-generated: generate
-	@git diff --exit-code -- internal/apigen internal/dbsqlc client/apiclient || \
+	@git diff --exit-code -- internal/apigen internal/dbsqlc client/apiclient db/migrations || \
 		(echo "generated code is out of date: run 'make generate' and commit the result" >&2; exit 1)
-	@test -z "$$(git status --porcelain -- internal/apigen internal/dbsqlc client/apiclient)" || \
-		(echo "untracked generated files: run 'make generate' and commit the result" >&2; git status --porcelain -- internal/apigen internal/dbsqlc client/apiclient >&2; exit 1)
+	@test -z "$$(git status --porcelain -- internal/apigen internal/dbsqlc client/apiclient db/migrations)" || \
+		(echo "untracked generated files: run 'make generate' and commit the result" >&2; git status --porcelain -- internal/apigen internal/dbsqlc client/apiclient db/migrations >&2; exit 1)
 
 # go vet over the whole module.
 vet:

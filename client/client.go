@@ -328,3 +328,79 @@ func (c *Client) IdempotencyKey(ctx context.Context, key string) (apiclient.Idem
 	})
 	return final(a, res, err, http.StatusOK, func() *apiclient.IdempotencyKeyRecord { return last.JSON200 })
 }
+
+// Payout asks for a payout, retrying safely. The answer is 202 Accepted:
+// the payout as accepted (pending), the same on every replay. It runs in
+// the background; WaitForPayout follows it to its end.
+func (c *Client) Payout(ctx context.Context, body apiclient.CreatePayoutRequest, opts ...Option) (apiclient.Payout, Result, error) {
+	var last *apiclient.CreatePayoutResponse
+	a, res, err := c.do(ctx, opts, func(ctx context.Context, key string) (answer, error) {
+		r, err := c.api.CreatePayoutWithResponse(ctx, &apiclient.CreatePayoutParams{IdempotencyKey: key}, body)
+		if err != nil {
+			return answer{}, err
+		}
+		last = r
+		return answer{r.HTTPResponse, r.Body}, nil
+	})
+	return final(a, res, err, http.StatusAccepted, func() *apiclient.Payout { return last.JSON202 })
+}
+
+// GetPayout reads a payout as it is now, and how long the server suggests
+// waiting before reading it again (0 once it is final).
+func (c *Client) GetPayout(ctx context.Context, id string) (apiclient.Payout, time.Duration, error) {
+	var last *apiclient.GetPayoutResponse
+	a, res, err := c.do(ctx, nil, func(ctx context.Context, _ string) (answer, error) {
+		r, err := c.api.GetPayoutWithResponse(ctx, id)
+		if err != nil {
+			return answer{}, err
+		}
+		last = r
+		return answer{r.HTTPResponse, r.Body}, nil
+	})
+	po, _, err := final(a, res, err, http.StatusOK, func() *apiclient.Payout { return last.JSON200 })
+	if err != nil {
+		return po, 0, err
+	}
+	wait, _ := retryAfter(a.resp.Header.Get("Retry-After"), time.Now())
+	return po, wait, nil
+}
+
+// WaitForPayout polls the payout id until it is paid or failed, waiting
+// between reads as long as the server's Retry-After says (a second when it
+// says nothing), and returns it. onPoll, if not nil, sees every state read.
+// The context bounds the wait: a payout can take days.
+func (c *Client) WaitForPayout(ctx context.Context, id string, onPoll func(apiclient.Payout)) (apiclient.Payout, error) {
+	for {
+		po, wait, err := c.GetPayout(ctx, id)
+		if err != nil {
+			return po, err
+		}
+		if onPoll != nil {
+			onPoll(po)
+		}
+		if po.Status == apiclient.PayoutStatusPaid || po.Status == apiclient.PayoutStatusFailed {
+			return po, nil
+		}
+		if wait <= 0 {
+			wait = time.Second
+		}
+		if err := c.sleep(ctx, wait); err != nil {
+			return po, err
+		}
+	}
+}
+
+// Balance reads the caller's balance.
+func (c *Client) Balance(ctx context.Context) (apiclient.Balance, error) {
+	var last *apiclient.GetBalanceResponse
+	a, res, err := c.do(ctx, nil, func(ctx context.Context, _ string) (answer, error) {
+		r, err := c.api.GetBalanceWithResponse(ctx)
+		if err != nil {
+			return answer{}, err
+		}
+		last = r
+		return answer{r.HTTPResponse, r.Body}, nil
+	})
+	b, _, err := final(a, res, err, http.StatusOK, func() *apiclient.Balance { return last.JSON200 })
+	return b, err
+}

@@ -74,6 +74,30 @@ func (e CreateChargeRequestPaymentMethod) Valid() bool {
 	}
 }
 
+// Defines values for CreatePayoutRequestDestination.
+const (
+	BaTestClosed CreatePayoutRequestDestination = "ba_test_closed"
+	BaTestFlaky  CreatePayoutRequestDestination = "ba_test_flaky"
+	BaTestOk     CreatePayoutRequestDestination = "ba_test_ok"
+	BaTestSlow   CreatePayoutRequestDestination = "ba_test_slow"
+)
+
+// Valid indicates whether the value is a known member of the CreatePayoutRequestDestination enum.
+func (e CreatePayoutRequestDestination) Valid() bool {
+	switch e {
+	case BaTestClosed:
+		return true
+	case BaTestFlaky:
+		return true
+	case BaTestOk:
+		return true
+	case BaTestSlow:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for Currency.
 const (
 	Aud Currency = "aud"
@@ -112,6 +136,8 @@ const (
 	EventTypeChargeFailed    EventType = "charge.failed"
 	EventTypeChargeSucceeded EventType = "charge.succeeded"
 	EventTypeOrderPaid       EventType = "order.paid"
+	EventTypePayoutFailed    EventType = "payout.failed"
+	EventTypePayoutPaid      EventType = "payout.paid"
 	EventTypeRefundSucceeded EventType = "refund.succeeded"
 )
 
@@ -123,6 +149,10 @@ func (e EventType) Valid() bool {
 	case EventTypeChargeSucceeded:
 		return true
 	case EventTypeOrderPaid:
+		return true
+	case EventTypePayoutFailed:
+		return true
+	case EventTypePayoutPaid:
 		return true
 	case EventTypeRefundSucceeded:
 		return true
@@ -173,6 +203,30 @@ func (e OrderStatus) Valid() bool {
 	}
 }
 
+// Defines values for PayoutStatus.
+const (
+	PayoutStatusFailed    PayoutStatus = "failed"
+	PayoutStatusInTransit PayoutStatus = "in_transit"
+	PayoutStatusPaid      PayoutStatus = "paid"
+	PayoutStatusPending   PayoutStatus = "pending"
+)
+
+// Valid indicates whether the value is a known member of the PayoutStatus enum.
+func (e PayoutStatus) Valid() bool {
+	switch e {
+	case PayoutStatusFailed:
+		return true
+	case PayoutStatusInTransit:
+		return true
+	case PayoutStatusPaid:
+		return true
+	case PayoutStatusPending:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ProblemCode.
 const (
 	ProblemCodeCardDeclined          ProblemCode = "card_declined"
@@ -182,6 +236,7 @@ const (
 	ProblemCodeIdempotencyKeyInvalid ProblemCode = "idempotency_key_invalid"
 	ProblemCodeIdempotencyKeyMissing ProblemCode = "idempotency_key_missing"
 	ProblemCodeIdempotencyKeyReused  ProblemCode = "idempotency_key_reused"
+	ProblemCodeInsufficientBalance   ProblemCode = "insufficient_balance"
 	ProblemCodeInternalError         ProblemCode = "internal_error"
 	ProblemCodeInvalidRequest        ProblemCode = "invalid_request"
 	ProblemCodeInvalidSignature      ProblemCode = "invalid_signature"
@@ -214,6 +269,8 @@ func (e ProblemCode) Valid() bool {
 	case ProblemCodeIdempotencyKeyMissing:
 		return true
 	case ProblemCodeIdempotencyKeyReused:
+		return true
+	case ProblemCodeInsufficientBalance:
 		return true
 	case ProblemCodeInternalError:
 		return true
@@ -252,6 +309,8 @@ func (e ProblemCode) Valid() bool {
 const (
 	ProcessorEventTypeChargeFailed    ProcessorEventType = "charge.failed"
 	ProcessorEventTypeChargeSucceeded ProcessorEventType = "charge.succeeded"
+	ProcessorEventTypePayoutFailed    ProcessorEventType = "payout.failed"
+	ProcessorEventTypePayoutPaid      ProcessorEventType = "payout.paid"
 	ProcessorEventTypeRefundSucceeded ProcessorEventType = "refund.succeeded"
 )
 
@@ -261,6 +320,10 @@ func (e ProcessorEventType) Valid() bool {
 	case ProcessorEventTypeChargeFailed:
 		return true
 	case ProcessorEventTypeChargeSucceeded:
+		return true
+	case ProcessorEventTypePayoutFailed:
+		return true
+	case ProcessorEventTypePayoutPaid:
 		return true
 	case ProcessorEventTypeRefundSucceeded:
 		return true
@@ -288,6 +351,31 @@ func (e RefundStatus) Valid() bool {
 	default:
 		return false
 	}
+}
+
+// Balance Your balance, per currency.
+type Balance struct {
+	// Available What payouts can take now, per currency.
+	Available []BalanceAmount `json:"available"`
+
+	// Pending Refunds and payouts already taken from `available` that are not final yet.
+	Pending []BalanceAmount `json:"pending"`
+}
+
+// BalanceAmount An amount in one currency.
+type BalanceAmount struct {
+	// Amount In the currency's minor unit; never negative.
+	//
+	// Example: 3499
+	Amount int64 `json:"amount"`
+
+	// Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
+	// are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
+	// whole yen for `jpy`, which has none).
+	//
+	//
+	// Example: usd
+	Currency Currency `json:"currency"`
 }
 
 // Charge An attempt to pay an order through the card processor.
@@ -406,6 +494,39 @@ type CreateOrderRequest struct {
 	// Example: Two espressos and a croissant
 	Description *string `json:"description,omitempty"`
 }
+
+// CreatePayoutRequest A payout from your available balance.
+type CreatePayoutRequest struct {
+	// Amount The amount to pay out, in the currency's minor unit.
+	//
+	// Example: 1500
+	Amount int64 `json:"amount"`
+
+	// Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
+	// are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
+	// whole yen for `jpy`, which has none).
+	//
+	//
+	// Example: usd
+	Currency Currency `json:"currency"`
+
+	// Destination A test bank account: `ba_test_ok` (the default) is paid after a short delay;
+	// `ba_test_closed` fails with `account_closed`; `ba_test_flaky` makes the processor
+	// answer `503` to the first requests for the transfer (the job retries); `ba_test_slow`
+	// takes ten times as long to arrive.
+	//
+	//
+	// Example: ba_test_ok
+	Destination *CreatePayoutRequestDestination `json:"destination,omitempty"`
+}
+
+// CreatePayoutRequestDestination A test bank account: `ba_test_ok` (the default) is paid after a short delay;
+// `ba_test_closed` fails with `account_closed`; `ba_test_flaky` makes the processor
+// answer `503` to the first requests for the transfer (the job retries); `ba_test_slow`
+// takes ten times as long to arrive.
+//
+// Example: ba_test_ok
+type CreatePayoutRequestDestination string
 
 // CreateRefundRequest A refund of a succeeded charge. Send `{}` to refund everything that remains refundable.
 type CreateRefundRequest struct {
@@ -598,6 +719,61 @@ type OrderList struct {
 	HasMore bool `json:"has_more"`
 }
 
+// Payout Money sent from your balance to a bank account.
+type Payout struct {
+	// Amount The amount, in the currency's minor unit.
+	//
+	// Example: 1500
+	Amount int64 `json:"amount"`
+
+	// CreatedAt Example: 2025-11-29T21:10:03Z
+	CreatedAt time.Time `json:"created_at"`
+
+	// Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
+	// are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
+	// whole yen for `jpy`, which has none).
+	//
+	//
+	// Example: usd
+	Currency Currency `json:"currency"`
+
+	// Destination The bank account paid.
+	//
+	// Example: ba_test_ok
+	Destination string `json:"destination"`
+
+	// FailureCode For a `failed` payout, why, e.g. `account_closed`; otherwise `null`.
+	FailureCode *string `json:"failure_code"`
+
+	// Id Opaque id, prefixed `po_`.
+	//
+	// Example: po_4kq7m2x9tb3nwz6ye1hvc8rd
+	Id string `json:"id"`
+
+	// Status `pending` (accepted; the transfer not yet requested), `in_transit` (the processor is
+	// moving the money), then `paid` or `failed`. A failed payout's amount returns to your
+	// available balance.
+	//
+	//
+	// Example: pending
+	Status PayoutStatus `json:"status"`
+}
+
+// PayoutStatus `pending` (accepted; the transfer not yet requested), `in_transit` (the processor is
+// moving the money), then `paid` or `failed`. A failed payout's amount returns to your
+// available balance.
+//
+// Example: pending
+type PayoutStatus string
+
+// PayoutList A page of payouts, newest first.
+type PayoutList struct {
+	Data []Payout `json:"data"`
+
+	// HasMore Whether more payouts follow; pass the last `id` as `starting_after` to get them.
+	HasMore bool `json:"has_more"`
+}
+
 // Problem An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
 // `type` is a stable URI per kind of error:
@@ -658,7 +834,7 @@ type ProcessorEvent struct {
 	// Example: 1764448362
 	Created int64 `json:"created"`
 
-	// Data The processor's charge or refund the event is about.
+	// Data The processor's charge, refund or payout the event is about.
 	Data ProcessorEventData `json:"data"`
 
 	// Id The processor's event id; deliveries are deduplicated on it.
@@ -674,7 +850,7 @@ type ProcessorEvent struct {
 // ProcessorEventType Example: charge.succeeded
 type ProcessorEventType string
 
-// ProcessorEventData The processor's charge or refund the event is about.
+// ProcessorEventData The processor's charge, refund or payout the event is about.
 type ProcessorEventData struct {
 	// Amount The amount, in the currency's minor unit.
 	//
@@ -697,7 +873,10 @@ type ProcessorEventData struct {
 	// Example: acme-ch_3Lp8sD5vNc2kWq7e
 	DownstreamKey string `json:"downstream_key"`
 
-	// Id The processor's own id for the charge or refund.
+	// FailureCode For `payout.failed`, why the transfer failed (e.g. `account_closed`).
+	FailureCode *string `json:"failure_code,omitempty"`
+
+	// Id The processor's own id for the charge, refund or payout.
 	//
 	// Example: pch_9Fg3hJ7kL2qW5eRt
 	Id string `json:"id"`
@@ -772,6 +951,9 @@ type Limit = int
 
 // OrderId defines model for OrderId.
 type OrderId = string
+
+// PayoutId defines model for PayoutId.
+type PayoutId = string
 
 // BadRequest An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
@@ -994,6 +1176,46 @@ type CreateChargeParams struct {
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
+// ListPayoutsParams defines parameters for ListPayouts.
+type ListPayoutsParams struct {
+	// Limit The most items to return in one page, 1 to 100.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// StartingAfter A payout id. The page starts with the payout right after it (newest first). An id
+	// that does not name one of your payouts is a `400`.
+	StartingAfter *string `form:"starting_after,omitempty" json:"starting_after,omitempty"`
+}
+
+// CreatePayoutParams defines parameters for CreatePayout.
+type CreatePayoutParams struct {
+	// IdempotencyKey Names one logical operation, so that retries of it take effect once. Generate a fresh,
+	// unique key per operation (a UUID v4 is ideal) and send the **same** key, with the same
+	// body, on every retry of that operation.
+	//
+	// **Syntax.** A Structured Field string (RFC 8941), i.e. the key in double quotes:
+	// `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`. A bare value without quotes,
+	// as Stripe clients send it, is accepted too and names the **same** key:
+	// `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`. The key itself is 1–255
+	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive, counted after the Structured
+	// Field quotes and escapes are removed; the header value itself may therefore be up to 512
+	// characters (255 escaped characters, each `\"` or `\\`, inside two quotes). Missing,
+	// empty, too long, any other character, or the header repeated on several lines: `400`
+	// (`idempotency_key_missing` / `idempotency_key_invalid`), not stored.
+	//
+	// **Scope.** Keys belong to the caller (API key): another caller's identical key is an
+	// unrelated record. The key is bound to the request's fingerprint (method, path and
+	// canonical JSON body); reusing it for a different request is a `422`.
+	//
+	// **Retention window.** The server remembers a key for **at least 24 hours** from its
+	// first use by default (server setting `IDEMPOTENCY_KEY_RETENTION`). Within the window a
+	// retry with the key replays the stored outcome (`Idempotent-Replayed: true`), waits for
+	// an in-progress one (`409` + `Retry-After`), or resumes an interrupted one. **After the
+	// window** the record is swept, and a request that reuses the key is a brand-new
+	// operation that runs again. Keep every retry of an operation — your retry horizon —
+	// well inside the window, and never reuse a key for another operation.
+	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+}
+
 // ReceiveProcessorWebhookParams defines parameters for ReceiveProcessorWebhook.
 type ReceiveProcessorWebhookParams struct {
 	// ProcessorSignature `t=<unix seconds>,v1=<signature>`, where `signature` is the lower-case hex
@@ -1012,6 +1234,9 @@ type CreateOrderJSONRequestBody = CreateOrderRequest
 
 // CreateChargeJSONRequestBody defines body for CreateCharge for application/json ContentType.
 type CreateChargeJSONRequestBody = CreateChargeRequest
+
+// CreatePayoutJSONRequestBody defines body for CreatePayout for application/json ContentType.
+type CreatePayoutJSONRequestBody = CreatePayoutRequest
 
 // ReceiveProcessorWebhookJSONRequestBody defines body for ReceiveProcessorWebhook for application/json ContentType.
 type ReceiveProcessorWebhookJSONRequestBody = ProcessorEvent
@@ -1178,6 +1403,14 @@ func (a *ProcessorEventData) UnmarshalJSON(b []byte) error {
 		delete(object, "downstream_key")
 	}
 
+	if raw, found := object["failure_code"]; found {
+		err = json.Unmarshal(raw, &a.FailureCode)
+		if err != nil {
+			return fmt.Errorf("error reading 'failure_code': %w", err)
+		}
+		delete(object, "failure_code")
+	}
+
 	if raw, found := object["id"]; found {
 		err = json.Unmarshal(raw, &a.Id)
 		if err != nil {
@@ -1237,6 +1470,13 @@ func (a ProcessorEventData) MarshalJSON() ([]byte, error) {
 	object["downstream_key"], err = json.Marshal(a.DownstreamKey)
 	if err != nil {
 		return nil, fmt.Errorf("error marshaling 'downstream_key': %w", err)
+	}
+
+	if a.FailureCode != nil {
+		object["failure_code"], err = json.Marshal(a.FailureCode)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'failure_code': %w", err)
+		}
 	}
 
 	object["id"], err = json.Marshal(a.Id)
@@ -1352,6 +1592,19 @@ type ClientInterface interface {
 	// Corresponds with GET /readyz (the `GetReadyz` operationId).
 	GetReadyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetBalance Get your balance
+	//
+	// Your balance per currency. `available` is what a payout can take: succeeded charges,
+	// less refunds and payouts that have not failed. `pending` is the part of those refunds
+	// and payouts still on its way out (not yet final); if one fails, its amount returns to
+	// `available`. Currencies you never charged in are absent. `available` is never negative:
+	// the database refuses any refund or payout that would overdraw it.
+	//
+	// Idempotency class: **safe** (changes nothing; retry freely).
+	//
+	// Corresponds with GET /v1/balance (the `GetBalance` operationId).
+	GetBalance(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetCharge Get a charge
 	//
 	// Returns one of your charges, including `failed` ones (after a decline) and `pending`
@@ -1394,6 +1647,8 @@ type ClientInterface interface {
 	//   and replayed.
 	// - `409` `charge_not_refundable`: the charge did not succeed, or is already fully
 	//   refunded. Stored and replayed.
+	// - `409` `insufficient_balance`: the refund is more than your available balance in the
+	//   charge's currency, because that money was paid out. Stored and replayed.
 	// - `503` `processor_unavailable`: no definite answer from the processor. Not stored;
 	//   retry with the **same** key after `Retry-After` and the refund resumes.
 	// - `404`: no such charge for this caller. Checked before the key is claimed; not stored.
@@ -1422,6 +1677,8 @@ type ClientInterface interface {
 	//   and replayed.
 	// - `409` `charge_not_refundable`: the charge did not succeed, or is already fully
 	//   refunded. Stored and replayed.
+	// - `409` `insufficient_balance`: the refund is more than your available balance in the
+	//   charge's currency, because that money was paid out. Stored and replayed.
 	// - `503` `processor_unavailable`: no definite answer from the processor. Not stored;
 	//   retry with the **same** key after `Retry-After` and the refund resumes.
 	// - `404`: no such charge for this caller. Checked before the key is claimed; not stored.
@@ -1608,6 +1865,91 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/orders/{order_id}/charges (the `CreateCharge` operationId).
 	CreateCharge(ctx context.Context, orderId OrderId, params *CreateChargeParams, body CreateChargeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListPayouts List payouts
+	//
+	// Lists your payouts, newest first, in every state. Pages are cursor-based: pass the `id`
+	// of the last payout of a page as `starting_after` to get the next one.
+	//
+	// Idempotency class: **safe** (changes nothing; retry freely).
+	//
+	// Corresponds with GET /v1/payouts (the `ListPayouts` operationId).
+	ListPayouts(ctx context.Context, params *ListPayoutsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreatePayoutWithBody Pay out to a bank account
+	//
+	// Sends money from your available balance to a (test) bank account. A payout takes
+	// seconds to days, so it is a **long-running operation**: this request only accepts it
+	// and answers `202 Accepted` with the payout as created (`status: pending`) and its
+	// `Location`; a background job then asks the processor for the transfer and follows it.
+	// Poll `GET /v1/payouts/{payout_id}` (honouring its `Retry-After`) until `status` is
+	// `paid` or `failed`, or wait for the `payout.paid` / `payout.failed` event.
+	//
+	// Idempotency class: **keyed, with an external effect run as a job** (`keyed-job`).
+	// `Idempotency-Key` is required. The payout, the debit of your balance, the job that will
+	// run it and the stored `202` commit in one transaction: "accepted" and "will run" happen
+	// together or not at all. A retry with the same key replays that same `202` byte for byte
+	// (with `Idempotent-Replayed: true`) — it describes the payout **as it was accepted**, so
+	// poll the `Location` for its current state. The job sends the processor a downstream key
+	// fixed when the payout was created, so its own retries (after a crash, a timeout or a
+	// processor error) collapse into one transfer.
+	//
+	// Outcomes:
+	//
+	// - `202`: accepted. Stored; replays return it with `Idempotent-Replayed: true`.
+	// - `409` `insufficient_balance`: `amount` is more than your available balance in that
+	//   currency. A final outcome, stored and replayed like a decline; use a new key once
+	//   your balance allows it. Concurrent payouts can never overdraw: the database refuses
+	//   any debit that would take the available balance below zero.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/payouts (the `CreatePayout` operationId).
+	CreatePayoutWithBody(ctx context.Context, params *CreatePayoutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreatePayout Pay out to a bank account
+	//
+	// Sends money from your available balance to a (test) bank account. A payout takes
+	// seconds to days, so it is a **long-running operation**: this request only accepts it
+	// and answers `202 Accepted` with the payout as created (`status: pending`) and its
+	// `Location`; a background job then asks the processor for the transfer and follows it.
+	// Poll `GET /v1/payouts/{payout_id}` (honouring its `Retry-After`) until `status` is
+	// `paid` or `failed`, or wait for the `payout.paid` / `payout.failed` event.
+	//
+	// Idempotency class: **keyed, with an external effect run as a job** (`keyed-job`).
+	// `Idempotency-Key` is required. The payout, the debit of your balance, the job that will
+	// run it and the stored `202` commit in one transaction: "accepted" and "will run" happen
+	// together or not at all. A retry with the same key replays that same `202` byte for byte
+	// (with `Idempotent-Replayed: true`) — it describes the payout **as it was accepted**, so
+	// poll the `Location` for its current state. The job sends the processor a downstream key
+	// fixed when the payout was created, so its own retries (after a crash, a timeout or a
+	// processor error) collapse into one transfer.
+	//
+	// Outcomes:
+	//
+	// - `202`: accepted. Stored; replays return it with `Idempotent-Replayed: true`.
+	// - `409` `insufficient_balance`: `amount` is more than your available balance in that
+	//   currency. A final outcome, stored and replayed like a decline; use a new key once
+	//   your balance allows it. Concurrent payouts can never overdraw: the database refuses
+	//   any debit that would take the available balance below zero.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/payouts (the `CreatePayout` operationId).
+	CreatePayout(ctx context.Context, params *CreatePayoutParams, body CreatePayoutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetPayout Get a payout
+	//
+	// Returns one of your payouts as it is now: `pending` (accepted, the transfer not yet
+	// requested), `in_transit` (the processor is moving the money), then `paid` or `failed`
+	// (with `failure_code`). While the payout is not final the response carries `Retry-After`:
+	// the seconds to wait before polling again. An unknown id, or another caller's, is a
+	// `404`.
+	//
+	// Idempotency class: **safe** (changes nothing; retry freely).
+	//
+	// Corresponds with GET /v1/payouts/{payout_id} (the `GetPayout` operationId).
+	GetPayout(ctx context.Context, payoutId PayoutId, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ReceiveProcessorWebhookWithBody Receive an event from the card processor
 	//
 	// The card processor reports charge and refund outcomes here, at least once per event and
@@ -1687,6 +2029,29 @@ func (c *Client) GetReadyz(ctx context.Context, reqEditors ...RequestEditorFn) (
 	return c.Client.Do(req)
 }
 
+// GetBalance Get your balance
+//
+// Your balance per currency. `available` is what a payout can take: succeeded charges,
+// less refunds and payouts that have not failed. `pending` is the part of those refunds
+// and payouts still on its way out (not yet final); if one fails, its amount returns to
+// `available`. Currencies you never charged in are absent. `available` is never negative:
+// the database refuses any refund or payout that would overdraw it.
+//
+// Idempotency class: **safe** (changes nothing; retry freely).
+//
+// Corresponds with GET /v1/balance (the `GetBalance` operationId).
+func (c *Client) GetBalance(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetBalanceRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetCharge Get a charge
 //
 // Returns one of your charges, including `failed` ones (after a decline) and `pending`
@@ -1749,6 +2114,8 @@ func (c *Client) ListRefunds(ctx context.Context, chargeId ChargeId, params *Lis
 //     and replayed.
 //   - `409` `charge_not_refundable`: the charge did not succeed, or is already fully
 //     refunded. Stored and replayed.
+//   - `409` `insufficient_balance`: the refund is more than your available balance in the
+//     charge's currency, because that money was paid out. Stored and replayed.
 //   - `503` `processor_unavailable`: no definite answer from the processor. Not stored;
 //     retry with the **same** key after `Retry-After` and the refund resumes.
 //   - `404`: no such charge for this caller. Checked before the key is claimed; not stored.
@@ -1787,6 +2154,8 @@ func (c *Client) CreateRefundWithBody(ctx context.Context, chargeId ChargeId, pa
 //     and replayed.
 //   - `409` `charge_not_refundable`: the charge did not succeed, or is already fully
 //     refunded. Stored and replayed.
+//   - `409` `insufficient_balance`: the refund is more than your available balance in the
+//     charge's currency, because that money was paid out. Stored and replayed.
 //   - `503` `processor_unavailable`: no definite answer from the processor. Not stored;
 //     retry with the **same** key after `Retry-After` and the refund resumes.
 //   - `404`: no such charge for this caller. Checked before the key is claimed; not stored.
@@ -2073,6 +2442,131 @@ func (c *Client) CreateCharge(ctx context.Context, orderId OrderId, params *Crea
 	return c.Client.Do(req)
 }
 
+// ListPayouts List payouts
+//
+// Lists your payouts, newest first, in every state. Pages are cursor-based: pass the `id`
+// of the last payout of a page as `starting_after` to get the next one.
+//
+// Idempotency class: **safe** (changes nothing; retry freely).
+//
+// Corresponds with GET /v1/payouts (the `ListPayouts` operationId).
+func (c *Client) ListPayouts(ctx context.Context, params *ListPayoutsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListPayoutsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreatePayoutWithBody Pay out to a bank account
+//
+// Sends money from your available balance to a (test) bank account. A payout takes
+// seconds to days, so it is a **long-running operation**: this request only accepts it
+// and answers `202 Accepted` with the payout as created (`status: pending`) and its
+// `Location`; a background job then asks the processor for the transfer and follows it.
+// Poll `GET /v1/payouts/{payout_id}` (honouring its `Retry-After`) until `status` is
+// `paid` or `failed`, or wait for the `payout.paid` / `payout.failed` event.
+//
+// Idempotency class: **keyed, with an external effect run as a job** (`keyed-job`).
+// `Idempotency-Key` is required. The payout, the debit of your balance, the job that will
+// run it and the stored `202` commit in one transaction: "accepted" and "will run" happen
+// together or not at all. A retry with the same key replays that same `202` byte for byte
+// (with `Idempotent-Replayed: true`) — it describes the payout **as it was accepted**, so
+// poll the `Location` for its current state. The job sends the processor a downstream key
+// fixed when the payout was created, so its own retries (after a crash, a timeout or a
+// processor error) collapse into one transfer.
+//
+// Outcomes:
+//
+//   - `202`: accepted. Stored; replays return it with `Idempotent-Replayed: true`.
+//   - `409` `insufficient_balance`: `amount` is more than your available balance in that
+//     currency. A final outcome, stored and replayed like a decline; use a new key once
+//     your balance allows it. Concurrent payouts can never overdraw: the database refuses
+//     any debit that would take the available balance below zero.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/payouts (the `CreatePayout` operationId).
+func (c *Client) CreatePayoutWithBody(ctx context.Context, params *CreatePayoutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePayoutRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreatePayout Pay out to a bank account
+//
+// Sends money from your available balance to a (test) bank account. A payout takes
+// seconds to days, so it is a **long-running operation**: this request only accepts it
+// and answers `202 Accepted` with the payout as created (`status: pending`) and its
+// `Location`; a background job then asks the processor for the transfer and follows it.
+// Poll `GET /v1/payouts/{payout_id}` (honouring its `Retry-After`) until `status` is
+// `paid` or `failed`, or wait for the `payout.paid` / `payout.failed` event.
+//
+// Idempotency class: **keyed, with an external effect run as a job** (`keyed-job`).
+// `Idempotency-Key` is required. The payout, the debit of your balance, the job that will
+// run it and the stored `202` commit in one transaction: "accepted" and "will run" happen
+// together or not at all. A retry with the same key replays that same `202` byte for byte
+// (with `Idempotent-Replayed: true`) — it describes the payout **as it was accepted**, so
+// poll the `Location` for its current state. The job sends the processor a downstream key
+// fixed when the payout was created, so its own retries (after a crash, a timeout or a
+// processor error) collapse into one transfer.
+//
+// Outcomes:
+//
+//   - `202`: accepted. Stored; replays return it with `Idempotent-Replayed: true`.
+//   - `409` `insufficient_balance`: `amount` is more than your available balance in that
+//     currency. A final outcome, stored and replayed like a decline; use a new key once
+//     your balance allows it. Concurrent payouts can never overdraw: the database refuses
+//     any debit that would take the available balance below zero.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/payouts (the `CreatePayout` operationId).
+func (c *Client) CreatePayout(ctx context.Context, params *CreatePayoutParams, body CreatePayoutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePayoutRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetPayout Get a payout
+//
+// Returns one of your payouts as it is now: `pending` (accepted, the transfer not yet
+// requested), `in_transit` (the processor is moving the money), then `paid` or `failed`
+// (with `failure_code`). While the payout is not final the response carries `Retry-After`:
+// the seconds to wait before polling again. An unknown id, or another caller's, is a
+// `404`.
+//
+// Idempotency class: **safe** (changes nothing; retry freely).
+//
+// Corresponds with GET /v1/payouts/{payout_id} (the `GetPayout` operationId).
+func (c *Client) GetPayout(ctx context.Context, payoutId PayoutId, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetPayoutRequest(c.Server, payoutId)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ReceiveProcessorWebhookWithBody Receive an event from the card processor
 //
 // The card processor reports charge and refund outcomes here, at least once per event and
@@ -2168,6 +2662,33 @@ func NewGetReadyzRequest(server string) (*http.Request, error) {
 	}
 
 	operationPath := fmt.Sprintf("/readyz")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetBalanceRequest constructs an http.Request for the GetBalance method
+func NewGetBalanceRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/balance")
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -2699,6 +3220,159 @@ func NewCreateChargeRequestWithBody(server string, orderId OrderId, params *Crea
 	return req, nil
 }
 
+// NewListPayoutsRequest constructs an http.Request for the ListPayouts method
+func NewListPayoutsRequest(server string, params *ListPayoutsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/payouts")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.StartingAfter != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "starting_after", *params.StartingAfter, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewCreatePayoutRequest calls the generic CreatePayout builder with application/json body
+func NewCreatePayoutRequest(server string, params *CreatePayoutParams, body CreatePayoutJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreatePayoutRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCreatePayoutRequestWithBody constructs an http.Request for the CreatePayout method, with any body, and a specified content type
+func NewCreatePayoutRequestWithBody(server string, params *CreatePayoutParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/payouts")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idempotency-Key", headerParam0)
+
+	}
+
+	return req, nil
+}
+
+// NewGetPayoutRequest constructs an http.Request for the GetPayout method
+func NewGetPayoutRequest(server string, payoutId PayoutId) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "payout_id", payoutId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/payouts/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewReceiveProcessorWebhookRequest calls the generic ReceiveProcessorWebhook builder with application/json body
 func NewReceiveProcessorWebhookRequest(server string, params *ReceiveProcessorWebhookParams, body ReceiveProcessorWebhookJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -2820,6 +3494,21 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /readyz (the `GetReadyz` operationId).
 	GetReadyzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetReadyzResponse, error)
 
+	// GetBalanceWithResponse Get your balance
+	//
+	// Your balance per currency. `available` is what a payout can take: succeeded charges,
+	// less refunds and payouts that have not failed. `pending` is the part of those refunds
+	// and payouts still on its way out (not yet final); if one fails, its amount returns to
+	// `available`. Currencies you never charged in are absent. `available` is never negative:
+	// the database refuses any refund or payout that would overdraw it.
+	//
+	// Idempotency class: **safe** (changes nothing; retry freely).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/balance (the `GetBalance` operationId).
+	GetBalanceWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetBalanceResponse, error)
+
 	// GetChargeWithResponse Get a charge
 	//
 	// Returns one of your charges, including `failed` ones (after a decline) and `pending`
@@ -2866,6 +3555,8 @@ type ClientWithResponsesInterface interface {
 	//   and replayed.
 	// - `409` `charge_not_refundable`: the charge did not succeed, or is already fully
 	//   refunded. Stored and replayed.
+	// - `409` `insufficient_balance`: the refund is more than your available balance in the
+	//   charge's currency, because that money was paid out. Stored and replayed.
 	// - `503` `processor_unavailable`: no definite answer from the processor. Not stored;
 	//   retry with the **same** key after `Retry-After` and the refund resumes.
 	// - `404`: no such charge for this caller. Checked before the key is claimed; not stored.
@@ -2894,6 +3585,8 @@ type ClientWithResponsesInterface interface {
 	//   and replayed.
 	// - `409` `charge_not_refundable`: the charge did not succeed, or is already fully
 	//   refunded. Stored and replayed.
+	// - `409` `insufficient_balance`: the refund is more than your available balance in the
+	//   charge's currency, because that money was paid out. Stored and replayed.
 	// - `503` `processor_unavailable`: no definite answer from the processor. Not stored;
 	//   retry with the **same** key after `Retry-After` and the refund resumes.
 	// - `404`: no such charge for this caller. Checked before the key is claimed; not stored.
@@ -3090,6 +3783,95 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/orders/{order_id}/charges (the `CreateCharge` operationId).
 	CreateChargeWithResponse(ctx context.Context, orderId OrderId, params *CreateChargeParams, body CreateChargeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateChargeResponse, error)
 
+	// ListPayoutsWithResponse List payouts
+	//
+	// Lists your payouts, newest first, in every state. Pages are cursor-based: pass the `id`
+	// of the last payout of a page as `starting_after` to get the next one.
+	//
+	// Idempotency class: **safe** (changes nothing; retry freely).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/payouts (the `ListPayouts` operationId).
+	ListPayoutsWithResponse(ctx context.Context, params *ListPayoutsParams, reqEditors ...RequestEditorFn) (*ListPayoutsResponse, error)
+
+	// CreatePayoutWithBodyWithResponse Pay out to a bank account
+	//
+	// Sends money from your available balance to a (test) bank account. A payout takes
+	// seconds to days, so it is a **long-running operation**: this request only accepts it
+	// and answers `202 Accepted` with the payout as created (`status: pending`) and its
+	// `Location`; a background job then asks the processor for the transfer and follows it.
+	// Poll `GET /v1/payouts/{payout_id}` (honouring its `Retry-After`) until `status` is
+	// `paid` or `failed`, or wait for the `payout.paid` / `payout.failed` event.
+	//
+	// Idempotency class: **keyed, with an external effect run as a job** (`keyed-job`).
+	// `Idempotency-Key` is required. The payout, the debit of your balance, the job that will
+	// run it and the stored `202` commit in one transaction: "accepted" and "will run" happen
+	// together or not at all. A retry with the same key replays that same `202` byte for byte
+	// (with `Idempotent-Replayed: true`) — it describes the payout **as it was accepted**, so
+	// poll the `Location` for its current state. The job sends the processor a downstream key
+	// fixed when the payout was created, so its own retries (after a crash, a timeout or a
+	// processor error) collapse into one transfer.
+	//
+	// Outcomes:
+	//
+	// - `202`: accepted. Stored; replays return it with `Idempotent-Replayed: true`.
+	// - `409` `insufficient_balance`: `amount` is more than your available balance in that
+	//   currency. A final outcome, stored and replayed like a decline; use a new key once
+	//   your balance allows it. Concurrent payouts can never overdraw: the database refuses
+	//   any debit that would take the available balance below zero.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/payouts (the `CreatePayout` operationId).
+	CreatePayoutWithBodyWithResponse(ctx context.Context, params *CreatePayoutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePayoutResponse, error)
+
+	// CreatePayoutWithResponse Pay out to a bank account
+	//
+	// Sends money from your available balance to a (test) bank account. A payout takes
+	// seconds to days, so it is a **long-running operation**: this request only accepts it
+	// and answers `202 Accepted` with the payout as created (`status: pending`) and its
+	// `Location`; a background job then asks the processor for the transfer and follows it.
+	// Poll `GET /v1/payouts/{payout_id}` (honouring its `Retry-After`) until `status` is
+	// `paid` or `failed`, or wait for the `payout.paid` / `payout.failed` event.
+	//
+	// Idempotency class: **keyed, with an external effect run as a job** (`keyed-job`).
+	// `Idempotency-Key` is required. The payout, the debit of your balance, the job that will
+	// run it and the stored `202` commit in one transaction: "accepted" and "will run" happen
+	// together or not at all. A retry with the same key replays that same `202` byte for byte
+	// (with `Idempotent-Replayed: true`) — it describes the payout **as it was accepted**, so
+	// poll the `Location` for its current state. The job sends the processor a downstream key
+	// fixed when the payout was created, so its own retries (after a crash, a timeout or a
+	// processor error) collapse into one transfer.
+	//
+	// Outcomes:
+	//
+	// - `202`: accepted. Stored; replays return it with `Idempotent-Replayed: true`.
+	// - `409` `insufficient_balance`: `amount` is more than your available balance in that
+	//   currency. A final outcome, stored and replayed like a decline; use a new key once
+	//   your balance allows it. Concurrent payouts can never overdraw: the database refuses
+	//   any debit that would take the available balance below zero.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/payouts (the `CreatePayout` operationId).
+	CreatePayoutWithResponse(ctx context.Context, params *CreatePayoutParams, body CreatePayoutJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePayoutResponse, error)
+
+	// GetPayoutWithResponse Get a payout
+	//
+	// Returns one of your payouts as it is now: `pending` (accepted, the transfer not yet
+	// requested), `in_transit` (the processor is moving the money), then `paid` or `failed`
+	// (with `failure_code`). While the payout is not final the response carries `Retry-After`:
+	// the seconds to wait before polling again. An unknown id, or another caller's, is a
+	// `404`.
+	//
+	// Idempotency class: **safe** (changes nothing; retry freely).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/payouts/{payout_id} (the `GetPayout` operationId).
+	GetPayoutWithResponse(ctx context.Context, payoutId PayoutId, reqEditors ...RequestEditorFn) (*GetPayoutResponse, error)
+
 	// ReceiveProcessorWebhookWithBodyWithResponse Receive an event from the card processor
 	//
 	// The card processor reports charge and refund outcomes here, at least once per event and
@@ -3219,6 +4001,89 @@ func (r GetReadyzResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetReadyzResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetBalanceResponse401Headers the declared response headers of an HTTP 401 response for GetBalance
+type GetBalanceResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// GetBalanceResponse500Headers the declared response headers of an HTTP 500 response for GetBalance
+type GetBalanceResponse500Headers struct {
+	IdempotentReplayed *string
+}
+
+// GetBalanceResponse503Headers the declared response headers of an HTTP 503 response for GetBalance
+type GetBalanceResponse503Headers struct {
+	RetryAfter int
+}
+
+type GetBalanceResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Balance
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetBalanceResponse401Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetBalanceResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetBalanceResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetBalanceResponse) GetJSON200() *Balance {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetBalanceResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetBalanceResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetBalanceResponse) GetApplicationproblemJSON503() *ServiceUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetBalanceResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetBalanceResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetBalanceResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetBalanceResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -4347,6 +5212,341 @@ func (r CreateChargeResponse) ContentType() string {
 	return ""
 }
 
+// ListPayoutsResponse401Headers the declared response headers of an HTTP 401 response for ListPayouts
+type ListPayoutsResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// ListPayoutsResponse500Headers the declared response headers of an HTTP 500 response for ListPayouts
+type ListPayoutsResponse500Headers struct {
+	IdempotentReplayed *string
+}
+
+// ListPayoutsResponse503Headers the declared response headers of an HTTP 503 response for ListPayouts
+type ListPayoutsResponse503Headers struct {
+	RetryAfter int
+}
+
+type ListPayoutsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PayoutList
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListPayoutsResponse401Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListPayoutsResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListPayoutsResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListPayoutsResponse) GetJSON200() *PayoutList {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListPayoutsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListPayoutsResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListPayoutsResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ListPayoutsResponse) GetApplicationproblemJSON503() *ServiceUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListPayoutsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListPayoutsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListPayoutsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListPayoutsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreatePayoutResponse202Headers the declared response headers of an HTTP 202 response for CreatePayout
+type CreatePayoutResponse202Headers struct {
+	IdempotentReplayed *string
+	Location           string
+}
+
+// CreatePayoutResponse401Headers the declared response headers of an HTTP 401 response for CreatePayout
+type CreatePayoutResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// CreatePayoutResponse409Headers the declared response headers of an HTTP 409 response for CreatePayout
+type CreatePayoutResponse409Headers struct {
+	IdempotentReplayed *string
+	RetryAfter         *int
+}
+
+// CreatePayoutResponse500Headers the declared response headers of an HTTP 500 response for CreatePayout
+type CreatePayoutResponse500Headers struct {
+	IdempotentReplayed *string
+}
+
+// CreatePayoutResponse503Headers the declared response headers of an HTTP 503 response for CreatePayout
+type CreatePayoutResponse503Headers struct {
+	RetryAfter int
+}
+
+type CreatePayoutResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON202 the response for an HTTP 202 `application/json` response
+	JSON202 *Payout
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON408 the response for an HTTP 408 `application/problem+json` response
+	ApplicationproblemJSON408 *RequestTimeout
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Problem
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *PayloadTooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *IdempotencyKeyReused
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *ServiceUnavailable
+	// Headers202 the parsed response headers for an HTTP 202 response
+	Headers202 *CreatePayoutResponse202Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreatePayoutResponse401Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreatePayoutResponse409Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreatePayoutResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreatePayoutResponse503Headers
+}
+
+// GetJSON202 returns the response for an HTTP 202 `application/json` response
+func (r CreatePayoutResponse) GetJSON202() *Payout {
+	return r.JSON202
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CreatePayoutResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CreatePayoutResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON408 returns the response for an HTTP 408 `application/problem+json` response
+func (r CreatePayoutResponse) GetApplicationproblemJSON408() *RequestTimeout {
+	return r.ApplicationproblemJSON408
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CreatePayoutResponse) GetApplicationproblemJSON409() *Problem {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r CreatePayoutResponse) GetApplicationproblemJSON413() *PayloadTooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r CreatePayoutResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CreatePayoutResponse) GetApplicationproblemJSON422() *IdempotencyKeyReused {
+	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r CreatePayoutResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r CreatePayoutResponse) GetApplicationproblemJSON503() *ServiceUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreatePayoutResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreatePayoutResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreatePayoutResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreatePayoutResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetPayoutResponse200Headers the declared response headers of an HTTP 200 response for GetPayout
+type GetPayoutResponse200Headers struct {
+	RetryAfter *int
+}
+
+// GetPayoutResponse401Headers the declared response headers of an HTTP 401 response for GetPayout
+type GetPayoutResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// GetPayoutResponse500Headers the declared response headers of an HTTP 500 response for GetPayout
+type GetPayoutResponse500Headers struct {
+	IdempotentReplayed *string
+}
+
+// GetPayoutResponse503Headers the declared response headers of an HTTP 503 response for GetPayout
+type GetPayoutResponse503Headers struct {
+	RetryAfter int
+}
+
+type GetPayoutResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Payout
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetPayoutResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetPayoutResponse401Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetPayoutResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetPayoutResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetPayoutResponse) GetJSON200() *Payout {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetPayoutResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetPayoutResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetPayoutResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetPayoutResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetPayoutResponse) GetApplicationproblemJSON503() *ServiceUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetPayoutResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetPayoutResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetPayoutResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetPayoutResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ReceiveProcessorWebhookResponse500Headers the declared response headers of an HTTP 500 response for ReceiveProcessorWebhook
 type ReceiveProcessorWebhookResponse500Headers struct {
 	IdempotentReplayed *string
@@ -4480,6 +5680,27 @@ func (c *ClientWithResponses) GetReadyzWithResponse(ctx context.Context, reqEdit
 	return ParseGetReadyzResponse(rsp)
 }
 
+// GetBalanceWithResponse Get your balance
+//
+// Your balance per currency. `available` is what a payout can take: succeeded charges,
+// less refunds and payouts that have not failed. `pending` is the part of those refunds
+// and payouts still on its way out (not yet final); if one fails, its amount returns to
+// `available`. Currencies you never charged in are absent. `available` is never negative:
+// the database refuses any refund or payout that would overdraw it.
+//
+// Idempotency class: **safe** (changes nothing; retry freely).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/balance (the `GetBalance` operationId).
+func (c *ClientWithResponses) GetBalanceWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetBalanceResponse, error) {
+	rsp, err := c.GetBalance(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetBalanceResponse(rsp)
+}
+
 // GetChargeWithResponse Get a charge
 //
 // Returns one of your charges, including `failed` ones (after a decline) and `pending`
@@ -4538,6 +5759,8 @@ func (c *ClientWithResponses) ListRefundsWithResponse(ctx context.Context, charg
 //     and replayed.
 //   - `409` `charge_not_refundable`: the charge did not succeed, or is already fully
 //     refunded. Stored and replayed.
+//   - `409` `insufficient_balance`: the refund is more than your available balance in the
+//     charge's currency, because that money was paid out. Stored and replayed.
 //   - `503` `processor_unavailable`: no definite answer from the processor. Not stored;
 //     retry with the **same** key after `Retry-After` and the refund resumes.
 //   - `404`: no such charge for this caller. Checked before the key is claimed; not stored.
@@ -4572,6 +5795,8 @@ func (c *ClientWithResponses) CreateRefundWithBodyWithResponse(ctx context.Conte
 //     and replayed.
 //   - `409` `charge_not_refundable`: the charge did not succeed, or is already fully
 //     refunded. Stored and replayed.
+//   - `409` `insufficient_balance`: the refund is more than your available balance in the
+//     charge's currency, because that money was paid out. Stored and replayed.
 //   - `503` `processor_unavailable`: no definite answer from the processor. Not stored;
 //     retry with the **same** key after `Retry-After` and the refund resumes.
 //   - `404`: no such charge for this caller. Checked before the key is claimed; not stored.
@@ -4828,6 +6053,119 @@ func (c *ClientWithResponses) CreateChargeWithResponse(ctx context.Context, orde
 	return ParseCreateChargeResponse(rsp)
 }
 
+// ListPayoutsWithResponse List payouts
+//
+// Lists your payouts, newest first, in every state. Pages are cursor-based: pass the `id`
+// of the last payout of a page as `starting_after` to get the next one.
+//
+// Idempotency class: **safe** (changes nothing; retry freely).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/payouts (the `ListPayouts` operationId).
+func (c *ClientWithResponses) ListPayoutsWithResponse(ctx context.Context, params *ListPayoutsParams, reqEditors ...RequestEditorFn) (*ListPayoutsResponse, error) {
+	rsp, err := c.ListPayouts(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListPayoutsResponse(rsp)
+}
+
+// CreatePayoutWithBodyWithResponse Pay out to a bank account
+//
+// Sends money from your available balance to a (test) bank account. A payout takes
+// seconds to days, so it is a **long-running operation**: this request only accepts it
+// and answers `202 Accepted` with the payout as created (`status: pending`) and its
+// `Location`; a background job then asks the processor for the transfer and follows it.
+// Poll `GET /v1/payouts/{payout_id}` (honouring its `Retry-After`) until `status` is
+// `paid` or `failed`, or wait for the `payout.paid` / `payout.failed` event.
+//
+// Idempotency class: **keyed, with an external effect run as a job** (`keyed-job`).
+// `Idempotency-Key` is required. The payout, the debit of your balance, the job that will
+// run it and the stored `202` commit in one transaction: "accepted" and "will run" happen
+// together or not at all. A retry with the same key replays that same `202` byte for byte
+// (with `Idempotent-Replayed: true`) — it describes the payout **as it was accepted**, so
+// poll the `Location` for its current state. The job sends the processor a downstream key
+// fixed when the payout was created, so its own retries (after a crash, a timeout or a
+// processor error) collapse into one transfer.
+//
+// Outcomes:
+//
+//   - `202`: accepted. Stored; replays return it with `Idempotent-Replayed: true`.
+//   - `409` `insufficient_balance`: `amount` is more than your available balance in that
+//     currency. A final outcome, stored and replayed like a decline; use a new key once
+//     your balance allows it. Concurrent payouts can never overdraw: the database refuses
+//     any debit that would take the available balance below zero.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/payouts (the `CreatePayout` operationId).
+func (c *ClientWithResponses) CreatePayoutWithBodyWithResponse(ctx context.Context, params *CreatePayoutParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePayoutResponse, error) {
+	rsp, err := c.CreatePayoutWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreatePayoutResponse(rsp)
+}
+
+// CreatePayoutWithResponse Pay out to a bank account
+//
+// Sends money from your available balance to a (test) bank account. A payout takes
+// seconds to days, so it is a **long-running operation**: this request only accepts it
+// and answers `202 Accepted` with the payout as created (`status: pending`) and its
+// `Location`; a background job then asks the processor for the transfer and follows it.
+// Poll `GET /v1/payouts/{payout_id}` (honouring its `Retry-After`) until `status` is
+// `paid` or `failed`, or wait for the `payout.paid` / `payout.failed` event.
+//
+// Idempotency class: **keyed, with an external effect run as a job** (`keyed-job`).
+// `Idempotency-Key` is required. The payout, the debit of your balance, the job that will
+// run it and the stored `202` commit in one transaction: "accepted" and "will run" happen
+// together or not at all. A retry with the same key replays that same `202` byte for byte
+// (with `Idempotent-Replayed: true`) — it describes the payout **as it was accepted**, so
+// poll the `Location` for its current state. The job sends the processor a downstream key
+// fixed when the payout was created, so its own retries (after a crash, a timeout or a
+// processor error) collapse into one transfer.
+//
+// Outcomes:
+//
+//   - `202`: accepted. Stored; replays return it with `Idempotent-Replayed: true`.
+//   - `409` `insufficient_balance`: `amount` is more than your available balance in that
+//     currency. A final outcome, stored and replayed like a decline; use a new key once
+//     your balance allows it. Concurrent payouts can never overdraw: the database refuses
+//     any debit that would take the available balance below zero.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/payouts (the `CreatePayout` operationId).
+func (c *ClientWithResponses) CreatePayoutWithResponse(ctx context.Context, params *CreatePayoutParams, body CreatePayoutJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePayoutResponse, error) {
+	rsp, err := c.CreatePayout(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreatePayoutResponse(rsp)
+}
+
+// GetPayoutWithResponse Get a payout
+//
+// Returns one of your payouts as it is now: `pending` (accepted, the transfer not yet
+// requested), `in_transit` (the processor is moving the money), then `paid` or `failed`
+// (with `failure_code`). While the payout is not final the response carries `Retry-After`:
+// the seconds to wait before polling again. An unknown id, or another caller's, is a
+// `404`.
+//
+// Idempotency class: **safe** (changes nothing; retry freely).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/payouts/{payout_id} (the `GetPayout` operationId).
+func (c *ClientWithResponses) GetPayoutWithResponse(ctx context.Context, payoutId PayoutId, reqEditors ...RequestEditorFn) (*GetPayoutResponse, error) {
+	rsp, err := c.GetPayout(ctx, payoutId, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetPayoutResponse(rsp)
+}
+
 // ReceiveProcessorWebhookWithBodyWithResponse Receive an event from the card processor
 //
 // The card processor reports charge and refund outcomes here, at least once per event and
@@ -4937,6 +6275,86 @@ func ParseGetReadyzResponse(rsp *http.Response) (*GetReadyzResponse, error) {
 	switch {
 	case rsp.StatusCode == 503:
 		var headers GetReadyzResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetBalanceResponse parses an HTTP response from a GetBalanceWithResponse call
+func ParseGetBalanceResponse(rsp *http.Response) (*GetBalanceResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetBalanceResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Balance
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetBalanceResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetBalanceResponse500Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetBalanceResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
@@ -6080,6 +7498,353 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreateChargeResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListPayoutsResponse parses an HTTP response from a ListPayoutsWithResponse call
+func ParseListPayoutsResponse(rsp *http.Response) (*ListPayoutsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListPayoutsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PayoutList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListPayoutsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListPayoutsResponse500Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListPayoutsResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreatePayoutResponse parses an HTTP response from a CreatePayoutWithResponse call
+func ParseCreatePayoutResponse(rsp *http.Response) (*CreatePayoutResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreatePayoutResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest Payout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest RequestTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest IdempotencyKeyReused
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 202:
+		var headers CreatePayoutResponse202Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Location"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Location = value
+		}
+		response.Headers202 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreatePayoutResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreatePayoutResponse409Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreatePayoutResponse500Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreatePayoutResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetPayoutResponse parses an HTTP response from a GetPayoutWithResponse call
+func ParseGetPayoutResponse(rsp *http.Response) (*GetPayoutResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetPayoutResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Payout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetPayoutResponse200Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetPayoutResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetPayoutResponse500Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetPayoutResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {

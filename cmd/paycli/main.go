@@ -5,6 +5,8 @@
 //	paycli order  --amount 1999 [--currency usd] [--description "…"]
 //	paycli charge --order ord_… [--payment-method pm_card_flaky]
 //	paycli refund --charge ch_… [--amount 500]
+//	paycli payout --amount 1500 [--currency usd] [--destination ba_test_ok] [--wait=false]
+//	paycli balance
 //	paycli key    --key <idempotency key>
 //
 // Every command also takes the common flags: --url (default $PAYMENTS_URL,
@@ -16,7 +18,7 @@
 //	paycli help                 the commands and the common flags
 //	paycli help refund          refund's flags (or: paycli refund --help)
 //
-// Why the standard library's flag package and not cobra: four commands
+// Why the standard library's flag package and not cobra: six commands
 // with a handful of flags each fit in one table (commands, below) and one
 // flag.FlagSet per command, which a newcomer can read top to bottom without
 // learning a framework. It keeps flag syntax exactly as before (flag
@@ -112,6 +114,45 @@ var commands = []command{
 		},
 	},
 	{
+		name:     "payout",
+		summary:  "pay out from the balance, and follow the payout to its end",
+		synopsis: "--amount N [--currency usd] [--destination ba_test_ok] [--wait=false]",
+		flags: func(fs *flag.FlagSet) action {
+			amount := fs.Int64("amount", 0, "amount `N` in minor units")
+			currency := fs.String("currency", "usd", "currency: usd, eur, gbp, jpy, chf, cad or aud")
+			destination := fs.String("destination", "ba_test_ok", "test bank `account`: ba_test_ok, ba_test_closed, ba_test_flaky or ba_test_slow")
+			wait := fs.Bool("wait", true, "poll the payout until it is paid or failed, as its Retry-After says (false: print the 202 and stop)")
+			return func(ctx context.Context, c *client.Client, common *commonFlags) (any, client.Result, error) {
+				dest := apiclient.CreatePayoutRequestDestination(*destination)
+				po, res, err := c.Payout(ctx, apiclient.CreatePayoutRequest{Amount: *amount, Currency: apiclient.Currency(*currency), Destination: &dest}, common.options()...)
+				if err != nil || !*wait {
+					return po, res, err
+				}
+				// The 202 only says the payout was accepted: follow it.
+				fmt.Fprintf(common.stderr, "payout %s accepted (%s); polling\n", po.Id, po.Status)
+				last := po.Status
+				po, err = c.WaitForPayout(ctx, po.Id, func(p apiclient.Payout) {
+					if p.Status != last {
+						fmt.Fprintf(common.stderr, "payout %s %s\n", p.Id, p.Status)
+						last = p.Status
+					}
+				})
+				return po, res, err
+			}
+		},
+	},
+	{
+		name:     "balance",
+		summary:  "show the balance: available to pay out, and pending",
+		synopsis: "",
+		flags: func(fs *flag.FlagSet) action {
+			return func(ctx context.Context, c *client.Client, common *commonFlags) (any, client.Result, error) {
+				b, err := c.Balance(ctx)
+				return b, client.Result{}, err
+			}
+		},
+	},
+	{
 		name:     "key",
 		summary:  "show what the API recorded for an idempotency key",
 		synopsis: "--key KEY",
@@ -132,6 +173,8 @@ var commands = []command{
 type commonFlags struct {
 	url, apiKey, key string
 	verbose          bool
+	// stderr is where a command reports progress (not a flag).
+	stderr io.Writer
 }
 
 // define defines the common flags on fs, their defaults read through getenv.
@@ -186,7 +229,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	act := cmd.flags(fs)
-	var common commonFlags
+	common := commonFlags{stderr: stderr}
 	common.define(fs, getenv)
 	hint := fmt.Sprintf("run 'paycli %s --help'", cmd.name)
 	switch err := fs.Parse(args); {
@@ -249,7 +292,7 @@ func lookup(name string) (command, error) {
 	if strings.HasPrefix(name, "-") {
 		return command{}, fmt.Errorf("unknown flag %q: flags go after the command (run 'paycli --help')", name)
 	}
-	return command{}, fmt.Errorf("unknown command %q: want order, charge, refund or key (run 'paycli --help')", name)
+	return command{}, fmt.Errorf("unknown command %q: want order, charge, refund, payout, balance or key (run 'paycli --help')", name)
 }
 
 // printUsage prints the commands and the common flags.
@@ -268,7 +311,7 @@ func printUsage(w io.Writer) {
 
 // printHelp prints one command's usage, its own flags and the common ones.
 func printHelp(w io.Writer, cmd command) {
-	fmt.Fprintf(w, "Usage:\n  paycli %s %s [common flags]\n\n", cmd.name, cmd.synopsis)
+	fmt.Fprintf(w, "Usage:\n  %s [common flags]\n\n", strings.Join(strings.Fields("paycli "+cmd.name+" "+cmd.synopsis), " "))
 	fmt.Fprintf(w, "%s%s.\n\nFlags:\n", strings.ToUpper(cmd.summary[:1]), cmd.summary[1:])
 	own := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	cmd.flags(own)

@@ -61,7 +61,7 @@ func runCLI(args ...string) (stdout, stderr string, err error) {
 	return o.String(), e.String(), err
 }
 
-// Every spelling of help succeeds and lists the four commands, with a
+// Every spelling of help succeeds and lists the six commands, with a
 // description each, and the common flags.
 func TestHelp(t *testing.T) {
 	t.Parallel()
@@ -74,10 +74,12 @@ func TestHelp(t *testing.T) {
 			t.Errorf("%v wrote to stderr:\n%s", args, stderr)
 		}
 		for _, want := range []string{
-			"order    create an order",
-			"charge   charge an order",
-			"refund   refund a charge",
-			"key      show what the API recorded",
+			"order     create an order",
+			"charge    charge an order",
+			"refund    refund a charge",
+			"payout    pay out from the balance",
+			"balance   show the balance",
+			"key       show what the API recorded",
 			"--url", "--api-key", "--idempotency-key", "-v ",
 		} {
 			if !strings.Contains(stdout, want) {

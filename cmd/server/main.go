@@ -39,6 +39,7 @@ import (
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/reconciler"
@@ -279,6 +280,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	chargeService := charges.NewService(pool, proc, crash)
 	refundService := refunds.NewService(pool, proc, crash)
+	// Payouts run as River jobs: the request enqueues one in its own
+	// transaction (payouts.Service), and this process runs them if
+	// PAYOUT_WORKERS > 0.
+	jobs, err := payouts.NewJobs(pool, payouts.NewWorker(pool, proc, crash, cfg.PayoutJobTimeout()), payouts.JobsConfig{
+		Workers:     cfg.PayoutWorkers,
+		JobTimeout:  cfg.PayoutJobTimeout(),
+		RescueAfter: cfg.PayoutRescueAfter,
+		Logger:      log.With("component", "river"),
+	})
+	if err != nil {
+		return fmt.Errorf("payout jobs: %w", err)
+	}
+	payoutService := payouts.NewService(jobs)
 	operations := idempotency.NewRegistry()
 	operations.Register(charges.Operation, chargeService.Resume)
 	operations.Register(refunds.Operation, refundService.Resume)
@@ -294,9 +308,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	// Stop them (between records) before the pool closes.
 	defer func() { stopWorkers(); running.Wait() }()
+	if cfg.PayoutWorkers > 0 {
+		if err := jobs.Start(workersCtx); err != nil {
+			return fmt.Errorf("start payout jobs: %w", err)
+		}
+		// Let running jobs finish their step, then stop; past the
+		// shutdown timeout, cancel them (a canceled step is run again
+		// later, under the same downstream key).
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+			defer cancel()
+			if err := jobs.Stop(ctx); err != nil {
+				_ = jobs.StopAndCancel(context.WithoutCancel(ctx))
+			}
+		}()
+	}
 
 	handler, err := server.New(server.Deps{
-		Config: cfg, Pool: pool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService, Demo: demo,
+		Config: cfg, Pool: pool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService, Payouts: payoutService, Demo: demo,
 	})
 	if err != nil {
 		return err

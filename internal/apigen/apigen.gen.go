@@ -80,6 +80,30 @@ func (e CreateChargeRequestPaymentMethod) Valid() bool {
 	}
 }
 
+// Defines values for CreatePayoutRequestDestination.
+const (
+	BaTestClosed CreatePayoutRequestDestination = "ba_test_closed"
+	BaTestFlaky  CreatePayoutRequestDestination = "ba_test_flaky"
+	BaTestOk     CreatePayoutRequestDestination = "ba_test_ok"
+	BaTestSlow   CreatePayoutRequestDestination = "ba_test_slow"
+)
+
+// Valid indicates whether the value is a known member of the CreatePayoutRequestDestination enum.
+func (e CreatePayoutRequestDestination) Valid() bool {
+	switch e {
+	case BaTestClosed:
+		return true
+	case BaTestFlaky:
+		return true
+	case BaTestOk:
+		return true
+	case BaTestSlow:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for Currency.
 const (
 	Aud Currency = "aud"
@@ -118,6 +142,8 @@ const (
 	EventTypeChargeFailed    EventType = "charge.failed"
 	EventTypeChargeSucceeded EventType = "charge.succeeded"
 	EventTypeOrderPaid       EventType = "order.paid"
+	EventTypePayoutFailed    EventType = "payout.failed"
+	EventTypePayoutPaid      EventType = "payout.paid"
 	EventTypeRefundSucceeded EventType = "refund.succeeded"
 )
 
@@ -129,6 +155,10 @@ func (e EventType) Valid() bool {
 	case EventTypeChargeSucceeded:
 		return true
 	case EventTypeOrderPaid:
+		return true
+	case EventTypePayoutFailed:
+		return true
+	case EventTypePayoutPaid:
 		return true
 	case EventTypeRefundSucceeded:
 		return true
@@ -179,6 +209,30 @@ func (e OrderStatus) Valid() bool {
 	}
 }
 
+// Defines values for PayoutStatus.
+const (
+	PayoutStatusFailed    PayoutStatus = "failed"
+	PayoutStatusInTransit PayoutStatus = "in_transit"
+	PayoutStatusPaid      PayoutStatus = "paid"
+	PayoutStatusPending   PayoutStatus = "pending"
+)
+
+// Valid indicates whether the value is a known member of the PayoutStatus enum.
+func (e PayoutStatus) Valid() bool {
+	switch e {
+	case PayoutStatusFailed:
+		return true
+	case PayoutStatusInTransit:
+		return true
+	case PayoutStatusPaid:
+		return true
+	case PayoutStatusPending:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ProblemCode.
 const (
 	ProblemCodeCardDeclined          ProblemCode = "card_declined"
@@ -188,6 +242,7 @@ const (
 	ProblemCodeIdempotencyKeyInvalid ProblemCode = "idempotency_key_invalid"
 	ProblemCodeIdempotencyKeyMissing ProblemCode = "idempotency_key_missing"
 	ProblemCodeIdempotencyKeyReused  ProblemCode = "idempotency_key_reused"
+	ProblemCodeInsufficientBalance   ProblemCode = "insufficient_balance"
 	ProblemCodeInternalError         ProblemCode = "internal_error"
 	ProblemCodeInvalidRequest        ProblemCode = "invalid_request"
 	ProblemCodeInvalidSignature      ProblemCode = "invalid_signature"
@@ -220,6 +275,8 @@ func (e ProblemCode) Valid() bool {
 	case ProblemCodeIdempotencyKeyMissing:
 		return true
 	case ProblemCodeIdempotencyKeyReused:
+		return true
+	case ProblemCodeInsufficientBalance:
 		return true
 	case ProblemCodeInternalError:
 		return true
@@ -258,6 +315,8 @@ func (e ProblemCode) Valid() bool {
 const (
 	ProcessorEventTypeChargeFailed    ProcessorEventType = "charge.failed"
 	ProcessorEventTypeChargeSucceeded ProcessorEventType = "charge.succeeded"
+	ProcessorEventTypePayoutFailed    ProcessorEventType = "payout.failed"
+	ProcessorEventTypePayoutPaid      ProcessorEventType = "payout.paid"
 	ProcessorEventTypeRefundSucceeded ProcessorEventType = "refund.succeeded"
 )
 
@@ -267,6 +326,10 @@ func (e ProcessorEventType) Valid() bool {
 	case ProcessorEventTypeChargeFailed:
 		return true
 	case ProcessorEventTypeChargeSucceeded:
+		return true
+	case ProcessorEventTypePayoutFailed:
+		return true
+	case ProcessorEventTypePayoutPaid:
 		return true
 	case ProcessorEventTypeRefundSucceeded:
 		return true
@@ -294,6 +357,31 @@ func (e RefundStatus) Valid() bool {
 	default:
 		return false
 	}
+}
+
+// Balance Your balance, per currency.
+type Balance struct {
+	// Available What payouts can take now, per currency.
+	Available []BalanceAmount `json:"available"`
+
+	// Pending Refunds and payouts already taken from `available` that are not final yet.
+	Pending []BalanceAmount `json:"pending"`
+}
+
+// BalanceAmount An amount in one currency.
+type BalanceAmount struct {
+	// Amount In the currency's minor unit; never negative.
+	//
+	// Example: 3499
+	Amount int64 `json:"amount"`
+
+	// Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
+	// are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
+	// whole yen for `jpy`, which has none).
+	//
+	//
+	// Example: usd
+	Currency Currency `json:"currency"`
 }
 
 // Charge An attempt to pay an order through the card processor.
@@ -412,6 +500,39 @@ type CreateOrderRequest struct {
 	// Example: Two espressos and a croissant
 	Description *string `json:"description,omitempty"`
 }
+
+// CreatePayoutRequest A payout from your available balance.
+type CreatePayoutRequest struct {
+	// Amount The amount to pay out, in the currency's minor unit.
+	//
+	// Example: 1500
+	Amount int64 `json:"amount"`
+
+	// Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
+	// are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
+	// whole yen for `jpy`, which has none).
+	//
+	//
+	// Example: usd
+	Currency Currency `json:"currency"`
+
+	// Destination A test bank account: `ba_test_ok` (the default) is paid after a short delay;
+	// `ba_test_closed` fails with `account_closed`; `ba_test_flaky` makes the processor
+	// answer `503` to the first requests for the transfer (the job retries); `ba_test_slow`
+	// takes ten times as long to arrive.
+	//
+	//
+	// Example: ba_test_ok
+	Destination *CreatePayoutRequestDestination `json:"destination,omitempty"`
+}
+
+// CreatePayoutRequestDestination A test bank account: `ba_test_ok` (the default) is paid after a short delay;
+// `ba_test_closed` fails with `account_closed`; `ba_test_flaky` makes the processor
+// answer `503` to the first requests for the transfer (the job retries); `ba_test_slow`
+// takes ten times as long to arrive.
+//
+// Example: ba_test_ok
+type CreatePayoutRequestDestination string
 
 // CreateRefundRequest A refund of a succeeded charge. Send `{}` to refund everything that remains refundable.
 type CreateRefundRequest struct {
@@ -604,6 +725,61 @@ type OrderList struct {
 	HasMore bool `json:"has_more"`
 }
 
+// Payout Money sent from your balance to a bank account.
+type Payout struct {
+	// Amount The amount, in the currency's minor unit.
+	//
+	// Example: 1500
+	Amount int64 `json:"amount"`
+
+	// CreatedAt Example: 2025-11-29T21:10:03Z
+	CreatedAt time.Time `json:"created_at"`
+
+	// Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
+	// are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
+	// whole yen for `jpy`, which has none).
+	//
+	//
+	// Example: usd
+	Currency Currency `json:"currency"`
+
+	// Destination The bank account paid.
+	//
+	// Example: ba_test_ok
+	Destination string `json:"destination"`
+
+	// FailureCode For a `failed` payout, why, e.g. `account_closed`; otherwise `null`.
+	FailureCode *string `json:"failure_code"`
+
+	// Id Opaque id, prefixed `po_`.
+	//
+	// Example: po_4kq7m2x9tb3nwz6ye1hvc8rd
+	Id string `json:"id"`
+
+	// Status `pending` (accepted; the transfer not yet requested), `in_transit` (the processor is
+	// moving the money), then `paid` or `failed`. A failed payout's amount returns to your
+	// available balance.
+	//
+	//
+	// Example: pending
+	Status PayoutStatus `json:"status"`
+}
+
+// PayoutStatus `pending` (accepted; the transfer not yet requested), `in_transit` (the processor is
+// moving the money), then `paid` or `failed`. A failed payout's amount returns to your
+// available balance.
+//
+// Example: pending
+type PayoutStatus string
+
+// PayoutList A page of payouts, newest first.
+type PayoutList struct {
+	Data []Payout `json:"data"`
+
+	// HasMore Whether more payouts follow; pass the last `id` as `starting_after` to get them.
+	HasMore bool `json:"has_more"`
+}
+
 // Problem An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
 // `type` is a stable URI per kind of error:
@@ -664,7 +840,7 @@ type ProcessorEvent struct {
 	// Example: 1764448362
 	Created int64 `json:"created"`
 
-	// Data The processor's charge or refund the event is about.
+	// Data The processor's charge, refund or payout the event is about.
 	Data ProcessorEventData `json:"data"`
 
 	// Id The processor's event id; deliveries are deduplicated on it.
@@ -680,7 +856,7 @@ type ProcessorEvent struct {
 // ProcessorEventType Example: charge.succeeded
 type ProcessorEventType string
 
-// ProcessorEventData The processor's charge or refund the event is about.
+// ProcessorEventData The processor's charge, refund or payout the event is about.
 type ProcessorEventData struct {
 	// Amount The amount, in the currency's minor unit.
 	//
@@ -703,7 +879,10 @@ type ProcessorEventData struct {
 	// Example: acme-ch_3Lp8sD5vNc2kWq7e
 	DownstreamKey string `json:"downstream_key"`
 
-	// Id The processor's own id for the charge or refund.
+	// FailureCode For `payout.failed`, why the transfer failed (e.g. `account_closed`).
+	FailureCode *string `json:"failure_code,omitempty"`
+
+	// Id The processor's own id for the charge, refund or payout.
 	//
 	// Example: pch_9Fg3hJ7kL2qW5eRt
 	Id string `json:"id"`
@@ -778,6 +957,9 @@ type Limit = int
 
 // OrderId defines model for OrderId.
 type OrderId = string
+
+// PayoutId defines model for PayoutId.
+type PayoutId = string
 
 // BadRequest An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
@@ -1000,6 +1182,46 @@ type CreateChargeParams struct {
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
+// ListPayoutsParams defines parameters for ListPayouts.
+type ListPayoutsParams struct {
+	// Limit The most items to return in one page, 1 to 100.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// StartingAfter A payout id. The page starts with the payout right after it (newest first). An id
+	// that does not name one of your payouts is a `400`.
+	StartingAfter *string `form:"starting_after,omitempty" json:"starting_after,omitempty"`
+}
+
+// CreatePayoutParams defines parameters for CreatePayout.
+type CreatePayoutParams struct {
+	// IdempotencyKey Names one logical operation, so that retries of it take effect once. Generate a fresh,
+	// unique key per operation (a UUID v4 is ideal) and send the **same** key, with the same
+	// body, on every retry of that operation.
+	//
+	// **Syntax.** A Structured Field string (RFC 8941), i.e. the key in double quotes:
+	// `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`. A bare value without quotes,
+	// as Stripe clients send it, is accepted too and names the **same** key:
+	// `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`. The key itself is 1–255
+	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive, counted after the Structured
+	// Field quotes and escapes are removed; the header value itself may therefore be up to 512
+	// characters (255 escaped characters, each `\"` or `\\`, inside two quotes). Missing,
+	// empty, too long, any other character, or the header repeated on several lines: `400`
+	// (`idempotency_key_missing` / `idempotency_key_invalid`), not stored.
+	//
+	// **Scope.** Keys belong to the caller (API key): another caller's identical key is an
+	// unrelated record. The key is bound to the request's fingerprint (method, path and
+	// canonical JSON body); reusing it for a different request is a `422`.
+	//
+	// **Retention window.** The server remembers a key for **at least 24 hours** from its
+	// first use by default (server setting `IDEMPOTENCY_KEY_RETENTION`). Within the window a
+	// retry with the key replays the stored outcome (`Idempotent-Replayed: true`), waits for
+	// an in-progress one (`409` + `Retry-After`), or resumes an interrupted one. **After the
+	// window** the record is swept, and a request that reuses the key is a brand-new
+	// operation that runs again. Keep every retry of an operation — your retry horizon —
+	// well inside the window, and never reuse a key for another operation.
+	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+}
+
 // ReceiveProcessorWebhookParams defines parameters for ReceiveProcessorWebhook.
 type ReceiveProcessorWebhookParams struct {
 	// ProcessorSignature `t=<unix seconds>,v1=<signature>`, where `signature` is the lower-case hex
@@ -1018,6 +1240,9 @@ type CreateOrderJSONRequestBody = CreateOrderRequest
 
 // CreateChargeJSONRequestBody defines body for CreateCharge for application/json ContentType.
 type CreateChargeJSONRequestBody = CreateChargeRequest
+
+// CreatePayoutJSONRequestBody defines body for CreatePayout for application/json ContentType.
+type CreatePayoutJSONRequestBody = CreatePayoutRequest
 
 // ReceiveProcessorWebhookJSONRequestBody defines body for ReceiveProcessorWebhook for application/json ContentType.
 type ReceiveProcessorWebhookJSONRequestBody = ProcessorEvent
@@ -1184,6 +1409,14 @@ func (a *ProcessorEventData) UnmarshalJSON(b []byte) error {
 		delete(object, "downstream_key")
 	}
 
+	if raw, found := object["failure_code"]; found {
+		err = json.Unmarshal(raw, &a.FailureCode)
+		if err != nil {
+			return fmt.Errorf("error reading 'failure_code': %w", err)
+		}
+		delete(object, "failure_code")
+	}
+
 	if raw, found := object["id"]; found {
 		err = json.Unmarshal(raw, &a.Id)
 		if err != nil {
@@ -1245,6 +1478,13 @@ func (a ProcessorEventData) MarshalJSON() ([]byte, error) {
 		return nil, fmt.Errorf("error marshaling 'downstream_key': %w", err)
 	}
 
+	if a.FailureCode != nil {
+		object["failure_code"], err = json.Marshal(a.FailureCode)
+		if err != nil {
+			return nil, fmt.Errorf("error marshaling 'failure_code': %w", err)
+		}
+	}
+
 	object["id"], err = json.Marshal(a.Id)
 	if err != nil {
 		return nil, fmt.Errorf("error marshaling 'id': %w", err)
@@ -1272,6 +1512,9 @@ type ServerInterface interface {
 	// GetReadyz Readiness probe
 	// (GET /readyz)
 	GetReadyz(ctx echo.Context) error
+	// GetBalance Get your balance
+	// (GET /v1/balance)
+	GetBalance(ctx echo.Context) error
 	// GetCharge Get a charge
 	// (GET /v1/charges/{charge_id})
 	GetCharge(ctx echo.Context, chargeId ChargeId) error
@@ -1302,6 +1545,15 @@ type ServerInterface interface {
 	// CreateCharge Charge an order
 	// (POST /v1/orders/{order_id}/charges)
 	CreateCharge(ctx echo.Context, orderId OrderId, params CreateChargeParams) error
+	// ListPayouts List payouts
+	// (GET /v1/payouts)
+	ListPayouts(ctx echo.Context, params ListPayoutsParams) error
+	// CreatePayout Pay out to a bank account
+	// (POST /v1/payouts)
+	CreatePayout(ctx echo.Context, params CreatePayoutParams) error
+	// GetPayout Get a payout
+	// (GET /v1/payouts/{payout_id})
+	GetPayout(ctx echo.Context, payoutId PayoutId) error
 	// ReceiveProcessorWebhook Receive an event from the card processor
 	// (POST /webhooks/processor)
 	ReceiveProcessorWebhook(ctx echo.Context, params ReceiveProcessorWebhookParams) error
@@ -1327,6 +1579,15 @@ func (w *ServerInterfaceWrapper) GetReadyz(ctx echo.Context) error {
 
 	// Invoke the callback with all the unmarshaled arguments
 	err = w.Handler.GetReadyz(ctx)
+	return err
+}
+
+// GetBalance converts echo context to params.
+func (w *ServerInterfaceWrapper) GetBalance(ctx echo.Context) error {
+	var err error
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.GetBalance(ctx)
 	return err
 }
 
@@ -1583,6 +1844,78 @@ func (w *ServerInterfaceWrapper) CreateCharge(ctx echo.Context) error {
 	return err
 }
 
+// ListPayouts converts echo context to params.
+func (w *ServerInterfaceWrapper) ListPayouts(ctx echo.Context) error {
+	var err error
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListPayoutsParams
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", ctx.QueryParams(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter limit: %s", err))
+	}
+
+	// ------------- Optional query parameter "starting_after" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "starting_after", ctx.QueryParams(), &params.StartingAfter, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter starting_after: %s", err))
+	}
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.ListPayouts(ctx, params)
+	return err
+}
+
+// CreatePayout converts echo context to params.
+func (w *ServerInterfaceWrapper) CreatePayout(ctx echo.Context) error {
+	var err error
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreatePayoutParams
+
+	headers := ctx.Request().Header
+	// ------------- Required header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Expected one value for Idempotency-Key, got %d", n))
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
+		if err != nil {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter Idempotency-Key: %s", err))
+		}
+
+		params.IdempotencyKey = IdempotencyKey
+	} else {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Header parameter Idempotency-Key is required, but not found"))
+	}
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.CreatePayout(ctx, params)
+	return err
+}
+
+// GetPayout converts echo context to params.
+func (w *ServerInterfaceWrapper) GetPayout(ctx echo.Context) error {
+	var err error
+	// ------------- Path parameter "payout_id" -------------
+	var payoutId PayoutId
+
+	err = runtime.BindStyledParameterWithOptions("simple", "payout_id", ctx.Param("payout_id"), &payoutId, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: ctx.Request().URL.RawPath == ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter payout_id: %s", err))
+	}
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.GetPayout(ctx, payoutId)
+	return err
+}
+
 // ReceiveProcessorWebhook converts echo context to params.
 func (w *ServerInterfaceWrapper) ReceiveProcessorWebhook(ctx echo.Context) error {
 	var err error
@@ -1671,6 +2004,10 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 	router.GET(options.BaseURL+"/v1/charges/:charge_id", wrapper.GetCharge, options.OperationMiddlewares["getCharge"]...)
 	router.GET(options.BaseURL+"/v1/charges/:charge_id/refunds", wrapper.ListRefunds, options.OperationMiddlewares["listRefunds"]...)
 	router.POST(options.BaseURL+"/v1/charges/:charge_id/refunds", wrapper.CreateRefund, options.OperationMiddlewares["createRefund"]...)
+	router.GET(options.BaseURL+"/v1/payouts", wrapper.ListPayouts, options.OperationMiddlewares["listPayouts"]...)
+	router.POST(options.BaseURL+"/v1/payouts", wrapper.CreatePayout, options.OperationMiddlewares["createPayout"]...)
+	router.GET(options.BaseURL+"/v1/payouts/:payout_id", wrapper.GetPayout, options.OperationMiddlewares["getPayout"]...)
+	router.GET(options.BaseURL+"/v1/balance", wrapper.GetBalance, options.OperationMiddlewares["getBalance"]...)
 	router.GET(options.BaseURL+"/v1/events", wrapper.ListEvents, options.OperationMiddlewares["listEvents"]...)
 	router.GET(options.BaseURL+"/v1/idempotency-keys/:key", wrapper.GetIdempotencyKey, options.OperationMiddlewares["getIdempotencyKey"]...)
 	router.POST(options.BaseURL+"/webhooks/processor", wrapper.ReceiveProcessorWebhook, options.OperationMiddlewares["receiveProcessorWebhook"]...)
@@ -1774,6 +2111,82 @@ type GetReadyz503ApplicationProblemPlusJSONResponse struct {
 }
 
 func (response GetReadyz503ApplicationProblemPlusJSONResponse) VisitGetReadyzResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetBalanceRequestObject struct {
+}
+
+type GetBalanceResponseObject interface {
+	VisitGetBalanceResponse(w http.ResponseWriter) error
+}
+
+type GetBalance200JSONResponse Balance
+
+func (response GetBalance200JSONResponse) VisitGetBalanceResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetBalance401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetBalance401ApplicationProblemPlusJSONResponse) VisitGetBalanceResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetBalance500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response GetBalance500ApplicationProblemPlusJSONResponse) VisitGetBalanceResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetBalance503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response GetBalance503ApplicationProblemPlusJSONResponse) VisitGetBalanceResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -3175,6 +3588,416 @@ func (response CreateCharge503ApplicationProblemPlusJSONResponse) VisitCreateCha
 	return err
 }
 
+type ListPayoutsRequestObject struct {
+	Params ListPayoutsParams
+}
+
+type ListPayoutsResponseObject interface {
+	VisitListPayoutsResponse(w http.ResponseWriter) error
+}
+
+type ListPayouts200JSONResponse PayoutList
+
+func (response ListPayouts200JSONResponse) VisitListPayoutsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPayouts400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListPayouts400ApplicationProblemPlusJSONResponse) VisitListPayoutsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPayouts401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListPayouts401ApplicationProblemPlusJSONResponse) VisitListPayoutsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPayouts500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ListPayouts500ApplicationProblemPlusJSONResponse) VisitListPayoutsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPayouts503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ListPayouts503ApplicationProblemPlusJSONResponse) VisitListPayoutsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePayoutRequestObject struct {
+	Params CreatePayoutParams
+	Body   *CreatePayoutJSONRequestBody
+}
+
+type CreatePayoutResponseObject interface {
+	VisitCreatePayoutResponse(w http.ResponseWriter) error
+}
+
+type CreatePayout202ResponseHeaders struct {
+	IdempotentReplayed *string
+	Location           string
+}
+
+type CreatePayout202JSONResponse struct {
+	Body    Payout
+	Headers CreatePayout202ResponseHeaders
+}
+
+func (response CreatePayout202JSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.Header().Set("Location", fmt.Sprint(response.Headers.Location))
+	w.WriteHeader(202)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePayout400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePayout400ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePayout401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePayout401ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePayout408ApplicationProblemPlusJSONResponse struct {
+	RequestTimeoutApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePayout408ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(408)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePayout409ResponseHeaders struct {
+	IdempotentReplayed *string
+	RetryAfter         *int
+}
+
+type CreatePayout409ApplicationProblemPlusJSONResponse struct {
+	Body    Problem
+	Headers CreatePayout409ResponseHeaders
+}
+
+func (response CreatePayout409ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePayout413ApplicationProblemPlusJSONResponse struct {
+	PayloadTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePayout413ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePayout415ApplicationProblemPlusJSONResponse struct {
+	UnsupportedMediaTypeApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePayout415ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePayout422ApplicationProblemPlusJSONResponse struct {
+	IdempotencyKeyReusedApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePayout422ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePayout500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePayout500ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePayout503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePayout503ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPayoutRequestObject struct {
+	PayoutId PayoutId `json:"payout_id"`
+}
+
+type GetPayoutResponseObject interface {
+	VisitGetPayoutResponse(w http.ResponseWriter) error
+}
+
+type GetPayout200ResponseHeaders struct {
+	RetryAfter *int
+}
+
+type GetPayout200JSONResponse struct {
+	Body    Payout
+	Headers GetPayout200ResponseHeaders
+}
+
+func (response GetPayout200JSONResponse) VisitGetPayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPayout400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response GetPayout400ApplicationProblemPlusJSONResponse) VisitGetPayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPayout401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetPayout401ApplicationProblemPlusJSONResponse) VisitGetPayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPayout404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetPayout404ApplicationProblemPlusJSONResponse) VisitGetPayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPayout500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response GetPayout500ApplicationProblemPlusJSONResponse) VisitGetPayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPayout503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response GetPayout503ApplicationProblemPlusJSONResponse) VisitGetPayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ReceiveProcessorWebhookRequestObject struct {
 	Params ReceiveProcessorWebhookParams
 	Body   *ReceiveProcessorWebhookJSONRequestBody
@@ -3304,6 +4127,9 @@ type StrictServerInterface interface {
 	// GetReadyz Readiness probe
 	// (GET /readyz)
 	GetReadyz(ctx context.Context, request GetReadyzRequestObject) (GetReadyzResponseObject, error)
+	// GetBalance Get your balance
+	// (GET /v1/balance)
+	GetBalance(ctx context.Context, request GetBalanceRequestObject) (GetBalanceResponseObject, error)
 	// GetCharge Get a charge
 	// (GET /v1/charges/{charge_id})
 	GetCharge(ctx context.Context, request GetChargeRequestObject) (GetChargeResponseObject, error)
@@ -3334,6 +4160,15 @@ type StrictServerInterface interface {
 	// CreateCharge Charge an order
 	// (POST /v1/orders/{order_id}/charges)
 	CreateCharge(ctx context.Context, request CreateChargeRequestObject) (CreateChargeResponseObject, error)
+	// ListPayouts List payouts
+	// (GET /v1/payouts)
+	ListPayouts(ctx context.Context, request ListPayoutsRequestObject) (ListPayoutsResponseObject, error)
+	// CreatePayout Pay out to a bank account
+	// (POST /v1/payouts)
+	CreatePayout(ctx context.Context, request CreatePayoutRequestObject) (CreatePayoutResponseObject, error)
+	// GetPayout Get a payout
+	// (GET /v1/payouts/{payout_id})
+	GetPayout(ctx context.Context, request GetPayoutRequestObject) (GetPayoutResponseObject, error)
 	// ReceiveProcessorWebhook Receive an event from the card processor
 	// (POST /webhooks/processor)
 	ReceiveProcessorWebhook(ctx context.Context, request ReceiveProcessorWebhookRequestObject) (ReceiveProcessorWebhookResponseObject, error)
@@ -3391,6 +4226,29 @@ func (sh *strictHandler) GetReadyz(ctx echo.Context) error {
 		return err
 	} else if validResponse, ok := response.(GetReadyzResponseObject); ok {
 		return validResponse.VisitGetReadyzResponse(ctx.Response())
+	} else if response != nil {
+		return fmt.Errorf("unexpected response type: %T", response)
+	}
+	return nil
+}
+
+// GetBalance operation middleware
+func (sh *strictHandler) GetBalance(ctx echo.Context) error {
+	var request GetBalanceRequestObject
+
+	handler := func(ctx echo.Context, request interface{}) (interface{}, error) {
+		return sh.ssi.GetBalance(ctx.Request().Context(), request.(GetBalanceRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetBalance")
+	}
+
+	response, err := handler(ctx, request)
+
+	if err != nil {
+		return err
+	} else if validResponse, ok := response.(GetBalanceResponseObject); ok {
+		return validResponse.VisitGetBalanceResponse(ctx.Response())
 	} else if response != nil {
 		return fmt.Errorf("unexpected response type: %T", response)
 	}
@@ -3722,6 +4580,104 @@ func (sh *strictHandler) CreateCharge(ctx echo.Context, orderId OrderId, params 
 	return nil
 }
 
+// ListPayouts operation middleware
+func (sh *strictHandler) ListPayouts(ctx echo.Context, params ListPayoutsParams) error {
+	var request ListPayoutsRequestObject
+
+	request.Params = params
+
+	handler := func(ctx echo.Context, request interface{}) (interface{}, error) {
+		return sh.ssi.ListPayouts(ctx.Request().Context(), request.(ListPayoutsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListPayouts")
+	}
+
+	response, err := handler(ctx, request)
+
+	if err != nil {
+		return err
+	} else if validResponse, ok := response.(ListPayoutsResponseObject); ok {
+		return validResponse.VisitListPayoutsResponse(ctx.Response())
+	} else if response != nil {
+		return fmt.Errorf("unexpected response type: %T", response)
+	}
+	return nil
+}
+
+// CreatePayout operation middleware
+func (sh *strictHandler) CreatePayout(ctx echo.Context, params CreatePayoutParams) error {
+	var request CreatePayoutRequestObject
+
+	request.Params = params
+
+	var body CreatePayoutJSONRequestBody
+	var err error
+	if binder, ok := ctx.Echo().Binder.(*echo.DefaultBinder); ok {
+		// A request validator built on kin-openapi's openapi3filter with
+		// KeepValidatedValue leaves the value it validated on the body. Bind
+		// that value, matching member names exactly, so the handler receives
+		// what was validated instead of a second, case-insensitive decode.
+		// Otherwise bind only the request body, so that path and query
+		// parameters are not also bound into the body struct.
+		if vb, ok := ctx.Request().Body.(interface{ ValidatedValue() any }); !ok || runtime.BindJSONValue(vb.ValidatedValue(), &body) != nil {
+			err = binder.BindBody(ctx, &body)
+		}
+	} else {
+		// A custom binder is installed on the Echo instance; defer to it
+		// entirely, since echo.Binder does not expose body-only binding and
+		// the binder may do more than decode (for example call ctx.Validate).
+		err = ctx.Bind(&body)
+	}
+	if err != nil {
+		return err
+	}
+	request.Body = &body
+
+	handler := func(ctx echo.Context, request interface{}) (interface{}, error) {
+		return sh.ssi.CreatePayout(ctx.Request().Context(), request.(CreatePayoutRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreatePayout")
+	}
+
+	response, err := handler(ctx, request)
+
+	if err != nil {
+		return err
+	} else if validResponse, ok := response.(CreatePayoutResponseObject); ok {
+		return validResponse.VisitCreatePayoutResponse(ctx.Response())
+	} else if response != nil {
+		return fmt.Errorf("unexpected response type: %T", response)
+	}
+	return nil
+}
+
+// GetPayout operation middleware
+func (sh *strictHandler) GetPayout(ctx echo.Context, payoutId PayoutId) error {
+	var request GetPayoutRequestObject
+
+	request.PayoutId = payoutId
+
+	handler := func(ctx echo.Context, request interface{}) (interface{}, error) {
+		return sh.ssi.GetPayout(ctx.Request().Context(), request.(GetPayoutRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetPayout")
+	}
+
+	response, err := handler(ctx, request)
+
+	if err != nil {
+		return err
+	} else if validResponse, ok := response.(GetPayoutResponseObject); ok {
+		return validResponse.VisitGetPayoutResponse(ctx.Response())
+	} else if response != nil {
+		return fmt.Errorf("unexpected response type: %T", response)
+	}
+	return nil
+}
+
 // ReceiveProcessorWebhook operation middleware
 func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params ReceiveProcessorWebhookParams) error {
 	var request ReceiveProcessorWebhookRequestObject
@@ -3775,280 +4731,320 @@ func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params Receiv
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L3vchu3kjd8KyiefSsUz5CmKMm2qDr1luI4G+9xHK8tb3Y3zGrAGVCcaAgwgxlRTOyqfNoL2Gdv4d1b",
-	"eL8/l5Ireaq7AQzmH0X5T5Jn95wPJxbJATBAo//+uvvnXqRWayWFzHVv+nNvKXgsMvzns1is1ioXMn8l",
-	"1infihg+jYWOsmSdJ0r2pr0wzwoRss1SSJYvE80yoddKasESzfKlYDpXmYiZKvJIrQRTC8YlEzxLE5Gx",
-	"TPxYCJ2zTZIv6dd8JWYydDNH2+FfxTYMWGZWwObbXLCFyvAfZ4zPtZA5UxIfV1lylUieulWM2NPbtdIi",
-	"ZrmayXmmNlpksLBMFVdLFp5HkdB6+ETJPFPpkH48/Ir2IBzNZC/oiVu+WqeiN+3Bu/aCno6WYsVhL4Qs",
-	"Vr3pd/TF90Ev367hdzrPEnnVe/cu6D1XEaetqu/cxVKwNc+XsCWw9igTPBcxLF0VWSQCJkZXIxY+uDl8",
-	"oDJYD/zn8tFXP05Wfz29/cfj9fOjm3/NwxF7TVsMmziTMJQ7Ay7jcudwk5Pc3xJW35GZvOeW3LG6XtCD",
-	"M04yoB3YJX/3mrv1SuTZ9nyRi6y5X1+pDUuVvIJlb3iSByyRbLNUqWBaRErGOmBzsVAZvH+ebRN5VaUr",
-	"1iCr0Uzu2It7Usdk16uuEpmsgFYOHZEkMhdXIuu9gxdf84yvRG4u3pMlz67Es7idaCL89jPNkpj1w2h5",
-	"+esv/xUejCrHEi0vj56vH+svTm5eRJPrb398BISbwBBAc72gJ/mKfgiDXSbxzpNa8dvnQl7ly950cnIS",
-	"wOvYvw9h8XkuMhj73747H/4rH/40Hp5efv/nv+u13QjvEP4qts1XfMFXQjMlBUvVVRLxlKm1yPASBUwr",
-	"li95jiecwM8WLMlZzq8FE4uFiIATRGLE/l5IeEYwzhaZ0MtgJguZ/FgIdi22bC2yclDW5+zNm2dfsJtj",
-	"4FlJLHh6gDdHCxkj9QwGQD+DATwc1JnVXMXbABiQuBHZlmiP7jTPy1lGMzmTg8Hrrcz57WgwYOfsdZ4V",
-	"UV7A1f0yEWnMaJNY/9WXT9jj0+PDg4AlIzHCuWDZiWSxKuapYD8WKhd62uSUUzbrPRbjo9NHj8XweByf",
-	"DI+PxOPhPDo9Gj58fHrMTx4tTo8mx7NeOGLnbM4zwW54Wgh8K1XkZuhgJrmGFSZrwaI0AelA+4EXTzMe",
-	"RWKd48VRuFkSj62+W61L3GeB4Yhd2NfOtUgXMOnhr7/8r8nJyUyus0TmHHbi/PWTZ8/wSvAIrg/rh+Pb",
-	"yTj89Zf/FY5vHz0NDwIWcS2GWkid5MmNCFikCglL58BocMnlUcwknQVtA76Z0BFfw7+Rs6zUjYjP8CkS",
-	"lWb/zCpXfAvfZcSI5oIVa+AtJ4eTmfRXOTk5MQPH3uoDJni0ZOFsNuuFTGX4r1kIrE4nsWD5RpmVHYzY",
-	"14nWibwKZlKs1vk2wKMADhkwLrdMwTLKsQMYzlt1JtYkb5RkGkiXpyxNpNBTFh6Px+FM9sOkPLnLa7G9",
-	"XNGMIXvAGt8l8oanSQz7LVVuxL6l+kitBRD9X8VWs7mwbBzFHk9TkbH++ctncNoHU8alWTp+g3xOyBw5",
-	"AZIDnApc50ykRmBGKos9etFsrgoZ2xmMkvGZZotEXokMiYf1VyJfqjggGcxlPJMRl0riPP/w+psXDC72",
-	"wRnLRAEvDXwG1A7O4mSxEBloHVZ9gSWx8HgyCc0LvxKgNQFz2SQyVht4d1ieFtkN7v1KrOZABxxXDOMO",
-	"BjxnqeA6Z5NjtlRFpgcDtsjUCkhrJhdJpnNWaMHmWxaLBS/SnPXNgFrkOawxfPbF069ffnPx9MWTf7n8",
-	"69N/uXz19OLpi4tn37wID0bs2yRfJqQo0bIYn0niV46nwXJIY2hV3/rlbc6HViucMlQCDwKUyxpeZya5",
-	"ZIkcrjN1lQlN/LwfHo9PQ/ZnFqKcH6Kgh8cUbIkuVnjhGAjGLCvWRJxixAaDc3tTZ5JWPhiYo4Wjh/3X",
-	"G7HOA7yv3J2LERWFNpzJkg+bZ1zGQyk2M1nKAfp1ITXjVzyRI/ZXIdZ1rs6lJzl+/eU/2VYVmfl6qbLk",
-	"J/p4JjciTd21dTtOK5SCqABOs6QAS/e+zCiFOioGwK/hv7pYrXi27U17nzsOHngsGNWda7HtBT38rjfd",
-	"Syr03gUgqQ0rrE7UKa3WmViILBPxgTfbvlIINQJUS4gtlYpJTWrsq56cHE7q6kmLUp6skrxduVopuM+5",
-	"WGlgH5nIiwwoEul3za9EwA7hi8PxuKJwHY7Na/xYiGxbvkWKM/lrNVeXHlnxW6MWjsfBbiUx6H0DanaX",
-	"Uog6uNUJQRNvUQo7FPQWrRBH++2UwncwDZksSOaf8/gVXWH4K1IS2A38k6/XaUIG1YN1puapWP35B03W",
-	"lX9POoRTlaK/5ulCZSsRsyatGTqGyWM8h44Bg14scp6k5hRqA7FVoXNQAg6HIO+7tZaAGSs2EnBkOud5",
-	"oXvTY6CKPMnT2oUw2qBdgtnOZZ6v9fTBgzXfrkBfG5kdsTulH3hvMbwW26EdAi9hu6yvbtkL1XhFJYmF",
-	"AbO2jGuPDbTDVzYw0R5zNYSHIqE+KTGLvbeqnOy9t8oOQfwKt+0yK2nUY8gq3rJ5Jvi1YcV0X1p2pDZK",
-	"jZSsDAMthC25ZhN74mwB/Ffj3c4yBSbjdz/38EMwyPkK1Nte0FsJrfkVTGXJ0AjXKxAyC+b0jcPeu8Ab",
-	"ICqyDN67dQjgg2rBCh0HTBRZwK7m64D9sN4GLFouQNeOA8aLuPfue9gonXMZVf0EnYdm3q7cj/0Pix4d",
-	"2keRo5SM6u8ysehNe396UHq6HtC3+sFLGoMeabJVT8Mzk0wZZyvHOVRmiYs5Ex4+JAINQNWA80PVItGg",
-	"Gc8kKJcBHmkhr6XaSHOg8FyDcFg/rBFK6FmgarEQMk7kFeiHOEYiWUhUER6cMZWhZVq7nhrWZZfdreUf",
-	"MNDjynftd+v8La4V9mQpomsRW59MqX/NZJTyZAV642BQ2gqDAZr3i+TW19qNC6uio1rtBvSjd0HviZKL",
-	"NIneQ1Z4t5EknlT5ZQQUmwKb9q8kCl/WJkHhXNc8iXGlEZfwRnOwa2AYMBUzsSjQcNbGdQNqYS54XOVf",
-	"p+VVoMlgoMpi9r4P+DJDqfKh9/zHuxLkn/xMM+IUcIA8FyxWAimc8TRVG6LP0nODzkxOO4XrK/cKLS/c",
-	"LNJdGgcBxssXCsdGUpji4FzqjcjYJklT2qsll1fCEEXVy/RMvtHig+ijSfqXha5QyHndm53ohtwCQyWH",
-	"9c4FsoxMRUJrEY8YWkSeR8KzkFgsUt5G/l3k09QUGK31AxSFIYzwMUiobZsa3KNzo9q8EnQU4QFw5jS5",
-	"EUxtpMjYUgE/NGznM42yTozYC985UTFEbcQiT1aCpWJhogpGTIqAZaqQsYiNS6fievbMulRoPZP5kkt2",
-	"OAVjPafYiFsX19aqBpbgLGvPkLwSuUZHm/XdH6BM4XomU4V2raA1VZ7K+bXQTMEaiGmSRV25hwcj9lKl",
-	"KeypVgqWA/x4ybMVLPuMJfDSqVmBNUjRbB8x1M/Q+wL3Do3zdMs2ywS2Qa0EqAaJZhuVXcP4SlIwws09",
-	"NeTNWXgyPgoDJhUKx0STVey9il17koOWgmox2sJecMo7uS5qNL9+4EUV3jU90K/ADI8/KnPIaMi6blvn",
-	"BhtQAbSIO/1K/ZffvL5gpepEV8YeC/qnKkxgMulmAm5N780EzAgfR4603nrYEJ5mgsfb3Rvz6y//WdkG",
-	"8uLNJKhj6NZrUVZo+SBKShaAvsolRoq4ZrGSgkjRjyX6LqIEdDaOgQZg2lWZRN4cKTalRwf/qvhzgPwk",
-	"GMY8fQpq2ofRnRnpEjW+ijCSrJDido0LZfg1UxHK64racVLVwGk4Zoe7hwJOTw7pyY8iJ1reAHRh/43h",
-	"ML9psT+BN2vBxK2ICvx7yeOZnIurQgYkcdALuMBQsWHAU2A2iWPNfuQ0MKHVHb7PAM+7Ip3Z01SLzVJk",
-	"woxccYtXmVnLwHcxtZbgPO7iC5V/CXLqgwgL1K8FjuLR1AtlFLc2LbiqjByXRAWXzQ61Nz2B6koPfQxS",
-	"eqGYLqKl01zNWSXaBR9C98KgRsAxJjFddjTQ0ENNYQuNQIJqiKKmVMCaX/Jtqnh8odRz0Pg/6DAM07vM",
-	"lbpMcbRdrgJxGwlhFB+d/CQYuiArx3N4VB7PK+sqV4rZwfc+JjPxMFdqSA9/bLvbKAi0NDg0TqoUxT1A",
-	"q4O3Y/2wsUlVRj/qIboAf3ORrIQq8o9zJmasjhOJk5gsoiwDxXRDAZjDsT6zwVSKNQRswXVe92g9bjkm",
-	"N9/9D8k8+pGPKDBnJKO0iIFXtr9z5dBAwttXAY2+tpvhGTscO826DHehhk/BaNw+ispp42JRiulUbVKk",
-	"lwgGVotFKc4jJaWIrBSPUoVmV0kh0+qJdHobXovsJonEG8lveEKW9fv5qI1No7LLojpW6UtEiJD9Wbmx",
-	"ZPfCpiYr0eJZbB+5RqIRz+I7B7d2aXUzanrbWdXEIIOcNPiqquGxnZdu4uoS96Zqt/KhPwD6/eiAdu9q",
-	"zHM+54RSK2QmeLQ0K6hvZttwta3sGKzz5Q0Jve+rmxXVXvzj2OaxWAsZo9FgKeIKbjGHO5jIJLduFxPI",
-	"NNozaVJLvl4LCddqMHgBtvBMWtfe1Bh2ZAFWzW6H3nJU5hAkTRNBScZnsqbv0WKSvIwi58gYMhEpDN+u",
-	"FYb8k9zzFiHcLrAuOZXNpHHU5ZskEgcYyR+ysPUyhaxPz2mjKMKD2qgO5aWCK4Sxc9AfFjxJgT8i1IDR",
-	"nTG2v1EOtyJnqG+McOYWygtZH6EdzpwHjphnXGpkio4QYa4iE6zPWap0DvOV/C9gHFhxwtPkJ7qx5ucH",
-	"Z7C94QM0wH4KA1xjF3F/RHv8jeRFjsHzD7TDC38g75K+FggLoPiCAZowrtln5+bnxj/xueCZyNisGI+P",
-	"omuxxX+Iz6pS+bC8yG+q8+19gyvr/Fjy2L5Xop1vX2XGPo3UlUw0+lf9uY2OVDGAR9Vj/fbbb4ewS4TA",
-	"yUV79JmXvwB6whULliuwiasxaNri3i4YKJGELtZrleUi/lrECb/A33wQabgBL1cw4iVOWyeSvK57cs38",
-	"iWCCqi594pODm4PhHMzMcQ/CcCMMcYQhPvqxSMRq02iJAsPgmoX11wuRSNp2q6ZSgz7kVubhVpskci4Z",
-	"z3OxWoOdwdZ8izAatCUt1jZvqCSwzesMWF2ekMZkIpvtFIjfGW4eIzYYhzSxzM/gUkhUN8BcyD3EBD1Z",
-	"hUocnp6eBr2FylY8Jz/Lw+NeE5QR9Axo+5LnFbLrTcaTk+Hh4XByejEZT48m0+PDf+15I8Y8F0OjvtXo",
-	"P+i5AOwdp/3E/u5d0DMs/JLIvb5D3y63jLOQRFBoZR79Sbvhtv0zzWIRpYkElTl2KPRE6mKxSCKQM5co",
-	"7TC+CFbwJtGChbJI0xA2Ef5BShcBRhqvl7RAWL5Z8x8LsLoDts7EIrkVMQuj5WW4D6y5MYODr3RDZYz9",
-	"Txux5lu9F1SmMZO5ypfkdewC+eNvrGfSkGh1vvXqEqj/8ibRvG0ey28a6RdrsoNC44evH6VV5+nOU7QZ",
-	"z9vex0QjaC8hQOZcgBYEOlR8EFDgItRFFAkRA92ozNGQwaaZ/AezCmCM9tc9okkR9773X9T/vgnMKsFG",
-	"3/UQ2uIBkRyuwcMnmG1pnEPtPlTuaZmmoeY/iAgN4if4NbEvD3nE4ziBjebpS48RLXiqRVN1torkgvnc",
-	"ZVGkqWExTYb2HtSTKzMR4V1zEFSlwgkHjK4fLaagv76tP/4WVeQ0Z2/hy+FwyMz/w5+hT4Uhe8vMYena",
-	"1yv0VcA/d/yIVvkFsRL8oWErMQKMJ2HAQvMJHlLIwishRZZEl+bjsDaiz4K+RA60z6AtjAvGnckvEUFL",
-	"+6KN/5ayRkBhtwkGpN6TGdG1pXOx5DeJKrLdu7pI+fUW1lw1EoBSyV1HEF9zM7UNfqiN1Hkm+Aq1O4oA",
-	"sfDk9jY0N9QewJRtVcGuRE7xNRrurAs8UVucdb00lldG9SuegakN4lkbxmJZCpknKWJwETGbOZyujJJU",
-	"ZH5or7qCjOcCgZlELdVV0OSahceT05BepmJEmuXUhgTb55UBFjbHtBacUz3mBZmNJdOEAczQZ+ZFkDk6",
-	"9rlIpPG1KimYuE00slLDC95WmWSVxzdvk/dh9fZ4XzQugfcdEpj3d+ksbNlj71N/m6rcerdYqjHsGjfr",
-	"5rMIb3lfNosRtcyg/+6tH6rN3cphCNpfyP7CDk9Hp6d7KYYOx3tq/rcbzPt+Kl7lperv+GUmQBrcUpIC",
-	"htLhNiI2W8hIBDYRZTz2cKcY8F/xLXlElMx5ItmLN89Z/82fx+PxGBR+BDWsi5zuiCwocWEpsppld7FR",
-	"TOh1BpdLGyB+lKlEa05wRA+kPR5XAcL/NpvdjsffD/7uTiJragHddPYK3TLvS2jGG6QWjDOntTjhi9Zi",
-	"+PO7kGDi+FNMFSBr2mQerHgitfnaugTvTbNugpJwib200u+IfUHe8ml9PaDa1RdkE2fNa1UzGvGYPpTW",
-	"37Udj0f99W1P1UZkw4hrwZ69/oYdTw4fuRdFi4RyYlCUOWs7TXQ+Yue4X5p2KdHusZnkmbDIV/wauLx/",
-	"5SPMb4ObExY6Bi1CFBn852q+hv9EywX+h+N3vIjDs5kkANBWSHrwh/U2DEANj5aI8ZFKohfRkwCFBrYr",
-	"iqwX9K7m617Q+2ENDDtaLuD/Oaq5RU1jpocaFsHTG9FGN68VsF9HgtYlC0RETAEPQQdskyV5LqQlKVQL",
-	"0JPIKUjCtSUMeSVmsEs00dwoRbFIkxuEATkcsZKRcBNtxHyp1DUTMkbvK+1Elfj3t54n+1vPMc9592Un",
-	"m7R51xKD4eKGhqwaT9sFvDESmbSZfzZ9i9zl6DVFB0mFI5aXm6RGmWrbZciWUsGcemnItlukbZdrb/Na",
-	"3OSXIbCLuCAPkLCHipm1cEuqHB4eePhP86PoxePVP/50ePsqP9m2nUBunHWW7ElcrzmacYbT+Hag+ciY",
-	"i8DvgT15P/m+ZpqXo+1hQhofnEdrhkbaBAfequeJzttY05qTfSfgRzoAVQTML9Szm5zd0iEmE90l5+k2",
-	"l8fJs4yj0F9yfblSWatPRyAGAb41S2ILlaZqc8bWXNP1TeFehkkcoqtP5zwD/fSSU+QlV2gu5EuxGpWb",
-	"OVcqFVw2dhNfyFtR2/5hapgDNtWIUIpqCgPJVuNubW6gSUhoeW8DJydQUKKnjFPGJjIatFGqqZ/k+OyH",
-	"JjeCUg7J5OMz2QrcBwkhOWY8IsQA+H49GHXQKIbgtJPGnXCZFM3XodSATaZswYIkN2tja5EZh3M5yZ3J",
-	"HHfdCtrXcklt5/iV4Cloaj+3A8DBcsbDW+LvwKiatyg3nV4rdW1KhtDz25rz7frOdzAjty29ju6MVNbh",
-	"WvHwCJhGqhY2vQUlWFJFUOoW5Y2swPbRF0JG5Fa7FnLKwsPQYcTI0HfwNNDrokyA8SRiygBHDDKXTNyu",
-	"E8xKJ7hvohHlKxHlO2JPMbgJkrz0O/lYxUhJKwOJn2OGBWdrXiCWWqWxyJwtG3FpIMwwOo2KCEb4RArc",
-	"Jzj5GtUf3mnrVKR84zJLlxqy4Zq5NOeag7SpEoz3VwloF3XrCsJyeSFbp4U2jKOawM36Ninbx6OMmE1M",
-	"TrSXjzyTYFLNRXtSss0nryQkN3Cibe9+NH6Pd79uq7FhUuUDV/Whkd1LVQaqZ7BXCnHLElIVXYv4Ej1D",
-	"bSSQpIbWHVzTh+4HxCmAIdMlMKfJ+jZbgufO37Ti25nEciBAwwdnJi5BQ0jVmCMx1Ny6l3dGMqxj8BIF",
-	"T/s2owReL2Hh1fsJWkAqcnRdomAWsfXoEfMntWgmQ6M4GkINWV9l5ifG8Azpv+4Xzne/SGSilyLGYh/G",
-	"d+XjmcHkT2QhNBlVaNTXiM8O0Wt9f8Jt7fJff3Vx8dK6Sg2PKtPz2+490mSV8F5+8/pi1/yYvHxngaV7",
-	"T3tHbaMHxoHYvjJyp112iUC3NfQDu0aDPraPI/DUkTDcE2myLCys0S9AND7spFmPHXcK5URe2nINfjjJ",
-	"y8gtJCYpUpUHDBdZojpjoaPnkAxBrFrhIVzMq/VtdQmbW5/DLY0Fj0N70fFktMgZx+oJVBvBrENlM9nP",
-	"lWIrLrfOV4775GfTUPJQITOhVXpDRiqqjNJRITH2moXu7QHYDPaVECfAa4aI/+1ubYUqMbhgVY1tBE6P",
-	"aNyoGok36arGXGtmjif32jQl9MO2R+tLb6ktfmBt04BS+Oaw+VQtAb5FW03rRZFaV9Kn8c5+0ij94XT8",
-	"6NNG6Xe6cBFKWH6CwDsJu4zLRz3RcYP7uV4/Xkge+GD4fqHyu0PYNnRk3JsusNgPgeQwH7mMraJ+W6aN",
-	"2n+iUUa/x40ov8D6TQhU7IpdWw+FeaIWCnE/28Pn0Bar9t/aYwZ3RKbxjt7lkCAh9VEdEsQb3t8hYRLW",
-	"fneHhEVEtXG5V18+YafHJ4+YwV8xwoJp4/UL2jFSPtaMTDoqEYTeCESNki+QFHtNBT/evHqGVeeuExJA",
-	"+OPpTIZ3Y8IIjYieb/QOFBJ2NlKgAqMsjbAqJltu10shNWEWQ8Lt7DVBxLN4GLtAPTqzMernPhuBdI+F",
-	"zZCdSfQWU1munDByTC9VlrMVj5aJFMNMcIov0C05w4pL0dJaoVLl5DRN8lSECL4NafOdCx1vq8rYWqh1",
-	"SpUswaoqk7wbzuRW5BPW9KkvihxH8MDI985X0ZzN+hzdNUy6y8N05o135ozWv0DFI2jNAmpmoXTCHP2M",
-	"LlIuMMceU/VF6WpuFEAoP17zrfmsQhzOf4s/KiNLzo97aTKSTEybzq01P8HuuE6uJAdjFD+rpTi24fGr",
-	"alltdc0AgQcQaQmkNsk/aMCqMsG1K2rQCjGBUep4lqrcbD7VvliCpzaZ/7JYcenR9O065ZIUddRwE20z",
-	"Pk1VIU9fsIgHBP2a1zSp6izRuqDoetOPYsrNtO5Zs0wJjtaoWbOX+PH8yC0yqKwrs7/Nx3ODd/xoNt6+",
-	"ph2ybnskrjCxv4rj8aRNbTW44ubRI68N6hRgMlzsq1dETfWln8DZ77oiNoLTmLiUZpKvnBere6Z7Sh9f",
-	"+S6yZOjgC3eqXRZpjVvmq1dwyTsUA7rOLpC6f8DwXFLAhRQEc29q6GVECIAKBFKLx7GLGWKBBuDY6Iw1",
-	"sKmZdBUhM8EMV6aslitZpgy3hk93eFU9sJOpLo1GMKwd7aw3Mrm1+TdV0+rRw+Pj48dHDyd7GVhWtbwD",
-	"m+5t+BfwRIflcVHjtrTXSXzmxydhn+IydBm3BSzX4ia/PL746fH1P05Wnz/cvDiM/vmmd0d9wGb88oND",
-	"li0D3DtwuStq2bK19w6A+xvucqKsg9FRDSq1c1Xk72PffxLTvhNKgs7Xu8AkVXrpgFrsozD49IA6rMcU",
-	"fCn7npj5EgV62enQ95CitdAViR6jORHTMgHSkkH0Fdn79MVMum/KFFrU+l2haxs2slEzl5OGoLKyFmmq",
-	"Ip5S8eO7aKrmeubRSgzbkRJ33OB9uIraSJbELiZXX1+Nk0TLy9Mvr46W//Do+vnkx29PxKv87mXs0hD8",
-	"pRhFwS7Fmp+kXXbg73sfgKqvUVOwK5xKILrmO3ytJFaVyYsMlEeMH7QA5d7HDUgHIPbEu92NWGvhGiUU",
-	"p7vCvlvHe+Wg7ONzPJyOJ9PD0/19jnv76TJRd9Nl4vLkn7eH/NXjq4vV0fyf5MPlJ040uSOB5LdIH/G7",
-	"Gzif3L6uN6L8u3xvvOzHYNKAA6bS+GP54cz1e39HnFnU7++J+5YAgefRdcflj4BqUhFfIRKC9raUTygq",
-	"WjbTKoB3taZxwiZmSx67MlNzIWRZXu6sUg+KfE3V62/AwvX9wKCOSG7atPHzdMO3mpnl/PrLf1ZFn+YL",
-	"kW4NdKA2W0Ub6Np8N3Pg7UbzBLA0QlRkSb59jfm5VFEc83HPi7YA6rl0ScXOE7pXxnQ4Ys9y4x9cJC7F",
-	"gmrt5EJymR+MZvILsVKIrJmyUF9f5kLnlyDzQ9Y3Pw7xT+rG4X5ylaq5uPV+ZD4woTxKPob9sqnGXvot",
-	"ZcYmcqFsNjGnwqGm8PVLY6eWwHmrNvVaqiXoFU9Tmw+kcbPgeAcD8igMBgEbDIwHYTCgwiI6B5ZRsRVJ",
-	"wxoMzFUdDKiCPLa3SaKl0bewyOYQaRKTlHygD9CQqVeebdEH/ULkG5Vda2syeQCUKl7X5IhzLNtpsSqm",
-	"yAp6TUAWYWDVFOycyVykKS1txJ7e8ihPt0Mca0A9WAZeB4xIrSy6IN+AaplQDaUrZFHTaj19QqlTExZT",
-	"3KptRTY3K8lNUcJYRcXKXCdT6yXPeES5EHOVL9mSpzdC48786U/svJKuDh8Skip8cHMYun2KeGZSwPya",
-	"AZwRXRlcF/r7w3Am2y+GT9bmhzPpGlVUL8hgQAQ9GJSXhF1sFIvhntB3mnKMqKYE+Xnm6nY6k6G5ONWL",
-	"ZG6OuzH1O3Rw5kfWEQGmN0keYarYiqnFYjST5/bqEjhMC6ED1yMC/ehpmsSiVp3Qde+wwSlzDwInJmfS",
-	"oFZVE2s3dRUlRapNr6MyB2x8HNaskgY2cyYR1DHfItnZzTNWyUaxevsQPWLnft0Em87mVVXgMPMhtfgI",
-	"HxBy8acwKAtmuCWVUsui4PvhA/NPr3SNi3Ukeia9Egq07iTXLHSW/fC1dYqHtoOLqSJ8wKQQMZPKrtVS",
-	"uV8BMkq51kKXpF5eOuQrmsoTw69sfoQfikZHFEnR8HboHVbIxG0upAaap+xIGuNt43dv2UpwCbv7li3V",
-	"xnGrRs5kPX8SedtbFsJ/YZhXgsf6zAhnbQX2CL+B8RaZEOl2RA/jlvE03XosBQYzn8N4XyjT3QXrvgBr",
-	"vPG7aFBtYyyOYX6HrK5PURLk5SYIjYQ+NdAT+2nAwsl4TJUTkJAkqq/15brsQurbVqZalO4SU2bZvBhV",
-	"wHnLQvwHvAflPGm8OKTDoOUNW/ECw+hcNq8JzYtYz8CrleuDeYxx6q5bFaEEDH6V5BYl4mWQlK/YrOuD",
-	"9RHL9wiQiqj0JHXxsi82tF/AG36t4GRWaHjuqBux83Wpv4smtT2RBJ1WqyQijJ5hYtXCQaY+rRY219PL",
-	"S93ldYlFBnoZSb+tKrDPg0JJTFmkHhDPYW+N7YnEeMcWnjnYoy2sG2VcL5lyNXZdtu3GgeYrScZwmus1",
-	"kiMcRsWf+paF/t9wAM8kNVayCRB1/2up14JdAasnmLWkhlNGFdFnzD1m/N2l6l91elOm9p/+hOM0i0ER",
-	"I4SfvDL6cOmeshcDBWCdlkqobdkpDsgXe8XZFnEzORg0WtCBcL6jXxzPyyTrZls4RJzO5BBfybQOA3K8",
-	"uxvcdCYZ+5CGb/D8rp5v7H1bvsHAla5v7H2bvtmNae37xu7T9o3oSNeav9EeSIYd0whdzLFnGmHc37dz",
-	"GoyKzdOcnjCmd8GGZ7DhOlJrEVebnk2JKdiLT2pUuxY18u6B1U+9bmbw7bdeC6/Aq7dIHNvUu3Xtz6rx",
-	"0Sl7/dX5cHLy0H4+GBBIAEwYPODBYM3zJRgxridiS7s0uB1kb6IWxzQiEah93ZVMFknEZQ5KTy70mkdY",
-	"bQQb6h2M2CsxRAkKRI8Poyt2mEjUkk2o0VYwcuLZvIDRB+Bn3N2qGZgrMDAB7rlfQKGsKV3Wj2Zl+eiy",
-	"o1tbxXlbShqtPTo9znSSopAmJKSzVIpMlpXUy1Z0pMyOyBjI+KZam6lsnmfO3Fo01nwwR0smns13NQqI",
-	"r0myX//9P9iaZ7pswAGfYEwevvZj5L/++3/AOWNzDtNfDX7fB8ZoZGQitcjyM7ZZKnxr+huLOYAYJAFg",
-	"IfYHOBX9KUakHeokL0jivS1ViLfmhf/fDl3Q6Amlet5W8vkt3TrW3bTwLejI5WBlX5NG+8Q5rzZldDee",
-	"OMBB92S2I4o3mWshY5AQfUtwtuNrUOsD4w9fw1QQ9VLynAWrlTNZqRN41F1pedhG6jTbZNLyMobMW2cg",
-	"NcK+G+m8CXrSqN/fW+oawLq6NbTU8NhjHqeWmmIeDbj8YFDpD02ulFKRL0ADgz9oJ8h0fEI15YYXiNp7",
-	"wELbs5mcdZgTtKP0N3uLP9u9btDLgNTqWSy4/R6vrvVwGAysAueS3quq6WDQPn3ZSKSRyfTW73/ot8HF",
-	"0FMae00Vr5QUB+UEwB0Qk6P9pj7IL1DGNXr5cBapLKMK7l1laJCFTdkiuaV2EVR1z2pTthzviLmp6dXK",
-	"RJ65uOKyBPfaFABtZBXPhC1DWm2HnSbXwkasNOaQRh4sBptVTsIDbOEE8kNoPcyKFFkxthuiquYzGRco",
-	"ssoFmTaXWHKcaxY2IHQUB2lFx+GEsGrscOrK3yeVyvysH56gTQlHcs4GA68CaGmNmApY6E1qr0oalK08",
-	"sJ4QLut4choeuF5VXJb18b2eO4k29kVXedTm7Q5qxWJBPNsmDNxVXkTKo/yS1hquo132kB3Hz3Ay9wdM",
-	"pTmPrq+wh4tfj4inWjkzSeegb/mtsghWgtFiIGnbX93kmmH9HzKhVXbtggo2ZwoXZMIoHq+iHEqU7fVG",
-	"sXTJar07XOthhAjZthj1brFeYiKcebUz7Ezuag1btkR2bIb8AC496oyFf//0YiYf3BzW+4LoBz9fi+27",
-	"kOml2piOtp9pFpbJJ2GZJ1l2nmV6I8SauhuJ3NoRRAF793EdDFo42WBgezkY3SMmHgLUjB26KLvaBFkC",
-	"A43CoriRksaPM2Kvlb9em3VtbAUsRA/aOxxXpfurETmEfJBXtmi7DZBXze9cUV4j16aLSGAKqeOR/ViI",
-	"wlTbMO7vTGCcTtuyPI0Wsp7kb+mebrg2tuetHYhHkFgEjYxqtFmpy4/tYVQmdFmtxTa+MATHUe+fkpFr",
-	"kMnmJcoS7IQkJc5kTxnuE6glphzRkt8IlhXyIMBqyMfjU9ahSwTEtQLgSRP6z5Ex/E/Gx+SwNUG4rIN7",
-	"NH0LFfcyCKUR+0pJVdSqV89k3+DnDmiT1pnQQuY+zgcYD1OLhdHeijRlPyQ5WJYzGepUiDX7CwM6Vqv+",
-	"OGCrRPYjvgY1VAv2v/9/Nvk3Qy8HB7b5H2emDI8pyER+LJsMx1mucrBKY8FjlGZeI+K6QlBeNtiaeRED",
-	"w7J99on/8ytXoxruTLJI0DqxNIgeKGc3h8e3t+HODm3s3BXrQ0lp5WspWjEhAGScvTZ1bd/kVvi9qU2l",
-	"O2spOgXDRioSx3QRuhJYOImt8pfEmmh2MDCFhECDqBUOqqHXBoMSiAJsx5QOSyTVEYJl/h1WETtD3w2+",
-	"EXz5w5p6nP3v/+9kPKZbsBXSlA3ywC2u/tYiVTzXI1reE7dws8JWmJuKfbWxWitpWq1zhIszpY6ojFFL",
-	"xSMz+bPYzmoAY+SnstEfLHlsgChTky/G+shSDwIq6Wprp8PfmbgMYfY+aUPwEZalYX30I5Z9/5wNuzLr",
-	"uEhWwAxXa7ucV18+YUdHR6fMIWjwxN5cPLHnTgpkGQOx9UOAyu/IBWL97hyggGkhSHyFJt0oNN07D+yu",
-	"GOC0yQx68+qZuXSN1BRKtPHzZeiTAJ0Z1aQZZnNmRqxMObpXRpEJ15v+RndkFt0jpai9f2A4Yv9EjgdP",
-	"BAA5GqXNNjNlzV6mZxXlXGNsFksaV6p94kFjMiSNHXFMs7fCV27R9sWalcgON8DisN5GyVlgPdpIr/B4",
-	"fBKysJkv49iwZOE5fBS6wjEkho0biZOx7WpoYhMFdJf2wy+ePn968dTr7gaExLdtJdnNWh6HrNEqhYQO",
-	"9zxLaECVVTt3d2HBTgQ0FOu3N105a2mfgsCuZg8VkrSreXJVqELbNVn1deHS7DvdG0ZB4dKUrROpFqaG",
-	"GZyJKfNjriQKKPJBc4OuNzG8fvjzzOC9Zr0pOwyY/+fknQu8IlfJ7FY43SndnrFnQ+rTC4zh0fHpkTPM",
-	"ahgYYI9VDwIKr45Yhe3zTdgs1CKVFOg7HrGvXc142rJIrdYcq7+gEzuRzo2dblk/PPcYEqwVfaCZFvlf",
-	"3lx8OXyM3AA+Pziz9ZGQNKwmiz8q1T7jizOl/5GMTRAA4907/B8rnl1rJEFjWde8Mmc1N0/fli2yitNM",
-	"EkrEkkanomd1uqPwzPfSWBqwOQ62z9eInacpWGyZELih4nYNJIulCzK10RQ4OEcHwBAOMVPp8Cn+aPgV",
-	"bYRFFaVJJCT1kDVQofM1j5ZiOBmNe0GvyFIv22Wz2Yw4fj1S2dUD86x+8PzZk6cvXj/FZ955zXCaoKPz",
-	"l896Qe9GZJqwRuPRIT2j1kLyddKb9o5G49ERZi3nS4RyWUgC/PtKtIEWLYBiArevgeNEnX5tfC/ZDdy/",
-	"ry4uXiKWK1qK6BqVk7JDDLl45EyqLFoKnROGxHEeY6s4ngMXcy4iXhhftN9YZJ4lYpFuGd9wgi80sAtT",
-	"1NUX6M6ohf5tiWOKpJvzcgz9Wdyb9v5e5F+ZzSlrKOCmTcbjHX0lWvpJWIBsT13v35fBlNPqaMvg7T9P",
-	"kxsxqoD1etPvvg+89kXPkxuB2jIW3eoFvZxf6d70ux4df+/7oFeBXvSmPdg4HNMgVfamECErxwfyNMam",
-	"HosiJZdHv36UrkOMYZh4XWfSWUPGMZgqHrM5T7mMKES11q6nV57xxSKJKFiWkC6SRPwTEcYr2pI/GF3g",
-	"qmAHUFzbLcE2difjo65x3Ss8aGlTtouoYLrkvanq5tDmST742UGu33VS2SsTFfOLrTl0mPN/lO0qlCyr",
-	"PXGrAxpom4Wlz6T5VdlqhJqAln7PWrclcl5sBZbxks6bkcQY7zUROxC9FIENXGjXeBQ+PiU+Wbq87g+h",
-	"xFrVUS8PoastSaPuaLWbiCzSlHIPOpIf7ipT2uyTUa8s7m5PCfDf+xKZbetgrjYP5V3QO6ad3H1xPueu",
-	"YjQ+cnj3I29q7ZyOx8d3P+T6tOKN3mNh1bbBH8oH3M3/e5G7HAbv2tu85857D2dqI5i96Xft6yh/Yk7p",
-	"Wdx79303y3hgsKGdrOM5WGfGjUV5DbWijY6P+DkYFa7iElmIYSCX8NLdutkEMRyfKY3YS35llfUi0yob",
-	"ghiMpy7LYiYxw8KgKoyft6wrjkkku9MvmBS3WGPJ51I2nc5nVey34lRwBq+ErVhwPyrA5gO9d8HPXeXW",
-	"k9ilyvt9TnCjyPddem9dIiHPDc48S66WOUUIsWR136cC4vOJecDpqVjllXvH4ncGqsB59sinSuBlfixE",
-	"tu0F1lConm2l9ZlXE39yclLPJ/Qr5J8P/5UPfxoPTy+//3NblfzvP1RqUFbSd6X4wFy6PWpWd8kXL7kN",
-	"H2/fsDbG/72f3IQJN3vLAi9nq7W/pc3aKrMKy7ytv8mILhkB+9mS6OaJC/vJpxAXQW+t9A41kgDBJlDg",
-	"ZxtaKG0nVBgTTDEeo7CxzZpn+YiQdKrIWWjKRbuUBXIYtnRR6GvXDoL8fzio8WmP2GuLEoQJEp668Uyd",
-	"2BWPxZlLioGFbg2sjNABHrnGLpde3AiJJhrGpLcsK7CepwGLp1sqFOUFBDGSbGOTzmQTcqGySLj4SKuw",
-	"MCht6/OsobVBjNQhtliGreEES8gpmCC29zkBMKwk8zg6grQT2YLMpgixB802fvRuFLaDXLfDT/oUvZzJ",
-	"VnTAQdlRlqptZ1mxJhcTLtQGCYkEV4hPL8siRoR6+8YAUqxTeTI+NPExM4oj2RF7ja6zM9YokmmcY91u",
-	"OOskPg27oCVTR9DYI9Q5IDuI2i5mJlkFOONP1Fr5ybycuX22jbB5SarUqUuoRJGmW5jCJVubaVvm3IU4",
-	"mZJvqtKjuIx++ckBzlt9RtPugJO0NCsuoSpEqUQedk+OaR0I/bFNFpXtNYjq2Yg9WYroWsQ+hMrgGRBJ",
-	"ZZJQvSabdf3Lb25zbwWsWh29R3oDirLPVbzdX2WgCv1FmlZ7a7/atxOO12n7HQkHYIytg8F3VZntt+n2",
-	"1JV7NMFuaxBEnWdrWtTh+9nev5/ydD9Nqbu5f5UzodwAgXkXGwqI2C1E23AQB/VtK8sF0s8V4vZaD7dM",
-	"cldn6fIR98S7oGcjBV3tDIjx2AvbD33jNFpe/vrLf4UHgXEnUTqYxwGM/TSaSWMTEXBFKheGMC+dYEeu",
-	"VvbmmzSmPFi9s0R1SS2kVGaEU9L47v7Kf1g193j8+O4HzKouTNlDfOz0/u2hqYhWa/HCCh/ySoKYlrkk",
-	"w1B2OfrxmZJpOt1VGNH1nH5iCps0T7QhIyvVSMpu5KdlGMkMRrEXb7a9u0/TcodS5UNvAEyYb69i2dil",
-	"KurZUHWirYAjmHhWSEnVPur71Vks023YecvgNS2znGguQAC54g4WO1pC3zzJzmKR8hYFsXO3axhNUFdp",
-	"rXtvdztIwpR3aKucWdnur53+tlO42q3tqsXpdvaV839MTsZjY3gQFz88Pj3tkuNMSVeep0nFnbtn9QQz",
-	"S+l+3HfzaAVDM8Aw8nzAH9wq/RvyJ5rcLodK02cMKx9gajxHrWS+NfAcq9t3Ba5BfPK7LkadXkE/vXDQ",
-	"bsy4c4rhFFHSNeXUojdItrQaPKSpthsIuMp72Qgm6RMWar1151UY/pTpLnl3pzHTbl04E/a9DYyPuMS2",
-	"Yr3lCktUEdni7siNGMmVYmqRC0qw33AN6+xsfOCwcHi0Z8xUL7HQvk+nP3k01tJw0NBcrogijVnjsJhN",
-	"CmQvCSJrDPrOO6Nkum32GvKcp7u6TqKSc7iH8+sl36aKxxdKPScWAs+d7KPpOEgl4nYuYAXw8GSyh5+u",
-	"1qMKSz//zk4+w5JbYkE7nHtVr4+LBlOC+B1RHIzXtPXSm5qcGWzyR2DUav1M7zMbjuEynsmwXoYzHLGn",
-	"nCroSNNl7R5dL1mSz2RZiqHP/Z8S/5ir2wODgzGTYH0WzZIF3mkEzycLqq5hWmlSxYQcOFF7+AgTseHy",
-	"Ey7wU8VwntIhfbQQjnQVtnbEbOgn7SEbRnUkUKCkppN23yeMg4AlIzHywmLYwMwGx9pDOxQdnEmP3HaE",
-	"dcRNfjn5a/xo8dXhD9/q0x+fr47X/z3iOncAAbDDquud+hs0LsUvd7cU9Vp9Ar39Yd+ghWDMGzQq/35I",
-	"cKtsTroztkU0/ptGs3734JSwvMzKLPPBXbCl9ly2TsH1GlPc8pbekciuyW4YDIDVDAYtRa02pjIjZhR6",
-	"ySygBXndt4JqN63M9sfqd+qG1qitN8aaSZWxNTddzxq5wKbdaNk3q+yYdRC0pBujRESEH0ip3OtyGZoZ",
-	"Q5NKmJkSFLu7m6Haa1CGNvnP9vcbsa8Fl1TDLRU8w9pRWDmKHPq5ilRqKiDAOPA7o5KdtTsfKyUWlmoj",
-	"QaTX7KRqxhCl2KJjH6S43zmO4nO2yNhWFQGm72A9Sez76GSabkm5UtlMzkWqqBheDcJBoMp8o0z6UUyy",
-	"sEj00hpd6yJbKy0OPhESrRYl+BAZZHqz2FZpFR/GuZfQ3+LZt91VD+9EsWE/TL/LZ1fPTCyevW8jy2rf",
-	"SkLB1Vs++v0R6+0Qbd/CapvCe7ScaHQRxBZ/zutf7ioVtSxb19V3mSxlsM+oI63Xuc/VjqomiFM7meZZ",
-	"THaexfHxdHx0x1m439BZHEani+P5RAwf8aN4eCweL4an84d8OIlPosficDHmj+b7nkW1UeZ7n8jpq/xY",
-	"fj7Z/LN4uH3DD6NdJ0IrcUfiH8I9nFGtPYs7QjOUXk288m+QlS6t4JnUaxHlOxs6e+qCryLsj2FpHk5t",
-	"is+0KUbE0dyl7J8kD9hgYGpvmUI7Hf13Z7If7lU4i1pqhV4tsF9/+a9ZLzwI2FpkkZD5UMhIxSJ2FhZm",
-	"pnHt0uKYFldYRLXvZcez8AHVh/5/Jl+GAeMMyzaZT7CsoanNRYhEU4wLKyTGAuc785PDTRoJAlDoa7M/",
-	"fW4yJrEHLduoIo1n0uRVMrt0JUWj5/qevBwNONNE09hv10aydcXNdhb3dyhW4hv7uDpau/TdiSBlDQAp",
-	"jjOT9waQnrHQWh4hpelbdRTL9YJmRMmGn8Tb8A3t00f0Npg2kLu8DfST383bYJogdnsbOtDy/41QpMeE",
-	"hNihMpxMDye1JARRZLWGmX4OQpuI9sEQzl+wfyKE7fza8ALUOPwdfVZ3ZUCUyzPNDqqeAGA+e6sLZVPQ",
-	"nY4A4z78H+UIUJbNWMluPtgl1FvRpbacLreMxljcpkdJrSsy8SD6oWFCZaIBEMpcIANyvWlN2rbtOoMQ",
-	"P9vw9g4c5mAwYndAKy+QZW1oQV5h35m8u7Iv4hP3qO/rAytnsomsxLcGi9sWQSyLdeMMNkhGXYUMLw+q",
-	"NVdmslLOzfu2VqTtblgShk/BZp/JyB5treLPRaUuWVudSK8uZDcyj1rn/l7AvBbn54cwtXsi6vDdPUBd",
-	"Xb/6aAC7PyhPvxcH77Lw6DJgBxKT0f4J0Xd2it8KgLfrafe73xij9iGQs/sEep/JN9pEmP8Wmd5fsD8x",
-	"BdqMJN5LuKOkdG5+49z52QZ17pebbPSo7ixh9hsmCVvp8lvlCP+mbJQ094/GQ//mHtuZ9Xuf+/R+WVx4",
-	"RH7Ob+MiPqBGGfBK7zt0pwaPI+N9LHN+SSHWCvRtbLqgbEnHuUuxGlXKrJuibFgCsPNKt/UZAT2d1kDV",
-	"x6uNQuoNTKg6Ja8W4Kgo1dXn8SWkarcEqMkIlu6eSRTz2P+TMDCmucJBpe4fIuawRCKctKksa2wVs17s",
-	"/oTbZBYytWlAbb3jQ1vTzWJfsisxk7Znjd0ZqgvpjKCaPYCF80WW8BQumQXt2NS1KRVxMjo9mim2Yukm",
-	"kbosK0s8+krkhjeftivvuKD/zuzVntvHZLEBk2qDWXQGcHnAQjtP+Mfmv3spcE8M+Pd314HsdbkHzzZM",
-	"qVsLcoGtT8F9aejSDfsZJUxYB0qu0H2N+G5bLm9XU59v5EyWvRWEl6Dvp/y6K4/8IzQAQizc0AARGsyg",
-	"BzW08DDgOwYpiFqf8U5oBr9i862X4ylsAfFFkdpU1pncLHmO+ABXvblAp/4fJPP2ooJNbs22DaguoqnI",
-	"xHPG66m3ll8TYiJSWYwg+MORCUbADv/67/9R9oB2bXXVBrMdjeHZd9L5oEyBtpJvJhljg0F3ei/Gz3hO",
-	"NWbnHc2tg0orJhwTFXs/lHo2k5ORw5ybxZVvUEbHbSqny9rilbLr12J7NpNHIxZaZEA5CNX+Dip3QoqN",
-	"a03gAJKd7bZw7d0tt5CMFi19nqgBAfZUKfs5crnFvlDBzvxoGZnippURP7N9DEA9cr0MTCno9krrrpnB",
-	"YAAE5SA/HklRge40bbTZuuKJbMnSre67qepINdrLhyOVpnytsRxsrnDP6PZMS0bjKn7E98nfNgT9UfO3",
-	"JyEI0Cy+tB3jw2l7J3nW10LUCqDaYp2WN1LeAzWWxTChbb68Vw7EiF0oRsWdrZmbxQGwMswJB7VXbEw3",
-	"Ny8pvNnvYOrxZGDYTkFgpd5gmLWfH0mr3z8DvHrsNi/kKrkRWDasmhveNygXKn58cntry4gf+DnilXPe",
-	"0ZfgrHaB6h2xOnPJk3xXDnkZefgUKeSu3tjvmEJuK/o2IEtA7tZyKUn+eDw58HFJnXXF6Mi+MA+iCrRI",
-	"+fW2Po+HeoLJFljzucE/TUgZVLl9JqeZSIGjkE7367lf7DMwVku7d5o7nfMfwyv/P6fknJc8X9VKrR65",
-	"t1MfBFrdq892OvWB9/1PduhP3jcZ3Be81TuLfSKTyPKitmzvysNBz5fMvWnviga4LAdwubcXrfJ9vsWD",
-	"TbQuRDZCWIjOQXLeC0Napt9OvFRxr5h6fK8UcZ7Fw9jnqonUxWKRRAncNVe8rwLEc98zWzbqnlvXMkfb",
-	"7oEqmjSmA2vABr1JRSiyCGycP+iWfowM5naC6tcUS9t0mGuq6p7IujpJpqJz3ulWZbLG3nQOiq8z6jpV",
-	"zYBUvL0Tbo0a5CeS+vmw7quZxNa4eVV1rXoaUIllHI0v0l4/CaN8939FBYy/FXf4bYs7NOyj5lY7RcHz",
-	"+TtDCaNkzf1tDuttLfrrWBtf83PlYeTOPaEhqBfL9r6lRXBxWFnEPvxRSzVQif8Sq/N/X8mGvnU7YOpP",
-	"shIsFYucKYkdOqj6gu3wgY6Xg7urPLQ0HnSVCfaxxauFsJmL0yxMezWv3+duLl+tqlBtY910hFTY+sct",
-	"s9A3pnlp9V2LNVl9ibw6sGUYumswnPmYaSdiy81BTxIRhU2kQ38xW4tMK/m3Eg5/K+HwKYNEdEFbgkQ7",
-	"ynm3lXDYiPlSqWv9wF0UdEu0BnouGsEauO4qc1FfwwGovJDxpTLjd7ZNLNHLvBYmQZ80w7XSOpmnW/RV",
-	"WzgzaKSJZkLG5DGmhrlSsfOXz6j1PPEmvwm2NaWoPxetcfg6ucL4mChbN92IDFvb2cjGYJDxzWDgZAAi",
-	"QNtaFM1kP1JoSeTYeMx07km0kgE7Ga4SWeTE1bFjGctVKjLguwcGG2yHLINDG5Vdd0eFYhEXpNyJeDCw",
-	"66W9C9GLeuH+TmLmK+425aFR+oL6/YHOaKJ2+LhD+cYiTW6w+6grpsGja6k2qYivHGcP3bqs1s7LGnkW",
-	"6jBi5+t1iqzFlc0AcWL6/TsGRmQAO5vo3HKbalbyIlWbKePMEKwtqFs68HJlqNG8n23xaiuol14ahxeQ",
-	"zlzE0Bx7aiIyc6RD7D2lK21RbAbIDMFhGO6rbA36eQl00eaMfSUikdwIR5rf0rv07kg3C/O/UCO3Qia3",
-	"Vo+ghm7BzaH5TlsqN53eAoYRHxbqkvyNX8lrIrgUtzP51dfnT4avvzqfnDwMTP/FUhAsOVCC3XUtokzk",
-	"gXVFOUIPGGfhKAzKxrwZ31Su05SF3jx9O1DO/sxmvdGsx/6MPzsIQb//gZohlwnj7iXKJJwVz9FvzsJ6",
-	"CasTRvdQY5chrzOiyeSfyShV0TXrU2sw7Asci4XguXbhHOBC2Hod70IidCMdLf/L4aOHx8fHj48eTuAY",
-	"TiYnj/jjh6fikYjEXMT8aMIXC/5wEsURP1rwk8OIx4/Eo0d8LE4eLhYnRw/jcSQei8Px4/jxPLbZQMSj",
-	"ynSgFkb2IclsHwA2t9m2U+/Fu8pwNEEuvp+HnL5lTO+SMoTbHcDo+l1Hy8vTL6+Olv/w6Pr55MdvT8Sr",
-	"vNO1S0+Im/zy+OKnx9f/OFl9/nDz4jD655td9TruYaTQgSC72M/Lft80esdc6+EEx5632FfCMlVn11n7",
-	"xDcbvcGIWDLiQ3a174IestDqXF8iV7WzdYyHZU2aA+69l4YDnkfXXc4tej9Q1XkUibXFyJP4AqNrE/j2",
-	"jP2cJO1M9hty6mDEniYEPeDbWiRRL1WRYlu7dbnTIL3IxV56tt/H+VJtgdh0BdCb+qUr8IE2B0ttqJqL",
-	"tKLF2G6+NJj3rjjdCFgattBEuYPtOHvT3gO8JEFvJbTmVzCl7SVo0NL12xOwSpUuW0e/Vg6n9DaMPQ8M",
-	"vQwrX2Z/1ws9OsxcwCtwe+MkRnWjP+cxK4WJQidm6gmyHbutPfZb2e8WDu2pgIl2XUiB2Eol0aqGVT9M",
-	"y874E997b8qHP57DudxAkLuJ1om8CtiKpwuVrciFtckUfKaoLErXbsxkcztYP2zseHhw5pqPJ1cYMmmh",
-	"baRouPL1bqO1TquGR7gb/X5e2N/DXv0dTM7ONnLI8UsJ5LSsqoXoWabW1CTT1DPbiLDcI0Of3us2rG8P",
-	"GYouV/hzby54JrLzArSf775HnoNKH7E36t35AHmRWVUzi9/0XCRTttIrTwMZserCR6WiZvrnNTPYKSGe",
-	"xJZLK1UbMtH83NJgP9ihN6eBhDbntKBMO6lBh+WKrfm2THU1uY/1mMkOeGY5t/U0NCe39dFhcmqYQego",
-	"A8sD28xFzG1TkJb+LOVUti5lcypjslkH4UKlqdoMlWRGdGnTkhx3NmBNU/DXX/7r4J7FIrEJi60W6a3S",
-	"VCJrLvJfMLcIk4kqsQJjq+ugWvqqVuPKm8G/C81pnsm5Mj0ZYE86bqQ3nLuR775/938CAAD//w==",
+	"7L3vchs3ljd8KyjOvhWS06QpSrItqqbeUhxn403ieGxlszNhVg12g2JHTYBpNEUxsavyaS9gn72Fd2/h",
+	"/f5cSq7kKZxzgEb/oyhZTvLMZj5MLJINoIGD8//8zk+dSC1XSgqZ687kp85C8Fhk8M8XsViuVC5k/lqs",
+	"Ur4Vsfk0FjrKklWeKNmZdMI8W4uQbRZCsnyRaJYJvVJSC5Zoli8E07nKRMzUOo/UUjA1Z1wywbM0ERnL",
+	"xA9roXO2SfIF/povxVSGbuZoO/hcbMOAZbQCNtvmgs1VBv84ZXymhcyZkvC4ypLLRPLUrWLInt+slBYx",
+	"y9VUzjK10SIzC8vU+nLBwrMoEloPnimZZyod4I8Hn+EehMOp7AQdccOXq1R0Jh3zrp2go6OFWHKzF0Ku",
+	"l53Jt/jFd0En367M73SeJfKy8+5d0PlCRRy3qrpz5wvBVjxfmC0xa48ywXMRm6WrdRaJgInh5ZCFj64P",
+	"HqnMrMf85+LJZz+Ml5+f3Pz1aPXF4fXf83DI3uAWm02cSjOUOwMu42LnYJOT3N8SVt2Rqbzjltyyuk7Q",
+	"MWecZIZ2zC75u1ffrdciz7Zn81xk9f36TG1YquSlWfaGJ3nAEsk2C5UKpkWkZKwDNhNzlZn3z7NtIi/L",
+	"dMVqZDWcyh17cUfqGO961WUik6WhlQNHJInMxaXIOu/Mi694xpcip4v3bMGzS/EibiaaCL79SLMkZt0w",
+	"Wlz88vN/h71h6ViixcXhF6un+pPj65fR+OqbH54Ywk3MEIbmOkFH8iX+0Ax2kcQ7T2rJb74Q8jJfdCbj",
+	"4+PAvI79+8AsPs9FZsb+92/PBn/ngx9Hg5OL7/78T52mG+EdwudiW3/Fl3wpNFNSsFRdJhFPmVqJDC5R",
+	"wLRi+YLncMKJ+dmcJTnL+ZVgYj4XkeEEkRiyfxbSPCMYZ/NM6EUwlWuZ/LAW7Eps2UpkxaCsy9nXX7/4",
+	"hF0fGZ6VxIKnPbg5WsgYqKffN/TT75uHgyqzmql4GxgGJK5FtkXawzvN82KW4VROZb//ZitzfjPs99kZ",
+	"e5Nn6yhfm6v7aSLSmOEmse7rT5+xpydHB72AJUMxhLnMshPJYrWepYL9sFa50JM6p5ywaeepGB2ePHkq",
+	"Bkej+HhwdCieDmbRyeHg8dOTI378ZH5yOD6adsIhO2Mzngl2zdO1gLdS65yGDqaSa7PCZCVYlCZGOuB+",
+	"wMXTjEeRWOVwcRRsloRjq+5W4xL3WWA4ZOf2tXMt0rmZ9OCXn//X+Ph4KldZInNuduLszbMXL+BK8Mhc",
+	"H9YNRzfjUfjLz/8rHN08eR72AhZxLQZaSJ3kybUIWKTW0iydG0YDSy6OYirxLHAb4M2EjvjK/Bs4y1Jd",
+	"i/gUnkJRSftHq1zyrfkuQ0Y0E2y9Mrzl+GA8lf4qx8fHNHDsrT5ggkcLFk6n007IVAb/moaG1ekkFizf",
+	"KFpZb8i+TLRO5GUwlWK5yrcBHIXhkAHjcsuUWUYxdmCG81adiRXKGyWZNqTLU5YmUugJC49Go3Aqu2FS",
+	"nNzFldheLHHGkD1ite8Sec3TJDb7LVVOYt9SfaRWwhD952Kr2UxYNg5ij6epyFj37NULc9q9CeOSlg7f",
+	"AJ8TMgdOAORgTsVc50ykJDAjlcUevWg2U2sZ2xlIyfhIs3kiL0UGxMO6S5EvVBygDOYynsqISyVhnn95",
+	"89VLZi5275RlYm1e2vAZo3ZwFifzuciM1mHVF7MkFh6NxyG98GthtCbDXDaJjNXGvLtZnhbZNez9Uixn",
+	"hg44rNiM2+/znKWC65yNj9hCrTPd77N5ppaGtKZynmQ6Z2st2GzLYjHn6zRnXRpQizw3awxffPL8y1df",
+	"nT9/+exvF58//9vF6+fnz1+ev/jqZdgbsm+SfJGgooTLYnwqkV85nmaWgxpDo/rWLW5zPrBa4YSBEtgL",
+	"QC5r8zpTySVL5GCVqctMaOTn3fBodBKyP7MQ5PwABL15TJkt0eslXDhmBGOWrVdInGLI+v0ze1OnElfe",
+	"79PRmqM3+683YpUHcF+5OxcSFWtNnMmSD5tlXMYDKTZTWcgB/PVaasYveSKH7HMhVlWuzqUnOX75+b/Y",
+	"Vq0z+nqhsuRH/HgqNyJN3bV1O44rlAKpwJxmQQGW7n2ZUQh1UAwMvzb/1evlkmfbzqTzsePggceCQd25",
+	"EttO0IHvOpO9pELnXWAkNbHC8kSt0mqVibnIMhH3vNn2lUKgEYBagmypUEwqUmNf9eT4YFxVTxqU8mSZ",
+	"5M3K1VKZ+5yLpTbsIxP5OjMUCfS74pciYAfmi4PRqKRwHYzoNX5Yi2xbvEUKM/lrpauLjyz5DamFo1Gw",
+	"W0kMOl8ZNbtNKQQd3OqERhNvUApbFPQGrRBG+zWVwld8q9Z528ut4Fv7divV9HIrdXF09cOT5fjmJJ8d",
+	"ys2Pj7fiYHEdPc3i5nfEQX+9l3xnpkG7DO7yxzx+jXzK/BUpaXiq+SdfrdIErcZHq0zNUrH88/caTUif",
+	"GbRI4PK1/ZKnc5UtRczqF4ouq5k8BmJrGTDoxCLnSUqnURmILdc6N5rOwcAoNe2qWcDIVI+EOTqd83yt",
+	"O5MjQ/p5kqeVW08qr10Cbeciz1d68ujRim+XRikd0o7YndKPvLcYXIntwA4BnKZZoSlv2UtVe0UlkU8b",
+	"iWS58x4baIcvbWCiPQlChAdyrzopcsS9t6qY7N5bZYdApgzbdpEVNOpJHRVv2SwT/IrkDd6Xhh2pjFIh",
+	"JSuojarFFlyzsT1xNjdCRsMdzzJl7OJvf+rAh51J5xFfGh2+E3SWQmt+aaayZEgaxKWRpHPmlKqDzrvA",
+	"GyBaZ5l578YhDLNXc7bWccDEOgvY5WwVsO9X24BFi7kxKOKA8XXcefed2SidcxmVnSGth0ZvV+zH/oeF",
+	"jw7so8BRCkb1T5mYdyadPz0q3HmP8Fv96BWOgY/U2aunxtIkE8bZ0nEOlVniYs5PYT5EAg2MPmXOD/Sn",
+	"RBv1fyqNBh3Aka7llVQbSQdqnqsRDuuGFUIJPTNbzedCxom8NEowjJFIFiJVhL1TpjIwvyvXU5t12WW3",
+	"mzI9ZpTV4l277YZNg/+IPVuI6ErE1vFUKJlTGaU8WRrluN8vDKJ+H3wY8+TGN03IT1dSxK0KZ5TAd0Hn",
+	"mZLzNInuISu824hiXar8IjIUmxo27V9J0DBYk5pgznXFkxhWGnFp3mhmjDczjLGHMzFfg3dAk3/K6L65",
+	"4HGZf50UVwEnMwOVFrP3fYCXGUiVD7znH+5KoBP2I82QU5gD5LlgsRJA4YynqdogfRbuKfDYctwpWF+x",
+	"V2BewmahglY7CGOhfaJgbCCFCQzOpd6IjG2SNMW9WnB5KYgoyq60F/JrLd6LPuqkf7HWJQo5q7rsE12T",
+	"W8Yay816ZwJYRqYiobWIhwzMPs/t4pmBLBYpbyL/NvKpawoM1/oeisLAjPAQJNS0TTXu0bpRTa4XPIqw",
+	"ZzhzmlwLpjZSZGyhDD8ktvORBlknhuyl74EpWds2LJMnS8FSMafQCYlJEbBMrWUsYvJblfzrnu2aCq2n",
+	"Ml9wyQ4mbAY+LwrB4Lq4tq4DwxKc+8Czli9FrsGbaAMUPZApXE9lqsB4F7im0lM5vxKaKbMGZJroNijd",
+	"w96QvVJpavZUK2WWY/jxgmdLs+xTlpiXTmkF1uoG38SQgX4GLiZz78ADkW7ZZpGYbVBLYVSDRLONyq7M",
+	"+EpixMXNPSHy5iw8Hh2GAZMKhGOi0fT3XsWuPcmNlgJqMRj8XgTOO7k2aqRfP/JCJ+/qbvbXYq3Ron8w",
+	"5pDhkFXdtsoNNkYF0CJudZ51X3315pwVqhNeGXss4IQrMYHxuJ0JuDXdmwnQCA8jRxpvvdkQnmaCx9vd",
+	"G/PLz/9V2gZ0VU6lUcfAd9mgrODyjSgpWAA4ZBcQDuOaxUoKJEU/YOr7wRKjs3GIphimXZZJ6LKSYlO4",
+	"reCvktPKkJ80hjFPnxs17f3ojka6AI2vJIwkW0txs4KFMviaqQjkdUntOC5r4Dgcs8PdQQHHJwf45IPI",
+	"iYY3MLqw/8bmML9qsD8Nb9aCiRsRreHvBY+nciYu1zJAiQOuzjnEw4kBTwyzSRxr9sPDAcWPdzh4Azjv",
+	"knRmz1MtNguRCRq55PsvM7OGgW9jag0ZCLCLL1X+qZFT70VYRv2awygeTb1UpLg1acFlZeSoICpz2exQ",
+	"e9OTUV3xoYcgpZeK6XW0cJornVWiXYQldC9s1AhzjEmMlx0MNHDDY2xGQ7ZEOQ5TUSo66LRLFY/PlfrC",
+	"aPzvdRjE9C5ypS5SGG2Xq0DcREKQ4qOTHwUDP2vpeA4Oi+N5beMBSjE7+N7HRBMPcqUG+PBD292kIODS",
+	"zKFxVKUwuGO0OvN2rBvWNqnM6IcdSKGA35wnS6HW+cOcCY3VciJxEqNFlGVGMd1glOlgpE9txBgDKgGb",
+	"c51XPVpPG47JzXf3Q6JHH/iIAjojGaXr2PDK5ncuHZqR8PZVjEZf2c3wlB2MnGZdxPRAw8eIO2wfhh41",
+	"uViUYjpVmxToJTIDq/m8EOeRklJEVopHqQKzq6CQSflEWr0Nb0R2nUTia8mveYKW9f181GTTqOxiXR6r",
+	"8CWCg9/+rNhYtHvNpiZL0eBZbB65QqIRz+JbB7d2aXkzKnrbadnEQIMcNfiyquGxnVdu4vIS96Zqt/KB",
+	"PwD4/fCAdu9qzHM+45iKt5aZ4NGCVlDdzKbhKlvZMljryxMJ3ffVaUWVF38Y2zwWKyFjMBosRVyaW8zN",
+	"HUxkklu3C0VrSXtGTWrBVyshzbXq918aW3gqrWtvQoYdWoBls9ulqDkqc2kydRNBScansqLv4WKSvAiV",
+	"58AYMhEpiFGvFOQ1JLnnLYKcwsC65FQ2leSoyzdJJHqQrjBgYeNlClkXn9OkKJoHNakOxaUyVwgSBIz+",
+	"MOdJavgj5FMwvDNk+5NyuBU5A31jCDM3UF7IupC/4sx5wxHzjEsNTNERoplrnQnW5SxVOjfzFfwvYNyw",
+	"4oSnyY94Y+nnvVOzveEjMMB+DANYYxtxP6A9/rXk6xwyBN7TDl/7A3mX9I2A3AeML1A2DeOafXRGPyf/",
+	"xMeCZyJj0/VodBhdiS38Q3xUlsoHxUX+ujzf3je4tM6Hksf2vRLtfPsqI/s0Upcy0eBf9ecmHalkAA/L",
+	"x/rNN98MzC5hmlEumqPQvPiFoSdYsWC5MjZxORaNW9zZleuKJKHXq5XKchF/KeKEn8Nv3os03IAXSzPi",
+	"BUxbJZK8qntyzfyJzARlXfrYJwc3B4M5GM1xB8JwIwxghAE8+lAkYrVpsEQNw+CahdXXC4FImnarolIb",
+	"fcitjOL2KYb7qjTyN7XO2Ay/DSDH1AYZzWauMsPQ8gT1opLULg/zzYLnlPFgbDeJ2a1SbepjQp7KbdtF",
+	"6z3DiOk7d1A8y/jW/L1CLbO+ktfI8YH72wVZz5VZlMT0tNDj3OBJ5pmA3UeBuRX5Q631nZ+p8W3HVyzs",
+	"SxRJ+Gr2vYhgkPKotdc8kwzDyTbPZ8extQzxAnV/++BHhjtJ0PuS/JRc5lJc8jy5LrOKw6OTk6AzV9mS",
+	"5+jrenzUqWf/BB0Xr75lB5/Z31U3ywt401s0bRVmnjfvUZ6L5coY0YYYIBEOHCU2Wz6v6dv77x+wVzwD",
+	"VDliyO5v3VPWzb2cJ3yynA90cLLvxmLZxQXPSzy1Mx6NjwcHB4Pxyfl4NDkcT44O/t7xRox5LgZkm1SY",
+	"+31OK+iQfnKBvLzOFbaMsxD1q9AqdPgn7obb9o80i0WUJoaSVezqSBKp1/N5Ehkl6gIuNgTP84XINokW",
+	"LJTrNA3NJpp/IG/CbKja6yUNeVpfrfgPa8GSOGCrTMyTGxGzMFpchPsUJtRmcAlo7clu5NzCjVjxrd4r",
+	"2a02E8mpC3Spt+afmd9YtzuRaCX/bHlhqP/iOtG8aR4rTGsFVMS5QgoyVY/S2qoo0DCVAs7b3sdEQ9pt",
+	"ginVM2FUfGMgxL0Ao3KhXkeRELGhG5U5GqLsUqpgsvwz6Lhfd5AmRWw4RfGi/vf1RD6f5UDelpdK6JJ2",
+	"PF5E21I7h8p9KN3TRsYFXyP78tLqeBwnZqN5+spjRHOealG3C62VNGc+d5mv05RYTJ2h3YN6ckUTYcZ6",
+	"brSwwpoyBwx+TS0mxjh7W338Ldh/ac7emi8HgwGj/zd/hj4Vhuwto8PSla+X4Igz/9zxI1zlJ8hK4IfE",
+	"VmIoERiHAQvpEzikkIWXQoosiS7o47Ayos+CPgUOtM+gDYzLjDuVn0IOPO6LpuAE1n0Za9SWCKHtijZy",
+	"25bOxIJfJ0Z/27mr85Rfbc2ayxawoVT0RWOSPt1MbSN7aiN1ngm+BNMFw5ssPL65CemG2gOYsK1as0uR",
+	"Y/AYhzttywyqLM76FWvLK1JWSm6viY1QWwPdJmqtZZ6kkEUPOe+Zy7SXUZKKzI9bl1eQ8VxAajVSS3kV",
+	"OLlm4dH4JMSXKXlIaDmVIY1h/5qyZutjWveEUz1ma/SJFEzTDEBDn9KLAHN07HOeSAokGNVP3CQaWCnx",
+	"grdlJlnm8fXb5H1Yvj3eF7VL4H0HBOb9XXjCG/bY+9TfpjK33i2WKgy7ws3a+Szkbt2XzUK4OKPU1jvr",
+	"h2pzu3IYGu0vZH9hByfDk5O9FEOXiX9C/9udjn8/Fa/0UtV3/DQTRhrcYJkR5ImY2wjVFQJMSiolG428",
+	"pGrIZlnyLbr7lMx5ItnLr79g3a//PBqNRsaaBfNjtc7xjsg1lh4tRFZxW5xvFBN6lZnLpamUJspUojXH",
+	"XFuvzGI0Kme///t0ejMafdf/p1uJrK4FtNMZlgXcl9DQZkUjFfbTGYzWTL8XBZIBpNb5bjoskx3s2G9G",
+	"dnkivTJ0qkDpzPiFUT8u1FWnvnugmMy4vGI8gorJCQuLB0JUQm3QqsgPpewnvVBZjkl9p1PpHsSQVEgi",
+	"E6UADW+/Oy2mIXm7hJyvEuufSmLxKDSo0g/FL7m2tMtWAN/xXGS45O/VzOoGPW8unapNOJWYX5YLlJGa",
+	"ce2KzjHWV1abSztYfknvA8vW/bnKbLo0zsPdH/Tg3Pf+UKhAzc15Wq3fKa/gSgx/ehdioRT8FIrl0NVK",
+	"tXdLnkhNX9t40X1uHI5QXDgUz833jn2CVDmprseYRtUFWegIeq1yTf+DXNp3TcfjXePqtqdqI7JBxLVg",
+	"L958xY7GB0/ci4JFjxwNVEHnik0TnQ8Zurg07lKi3WNTyTNhyyLga6Ml+SIzggpvc2PCtY6NFi7WmfnP",
+	"5Wxl/hMt5vAfDt/xdRyeTiVmh26FxAe/X23DwJix0QISQKWSEGLy7stam3sh1lkn6FzOVp2g8/3K3Ixo",
+	"MTf/z8FMXFcsTnyoZlE/vxZNdPNGGfXFkaCN1xkiQqEKh6ADtsmS3Fx0G7g3ajWwCo4RdK4tYchLMTW7",
+	"hBPNyKiIRZpcQ46oKzJRMhJuoo2YLZS6YkLGEJrDnSgT//7ep/H+3qeY57z9sqNPp37XEvL0cqIhawbj",
+	"dhndIhKZtLXvtoAZY6kQUgPveUnoFZcbta4CbKLNEVSINzr1whHU7NFpulx7u6fEdX4RGnYRrzE8IOyh",
+	"AraEuSVlDck88PhfZ4fRy6fLv/54cPM6P942nUBOkRxL9qjuGgHZsbsw9P0o9BG5Wwy/N+yp9BNUZuwY",
+	"9FeTf6Y01x4OGgrfeJRIFNQkVuDOfZHoJjc61McashHmRzowir7RIUAq1/m+pdK9AgN41xuCFwuuL5Yq",
+	"a/SYCkhfM9/SkthcpananLIV13i5U3NrwyQOIUqkc54Z6++CY9A+V2CM5wuxHBabOVMqFVzWdhNeyFtR",
+	"0/5B6bTLia2QqBTl6jeUvKTO1DeQatka3psqkTCfNNETxhHRANgQeADK0AgYM+uGVFaHJfnoUOFT2Vjz",
+	"ZeSH5IAIANlpRipU8xh6NbAgp7vUbowrwmsMhyWabTJlAX2SnNbGViKjWGUxya11gLfdCtzXYklN5/iZ",
+	"4Kmxg35qrh1apzke3gJ+Z/TWWYPq0+oTNvo1QGrh89uKa/t2JZFGblp6tTAgUlmL49JLZQOYBTW3lZEg",
+	"35Jy8r1uUO3Qx9I8+lzICJ3WV0JOWHgQOoUd9XiX2Wy0vigTSwGoLYCQAuUrXDJxs0oAtQUrRRJNgUl1",
+	"LbIhew55MUbOF15dP809UtJKSOT2UJzH2YqvoQxHpbExZshTFHFJoTwzOo4Kye/mEylgn8zJV6j+4FaT",
+	"rqQD1C6zdFWFG66ZgwGphB/qCsNof4UBd1E3riAslheyVbrWxDjKACesa0FL/FTGIbPAHYn28Dqmcsm3",
+	"5oo2gnZYvJUSYEetxKDp3Q9H93j3qyYMKoKSCRwqUg39AlF4ymewF8RGwxJSFV2J+AL8rk0kkKRE6y7T",
+	"36/6CpBTGIaMl4BOk3VtoR3PnTd3ybdo4wING/sXon44hFS1ORKi5sa9vDVOaN3uFyB4mrcZJPBqYRZe",
+	"vp9GC0hFDoEBEMwitv5yZP6oNE1lSGolEWrIuiqjn5BZGuJ/3S9cZGyeyEQvRAxgWOQZ9kthIiXzRK6F",
+	"RpMLXGYV4rNDdBrfH1N+d0WHPjs/f2UDEcSjCviapnsPNFkmvFdfvTnfNT8AX9wKQHjnaW/B/ntE7vnm",
+	"laGz+qJNBLqtwR/YNVLhin0cahYcCZt7IqlAz2bE+wB9o4NWmvXYcatQTuSFhTPyg7UemMNaQn07oiBB",
+	"MNYS1SkLHT2HaCYCqpOXHEmv1rXoSxZ7Jje3NBY8Du1Fh5PRImcc0IUQO4jWobKp7OZKsSWXWxeJgn3y",
+	"CzGx7nQtM6FVeo0mLKiM0lEhMvaK/e7tgbEZ7CuB+5BXDBH/293aCiIVuVBwhW0ETo+o3agKidfpqsJc",
+	"K2aOJ/eaNCWIcuzKF1IbEVeThgL0g87M5iOakPkWLDmt5+vUOpo+TOzjg+bAHExGTz5sDszOAAlkoRef",
+	"QM62NLsMywc90XGDuwU2Hi7hxfDB8H6JKLcniNjALDk/Xdi+GxqSAyiLInMB9NsCccD+E4wy/D1sRPEF",
+	"pO1Byl5bZoj1X9ATlUCj+9kePoemTBD/rT1mcEveB9zR2xwSKKQe1CGBvOH+Dgmqdf7NHRIYYasv9ksl",
+	"xRbzZ4v4GUXNIBhSCg3dh5u9f/DsfozsYHIwmowOPzgjK4fcalnK3u6BxCgzjV3xoNtSBT8F1delCqKr",
+	"0FgJW5sKWIu4fdgswJWq8sTdYG33YI1di0d7Wo742YoTUhMgKc4oclhOkoeV1EkAiliqa2t/Ls0tcNYC",
+	"ck0/hY6d2RRMB1FHohq1N22DAVNZjz23cNlidQXLbfLzPgTDdTTqMdy75d0h/7iNAVP2+INyYOJc92fB",
+	"NqX9t+fBVNDQpGm+/vQZOzk6fsKofIJhKYemuEzQXOLgl4qgWw1hTMEjDEVfGK1B54pGvL6vX7+ACoOr",
+	"BI0A+PFkKsPbSzqwmAhik+ChXUsj3SKVCY0AAxEg97PFdrUQUmPJUYjsaK8JIp7Fg9ilIkK4EfKa3GdD",
+	"Y2HFwgLcTCXE8xA6OMcSF0pKWPJokUgxyATHCDBenFNAhY0W1hNoWAeEtZI8FSHUzoW4+S7ICRqTythK",
+	"qFWKaPtLvvUwmmrhvkaGDbij1UWh8948MPTjp+VirDq8XjsEYTu6YyvsUyvkS/ULMP6CxiL+ehF5a5WS",
+	"D8iABh5AZAHSliiCgTX8suLjFd/SZyXicBE2+FER+3eRtgsCFKCsPdhZL+mUODYeZ2PVsT0InVxKnq8z",
+	"/KwCXNJUZVu2mCuLrkd2vczYZsFfuRVBLZ88E1w7qLLG3FozSjWRtyy+6081LxaLzupiYbFecumR+s0q",
+	"5SiI0PmQaIvjQjlanilnUz2hlI9ekwCoWKL1GtMK6y5uApFs3LM6+CCMVkOi3EsueSG+BtlUoEXu747j",
+	"OWkZD+Z+29frBhzdHonrqeKv4mg0blLEqVqwfvTAgoMqBVDdun31kgQqv/Qzc/a7rogNvdcmLoSc5EsX",
+	"YGif6Y5CyTcn1lkycHmbtypotn4Stsy3fM0lb9EX8Dq7DJj9Mz3OJMbCUW+ge1Mp24LULmOdGmHG49gl",
+	"ewDsmmHkECejfPGpdGD2mWDErLFW/VIWQECNeS87Al5eljc1xgH/pFk7WI5fy+TGVtWXjcUnj4+Ojp4e",
+	"Ph7vZTJanfOWilNvwz8xT7TYP+cVbot7ncSnfmKJ2ae4yDmJmzJNVuI6vzg6//Hp1V/Hy48fb14eRP92",
+	"3bkF2ryeePKBc00ahr9zxsmudJOGjb9zXpN/HLjewGU2ZjZH2NEWaMQz874f2KVxco/Cz4bo2W25gmWq",
+	"asmk20et8KkGFGCPdfiy+J7OhKJI5qI1IusV0lRyD1BAkX6FrI0yXAo20lXom8AvptJ9U8DngMngOvnY",
+	"uL9Ne3B4FJBzXzRbSFXEU+zuAhgblroaaKoSO+TRUgyaE+Fuuee3e4DC0rX1Tsz5RmzxaKNPqHdvF1D1",
+	"zqmNZEnscjvarmCF/UWLi5NPLw8X//Lk6ovxD98ci9f57buyS63xl0TajV2SNaVxI1qqJTvvUQNZIe5g",
+	"V3oOpmy3OWTRrSRidMo2pGXfJ6yERyH2zK6+PT+6gYkViZ/tHc3cOu5VMbyf63c0nhyc7O/63dvFmYmq",
+	"izMTF8f/tj3gr59eni8PZ/8qHy8+cFnwLeW+v0axr99Nzrkc9w3lIOXf5krkRf87QiQKmErjh/Iq0vW7",
+	"v1eRFvXbexW/wfTzs+iq5fJHhmpSEV9CZh3ubSEuQXI1bKbVWm9rBepkX8wWPHa4ITMhZIF0fVqCpkW/",
+	"Wfn6U2lKdT8gSUAk100mxFm64VvNaDm//PxfZUms+VykW0pFq8xWEnNtm+9mDrzdqJ8AoLRF6yzJt28A",
+	"Kgg7OAE00Nm6KSHnTDp8I+fV3Qu8KRyyFzn5OueJK4hF2M9cSC7z3nAqPxFLBZmaExbqKwwwGRUkZF36",
+	"cQh/YvdD95PLVM3Ejfcj+oBSQxAHyeyXRT3ykIAQpCeRc2WBjTj2MKAmPK/IuC7KHK0W12kAbtNLnqa2",
+	"elvDZpnj7ffRDdLvB6zfJ7dHv48Yhzo3LKNk4Jpf0TU1jwBWWb9P4QDbdC1fuEgNTALNRpNoQcohdAMY",
+	"AMVCwbmfVmoojLpHZVvwtr8U+UZlV9pagV66Y7l2hMCsOPQXsJmRhAYJjiCsSlNQzCmh00Yu0hSXNmTP",
+	"b3iUp9sBjNXHjph9rx9hpJY2ly3fGD04QbDXS2Bgk3J3M6yYwpaYhMLbtCJbZ5/khJ4eq2i9pMtGoJR5",
+	"xiOsa52pfMEWPL0WGnbmT39iZyVcLfMh5u2Gj64PQrdPEc+onN8HN+MMqY6yiCGyEYZT2XxtfKKnH06l",
+	"axtYvj79PpJ7v19cIXa+USw2twi/01gvjuB36LqaqZvJVIZ0rcrXjO6Vu0/VG9Y79fO4IN9Yb5I8grL/",
+	"JVPz+XAqz+zFxlRkLYQOXMc+iBikaRKLCoy666VoUyHolgROiE4l1Uioemb3xEHfi1RT59minn90FFZM",
+	"qFolwFRCCuFsC2RnN49MqI1i1WaOesjOfIA3C03gwb9xM/MBNlwMH2Ge/I9hUCD7uSUVMs1WZHXDR/RP",
+	"D2PTRXUSPZUe1huuO8k1C507YvDG+vlD20+T2p30mBQiZlLZtVoq96Hqo5RrLXRB6sWlA76isY+K+ZWt",
+	"1fMTn8C3hjI2vBl4hxUycZMLqQ3NI9IFjvG29ru3bCm4NLv7li3UxnGrGv5FFQsDeNtbFpr/mmFeCx7r",
+	"UxLd2orzIXxjxptnQqTbIT4MW8bTdOuxFDMYfW7G+0RRr00AqDSs8drvaYhNWADFj34HrK6L8SDg9JTy",
+	"BIQ+oURH+2nAwvFohBBvQEgSlNvqch1SBHbRLsr+Ct8O9YOhF0OozrcshH+Y98D6Ww0XBzUccBOYrXgJ",
+	"SVtc1q8JzguVBYHX1MNPHSXT1V23cj6sYfDLxAGZedWMxSvWAUgByL14jwCoCDHysaeyfbGB/cK84ZfK",
+	"nAxkSOzCANv5uthtU6NSn0gs1FHLJMKMcGJiZYRTaqShhcXt8DBGdrmIYpEZra1IZ9JU7WERQby0b1fp",
+	"QZYpEOMtW3jqkuxtDXyUcb1gyjUDccgpG1eiVQKMMae5WgE57jiMbC1xy75Xs+JkvlczcyhnUK0+yNYS",
+	"Ljc90uXkZOndTn1W3kLfE8yqwW02Cgxiv0IxBvlMDG8yC6kQZDgejdkZ5eSE7WRpFQozhJXwCQjUW3bb",
+	"M5hI5oxH4/CUrVSaIme0nfeLsqKmm1vyw79lof+32dAXEnsJ25rGqt++MC2MaWcWjZVTEnssk76nT5l7",
+	"jOIkhfVVDpYgtNGf/gTj1KGBUdqYn7wmk6RwWBL3Ceq3FfQOj1CKUpqiU7o5GeiVblukG6W41oLdqEO3",
+	"9EvneQFRVG+LDhUlUzmA96PW2Yaab++GPplKxt6n4bl5flfPc3bfludm4FLXc3bfpud2Yxr7nrO7tD1H",
+	"otKV5ue4B5JBx3CsHuLAMrCG7b6dw82o0DzcaWYjfBdo+G02XEdqJeJy0+8JsmHLalFxbdZbh96lsBzK",
+	"6+Ztvv3Ga2EdeFD8yJKoFYpr/10Osk/Ym8/OBuPjx/bzfh8TUIx9CAds7MN8YYxKYnTGPqi1Cze3Azkj",
+	"6M1MQ5YLtm+/lMk8ibjMjZqZC73iEWD1QUP53pC9FgPQWQzRw8MQSRgkEuwSildbcFvH9ugFSAMzP+Pu",
+	"Vk2NgWgGxoI67sOPFe2GitZCrOgsVHQ0b2pGZrsMgWGMp8eZTlJgrljp4GxDyIK0x1m0YkfzYYjmV8Y3",
+	"Zdjeonk8nbm1Ia3BRkeLRrVFuyCVz9fd2S//8Z9sxTNd9GY0n0Bih/nal3i//Md/mnOGvo3UX9z8vmsY",
+	"I2klidQiy0/ZZqHgrfFvFFkbicfiSuh6MBX+KYaoj+skX6OO8bZQ2t7SC/+/Ldo3KQOFQdTUDegt3jrW",
+	"3rT/rbFKisGKlpfADALsjqLkZcBmPC717XU3HjlAr30y2yzTm8x1F6V0mq4lOKoq10GlRag/fCUxB6kX",
+	"i+NtImQxk5U6gUfdpZb/TaSOs43HDS9DZN44QwlqiKyMBDyb2O/+LTaUY22N/BoQ8PaYxxkCBIVXK4fr",
+	"92fbHJMSzT/6fbiiznRaG53X/IE7gYrTM4QbH5xDRugjX3MyD0PN746uUOwt/Gz3uo0mbEitWqUK2+/x",
+	"6kp7v37fqszOJ1c2Bvr95umLHpO1SuW3fv9/7wIhpHBqXRCGF10qKXrFBIY7QGKX9vu9Ar9wmNelNq+c",
+	"RSrLsLlXG4gjsLAJmyc32EkQAdmtNmU7tQyZmxpfrSjUnYlLLoviHVvip0lW8UzYDhWlfl8sTa6EjSBq",
+	"wIiIvNwq1gU0zh509zXyQ2g9yNYpsGLoRIsNr6YyXoPIKhbURcqHblRcs7CWnmk01Ma8S8qybcq9hJWY",
+	"15FT6bVMS0rd3Fg3PAbz3pzVGev3va4RhWFIsXNw7DV3sgiK9o8A0wlxtKPxSdhz/Y25LHqqeX1aE02m",
+	"XltLjfq1DyoNRozcto37uEPrB5LEwtLGvh/DncYSjeOXNtPFOoVKnujqEvp++jCfPNXKWaw6N4qY314Z",
+	"k5YgvG9oHYnXFZkDrKYzG130xxZLw4Kc+eaYGIIngNB/Xbm2ePsq/R5RtcwEJqDZVorWod6ASGDO3GqF",
+	"Is+hp3T44pPnX7766vz5y2d/u/j8+d8uXj8/f/7y/MVXLw3NQVKE9RoULhlXF33Kwn9+fj6Vj64Pqr0k",
+	"9aOfrsT2Xcj0Qm00iuyPNAuLqtOwAEiw9bbmRm6EWGFHXJFbAwMpoIqVQErWWgtdxkvo9xtYXL9v+/+R",
+	"UhIjczHUDF2dEVaFomEBJd5BI5VISXKpDdkb5a/Xwq2QEQHNy7DixTBvQw7giAfL0cbi4LfU6MtmMpQ9",
+	"IblCQAOuqfNkQM234Mh+WIs1gXBRJCITEFDVFu0S9oQ03mp/zZpNG1h2DriClQPxCBKwhdH0BmMWO8Pa",
+	"vrdFJbdVZ2yzRCI4DgbBBK1fSoenlyjadmGeMnIme8rmPhl9hVA+F/xasGwtewF00DkanbAWJSNArhUY",
+	"njTG/xySM+B4dIS+c4qWZi3co+6BKHn6jbQass+UVOtKx6Op7FJ2Zg83aZUJLWTu54cZxsPUfE5q3TpN",
+	"2fdJbkzOqQx1KsSK/YUZOlbL7ihgy0R2I74y+qkW7H///2z870QvvZ5tGM8ZofMRzim6FG0VPGe5yo25",
+	"Ggseg5gzllksGjWF4rKZrZmtY8OwtCJADeD//NL1NTJ3JpknYLZYGgRnoDOow6Obm3BnV2925jCwQYRa",
+	"wVvIXJCPRsbZa1M1A6igBzgqkSQBSFsT0mkeNmiUOKYLOUaBzfux4NlJrJFm+33CFzSqRQVPsJL12O8X",
+	"GUOG7RAibyIRXtAs858AnPcUnDrwRubL71fYF/t//3/HoxHegq2QhCboZSE5WNt5qniuh7i8Z27htMLG",
+	"9EgV+/pkGUJxUoY/hMURAiKiGzYAIdLkL2I7KyUaogPLBuKgTQ5lDE2oUJx1gaX2AuyUYPtt9QJMKDKz",
+	"d1FRMh+tlPkJOXIDQq9jXfA+Fr3jnbG7pHWdJ0vDHJcru7zXnz5jh4eHJ8ylPsEJfn3+zNIBappFeMoC",
+	"iRmqv6UgjXXbC9ECpoVAcRZSzVuIbZR4z+4SpelTedrXr1/QJazVR2G1l1+0hZ8E4PUoV24xW7g1ZEXd",
+	"253K2ijPgnrk3lLedoe6tuYe9OGQ/St6KDyRYMiTlLj5nBpDosEMNwd/FZ6WtHgNTnXoHFIC1YeDBlQE",
+	"HDvigLdjhbHcgpEM0PDAHjeG5QHwVsFpzHo0SbPwaHQcsrBetOXYsmThmfkodAhyKJbJ38TRKndQ9dCI",
+	"D/yq3fCT5188P3/udQg3hMS3TW29aC1PQ1Zrt4lCiHsuKLC0CnD83Z08oZsdDsW6zY07TxtacEJGXr0P",
+	"J0re5Sy5XKu1LhCLOSWQWbydVj8IKSxcErqtSLUgqFNzJoT3R1cSBBY6qznVclB4tRv+NKVEvWlnwg4C",
+	"5v85fudi4sBVMrsVTpdKt6fsxcDMFQBjeHJ0cugMtUrykmGXZVcDCLOWCAdmQCmJSXWgVSopwMk8ZF+6",
+	"vmO4ZZFarjjAwIG3O5HO351uWTc88xiSWSs4SzMt8r98ff7p4ClwA/N579QCJQJpWM0WflSogeS0o/Zx",
+	"QMYULYBUhB2OkiXPrjSQIJngFffNacUf1LX4hVaRmkpM4LGk0ar4WR3vkDIziLm6YgfuenW7Hl2say7I",
+	"VOYKY2hgGfROfW+QJSFbkGNbTQ/ZWZoaAzATAs5D3KwMxQMEUqY2GgMUZ+BoGBgayFQ6eA4/GnyG+2iz",
+	"ydIkElILL0XsbMWjhRiMh6NO0FlnqVeatdlshhy+Hqrs8hE9qx998eLZ85dvnsMz77x+rPVks7NXLzpB",
+	"51pkGnPMRsMDfEathOSrpDPpHA5Hw0Mog8kXkMJnk03Mvy9FY0MxSo0Zm8tby98FE2FFPp4MsAY+Oz9/",
+	"BTl80UJEV6DrFE1K0ZUkp1Jl0ULoHLODHOMi08exLHOvZyLia/J5+70tZ1ki5umW8Q3HxJRaVsoEVP85",
+	"eEcqSR22EQnmSNB5OXnwIu5MOv8s8s9ocwosJti08Wi0o7VhQ0tDmxjdUVf7twYkWM6WzoDe/vMUOrH5",
+	"SZqdybffBV4H3S+SawHKN4B3doJOzi91Z/JtB4+/813QKSXVdCYds3EwJuUg7U0hQpaOz4jjGPpKztcp",
+	"elC61aN0TUqJ38Jtn0pnXJEDMlU8tnmMEApbaddWOs/4fJ5EGJRLUJVJIv6BCOM1bsnvjC5eYzdDhdLe",
+	"bgl0Uj8eHbaN617hUUOn7F1EZaZL7k1V1wePZkX3yUbK8ptQlvtFlvo0Jhp1OicTbKPJSa2kRAdTmZoV",
+	"Zw3tIAli/ZoaPmKVMiuKFyhUuTIMCkKrSrsUeXQ72ZEwhEJOxQ3212Bdi98CYqp3yhKsxYL2EZh8UsNb",
+	"mUrvRYessAmhuZKf1gNZdJCMMTPaRm2Hyn0bJ+jidHcQ9TQN2nJDPSHP2Uat0xiCGXHGN9bOfvib9bGD",
+	"J3i/q+U1Jf22KBzCFpUVYPZ333l9Q70fI1JT7cd7X1T7Km29XW3blndB52h0cPv1/LrShPgY92T3Qy8o",
+	"qOCK+N+LE7i7/88iL8FoeZefLsGtt59u5KOfXKHNu1ZO8JpuhA/Z7LJ+nTO1wIlSssCM5daApJRle5+n",
+	"kn5VtAPdwJUugiiVdt/oCd0KAAOWzjWaxJBVQnkBRm/HPI/AJZCQe/Lhb8uzhUMmea/LUu5s4FWftbUO",
+	"rfU2KBdxynWaYsVZS8nbba0Q6r0sq92/nOwsyrr2vpm0bS0X01Yfwr3c44p9zF1Xmvte5aPR0e0PvVT5",
+	"p4oKun7ru28r17x7byE6Wu+9OVObJwGMtmkdxU/olF4Qz21hGY9IALeyji8SnVvAbpT5Feh3x0f8yrsS",
+	"V3EaADIM4BJezXU7m0CG4zOlIXvFL62lv860ygZGAMcTV1s3lVBXR7lbFDQqehdB6eDuojsmxQ0gtfpc",
+	"ytZ0+6yK/VqcypwBNeDu3JUKoEFg513wU1tLpyR2qC5+L1LYKAykFaEgV83Oc6ofypLLRY55CNAWp+tT",
+	"AfL5hB5wVir0iuDesfjde0tJg3tU0SbmZX5Yi2zbCayboHy2pd77Xt+68fFxtYrc72J3Nvg7H/w4Gpxc",
+	"fPfnpk52372v1MBaVE9hQn3p9r44bfLFK2mGx5s3rInxf+eXtEKZ5d6ywKvUbZAHRa1uUUteVOv+ISPa",
+	"ZITZz4byZk9c2E8+hLgIOiuld6iRWOhBUUe/xtyWSLSWgACsAAR3FTSfNcbgEPN1jakUUtMZV4qGlmlD",
+	"p7audi3nMHgAg1KAbMje2FxkM0HCUzcedZtY8licumJHs9AtmXiYheSRa+wAXcS1kIw8o+aBbA1dAaiU",
+	"IN0i1KGXXQBpKTbRwRmLQs5VFgm90wikgg8bMKkUfhgxUk3sBzDnmgc9wYhCAuUEX2Cal5VkHkeH4htj",
+	"AdcqbjDdxCu5oSBce3WNK6VpTnLrYirEVDamGvVcmhH17Mmy9QodzLBQm3GAJLiEuqMCXD3C3NqvKO3N",
+	"RqTGowMKttMojmSH7A343U9ZDWqfPOvtPnwbYToJ21LYJo6gzTkU0YsWoraLmUpWSs/zJ2rELqSXo9sX",
+	"JzGmH+JLIt6/LvKu1mm6NVM4iA2atnXOxhy80n6W3q65vSolBpiJHVcrcPILJzUcpqSWEwCfDwVArUvc",
+	"lWE3Qef5PJHQnwcTLVy0369Lc9G4U9yZHelzYBSXgzNFah5eJqRgu4VHuA7IgaQjwiokqMgwGuSQPVuI",
+	"6ErEfi4p5W9BSimhIxQRw5qK6Pf4vLOOWG4D1UHVBqTtxyre7q/VYCuydQpAj76jc8+GoJ2gA/UKnclP",
+	"71B+Gd7dOFjhRRSFKWUf9jUqUEr2NGsb+qS+e/fuXU3RO7ife+C30+/upsy1GfZV5gmizcj02zhlgMRu",
+	"a1WIybmahyaQSyOgXcchiq+a1TdM0vZS9FRB3bl74l3QsaHMtr5tyBvthe2Gvv0cLS5++fm/w15AHi+s",
+	"RPY4AJl4w6kks836xV2clF46gcbejezNt7oIbLPaQq+8pAZSKqBKEM2koIKqNfPu96yJH42e3v4Areqc",
+	"sIXhsZMdF9VPR6rysGaE4BIf8rCqCDwNxSyIV0c/PlNC114r+rCFyO08I8St+onWxHgJJste/KPRSRHn",
+	"psEwOOzN5uGy3AJsCgMMpMoH3gCA5NIMFV3bpXL5B1F1oq2Aw2APVSk37FcrIrXbsLOGwSuKcDHRTBgB",
+	"5FCHbK58kerrSXbsWV7XYVt3u5KTbnQeXOve292cBEa4Q03w1KXt/tIpYTuFq93aNsBrt7OvnYtmfDwa",
+	"kW2EXPzg6OSkTY4zJR1uXJ2KW3fP6gk0S+Eh3XfzcAUDGmAQeW7q/eSfRd9vEIBfocuTilxdFq4+ZQC6",
+	"A6gsHLSS2ZbSD6350ZaYY8Qnv+1iVOnV6KfnrpQFSo+dYjiBqpCKcmqz01C2NNpkqKm2lOGYVd7JjKFS",
+	"+ELTh9YYfj3ShOk2eXervdVsADkr+9420AMusdFecit8GJMJk0DqllJvvzcZNhImdpazCy3SO9Gv4WiT",
+	"5F2uFFPzXCAIzYZrs9DWVnQuKRlo8JQR/pfNuf5wip53GRoaxNPlyBVeHbK/XJJ8/aqwV1i7QM6R1sut",
+	"ZLqtd3/1HNE7+sCiNnawhyPxFd+misfnSn2BvM48d7yPSuZy3SGB8tyswDw8Hu/h86x0DYZGEL+xw5Rk",
+	"R0NcbYejtOxBc5F1xPe4JSIGV7apu/mEqhwBMhurBMrA2N5nNrQFsHNhFX07HLLnHFHmJPW9TnJz32xS",
+	"sqFJD0CFcW15oLw01tNUFnBFXe7/FNnDTN30KKOQJgEMM82SOdxpqGpK5ohABYNC1unSrCJuC8UBdIa5",
+	"/Jig/aHiYc/xkB4sHCYdRuWO+Bf+pDn8xRDUBhh2mmiAaej6hNELWDIUQy/ECC2lbaCxOUyGkdap9Mht",
+	"R4hMXOcX48/jJ/PPDr7/Rp/88MXyaPWPESO7Jali/PdOAd9fSce43eFSTca4LbuC0IBhux//6+wwevl0",
+	"+dcfD25e58fbYhcKLgD09rt9gwaCoTeoQfq/T6AQLuztcUKk8V81MvibB/qE5WVWZtEHt6WANRcZtwqu",
+	"N1B7nDd08wd2jQZOv29YTb/fAPy4IWxjKPX2qgyhTL/ohxyU+xtntmNxt1U3tNZ3tVXxVEIWJfWhrqE3",
+	"AFv2OxkXPYx7QQNABEhEyJU2Ugog14SMIEWFZgypxjsj0KDd/aZB7aV8bVuVbTuuD9mXgkvEOU0FzwCC",
+	"DdAVMfKQq0ilhFljxjG/I5XstNlLWgLFWaiNNCK9YtCVSzkR+wAiEEaK+728MdZpgTi3ah1AXSUgMkMn",
+	"fifTdEMtrMqmciZShYCxlXQYtEzyjaK60Bhl4TrRC2sdrtbZSmnR+0BZfZVwxvvIIOrUZptXl5wtZx4E",
+	"S0MIgvpUG5F5C+sf/b3cf7r4zeGo9BvohrEXxFm12TVlFFab8Psd66sN6m0n+XLj+Dt0mqr1dYem6y48",
+	"UewqwkIXzcSru4wmvbHPIHbk91J3+Ipl5A5sLlc/i/HOszg6ol6wO87C/QbP4iA6mR/NxmLwhB/GgyPx",
+	"dD44mT3mg3F8HD0VB/MRfzLb9yxIzBetcO53Iiev8yP58Xjzb+Lx9mt+EO06EVyJOxL/EO7gNavag4YP",
+	"tsWQEPcCeeUf6T9tWsELqVciykt5llV57KkLvoqwfz5Q/XAqU3ykCT6OY70EuD2SPGD9PqElEjRaDa8R",
+	"QRSnshvuBXWIDTZDD73xl5//e9oJewFbiSwSMh8IGalYxM7CghJhrl19MtPiEoDGux5sCQsfYYeF/2f8",
+	"aRgwzgBojz4B6F9CU8TsToJPBBThWMB8pz5qBxXkQTIPfk370+VUus4AzBVqPaaSCtyZXbqSolc12Pbk",
+	"5WDAwXV39tsVSba2AN/O9jguIxj5xj6ujsa+6bdm47JaMi6MM5V3TsY9ZaG1PELET7HqKEDaG80Iq74/",
+	"iLfhK9ynB/Q2UGP+Xd4G/Mlv5m2gtvTt3oaWyoN/oIzcI0zZ2KEyHE8OxpWCDrHOOhXR59VzNIloP2vD",
+	"+Qv2Lyo5mIyeNBaVVDj8RjGhV0a6K5vFF2Uq0ZrLvOMtr+FMi+VRoVfZE2CYz97qAtyl2x0B5D78H+UI",
+	"UJbNWMlOH+wS6o2ZuhZynltGQxY3VUgS+HZRD3ru2A0xoaJowxDKTAADmkrqe0/4GbbNHaRLkpdI35LT",
+	"2u8P2S1pqucWVzyLrSUO2shU3o5+D7mee2Dg+0mqU1nPUoW3Nha3Kyb1wMUPiiAZtgkkXh6UwbCmsgTA",
+	"6X1bgdW8PX8K4rzGZp/KyB5tBYrtvIQk2YTs6yH5tqcQwu38zTIIG5yf78PU7pj6B+/uZf5V9asHywT8",
+	"nfL0O3HwNgsPLwP08CJskA+YJmin+LUyBXc97X73KyfTvU9u3F0CvS/k15oizH9EpvcX7M8IOZMk8V7C",
+	"HSSlc/OTc+cnG9S5W5036VHtFdfsVyy4ttLl16q3/lXZKGruD8ZD/3CP7aygvst9ul9FHByRXz9du4iP",
+	"sJmUeaX7Dt2qwcPIcB+L+mlUiLUy+jY0JlIWa3fmytWGpcYYhJYJ2KytV7qpF5fR03EN2C+i3Eyr2uQL",
+	"8Vt4GcqopFSXn4eXkKrZEsBGXNBsYSotQJmmHBjqjdMrAbJCah9g15qTJshvslVovdAhEbaJFjKx5U0F",
+	"Jjl+hQmFXZunl9tM1Km0fd3sziBgrzOCKvYAtDoRWcJTc8ls0o4tA5wgmh7p9GCmWCjpTSJ1gfeNPPpS",
+	"5MSbT5qVd1jQPzJ7tef2kCw2YFJtoCKRMkN7LLTzhL9v/ruXAveMspR/cx3IXpc78GxiSu1akAtsfQju",
+	"i0MXbtiPsLLDOlByhXBZEHIg3NJdje++klNZdMMRHtiBXz7trjzwj5ASCAEEo5ZESDmDXqqhTQ8zfIcy",
+	"BUHrI+8E5QjPtl69rLAtH+br1JYFT+VmwXPID3Cw+mtw6v9OqpjPS7nJjZXLAQLUErYdzxmvljFbfo0Z",
+	"E5HKYsjWPxhSMMLs8C//8Z8EUR/x1DWmVxsoyyTDs+ukc68oJ7eSbyoZY/1+e6k0xM94juDfM4FCjvpi",
+	"eTXzfrtCGBMUez+UejqV46FLjqfFFW9QRMdtzakrL+OlfhhXYns6lYdDFtrMgGIQbMoQlO6EFBvXTMYl",
+	"SLa2pIS1t7elBDKaN/RCxJYx0AWr6HnM5RZ6JwY7a81lRCjTpRE/sp1njHrkus8QRn9zCwzXfqbfNwTl",
+	"Un48ksLOCWlaa0V5yRPZUE5c3neC10VkueLhSKUpX2nA5c4V7BnenknBaBx6SnyXWngi6AethR+HRoBm",
+	"8QVhhsWht0yAZqbPWVcLUUGitqjJljdigQa2ZocwIaVL71niwM4VQ9R9a+ZmcWBYGdTXG7VXbKjjqVfs",
+	"Xu9QM/F4smHYTkFghd5AzNov5MTV71+qXj52W8BymVwLgGArF7F3KcsFUemPb25sf4eeX8xeOucdDWNO",
+	"Kxeo2sOwteg9yXcVuxeRhw9R6+6w237DWncLrV5LWTLkbi2XguSPRuOen5fUitGGR/YJPQgq0DzlV9vq",
+	"PF7Wk5kMoDDr/JNCykaV22dynAkVOAzptL+e+8U+AwPy3J3r8fGcfx9e+f858H1elX9ZK7V65N5OfSPQ",
+	"ql59ttOpb3jf/2SH/vi+Veu+4C3fWejsm0SWFzWVpZceDjq+ZO5MOpc4wEUxgCsSPm+U77MtHGyi9Vpk",
+	"Q0gL0TnCFd8hh7SoEx57Ne1eV4v4TrXsPIsHsc9VS6WaDgixlIjnvmcWguuOW9cwR9PuGVU0qU1nrAEb",
+	"9EYVYZ1Fxsb5nW7pQ5RaNxNUt6JY2hblXGN7jURW1Uk0FZ3zTjcqkxX2pnOj+DqjrlXVDFDF27sy2DUe",
+	"LwpJ/XpY99VUQvv4vKy6lj0NoMQyDsYXaq8fhFG++78CquMPFIpfF4WiZh/Vt9opCp7P3xlKECWr7299",
+	"WG9rwV/HmviaX9RvRm7dExwCm2Jt74qBAosDCBT78INiSmCzlCJX5/8+bImudTtA6U+yFCwV85wpCa2S",
+	"ECbCtloCx0vvdjiKuiFeIBPsY4uXQcWZi9PMqe+l16F5N5cvwz+Awb3DEVJi6w8Ls9Al07yw+q7ECq2+",
+	"RF72LAxDOwbDqZ8z7URssTngSUKisIV04C9mK5FpJf+AcPgDwuFDBonwgjYEiXZAo7dAONgmCnsUNtBP",
+	"y5UNgFMLgIUI7rZnpQPUNbhSB+r/cXfc8Q9UxPCKNuXhIMTpDXdWMdBvKrUL5VoFKkmgaH9TTULprHbU",
+	"JKzUxdHVD0+W45uTfHYoNz8+3oqDxXX0NIv/sUoTDnaXJhxMDkZUqdgUnM8TSS6Qzoxf5ELnF+pqlx9r",
+	"975WcqDeAyUAafT26gCihP9Z5QErd4H3bhbTFuB+IwANuwDyboGggkB31xBIj824vGI8ghJ5ozLZ/kb8",
+	"Suip1IUcjvlW2zQlakGeKnk5IPOq3IWc2o2hogqIMzyKxMrc8ryWVjRmZ/Cl0fiqHIb7UVmkyAkrorMY",
+	"r9BTWSTfVxref69m2KST66tqDM+a7xCvnIuMivbTVG0oBP5KpSk0gGeeAHr0E/7jIonfhay7gObYZguS",
+	"XJd16R6D6mBGKw8RV8GmMDl3BWi1oOfYFYU4A+UAPHJ/W/8GhGTvG6IHjHNujvB7NfPi9d+r2b6helxO",
+	"QGWTsyR33JxoDL/CzadY+FSaeZO8obpjHLZHkCds2uFEH9MOPDztbMiwn3aoKepUukC9QpOQ54ynqSHp",
+	"tkCyjYhi0IPKQMYhKxV4TGX3NjdQD9T+JGcFMJNHwf0+1xBtNTtO79Hvm5s0ldCIE867qB0xE0N+GiLQ",
+	"W1XlnLZTwx2vxKIrUeepnCc3osCxsEvx8vfpJmumNhI2KPGbQ0FsHrqpU0dcM4nf3QXaCvdcHLsIY9ur",
+	"1BKmHocTtwkPBdPegmTeDG+4C5SP52A1ufqpiv0YNKIHpgi/T07K07IXDyL2ZlD/ajDuGAx75joNODUI",
+	"UkAhU8c2lqsk6VBfOgSU39L18/rRGdaNTehrrzkTqdqwH0Wm2kOwKKx/H8VCTc3mdqg6dwxC4pveKQg5",
+	"fq8X+b3pdXctESLSaOu+WjAZe8WpNzHy6ruXDGHazD7RxaJkKAAcHcSj97UI5MAwohwylOu3Md3fCKec",
+	"Fo3w5FbnWCmEJ59g92ZPV6gICj9Z5W6w495UO8jn9wo//muHKBqkThtucyMzbopHNI1ZCSsW/ofj0WjE",
+	"1rqCOts4V3tUwY9Nem0r944peM8PZn5vzz+wmW91hrdDCj+47vJeyMd/AAr/4Y3+x/BGv6K20+AA8T0f",
+	"+3lfnJlcdUn7HoE71XFapR8VFAAC3Ey84rCu1aSCsqOC2mYbCQ/MDMARw0RewC+SPETAvlKK+FJdW7UI",
+	"XEQIpyhZ3R/hbF5fwwx7Q/bNIkmFr1gRdCHyGl+/YBHPwKYs8UZqsa2b75NRbCC1/5Incv/aVkJD/EDF",
+	"rc4ceqDyq9+lJVAQzsMaA8Myt97JZB3HBBrzPGalWskSkU/YZqHSNnpC94ojKIhnp4LrnB30huwMWsIz",
+	"W0vgETQQc4Upj+/GlP+o723rkLyy1+kuzu47OSKQLl2F70bMFkpd6UeOF0I6c6P//LxW5GV0JZW5alFS",
+	"n7B/Cjm3GNWrWOICiloJAvZGO2yltE5mKQofC4M0ZOdGVxIyxkoTcLkzqdjZqxdGiZhYT/vasOncMBeX",
+	"gjmV4Su7xsGb5BLq6kTI8LIF7FpkyTwBfDoqT8n4pt93ui8gxxDb5ZIauIlUi6nsRgoyEPMB5HyYTeZZ",
+	"opUM2PFgmch1jtkgOufLFctVKjKjhvYIU8gOWfirNiq7amfOsYjXyDlF3O/b9eLehVB9ce7+TmLmJ/xZ",
+	"qLQaZD64BIAhkysWHnfoQLFIk2thtGEHws8jI2hSEV+6jJDQrctm+/GiCZiVIUN2tlqloAQ6uP3EyHIt",
+	"0rlXeI1kYHY20bnVC8toxvPUiH7OiGBtU9Mi8T9XRI30fsbgT1MR2y7WRXa3qzOWLs0U3Y3PqZJrBnQ4",
+	"+15EeYEdnUTCRWmnIHghMl7aGoi3YLF2k7x8LSKRXAtHmt/gu3RugakM879M16PRYbSWyY3l5vCJCK4P",
+	"6DttqRy/CAMGlWIs1AX5Uz56qjYiG0RQCyZupvKzL8+eDd58djY+fhwwUOI8lX3BDSXYXdciykQeWCeT",
+	"I/SAcRYOQ7ezU5nxTek6TVjozdO1A+Xsz2zaGU477M/ws144ZK+F2XnhA027lygC5UueQ70NC6uG4DHD",
+	"e6gZ3/Bt0fzSIoBPZZSq6Ip1ofiM8VRDx0zBoUgIfe2GC6Uxo7uQCF2Dscz/cvDk8dHR0dPDx2NzDMfj",
+	"4yf86eMT8UREYiZifjjm8zl/PI7iiB/O+fFBxOMn4skTPhLHj+fz48PH8SgST8XB6Gn8dOZC9cijilh9",
+	"AyN7HxDM9/A7W5TeiffibfD9de3Mzw9HFayIylwgsnBz4QhqatHi4uTTy8PFvzy5+mL8wzfH4nXeWhKC",
+	"T4jr/OLo/MenV38dLz9+vHl5EP3b9S6c/zs4ZfBAgF3s5xi/K/y2Y67VMiTHnreQY2OZqssHtX4Z333m",
+	"DYbEkiEfsqt9F3SAhZbn+hS4qp2tZTxIdKgPuPdeEgc8i67aNGV8v5LXHPxUIL5iYxAGfh6k/dzquN2a",
+	"nOoN2fMES5b5thIp1AsIEelcrYqdxtC1uf6F7novj+g1T5P4gq5fPYUY39SHvIcHGh2h5aEqPtCSFkND",
+	"cRzMe1eMkRuWZhRZlDvzRKTm7jyCSxJ0lkJrfmmmXK41IImQdV69PQErdfexvcwrbTQKH+vI97HiyoqX",
+	"uYN7FR4dZC5GFbi9cRKjvNEf85gVwkRB8UPqCbIdu6099lva7wYO7amACZRugzfPEFuhJFrVsOx9btgZ",
+	"f+I7703x8MMVqhQbaORuonUiLwO25OlcZUtMfd9kynxGcaO23ZjK+nawbljb8bB3aivVzWcibqRtoGhz",
+	"5Sv3gwqEQYkHRoI8wt3o+4VGfgvP4m9goIponSX5tjP59rty7zHg+IUEclpW2UL0TFlraqIt65ltSFju",
+	"kYFP71Wj17eHiKKLFf7UmQmeiexsbbSfb78DngNKH7K3dWau7CPgRbSqepLstZBC2/AEjxP4y1wroQ0Z",
+	"sfLCh4WithA8zRcNOaMIpI1iy8HRqg2aaD4mbbAfXIk3J0HJ1Oe0YC52UkKVyBVb8W0BkUuYqdVaqx2w",
+	"LsXcNkO5PrltAG0mx3Q7TF0hOA9jm7lKW0JgMVsBYDOGY0hode5NZfvZ1aei/F5vKu2osZRVUvNpG5Ol",
+	"OUOPku9c7pUhhZUytuSpS85y0SUwZb2lWodNfalkXdrIECbSDZRkJGU16+KhGCIIWN1q/eXn/+7dsR9e",
+	"vhBbl3flrZKaLdUX+TeATwSfcqkcitwKOih396m08fFm8K9tfZoXcqaoP77Zkxbm4Q3nmMe77979nwAA",
+	"AP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -1,5 +1,5 @@
 // Package cardprocessor is our side of the card processor: the interface
-// the charge and refund operations need (Processor), and a client of the
+// the charge, refund and payout operations need (Processor), and a client of the
 // processor's HTTP API that implements it (Client), with the wire types it
 // speaks. The fake processor in internal/processor serves the same API; a
 // fork that uses a real processor implements Processor for it and wires it
@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 )
@@ -33,6 +34,12 @@ import (
 type Processor interface {
 	Charge(ctx context.Context, downstreamKey string, req ChargeRequest) (ChargeResult, error)
 	Refund(ctx context.Context, downstreamKey string, req RefundRequest) (RefundResult, error)
+	// Payout starts a transfer to a bank account: success means the
+	// processor accepted it (in transit), not that it arrived.
+	Payout(ctx context.Context, downstreamKey string, req PayoutRequest) (PayoutResult, error)
+	// GetPayout reads a payout as it is now, by the processor's id. It is
+	// safe, so it needs no key.
+	GetPayout(ctx context.Context, id string) (PayoutResult, error)
 }
 
 // ChargeRequest is a charge to make: an amount in minor units of currency,
@@ -59,6 +66,32 @@ type RefundRequest struct {
 type RefundResult struct {
 	ID string `json:"id"`
 }
+
+// PayoutRequest is a transfer of amount in currency to destination (a
+// bank account token).
+type PayoutRequest struct {
+	Amount      int64  `json:"amount"`
+	Currency    string `json:"currency"`
+	Destination string `json:"destination"`
+}
+
+// PayoutResult is a payout as the processor sees it.
+type PayoutResult struct {
+	ID string `json:"id"`
+	// Status is in_transit, paid or failed.
+	Status      string  `json:"status"`
+	FailureCode *string `json:"failure_code"`
+	// ArrivalDate is when the transfer is expected to arrive, in Unix
+	// seconds.
+	ArrivalDate int64 `json:"arrival_date"`
+}
+
+// Payout statuses on the wire.
+const (
+	PayoutInTransit = "in_transit"
+	PayoutPaid      = "paid"
+	PayoutFailed    = "failed"
+)
 
 // SignatureHeader carries the signature of the processor's webhooks (the
 // scheme of package signature).
@@ -227,6 +260,60 @@ func (c *Client) Refund(ctx context.Context, downstreamKey string, req RefundReq
 		return re, &RefusedError{Code: refusalCode(body, status)}
 	}
 	return re, &UncertainError{Err: fmt.Errorf("unexpected processor answer %d", status)}
+}
+
+// Payout asks the processor to start the transfer req under
+// downstreamKey, in one attempt (see Charge). A 4xx other than 429 is a
+// definite "no" (*RefusedError): no transfer was started.
+func (c *Client) Payout(ctx context.Context, downstreamKey string, req PayoutRequest) (PayoutResult, error) {
+	var po PayoutResult
+	status, header, body, err := c.post(ctx, "/v1/payouts", downstreamKey, req)
+	if err != nil {
+		return po, err
+	}
+	switch {
+	case status == http.StatusCreated:
+		if err := json.Unmarshal(body, &po); err != nil || po.ID == "" || !knownPayoutStatus(po.Status) {
+			return po, &UncertainError{Err: fmt.Errorf("decode processor payout (%s): %v", body, err)}
+		}
+		return po, nil
+	case status == http.StatusTooManyRequests || status >= 500:
+		return po, &UncertainError{Err: fmt.Errorf("processor answered %d", status), RetryAfter: retryAfter(header)}
+	case status >= 400:
+		return po, &RefusedError{Code: refusalCode(body, status)}
+	}
+	return po, &UncertainError{Err: fmt.Errorf("unexpected processor answer %d", status)}
+}
+
+// GetPayout reads the processor's payout id. Any failure is an
+// UncertainError: reading changes nothing, so the caller simply asks
+// again later.
+func (c *Client) GetPayout(ctx context.Context, id string) (PayoutResult, error) {
+	var po PayoutResult
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.baseURL+"/v1/payouts/"+url.PathEscape(id), nil)
+	if err != nil {
+		return po, err
+	}
+	res, err := c.http.Do(req)
+	if err != nil {
+		return po, &UncertainError{Err: err}
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	if err != nil {
+		return po, &UncertainError{Err: err}
+	}
+	if res.StatusCode != http.StatusOK {
+		return po, &UncertainError{Err: fmt.Errorf("processor answered %d to GET payout %s", res.StatusCode, id), RetryAfter: retryAfter(res.Header)}
+	}
+	if err := json.Unmarshal(body, &po); err != nil || po.ID != id || !knownPayoutStatus(po.Status) {
+		return po, &UncertainError{Err: fmt.Errorf("decode processor payout (%s): %v", body, err)}
+	}
+	return po, nil
+}
+
+func knownPayoutStatus(s string) bool {
+	return s == PayoutInTransit || s == PayoutPaid || s == PayoutFailed
 }
 
 // IsDefinite reports whether err is a definite "no" from the processor (a

@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/apigen"
+	"github.com/retrysafe/payments/internal/balances"
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/derrors"
@@ -266,6 +267,10 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 	if cur, err = queries.SucceedCharge(ctx, tx, dbsqlc.SucceedChargeParams{
 		CallerID: ch.CallerID, ID: ch.ID, ProcessorChargeID: orNil(o.ProcessorChargeID),
 	}); err != nil {
+		return cur, err
+	}
+	// The money is the caller's to pay out from now on.
+	if err := balances.Credit(ctx, tx, ch.CallerID, ch.Currency, ch.Amount); err != nil {
 		return cur, err
 	}
 	n, err := queries.MarkOrderPaid(ctx, tx, dbsqlc.MarkOrderPaidParams{CallerID: ch.CallerID, ID: ch.OrderID})

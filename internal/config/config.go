@@ -108,7 +108,22 @@ type Server struct {
 	// every RelayInterval (RELAY_INTERVAL) when idle.
 	Relay         bool
 	RelayInterval time.Duration
+	// PayoutWorkers is how many payout jobs this process runs at once
+	// (PAYOUT_WORKERS); 0 makes it only enqueue them, for a replica that
+	// serves the API while others do the jobs.
+	PayoutWorkers int
+	// PayoutRescueAfter is how long a payout job may stay running before
+	// River treats it as abandoned (its process died) and runs it again
+	// (PAYOUT_RESCUE_AFTER). It must exceed PayoutJobTimeout, so that a live
+	// job is never rescued; running one twice would still pay once (the
+	// downstream key), but it would be work done twice.
+	PayoutRescueAfter time.Duration
 }
+
+// PayoutJobTimeout is the longest one run of a payout job may take: one
+// processor call and two short transactions. River cancels a run that
+// takes longer, and retries it.
+func (c Server) PayoutJobTimeout() time.Duration { return c.ProcessorTimeout + CleanupAllowance }
 
 // Load reads the server's configuration through getenv, applying
 // defaults, and reports every invalid variable at once.
@@ -137,6 +152,8 @@ func Load(getenv func(string) string) (Server, error) {
 		Relay:                  r.Bool("RELAY_ENABLED", true),
 		RelayInterval:          r.Duration("RELAY_INTERVAL", time.Second),
 		DemoMode:               r.Bool("DEMO_MODE", false),
+		PayoutWorkers:          r.Int("PAYOUT_WORKERS", 4, 0),
+		PayoutRescueAfter:      r.Duration("PAYOUT_RESCUE_AFTER", time.Minute),
 	}
 	if v := r.String("FAULT_CRASH_POINTS", ""); v != "" {
 		cp, err := faults.Parse(v)
@@ -155,6 +172,9 @@ func Load(getenv func(string) string) (Server, error) {
 	r.Check(cfg.WriteTimeout > cfg.ReadTimeout+cfg.Lease+CleanupAllowance,
 		"HTTP_WRITE_TIMEOUT (%s) must be longer than HTTP_READ_TIMEOUT (%s) + IDEMPOTENCY_LEASE (%s) + %s: a request may read its body, run for its whole lease and clean up before it answers",
 		cfg.WriteTimeout, cfg.ReadTimeout, cfg.Lease, CleanupAllowance)
+	r.Check(cfg.PayoutRescueAfter > cfg.PayoutJobTimeout(),
+		"PAYOUT_RESCUE_AFTER (%s) must be longer than a payout job's timeout, PROCESSOR_TIMEOUT + %s (%s): a job still running must not be rescued",
+		cfg.PayoutRescueAfter, CleanupAllowance, cfg.PayoutJobTimeout())
 	return cfg, r.Err()
 }
 

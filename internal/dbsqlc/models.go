@@ -5,8 +5,68 @@
 package dbsqlc
 
 import (
+	"database/sql/driver"
+	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
+
+type RiverRiverJobState string
+
+const (
+	RiverRiverJobStateAvailable RiverRiverJobState = "available"
+	RiverRiverJobStateCancelled RiverRiverJobState = "cancelled"
+	RiverRiverJobStateCompleted RiverRiverJobState = "completed"
+	RiverRiverJobStateDiscarded RiverRiverJobState = "discarded"
+	RiverRiverJobStatePending   RiverRiverJobState = "pending"
+	RiverRiverJobStateRetryable RiverRiverJobState = "retryable"
+	RiverRiverJobStateRunning   RiverRiverJobState = "running"
+	RiverRiverJobStateScheduled RiverRiverJobState = "scheduled"
+)
+
+func (e *RiverRiverJobState) Scan(src interface{}) error {
+	switch s := src.(type) {
+	case []byte:
+		*e = RiverRiverJobState(s)
+	case string:
+		*e = RiverRiverJobState(s)
+	default:
+		return fmt.Errorf("unsupported scan type for RiverRiverJobState: %T", src)
+	}
+	return nil
+}
+
+type NullRiverRiverJobState struct {
+	RiverRiverJobState RiverRiverJobState
+	Valid              bool // Valid is true if RiverRiverJobState is not NULL
+}
+
+// Scan implements the Scanner interface.
+func (ns *NullRiverRiverJobState) Scan(value interface{}) error {
+	if value == nil {
+		ns.RiverRiverJobState, ns.Valid = "", false
+		return nil
+	}
+	ns.Valid = true
+	return ns.RiverRiverJobState.Scan(value)
+}
+
+// Value implements the driver Valuer interface.
+func (ns NullRiverRiverJobState) Value() (driver.Value, error) {
+	if !ns.Valid {
+		return nil, nil
+	}
+	return string(ns.RiverRiverJobState), nil
+}
+
+type Balance struct {
+	CallerID  string
+	Currency  string
+	Available int64
+	Pending   int64
+	UpdatedAt time.Time
+}
 
 type Caller struct {
 	ID            string
@@ -86,6 +146,22 @@ type Order struct {
 	UpdatedAt   time.Time
 }
 
+type Payout struct {
+	CallerID          string
+	ID                string
+	IdempotencyKeyID  int64
+	Amount            int64
+	Currency          string
+	Destination       string
+	Status            string
+	FailureCode       *string
+	DownstreamKey     string
+	ProcessorPayoutID *string
+	ArrivesAt         *time.Time
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+}
+
 type ProcessorEvent struct {
 	CallerID      string
 	EventID       string
@@ -105,4 +181,53 @@ type Refund struct {
 	ProcessorRefundID *string
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+}
+
+type RiverRiverJob struct {
+	ID           int64
+	State        RiverRiverJobState
+	Attempt      int16
+	MaxAttempts  int16
+	AttemptedAt  *time.Time
+	CreatedAt    time.Time
+	FinalizedAt  *time.Time
+	ScheduledAt  time.Time
+	Priority     int16
+	Args         []byte
+	AttemptedBy  []string
+	Errors       [][]byte
+	Kind         string
+	Metadata     []byte
+	Queue        string
+	Tags         []string
+	UniqueKey    []byte
+	UniqueStates pgtype.Bits
+}
+
+type RiverRiverLeader struct {
+	ElectedAt time.Time
+	ExpiresAt time.Time
+	LeaderID  string
+	Name      string
+}
+
+type RiverRiverMigration struct {
+	ID        int64
+	CreatedAt time.Time
+	Version   int64
+}
+
+type RiverRiverNotification struct {
+	ID        int64
+	CreatedAt time.Time
+	Payload   string
+	Topic     string
+}
+
+type RiverRiverQueue struct {
+	Name      string
+	CreatedAt time.Time
+	Metadata  []byte
+	PausedAt  *time.Time
+	UpdatedAt time.Time
 }

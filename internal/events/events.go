@@ -21,6 +21,8 @@ const (
 	ChargeSucceeded = "charge.succeeded"
 	ChargeFailed    = "charge.failed"
 	RefundSucceeded = "refund.succeeded"
+	PayoutPaid      = "payout.paid"
+	PayoutFailed    = "payout.failed"
 )
 
 var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument

@@ -1,5 +1,5 @@
 // Package ids makes the public identifiers: opaque strings with a type
-// prefix (ord_, ch_, re_, evt_), so that an id says what it names in logs
+// prefix (ord_, ch_, re_, po_, evt_), so that an id says what it names in logs
 // and support tickets, and cannot be guessed or enumerated.
 package ids
 
@@ -14,6 +14,7 @@ const (
 	Order  = "ord"
 	Charge = "ch"
 	Refund = "re"
+	Payout = "po"
 	Event  = "evt"
 )
 

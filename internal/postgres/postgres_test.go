@@ -7,9 +7,15 @@ import (
 	"io"
 	"testing"
 
+	"github.com/golang-migrate/migrate/v4"
+	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/retrysafe/payments/db"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/testdb"
 )
@@ -95,5 +101,95 @@ func TestIsTransient(t *testing.T) {
 		if got := postgres.IsTransient(tc.err); got != tc.want {
 			t.Errorf("IsTransient(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// migrator returns golang-migrate over the pool's database.
+func migrator(t *testing.T, pool *pgxpool.Pool) *migrate.Migrate {
+	t.Helper()
+	src, err := iofs.New(db.Migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { sqlDB.Close() })
+	driver, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// Every migration can be undone and applied again: the down files are
+// real, River's generated ones included.
+func TestMigrationsGoDownAndUpAgain(t *testing.T) {
+	t.Parallel()
+	pool := testdb.NewPool(t) // migrated up by testdb
+	m := migrator(t, pool)
+	if err := m.Down(); err != nil {
+		t.Fatalf("down: %v", err)
+	}
+	var tables int
+	if err := pool.QueryRow(context.Background(), `
+		SELECT count(*) FROM pg_tables
+		WHERE schemaname IN ('public', 'river') AND tablename <> 'schema_migrations'`).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if tables != 0 {
+		t.Errorf("%d tables left after migrating down", tables)
+	}
+	if err := m.Up(); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}
+
+// Migration 0020 starts each caller's balance from the charges and refunds
+// made before it: succeeded charges less what refunds reserved, with the
+// pending refunds pending.
+func TestBalancesStartFromEarlierChargesAndRefunds(t *testing.T) {
+	t.Parallel()
+	pool := testdb.NewPool(t)
+	m := migrator(t, pool)
+	if err := m.Migrate(19); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `
+		INSERT INTO callers (id, name, api_key_hash) VALUES ('c1', 'C1', 'x'), ('c2', 'C2', 'y');
+		INSERT INTO orders (caller_id, id, amount, currency) VALUES
+			('c1', 'o1', 1000, 'usd'), ('c1', 'o2', 500, 'usd'), ('c1', 'o3', 700, 'eur'), ('c1', 'o4', 300, 'usd'), ('c2', 'o1', 900, 'usd');
+		INSERT INTO charges (caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, amount_refunded) VALUES
+			('c1', 'ch1', 'o1', 1, 1000, 'usd', 'pm', 'succeeded', NULL, 'k1', 400),
+			('c1', 'ch2', 'o2', 2, 500, 'usd', 'pm', 'succeeded', NULL, 'k2', 0),
+			('c1', 'ch3', 'o3', 3, 700, 'eur', 'pm', 'succeeded', NULL, 'k3', 0),
+			('c1', 'ch4', 'o4', 4, 300, 'usd', 'pm', 'failed', 'generic_decline', 'k4', 0),
+			('c2', 'ch1', 'o1', 1, 900, 'usd', 'pm', 'pending', NULL, 'k1', 0);
+		INSERT INTO refunds (caller_id, id, charge_id, idempotency_key_id, amount, status, downstream_key) VALUES
+			('c1', 're1', 'ch1', 5, 300, 'succeeded', 'k5'),
+			('c1', 're2', 'ch1', 6, 100, 'pending', 'k6'),
+			('c1', 're3', 'ch1', 7, 200, 'failed', 'k7');`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Up(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT caller_id || ' ' || currency || ' ' || available || ' ' || pending FROM balances ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// c1 usd: 1000 + 500 succeeded, 400 reserved by refunds (100 of it pending).
+	want := []string{"c1 eur 700 0", "c1 usd 1100 100"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("balances %q; want %q", got, want)
 	}
 }

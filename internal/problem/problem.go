@@ -44,6 +44,7 @@ const (
 	CardDeclined          Code = "card_declined"
 	ChargeNotRefundable   Code = "charge_not_refundable"
 	RefundExceedsCharge   Code = "refund_exceeds_charge"
+	InsufficientBalance   Code = "insufficient_balance"
 	InvalidSignature      Code = "invalid_signature"
 	ProcessorUnavailable  Code = "processor_unavailable"
 	InternalError         Code = "internal_error"
@@ -73,6 +74,7 @@ var kinds = map[Code]struct {
 	CardDeclined:          {http.StatusPaymentRequired, "Card declined"},
 	ChargeNotRefundable:   {http.StatusConflict, "Charge not refundable"},
 	RefundExceedsCharge:   {http.StatusConflict, "Refund exceeds charge"},
+	InsufficientBalance:   {http.StatusConflict, "Insufficient balance"},
 	InvalidSignature:      {http.StatusBadRequest, "Invalid signature"},
 	ProcessorUnavailable:  {http.StatusServiceUnavailable, "Processor unavailable"},
 	InternalError:         {http.StatusInternalServerError, "Internal error"},

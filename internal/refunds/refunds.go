@@ -3,8 +3,10 @@
 //
 //	started        → create (one transaction): lock the order, reserve the
 //	                 amount on the charge (a CHECK constraint keeps the
-//	                 reservations within the charged amount), create the
-//	                 refund row (pending) with its downstream key.
+//	                 reservations within the charged amount) and take it
+//	                 from the balance (another keeps that from going
+//	                 negative), create the refund row (pending) with its
+//	                 downstream key.
 //	refund_created → the processor call with that key (package effect);
 //	                 no definite answer: stop here, nothing stored.
 //	               → finish (one transaction): the refund succeeded (or was
@@ -25,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/apigen"
+	"github.com/retrysafe/payments/internal/balances"
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
@@ -166,6 +169,12 @@ func create(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Reque
 	if err != nil {
 		return nil, err
 	}
+	// The refund also comes out of the balance: money already paid out
+	// cannot be refunded again (the CHECK on balances refuses it, as it
+	// refuses an overdrawing payout).
+	if err := balances.Debit(ctx, tx, ch.CallerID, ch.Currency, amount, "refund"); err != nil {
+		return nil, err
+	}
 	id := ids.New(ids.Refund)
 	if _, err := queries.CreateRefund(ctx, tx, dbsqlc.CreateRefundParams{
 		CallerID: ch.CallerID, ID: id, ChargeID: ch.ID, IdempotencyKeyID: rec.ID,
@@ -189,6 +198,9 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, 
 			return nil, err
 		}
 		if err := queries.ReleaseRefund(ctx, tx, dbsqlc.ReleaseRefundParams{Amount: re.Amount, CallerID: ch.CallerID, ID: ch.ID}); err != nil {
+			return nil, err
+		}
+		if err := balances.Restore(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {
 			return nil, err
 		}
 		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", cardprocessor.RefusalCode(refusal))), nil
@@ -287,6 +299,9 @@ func applySucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.
 		return cur, &effect.ContradictionError{Object: "refund", ID: cur.ID, Recorded: cur.Status, Reported: StatusSucceeded}
 	}
 	if cur, err = queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &processorRefundID}); err != nil {
+		return cur, err
+	}
+	if err := balances.Settle(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {
 		return cur, err
 	}
 	return cur, events.Record(ctx, tx, re.CallerID, events.RefundSucceeded, map[string]any{

@@ -311,7 +311,7 @@ func TestEveryOperationDeclaresItsIdempotencyClass(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	classes := map[string]bool{"safe": true, "natural": true, "keyed": true, "keyed-external": true, "deduplicated": true}
+	classes := map[string]bool{"safe": true, "natural": true, "keyed": true, "keyed-external": true, "keyed-job": true, "deduplicated": true}
 	implemented := map[string]bool{} // the server's methods, one per operation
 	handlers := reflect.TypeFor[apigen.StrictServerInterface]()
 	for i := range handlers.NumMethod() {

@@ -30,7 +30,7 @@ import (
 // the request); they differ only in how the handler runs the operation:
 // one transaction for "keyed", atomic phases around an external call for
 // "keyed-external".
-var keyedClasses = map[string]bool{"keyed": true, "keyed-external": true}
+var keyedClasses = map[string]bool{"keyed": true, "keyed-external": true, "keyed-job": true}
 
 // contract enforces api/openapi.yaml on every request to an operation it
 // declares, in the order the idempotency contract requires:

@@ -25,6 +25,7 @@ import (
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/reconciler"
 	"github.com/retrysafe/payments/internal/refunds"
@@ -72,10 +73,13 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
 	t.Cleanup(srv.Close)
 	// The real fake processor, over HTTP, one per test.
-	proc, err := processor.New(processor.Config{
+	procCfg := processor.Config{
 		WebhookURL: srv.URL + "/webhooks/processor",
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+		// Payouts arrive quickly in tests; ba_test_slow takes ten times as long.
+		PayoutDelay: 300 * time.Millisecond,
+	}
+	proc, err := processor.New(procCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +112,28 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	operations := idempotency.NewRegistry()
 	operations.Register(charges.Operation, chargeService.Resume)
 	operations.Register(refunds.Operation, refundService.Resume)
-	deps := Deps{Config: cfg, Pool: serverPool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService}
+	// Payout jobs run on River in this process, as with PAYOUT_WORKERS > 0,
+	// and stop (after their current step) before the pool closes.
+	jobs, err := payouts.NewJobs(serverPool, payouts.NewWorker(serverPool, processorClient, cfg.CrashPoints, cfg.PayoutJobTimeout()), payouts.JobsConfig{
+		Workers: cfg.PayoutWorkers, JobTimeout: cfg.PayoutJobTimeout(), RescueAfter: cfg.PayoutRescueAfter,
+		FetchPollInterval: 100 * time.Millisecond, Logger: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PayoutWorkers > 0 {
+		if err := jobs.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := jobs.StopAndCancel(ctx); err != nil {
+				t.Errorf("stop payout jobs: %v", err)
+			}
+		})
+	}
+	deps := Deps{Config: cfg, Pool: serverPool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService, Payouts: payouts.NewService(jobs)}
 	if o.demo {
 		deps.Demo = &Demo{Crash: &faults.CrashPoints{}, ProcessorURL: procServer.URL, StartedAt: time.Now()}
 	}

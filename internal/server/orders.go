@@ -148,3 +148,4 @@ type replayable struct{ *idempotency.Response }
 func (r replayable) VisitCreateOrderResponse(w http.ResponseWriter) error  { return r.Write(w) }
 func (r replayable) VisitCreateChargeResponse(w http.ResponseWriter) error { return r.Write(w) }
 func (r replayable) VisitCreateRefundResponse(w http.ResponseWriter) error { return r.Write(w) }
+func (r replayable) VisitCreatePayoutResponse(w http.ResponseWriter) error { return r.Write(w) }

@@ -276,3 +276,68 @@ func crashAndRecover(t *testing.T, point string, reconcilerAlone bool) {
 		t.Errorf("replay differs: %s vs %s", replay.Body, res.Body)
 	}
 }
+
+// TestKilledPayoutJobIsRescuedByRiver runs three replicas on one database,
+// with the processor as its own process: api serves the API but runs no
+// jobs (PAYOUT_WORKERS=0), worker runs the payout job and is killed
+// (SIGKILL, at the crash point) right after the processor started the
+// transfer, before anything of its answer is recorded. A fresh replica's
+// River rescues the abandoned job and runs it again: its call under the
+// same downstream key replays the processor's first answer, so the
+// processor's ledger shows one transfer, and the payout is paid once. The
+// project's client polls it to the end, honouring Retry-After.
+func TestKilledPayoutJobIsRescuedByRiver(t *testing.T) {
+	t.Parallel()
+	procAddr, _ := startProcess(t, "cmd/processor", "PROCESSOR_ADDR=127.0.0.1:0", "PROCESSOR_PAYOUT_DELAY=500ms")
+	processorURL := "http://" + procAddr
+	dbURL := testdb.New(t)
+	db := testdb.Pool(t, dbURL)
+	// A job is rescued once it has been running for PAYOUT_RESCUE_AFTER,
+	// which must exceed its timeout (PROCESSOR_TIMEOUT + 5s).
+	common := []string{"PROCESSOR_URL=" + processorURL, "PROCESSOR_TIMEOUT=1s", "PAYOUT_RESCUE_AFTER=7s"}
+
+	api := startServerProcess(t, dbURL, append(common, "PAYOUT_WORKERS=0")...)
+	api.db, api.processorURL = db, processorURL
+	api.fund(t, "sk_test_acme", 4000)
+	worker := startServerProcess(t, dbURL, append(common, "FAULT_CRASH_POINTS="+faults.AfterProcessorCall)...)
+
+	c := retryingClient(t, api.URL)
+	accepted, _, err := c.Payout(context.Background(), apiclient.CreatePayoutRequest{Amount: 2500, Currency: "usd"}, client.WithIdempotencyKey("payout-killed"))
+	if err != nil || accepted.Status != apiclient.PayoutStatusPending {
+		t.Fatalf("payout: %+v, %v", accepted, err)
+	}
+	if err := worker.cmd.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("worker exit: %v; want killed at the crash point", err)
+	}
+	// The processor acted; we recorded nothing of it.
+	if tr := api.payoutTransfers(t); len(tr) != 1 {
+		t.Fatalf("processor payouts %+v; want the one transfer the dead worker started", tr)
+	}
+	if po, _, err := c.GetPayout(context.Background(), accepted.Id); err != nil || po.Status != apiclient.PayoutStatusPending {
+		t.Fatalf("payout after the crash: %+v, %v; want still pending", po, err)
+	}
+
+	startServerProcess(t, dbURL, common...) // the replica whose River rescues the job
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var seen []apiclient.PayoutStatus
+	final, err := c.WaitForPayout(ctx, accepted.Id, func(po apiclient.Payout) { seen = append(seen, po.Status) })
+	if err != nil || final.Status != apiclient.PayoutStatusPaid {
+		t.Fatalf("payout %+v (%v), seen %v; want paid", final, err, seen)
+	}
+	transfers := api.payoutTransfers(t)
+	if len(transfers) != 1 || transfers[0].IdempotencyKey != "acme-"+accepted.Id || transfers[0].Status != "paid" {
+		t.Fatalf("processor payouts %+v; want exactly one, paid, under acme-%s", transfers, accepted.Id)
+	}
+	var attempts int
+	if err := db.QueryRow(context.Background(), `SELECT attempt FROM river.river_job WHERE kind = 'payout'`).Scan(&attempts); err != nil || attempts < 2 {
+		t.Errorf("job attempts %d (%v); want the dead run and the rescue", attempts, err)
+	}
+	b, err := c.Balance(context.Background())
+	if err != nil || len(b.Available) != 1 || b.Available[0].Amount != 1500 || b.Pending[0].Amount != 0 {
+		t.Errorf("balance %+v (%v); want 1500 available, nothing pending", b, err)
+	}
+	if n := api.countEvents(t, "payout.paid"); n != 1 {
+		t.Errorf("%d payout.paid events; want 1", n)
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/problem"
 	"github.com/retrysafe/payments/internal/refunds"
 	"github.com/retrysafe/payments/web"
@@ -39,6 +40,7 @@ type Deps struct {
 	Keys    *idempotency.Store
 	Charges *charges.Service
 	Refunds *refunds.Service
+	Payouts *payouts.Service
 	// Demo turns on the browser demo's own endpoints (DEMO_MODE); nil, as
 	// everywhere but `make run`, leaves them out.
 	Demo *Demo
@@ -53,6 +55,7 @@ type Server struct {
 	keys       *idempotency.Store
 	charges    *charges.Service
 	refunds    *refunds.Service
+	payouts    *payouts.Service
 	router     routers.Router
 	validation openapi3filter.Options
 }
@@ -80,6 +83,7 @@ func New(d Deps) (http.Handler, error) {
 		keys:    d.Keys,
 		charges: d.Charges,
 		refunds: d.Refunds,
+		payouts: d.Payouts,
 		router:  router,
 		validation: openapi3filter.Options{
 			MultiError: true,

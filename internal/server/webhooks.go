@@ -11,6 +11,7 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/effect"
+	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/refunds"
 )
@@ -58,6 +59,12 @@ func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.Receive
 			_, err = charges.ApplyChargeOutcome(ctx, tx, callerID, ev.Data.DownstreamKey, o)
 		case apigen.ProcessorEventTypeRefundSucceeded:
 			_, err = refunds.ApplySucceeded(ctx, tx, callerID, ev.Data.DownstreamKey, ev.Data.Id)
+		case apigen.ProcessorEventTypePayoutPaid, apigen.ProcessorEventTypePayoutFailed:
+			o := payouts.Outcome{Paid: ev.Type == apigen.ProcessorEventTypePayoutPaid, ProcessorPayoutID: ev.Data.Id}
+			if ev.Data.FailureCode != nil {
+				o.FailureCode = *ev.Data.FailureCode
+			}
+			_, err = payouts.ApplyOutcome(ctx, tx, callerID, ev.Data.DownstreamKey, o)
 		}
 		// A contradiction is found before anything is written, so only the
 		// event id and the note commit with this transaction.

@@ -1,0 +1,80 @@
+// Package balances keeps what each caller can pay out, per currency, in
+// the transactions that move the money (see migration 0020):
+//
+//	a charge succeeds          Credit   available += amount
+//	a refund or payout starts  Debit    available -= amount, pending += amount
+//	it succeeds                Settle   pending -= amount
+//	it fails                   Restore  available += amount, pending -= amount
+//
+// Debit is where overdrawing is refused, by the database: the CHECK
+// balance_not_overdrawn (available >= 0) fails the UPDATE, and concurrent
+// debits queue on the balance row's lock, so no interleaving of payouts
+// and refunds can take available below zero.
+package balances
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/retrysafe/payments/internal/apigen"
+	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/derrors"
+	"github.com/retrysafe/payments/internal/problem"
+)
+
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+
+// Credit adds a succeeded charge's amount to the caller's available
+// balance.
+func Credit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
+	defer derrors.Wrap(&err, "balances.Credit(%s, %s, %d)", callerID, currency, amount)
+	return queries.CreditBalance(ctx, tx, dbsqlc.CreditBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
+}
+
+// Debit takes amount from the available balance into pending, for a
+// refund or payout being created in tx. When the balance does not cover
+// it, it returns a *problem.Error (insufficient_balance) and tx is
+// aborted: the caller returns the problem, and the whole phase rolls back.
+func Debit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, what string) error {
+	n, err := queries.DebitBalance(ctx, tx, dbsqlc.DebitBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
+	var pgErr *pgconn.PgError
+	if (err == nil && n == 0) || (errors.As(err, &pgErr) && pgErr.ConstraintName == "balance_not_overdrawn") {
+		// No row: nothing was ever charged in this currency.
+		return problem.New(problem.InsufficientBalance, "the %s of %d %s is more than the available balance", what, amount, currency)
+	}
+	if err != nil {
+		return fmt.Errorf("balances.Debit(%s, %s, %d): %w", callerID, currency, amount, err)
+	}
+	return nil
+}
+
+// Settle records that a debited refund or payout succeeded.
+func Settle(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
+	defer derrors.Wrap(&err, "balances.Settle(%s, %s, %d)", callerID, currency, amount)
+	return queries.SettleBalance(ctx, tx, dbsqlc.SettleBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
+}
+
+// Restore gives a failed refund's or payout's debit back to available.
+func Restore(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
+	defer derrors.Wrap(&err, "balances.Restore(%s, %s, %d)", callerID, currency, amount)
+	return queries.RestoreBalance(ctx, tx, dbsqlc.RestoreBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
+}
+
+// Get returns the caller's balance as the contract shows it.
+func Get(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ apigen.Balance, err error) {
+	defer derrors.Wrap(&err, "balances.Get(%s)", callerID)
+	rows, err := queries.ListBalances(ctx, db, callerID)
+	if err != nil {
+		return apigen.Balance{}, err
+	}
+	out := apigen.Balance{Available: []apigen.BalanceAmount{}, Pending: []apigen.BalanceAmount{}}
+	for _, b := range rows {
+		out.Available = append(out.Available, apigen.BalanceAmount{Currency: apigen.Currency(b.Currency), Amount: b.Available})
+		out.Pending = append(out.Pending, apigen.BalanceAmount{Currency: apigen.Currency(b.Currency), Amount: b.Pending})
+	}
+	return out, nil
+}

@@ -1,0 +1,210 @@
+package payouts
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/retrysafe/payments/internal/cardprocessor"
+	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/faults"
+	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/internal/riverschema"
+)
+
+// JobArgs names the payout a job carries out. The job holds nothing else:
+// everything it needs is in the payout's row, written when it was
+// accepted.
+type JobArgs struct {
+	CallerID string `json:"caller_id"`
+	PayoutID string `json:"payout_id"`
+}
+
+// Kind is the job's kind in River's tables.
+func (JobArgs) Kind() string { return "payout" }
+
+// InsertOpts: enough attempts to ride out a processor outage of hours
+// (the backoff is capped at a minute, see NextRetry). A job that still
+// fails is discarded by River and listed by `server dead-letters`: its
+// payout stays pending or in transit, with its money held, until a person
+// looks.
+func (JobArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{MaxAttempts: 200}
+}
+
+// Worker runs payout jobs.
+type Worker struct {
+	river.WorkerDefaults[JobArgs]
+	db        *pgxpool.Pool
+	processor cardprocessor.Processor
+	crash     *faults.CrashPoints
+	timeout   time.Duration
+}
+
+// NewWorker returns a Worker that pays out through processor. timeout
+// bounds one run (a processor call and two short transactions). crash is
+// the test facility's crash points (nil: none).
+func NewWorker(db *pgxpool.Pool, processor cardprocessor.Processor, crash *faults.CrashPoints, timeout time.Duration) *Worker {
+	return &Worker{db: db, processor: processor, crash: crash, timeout: timeout}
+}
+
+// Timeout bounds one run; River cancels a longer one and retries it.
+func (w *Worker) Timeout(*river.Job[JobArgs]) time.Duration { return w.timeout }
+
+// NextRetry is capped exponential backoff with full jitter: a random wait
+// up to 1s, 2s, 4s, … and at most a minute. River's own default (attempt⁴
+// seconds) would wait an hour by the eighth attempt, far too long for a
+// processor blip.
+func (w *Worker) NextRetry(job *river.Job[JobArgs]) time.Time {
+	ceiling := time.Minute
+	if job.Attempt < 7 {
+		ceiling = time.Second << (job.Attempt - 1)
+	}
+	return time.Now().Add(time.Duration(rand.Int64N(int64(ceiling))) + 100*time.Millisecond)
+}
+
+// Work takes the payout one step: from pending to in transit (asking the
+// processor for the transfer), or from in transit to final (asking where
+// the transfer is). Between steps it snoozes: a snooze is not a failed
+// attempt, so a slow transfer never uses up the job's attempts.
+func (w *Worker) Work(ctx context.Context, job *river.Job[JobArgs]) error {
+	po, err := queries.GetPayout(ctx, w.db, dbsqlc.GetPayoutParams{CallerID: job.Args.CallerID, ID: job.Args.PayoutID})
+	if err != nil {
+		return fmt.Errorf("load payout %s: %w", job.Args.PayoutID, err)
+	}
+	switch po.Status {
+	case StatusPaid, StatusFailed:
+		return nil // final: recorded by an earlier run, or by a webhook
+	case StatusPending:
+		return w.start(ctx, po)
+	case StatusInTransit:
+		return w.follow(ctx, po)
+	}
+	return fmt.Errorf("payout %s has unknown status %q", po.ID, po.Status)
+}
+
+// start asks the processor for the transfer. The call is made outside any
+// transaction, under the payout's downstream key: a run that dies after
+// the processor acted (the crash point below) leaves the payout pending,
+// and the next run's call replays the processor's first answer instead of
+// starting a second transfer.
+func (w *Worker) start(ctx context.Context, po dbsqlc.Payout) error {
+	res, err := w.processor.Payout(ctx, po.DownstreamKey, cardprocessor.PayoutRequest{
+		Amount: po.Amount, Currency: po.Currency, Destination: po.Destination,
+	})
+	w.crash.Crash(faults.AfterProcessorCall)
+	switch {
+	case cardprocessor.IsDefinite(err):
+		// A definite "no": no transfer was started.
+		return postgres.Transact(ctx, w.db, func(tx pgx.Tx) error {
+			_, err := settle(ctx, tx, po, Outcome{FailureCode: cardprocessor.RefusalCode(err)})
+			return err
+		})
+	case err != nil:
+		// No definite answer: River runs the job again after NextRetry
+		// (or, for a 429, after the processor's Retry-After), and that run
+		// asks again under the same key.
+		var uncertain *cardprocessor.UncertainError
+		if errors.As(err, &uncertain) && uncertain.RetryAfter > time.Second {
+			return river.JobSnooze(uncertain.RetryAfter)
+		}
+		return err
+	}
+	if res.Status != cardprocessor.PayoutInTransit {
+		// Already final: a replay of a transfer that has arrived since.
+		return w.record(ctx, po, res)
+	}
+	arrives := time.Unix(res.ArrivalDate, 0)
+	err = postgres.Transact(ctx, w.db, func(tx pgx.Tx) error {
+		_, err := queries.SetPayoutInTransit(ctx, tx, dbsqlc.SetPayoutInTransitParams{
+			CallerID: po.CallerID, ID: po.ID, ProcessorPayoutID: &res.ID, ArrivesAt: &arrives,
+		})
+		if postgres.IsNotFound(err) {
+			return nil // a webhook recorded the outcome meanwhile
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return river.JobSnooze(untilArrival(arrives))
+}
+
+// follow asks the processor where the transfer is, and records it once it
+// is final.
+func (w *Worker) follow(ctx context.Context, po dbsqlc.Payout) error {
+	if po.ProcessorPayoutID == nil {
+		return fmt.Errorf("payout %s is in transit without a processor payout id", po.ID)
+	}
+	res, err := w.processor.GetPayout(ctx, *po.ProcessorPayoutID)
+	if err != nil {
+		return err
+	}
+	if res.Status == cardprocessor.PayoutInTransit {
+		return river.JobSnooze(untilArrival(time.Unix(res.ArrivalDate, 0)))
+	}
+	return w.record(ctx, po, res)
+}
+
+// record writes a final status the processor reported.
+func (w *Worker) record(ctx context.Context, po dbsqlc.Payout, res cardprocessor.PayoutResult) error {
+	o := Outcome{Paid: res.Status == cardprocessor.PayoutPaid, ProcessorPayoutID: res.ID}
+	if !o.Paid && res.FailureCode != nil {
+		o.FailureCode = *res.FailureCode
+	}
+	return postgres.Transact(ctx, w.db, func(tx pgx.Tx) error {
+		_, err := settle(ctx, tx, po, o)
+		return err
+	})
+}
+
+// untilArrival is how long to snooze before looking again: until the
+// expected arrival, at least a quarter second (the processor's clock is in
+// whole seconds) and at most a minute.
+func untilArrival(arrives time.Time) time.Duration {
+	return min(time.Minute, max(250*time.Millisecond, time.Until(arrives)))
+}
+
+// JobsConfig configures the River client that carries payout jobs.
+type JobsConfig struct {
+	// Workers is how many payout jobs run at once in this process; 0
+	// makes the client insert-only (Start must not be called).
+	Workers int
+	// JobTimeout bounds one run; RescueAfter is how long a job may stay
+	// running before River considers its process dead and runs it again.
+	// RescueAfter must exceed JobTimeout.
+	JobTimeout, RescueAfter time.Duration
+	// FetchPollInterval is how often an idle client looks for jobs that
+	// became due (a snoozed or retried one); zero is River's default (1s).
+	// New jobs are announced at once through LISTEN/NOTIFY.
+	FetchPollInterval time.Duration
+	Logger            *slog.Logger
+}
+
+// NewJobs returns the River client for payout jobs, on River's schema
+// (internal/riverschema). It inserts jobs (InsertTx) in any case, and runs
+// them with worker once started when cfg.Workers > 0.
+func NewJobs(pool *pgxpool.Pool, worker *Worker, cfg JobsConfig) (*river.Client[pgx.Tx], error) {
+	workers := river.NewWorkers()
+	river.AddWorker(workers, worker)
+	rc := &river.Config{
+		Schema:               riverschema.Schema,
+		Workers:              workers,
+		JobTimeout:           cfg.JobTimeout,
+		RescueStuckJobsAfter: cfg.RescueAfter,
+		FetchPollInterval:    cfg.FetchPollInterval,
+		Logger:               cfg.Logger,
+	}
+	if cfg.Workers > 0 {
+		rc.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.Workers}}
+	}
+	return river.NewClient(riverpgxv5.New(pool), rc)
+}

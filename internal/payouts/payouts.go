@@ -1,0 +1,265 @@
+// Package payouts pays money out of a caller's balance to a bank account:
+// the long-running half of the idempotency pattern. A payout takes seconds
+// to days, so no request can wait for it. Instead:
+//
+//	POST /v1/payouts   one phase, one transaction: debit the balance (the
+//	                   database refuses an overdraw), create the payout row
+//	                   (pending) with its downstream key, enqueue its River
+//	                   job, and store the key's 202 response. "Accepted" and
+//	                   "will run" commit together or not at all: there is no
+//	                   accepted payout without a job, and no job without a
+//	                   stored answer for its key.
+//	the job (Worker)   pending → ask the processor for the transfer under the
+//	                   downstream key → in_transit; then follow it until the
+//	                   processor says paid or failed, snoozing in between.
+//	GET /v1/payouts/…  the payout as it is now, with a Retry-After hint while
+//	                   it is not final.
+//
+// A retry of the POST replays the stored 202, which describes the payout as
+// it was accepted; the client polls its Location for the current state.
+//
+// The job may run more than once for one step: River retries it after an
+// error or a timeout, and rescues it after its process died. Every run
+// sends the processor the same downstream key, so however many runs ask
+// for the transfer, the processor makes one; and every write is conditional
+// on the payout's current status, so a repeated or late run changes
+// nothing that is already recorded.
+package payouts
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+
+	"github.com/retrysafe/payments/internal/apigen"
+	"github.com/retrysafe/payments/internal/balances"
+	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/derrors"
+	"github.com/retrysafe/payments/internal/effect"
+	"github.com/retrysafe/payments/internal/events"
+	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/ids"
+	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/internal/problem"
+)
+
+// Operation is the contract's operationId of a payout request. Its record
+// completes in its one phase, so no handler is registered to resume it: a
+// record that never passed started is abandoned, like an order's.
+const Operation = "createPayout"
+
+// Payout status values.
+const (
+	StatusPending   = "pending"
+	StatusInTransit = "in_transit"
+	StatusPaid      = "paid"
+	StatusFailed    = "failed"
+)
+
+// DefaultDestination is the test bank account paid when none is named.
+const DefaultDestination = "ba_test_ok"
+
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+
+// Request is what a caller asked for.
+type Request struct {
+	CallerID    string
+	Amount      int64
+	Currency    string
+	Destination string
+}
+
+// An Enqueuer inserts a job in a transaction: River's client, whose
+// InsertTx is the transactional enqueue.
+type Enqueuer interface {
+	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
+}
+
+// Service accepts payouts.
+type Service struct {
+	jobs Enqueuer
+}
+
+// NewService returns a Service that enqueues payout jobs with jobs.
+func NewService(jobs Enqueuer) *Service { return &Service{jobs: jobs} }
+
+// Create is the keyed request's handler: its only phase accepts the payout.
+func (s *Service) Create(ctx context.Context, l *idempotency.Lease, req Request) error {
+	return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
+		// The debit first: when it is refused (a business outcome, stored
+		// and replayed like a decline), nothing else was written. Its
+		// failed statement aborts tx; the idempotency layer stores the
+		// problem in a transaction of its own.
+		if err := balances.Debit(ctx, tx, req.CallerID, req.Currency, req.Amount, "payout"); err != nil {
+			return nil, err
+		}
+		id := ids.New(ids.Payout)
+		po, err := queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{
+			CallerID: req.CallerID, ID: id, IdempotencyKeyID: l.Record().ID,
+			Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
+			DownstreamKey: effect.DownstreamKey(req.CallerID, id),
+		})
+		if err != nil {
+			return nil, err
+		}
+		// The transactional enqueue: the job row commits with the payout
+		// and the stored 202, or none of them does.
+		if _, err := s.jobs.InsertTx(ctx, tx, JobArgs{CallerID: po.CallerID, PayoutID: po.ID}, nil); err != nil {
+			return nil, fmt.Errorf("enqueue payout job: %w", err)
+		}
+		return Accepted(po)
+	})
+}
+
+// Accepted is the stored and replayed answer to a payout request: 202, the
+// payout as created, and where to poll it.
+func Accepted(po dbsqlc.Payout) (*idempotency.Response, error) {
+	return idempotency.JSONResponse(http.StatusAccepted, http.Header{"Location": {"/v1/payouts/" + po.ID}}, ToAPI(po))
+}
+
+// ToAPI is the payout as the contract shows it.
+func ToAPI(po dbsqlc.Payout) apigen.Payout {
+	return apigen.Payout{
+		Id:          po.ID,
+		Amount:      po.Amount,
+		Currency:    apigen.Currency(po.Currency),
+		Destination: po.Destination,
+		Status:      apigen.PayoutStatus(po.Status),
+		FailureCode: po.FailureCode,
+		CreatedAt:   po.CreatedAt,
+	}
+}
+
+// Get returns the caller's payout id.
+func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (po dbsqlc.Payout, err error) {
+	defer derrors.Wrap(&err, "payouts.Get(%s, %q)", callerID, id)
+	po, err = queries.GetPayout(ctx, db, dbsqlc.GetPayoutParams{CallerID: callerID, ID: id})
+	return po, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no payout %q", id) })
+}
+
+// PollAfter is the Retry-After hint for a payout that is not final (0 for
+// one that is): a second for a pending one, whose job is about to run; for
+// one in transit, the time until the processor expects it to arrive,
+// between 1 and 60 seconds.
+func PollAfter(po dbsqlc.Payout, now time.Time) int {
+	switch po.Status {
+	case StatusPending:
+		return 1
+	case StatusInTransit:
+		if po.ArrivesAt == nil {
+			return 1
+		}
+		return min(60, max(1, int(math.Ceil(po.ArrivesAt.Sub(now).Seconds()))))
+	}
+	return 0
+}
+
+// List returns up to limit of the caller's payouts, newest first, after
+// the payout startingAfter when it is not empty, and whether more exist.
+func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Payout, _ bool, err error) {
+	defer derrors.Wrap(&err, "payouts.List(%s)", callerID)
+	p := dbsqlc.ListPayoutsParams{CallerID: callerID, RowLimit: int32(limit) + 1}
+	if startingAfter != "" {
+		cursor, err := queries.GetPayout(ctx, db, dbsqlc.GetPayoutParams{CallerID: callerID, ID: startingAfter})
+		if postgres.IsNotFound(err) {
+			e := problem.New(problem.InvalidRequest, "starting_after names no payout of yours")
+			e.Errors = []problem.FieldError{{Field: "starting_after", Message: "no such payout"}}
+			return nil, false, e
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		p.HasCursor, p.CursorCreatedAt, p.CursorID = true, cursor.CreatedAt, cursor.ID
+	}
+	rows, err := queries.ListPayouts(ctx, db, p)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(rows) > limit {
+		return rows[:limit], true, nil
+	}
+	return rows, false, nil
+}
+
+// ApplyOutcome records a payout's final status as reported by a processor
+// webhook (payout.paid or payout.failed) for the payout made under
+// downstreamKey; false for a payout we do not know. It agrees with the
+// job, which records the same outcome when it polls: whichever comes first
+// records it, the other finds it recorded.
+func ApplyOutcome(ctx context.Context, tx pgx.Tx, callerID, downstreamKey string, o Outcome) (_ bool, err error) {
+	defer derrors.Wrap(&err, "payouts.ApplyOutcome(%s, %q)", callerID, downstreamKey)
+	po, err := queries.GetPayoutByDownstreamKey(ctx, tx, dbsqlc.GetPayoutByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
+	if postgres.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_, err = settle(ctx, tx, po, o)
+	return err == nil, err
+}
+
+// Outcome is how a payout ended at the processor.
+type Outcome struct {
+	Paid              bool
+	FailureCode       string // when not Paid
+	ProcessorPayoutID string
+}
+
+// settle moves a payout that is not final to its outcome, with the balance
+// and the event, and returns it as it now is. It locks the row first and
+// decides on what it finds: a payout already at that outcome is left
+// alone; one at the other outcome is a contradiction, changed by nobody.
+func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc.Payout, error) {
+	cur, err := queries.LockPayout(ctx, tx, dbsqlc.LockPayoutParams{CallerID: po.CallerID, ID: po.ID})
+	if err != nil {
+		return po, err
+	}
+	want := StatusFailed
+	if o.Paid {
+		want = StatusPaid
+	}
+	switch cur.Status {
+	case want:
+		return cur, nil // recorded already
+	case StatusPending, StatusInTransit:
+	default:
+		return cur, &effect.ContradictionError{Object: "payout", ID: cur.ID, Recorded: cur.Status, Reported: want}
+	}
+	data := map[string]any{"payout_id": cur.ID, "amount": cur.Amount, "currency": cur.Currency, "destination": cur.Destination}
+	if o.Paid {
+		if cur, err = queries.SetPayoutPaid(ctx, tx, dbsqlc.SetPayoutPaidParams{CallerID: cur.CallerID, ID: cur.ID, ProcessorPayoutID: orNil(o.ProcessorPayoutID)}); err != nil {
+			return cur, err
+		}
+		if err := balances.Settle(ctx, tx, cur.CallerID, cur.Currency, cur.Amount); err != nil {
+			return cur, err
+		}
+		return cur, events.Record(ctx, tx, cur.CallerID, events.PayoutPaid, data)
+	}
+	code := o.FailureCode
+	if code == "" {
+		code = "payout_failed" // a failure the processor gave no reason for
+	}
+	if cur, err = queries.SetPayoutFailed(ctx, tx, dbsqlc.SetPayoutFailedParams{CallerID: cur.CallerID, ID: cur.ID, FailureCode: &code, ProcessorPayoutID: orNil(o.ProcessorPayoutID)}); err != nil {
+		return cur, err
+	}
+	// The money did not leave: it is available again.
+	if err := balances.Restore(ctx, tx, cur.CallerID, cur.Currency, cur.Amount); err != nil {
+		return cur, err
+	}
+	data["failure_code"] = code
+	return cur, events.Record(ctx, tx, cur.CallerID, events.PayoutFailed, data)
+}
+
+func orNil(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
