@@ -88,7 +88,8 @@ func startProcessor(log *slog.Logger, webhookURL string, webhookSecret []byte) (
 }
 
 // listDeadLetters writes one JSON line per thing set aside for an operator:
-// every operation the reconciler gave up on (kind "operation", status
+// every payout job River gave up on (kind "payout_job"), every operation
+// the reconciler gave up on (kind "operation", status
 // dead; whether its external effect happened is on the processor's ledger
 // under the charge's or refund's downstream key), and every processor
 // event that contradicted a recorded final state and was not applied (kind
@@ -99,6 +100,25 @@ func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) err
 		return err
 	}
 	enc := json.NewEncoder(out)
+	// Payout jobs River discarded after their last attempt: the payout's
+	// state at the processor is GET /v1/payouts/{id} there, under the
+	// payout's downstream key.
+	jobs, err := queries.ListDiscardedPayoutJobs(ctx, pool)
+	if err != nil {
+		return err
+	}
+	for _, j := range jobs {
+		var args payouts.JobArgs
+		if err := json.Unmarshal(j.Args, &args); err != nil {
+			return fmt.Errorf("payout job %d: %w", j.ID, err)
+		}
+		if err := enc.Encode(map[string]any{
+			"kind": "payout_job", "caller": args.CallerID, "payout_id": args.PayoutID,
+			"job_id": j.ID, "attempts": j.Attempt, "discarded_at": j.FinalizedAt,
+		}); err != nil {
+			return err
+		}
+	}
 	for _, c := range callers {
 		// One caller at a time: every query on tenant data names its caller.
 		dead, err := queries.ListDeadIdempotencyKeys(ctx, pool, c.ID)

@@ -241,6 +241,13 @@ func TestRunListsDeadLetters(t *testing.T) {
 		       ('acme', 'pevt_fine', 'charge.succeeded', NULL)`); err != nil {
 		t.Fatal(err)
 	}
+	// River's jobs: one it gave up on, one completed.
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO river.river_job (kind, args, state, attempt, max_attempts, finalized_at, queue, priority)
+		VALUES ('payout', '{"caller_id":"acme","payout_id":"po_stuck"}', 'discarded', 200, 200, now(), 'default', 1),
+		       ('payout', '{"caller_id":"acme","payout_id":"po_done"}', 'completed', 1, 200, now(), 'default', 1)`); err != nil {
+		t.Fatal(err)
+	}
 	var out strings.Builder
 	if err := run(context.Background(), []string{"dead-letters"}, env(vars), &out); err != nil {
 		t.Fatal(err)
@@ -252,13 +259,19 @@ func TestRunListsDeadLetters(t *testing.T) {
 			lines = append(lines, m)
 		}
 	}
-	var ops, events []map[string]any
+	var ops, events, jobs []map[string]any
 	for _, l := range lines {
-		if l["kind"] == "operation" {
+		switch l["kind"] {
+		case "operation":
 			ops = append(ops, l)
-		} else if l["kind"] == "processor_event" {
+		case "processor_event":
 			events = append(events, l)
+		case "payout_job":
+			jobs = append(jobs, l)
 		}
+	}
+	if len(jobs) != 1 || jobs[0]["payout_id"] != "po_stuck" || jobs[0]["caller"] != "acme" || jobs[0]["attempts"] != float64(200) {
+		t.Errorf("discarded payout jobs %v; want the one River gave up on", jobs)
 	}
 	if len(ops) != 1 || ops[0]["caller"] != "globex" || ops[0]["key"] != "given-up" || ops[0]["recovery_point"] != "charge_created" {
 		t.Errorf("dead operations %v; want the one dead globex record", ops)

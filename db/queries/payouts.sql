@@ -44,3 +44,12 @@ WHERE caller_id = @caller_id
        OR (created_at, id) < (@cursor_created_at::timestamptz, @cursor_id::text))
 ORDER BY created_at DESC, id DESC
 LIMIT @row_limit;
+
+-- name: ListDiscardedPayoutJobs :many
+-- Payout jobs River gave up on (out of attempts): their payouts are stuck
+-- pending or in transit, with their money held, until a person looks. The
+-- queue is not tenant data, so this reads every caller's.
+SELECT id, args, attempt, finalized_at
+FROM river.river_job
+WHERE kind = 'payout' AND state = 'discarded'
+ORDER BY id;

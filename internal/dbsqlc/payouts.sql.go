@@ -117,6 +117,48 @@ func (q *Queries) GetPayoutByDownstreamKey(ctx context.Context, db DBTX, arg Get
 	return i, err
 }
 
+const listDiscardedPayoutJobs = `-- name: ListDiscardedPayoutJobs :many
+SELECT id, args, attempt, finalized_at
+FROM river.river_job
+WHERE kind = 'payout' AND state = 'discarded'
+ORDER BY id
+`
+
+type ListDiscardedPayoutJobsRow struct {
+	ID          int64
+	Args        []byte
+	Attempt     int16
+	FinalizedAt *time.Time
+}
+
+// Payout jobs River gave up on (out of attempts): their payouts are stuck
+// pending or in transit, with their money held, until a person looks. The
+// queue is not tenant data, so this reads every caller's.
+func (q *Queries) ListDiscardedPayoutJobs(ctx context.Context, db DBTX) ([]ListDiscardedPayoutJobsRow, error) {
+	rows, err := db.Query(ctx, listDiscardedPayoutJobs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListDiscardedPayoutJobsRow{}
+	for rows.Next() {
+		var i ListDiscardedPayoutJobsRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Args,
+			&i.Attempt,
+			&i.FinalizedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const listPayouts = `-- name: ListPayouts :many
 SELECT caller_id, id, idempotency_key_id, amount, currency, destination, status, failure_code, downstream_key, processor_payout_id, arrives_at, created_at, updated_at FROM payouts
 WHERE caller_id = $1
