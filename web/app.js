@@ -193,6 +193,52 @@ $("refund-form").addEventListener("submit", (e) => {
   operation("POST", `/v1/charges/${state.chargeId}/refunds`, amount ? { amount: Number(amount) } : {});
 });
 
+// A payout is answered 202 Accepted (the payout as accepted, pending): a
+// River job carries it out. The page then polls its Location, waiting as
+// each answer's Retry-After says, until it is paid or failed. The polls are
+// safe GETs, shown in the timeline with their Retry-After.
+$("payout-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const body = { amount: Number($("payout-amount").value), currency: $("currency").value, destination: $("destination").value };
+  const out = await operation("POST", "/v1/payouts", body);
+  if (!out.res || out.res.status !== 202) {
+    showPayout(null, out.json && out.json.code);
+    return;
+  }
+  await followPayout(out.res.headers.get("Location"), out.json);
+});
+
+const PAYOUT_STATES = ["pending", "in_transit", "paid or failed"];
+
+function showPayout(po, problem) {
+  $("payout-id").textContent = po ? po.id : "none yet";
+  $("payout-status").textContent = po
+    ? po.status + (po.failure_code ? ` (${po.failure_code})` : "")
+    : problem ? `refused: ${problem}` : "";
+  $("payout-states").replaceChildren(...(po ? PAYOUT_STATES : []).map((p) => {
+    const li = document.createElement("li");
+    li.textContent = p;
+    if (p === po.status || (p === "paid or failed" && (po.status === "paid" || po.status === "failed"))) {
+      li.setAttribute("aria-current", "step");
+    }
+    return li;
+  }));
+}
+
+async function followPayout(location, po) {
+  showPayout(po);
+  for (;;) {
+    const out = await send("GET", location);
+    if (out.res && out.res.ok) {
+      po = out.json;
+      showPayout(po);
+      if (po.status === "paid" || po.status === "failed") break;
+    }
+    await sleep((out.res && retryAfterMs(out.res)) ?? 1000);
+  }
+  refreshSoon();
+}
+
 $("new-key").addEventListener("click", () => newKey());
 
 function say(text) {
@@ -349,6 +395,10 @@ async function refreshPanels() {
   await refreshRecord();
   try {
     const headers = { Authorization: "Bearer " + API_KEYS[state.caller] };
+    const balance = await (await fetch("/v1/balance", { headers })).json();
+    const cur = $("currency").value;
+    const amount = (list) => ((list || []).find((b) => b.currency === cur) || { amount: 0 }).amount;
+    $("balance").textContent = `${amount(balance.available)} ${cur} available, ${amount(balance.pending)} pending`;
     const ev = await (await fetch("/v1/events?limit=10", { headers })).json();
     let deliveries = {};
     if (demoMode) {

@@ -409,3 +409,28 @@ func TestDemoPageLinksResolve(t *testing.T) {
 		}
 	}
 }
+
+// A payout from the page: 202 Accepted, then the page polls the payout as
+// Retry-After says and shows it move to paid; the processor made one
+// transfer.
+func TestDemoPagePayoutIsFollowedToPaid(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	ts.fund(t, "sk_test_acme", 3000)
+	ctx := browser(t, ts.URL, 1280, 1000)
+	waitPage(t, ctx, `document.getElementById("balance").textContent === "3000 usd available, 0 pending"`)
+
+	click(t, ctx, "payout")
+	waitPage(t, ctx, `document.getElementById("payout-status").textContent === "paid"`)
+	rows := pageText(t, ctx, `[...document.querySelectorAll("#attempts tbody tr")].map(r => r.children[1].textContent + " " + r.children[2].textContent + " " + r.children[4].textContent).join("\n")`)
+	if !strings.Contains(rows, "POST /v1/payouts 202") || !strings.Contains(rows, "GET /v1/payouts/po_") {
+		t.Errorf("timeline:\n%s\nwant the 202 and the polls", rows)
+	}
+	if current := pageText(t, ctx, `document.querySelector("#payout-states [aria-current]").textContent`); current != "paid or failed" {
+		t.Errorf("current state %q", current)
+	}
+	waitPage(t, ctx, `document.getElementById("balance").textContent === "2000 usd available, 0 pending"`)
+	if tr := ts.payoutTransfers(t); len(tr) != 1 || tr[0].Status != "paid" {
+		t.Errorf("processor payouts %+v; want one paid", tr)
+	}
+}
