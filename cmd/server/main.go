@@ -45,6 +45,7 @@ import (
 	"github.com/retrysafe/payments/internal/reconciler"
 	"github.com/retrysafe/payments/internal/refunds"
 	"github.com/retrysafe/payments/internal/relay"
+	"github.com/retrysafe/payments/internal/requestid"
 	"github.com/retrysafe/payments/internal/server"
 )
 
@@ -153,6 +154,25 @@ func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) err
 	return nil
 }
 
+// newLogger writes JSON lines, for a log collector, unless format says
+// text or (format unset) stdout is a terminal, where a person reads it.
+// Every line logged with a request's context carries its request id.
+func newLogger(stdout io.Writer, format string) *slog.Logger {
+	if format == "" {
+		format = "json"
+		if f, ok := stdout.(*os.File); ok {
+			if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+				format = "text"
+			}
+		}
+	}
+	var h slog.Handler = slog.NewJSONHandler(stdout, nil)
+	if format == "text" {
+		h = slog.NewTextHandler(stdout, nil)
+	}
+	return slog.New(requestid.Handler(h))
+}
+
 // A worker runs in the background until its context is done.
 type worker interface{ Run(ctx context.Context) }
 
@@ -230,7 +250,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(stdout, nil))
+	log := newLogger(stdout, cfg.LogFormat)
 	if command == "demo" {
 		return runDemo(ctx, cfg, log, stdout)
 	}

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/sweeper"
@@ -109,27 +111,23 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 // through a temporary file and a rename so a collector never reads half a
 // file.
 func writeMetrics(path string, r sweeper.Report) error {
-	body := fmt.Sprintf(`# HELP payments_sweeper_deleted_rows Rows deleted by the last sweep (deletable, on a dry run).
-# TYPE payments_sweeper_deleted_rows gauge
-payments_sweeper_deleted_rows{table="idempotency_keys"} %d
-payments_sweeper_deleted_rows{table="events"} %d
-payments_sweeper_deleted_rows{table="processor_events"} %d
-# HELP payments_sweeper_batches Batches run by the last sweep.
-# TYPE payments_sweeper_batches gauge
-payments_sweeper_batches %d
-# HELP payments_sweeper_stale_in_progress In-progress idempotency records past the window, left for the reconciler.
-# TYPE payments_sweeper_stale_in_progress gauge
-payments_sweeper_stale_in_progress %d
-# HELP payments_sweeper_duration_seconds How long the last sweep took.
-# TYPE payments_sweeper_duration_seconds gauge
-payments_sweeper_duration_seconds %g
-# HELP payments_sweeper_last_run_timestamp_seconds When the last sweep finished.
-# TYPE payments_sweeper_last_run_timestamp_seconds gauge
-payments_sweeper_last_run_timestamp_seconds %d
-`, r.Keys, r.Events, r.WebhookEvents, r.Batches, r.StaleInProgress, r.Duration.Seconds(), time.Now().Unix())
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
-		return err
+	reg := prometheus.NewRegistry()
+	gauge := func(name, help string, v float64) {
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+		g.Set(v)
+		reg.MustRegister(g)
 	}
-	return os.Rename(tmp, path)
+	deleted := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "payments_sweeper_deleted_rows",
+		Help: "Rows deleted by the last sweep (deletable, on a dry run)."}, []string{"table"})
+	deleted.WithLabelValues("idempotency_keys").Set(float64(r.Keys))
+	deleted.WithLabelValues("events").Set(float64(r.Events))
+	deleted.WithLabelValues("processor_events").Set(float64(r.WebhookEvents))
+	reg.MustRegister(deleted)
+	gauge("payments_sweeper_batches", "Batches run by the last sweep.", float64(r.Batches))
+	gauge("payments_sweeper_stale_in_progress", "In-progress idempotency records past the window, left for the reconciler.", float64(r.StaleInProgress))
+	gauge("payments_sweeper_duration_seconds", "How long the last sweep took.", r.Duration.Seconds())
+	gauge("payments_sweeper_last_run_timestamp_seconds", "When the last sweep finished.", float64(time.Now().Unix()))
+	// WriteToTextfile writes a temporary file and renames it into place:
+	// the collector never reads half a file.
+	return prometheus.WriteToTextfile(path, reg)
 }

@@ -61,3 +61,11 @@ SELECT * FROM demo_received_events
 WHERE caller_id = @caller_id
 ORDER BY received_at DESC, event_id DESC
 LIMIT @row_limit;
+
+-- name: OutboxLagSeconds :one
+-- The age of the oldest undelivered event, for the relay's lag gauge (0
+-- when none waits). Read across callers, as the relay's claim is; the
+-- undelivered events are a small set, found through events_undelivered.
+SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag
+FROM events
+WHERE delivered_at IS NULL;

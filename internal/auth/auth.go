@@ -113,6 +113,13 @@ func WithCaller(ctx context.Context, c Caller) context.Context {
 
 // CallerFrom returns the caller carried by ctx. Handlers behind the auth
 // middleware can rely on it; a missing caller is a wiring bug.
+// CallerOf returns the authenticated caller ctx carries, if any: for code
+// that runs outside the authentication middleware too (the request log).
+func CallerOf(ctx context.Context) (Caller, bool) {
+	c, ok := ctx.Value(callerKey{}).(Caller)
+	return c, ok
+}
+
 func CallerFrom(ctx context.Context) Caller {
 	c, ok := ctx.Value(callerKey{}).(Caller)
 	if !ok {

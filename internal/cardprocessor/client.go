@@ -16,7 +16,10 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/retrysafe/payments/internal/metrics"
 )
 
 // Processor moves money. Each call is one attempt under a downstream
@@ -194,7 +197,7 @@ func refusalCode(body []byte, status int) string {
 
 // post sends one request under downstreamKey. A failure to get a complete
 // answer is an UncertainError: the processor may have acted.
-func (c *Client) post(ctx context.Context, path, downstreamKey string, req any) (int, http.Header, []byte, error) {
+func (c *Client) post(ctx context.Context, path, downstreamKey string, req any) (status int, _ http.Header, _ []byte, err error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return 0, nil, nil, err
@@ -211,6 +214,7 @@ func (c *Client) post(ctx context.Context, path, downstreamKey string, req any) 
 	// cannot be rewound, so it is not resent.
 	httpReq.GetBody = nil
 
+	defer observe(strings.TrimPrefix(path, "/v1/"), time.Now(), &status, &err)
 	res, err := c.http.Do(httpReq)
 	if err != nil {
 		return 0, nil, nil, &UncertainError{Err: err}
@@ -221,6 +225,22 @@ func (c *Client) post(ctx context.Context, path, downstreamKey string, req any) 
 		return 0, nil, nil, &UncertainError{Err: err}
 	}
 	return res.StatusCode, res.Header, resBody, nil
+}
+
+// observe counts one call by its result, as the caller will judge it: a
+// 2xx is a success, another 4xx than 429 a definite refusal, anything else
+// (no answer, a 5xx, a 429) uncertain.
+func observe(call string, start time.Time, status *int, err *error) {
+	result := "uncertain"
+	switch {
+	case *err != nil:
+	case *status >= 200 && *status < 300:
+		result = "success"
+	case *status >= 400 && *status < 500 && *status != http.StatusTooManyRequests:
+		result = "refused"
+	}
+	metrics.ProcessorCalls.WithLabelValues(call, result).Inc()
+	metrics.ProcessorDuration.WithLabelValues(call).Observe(time.Since(start).Seconds())
 }
 
 func retryAfter(h http.Header) time.Duration {
@@ -288,12 +308,15 @@ func (c *Client) Payout(ctx context.Context, downstreamKey string, req PayoutReq
 // GetPayout reads the processor's payout id. Any failure is an
 // UncertainError: reading changes nothing, so the caller simply asks
 // again later.
-func (c *Client) GetPayout(ctx context.Context, id string) (PayoutResult, error) {
+func (c *Client) GetPayout(ctx context.Context, id string) (_ PayoutResult, err error) {
 	var po PayoutResult
+	start := time.Now()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.baseURL+"/v1/payouts/"+url.PathEscape(id), nil)
 	if err != nil {
 		return po, err
 	}
+	status := 0
+	defer func() { observe("get_payout", start, &status, &err) }()
 	res, err := c.http.Do(req)
 	if err != nil {
 		return po, &UncertainError{Err: err}
@@ -303,6 +326,7 @@ func (c *Client) GetPayout(ctx context.Context, id string) (PayoutResult, error)
 	if err != nil {
 		return po, &UncertainError{Err: err}
 	}
+	status = res.StatusCode
 	if res.StatusCode != http.StatusOK {
 		return po, &UncertainError{Err: fmt.Errorf("processor answered %d to GET payout %s", res.StatusCode, id), RetryAfter: retryAfter(res.Header)}
 	}

@@ -108,6 +108,9 @@ type Server struct {
 	// every RelayInterval (RELAY_INTERVAL) when idle.
 	Relay         bool
 	RelayInterval time.Duration
+	// LogFormat is how logs are written (LOG_FORMAT): json, text, or
+	// empty for text on a terminal and JSON otherwise.
+	LogFormat string
 	// PayoutWorkers is how many payout jobs this process runs at once
 	// (PAYOUT_WORKERS); 0 makes it only enqueue them, for a replica that
 	// serves the API while others do the jobs.
@@ -153,6 +156,7 @@ func Load(getenv func(string) string) (Server, error) {
 		RelayInterval:          r.Duration("RELAY_INTERVAL", time.Second),
 		DemoMode:               r.Bool("DEMO_MODE", false),
 		PayoutWorkers:          r.Int("PAYOUT_WORKERS", 4, 0),
+		LogFormat:              r.String("LOG_FORMAT", ""),
 		PayoutRescueAfter:      r.Duration("PAYOUT_RESCUE_AFTER", time.Minute),
 	}
 	if v := r.String("FAULT_CRASH_POINTS", ""); v != "" {
@@ -172,6 +176,8 @@ func Load(getenv func(string) string) (Server, error) {
 	r.Check(cfg.WriteTimeout > cfg.ReadTimeout+cfg.Lease+CleanupAllowance,
 		"HTTP_WRITE_TIMEOUT (%s) must be longer than HTTP_READ_TIMEOUT (%s) + IDEMPOTENCY_LEASE (%s) + %s: a request may read its body, run for its whole lease and clean up before it answers",
 		cfg.WriteTimeout, cfg.ReadTimeout, cfg.Lease, CleanupAllowance)
+	r.Check(cfg.LogFormat == "" || cfg.LogFormat == "json" || cfg.LogFormat == "text",
+		"LOG_FORMAT=%q: want json or text (or leave it unset: text on a terminal, JSON otherwise)", cfg.LogFormat)
 	r.Check(cfg.PayoutRescueAfter > cfg.PayoutJobTimeout(),
 		"PAYOUT_RESCUE_AFTER (%s) must be longer than a payout job's timeout, PROCESSOR_TIMEOUT + %s (%s): a job still running must not be rescued",
 		cfg.PayoutRescueAfter, CleanupAllowance, cfg.PayoutJobTimeout())

@@ -243,6 +243,22 @@ func (q *Queries) MarkEventDelivered(ctx context.Context, db DBTX, arg MarkEvent
 	return err
 }
 
+const outboxLagSeconds = `-- name: OutboxLagSeconds :one
+SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag
+FROM events
+WHERE delivered_at IS NULL
+`
+
+// The age of the oldest undelivered event, for the relay's lag gauge (0
+// when none waits). Read across callers, as the relay's claim is; the
+// undelivered events are a small set, found through events_undelivered.
+func (q *Queries) OutboxLagSeconds(ctx context.Context, db DBTX) (float64, error) {
+	row := db.QueryRow(ctx, outboxLagSeconds)
+	var lag float64
+	err := row.Scan(&lag)
+	return lag, err
+}
+
 const recordDemoDelivery = `-- name: RecordDemoDelivery :one
 INSERT INTO demo_received_events (caller_id, event_id, type)
 VALUES ($1, $2, $3)

@@ -1,6 +1,10 @@
 package idempotency
 
-import "context"
+import (
+	"context"
+
+	"github.com/retrysafe/payments/internal/metrics"
+)
 
 type requestKey struct{}
 
@@ -14,4 +18,22 @@ func WithRequest(ctx context.Context, r Request) context.Context {
 func RequestFrom(ctx context.Context) (Request, bool) {
 	r, ok := ctx.Value(requestKey{}).(Request)
 	return r, ok
+}
+
+type outcomeKey struct{}
+
+// WithOutcome returns ctx carrying a place where the idempotency layer
+// writes what the claim of a keyed request found (one of the
+// metrics.Outcome values), for the request log; outcome reads it.
+func WithOutcome(ctx context.Context) (_ context.Context, outcome func() string) {
+	var o string
+	return context.WithValue(ctx, outcomeKey{}, &o), func() string { return o }
+}
+
+// observe counts a claim's outcome and tells the request log about it.
+func observe(ctx context.Context, operation, outcome string) {
+	metrics.IdempotencyOutcomes.WithLabelValues(operation, outcome).Inc()
+	if p, ok := ctx.Value(outcomeKey{}).(*string); ok {
+		*p = outcome
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -342,17 +343,20 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	}
 	rec := recordFromClaim(row)
 	if row.Claimed {
+		observe(ctx, req.Operation, metrics.OutcomeNew)
 		return &Lease{store: s, record: rec}, nil, nil
 	}
 
 	// Someone else created this key. Is it the same request?
 	if subtle.ConstantTimeCompare(rec.RequestFingerprint, req.Fingerprint) != 1 {
+		observe(ctx, req.Operation, metrics.OutcomeMismatch)
 		return nil, nil, problem.New(problem.IdempotencyKeyReused,
 			"this Idempotency-Key was first used for a different request (%s %s, or another body); use a new key for a new operation",
 			rec.RequestMethod, rec.RequestPath)
 	}
 	switch {
 	case rec.Status == StatusCompleted:
+		observe(ctx, req.Operation, metrics.OutcomeReplayed)
 		resp, err := storedResponse(rec)
 		return nil, resp, err
 	case rec.Status == StatusInProgress && row.LeaseExpired:
@@ -371,11 +375,22 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		if err != nil {
 			return nil, nil, fmt.Errorf("take over idempotency key: %w", err)
 		}
+		// A lease given up after a transient failure ends when it is
+		// released, in the same statement that stamps updated_at; one that
+		// ran out was set to end later than its last write, and belonged to
+		// an owner that died or stalled.
+		if rec.LockedUntil == nil || !rec.LockedUntil.After(rec.UpdatedAt) {
+			observe(ctx, req.Operation, metrics.OutcomeResumed)
+		} else {
+			observe(ctx, req.Operation, metrics.OutcomeTakenOver)
+		}
 		return &Lease{store: s, record: taken}, nil, nil
 	case rec.Status == StatusDead:
+		observe(ctx, req.Operation, metrics.OutcomeDead)
 		return nil, nil, dead()
 	default:
 		// A live owner holds it.
+		observe(ctx, req.Operation, metrics.OutcomeInProgress)
 		return nil, nil, inProgress(row.LeaseRemainingSeconds)
 	}
 }

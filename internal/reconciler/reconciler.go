@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/worker"
 	"github.com/retrysafe/payments/retry"
 )
@@ -157,6 +158,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 	// lease like any request.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Lease)
 	defer cancel()
+	metrics.ReconcilerTakeovers.Inc()
 
 	// The age is judged on this process's clock; MaxAge is hours, so the
 	// skew between replicas does not matter here (leases use the
@@ -166,6 +168,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 			log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
 			return
 		}
+		metrics.ReconcilerDeadLetters.Inc()
 		log.WarnContext(ctx, "reconciler: operation set aside for an operator (dead)")
 		return
 	}
@@ -180,6 +183,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 		case err != nil:
 			log.WarnContext(ctx, "reconciler: abandon failed", "err", err)
 		default:
+			metrics.ReconcilerResumes.WithLabelValues("abandoned").Inc()
 			log.InfoContext(ctx, "reconciler: abandoned an operation that never started")
 		}
 		return
@@ -193,6 +197,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 			log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
 			return
 		}
+		metrics.ReconcilerDeadLetters.Inc()
 		log.ErrorContext(ctx, "reconciler: no handler registered for the operation; set aside")
 		return
 	}
@@ -201,9 +206,11 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 	// try waits out its backoff.
 	resp, err := r.store.Drive(ctx, l, resume, r.backoff(rec.ReconcilerAttempts))
 	if err != nil {
+		metrics.ReconcilerResumes.WithLabelValues("not_finished").Inc()
 		log.InfoContext(ctx, "reconciler: not finished, will try again", "err", err)
 		return
 	}
+	metrics.ReconcilerResumes.WithLabelValues("finished").Inc()
 	log.InfoContext(ctx, "reconciler: finished an operation", "status", resp.Status)
 }
 

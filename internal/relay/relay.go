@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/signature"
 	"github.com/retrysafe/payments/internal/worker"
 	"github.com/retrysafe/payments/retry"
@@ -112,6 +113,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	}
 	for _, ev := range due {
 		if err := r.deliver(ctx, ev); err != nil {
+			metrics.RelayDeliveries.WithLabelValues("failed").Inc()
 			delay := r.backoff(ev.DeliveryAttempts)
 			r.log.InfoContext(ctx, "relay: delivery failed, will retry", "caller", ev.CallerID, "event", ev.ID,
 				"attempt", ev.DeliveryAttempts, "retry_in", delay, "err", err)
@@ -122,8 +124,15 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 			}
 			continue
 		}
+		metrics.RelayDeliveries.WithLabelValues("delivered").Inc()
 		if err := queries.MarkEventDelivered(ctx, r.pool, dbsqlc.MarkEventDeliveredParams{CallerID: ev.CallerID, ID: ev.ID}); err != nil {
 			return len(due), err
+		}
+	}
+	if len(due) < r.cfg.Batch {
+		// Caught up for now: how far behind is the outbox?
+		if lag, err := queries.OutboxLagSeconds(ctx, r.pool); err == nil {
+			metrics.OutboxLag.Set(lag)
 		}
 	}
 	return len(due), nil

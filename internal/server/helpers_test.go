@@ -29,6 +29,7 @@ import (
 	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/reconciler"
 	"github.com/retrysafe/payments/internal/refunds"
+	"github.com/retrysafe/payments/internal/requestid"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -49,7 +50,10 @@ type testServer struct {
 }
 
 type serverOptions struct {
-	demo   bool
+	demo bool
+	// logs, if set, receives the server's log as JSON lines from Info up
+	// (otherwise warnings and errors go to the test's output).
+	logs   io.Writer
 	config func(*config.Server)
 	wrap   func(http.Handler) http.Handler
 	pool   func(*pgxpool.Config)
@@ -104,7 +108,11 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 		t.Fatal(err)
 	}
 	// Wired as cmd/server wires it.
-	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var logHandler slog.Handler = slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})
+	if o.logs != nil {
+		logHandler = slog.NewJSONHandler(o.logs, nil)
+	}
+	log := slog.New(requestid.Handler(logHandler))
 	keys := idempotency.NewStore(serverPool, cfg.Lease, log)
 	processorClient := cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
 	chargeService := charges.NewService(serverPool, processorClient, cfg.CrashPoints)

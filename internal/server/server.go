@@ -6,10 +6,13 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -26,9 +29,11 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/problem"
 	"github.com/retrysafe/payments/internal/refunds"
+	"github.com/retrysafe/payments/internal/requestid"
 	"github.com/retrysafe/payments/web"
 )
 
@@ -98,11 +103,11 @@ func New(d Deps) (http.Handler, error) {
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
 	e.Use(middleware.Recover())
-	e.Use(s.logRequests)
+	e.Use(s.observe)
 	e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
 		AllowOrigins:  []string{"*"},
-		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key"},
-		ExposeHeaders: []string{"Idempotent-Replayed", "Retry-After", "Location"},
+		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key", requestid.Header},
+		ExposeHeaders: []string{"Idempotent-Replayed", "Retry-After", "Location", requestid.Header},
 	}))
 	e.Use(s.contract)
 
@@ -113,6 +118,9 @@ func New(d Deps) (http.Handler, error) {
 	}
 	// The project's docs, as written, for the demo page's links.
 	e.GET("/guide/*", echo.WrapHandler(http.StripPrefix("/guide/", http.FileServerFS(docs.Files))))
+	// Prometheus scrapes this; like /healthz it needs no API key (see
+	// the contract middleware), and shows no tenant's data.
+	e.GET("/metrics", echo.WrapHandler(metrics.Handler()))
 	e.GET("/openapi.yaml", func(c echo.Context) error {
 		return c.Blob(http.StatusOK, "application/yaml", api.Spec)
 	})
@@ -122,22 +130,59 @@ func New(d Deps) (http.Handler, error) {
 
 func decodeJSON(b []byte, v any) error { return json.Unmarshal(b, v) }
 
-// logRequests logs one line per request. It never logs headers or bodies:
-// they carry API keys and, later, payment details.
-func (s *Server) logRequests(next echo.HandlerFunc) echo.HandlerFunc {
+// observe is the outermost middleware but Recover: it names the request
+// (X-Request-Id, the client's if it sent a sane one, else a new one, and
+// returned either way), and once the answer is written it counts it
+// (metrics) and logs one line: the request id, the caller, the route, the
+// status, the duration, and what the idempotency layer did with its key.
+//
+// It never logs headers, bodies, API keys or card data, and never an
+// Idempotency-Key in full: a key is the client's name for an operation and
+// may mean something to it, so the line carries a short hash of it
+// (key_hash), enough to find the lines of one key, not to read it.
+func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
-		err := next(c)
-		if err != nil {
+		req := c.Request()
+		id := requestid.FromClient(req.Header.Get(requestid.Header))
+		c.Response().Header().Set(requestid.Header, id)
+		ctx, outcome := idempotency.WithOutcome(requestid.With(req.Context(), id))
+		c.SetRequest(req.WithContext(ctx))
+
+		if err := next(c); err != nil {
 			c.Error(err) // write the response now, so the status below is final
 		}
-		req := c.Request()
-		s.log.LogAttrs(req.Context(), slog.LevelInfo, "request",
+
+		req = c.Request() // as the inner middleware left it: with the caller and key
+		route := c.Path()
+		if route == "" {
+			route = "unmatched"
+		}
+		status := c.Response().Status
+		elapsed := time.Since(start)
+		metrics.HTTPRequests.WithLabelValues(route, req.Method, strconv.Itoa(status)).Inc()
+		metrics.HTTPDuration.WithLabelValues(route, req.Method).Observe(elapsed.Seconds())
+		if (status == http.StatusConflict || status == http.StatusServiceUnavailable) && c.Response().Header().Get("Retry-After") != "" {
+			metrics.RetryHints.WithLabelValues(strconv.Itoa(status)).Inc()
+		}
+
+		attrs := []slog.Attr{
 			slog.String("method", req.Method),
-			slog.String("path", req.URL.Path),
-			slog.Int("status", c.Response().Status),
-			slog.Duration("duration", time.Since(start)),
-		)
+			slog.String("route", route),
+			slog.Int("status", status),
+			slog.Duration("duration", elapsed),
+		}
+		if caller, ok := auth.CallerOf(req.Context()); ok {
+			attrs = append(attrs, slog.String("caller", caller.ID))
+		}
+		if keyed, ok := idempotency.RequestFrom(req.Context()); ok {
+			sum := sha256.Sum256([]byte(keyed.CallerID + "\x00" + keyed.Key))
+			attrs = append(attrs, slog.String("key_hash", hex.EncodeToString(sum[:6])))
+		}
+		if o := outcome(); o != "" {
+			attrs = append(attrs, slog.String("idempotency", o))
+		}
+		s.log.LogAttrs(req.Context(), slog.LevelInfo, "request", attrs...)
 		return nil
 	}
 }

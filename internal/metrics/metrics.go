@@ -1,0 +1,125 @@
+// Package metrics holds the service's Prometheus metrics, in one registry
+// served at /metrics. Each metric is defined here, next to the others, so
+// that an operator (or a newcomer) reads in one place what the service
+// measures; the packages that do the work only increment them.
+//
+// Names follow Prometheus's conventions: a payments_ prefix, base units
+// (seconds), _total on counters. Labels take few values (a route template,
+// never a path with ids in it; an outcome from a fixed list), so the number
+// of series stays small whatever the traffic.
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Registry holds every metric of the server process, and the Go runtime's
+// and the process's own.
+var Registry = newRegistry()
+
+func newRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return r
+}
+
+func counter(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	Registry.MustRegister(c)
+	return c
+}
+
+func plainCounter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	Registry.MustRegister(c)
+	return c
+}
+
+func histogram(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+	Registry.MustRegister(h)
+	return h
+}
+
+// latencyBuckets span a replay (a millisecond) to a processor timeout
+// (ten seconds).
+var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+
+// HTTP.
+var (
+	// HTTPRequests counts answered requests by route template (e.g.
+	// /v1/orders/:order_id; "unmatched" for paths no route serves), method
+	// and status.
+	HTTPRequests = counter("payments_http_requests_total",
+		"HTTP requests answered, by route template, method and status.", "route", "method", "status")
+	// HTTPDuration is the time to answer, by route template and method.
+	HTTPDuration = histogram("payments_http_request_duration_seconds",
+		"Time to answer an HTTP request, by route template and method.", latencyBuckets, "route", "method")
+	// RetryHints counts answers that told the client to retry later: a 409
+	// (in progress) or 503 carrying Retry-After.
+	RetryHints = counter("payments_http_retry_hints_total",
+		"Answers that told the client to retry after Retry-After (409 in progress, 503), by status.", "status")
+)
+
+// Idempotency outcomes: what a keyed request found when it claimed its key.
+const (
+	OutcomeNew        = "new"         // the first request with this key: it runs the operation
+	OutcomeReplayed   = "replayed"    // the stored response, replayed
+	OutcomeInProgress = "in_progress" // a live owner holds the key: 409 with Retry-After
+	OutcomeMismatch   = "mismatch"    // the key was used for another request: 422
+	OutcomeResumed    = "resumed"     // nobody held it (released after a transient failure): resumed at once
+	OutcomeTakenOver  = "taken_over"  // its owner's lease ran out (a crash, a stall): taken over and resumed
+	OutcomeDead       = "dead"        // set aside for an operator: 409
+)
+
+// IdempotencyOutcomes counts keyed requests by operation and outcome.
+var IdempotencyOutcomes = counter("payments_idempotency_outcomes_total",
+	"Keyed requests by operation and what the claim found: new, replayed, in_progress, mismatch, resumed, taken_over, dead.",
+	"operation", "outcome")
+
+// The processor.
+var (
+	// ProcessorCalls counts calls to the card processor by call (charge,
+	// refund, payout, get_payout) and result: success, refused (a definite
+	// no), uncertain (a timeout, a dropped connection, a 5xx or 429).
+	ProcessorCalls = counter("payments_processor_calls_total",
+		"Calls to the card processor, by call and result (success, refused, uncertain).", "call", "result")
+	// ProcessorDuration is each call's latency.
+	ProcessorDuration = histogram("payments_processor_call_duration_seconds",
+		"Latency of calls to the card processor, by call.", latencyBuckets, "call")
+)
+
+// The background workers.
+var (
+	// ReconcilerTakeovers counts stalled records the reconciler claimed.
+	ReconcilerTakeovers = plainCounter("payments_reconciler_takeovers_total",
+		"Stalled keyed operations the reconciler claimed.")
+	// ReconcilerResumes counts the operations it drove, by result:
+	// finished, or not_finished (tried again later).
+	ReconcilerResumes = counter("payments_reconciler_resumes_total",
+		"Operations the reconciler resumed, by result (finished, not_finished, abandoned).", "result")
+	// ReconcilerDeadLetters counts operations set aside for an operator.
+	ReconcilerDeadLetters = plainCounter("payments_reconciler_dead_letters_total",
+		"Operations the reconciler set aside for an operator (dead).")
+	// RelayDeliveries counts outbox deliveries by result: delivered or
+	// failed (to be retried).
+	RelayDeliveries = counter("payments_relay_deliveries_total",
+		"Outbox event deliveries to callers' endpoints, by result (delivered, failed).", "result")
+	// OutboxLag is the age of the oldest event not yet delivered, as the
+	// relay last saw it (0 when none is waiting).
+	OutboxLag = func() prometheus.Gauge {
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "payments_outbox_lag_seconds",
+			Help: "Age of the oldest outbox event not yet delivered, as of the relay's last scan (0: none waiting)."})
+		Registry.MustRegister(g)
+		return g
+	}()
+)
+
+// Handler serves the registry in Prometheus's text format.
+func Handler() http.Handler {
+	return promhttp.HandlerFor(Registry, promhttp.HandlerOpts{Registry: Registry})
+}
