@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test axe-core check check-static generate check-generated vet staticcheck check-docs rename check-rename bench bench-sweeper fuzz
+.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck check-docs rename check-rename bench bench-sweeper fuzz
 
 # Run the demo on :8080 against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -15,18 +15,41 @@ run:
 test:
 	go test -race -count=1 ./...
 
-# axe-core, for the browser tests' accessibility check: from the npm
-# registry, at a pinned version, into .cache/ (ignored by git).
-axe-core:
-	npm install --no-save --silent --prefix .cache/npm axe-core@4.14.1
+# Tools from the npm registry, at pinned versions, into .cache/ (ignored by
+# git): axe-core for the browser tests' accessibility check, and Redocly's
+# CLI to lint the spec.
+npm-tools:
+	npm install --no-save --silent --prefix .cache/npm axe-core@4.14.1 @redocly/cli@2.77.0
+axe-core: npm-tools
+
+# The API reference's renderer, Redoc, served at /docs/: its standalone
+# bundle from the npm registry at a pinned version (npm checks the
+# package's integrity), copied into web/docs/ and committed, so that the
+# server embeds it and the page asks no other host for anything.
+REDOC_VERSION = 2.5.2
+docs-ui:
+	rm -rf .cache/redoc && mkdir -p .cache/redoc
+	cd .cache/redoc && npm pack --silent redoc@$(REDOC_VERSION) >/dev/null && tar xzf redoc-$(REDOC_VERSION).tgz
+	cp .cache/redoc/package/bundles/redoc.standalone.js web/docs/redoc.standalone.js
+	cp .cache/redoc/package/LICENSE web/docs/redoc.LICENSE
+
+# Fail if the committed Redoc bundle is not the pinned release's.
+check-docs-ui: docs-ui
+	@git diff --exit-code -- web/docs || \
+		(echo "web/docs differs from redoc@$(REDOC_VERSION): run 'make docs-ui' and commit the result" >&2; exit 1)
+
+# Lint the spec with Redocly's recommended-strict rules and the API's own
+# (redocly.yaml): zero findings.
+lint-spec: npm-tools
+	.cache/npm/node_modules/.bin/redocly lint --config redocly.yaml api/openapi.yaml
 
 # What CI runs (.ci/run): the static checks, then the tests.
 check: check-static test
 
-# Everything but the tests: generated-code drift, vet, staticcheck, the
-# docs' commands, and a renamed copy of the module (which runs the tests of
+# Everything but the tests: generated-code and Redoc drift, the spec's
+# lint, vet, staticcheck, the docs' commands, and a renamed copy of the module (which runs the tests of
 # that copy, so it needs PostgreSQL too).
-check-static: check-generated vet staticcheck check-docs check-rename
+check-static: check-generated check-docs-ui lint-spec vet staticcheck check-docs check-rename
 
 # Regenerate the committed code: oapi-codegen (api/openapi.yaml ->
 # internal/apigen and client/apiclient), River's migrations (the River in

@@ -37,11 +37,20 @@ func chromium() string {
 	return ""
 }
 
-// browser opens a tab on the page at url. Console errors and uncaught
+// browser opens a tab on the demo page at url and waits for it to find the
+// server up. See newTab.
+func browser(t *testing.T, url string, width, height int) context.Context {
+	t.Helper()
+	ctx := newTab(t, url, width, height)
+	waitPage(t, ctx, `document.getElementById("server-status").textContent === "server: up"`)
+	return ctx
+}
+
+// newTab opens a tab on the page at url. Console errors and uncaught
 // exceptions on the page fail the test (a page asset that fails to load,
 // too; an API answer with an error status does not). Without Chromium the test is
 // skipped with a hint, except under CI, where it fails.
-func browser(t *testing.T, url string, width, height int) context.Context {
+func newTab(t *testing.T, url string, width, height int) context.Context {
 	t.Helper()
 	path := chromium()
 	if path == "" {
@@ -102,7 +111,6 @@ func browser(t *testing.T, url string, width, height int) context.Context {
 	if err := chromedp.Do(ctx, chromedp.Navigate(url)); err != nil {
 		t.Fatal(err)
 	}
-	waitPage(t, ctx, `document.getElementById("server-status").textContent === "server: up"`)
 	return ctx
 }
 
@@ -432,5 +440,24 @@ func TestDemoPagePayoutIsFollowedToPaid(t *testing.T) {
 	waitPage(t, ctx, `document.getElementById("balance").textContent === "2000 usd available, 0 pending"`)
 	if tr := ts.payoutTransfers(t); len(tr) != 1 || tr[0].Status != "paid" {
 		t.Errorf("processor payouts %+v; want one paid", tr)
+	}
+}
+
+// /docs renders the served contract with the embedded Redoc, and the page
+// loads nothing from any other host (it works offline).
+func TestAPIReferenceRendersOffline(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	ctx := newTab(t, ts.URL+"/docs", 1280, 1000)
+	// Redoc has read the spec: the operations' summaries are on the page.
+	waitPage(t, ctx, `document.body.innerText.includes("Pay out to a bank account") && document.body.innerText.includes("Charge an order")`)
+	loaded := pageText(t, ctx, `performance.getEntriesByType("resource").map(e => e.name).concat([location.href]).join("\n")`)
+	for u := range strings.SplitSeq(loaded, "\n") {
+		if !strings.HasPrefix(u, ts.URL+"/") {
+			t.Errorf("the reference loaded %s, from another host", u)
+		}
+	}
+	if !strings.Contains(loaded, ts.URL+"/openapi.yaml") || !strings.Contains(loaded, ts.URL+"/docs/redoc.standalone.js") {
+		t.Errorf("loaded:\n%s\nwant the spec and the embedded Redoc", loaded)
 	}
 }
