@@ -48,10 +48,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	log := slog.New(slog.NewJSONHandler(stdout, nil))
 	cfg.Logger = log
-	addr := getenv("PROCESSOR_ADDR")
-	if addr == "" {
-		addr = ":8081"
-	}
+	addr := cfg.Addr
 
 	p, err := processor.New(cfg)
 	if err != nil {

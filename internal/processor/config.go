@@ -12,6 +12,7 @@ import (
 // LoadConfig reads a Config from the environment through getenv, reporting
 // every invalid variable at once:
 //
+//	PROCESSOR_ADDR                 where cmd/processor listens (default :8081)
 //	WEBHOOK_URL                    where events go (unset: no webhooks)
 //	WEBHOOK_SECRET                 signing secret (default whsec_test_processor)
 //	WEBHOOK_MAX_ATTEMPTS           deliveries per event (default 8)
@@ -47,7 +48,10 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		}
 	}
 
-	cfg := Config{WebhookURL: str("WEBHOOK_URL"), WebhookSecret: []byte(DefaultWebhookSecret)}
+	cfg := Config{Addr: str("PROCESSOR_ADDR"), WebhookURL: str("WEBHOOK_URL"), WebhookSecret: []byte(DefaultWebhookSecret)}
+	if cfg.Addr == "" {
+		cfg.Addr = ":8081"
+	}
 	if v := str("WEBHOOK_SECRET"); v != "" {
 		cfg.WebhookSecret = []byte(v)
 	}

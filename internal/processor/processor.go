@@ -41,6 +41,10 @@ import (
 // Config configures a Server. The zero value is usable: no webhooks, no
 // chaos, the defaults below.
 type Config struct {
+	// Addr is where cmd/processor listens (PROCESSOR_ADDR); New ignores
+	// it. It is here so that every setting of the processor is read in
+	// one place, LoadConfig.
+	Addr string
 	// WebhookURL receives the signed events; empty means no webhooks.
 	WebhookURL string
 	// WebhookSecret signs the events (DefaultWebhookSecret if empty).
