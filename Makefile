@@ -25,12 +25,18 @@ axe-core: npm-tools
 # The API reference's renderer, Redoc, served at /docs/: its standalone
 # bundle from the npm registry at a pinned version (npm checks the
 # package's integrity), copied into web/docs/ and committed, so that the
-# server embeds it and the page asks no other host for anything.
+# server embeds it and the page asks no other host for anything. One change
+# is made to it: the small logo Redoc would fetch from cdn.redoc.ly for its
+# "API docs by Redocly" credit becomes an empty inline image (the credit's
+# text and link stay).
 REDOC_VERSION = 2.5.2
+REDOC_LOGO = https://cdn.redoc.ly/redoc/logo-mini.svg
+EMPTY_SVG = data:image/svg+xml,%3Csvg xmlns=%27http://www.w3.org/2000/svg%27 width=%271%27 height=%271%27/%3E
 docs-ui:
 	rm -rf .cache/redoc && mkdir -p .cache/redoc
 	cd .cache/redoc && npm pack --silent redoc@$(REDOC_VERSION) >/dev/null && tar xzf redoc-$(REDOC_VERSION).tgz
-	cp .cache/redoc/package/bundles/redoc.standalone.js web/docs/redoc.standalone.js
+	grep -qF '"$(REDOC_LOGO)"' .cache/redoc/package/bundles/redoc.standalone.js
+	sed 's|"$(REDOC_LOGO)"|"$(EMPTY_SVG)"|' .cache/redoc/package/bundles/redoc.standalone.js > web/docs/redoc.standalone.js
 	cp .cache/redoc/package/LICENSE web/docs/redoc.LICENSE
 
 # Fail if the committed Redoc bundle is not the pinned release's.

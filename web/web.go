@@ -9,7 +9,8 @@ import "embed"
 // Files is the UI's static files, and the API reference at /docs/: the
 // contract rendered by Redoc, whose bundle (docs/redoc.standalone.js, MIT,
 // docs/redoc.LICENSE) is copied from the npm registry at a pinned version
-// by `make docs-ui` and checked for drift like generated code.
+// by `make docs-ui`, with its one outside request (a logo) made inline,
+// and checked for drift like generated code.
 //
 //go:embed index.html style.css app.js docs/index.html docs/redoc.standalone.js docs/redoc.LICENSE
 var Files embed.FS
