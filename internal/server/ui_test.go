@@ -114,11 +114,21 @@ func newTab(t *testing.T, url string, width, height int) context.Context {
 	return ctx
 }
 
-// waitPage waits until the JavaScript condition holds on the page.
+// waitPage waits until the JavaScript condition holds on the page. A poll
+// that began while the page was still replacing about:blank can lose its
+// JavaScript context ("Cannot find context with specified id"); it is
+// asked again in the new one.
 func waitPage(t *testing.T, ctx context.Context, condition string) {
 	t.Helper()
-	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](condition, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
-		t.Fatalf("waiting for %s: %v", condition, err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := chromedp.Run(ctx, chromedp.Poll[bool](condition, chromedp.WithPollingTimeout(time.Until(deadline))))
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "Cannot find context with specified id") || time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: %v", condition, err)
+		}
 	}
 }
 
