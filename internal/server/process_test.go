@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -60,8 +62,32 @@ func TestMain(m *testing.M) {
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
+	if leaks := secretsIn(suiteLogs.String()); len(leaks) > 0 && code == 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: the test servers' logs (every level, every test of this package) contain secrets:\n%s\n", strings.Join(leaks, "\n"))
+		code = 1
+	}
 	os.Exit(code)
 }
+
+// suiteLogs is everything every test server of this package logged.
+var suiteLogs syncBuffer
+
+// secretsIn lists what in logs looks like a secret: the demo API keys, a
+// webhook signing secret, a card number.
+func secretsIn(logs string) []string {
+	var leaks []string
+	for _, s := range []string{"sk_test_acme", "sk_test_globex", "whsec_"} {
+		if strings.Contains(logs, s) {
+			leaks = append(leaks, "contains "+s)
+		}
+	}
+	if m := cardNumber.FindString(logs); m != "" {
+		leaks = append(leaks, "contains something like a card number: "+m)
+	}
+	return leaks
+}
+
+var cardNumber = regexp.MustCompile(`\b\d{13,19}\b`)
 
 // serverProcess is one running server process.
 type serverProcess struct {
