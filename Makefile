@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck check-docs rename check-rename bench bench-sweeper fuzz
+.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck check-docs rename check-rename bench bench-sweeper fuzz fuzz-ci
 
 # Run the demo on :8080 against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -55,7 +55,7 @@ check: check-static test
 # Everything but the tests: generated-code and Redoc drift, the spec's
 # lint, vet, staticcheck, the docs' commands, and a renamed copy of the module (which runs the tests of
 # that copy, so it needs PostgreSQL too).
-check-static: check-generated check-docs-ui lint-spec vet staticcheck check-docs check-rename
+check-static: check-generated check-docs-ui lint-spec vet staticcheck check-docs fuzz-ci check-rename
 
 # Regenerate the committed code: oapi-codegen (api/openapi.yaml ->
 # internal/apigen and client/apiclient), River's migrations (the River in
@@ -108,8 +108,15 @@ bench-sweeper:
 # fingerprint's canonical JSON (same document, same fingerprint; any value
 # changed, another), the duplicate-member check, and webhook signatures.
 # Crashers land in each package's testdata/fuzz and become seeds.
+FUZZTIME = 30s
 fuzz:
-	go test -run='^$$' -fuzz='^FuzzParseKey$$' -fuzztime=30s ./internal/idempotency/
-	go test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=30s ./internal/idempotency/
-	go test -run='^$$' -fuzz='^FuzzCheckUniqueNames$$' -fuzztime=30s ./internal/ijson/
-	go test -run='^$$' -fuzz='^FuzzVerify$$' -fuzztime=30s ./internal/signature/
+	go test -run='^$$' -fuzz='^FuzzParseKey$$' -fuzztime=$(FUZZTIME) ./internal/idempotency/
+	go test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=$(FUZZTIME) ./internal/idempotency/
+	go test -run='^$$' -fuzz='^FuzzCheckUniqueNames$$' -fuzztime=$(FUZZTIME) ./internal/ijson/
+	go test -run='^$$' -fuzz='^FuzzVerify$$' -fuzztime=$(FUZZTIME) ./internal/signature/
+
+# CI's short fuzz: each target briefly, beyond its seeds (which every
+# `make test` runs). A crasher fails CI and is written to the package's
+# testdata/fuzz, to be committed as a seed with its fix.
+fuzz-ci:
+	$(MAKE) fuzz FUZZTIME=5s
