@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck check-docs rename check-rename bench bench-sweeper fuzz fuzz-ci
+.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck check-docs rename check-rename bench bench-sweeper fuzz fuzz-ci soak
 
 # Run the demo on :8080 against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -114,6 +114,13 @@ fuzz:
 	go test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=$(FUZZTIME) ./internal/idempotency/
 	go test -run='^$$' -fuzz='^FuzzCheckUniqueNames$$' -fuzztime=$(FUZZTIME) ./internal/ijson/
 	go test -run='^$$' -fuzz='^FuzzVerify$$' -fuzztime=$(FUZZTIME) ./internal/signature/
+
+# The chaos soak (internal/soak) for ten minutes, with its summary; `make
+# test` runs it for 40 seconds. SOAK=5m to change the length.
+SOAK = 10m
+soak:
+	go test -race -count=1 -v -run '^TestSoak$$' -timeout 60m ./internal/soak/ -soak.duration=$(SOAK) -soak.summary=$(CURDIR)/.cache/soak-summary.txt
+	@cat .cache/soak-summary.txt
 
 # CI's short fuzz: each target briefly, beyond its seeds (which every
 # `make test` runs). A crasher fails CI and is written to the package's

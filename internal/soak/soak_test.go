@@ -1,0 +1,621 @@
+package soak
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/payments/client"
+	"github.com/retrysafe/payments/client/apiclient"
+	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/testdb"
+)
+
+var (
+	duration  = flag.Duration("soak.duration", 40*time.Second, "how long the clients send requests (make soak: 10m)")
+	workers   = flag.Int("soak.clients", 8, "concurrent clients")
+	killEvery = flag.Duration("soak.kill-every", 3*time.Second, "how often a random replica is killed (SIGKILL) and restarted")
+	summary   = flag.String("soak.summary", "", "also write the summary to this file")
+)
+
+// TestSoak: see the package documentation.
+func TestSoak(t *testing.T) {
+	t.Parallel()
+	bin := build(t)
+	dbURL := testdb.New(t)
+	db := testdb.Pool(t, dbURL)
+	logs := &syncBuffer{}
+	procPort, ports := freePort(t), []string{freePort(t), freePort(t), freePort(t)}
+	processorURL := "http://127.0.0.1:" + procPort
+
+	proc := &process{name: "processor", bin: filepath.Join(bin, "processor"), logs: logs, env: []string{
+		"PROCESSOR_ADDR=127.0.0.1:" + procPort,
+		// Webhooks go to the first replica, which comes back on its port.
+		"WEBHOOK_URL=http://127.0.0.1:" + ports[0] + "/webhooks/processor",
+		"CHAOS_ERROR_RATE=0.1", "CHAOS_TIMEOUT_RATE=0.05", "CHAOS_DUPLICATE_WEBHOOK_RATE=0.3",
+		"PROCESSOR_TIMEOUT_HOLD=3s",
+	}}
+	proc.start(t)
+	replicas := make([]*process, len(ports))
+	for i, p := range ports {
+		replicas[i] = &process{name: fmt.Sprintf("replica-%d", i), bin: filepath.Join(bin, "server"), logs: logs, env: []string{
+			"DATABASE_URL=" + dbURL, "HTTP_ADDR=127.0.0.1:" + p, "PROCESSOR_URL=" + processorURL,
+			"IDEMPOTENCY_LEASE=3s", "PROCESSOR_TIMEOUT=1s", "RECONCILER_INTERVAL=200ms", "RELAY_INTERVAL=500ms",
+			"PAYOUT_RESCUE_AFTER=7s", "LOG_FORMAT=json",
+		}}
+		replicas[i].start(t)
+	}
+	urls := make([]string, len(ports))
+	for i, p := range ports {
+		urls[i] = "http://127.0.0.1:" + p
+	}
+
+	s := &soak{t: t, urls: urls, ops: map[string]*op{}}
+	ctx, stop := context.WithTimeout(context.Background(), *duration)
+	defer stop()
+
+	// The faults: a replica killed every few seconds, and in the middle
+	// every connection to the database dropped (what a restart of
+	// PostgreSQL does to its clients).
+	var faults sync.WaitGroup
+	faults.Go(func() {
+		tick := time.NewTicker(*killEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				r := replicas[rand.IntN(len(replicas))]
+				r.kill()
+				s.kills.Add(1)
+				r.start(t)
+			}
+		}
+	})
+	faults.Go(func() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(*duration / 2):
+		}
+		if _, err := db.Exec(context.Background(),
+			`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
+			t.Errorf("drop the database's connections: %v", err)
+		}
+		s.dbDrops.Add(1)
+	})
+
+	var clients sync.WaitGroup
+	for i := range *workers {
+		clients.Go(func() { s.client(ctx, i) })
+	}
+	clients.Wait()
+	faults.Wait()
+
+	// Settle: the outage ends (chaos off), the operations still without a
+	// final answer are retried with their keys, and the reconcilers finish
+	// what nobody asks for.
+	setChaos(t, processorURL, processor.Chaos{})
+	settle, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s.finishAll(settle)
+	waitUntil(t, settle, "no record in progress", func() bool {
+		var n int
+		_ = db.QueryRow(settle, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'`).Scan(&n)
+		return n == 0
+	})
+	waitUntil(t, settle, "every charge and refund final", func() bool {
+		var n int
+		_ = db.QueryRow(settle, `SELECT (SELECT count(*) FROM charges WHERE status = 'pending') + (SELECT count(*) FROM refunds WHERE status = 'pending')`).Scan(&n)
+		return n == 0
+	})
+
+	s.checkReplays(settle)
+	s.checkMoney(settle, db, processorURL)
+	s.checkLogs(logs.String())
+	s.report()
+}
+
+// op is one keyed request of a logical operation, and its final answer.
+type op struct {
+	key, method, path, body string
+	status                  int    // the final answer's status (0: none yet)
+	id                      string // the object it names, or the problem code
+}
+
+type soak struct {
+	t    *testing.T
+	urls []string
+
+	mu  sync.Mutex
+	ops map[string]*op
+
+	operations, requests, retries, conflicts, unavailable, hangups, kills, dbDrops, violations atomic.Int64
+}
+
+// violation records a broken guarantee.
+func (s *soak) violation(format string, args ...any) {
+	s.violations.Add(1)
+	s.t.Errorf(format, args...)
+}
+
+func (s *soak) newClient(url string, timeout time.Duration, attempts int) *client.Client {
+	c, err := client.New(url, "sk_test_acme", client.Policy{MaxAttempts: attempts, BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second},
+		&http.Client{Timeout: timeout})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	c.OnAttempt = func(a client.Attempt) {
+		s.requests.Add(1)
+		if a.Number > 1 {
+			s.retries.Add(1)
+		}
+		switch a.Status {
+		case http.StatusConflict:
+			s.conflicts.Add(1)
+		case http.StatusServiceUnavailable:
+			s.unavailable.Add(1)
+		}
+	}
+	return c
+}
+
+// client runs logical operations until ctx ends.
+func (s *soak) client(ctx context.Context, n int) {
+	for i := 0; ctx.Err() == nil; i++ {
+		s.operations.Add(1)
+		prefix := fmt.Sprintf("c%d-%d", n, i)
+		amount := int64(500 + rand.IntN(5000))
+		order := s.keyed(ctx, &op{key: prefix + "-order", method: "POST", path: "/v1/orders",
+			body: fmt.Sprintf(`{"amount":%d,"currency":"usd"}`, amount)})
+		if order == nil || order.status != http.StatusCreated {
+			continue
+		}
+		pms := []apiclient.CreateChargeRequestPaymentMethod{apiclient.PmCardVisa, apiclient.PmCardVisa, apiclient.PmCardFlaky,
+			apiclient.PmCardRateLimited, apiclient.PmCardTimeout, apiclient.PmCardLostResponse, apiclient.PmCardChargeDeclined}
+		charge := &op{key: prefix + "-charge", method: "POST", path: "/v1/orders/" + order.id + "/charges",
+			body: fmt.Sprintf(`{"payment_method":%q}`, pms[rand.IntN(len(pms))])}
+		if rand.IntN(5) == 0 {
+			// A cancel races the charge, on another replica.
+			var race sync.WaitGroup
+			race.Go(func() { s.keyed(ctx, charge) })
+			race.Go(func() { s.cancel(ctx, order.id) })
+			race.Wait()
+			continue
+		}
+		if s.keyed(ctx, charge); charge.status != http.StatusCreated || rand.IntN(2) == 0 {
+			continue
+		}
+		s.keyed(ctx, &op{key: prefix + "-refund", method: "POST", path: "/v1/charges/" + charge.id + "/refunds",
+			body: fmt.Sprintf(`{"amount":%d}`, 1+rand.Int64N(amount))})
+	}
+}
+
+// keyed runs one keyed request until its final answer (or ctx ends): the
+// project's client, on a random replica, sometimes with a concurrent
+// duplicate on another replica, sometimes after an attempt whose client
+// hangs up at once. It records the op and returns it.
+func (s *soak) keyed(ctx context.Context, o *op) *op {
+	s.mu.Lock()
+	s.ops[o.key] = o
+	s.mu.Unlock()
+	if rand.IntN(10) == 0 {
+		// A client that gives up 20ms in; the request may go on.
+		s.hangups.Add(1)
+		_ = s.send(ctx, s.newClient(s.urls[rand.IntN(len(s.urls))], 20*time.Millisecond, 1), o)
+	}
+	for ctx.Err() == nil && o.status == 0 {
+		first := rand.IntN(len(s.urls))
+		if rand.IntN(3) == 0 {
+			// A duplicate, at the same moment, on another replica.
+			dup := &op{key: o.key, method: o.method, path: o.path, body: o.body}
+			var both sync.WaitGroup
+			both.Go(func() { s.finalize(dup, s.send(ctx, s.newClient(s.urls[(first+1)%len(s.urls)], 10*time.Second, 8), dup)) })
+			s.finalize(o, s.send(ctx, s.newClient(s.urls[first], 10*time.Second, 8), o))
+			both.Wait()
+			if o.status != 0 && dup.status != 0 && (o.status != dup.status || o.id != dup.id) {
+				s.violation("key %s: concurrent copies answered %d %s and %d %s", o.key, o.status, o.id, dup.status, dup.id)
+			}
+			continue
+		}
+		s.finalize(o, s.send(ctx, s.newClient(s.urls[first], 10*time.Second, 8), o))
+	}
+	return o
+}
+
+// answer is what a call came to: a status and the object id or problem code.
+type answer struct {
+	status int
+	id     string
+	err    error
+}
+
+func (s *soak) send(ctx context.Context, c *client.Client, o *op) answer {
+	opt := client.WithIdempotencyKey(o.key)
+	var id string
+	var err error
+	switch {
+	case o.path == "/v1/orders":
+		var body apiclient.CreateOrderRequest
+		_ = json.Unmarshal([]byte(o.body), &body)
+		var v apiclient.Order
+		v, _, err = c.CreateOrder(ctx, body, opt)
+		id = v.Id
+	case strings.HasSuffix(o.path, "/charges"):
+		var body apiclient.CreateChargeRequest
+		_ = json.Unmarshal([]byte(o.body), &body)
+		var v apiclient.Charge
+		v, _, err = c.Charge(ctx, strings.Split(o.path, "/")[3], body.PaymentMethod, opt)
+		id = v.Id
+	default:
+		var body apiclient.CreateRefundRequest
+		_ = json.Unmarshal([]byte(o.body), &body)
+		var v apiclient.Refund
+		v, _, err = c.Refund(ctx, strings.Split(o.path, "/")[3], body.Amount, opt)
+		id = v.Id
+	}
+	var apiErr *client.Error
+	switch {
+	case err == nil:
+		return answer{status: http.StatusCreated, id: id}
+	case errors.As(err, &apiErr):
+		return answer{status: apiErr.Status, id: string(apiErr.Problem.Code)}
+	}
+	return answer{err: err}
+}
+
+// finalize records a final answer; a transient one (no answer, 409 in
+// progress, 503) is not final: the caller tries again with the key.
+func (s *soak) finalize(o *op, a answer) {
+	if a.err != nil || a.status == http.StatusServiceUnavailable || a.status == http.StatusTooManyRequests ||
+		(a.status == http.StatusConflict && a.id == string(apiclient.ProblemCodeIdempotencyKeyInUse)) {
+		return
+	}
+	if a.status >= 500 {
+		s.violation("key %s: final %d %s", o.key, a.status, a.id)
+	}
+	o.status, o.id = a.status, a.id
+}
+
+// cancel cancels the order (naturally idempotent, no key) until it gets
+// an answer.
+func (s *soak) cancel(ctx context.Context, orderID string) {
+	for ctx.Err() == nil {
+		req, _ := http.NewRequestWithContext(ctx, "POST", s.urls[rand.IntN(len(s.urls))]+"/v1/orders/"+orderID+"/cancel", nil)
+		req.Header.Set("Authorization", "Bearer sk_test_acme")
+		s.requests.Add(1)
+		res, err := http.DefaultClient.Do(req)
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK || res.StatusCode == http.StatusConflict {
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond) // this client's own backoff
+	}
+}
+
+// finishAll retries, with their keys, the operations left without a final
+// answer when the clients stopped.
+func (s *soak) finishAll(ctx context.Context) {
+	s.mu.Lock()
+	var open []*op
+	for _, o := range s.ops {
+		if o.status == 0 {
+			open = append(open, o)
+		}
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, o := range open {
+		wg.Go(func() {
+			for ctx.Err() == nil && o.status == 0 {
+				s.finalize(o, s.send(ctx, s.newClient(s.urls[rand.IntN(len(s.urls))], 10*time.Second, 8), o))
+			}
+		})
+	}
+	wg.Wait()
+	for _, o := range open {
+		if o.status == 0 {
+			s.violation("key %s: no final answer after settling", o.key)
+		}
+	}
+}
+
+// checkReplays asks every replica for every key once more: each answers
+// the stored response, marked as a replay, byte for byte the same, and
+// the same as what the client got.
+func (s *soak) checkReplays(ctx context.Context) {
+	for _, o := range s.ops {
+		var first []byte
+		for _, u := range s.urls {
+			req, _ := http.NewRequestWithContext(ctx, o.method, u+o.path, strings.NewReader(o.body))
+			req.Header.Set("Authorization", "Bearer sk_test_acme")
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", o.key)
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				s.violation("replay of %s on %s: %v", o.key, u, err)
+				continue
+			}
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			got := append([]byte(fmt.Sprintf("%d ", res.StatusCode)), b...)
+			switch {
+			case res.Header.Get("Idempotent-Replayed") != "true":
+				s.violation("key %s on %s: %d %s, not a replay", o.key, u, res.StatusCode, b)
+			case first == nil:
+				first = got
+				if res.StatusCode != o.status || !bytes.Contains(b, []byte(`"`+o.id+`"`)) {
+					s.violation("key %s: the client got %d %s, the stored answer is %s", o.key, o.status, o.id, got)
+				}
+			case !bytes.Equal(got, first):
+				s.violation("key %s: replicas replay different answers:\n%s\n%s", o.key, first, got)
+			}
+		}
+	}
+}
+
+// checkMoney compares the processor's ledger with our records.
+func (s *soak) checkMoney(ctx context.Context, db *pgxpool.Pool, processorURL string) {
+	ledger, err := processor.FetchLedger(ctx, processorURL)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	effects := map[string][]processor.LedgerEntry{}
+	var ledgerNet int64
+	for _, e := range ledger {
+		effects[e.IdempotencyKey] = append(effects[e.IdempotencyKey], e)
+		switch {
+		case e.Object == processor.ObjectCharge && e.Status == processor.StatusSucceeded:
+			ledgerNet += e.Amount
+		case e.Object == processor.ObjectRefund:
+			ledgerNet -= e.Amount
+		}
+	}
+	known := map[string]bool{}
+	rows, err := db.Query(ctx, `
+		SELECT 'charge', downstream_key, status, amount FROM charges
+		UNION ALL SELECT 'refund', downstream_key, status, amount FROM refunds`)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var localNet int64
+	for rows.Next() {
+		var kind, key, status string
+		var amount int64
+		if err := rows.Scan(&kind, &key, &status, &amount); err != nil {
+			s.t.Fatal(err)
+		}
+		known[key] = true
+		got := effects[key]
+		if len(got) > 1 {
+			s.violation("%s %s: %d processor effects under one key", kind, key, len(got))
+		}
+		succeeded := slices.ContainsFunc(got, func(e processor.LedgerEntry) bool { return e.Status == processor.StatusSucceeded })
+		switch {
+		case status == "succeeded" && !succeeded:
+			s.violation("%s %s succeeded here, not at the processor (%+v)", kind, key, got)
+		case status == "failed" && succeeded:
+			s.violation("%s %s failed here but succeeded at the processor", kind, key)
+		case status == "pending":
+			s.violation("%s %s still pending after settling", kind, key)
+		}
+		if status == "succeeded" {
+			localNet += map[string]int64{"charge": amount, "refund": -amount}[kind]
+		}
+	}
+	if err := rows.Err(); err != nil {
+		s.t.Fatal(err)
+	}
+	for key := range effects {
+		if !known[key] {
+			s.violation("the processor has an effect under %s, which no record of ours names", key)
+		}
+	}
+	if ledgerNet != localNet {
+		s.violation("money: the processor moved %d net, our records say %d", ledgerNet, localNet)
+	}
+	var broken int
+	if err := db.QueryRow(ctx, `
+		SELECT count(*) FROM charges c
+		WHERE c.amount_refunded <> coalesce((SELECT sum(amount) FROM refunds r WHERE r.caller_id = c.caller_id AND r.charge_id = c.id AND r.status <> 'failed'), 0)
+		   OR c.amount_refunded > c.amount`).Scan(&broken); err != nil {
+		s.t.Fatal(err)
+	}
+	if broken > 0 {
+		s.violation("%d charges whose refunds do not add up or exceed the charge", broken)
+	}
+	if err := db.QueryRow(ctx, `
+		SELECT count(*) FROM orders o
+		WHERE (o.status = 'paid') <> EXISTS (SELECT 1 FROM charges c WHERE c.caller_id = o.caller_id AND c.order_id = o.id AND c.status = 'succeeded')
+		   OR (SELECT count(*) FROM charges c WHERE c.caller_id = o.caller_id AND c.order_id = o.id AND c.status = 'succeeded') > 1`).Scan(&broken); err != nil {
+		s.t.Fatal(err)
+	}
+	if broken > 0 {
+		s.violation("%d orders whose status and charges disagree (paid without one succeeded charge, or charged twice)", broken)
+	}
+	var dead int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'dead'`).Scan(&dead); err != nil {
+		s.t.Fatal(err)
+	}
+	if dead > 0 {
+		s.violation("%d operations set aside as dead", dead)
+	}
+}
+
+func (s *soak) checkLogs(logs string) {
+	sc := bufio.NewScanner(strings.NewReader(logs))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.Contains(line, "panic") || strings.Contains(line, `"status":500`) {
+			s.violation("log: %s", line)
+		}
+	}
+	for _, secret := range []string{"sk_test_acme", "whsec_"} {
+		if strings.Contains(logs, secret) {
+			s.violation("the logs contain %s", secret)
+		}
+	}
+}
+
+func (s *soak) report() {
+	final := map[int]int{}
+	for _, o := range s.ops {
+		final[o.status]++
+	}
+	text := fmt.Sprintf(`soak: %s, %d clients, 3 replicas, processor chaos (10%% errors, 5%% withheld answers, 30%% duplicate webhooks)
+  logical operations  %d (%d keyed requests, final answers by status %v)
+  HTTP attempts       %d (retries %d, 409s %d, 503s %d, clients that hung up %d)
+  faults              %d replicas killed with SIGKILL, %d drops of every database connection
+  violations          %d
+`, *duration, *workers, s.operations.Load(), len(s.ops), final, s.requests.Load(), s.retries.Load(), s.conflicts.Load(),
+		s.unavailable.Load(), s.hangups.Load(), s.kills.Load(), s.dbDrops.Load(), s.violations.Load())
+	s.t.Log("\n" + text)
+	if *summary != "" {
+		if err := os.WriteFile(*summary, []byte(text), 0o644); err != nil {
+			s.t.Error(err)
+		}
+	}
+	if len(s.ops) < 20 || s.kills.Load() == 0 {
+		s.t.Errorf("the soak did too little to show anything: %d keyed requests, %d kills", len(s.ops), s.kills.Load())
+	}
+}
+
+// --- processes -------------------------------------------------------------
+
+func build(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	out, err := exec.Command("go", "build", "-o", dir+"/", "github.com/retrysafe/payments/cmd/server", "github.com/retrysafe/payments/cmd/processor").CombinedOutput()
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// process is one of the soak's programs, started again after a kill.
+type process struct {
+	name, bin string
+	env       []string
+	logs      *syncBuffer
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+}
+
+// start runs the program and waits until it logs that it listens.
+func (p *process) start(t *testing.T) {
+	cmd := exec.Command(p.bin)
+	cmd.Env = append(os.Environ(), p.env...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.cmd = cmd
+	p.mu.Unlock()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	listening := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		once := sync.OnceFunc(func() { close(listening) })
+		for sc.Scan() {
+			p.logs.Write(append(sc.Bytes(), '\n'))
+			if strings.Contains(sc.Text(), `"msg":"listening"`) {
+				once()
+			}
+		}
+	}()
+	select {
+	case <-listening:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s did not start listening within 30s", p.name)
+	}
+}
+
+func (p *process) kill() {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = cmd.Wait()
+}
+
+func setChaos(t *testing.T, processorURL string, c processor.Chaos) {
+	t.Helper()
+	b, _ := json.Marshal(c)
+	req, _ := http.NewRequest(http.MethodPut, processorURL+"/admin/chaos", bytes.NewReader(b))
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("set chaos: %s", res.Status)
+	}
+}
+
+func waitUntil(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		if ctx.Err() != nil {
+			t.Fatalf("not reached while settling: %s", what)
+		}
+		time.Sleep(100 * time.Millisecond) // polling the system's state
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
