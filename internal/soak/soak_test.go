@@ -231,7 +231,9 @@ func (s *soak) keyed(ctx context.Context, o *op) *op {
 			// A duplicate, at the same moment, on another replica.
 			dup := &op{key: o.key, method: o.method, path: o.path, body: o.body}
 			var both sync.WaitGroup
-			both.Go(func() { s.finalize(dup, s.send(ctx, s.newClient(s.urls[(first+1)%len(s.urls)], 10*time.Second, 8), dup)) })
+			both.Go(func() {
+				s.finalize(dup, s.send(ctx, s.newClient(s.urls[(first+1)%len(s.urls)], 10*time.Second, 8), dup))
+			})
 			s.finalize(o, s.send(ctx, s.newClient(s.urls[first], 10*time.Second, 8), o))
 			both.Wait()
 			if o.status != 0 && dup.status != 0 && (o.status != dup.status || o.id != dup.id) {
