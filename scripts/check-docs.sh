@@ -42,4 +42,14 @@ for doc in README.md docs/*.md; do
   done < <(grep -o '\](\([^)]*\))' "$doc" | sed 's/^](//; s/)$//')
 done
 [[ $dead -eq 0 ]] || exit 1
+# Every test the docs name as evidence (`TestX`, `FuzzX`) must exist: a
+# renamed or deleted test would leave a guarantee with no proof behind it.
+missing=0
+for name in $(grep -oh '`\(Test\|Fuzz\)[A-Za-z0-9_]*`' README.md docs/*.md | tr -d '`' | sort -u); do
+  if ! grep -rqs --include='*_test.go' "^func $name(" .; then
+    echo "check-docs: the docs name $name, which is not a test of this repository" >&2
+    missing=1
+  fi
+done
+[[ $missing -eq 0 ]] || exit 1
 echo "check-docs: OK"
