@@ -30,6 +30,9 @@ func TestEveryOperationIsolatesCallers(t *testing.T) {
 	ts.do(t, refundReq).decode(t, &re)
 	var po payout
 	ts.do(t, payoutRequest("sk_test_acme", "acme-payout", `{"amount":1000,"currency":"usd"}`)).decode(t, &po)
+	// The payout's job must be done before the snapshot: it changes the
+	// balance and writes an event on its own.
+	ts.pollPayout(t, "sk_test_acme", "/v1/payouts/"+po.ID)
 	ids := map[string]string{"order_id": ch.OrderID, "charge_id": ch.ID, "payout_id": po.ID, "key": "acme-payout"}
 	secrets := []string{ch.OrderID, ch.ID, re.ID, po.ID}
 	before := ts.snapshot(t)
