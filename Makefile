@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck check-docs rename check-rename bench bench-sweeper fuzz fuzz-ci soak
+.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck check-docs rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak
 
 # Run the demo on :8080 against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -94,9 +94,16 @@ rename:
 check-rename:
 	bash scripts/check-rename.sh
 
-# Hot-path benchmarks through HTTP against the real database; figures are
-# recorded in docs/benchmarks.md.
+# The service against the database's own limit, in one run: the floor (the
+# service's statements through pgx), the service over HTTP, their ratios,
+# and the claim's growth with 10k, 1M and 10M stored records
+# (docs/performance.md). BENCH_ARGS='-sizes=10000,1000000' to stop sooner.
 bench:
+	go run ./cmd/bench $(BENCH_ARGS)
+
+# Go benchmarks of the hot path through HTTP, with statements per request
+# (docs/benchmarks.md).
+bench-go:
 	go test -run='^$$' -bench=. -benchtime=3s ./internal/server/
 
 # Sweep 1,000,000 expired records while claiming new keys; reports records/s
