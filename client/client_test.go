@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -243,5 +244,42 @@ func TestAbsurdRetryAfterGivesUp(t *testing.T) {
 	c, waits := newTestClient(t, serve(t, s), DefaultPolicy())
 	if _, res, err := c.CreateOrder(context.Background(), apiclient.CreateOrderRequest{Amount: 1, Currency: "usd"}); err == nil || res.Attempts != 1 || len(*waits) != 0 {
 		t.Errorf("%+v, waits %v, %v; want one attempt and the 503, not a wait of centuries", res, *waits, err)
+	}
+}
+
+// payoutAt answers GET /v1/payouts/po_1 with the payout in status, and
+// Retry-After when it is given.
+func payoutAt(status, retryAfter string) func(http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		if retryAfter != "" {
+			w.Header().Set("Retry-After", retryAfter)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte(`{"id":"po_1","amount":100,"currency":"usd","destination":"ba_test_ok","status":"` + status +
+			`","failure_code":null,"created_at":"2026-11-30T00:00:00Z"}`))
+	}
+}
+
+// WaitForPayout polls until the payout is final, waiting as each answer's
+// Retry-After says (a second when it says nothing), and retries a 503 on
+// the way like any safe read.
+func TestWaitForPayoutPollsAsRetryAfterSays(t *testing.T) {
+	t.Parallel()
+	s := &script{steps: []func(http.ResponseWriter){
+		payoutAt("pending", "1"), payoutAt("in_transit", "3"), status(503, "Retry-After", "2"), payoutAt("in_transit", ""), payoutAt("paid", ""),
+	}}
+	c, waits := newTestClient(t, serve(t, s), Policy{MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond})
+	var seen []apiclient.PayoutStatus
+	po, err := c.WaitForPayout(context.Background(), "po_1", func(p apiclient.Payout) { seen = append(seen, p.Status) })
+	if err != nil || po.Status != apiclient.PayoutStatusPaid {
+		t.Fatalf("WaitForPayout = %+v, %v; want paid", po, err)
+	}
+	want := []time.Duration{time.Second, 3 * time.Second, 2 * time.Second, time.Second}
+	if !slices.Equal(*waits, want) {
+		t.Errorf("waits %v; want %v (Retry-After 1 and 3, the 503's 2, the default 1s)", *waits, want)
+	}
+	if len(seen) != 4 || seen[0] != apiclient.PayoutStatusPending || seen[3] != apiclient.PayoutStatusPaid {
+		t.Errorf("states seen %v", seen)
 	}
 }
