@@ -50,14 +50,10 @@ func (s *Server) handleCreateCharge(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	switch {
-	case req.Amount <= 0:
-		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeParameterInvalid, "amount must be a positive integer in the currency's minor unit", nil)
+	if !validMoney(w, req.Amount, req.Currency) {
 		return
-	case !currencyPattern.MatchString(req.Currency):
-		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeParameterInvalid, "currency must be a lower-case ISO 4217 code such as usd", nil)
-		return
-	case !succeeding[req.PaymentMethod] && declines[req.PaymentMethod] == "":
+	}
+	if !succeeding[req.PaymentMethod] && declines[req.PaymentMethod] == "" {
 		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodePaymentMethodUnknown, "no such payment method; use a test payment method such as pm_card_visa", nil)
 		return
 	}
@@ -128,6 +124,20 @@ func (s *Server) executeCharge(key string, req CreateChargeRequest, attempt int)
 		out.how = deliverDrop
 	}
 	return out
+}
+
+// validMoney checks an amount and a currency, answering 400 if either is
+// wrong.
+func validMoney(w http.ResponseWriter, amount int64, currency string) bool {
+	switch {
+	case amount <= 0:
+		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeParameterInvalid, "amount must be a positive integer in the currency's minor unit", nil)
+		return false
+	case !currencyPattern.MatchString(currency):
+		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeParameterInvalid, "currency must be a lower-case ISO 4217 code such as usd", nil)
+		return false
+	}
+	return true
 }
 
 func (s *Server) handleCreateRefund(w http.ResponseWriter, r *http.Request) {

@@ -90,14 +90,10 @@ func (s *Server) handleCreatePayout(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	switch {
-	case req.Amount <= 0:
-		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeParameterInvalid, "amount must be a positive integer in the currency's minor unit", nil)
+	if !validMoney(w, req.Amount, req.Currency) {
 		return
-	case !currencyPattern.MatchString(req.Currency):
-		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeParameterInvalid, "currency must be a lower-case ISO 4217 code such as usd", nil)
-		return
-	case !destinations[req.Destination]:
+	}
+	if !destinations[req.Destination] {
 		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeDestinationUnknown, "no such destination; use a test bank account such as ba_test_ok", nil)
 		return
 	}
