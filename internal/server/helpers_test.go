@@ -114,7 +114,7 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	}
 	// Every line, at every level, also goes to the whole suite's log,
 	// which TestMain searches for secrets once every test has run.
-	log := slog.New(requestid.Handler(fanout{logHandler, slog.NewJSONHandler(&suiteLogs, &slog.HandlerOptions{Level: slog.LevelDebug})}))
+	log := slog.New(requestid.Handler(slog.NewMultiHandler(logHandler, slog.NewJSONHandler(&suiteLogs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	keys := idempotency.NewStore(serverPool, cfg.Lease, log)
 	processorClient := cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
 	chargeService := charges.NewService(serverPool, processorClient, cfg.CrashPoints)
@@ -395,43 +395,4 @@ func keyStatus(t testing.TB, db *pgxpool.Pool, key string) string {
 		t.Fatal(err)
 	}
 	return status
-}
-
-// fanout sends each record to every handler that wants its level.
-type fanout []slog.Handler
-
-func (f fanout) Enabled(ctx context.Context, l slog.Level) bool {
-	for _, h := range f {
-		if h.Enabled(ctx, l) {
-			return true
-		}
-	}
-	return false
-}
-
-func (f fanout) Handle(ctx context.Context, r slog.Record) error {
-	for _, h := range f {
-		if h.Enabled(ctx, r.Level) {
-			if err := h.Handle(ctx, r.Clone()); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-func (f fanout) WithAttrs(attrs []slog.Attr) slog.Handler {
-	out := make(fanout, len(f))
-	for i, h := range f {
-		out[i] = h.WithAttrs(attrs)
-	}
-	return out
-}
-
-func (f fanout) WithGroup(name string) slog.Handler {
-	out := make(fanout, len(f))
-	for i, h := range f {
-		out[i] = h.WithGroup(name)
-	}
-	return out
 }
