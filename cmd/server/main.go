@@ -308,6 +308,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	// that the reconciler resumes a record with the very handler a client's
 	// retry would run.
 	keys := idempotency.NewStore(pool, cfg.Lease, log)
+	keys.CacheReplays(cfg.ReplayCacheSize, cfg.Retention)
 	proc := cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
 	crash := cfg.CrashPoints
 	var demo *server.Demo

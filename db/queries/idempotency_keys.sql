@@ -18,6 +18,11 @@
 --
 -- A new record's next_attempt_at is its lease's end: if its owner crashes,
 -- the reconciler looks at it as soon as the lease runs out.
+--
+-- age_seconds is how old the record is, on the database clock (0 for the
+-- one just inserted): with it a replica knows how long a completed record
+-- is certain to outlive the sweeper, without trusting its own clock (see
+-- the replay cache in internal/idempotency).
 WITH claimed AS (
     INSERT INTO idempotency_keys AS k (
         caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until, next_attempt_at
@@ -29,12 +34,13 @@ WITH claimed AS (
     ON CONFLICT (caller_id, key) DO NOTHING
     RETURNING k.*
 )
-SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, c.*
+SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, 0::float8 AS age_seconds, c.*
 FROM claimed c
 UNION ALL
 SELECT false AS claimed,
        coalesce(e.locked_until <= now(), false) AS lease_expired,
        coalesce(greatest(extract(epoch FROM e.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
+       greatest(extract(epoch FROM now() - e.created_at), 0)::float8 AS age_seconds,
        e.*
 FROM idempotency_keys e
 WHERE e.caller_id = @caller_id AND e.key = @key;

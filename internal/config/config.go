@@ -66,6 +66,11 @@ type Server struct {
 	// Retention is how long idempotency keys are remembered
 	// (IDEMPOTENCY_KEY_RETENTION); records show it as expires_at.
 	Retention time.Duration
+	// ReplayCacheSize is how many completed records' answers each process
+	// keeps in memory, to replay them without a database round trip
+	// (IDEMPOTENCY_REPLAY_CACHE_SIZE); 0 turns the cache off. An answer is
+	// kept for less than what is left of its record's retention window.
+	ReplayCacheSize int
 	// MaxBodyBytes is the largest request body accepted; larger is a 413
 	// (MAX_BODY_BYTES).
 	MaxBodyBytes int64
@@ -141,6 +146,7 @@ func Load(getenv func(string) string) (Server, error) {
 		IdleTimeout:            r.Duration("HTTP_IDLE_TIMEOUT", 60*time.Second),
 		Lease:                  r.Duration("IDEMPOTENCY_LEASE", DefaultLease),
 		Retention:              r.Duration("IDEMPOTENCY_KEY_RETENTION", DefaultRetention),
+		ReplayCacheSize:        r.Int("IDEMPOTENCY_REPLAY_CACHE_SIZE", 10_000, 0),
 		MaxBodyBytes:           int64(r.Int("MAX_BODY_BYTES", 64<<10, 1)),
 		SeedDemoCallers:        r.Bool("SEED_DEMO_CALLERS", true),
 		ShutdownTimeout:        r.Duration("SHUTDOWN_TIMEOUT", 15*time.Second),

@@ -75,12 +75,13 @@ WITH claimed AS (
     ON CONFLICT (caller_id, key) DO NOTHING
     RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation
 )
-SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, c.caller_id, c.id, c.key, c.status, c.recovery_point, c.attempt, c.locked_until, c.request_method, c.request_path, c.request_fingerprint, c.response_status, c.response_headers, c.response_body, c.created_at, c.updated_at, c.completed_at, c.next_attempt_at, c.reconciler_attempts, c.operation
+SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, 0::float8 AS age_seconds, c.caller_id, c.id, c.key, c.status, c.recovery_point, c.attempt, c.locked_until, c.request_method, c.request_path, c.request_fingerprint, c.response_status, c.response_headers, c.response_body, c.created_at, c.updated_at, c.completed_at, c.next_attempt_at, c.reconciler_attempts, c.operation
 FROM claimed c
 UNION ALL
 SELECT false AS claimed,
        coalesce(e.locked_until <= now(), false) AS lease_expired,
        coalesce(greatest(extract(epoch FROM e.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
+       greatest(extract(epoch FROM now() - e.created_at), 0)::float8 AS age_seconds,
        e.caller_id, e.id, e.key, e.status, e.recovery_point, e.attempt, e.locked_until, e.request_method, e.request_path, e.request_fingerprint, e.response_status, e.response_headers, e.response_body, e.created_at, e.updated_at, e.completed_at, e.next_attempt_at, e.reconciler_attempts, e.operation
 FROM idempotency_keys e
 WHERE e.caller_id = $1 AND e.key = $2
@@ -100,6 +101,7 @@ type ClaimIdempotencyKeyRow struct {
 	Claimed               bool
 	LeaseExpired          bool
 	LeaseRemainingSeconds float64
+	AgeSeconds            float64
 	CallerID              string
 	ID                    int64
 	Key                   string
@@ -140,6 +142,11 @@ type ClaimIdempotencyKeyRow struct {
 //
 // A new record's next_attempt_at is its lease's end: if its owner crashes,
 // the reconciler looks at it as soon as the lease runs out.
+//
+// age_seconds is how old the record is, on the database clock (0 for the
+// one just inserted): with it a replica knows how long a completed record
+// is certain to outlive the sweeper, without trusting its own clock (see
+// the replay cache in internal/idempotency).
 func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIdempotencyKeyParams) (ClaimIdempotencyKeyRow, error) {
 	row := db.QueryRow(ctx, claimIdempotencyKey,
 		arg.CallerID,
@@ -155,6 +162,7 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIde
 		&i.Claimed,
 		&i.LeaseExpired,
 		&i.LeaseRemainingSeconds,
+		&i.AgeSeconds,
 		&i.CallerID,
 		&i.ID,
 		&i.Key,

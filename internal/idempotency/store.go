@@ -59,9 +59,10 @@ var ErrLeaseLost = errors.New("idempotency: lease lost to a newer attempt")
 
 // Store runs keyed operations against the idempotency_keys table.
 type Store struct {
-	pool  *pgxpool.Pool
-	lease time.Duration
-	log   *slog.Logger
+	pool    *pgxpool.Pool
+	lease   time.Duration
+	log     *slog.Logger
+	replays *replayCache // nil: every replay reads the database
 }
 
 // NewStore returns a Store whose owners hold their lease for lease. The
@@ -79,12 +80,29 @@ func NewStore(pool *pgxpool.Pool, lease time.Duration, log *slog.Logger) *Store 
 	return &Store{pool: pool, lease: lease, log: log}
 }
 
+// CacheReplays keeps the answers of up to size completed records in this
+// process, so that their replays need no database round trip; retention
+// is IDEMPOTENCY_KEY_RETENTION, which bounds how long an answer may be
+// kept (see replays.go for why that makes the cache safe). Call it before
+// the Store is used.
+func (s *Store) CacheReplays(size int, retention time.Duration) {
+	if size > 0 {
+		s.replays = newReplayCache(size, retention)
+	}
+}
+
 // Lease is the right, held by exactly one request (or worker) at a time, to
 // drive one record forward from its recovery point.
 type Lease struct {
 	store    *Store
 	record   dbsqlc.IdempotencyKey
 	response *Response
+	// claimed is when the claim that gave this lease was sent, on this
+	// process's clock, and age how old the record was then, on the
+	// database's: what the replay cache needs to keep the answer no longer
+	// than the record is certain to exist.
+	claimed time.Time
+	age     time.Duration
 }
 
 // Record is the record as of the last phase this lease committed.
@@ -210,6 +228,9 @@ func IsRetryable(err error) bool {
 // Response is what the client receives; an error is a problem that was not
 // stored (a conflict on the key, or a transient failure).
 func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response, error) {
+	if cached, ok := s.replays.get(req.CallerID, req.Key); ok {
+		return replayCached(ctx, req, cached)
+	}
 	// From here on, nothing depends on the client staying connected: the
 	// claim, every phase and the stored response run on a context that the
 	// request's cancellation does not reach. The lease bounds it instead;
@@ -223,7 +244,33 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 	}
 	// A retryable failure releases the lease at once, so the client's retry
 	// finds the record free; the reconciler waits a lease before it steps in.
-	return s.Drive(ctx, lease, h, s.lease)
+	resp, err := s.Drive(ctx, lease, h, s.lease)
+	if err == nil {
+		// Drive answers without an error only from a completed record:
+		// this lease's, or the one that fenced it out.
+		s.replays.put(req, resp, lease.claimed, lease.age)
+	}
+	return resp, err
+}
+
+// replayCached answers req from the replay cache, exactly as the claim
+// would have from the completed record: a different request under the key
+// is a 422, the same one gets the stored response.
+func replayCached(ctx context.Context, req Request, cached *cachedReplay) (*Response, error) {
+	if subtle.ConstantTimeCompare(cached.fingerprint, req.Fingerprint) != 1 {
+		observe(ctx, req.Operation, metrics.OutcomeMismatch)
+		return nil, reused(cached.method, cached.path)
+	}
+	observe(ctx, req.Operation, metrics.OutcomeReplayed)
+	metrics.ReplayCacheHits.Inc()
+	return cached.response(), nil
+}
+
+// reused is the 422 for a key first used for another request.
+func reused(method, path string) *problem.Error {
+	return problem.New(problem.IdempotencyKeyReused,
+		"this Idempotency-Key was first used for a different request (%s %s, or another body); use a new key for a new operation",
+		method, path)
 }
 
 // Drive runs h on a lease already held (from a claim, or from the
@@ -329,6 +376,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	// The claim returns no row only when a concurrent request committed the
 	// key between this statement's snapshot and its insert; running it again
 	// sees that row. Twice is enough; a third try is for safety, not need.
+	sent := s.replays.clock()
 	for range 3 {
 		row, err = queries.ClaimIdempotencyKey(ctx, s.pool, dbsqlc.ClaimIdempotencyKeyParams{
 			CallerID: req.CallerID, Key: req.Key, Operation: req.Operation, RequestMethod: req.Method, RequestPath: req.Path,
@@ -342,22 +390,24 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		return nil, nil, fmt.Errorf("claim idempotency key: %w", err)
 	}
 	rec := recordFromClaim(row)
+	age := time.Duration(row.AgeSeconds * float64(time.Second))
 	if row.Claimed {
 		observe(ctx, req.Operation, metrics.OutcomeNew)
-		return &Lease{store: s, record: rec}, nil, nil
+		return &Lease{store: s, record: rec, claimed: sent, age: age}, nil, nil
 	}
 
 	// Someone else created this key. Is it the same request?
 	if subtle.ConstantTimeCompare(rec.RequestFingerprint, req.Fingerprint) != 1 {
 		observe(ctx, req.Operation, metrics.OutcomeMismatch)
-		return nil, nil, problem.New(problem.IdempotencyKeyReused,
-			"this Idempotency-Key was first used for a different request (%s %s, or another body); use a new key for a new operation",
-			rec.RequestMethod, rec.RequestPath)
+		return nil, nil, reused(rec.RequestMethod, rec.RequestPath)
 	}
 	switch {
 	case rec.Status == StatusCompleted:
 		observe(ctx, req.Operation, metrics.OutcomeReplayed)
 		resp, err := storedResponse(rec)
+		if err == nil {
+			s.replays.put(req, resp, sent, age)
+		}
 		return nil, resp, err
 	case rec.Status == StatusInProgress && row.LeaseExpired:
 		// No live owner holds it: its owner crashed, stalled past its
@@ -384,7 +434,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		} else {
 			observe(ctx, req.Operation, metrics.OutcomeTakenOver)
 		}
-		return &Lease{store: s, record: taken}, nil, nil
+		return &Lease{store: s, record: taken, claimed: sent, age: age}, nil, nil
 	case rec.Status == StatusDead:
 		observe(ctx, req.Operation, metrics.OutcomeDead)
 		return nil, nil, dead()

@@ -81,6 +81,12 @@ var IdempotencyOutcomes = counter("payments_idempotency_outcomes_total",
 	"Keyed requests by operation and what the claim found: new, replayed, in_progress, mismatch, resumed, taken_over, dead.",
 	"operation", "outcome")
 
+// ReplayCacheHits counts the replays answered from this process's replay
+// cache, without a database round trip (they are also counted as replayed
+// above).
+var ReplayCacheHits = plainCounter("payments_idempotency_replay_cache_hits_total",
+	"Replays answered from this process's replay cache, without a database round trip.")
+
 // The processor.
 var (
 	// ProcessorCalls counts calls to the card processor by call (charge,

@@ -116,6 +116,7 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	// which TestMain searches for secrets once every test has run.
 	log := slog.New(requestid.Handler(slog.NewMultiHandler(logHandler, slog.NewJSONHandler(&suiteLogs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	keys := idempotency.NewStore(serverPool, cfg.Lease, log)
+	keys.CacheReplays(cfg.ReplayCacheSize, cfg.Retention)
 	processorClient := cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
 	chargeService := charges.NewService(serverPool, processorClient, cfg.CrashPoints)
 	refundService := refunds.NewService(serverPool, processorClient, cfg.CrashPoints)
