@@ -41,6 +41,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/valyala/fasthttp"
 
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/dbsqlc"
@@ -50,7 +51,7 @@ import (
 
 var (
 	concurrency = flag.Int("c", 16, "concurrent workers in every phase")
-	phase       = flag.Duration("d", 10*time.Second, "how long each phase runs")
+	duration    = flag.Duration("d", 10*time.Second, "how long each phase runs")
 	sizes       = flag.String("sizes", "10000,1000000,10000000", "stored-record counts for the growth phase (empty: skip it)")
 	serverBin   = flag.String("server", "", "the server binary (default: built by the run)")
 )
@@ -82,13 +83,59 @@ func (r result) String() string {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// measure runs op on c workers for d and returns its figures; op gets the
-// worker's number and a counter unique across workers.
-func measure(name string, c int, d time.Duration, op func(worker int, i int64) error) (result, error) {
+// seq numbers operations across the whole run, so that every phase, and
+// every turn of a phase, makes keys no other has used.
+var seq atomic.Int64
+
+// phase is one thing to measure: op runs once per request, with the
+// worker's number and a number unique in the run.
+type phase struct {
+	name string
+	op   func(worker int, i int64) error
+}
+
+// measure runs p on c workers for d and returns its figures.
+func measure(p phase, c int, d time.Duration) (result, error) {
+	lat, elapsed, err := run1(p, c, d)
+	if err != nil {
+		return result{}, err
+	}
+	return summarize(p.name, lat, elapsed), nil
+}
+
+// alternate measures the phases that are compared with each other in
+// turns: each runs for d in all, in rounds turns of d/rounds, and its
+// figures cover all its turns. Taking turns puts every phase against the
+// same table sizes, the same autovacuum and the same noisy neighbours; run
+// one after the other, the later phase would meet a bigger table and a
+// differently busy machine, and the ratio would measure that too.
+func alternate(rounds, c int, d time.Duration, phases ...phase) ([]result, error) {
+	lats := make([][]time.Duration, len(phases))
+	elapsed := make([]time.Duration, len(phases))
+	for range rounds {
+		for i, p := range phases {
+			lat, e, err := run1(p, c, d/time.Duration(rounds))
+			if err != nil {
+				return nil, err
+			}
+			lats[i] = append(lats[i], lat...)
+			elapsed[i] += e
+		}
+	}
+	out := make([]result, len(phases))
+	for i, p := range phases {
+		out[i] = summarize(p.name, lats[i], elapsed[i])
+		fmt.Println(out[i])
+	}
+	return out, nil
+}
+
+// run1 runs p on c workers for d: each worker sends its next request as
+// soon as its last is answered.
+func run1(p phase, c int, d time.Duration) ([]time.Duration, time.Duration, error) {
 	var (
 		mu    sync.Mutex
 		lat   []time.Duration
-		count atomic.Int64
 		first error
 		wg    sync.WaitGroup
 	)
@@ -98,9 +145,9 @@ func measure(name string, c int, d time.Duration, op func(worker int, i int64) e
 		wg.Go(func() {
 			var mine []time.Duration
 			for time.Now().Before(deadline) {
-				i := count.Add(1)
+				i := seq.Add(1)
 				t0 := time.Now()
-				if err := op(w, i); err != nil {
+				if err := p.op(w, i); err != nil {
 					mu.Lock()
 					if first == nil {
 						first = err
@@ -116,13 +163,16 @@ func measure(name string, c int, d time.Duration, op func(worker int, i int64) e
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
 	if first != nil {
-		return result{}, fmt.Errorf("%s: %w", name, first)
+		return nil, 0, fmt.Errorf("%s: %w", p.name, first)
 	}
+	return lat, time.Since(start), nil
+}
+
+func summarize(name string, lat []time.Duration, elapsed time.Duration) result {
 	slices.Sort(lat)
 	pct := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))] }
-	return result{name: name, n: len(lat), elapsed: elapsed, p50: pct(0.50), p99: pct(0.99)}, nil
+	return result{name: name, n: len(lat), elapsed: elapsed, p50: pct(0.50), p99: pct(0.99)}
 }
 
 func run(ctx context.Context) error {
@@ -144,9 +194,9 @@ func run(ctx context.Context) error {
 	if err := auth.SeedDemoCallers(ctx, pool); err != nil {
 		return err
 	}
-	fmt.Printf("bench: %d workers, %s per phase, database %s\n\n", *concurrency, *phase, postgres.Redact(dbURL))
+	fmt.Printf("bench: %d workers, %s per phase, database %s\n\n", *concurrency, *duration, postgres.Redact(dbURL))
 
-	// 1. The floor.
+	// 1. The floor: the service's statements, straight through pgx.
 	body := []byte(`{"amount":1999,"currency":"usd","description":"Tea"}`)
 	fingerprint := sha256.Sum256(body)
 	claim := func(key string) (dbsqlc.ClaimIdempotencyKeyRow, error) {
@@ -180,86 +230,110 @@ func run(ctx context.Context) error {
 			return err
 		})
 	}
-	floorCreate, err := measure("floor: keyed create (SQL)", *concurrency, *phase, func(_ int, i int64) error {
-		return create("floor-" + strconv.FormatInt(i, 10))
-	})
-	if err != nil {
-		return err
-	}
-	fmt.Println(floorCreate)
-	replayKeys := 1000
-	for i := range replayKeys {
-		if err := create("replay-" + strconv.Itoa(i)); err != nil {
-			return err
-		}
-	}
-	floorReplay, err := measure("floor: replay (SQL)", *concurrency, *phase, func(_ int, i int64) error {
-		row, err := claim("replay-" + strconv.Itoa(rand.IntN(replayKeys)))
-		if err == nil && (row.Claimed || row.Status != "completed") {
-			err = errors.New("the replay claimed a key")
-		}
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	fmt.Println(floorReplay)
 
-	// 2. The service.
+	// 2. The service: the real server binary, and a second one with the
+	// replay cache off, whose replays are each the claim's round trip, as
+	// on a replica that has not seen the key.
 	base, stop, err := startServer(ctx, dbURL)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	httpc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *concurrency * 2}, Timeout: 30 * time.Second}
-	post := func(path, key string, body []byte, want ...int) ([]byte, error) {
-		req, _ := http.NewRequestWithContext(ctx, "POST", base+path, bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer sk_test_acme")
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", key)
-		res, err := httpc.Do(req)
-		if err != nil {
-			return nil, err
-		}
-		defer res.Body.Close()
-		b, err := io.ReadAll(res.Body)
-		if err == nil && !slices.Contains(want, res.StatusCode) {
-			err = fmt.Errorf("POST %s: %d %s", path, res.StatusCode, b)
-		}
-		return b, err
-	}
-	svcCreate, err := measure("service: keyed create (HTTP)", *concurrency, *phase, func(_ int, i int64) error {
-		_, err := post("/v1/orders", "svc-"+strconv.FormatInt(i, 10), body, 201)
-		return err
-	})
+	baseNoCache, stopNoCache, err := startServer(ctx, dbURL, "IDEMPOTENCY_REPLAY_CACHE_SIZE=0")
 	if err != nil {
 		return err
 	}
-	fmt.Println(svcCreate)
+	defer stopNoCache()
+	// The load generator is fasthttp's client, not net/http's: on a machine
+	// whose cores the client, the server and the database share, every
+	// microsecond the client spends is taken from the other two, and
+	// net/http's client spends several times what fasthttp's does per
+	// request. (The floor's client, pgx, is lean already.)
+	clients := map[string]*fasthttp.HostClient{}
+	for _, b := range []string{base, baseNoCache} {
+		clients[b] = &fasthttp.HostClient{Addr: strings.TrimPrefix(b, "http://"), MaxConns: *concurrency * 2}
+	}
+	postTo := func(base, path, key string, body []byte, want ...int) ([]byte, error) {
+		req, res := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(res)
+		req.SetRequestURI(base + path)
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.Header.Set("Authorization", "Bearer sk_test_acme")
+		req.Header.SetContentType("application/json")
+		req.Header.Set("Idempotency-Key", key)
+		req.SetBody(body)
+		if err := clients[base].DoTimeout(req, res, 30*time.Second); err != nil {
+			return nil, err
+		}
+		b := bytes.Clone(res.Body())
+		if !slices.Contains(want, res.StatusCode()) {
+			return b, fmt.Errorf("POST %s: %d %s", path, res.StatusCode(), b)
+		}
+		return b, nil
+	}
+	post := func(path, key string, body []byte, want ...int) ([]byte, error) {
+		return postTo(base, path, key, body, want...)
+	}
+
+	// Creates: the floor and the service, in turns.
+	const rounds = 4
+	creates, err := alternate(rounds, *concurrency, *duration,
+		phase{"floor: keyed create (SQL)", func(_ int, i int64) error {
+			return create("floor-" + strconv.FormatInt(i, 10))
+		}},
+		phase{"service: keyed create (HTTP)", func(_ int, i int64) error {
+			_, err := post("/v1/orders", "svc-"+strconv.FormatInt(i, 10), body, 201)
+			return err
+		}})
+	if err != nil {
+		return err
+	}
+	floorCreate, svcCreate := creates[0], creates[1]
+
+	// Replays of 1,000 completed keys: the floor's own records for the
+	// floor, the service's for the service.
+	replayKeys := 1000
 	for i := range replayKeys {
+		if err := create("replay-" + strconv.Itoa(i)); err != nil {
+			return err
+		}
 		if _, err := post("/v1/orders", "svc-replay-"+strconv.Itoa(i), body, 201); err != nil {
 			return err
 		}
 	}
-	svcReplay, err := measure("service: replay (HTTP)", *concurrency, *phase, func(_ int, i int64) error {
-		_, err := post("/v1/orders", "svc-replay-"+strconv.Itoa(rand.IntN(replayKeys)), body, 201)
-		return err
-	})
+	replays, err := alternate(rounds, *concurrency, *duration,
+		phase{"floor: replay (SQL)", func(_ int, _ int64) error {
+			row, err := claim("replay-" + strconv.Itoa(rand.IntN(replayKeys)))
+			if err == nil && (row.Claimed || row.Status != "completed") {
+				err = errors.New("the replay claimed a key")
+			}
+			return err
+		}},
+		phase{"service: replay (HTTP)", func(_ int, _ int64) error {
+			_, err := post("/v1/orders", "svc-replay-"+strconv.Itoa(rand.IntN(replayKeys)), body, 201)
+			return err
+		}},
+		phase{"service: replay, cache off (HTTP)", func(_ int, _ int64) error {
+			_, err := postTo(baseNoCache, "/v1/orders", "svc-replay-"+strconv.Itoa(rand.IntN(replayKeys)), body, 201)
+			return err
+		}})
 	if err != nil {
 		return err
 	}
-	fmt.Println(svcReplay)
+	floorReplay, svcReplay, svcReplayDB := replays[0], replays[1], replays[2]
+
 	// A storm: every worker sends the same new key at once, round after
 	// round; one request per round creates, the others get 409 or the replay.
 	var round atomic.Int64
-	storm, err := measure("service: duplicate storm (HTTP)", *concurrency, *phase, func(_ int, i int64) error {
+	storm, err := measure(phase{"service: duplicate storm (HTTP)", func(_ int, i int64) error {
 		key := "storm-" + strconv.FormatInt(round.Load(), 10)
 		if i%int64(*concurrency) == 0 {
 			round.Add(1)
 		}
 		_, err := post("/v1/orders", key, body, 201, 409)
 		return err
-	})
+	}}, *concurrency, *duration)
 	if err != nil {
 		return err
 	}
@@ -275,7 +349,7 @@ func run(ctx context.Context) error {
 		_ = json.Unmarshal(b, &o)
 		orders <- o.ID
 	}
-	charges, err := measure("service: charge (HTTP, processor in-process)", *concurrency, *phase, func(_ int, i int64) error {
+	charges, err := measure(phase{"service: charge (HTTP, processor in-process)", func(_ int, _ int64) error {
 		select {
 		case id := <-orders:
 			_, err := post("/v1/orders/"+id+"/charges", "charge-"+id, []byte(`{"payment_method":"pm_card_visa"}`), 201)
@@ -283,16 +357,17 @@ func run(ctx context.Context) error {
 		default:
 			return errors.New("ran out of orders to charge: raise the count")
 		}
-	})
+	}}, *concurrency, *duration)
 	if err != nil {
 		return err
 	}
 	fmt.Println(charges)
 
 	fmt.Printf("\nratios (one run, same machine, same concurrency):\n")
-	fmt.Printf("  keyed create: service / floor = %.2f   (target >= 0.80)\n", svcCreate.rps()/floorCreate.rps())
-	fmt.Printf("  replay:       service / floor = %.2f   (target >= 0.60)\n", svcReplay.rps()/floorReplay.rps())
-	fmt.Printf("  replay / create (service)     = %.2f\n", svcReplay.rps()/svcCreate.rps())
+	fmt.Printf("  keyed create: service / floor      = %.2f   (target >= 0.80)\n", svcCreate.rps()/floorCreate.rps())
+	fmt.Printf("  replay:       service / floor      = %.2f   (target >= 0.60)\n", svcReplay.rps()/floorReplay.rps())
+	fmt.Printf("  replay, cache off: service / floor = %.2f\n", svcReplayDB.rps()/floorReplay.rps())
+	fmt.Printf("  replay / create (service)          = %.2f\n", svcReplay.rps()/svcCreate.rps())
 
 	// 3. Growth with stored keys.
 	if *sizes == "" {
@@ -309,21 +384,21 @@ func run(ctx context.Context) error {
 			return err
 		}
 		stored = target
-		d := min(*phase, 5*time.Second)
-		c, err := measure(fmt.Sprintf("  claim, %d stored", target), *concurrency, d, func(_ int, i int64) error {
+		d := min(*duration, 5*time.Second)
+		c, err := measure(phase{fmt.Sprintf("  claim, %d stored", target), func(_ int, i int64) error {
 			_, err := claim(fmt.Sprintf("grow-%d-%d", target, i))
 			return err
-		})
+		}}, *concurrency, d)
 		if err != nil {
 			return err
 		}
-		r, err := measure(fmt.Sprintf("  replay, %d stored", target), *concurrency, d, func(_ int, i int64) error {
+		r, err := measure(phase{fmt.Sprintf("  replay, %d stored", target), func(_ int, _ int64) error {
 			row, err := claim("filled-" + strconv.Itoa(rand.IntN(target)))
 			if err == nil && row.Claimed {
 				err = errors.New("the replay claimed a key")
 			}
 			return err
-		})
+		}}, *concurrency, d)
 		if err != nil {
 			return err
 		}
@@ -355,7 +430,7 @@ func fill(ctx context.Context, pool *pgxpool.Pool, from, to int, fingerprint []b
 
 // startServer runs the server binary on a free loopback port, with its
 // in-process processor and no background workers.
-func startServer(ctx context.Context, dbURL string) (string, func(), error) {
+func startServer(ctx context.Context, dbURL string, env ...string) (string, func(), error) {
 	bin := *serverBin
 	if bin == "" {
 		dir, err := os.MkdirTemp("", "bench-")
@@ -376,6 +451,7 @@ func startServer(ctx context.Context, dbURL string) (string, func(), error) {
 	cmd := exec.CommandContext(ctx, bin)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "HTTP_ADDR="+addr, "RECONCILER_ENABLED=false",
 		"RELAY_ENABLED=false", "PAYOUT_WORKERS=0", "LOG_FORMAT=json")
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return "", nil, err

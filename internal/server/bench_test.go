@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/payments/internal/config"
 )
 
 // Benchmarks of the hot path through HTTP against the real database. Run
@@ -31,11 +33,11 @@ func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ p
 
 func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-func benchServer(b *testing.B) (*testServer, *statementCounter) {
+func benchServer(b *testing.B, opts ...func(*serverOptions)) (*testServer, *statementCounter) {
 	counter := &statementCounter{}
-	ts := newTestServer(b, func(o *serverOptions) {
+	ts := newTestServer(b, append(opts, func(o *serverOptions) {
 		o.pool = func(c *pgxpool.Config) { c.ConnConfig.Tracer = counter }
-	})
+	})...)
 	// Warm up: the first request authenticates against the database and
 	// fills the key cache; the benchmark measures the steady state.
 	if res := ts.createOrder(b, "warm-up", teaOrder); res.Status != http.StatusCreated {
@@ -84,9 +86,25 @@ func BenchmarkCreateOrderKeyedParallel(b *testing.B) {
 	report(b, counter, before)
 }
 
-// BenchmarkReplay: the same completed key, replayed.
-func BenchmarkReplay(b *testing.B) {
-	ts, counter := benchServer(b)
+// BenchmarkReplay: the same completed key, replayed (from the replay
+// cache: no statement).
+func BenchmarkReplay(b *testing.B) { benchReplay(b) }
+
+// BenchmarkReplayParallel: replays from many concurrent clients.
+func BenchmarkReplayParallel(b *testing.B) { benchReplayParallel(b) }
+
+// BenchmarkReplayFromDatabase: replays with the replay cache off, as on a
+// replica that has not seen the key: one statement, the claim.
+func BenchmarkReplayFromDatabase(b *testing.B) { benchReplay(b, noReplayCache) }
+
+// BenchmarkReplayFromDatabaseParallel: the same, from many concurrent
+// clients.
+func BenchmarkReplayFromDatabaseParallel(b *testing.B) { benchReplayParallel(b, noReplayCache) }
+
+var noReplayCache = withConfig(func(c *config.Server) { c.ReplayCacheSize = 0 })
+
+func benchReplay(b *testing.B, opts ...func(*serverOptions)) {
+	ts, counter := benchServer(b, opts...)
 	before := counter.n.Load()
 	for b.Loop() {
 		if res := ts.createOrder(b, "warm-up", teaOrder); res.Header.Get("Idempotent-Replayed") != "true" {
@@ -96,9 +114,8 @@ func BenchmarkReplay(b *testing.B) {
 	report(b, counter, before)
 }
 
-// BenchmarkReplayParallel: replays from many concurrent clients.
-func BenchmarkReplayParallel(b *testing.B) {
-	ts, counter := benchServer(b)
+func benchReplayParallel(b *testing.B, opts ...func(*serverOptions)) {
+	ts, counter := benchServer(b, opts...)
 	before := counter.n.Load()
 	b.SetParallelism(8)
 	b.RunParallel(func(pb *testing.PB) {
