@@ -5,7 +5,8 @@
 // sometimes a cancel racing the charge) with concurrent duplicates of one
 // key sent to different replicas and clients that hang up mid-request,
 // while a random replica is killed with SIGKILL every few seconds and
-// restarted, and the database drops every connection once in the middle.
+// restarted, and the database (a PostgreSQL of the soak's own) is
+// restarted once in the middle, stopped as a crash would stop it.
 // Then it settles and checks the guarantees from the outside: one final
 // answer per key, byte-identical on every replica; one processor effect
 // per succeeded charge or refund and none without a local record; money

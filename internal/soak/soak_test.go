@@ -42,7 +42,8 @@ var (
 func TestSoak(t *testing.T) {
 	t.Parallel()
 	bin := build(t)
-	dbURL := testdb.New(t)
+	// A PostgreSQL of the soak's own, so that it can restart it.
+	dbURL, restartDatabase, dbFault := soakDatabase(t)
 	db := testdb.Pool(t, dbURL)
 	logs := &syncBuffer{}
 	procPort, ports := freePort(t), []string{freePort(t), freePort(t), freePort(t)}
@@ -70,14 +71,17 @@ func TestSoak(t *testing.T) {
 		urls[i] = "http://127.0.0.1:" + p
 	}
 
-	s := &soak{t: t, urls: urls, ops: map[string]*op{}}
+	s := &soak{t: t, urls: urls, ops: map[string]*op{}, dbFault: dbFault}
 	ctx, stop := context.WithTimeout(context.Background(), *duration)
 	defer stop()
 
 	// The faults: a replica killed every few seconds, and in the middle
-	// every connection to the database dropped (what a restart of
-	// PostgreSQL does to its clients).
+	// the database restarted as if it had crashed. The two take turns
+	// (faultTurn): a replica started while the database is down would find
+	// nothing to connect to and exit, which is a fault of the test, not of
+	// the service.
 	var faults sync.WaitGroup
+	var faultTurn sync.Mutex
 	faults.Go(func() {
 		tick := time.NewTicker(*killEvery)
 		defer tick.Stop()
@@ -86,10 +90,12 @@ func TestSoak(t *testing.T) {
 			case <-ctx.Done():
 				return
 			case <-tick.C:
+				faultTurn.Lock()
 				r := replicas[rand.IntN(len(replicas))]
 				r.kill()
 				s.kills.Add(1)
 				r.start(t)
+				faultTurn.Unlock()
 			}
 		}
 	})
@@ -99,11 +105,13 @@ func TestSoak(t *testing.T) {
 			return
 		case <-time.After(*duration / 2):
 		}
-		if _, err := db.Exec(context.Background(),
-			`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
-			t.Errorf("drop the database's connections: %v", err)
+		faultTurn.Lock()
+		defer faultTurn.Unlock()
+		if err := restartDatabase(); err != nil {
+			t.Errorf("restart the database: %v", err)
+			return
 		}
-		s.dbDrops.Add(1)
+		s.dbRestarts.Add(1)
 	})
 
 	var clients sync.WaitGroup
@@ -145,13 +153,14 @@ type op struct {
 }
 
 type soak struct {
-	t    *testing.T
-	urls []string
+	t       *testing.T
+	urls    []string
+	dbFault string // what restartDatabase does, for the summary
 
 	mu  sync.Mutex
 	ops map[string]*op
 
-	operations, requests, retries, conflicts, unavailable, hangups, kills, dbDrops, violations atomic.Int64
+	operations, requests, retries, conflicts, unavailable, hangups, kills, dbRestarts, violations atomic.Int64
 }
 
 // violation records a broken guarantee.
@@ -491,10 +500,10 @@ func (s *soak) report() {
 	text := fmt.Sprintf(`soak: %s, %d clients, 3 replicas, processor chaos (10%% errors, 5%% withheld answers, 30%% duplicate webhooks)
   logical operations  %d (%d keyed requests, final answers by status %v)
   HTTP attempts       %d (retries %d, 409s %d, 503s %d, clients that hung up %d)
-  faults              %d replicas killed with SIGKILL, %d drops of every database connection
+  faults              %d replicas killed with SIGKILL, %d %s
   violations          %d
 `, *duration, *workers, s.operations.Load(), len(s.ops), final, s.requests.Load(), s.retries.Load(), s.conflicts.Load(),
-		s.unavailable.Load(), s.hangups.Load(), s.kills.Load(), s.dbDrops.Load(), s.violations.Load())
+		s.unavailable.Load(), s.hangups.Load(), s.kills.Load(), s.dbRestarts.Load(), s.dbFault, s.violations.Load())
 	s.t.Log("\n" + text)
 	if *summary != "" {
 		if err := os.WriteFile(*summary, []byte(text), 0o644); err != nil {
