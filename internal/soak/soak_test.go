@@ -55,6 +55,8 @@ func TestSoak(t *testing.T) {
 		"WEBHOOK_URL=http://127.0.0.1:" + ports[0] + "/webhooks/processor",
 		"CHAOS_ERROR_RATE=0.1", "CHAOS_TIMEOUT_RATE=0.05", "CHAOS_DUPLICATE_WEBHOOK_RATE=0.3",
 		"PROCESSOR_TIMEOUT_HOLD=3s",
+		// Payouts arrive after half a second (ba_test_slow: five).
+		"PROCESSOR_PAYOUT_DELAY=500ms",
 	}}
 	proc.start(t)
 	replicas := make([]*process, len(ports))
@@ -139,6 +141,12 @@ func TestSoak(t *testing.T) {
 		return n == 0
 	})
 
+	waitUntil(t, settle, "every payout final", func() bool {
+		var n int
+		_ = db.QueryRow(settle, `SELECT count(*) FROM payouts WHERE status IN ('pending', 'in_transit')`).Scan(&n)
+		return n == 0
+	})
+
 	s.checkReplays(settle)
 	s.checkMoney(settle, db, processorURL)
 	s.checkLogs(logs.String())
@@ -161,6 +169,7 @@ type soak struct {
 	ops map[string]*op
 
 	operations, requests, retries, conflicts, unavailable, hangups, kills, dbRestarts, violations atomic.Int64
+	payoutsPaid, payoutsFailed                                                                    int // once settled
 }
 
 // violation records a broken guarantee.
@@ -213,11 +222,22 @@ func (s *soak) client(ctx context.Context, n int) {
 			race.Wait()
 			continue
 		}
-		if s.keyed(ctx, charge); charge.status != http.StatusCreated || rand.IntN(2) == 0 {
+		if s.keyed(ctx, charge); charge.status != http.StatusCreated {
 			continue
 		}
-		s.keyed(ctx, &op{key: prefix + "-refund", method: "POST", path: "/v1/charges/" + charge.id + "/refunds",
-			body: fmt.Sprintf(`{"amount":%d}`, 1+rand.Int64N(amount))})
+		if rand.IntN(2) == 0 {
+			s.keyed(ctx, &op{key: prefix + "-refund", method: "POST", path: "/v1/charges/" + charge.id + "/refunds",
+				body: fmt.Sprintf(`{"amount":%d}`, 1+rand.Int64N(amount))})
+		}
+		if rand.IntN(3) == 0 {
+			// A payout of part of the balance, which the charges fill and the
+			// refunds and other payouts draw on: sometimes more than is
+			// there (a stored 409 insufficient_balance).
+			destinations := []apiclient.CreatePayoutRequestDestination{apiclient.BaTestOk, apiclient.BaTestOk,
+				apiclient.BaTestFlaky, apiclient.BaTestClosed, apiclient.BaTestSlow}
+			s.keyed(ctx, &op{key: prefix + "-payout", method: "POST", path: "/v1/payouts",
+				body: fmt.Sprintf(`{"amount":%d,"currency":"usd","destination":%q}`, 1+rand.Int64N(amount), destinations[rand.IntN(len(destinations))])})
+		}
 	}
 }
 
@@ -266,7 +286,14 @@ func (s *soak) send(ctx context.Context, c *client.Client, o *op) answer {
 	opt := client.WithIdempotencyKey(o.key)
 	var id string
 	var err error
+	ok := http.StatusCreated
 	switch {
+	case o.path == "/v1/payouts":
+		var body apiclient.CreatePayoutRequest
+		_ = json.Unmarshal([]byte(o.body), &body)
+		var v apiclient.Payout
+		v, _, err = c.Payout(ctx, body, opt)
+		id, ok = v.Id, http.StatusAccepted
 	case o.path == "/v1/orders":
 		var body apiclient.CreateOrderRequest
 		_ = json.Unmarshal([]byte(o.body), &body)
@@ -289,7 +316,7 @@ func (s *soak) send(ctx context.Context, c *client.Client, o *op) answer {
 	var apiErr *client.Error
 	switch {
 	case err == nil:
-		return answer{status: http.StatusCreated, id: id}
+		return answer{status: ok, id: id}
 	case errors.As(err, &apiErr):
 		return answer{status: apiErr.Status, id: string(apiErr.Problem.Code)}
 	}
@@ -403,12 +430,24 @@ func (s *soak) checkMoney(ctx context.Context, db *pgxpool.Pool, processorURL st
 			ledgerNet += e.Amount
 		case e.Object == processor.ObjectRefund:
 			ledgerNet -= e.Amount
+		case e.Object == processor.ObjectPayout && e.Status == processor.PayoutPaid:
+			ledgerNet -= e.Amount
 		}
+	}
+	// What "done" is called on each side, and which way the money went.
+	final := map[string]struct {
+		local, remote string
+		sign          int64
+	}{
+		"charge": {"succeeded", processor.StatusSucceeded, 1},
+		"refund": {"succeeded", processor.StatusSucceeded, -1},
+		"payout": {"paid", processor.PayoutPaid, -1},
 	}
 	known := map[string]bool{}
 	rows, err := db.Query(ctx, `
 		SELECT 'charge', downstream_key, status, amount FROM charges
-		UNION ALL SELECT 'refund', downstream_key, status, amount FROM refunds`)
+		UNION ALL SELECT 'refund', downstream_key, status, amount FROM refunds
+		UNION ALL SELECT 'payout', downstream_key, status, amount FROM payouts`)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -424,17 +463,18 @@ func (s *soak) checkMoney(ctx context.Context, db *pgxpool.Pool, processorURL st
 		if len(got) > 1 {
 			s.violation("%s %s: %d processor effects under one key", kind, key, len(got))
 		}
-		succeeded := slices.ContainsFunc(got, func(e processor.LedgerEntry) bool { return e.Status == processor.StatusSucceeded })
+		f := final[kind]
+		succeeded := slices.ContainsFunc(got, func(e processor.LedgerEntry) bool { return e.Status == f.remote })
 		switch {
-		case status == "succeeded" && !succeeded:
-			s.violation("%s %s succeeded here, not at the processor (%+v)", kind, key, got)
+		case status == f.local && !succeeded:
+			s.violation("%s %s %s here, not at the processor (%+v)", kind, key, status, got)
 		case status == "failed" && succeeded:
-			s.violation("%s %s failed here but succeeded at the processor", kind, key)
-		case status == "pending":
-			s.violation("%s %s still pending after settling", kind, key)
+			s.violation("%s %s failed here but went through at the processor", kind, key)
+		case status != f.local && status != "failed":
+			s.violation("%s %s still %s after settling", kind, key, status)
 		}
-		if status == "succeeded" {
-			localNet += map[string]int64{"charge": amount, "refund": -amount}[kind]
+		if status == f.local {
+			localNet += f.sign * amount
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -467,12 +507,37 @@ func (s *soak) checkMoney(ctx context.Context, db *pgxpool.Pool, processorURL st
 	if broken > 0 {
 		s.violation("%d orders whose status and charges disagree (paid without one succeeded charge, or charged twice)", broken)
 	}
+	if err := db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'paid'), count(*) FILTER (WHERE status = 'failed') FROM payouts`).
+		Scan(&s.payoutsPaid, &s.payoutsFailed); err != nil {
+		s.t.Fatal(err)
+	}
+	// The balance is what the money says it is: succeeded charges, less
+	// succeeded refunds and paid payouts, with nothing held once all are
+	// final.
+	var available, pending, want int64
+	if err := db.QueryRow(ctx, `
+		SELECT coalesce((SELECT available FROM balances WHERE caller_id = 'acme' AND currency = 'usd'), 0),
+		       coalesce((SELECT pending FROM balances WHERE caller_id = 'acme' AND currency = 'usd'), 0),
+		       (SELECT coalesce(sum(amount), 0) FROM charges WHERE status = 'succeeded')
+		       - (SELECT coalesce(sum(amount), 0) FROM refunds WHERE status = 'succeeded')
+		       - (SELECT coalesce(sum(amount), 0) FROM payouts WHERE status = 'paid')`).Scan(&available, &pending, &want); err != nil {
+		s.t.Fatal(err)
+	}
+	if available != want || pending != 0 {
+		s.violation("balance: %d available and %d pending; the charges, refunds and payouts say %d and 0", available, pending, want)
+	}
 	var dead int
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'dead'`).Scan(&dead); err != nil {
 		s.t.Fatal(err)
 	}
 	if dead > 0 {
 		s.violation("%d operations set aside as dead", dead)
+	}
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM river.river_job WHERE state = 'discarded'`).Scan(&dead); err != nil {
+		s.t.Fatal(err)
+	}
+	if dead > 0 {
+		s.violation("%d payout jobs discarded", dead)
 	}
 }
 
@@ -500,10 +565,11 @@ func (s *soak) report() {
 	text := fmt.Sprintf(`soak: %s, %d clients, 3 replicas, processor chaos (10%% errors, 5%% withheld answers, 30%% duplicate webhooks)
   logical operations  %d (%d keyed requests, final answers by status %v)
   HTTP attempts       %d (retries %d, 409s %d, 503s %d, clients that hung up %d)
+  payouts             %d paid, %d failed (the destination closed), each one transfer at the processor
   faults              %d replicas killed with SIGKILL, %d %s
   violations          %d
 `, *duration, *workers, s.operations.Load(), len(s.ops), final, s.requests.Load(), s.retries.Load(), s.conflicts.Load(),
-		s.unavailable.Load(), s.hangups.Load(), s.kills.Load(), s.dbRestarts.Load(), s.dbFault, s.violations.Load())
+		s.unavailable.Load(), s.hangups.Load(), s.payoutsPaid, s.payoutsFailed, s.kills.Load(), s.dbRestarts.Load(), s.dbFault, s.violations.Load())
 	s.t.Log("\n" + text)
 	if *summary != "" {
 		if err := os.WriteFile(*summary, []byte(text), 0o644); err != nil {
