@@ -228,6 +228,9 @@ func IsRetryable(err error) bool {
 // Response is what the client receives; an error is a problem that was not
 // stored (a conflict on the key, or a transient failure).
 func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response, error) {
+	// A completed record this process has written or replayed lately is
+	// answered from memory, without the claim (see replays.go for why that
+	// is safe); everything else goes to the database.
 	if cached, ok := s.replays.get(req.CallerID, req.Key); ok {
 		return replayCached(ctx, req, cached)
 	}
