@@ -27,4 +27,9 @@
 //
 // The database clock is the only clock: leases are set and compared with
 // now() in SQL, so clock skew between replicas cannot break them.
+//
+// Replays from memory: a completed record never changes until the sweeper
+// deletes it, so a Store with CacheReplays on keeps recent completed
+// answers in memory and replays them without the claim, each for less
+// than its record is certain to exist (replays.go).
 package idempotency
