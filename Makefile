@@ -126,6 +126,7 @@ fuzz:
 # test` runs it for 40 seconds. SOAK=5m to change the length.
 SOAK = 10m
 soak:
+	@mkdir -p .cache
 	go test -race -count=1 -v -run '^TestSoak$$' -timeout 60m ./internal/soak/ -soak.duration=$(SOAK) -soak.summary=$(CURDIR)/.cache/soak-summary.txt
 	@cat .cache/soak-summary.txt
 
