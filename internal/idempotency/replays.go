@@ -22,12 +22,14 @@ import (
 // record once created_at is more than the retention window behind the
 // database's now(); the claim reports the record's age on that same clock,
 // and the entry lives at most nine tenths of what is left of the window,
-// measured on this process's monotonic clock from before the claim was
-// sent. Nothing compares the two clocks' readings, so skew between them
-// cannot stretch an entry's life; the tenth held back covers their rates
-// differing. This relies on the sweeper using the same retention as the
-// server, which the contract needs anyway: it is the expires_at the server
-// shows for every record.
+// less a minute, measured on this process's clocks from before the claim
+// was sent. Nothing compares the two machines' clock readings, so skew
+// between them cannot stretch an entry's life; the tenth and the minute
+// held back cover their rates differing and the database's clock jumping.
+// This relies on the sweeper using the same retention as the server, which
+// the contract needs anyway: it is the expires_at the server shows for
+// every record. (To shorten the retention, restart the servers with the
+// new value before the sweeper runs with it.)
 //
 // Only completed records are cached. A record in progress, or set aside
 // (dead), changes; its requests always go to the database. The cache is
@@ -44,6 +46,11 @@ type replayCache struct {
 // minutes of the first request; keeping an answer longer only uses memory.
 const maxReplayAge = time.Hour
 
+// replayMargin is held back from every entry's life on top of the tenth:
+// room for the database's clock to jump ahead (a failover to a primary
+// whose clock runs ahead), which brings the sweep of every record closer.
+const replayMargin = time.Minute
+
 // replayKey is a caller's key: two callers' equal keys are different
 // records, and neither ever sees the other's answer.
 type replayKey struct{ callerID, key string }
@@ -55,6 +62,7 @@ type cachedReplay struct {
 	header       http.Header
 	body         []byte
 	expires      time.Time // on the monotonic clock
+	expiresWall  time.Time // the same instant on the wall clock
 }
 
 func newReplayCache(size int, retention time.Duration) *replayCache {
@@ -65,8 +73,8 @@ func newReplayCache(size int, retention time.Duration) *replayCache {
 	return &replayCache{entries: entries, retention: retention, now: time.Now}
 }
 
-// get returns the cached answer for the caller's key, if one is live.
-// A nil cache (CacheReplays was not called) has nothing.
+// get returns the cached answer for the caller's key, if one is live. A
+// nil cache (CacheReplays was not called) has nothing.
 func (c *replayCache) get(callerID, key string) (*cachedReplay, bool) {
 	if c == nil {
 		return nil, false
@@ -76,16 +84,13 @@ func (c *replayCache) get(callerID, key string) (*cachedReplay, bool) {
 	if !ok {
 		return nil, false
 	}
-	if !c.now().Before(e.expires) {
+	if now := c.now(); !now.Before(e.expires) || !now.Before(e.expiresWall) {
 		c.entries.Remove(k)
 		return nil, false
 	}
 	return e, true
 }
 
-// put remembers resp as the completed answer to req. sent is when (on
-// this process's clock) the claim that read or created the record was
-// sent, and age how old the record was then on the database's clock.
 // clock reads the cache's clock: when a claim is sent, for put. A nil
 // cache needs no time.
 func (c *replayCache) clock() time.Time {
@@ -95,24 +100,32 @@ func (c *replayCache) clock() time.Time {
 	return c.now()
 }
 
-// A nil cache keeps nothing.
+// put remembers resp as the completed answer to req. sent is when (on
+// this process's clock) the claim that read or created the record was
+// sent, and age how old the record was then on the database's clock. A
+// nil cache keeps nothing.
 func (c *replayCache) put(req Request, resp *Response, sent time.Time, age time.Duration) {
 	if c == nil {
 		return
 	}
-	life := min(maxReplayAge, (c.retention-age)/10*9)
+	life := min(maxReplayAge, (c.retention-age)/10*9-replayMargin)
 	if life <= 0 {
 		return
 	}
+	// The deadline is kept twice: on the monotonic clock, which wall-clock
+	// steps cannot move, and on the wall clock, which goes on counting
+	// while the process is frozen (a paused VM, SIGSTOP) when the
+	// monotonic clock may not. The entry dies at the first of the two.
 	expires := sent.Add(life)
-	if !c.now().Before(expires) {
+	if now := c.now(); !now.Before(expires) {
 		return
 	}
 	c.entries.Add(replayKey{req.CallerID, req.Key}, &cachedReplay{
 		fingerprint: req.Fingerprint, method: req.Method, path: req.Path,
 		// A clone: its value slices are capped at their length, so a writer
 		// that appends to one header of a replay cannot reach into another's.
-		status: resp.Status, header: resp.Header.Clone(), body: resp.Body, expires: expires,
+		status: resp.Status, header: resp.Header.Clone(), body: resp.Body,
+		expires: expires, expiresWall: expires.Round(0),
 	})
 }
 
