@@ -82,16 +82,18 @@ func newCluster(t *testing.T, bin string) *cluster {
 		c.as = []string{"runuser", "-u", "postgres", "--"}
 	}
 	c.run(t, "initdb", "-D", dir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync")
-	c.run(t, "pg_ctl", "-D", dir, "-l", filepath.Join(dir, "server.log"), "-w", "-t", "60",
-		"-o", fmt.Sprintf("-p %s -k %s -c listen_addresses=127.0.0.1 -c max_connections=200", c.port, dir), "start")
+	// Stopped before its directory is removed, even if it never finished
+	// starting.
 	t.Cleanup(func() {
 		if t.Failed() {
-			if b, err := os.ReadFile(filepath.Join(dir, "server.log")); err == nil {
+			if b, err := os.ReadFile(c.log()); err == nil {
 				t.Logf("the soak's PostgreSQL log:\n%s", b)
 			}
 		}
 		_ = c.command("pg_ctl", "-D", dir, "-m", "immediate", "stop").Run()
 	})
+	c.run(t, "pg_ctl", "-D", dir, "-l", c.log(), "-w", "-t", "60",
+		"-o", fmt.Sprintf("-p %s -k %s -c listen_addresses=127.0.0.1 -c max_connections=200", c.port, dir), "start")
 
 	pool, err := postgres.Open(context.Background(), c.url(), false)
 	if err != nil {
@@ -113,8 +115,10 @@ func (c *cluster) url() string {
 // accepts connections, after it has replayed its WAL. Every committed
 // transaction must survive that; the soak's checks find any that did not.
 func (c *cluster) restart() error {
-	return c.command("pg_ctl", "-D", c.dir, "-m", "immediate", "-w", "-t", "60", "restart").Run()
+	return c.command("pg_ctl", "-D", c.dir, "-l", c.log(), "-m", "immediate", "-w", "-t", "60", "restart").Run()
 }
+
+func (c *cluster) log() string { return filepath.Join(c.dir, "server.log") }
 
 func (c *cluster) run(t *testing.T, name string, args ...string) {
 	t.Helper()
