@@ -7,12 +7,15 @@
 //     key), issued straight through pgx, with no HTTP;
 //  2. the service over HTTP (the real server binary, its in-process fake
 //     processor answering at once): keyed creates, replays, a storm of
-//     concurrent duplicates of one key, charges;
+//     concurrent duplicates of one key, charges; and replays through a
+//     second server with the replay cache off, each a claim;
 //  3. how the claim and the replay grow with stored keys: their p99 with
 //     10 thousand, 1 million and 10 million records in idempotency_keys
 //     (built with generate_series, not through HTTP).
 //
 // It prints requests/s, p50 and p99 for each, and the ratios service/floor.
+// The phases that are compared (creates; replays) take turns, so that none
+// meets a bigger table or a busier machine than the others did.
 // The database is BENCH_DATABASE_URL (default: a payments_bench database on
 // the local PostgreSQL), created, migrated and emptied by the run.
 package main
