@@ -452,9 +452,8 @@ func startServer(ctx context.Context, dbURL string, env ...string) (string, func
 	addr := ln.Addr().String()
 	ln.Close()
 	cmd := exec.CommandContext(ctx, bin)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "HTTP_ADDR="+addr, "RECONCILER_ENABLED=false",
-		"RELAY_ENABLED=false", "PAYOUT_WORKERS=0", "LOG_FORMAT=json")
-	cmd.Env = append(cmd.Env, env...)
+	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+dbURL, "HTTP_ADDR="+addr, "RECONCILER_ENABLED=false",
+		"RELAY_ENABLED=false", "PAYOUT_WORKERS=0", "LOG_FORMAT=json"), env...)
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return "", nil, err
