@@ -43,7 +43,7 @@ func CanonicalJSON(body []byte) ([]byte, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, nil
 	}
-	if err := ijson.CheckUniqueNames(body); err != nil {
+	if err := ijson.Check(body); err != nil {
 		return nil, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
