@@ -46,10 +46,14 @@ ORDER BY created_at DESC, id DESC
 LIMIT @row_limit;
 
 -- name: ListDiscardedPayoutJobs :many
--- Payout jobs River gave up on (out of attempts): their payouts are stuck
--- pending or in transit, with their money held, until a person looks. The
--- queue is not tenant data, so this reads every caller's.
-SELECT id, args, attempt, finalized_at
+-- Payout jobs given up on: discarded by River (out of attempts) or
+-- cancelled by the job itself (the processor rejected its key, or kept
+-- telling it to wait for too long). Their payouts are stuck pending or in
+-- transit, with their money held, until a person looks. The reason is the
+-- last of the job's errors. The queue is not tenant data, so this reads
+-- every caller's.
+SELECT id, args, attempt, state::text AS state, finalized_at,
+       coalesce(errors[array_upper(errors, 1)] ->> 'error', '')::text AS last_error
 FROM river.river_job
-WHERE kind = 'payout' AND state = 'discarded'
+WHERE kind = 'payout' AND state IN ('discarded', 'cancelled')
 ORDER BY id;

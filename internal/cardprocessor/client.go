@@ -28,11 +28,15 @@ import (
 // collapses into the first one. Its errors say how certain the outcome is:
 //
 //   - nil: a definite success;
-//   - *DeclinedError (charges) or *RefusedError (refunds): a definite "no",
-//     nothing was done; a final outcome;
+//   - *DeclinedError (charges) or *RefusedError (refunds, payouts): a
+//     definite "no", nothing was done; a final outcome;
 //   - *UncertainError: no definite answer (a timeout, a dropped
-//     connection, a 5xx, a 429); the effect may or may not exist, and the
+//     connection, a 5xx, a 429, a 409 because an earlier request with the
+//     key is still running); the effect may or may not exist, and the
 //     caller must ask again later under the same key;
+//   - *RejectedError: the processor refuses the key itself (422: it was
+//     used for a different request). That is our bug, not the customer's:
+//     never a decline, and no retry can fix it; a person must look;
 //   - anything else is treated as uncertain too.
 type Processor interface {
 	Charge(ctx context.Context, downstreamKey string, req ChargeRequest) (ChargeResult, error)
@@ -175,15 +179,47 @@ func (c *Client) Charge(ctx context.Context, downstreamKey string, req ChargeReq
 			return ch, &UncertainError{Err: fmt.Errorf("undecodable decline: %s", resBody)}
 		}
 		return ch, &DeclinedError{DeclineCode: e.Error.DeclineCode, ProcessorChargeID: e.Error.Charge}
-	case status == http.StatusTooManyRequests || status >= 500:
-		return ch, &UncertainError{Err: fmt.Errorf("processor answered %d", status), RetryAfter: retryAfter(header)}
-	case status >= 400:
-		// Any other 4xx is a definite "no": the processor refused the
-		// request and did nothing. The charge is recorded as failed.
-		return ch, &DeclinedError{DeclineCode: refusalCode(resBody, status)}
-	default:
-		return ch, &UncertainError{Err: fmt.Errorf("unexpected processor answer %d", status)}
 	}
+	err = notDone(status, header, resBody)
+	var refused *RefusedError
+	if errors.As(err, &refused) {
+		// The processor refused the charge request and did nothing: the
+		// charge is recorded as failed, with the processor's reason.
+		return ch, &DeclinedError{DeclineCode: refused.Code}
+	}
+	return ch, err
+}
+
+// notDone reads an answer that is not the call's success. Only a few
+// answers say "definitely not": 400 (the request is invalid) and 404 (what
+// it names does not exist) are refusals, and nothing was done. 422 means
+// the processor saw our downstream key with a different request: our bug,
+// set aside. Everything else (429, 5xx, a 409 while an earlier request
+// with the key runs, a 401 or 403 from a misconfigured key, any status we
+// do not know) does not say what happened, so it is uncertain: asked again
+// later under the same key, never recorded as a failure.
+func notDone(status int, header http.Header, body []byte) error {
+	switch status {
+	case http.StatusBadRequest, http.StatusNotFound:
+		return &RefusedError{Code: refusalCode(body, status)}
+	case http.StatusUnprocessableEntity:
+		return &RejectedError{Status: status, Code: refusalCode(body, status)}
+	}
+	return &UncertainError{Err: fmt.Errorf("processor answered %d", status), RetryAfter: retryAfter(header)}
+}
+
+// RejectedError is the processor refusing our downstream key itself: it
+// has seen the key with a different request (422). No retry under the key
+// can succeed and nothing says the customer is at fault, so it is neither
+// retried nor recorded as a decline: the operation is set aside for a
+// person.
+type RejectedError struct {
+	Status int
+	Code   string
+}
+
+func (e *RejectedError) Error() string {
+	return fmt.Sprintf("processor rejected the downstream key (%d %s)", e.Status, e.Code)
 }
 
 // refusalCode is the processor's error code, or a generic one.
@@ -228,16 +264,18 @@ func (c *Client) post(ctx context.Context, path, downstreamKey string, req any) 
 }
 
 // observe counts one call by its result, as the caller will judge it: a
-// 2xx is a success, another 4xx than 429 a definite refusal, anything else
-// (no answer, a 5xx, a 429) uncertain.
+// 2xx is a success; a 400, 402 or 404 a definite refusal; a 422 a rejected
+// key; anything else (no answer, a 5xx, a 429, a 409) uncertain.
 func observe(call string, start time.Time, status *int, err *error) {
 	result := "uncertain"
 	switch {
 	case *err != nil:
 	case *status >= 200 && *status < 300:
 		result = "success"
-	case *status >= 400 && *status < 500 && *status != http.StatusTooManyRequests:
+	case *status == http.StatusBadRequest || *status == http.StatusPaymentRequired || *status == http.StatusNotFound:
 		result = "refused"
+	case *status == http.StatusUnprocessableEntity:
+		result = "rejected"
 	}
 	metrics.ProcessorCalls.WithLabelValues(call, result).Inc()
 	metrics.ProcessorDuration.WithLabelValues(call).Observe(time.Since(start).Seconds())
@@ -273,18 +311,15 @@ func (c *Client) Refund(ctx context.Context, downstreamKey string, req RefundReq
 			return re, &UncertainError{Err: fmt.Errorf("decode processor refund (%s): %v", body, err)}
 		}
 		return re, nil
-	case status == http.StatusTooManyRequests || status >= 500:
-		return re, &UncertainError{Err: fmt.Errorf("processor answered %d", status), RetryAfter: retryAfter(header)}
-	case status >= 400:
-		// A definite "no" (too large, not refundable, unknown charge).
-		return re, &RefusedError{Code: refusalCode(body, status)}
 	}
-	return re, &UncertainError{Err: fmt.Errorf("unexpected processor answer %d", status)}
+	// A definite "no" is a 400 (too large, not refundable) or a 404 (no
+	// such charge); see notDone.
+	return re, notDone(status, header, body)
 }
 
 // Payout asks the processor to start the transfer req under
-// downstreamKey, in one attempt (see Charge). A 4xx other than 429 is a
-// definite "no" (*RefusedError): no transfer was started.
+// downstreamKey, in one attempt (see Charge). A 400 or 404 is a definite
+// "no" (*RefusedError): no transfer was started.
 func (c *Client) Payout(ctx context.Context, downstreamKey string, req PayoutRequest) (PayoutResult, error) {
 	var po PayoutResult
 	status, header, body, err := c.post(ctx, "/v1/payouts", downstreamKey, req)
@@ -297,12 +332,8 @@ func (c *Client) Payout(ctx context.Context, downstreamKey string, req PayoutReq
 			return po, &UncertainError{Err: fmt.Errorf("decode processor payout (%s): %v", body, err)}
 		}
 		return po, nil
-	case status == http.StatusTooManyRequests || status >= 500:
-		return po, &UncertainError{Err: fmt.Errorf("processor answered %d", status), RetryAfter: retryAfter(header)}
-	case status >= 400:
-		return po, &RefusedError{Code: refusalCode(body, status)}
 	}
-	return po, &UncertainError{Err: fmt.Errorf("unexpected processor answer %d", status)}
+	return po, notDone(status, header, body)
 }
 
 // GetPayout reads the processor's payout id. Any failure is an

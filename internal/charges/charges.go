@@ -203,6 +203,8 @@ type Outcome struct {
 	Succeeded         bool
 	ProcessorChargeID string
 	DeclineCode       string
+	// Report is what a webhook said besides: checked against the charge.
+	Report effect.Report
 }
 
 // ApplyChargeOutcome records the outcome of the charge made under
@@ -238,6 +240,9 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 	if err != nil {
 		return ch, err
 	}
+	if err := o.Report.Check("charge", cur.ID, cur.Amount, cur.Currency, cur.ProcessorChargeID); err != nil {
+		return cur, err
+	}
 	want := StatusFailed
 	if o.Succeeded {
 		want = StatusSucceeded
@@ -247,7 +252,7 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 		return cur, nil // recorded already
 	case StatusPending:
 	default:
-		return cur, &effect.ContradictionError{Object: "charge", ID: cur.ID, Recorded: cur.Status, Reported: want}
+		return cur, &effect.ContradictionError{Object: "charge", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: want}
 	}
 
 	data := map[string]any{"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency}

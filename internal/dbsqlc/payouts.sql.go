@@ -118,9 +118,10 @@ func (q *Queries) GetPayoutByDownstreamKey(ctx context.Context, db DBTX, arg Get
 }
 
 const listDiscardedPayoutJobs = `-- name: ListDiscardedPayoutJobs :many
-SELECT id, args, attempt, finalized_at
+SELECT id, args, attempt, state::text AS state, finalized_at,
+       coalesce(errors[array_upper(errors, 1)] ->> 'error', '')::text AS last_error
 FROM river.river_job
-WHERE kind = 'payout' AND state = 'discarded'
+WHERE kind = 'payout' AND state IN ('discarded', 'cancelled')
 ORDER BY id
 `
 
@@ -128,12 +129,17 @@ type ListDiscardedPayoutJobsRow struct {
 	ID          int64
 	Args        []byte
 	Attempt     int16
+	State       string
 	FinalizedAt *time.Time
+	LastError   string
 }
 
-// Payout jobs River gave up on (out of attempts): their payouts are stuck
-// pending or in transit, with their money held, until a person looks. The
-// queue is not tenant data, so this reads every caller's.
+// Payout jobs given up on: discarded by River (out of attempts) or
+// cancelled by the job itself (the processor rejected its key, or kept
+// telling it to wait for too long). Their payouts are stuck pending or in
+// transit, with their money held, until a person looks. The reason is the
+// last of the job's errors. The queue is not tenant data, so this reads
+// every caller's.
 func (q *Queries) ListDiscardedPayoutJobs(ctx context.Context, db DBTX) ([]ListDiscardedPayoutJobsRow, error) {
 	rows, err := db.Query(ctx, listDiscardedPayoutJobs)
 	if err != nil {
@@ -147,7 +153,9 @@ func (q *Queries) ListDiscardedPayoutJobs(ctx context.Context, db DBTX) ([]ListD
 			&i.ID,
 			&i.Args,
 			&i.Attempt,
+			&i.State,
 			&i.FinalizedAt,
+			&i.LastError,
 		); err != nil {
 			return nil, err
 		}

@@ -11,6 +11,10 @@
 //     processor collapses into one effect;
 //   - once the processor may have acted, no failure of ours becomes a final
 //     answer (the idempotency layer keeps the record resumable);
+//   - a processor that refuses the downstream key itself (it saw the key
+//     with another request) gives no answer about the money either: the
+//     operation is set aside for a person at once, never recorded as a
+//     decline;
 //   - the crash points after the call and before the final commit, so that
 //     tests can kill the process at both.
 package effect
@@ -46,7 +50,12 @@ func Call[A any](ctx context.Context, l *idempotency.Lease, crash *faults.CrashP
 	crash.Crash(faults.AfterProcessorCall)
 
 	var uncertain *cardprocessor.UncertainError
+	var rejected *cardprocessor.RejectedError
 	switch {
+	case errors.As(err, &rejected):
+		// The processor refuses our key itself: no answer about the
+		// customer's money, and no retry can change that.
+		return fmt.Errorf("%w: %w", idempotency.ErrSetAside, err)
 	case errors.As(err, &uncertain):
 		p := problem.New(problem.ProcessorUnavailable,
 			"the card processor did not give a definite answer; retry with the same Idempotency-Key and the %s resumes (it will not happen twice)", what)
@@ -68,17 +77,44 @@ func Call[A any](ctx context.Context, l *idempotency.Lease, crash *faults.CrashP
 	})
 }
 
-// ContradictionError is a processor report that contradicts a final state
-// already recorded: a charge recorded as failed now reported succeeded, or
-// the other way round. It is found before anything is written. Nothing is
-// ever changed on such a report; a person must look.
+// ContradictionError is a processor report that contradicts what is
+// already recorded: a charge recorded as failed now reported succeeded (or
+// the other way round), or a report about an object whose amount, currency
+// or processor id is not the one recorded. It is found before anything is
+// written. Nothing is ever changed on such a report; a person must look.
 type ContradictionError struct {
-	Object, ID         string // "charge" or "refund", and its id
-	Recorded, Reported string // the statuses
+	Object, ID string // "charge", "refund" or "payout", and its id
+	Field      string // what disagrees: "status", "amount", "currency" or "processor id"
+	Recorded   string
+	Reported   string
 }
 
 func (e *ContradictionError) Error() string {
-	return fmt.Sprintf("%s %s is recorded as %s but the processor reports %s", e.Object, e.ID, e.Recorded, e.Reported)
+	return fmt.Sprintf("%s %s: recorded %s %s, but the processor reports %s", e.Object, e.ID, e.Field, e.Recorded, e.Reported)
+}
+
+// Report is what a processor's webhook says about an object besides its
+// outcome. A field left zero says nothing.
+type Report struct {
+	Amount      *int64
+	Currency    *string
+	ProcessorID string
+}
+
+// Check returns a *ContradictionError when r disagrees with what is
+// recorded about object id: its amount, its currency, and its processor id
+// once one is recorded. A webhook that names the right downstream key but
+// the wrong money is not applied: the key alone does not make it true.
+func (r Report) Check(object, id string, amount int64, currency string, processorID *string) error {
+	switch {
+	case r.Amount != nil && *r.Amount != amount:
+		return &ContradictionError{Object: object, ID: id, Field: "amount", Recorded: fmt.Sprint(amount), Reported: fmt.Sprint(*r.Amount)}
+	case r.Currency != nil && *r.Currency != currency:
+		return &ContradictionError{Object: object, ID: id, Field: "currency", Recorded: currency, Reported: *r.Currency}
+	case r.ProcessorID != "" && processorID != nil && *processorID != r.ProcessorID:
+		return &ContradictionError{Object: object, ID: id, Field: "processor id", Recorded: *processorID, Reported: r.ProcessorID}
+	}
+	return nil
 }
 
 // DownstreamKey is the Idempotency-Key sent to the processor for the local

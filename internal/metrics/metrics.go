@@ -65,6 +65,13 @@ var (
 		"Answers that told the client to retry after Retry-After (409 in progress, 503), by status.", "status")
 )
 
+// Dead-letter kinds.
+const (
+	DeadLetterOperation      = "operation"
+	DeadLetterPayoutJob      = "payout_job"
+	DeadLetterProcessorEvent = "processor_event"
+)
+
 // Idempotency outcomes: what a keyed request found when it claimed its key.
 const (
 	OutcomeNew        = "new"         // the first request with this key: it runs the operation
@@ -91,9 +98,10 @@ var ReplayCacheHits = plainCounter("payments_idempotency_replay_cache_hits_total
 var (
 	// ProcessorCalls counts calls to the card processor by call (charge,
 	// refund, payout, get_payout) and result: success, refused (a definite
-	// no), uncertain (a timeout, a dropped connection, a 5xx or 429).
+	// no), rejected (our downstream key refused: set aside), uncertain (a
+	// timeout, a dropped connection, a 5xx, 429 or 409).
 	ProcessorCalls = counter("payments_processor_calls_total",
-		"Calls to the card processor, by call and result (success, refused, uncertain).", "call", "result")
+		"Calls to the card processor, by call and result (success, refused, rejected, uncertain).", "call", "result")
 	// ProcessorDuration is each call's latency.
 	ProcessorDuration = histogram("payments_processor_call_duration_seconds",
 		"Latency of calls to the card processor, by call.", latencyBuckets, "call")
@@ -111,6 +119,13 @@ var (
 	// ReconcilerDeadLetters counts operations set aside for an operator.
 	ReconcilerDeadLetters = plainCounter("payments_reconciler_dead_letters_total",
 		"Operations the reconciler set aside for an operator (dead).")
+	// DeadLetters counts what was set aside for a person, by kind: an
+	// operation the processor rejected (operation), a payout job given up
+	// on (payout_job), a processor webhook that contradicts what the
+	// service knows (processor_event). `server dead-letters` lists them.
+	// The reconciler's own giving up is ReconcilerDeadLetters.
+	DeadLetters = counter("payments_dead_letters_total",
+		"Things set aside for an operator, by kind (operation, payout_job, processor_event).", "kind")
 	// RelayDeliveries counts outbox deliveries by result: delivered or
 	// failed (to be retried).
 	RelayDeliveries = counter("payments_relay_deliveries_total",

@@ -16,6 +16,7 @@ import (
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/faults"
+	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/riverschema"
 )
@@ -33,9 +34,10 @@ func (JobArgs) Kind() string { return "payout" }
 
 // InsertOpts: enough attempts to ride out a processor outage of hours
 // (the backoff is capped at a minute, see NextRetry). A job that still
-// fails is discarded by River and listed by `server dead-letters`: its
-// payout stays pending or in transit, with its money held, until a person
-// looks.
+// fails is discarded by River, and one that the processor keeps telling to
+// wait is cancelled by the job itself (Worker.giveUp); both are listed by
+// `server dead-letters`: the payout stays pending or in transit, with its
+// money held, until a person looks.
 func (JobArgs) InsertOpts() river.InsertOpts {
 	return river.InsertOpts{MaxAttempts: 200}
 }
@@ -43,17 +45,21 @@ func (JobArgs) InsertOpts() river.InsertOpts {
 // Worker runs payout jobs.
 type Worker struct {
 	river.WorkerDefaults[JobArgs]
-	db        *pgxpool.Pool
-	processor cardprocessor.Processor
-	crash     *faults.CrashPoints
-	timeout   time.Duration
+	db          *pgxpool.Pool
+	processor   cardprocessor.Processor
+	crash       *faults.CrashPoints
+	timeout     time.Duration
+	giveUpAfter time.Duration
+	log         *slog.Logger
 }
 
 // NewWorker returns a Worker that pays out through processor. timeout
-// bounds one run (a processor call and two short transactions). crash is
-// the test facility's crash points (nil: none).
-func NewWorker(db *pgxpool.Pool, processor cardprocessor.Processor, crash *faults.CrashPoints, timeout time.Duration) *Worker {
-	return &Worker{db: db, processor: processor, crash: crash, timeout: timeout}
+// bounds one run (a processor call and two short transactions);
+// giveUpAfter is how long a payout may go without a definite answer from
+// the processor before its job is set aside (PAYOUT_GIVE_UP_AFTER). crash
+// is the test facility's crash points (nil: none).
+func NewWorker(db *pgxpool.Pool, processor cardprocessor.Processor, crash *faults.CrashPoints, timeout, giveUpAfter time.Duration, log *slog.Logger) *Worker {
+	return &Worker{db: db, processor: processor, crash: crash, timeout: timeout, giveUpAfter: giveUpAfter, log: log}
 }
 
 // Timeout bounds one run; River cancels a longer one and retries it.
@@ -68,7 +74,7 @@ func (w *Worker) NextRetry(job *river.Job[JobArgs]) time.Time {
 	if job.Attempt < 7 {
 		ceiling = time.Second << (job.Attempt - 1)
 	}
-	return time.Now().Add(time.Duration(rand.Int64N(int64(ceiling))) + 100*time.Millisecond)
+	return time.Now().Add(time.Duration(rand.Int64N(int64(ceiling))) + 100*time.Millisecond) // #nosec G404 -- jitter, not a secret
 }
 
 // Work takes the payout one step: from pending to in transit (asking the
@@ -84,9 +90,9 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[JobArgs]) error {
 	case StatusPaid, StatusFailed:
 		return nil // final: recorded by an earlier run, or by a webhook
 	case StatusPending:
-		return w.start(ctx, po)
+		return w.start(ctx, job, po)
 	case StatusInTransit:
-		return w.follow(ctx, po)
+		return w.follow(ctx, job, po)
 	}
 	return fmt.Errorf("payout %s has unknown status %q", po.ID, po.Status)
 }
@@ -96,11 +102,12 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[JobArgs]) error {
 // the processor acted (the crash point below) leaves the payout pending,
 // and the next run's call replays the processor's first answer instead of
 // starting a second transfer.
-func (w *Worker) start(ctx context.Context, po dbsqlc.Payout) error {
+func (w *Worker) start(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.Payout) error {
 	res, err := w.processor.Payout(ctx, po.DownstreamKey, cardprocessor.PayoutRequest{
 		Amount: po.Amount, Currency: po.Currency, Destination: po.Destination,
 	})
 	w.crash.Crash(faults.AfterProcessorCall)
+	var rejected *cardprocessor.RejectedError
 	switch {
 	case cardprocessor.IsDefinite(err):
 		// A definite "no": no transfer was started.
@@ -108,10 +115,21 @@ func (w *Worker) start(ctx context.Context, po dbsqlc.Payout) error {
 			_, err := settle(ctx, tx, po, Outcome{FailureCode: cardprocessor.RefusalCode(err)})
 			return err
 		})
+	case errors.As(err, &rejected):
+		// The processor refuses our key itself: no answer about the money,
+		// and no run of this job can get one. A person must look; the
+		// money stays held meanwhile (never restored on a guess).
+		return w.giveUp(ctx, po, err)
+	case err != nil && time.Since(job.CreatedAt) > w.giveUpAfter:
+		// Still no definite answer, however many runs asked: snoozes do
+		// not use up River's attempts, so without this bound a processor
+		// that keeps answering 429 or 503 with a long Retry-After would
+		// keep the job waiting for ever.
+		return w.giveUp(ctx, po, fmt.Errorf("no definite answer from the processor after %s: %w", w.giveUpAfter, err))
 	case err != nil:
 		// No definite answer: River runs the job again after NextRetry
-		// (or, for a 429, after the processor's Retry-After), and that run
-		// asks again under the same key.
+		// (or, for a 429 or a 409, after the processor's Retry-After), and
+		// that run asks again under the same key.
 		var uncertain *cardprocessor.UncertainError
 		if errors.As(err, &uncertain) && uncertain.RetryAfter > time.Second {
 			return river.JobSnooze(uncertain.RetryAfter)
@@ -140,7 +158,7 @@ func (w *Worker) start(ctx context.Context, po dbsqlc.Payout) error {
 
 // follow asks the processor where the transfer is, and records it once it
 // is final.
-func (w *Worker) follow(ctx context.Context, po dbsqlc.Payout) error {
+func (w *Worker) follow(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.Payout) error {
 	if po.ProcessorPayoutID == nil {
 		return fmt.Errorf("payout %s is in transit without a processor payout id", po.ID)
 	}
@@ -149,9 +167,26 @@ func (w *Worker) follow(ctx context.Context, po dbsqlc.Payout) error {
 		return err
 	}
 	if res.Status == cardprocessor.PayoutInTransit {
-		return river.JobSnooze(untilArrival(time.Unix(res.ArrivalDate, 0)))
+		// A transfer may take days, and waiting for it is not a failure;
+		// one still in transit long after the processor said it would
+		// arrive is.
+		arrives := time.Unix(res.ArrivalDate, 0)
+		if time.Since(arrives) > w.giveUpAfter {
+			return w.giveUp(ctx, po, fmt.Errorf("still in transit %s after its expected arrival (%s)", w.giveUpAfter, arrives.UTC().Format(time.RFC3339)))
+		}
+		return river.JobSnooze(untilArrival(arrives))
 	}
 	return w.record(ctx, po, res)
+}
+
+// giveUp sets the job aside for a person, with its reason: River cancels
+// it (no further runs) and `server dead-letters` lists it. The payout keeps
+// its status and its money stays held: only a person, reading the
+// processor's records, can say where the money is.
+func (w *Worker) giveUp(ctx context.Context, po dbsqlc.Payout, reason error) error {
+	w.log.ErrorContext(ctx, "payout job set aside for an operator", "caller", po.CallerID, "payout", po.ID, "status", po.Status, "err", reason)
+	metrics.DeadLetters.WithLabelValues(metrics.DeadLetterPayoutJob).Inc()
+	return river.JobCancel(reason)
 }
 
 // record writes a final status the processor reported.

@@ -164,7 +164,7 @@ func PollAfter(po dbsqlc.Payout, now time.Time) int {
 // the payout startingAfter when it is not empty, and whether more exist.
 func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Payout, _ bool, err error) {
 	defer derrors.Wrap(&err, "payouts.List(%s)", callerID)
-	p := dbsqlc.ListPayoutsParams{CallerID: callerID, RowLimit: int32(limit) + 1}
+	p := dbsqlc.ListPayoutsParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
 	if startingAfter != "" {
 		cursor, err := queries.GetPayout(ctx, db, dbsqlc.GetPayoutParams{CallerID: callerID, ID: startingAfter})
 		if postgres.IsNotFound(err) {
@@ -210,6 +210,8 @@ type Outcome struct {
 	Paid              bool
 	FailureCode       string // when not Paid
 	ProcessorPayoutID string
+	// Report is what a webhook said besides: checked against the payout.
+	Report effect.Report
 }
 
 // settle moves a payout that is not final to its outcome, with the balance
@@ -221,6 +223,9 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 	if err != nil {
 		return po, err
 	}
+	if err := o.Report.Check("payout", cur.ID, cur.Amount, cur.Currency, cur.ProcessorPayoutID); err != nil {
+		return cur, err
+	}
 	want := StatusFailed
 	if o.Paid {
 		want = StatusPaid
@@ -230,7 +235,7 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 		return cur, nil // recorded already
 	case StatusPending, StatusInTransit:
 	default:
-		return cur, &effect.ContradictionError{Object: "payout", ID: cur.ID, Recorded: cur.Status, Reported: want}
+		return cur, &effect.ContradictionError{Object: "payout", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: want}
 	}
 	data := map[string]any{"payout_id": cur.ID, "amount": cur.Amount, "currency": cur.Currency, "destination": cur.Destination}
 	if o.Paid {

@@ -34,10 +34,19 @@ var (
 		PaymentMethodMastercard:   true,
 		PaymentMethodFlaky:        true,
 		PaymentMethodRateLimited:  true,
+		PaymentMethodInFlight:     true,
 		PaymentMethodTimeout:      true,
 		PaymentMethodLostResponse: true,
 	}
 )
+
+// inFlight is the answer of the in-flight fault methods' first attempt: a
+// 409 that means "an earlier request with this key is still running", with
+// no effect.
+func inFlight(method string) outcome {
+	return faultOutcome(http.StatusConflict, ErrorTypeIdempotency, CodeIdempotencyKeyInUse,
+		method+": a request with this Idempotency-Key is still in progress; retry after the Retry-After delay", http.Header{"Retry-After": {"1"}})
+}
 
 func (s *Server) handleCreateCharge(w http.ResponseWriter, r *http.Request) {
 	// Order of work: key, body, validation, and only then the key's turn.
@@ -69,6 +78,8 @@ func (s *Server) executeCharge(key string, req CreateChargeRequest, attempt int)
 	case req.PaymentMethod == PaymentMethodFlaky && attempt <= s.cfg.FlakyFailures:
 		return faultOutcome(http.StatusServiceUnavailable, ErrorTypeAPI, CodeProcessorUnavailable,
 			fmt.Sprintf("pm_card_flaky: attempt %d of %d that fail; retry with the same Idempotency-Key", attempt, s.cfg.FlakyFailures), nil)
+	case req.PaymentMethod == PaymentMethodInFlight && attempt == 1:
+		return inFlight("pm_card_inFlight")
 	case req.PaymentMethod == PaymentMethodRateLimited && attempt == 1:
 		return faultOutcome(http.StatusTooManyRequests, ErrorTypeRateLimit, CodeRateLimited,
 			"pm_card_rateLimited: too many requests; retry after the Retry-After delay", http.Header{"Retry-After": {"1"}})
@@ -305,7 +316,7 @@ func writeJSON(w http.ResponseWriter, status int, body []byte, h http.Header) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
-	w.Write(body)
+	_, _ = w.Write(body) // a client that went away is not the processor's problem
 }
 
 func mustJSON(v any) []byte {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -123,7 +124,11 @@ func (s *Server) serveKeyed(w http.ResponseWriter, r *http.Request, endpoint, ke
 	// An injected 5xx happens before the key is looked at, like a load
 	// balancer failing in front of the processor: no effect, no attempt.
 	if s.draw(func(c Chaos) float64 { return c.ErrorRate }) {
-		writeError(w, http.StatusServiceUnavailable, ErrorTypeAPI, CodeProcessorUnavailable, "the processor is temporarily unavailable (chaos error_rate); retry with the same Idempotency-Key", nil)
+		var h http.Header
+		if after := s.Chaos().ErrorRetryAfter; after > 0 {
+			h = http.Header{"Retry-After": {strconv.Itoa(after)}}
+		}
+		writeError(w, http.StatusServiceUnavailable, ErrorTypeAPI, CodeProcessorUnavailable, "the processor is temporarily unavailable (chaos error_rate); retry with the same Idempotency-Key", h)
 		return
 	}
 
@@ -193,7 +198,7 @@ func (s *Server) hold(ctx context.Context) bool {
 func dropConnection(w http.ResponseWriter) {
 	conn, _, err := http.NewResponseController(w).Hijack()
 	if err == nil {
-		conn.Close()
+		_ = conn.Close() // dropping it is the point; nothing to do if that fails
 		return
 	}
 	// Not hijackable (HTTP/2): the standard way to abort a response.

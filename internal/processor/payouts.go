@@ -32,6 +32,10 @@ const (
 	DestinationFlaky = "ba_test_flaky"
 	// DestinationSlow takes ten times PayoutDelay to arrive.
 	DestinationSlow = "ba_test_slow"
+	// DestinationInFlight answers 409 to the first attempt on a downstream
+	// key, as if an earlier request with the key were still running (see
+	// PaymentMethodInFlight), then behaves like DestinationOK.
+	DestinationInFlight = "ba_test_inFlight"
 )
 
 // Payout statuses and their object name.
@@ -48,7 +52,7 @@ const (
 	EventPayoutFailed = "payout.failed"
 )
 
-var destinations = map[string]bool{DestinationOK: true, DestinationClosed: true, DestinationFlaky: true, DestinationSlow: true}
+var destinations = map[string]bool{DestinationOK: true, DestinationClosed: true, DestinationFlaky: true, DestinationSlow: true, DestinationInFlight: true}
 
 // CreatePayoutRequest is the body of POST /v1/payouts.
 type CreatePayoutRequest struct {
@@ -105,9 +109,12 @@ func (s *Server) handleCreatePayout(w http.ResponseWriter, r *http.Request) {
 // executePayout runs while holding the key's turn: a flaky destination's
 // early attempts fail without an effect; otherwise the transfer starts.
 func (s *Server) executePayout(key string, req CreatePayoutRequest, attempt int) outcome {
-	if req.Destination == DestinationFlaky && attempt <= s.cfg.FlakyFailures {
+	switch {
+	case req.Destination == DestinationFlaky && attempt <= s.cfg.FlakyFailures:
 		return faultOutcome(http.StatusServiceUnavailable, ErrorTypeAPI, CodeProcessorUnavailable,
 			fmt.Sprintf("ba_test_flaky: attempt %d of %d that fail; retry with the same Idempotency-Key", attempt, s.cfg.FlakyFailures), nil)
+	case req.Destination == DestinationInFlight && attempt == 1:
+		return inFlight("ba_test_inFlight")
 	}
 	delay := s.cfg.PayoutDelay
 	if req.Destination == DestinationSlow {

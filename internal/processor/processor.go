@@ -89,7 +89,7 @@ type Config struct {
 }
 
 // DefaultWebhookSecret is the demo's shared webhook secret.
-const DefaultWebhookSecret = "whsec_test_processor"
+const DefaultWebhookSecret = "whsec_test_processor" // #nosec G101 -- the fake processor's published default; the server refuses it outside DEMO_MODE
 
 // maxBodyBytes bounds a request body; the API's bodies are tiny.
 const maxBodyBytes = 64 << 10
@@ -123,7 +123,7 @@ func (cfg Config) withDefaults() Config {
 		cfg.TimeoutHold = 30 * time.Second
 	}
 	if cfg.Rand == nil {
-		cfg.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+		cfg.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())) // #nosec G404 -- the fake's chaos draws, not secrets
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -158,6 +158,9 @@ func (c Chaos) validate() error {
 	var errs []error
 	if c.LatencyMS < 0 || c.LatencyMS > 600_000 {
 		errs = append(errs, fmt.Errorf("latency_ms %d: want 0..600000", c.LatencyMS))
+	}
+	if c.ErrorRetryAfter < 0 || c.ErrorRetryAfter > 86_400 {
+		errs = append(errs, fmt.Errorf("error_retry_after %d: want 0..86400 seconds", c.ErrorRetryAfter))
 	}
 	for _, r := range []struct {
 		name string

@@ -30,6 +30,12 @@ const (
 	// PaymentMethodRateLimited answers 429 with Retry-After: 1 to the first
 	// attempt on a downstream key, without an effect, then succeeds.
 	PaymentMethodRateLimited = "pm_card_rateLimited"
+	// PaymentMethodInFlight answers 409 idempotency_key_in_use, with
+	// Retry-After: 1, to the first attempt on a downstream key, without an
+	// effect, then succeeds: what a processor answers (Stripe does) while an
+	// earlier request with the same key is still running. It is not a
+	// refusal, only "not yet".
+	PaymentMethodInFlight = "pm_card_inFlight"
 	// PaymentMethodTimeout charges on the first attempt, then withholds the
 	// answer until the client gives up (or Config.TimeoutHold passes): the
 	// client cannot know whether the charge happened. Later attempts on the
@@ -68,6 +74,7 @@ const (
 	CodeIdempotencyKeyMissing = "idempotency_key_missing"
 	CodeIdempotencyKeyInvalid = "idempotency_key_invalid"
 	CodeIdempotencyKeyReused  = "idempotency_key_reused"
+	CodeIdempotencyKeyInUse   = "idempotency_key_in_use"
 	CodeBodyInvalid           = "body_invalid"
 	CodeBodyTooLarge          = "body_too_large"
 	CodeParameterInvalid      = "parameter_invalid"
@@ -201,6 +208,9 @@ type Chaos struct {
 	LatencyMS int `json:"latency_ms"`
 	// ErrorRate is the probability of a 503 before any effect.
 	ErrorRate float64 `json:"error_rate"`
+	// ErrorRetryAfter, when positive, is the Retry-After (seconds) those
+	// 503s carry: a processor telling its clients to stay away a while.
+	ErrorRetryAfter int `json:"error_retry_after"`
 	// TimeoutRate is the probability that a request which performed an
 	// effect withholds its answer, as pm_card_timeout does.
 	TimeoutRate float64 `json:"timeout_rate"`

@@ -209,9 +209,10 @@ func (d *deliverer) send(body []byte) error {
 	if err != nil {
 		return err
 	}
-	// Drain so the connection can be reused for the next delivery.
-	io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
-	res.Body.Close()
+	// Drain so the connection can be reused for the next delivery; the
+	// status is the answer, so a failure to read the rest changes nothing.
+	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+	_ = res.Body.Close()
 	if res.StatusCode < 200 || res.StatusCode > 299 {
 		return &statusError{res.StatusCode}
 	}

@@ -205,7 +205,7 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, 
 		}
 		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", cardprocessor.RefusalCode(refusal))), nil
 	}
-	succeeded, err := applySucceeded(ctx, tx, ch, re, answer.ID)
+	succeeded, err := applySucceeded(ctx, tx, ch, re, effect.Report{ProcessorID: answer.ID})
 	if err != nil {
 		return nil, err
 	}
@@ -220,7 +220,7 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID, chargeID string, limit 
 	if _, err := charges.Get(ctx, db, callerID, chargeID); err != nil {
 		return nil, false, err
 	}
-	p := dbsqlc.ListRefundsOfChargeParams{CallerID: callerID, ChargeID: chargeID, RowLimit: int32(limit) + 1}
+	p := dbsqlc.ListRefundsOfChargeParams{CallerID: callerID, ChargeID: chargeID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
 	if startingAfter != "" {
 		cursor, err := queries.GetRefund(ctx, db, dbsqlc.GetRefundParams{CallerID: callerID, ID: startingAfter})
 		if postgres.IsNotFound(err) || (err == nil && cursor.ChargeID != chargeID) {
@@ -264,7 +264,7 @@ func ToAPI(re dbsqlc.Refund) apigen.Refund {
 // succeeded, as reported by a processor webhook; false for a refund we do
 // not know. Like charges.ApplyChargeOutcome it is idempotent and agrees with the
 // refund's own final phase.
-func ApplySucceeded(ctx context.Context, tx pgx.Tx, callerID, downstreamKey, processorRefundID string) (_ bool, err error) {
+func ApplySucceeded(ctx context.Context, tx pgx.Tx, callerID, downstreamKey string, r effect.Report) (_ bool, err error) {
 	defer derrors.Wrap(&err, "refunds.ApplySucceeded(%s, %q)", callerID, downstreamKey)
 	re, err := queries.GetRefundByDownstreamKey(ctx, tx, dbsqlc.GetRefundByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
 	if postgres.IsNotFound(err) {
@@ -277,13 +277,13 @@ func ApplySucceeded(ctx context.Context, tx pgx.Tx, callerID, downstreamKey, pro
 	if err != nil {
 		return false, err
 	}
-	_, err = applySucceeded(ctx, tx, ch, re, processorRefundID)
+	_, err = applySucceeded(ctx, tx, ch, re, r)
 	return err == nil, err
 }
 
 // applySucceeded moves a pending refund to succeeded, with its event,
 // and returns it as it now is; an already succeeded refund is left alone.
-func applySucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, processorRefundID string) (dbsqlc.Refund, error) {
+func applySucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, r effect.Report) (dbsqlc.Refund, error) {
 	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return re, err
 	}
@@ -291,14 +291,17 @@ func applySucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.
 	if err != nil {
 		return re, err
 	}
+	if err := r.Check("refund", cur.ID, cur.Amount, ch.Currency, cur.ProcessorRefundID); err != nil {
+		return cur, err
+	}
 	switch cur.Status {
 	case StatusSucceeded:
 		return cur, nil // recorded already
 	case StatusPending:
 	default:
-		return cur, &effect.ContradictionError{Object: "refund", ID: cur.ID, Recorded: cur.Status, Reported: StatusSucceeded}
+		return cur, &effect.ContradictionError{Object: "refund", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: StatusSucceeded}
 	}
-	if cur, err = queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &processorRefundID}); err != nil {
+	if cur, err = queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &r.ProcessorID}); err != nil {
 		return cur, err
 	}
 	if err := balances.Settle(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {

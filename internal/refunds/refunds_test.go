@@ -240,7 +240,7 @@ func (f *fixture) applySucceeded(t *testing.T, downstreamKey, processorRefundID 
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	known, applyErr := refunds.ApplySucceeded(ctx, tx, "acme", downstreamKey, processorRefundID)
+	known, applyErr := refunds.ApplySucceeded(ctx, tx, "acme", downstreamKey, effect.Report{ProcessorID: processorRefundID})
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatalf("commit after ApplySucceeded (%v): %v", applyErr, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/effect"
+	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/refunds"
@@ -50,17 +51,20 @@ func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.Receive
 			duplicate = true
 			return nil
 		}
+		// What the event says besides the outcome, checked against what is
+		// recorded before anything is applied.
+		report := effect.Report{Amount: ev.Data.Amount, Currency: ev.Data.Currency, ProcessorID: ev.Data.Id}
 		switch ev.Type {
 		case apigen.ProcessorEventTypeChargeSucceeded, apigen.ProcessorEventTypeChargeFailed:
-			o := charges.Outcome{Succeeded: ev.Type == apigen.ProcessorEventTypeChargeSucceeded, ProcessorChargeID: ev.Data.Id}
+			o := charges.Outcome{Succeeded: ev.Type == apigen.ProcessorEventTypeChargeSucceeded, ProcessorChargeID: ev.Data.Id, Report: report}
 			if ev.Data.DeclineCode != nil {
 				o.DeclineCode = *ev.Data.DeclineCode
 			}
 			_, err = charges.ApplyChargeOutcome(ctx, tx, callerID, ev.Data.DownstreamKey, o)
 		case apigen.ProcessorEventTypeRefundSucceeded:
-			_, err = refunds.ApplySucceeded(ctx, tx, callerID, ev.Data.DownstreamKey, ev.Data.Id)
+			_, err = refunds.ApplySucceeded(ctx, tx, callerID, ev.Data.DownstreamKey, report)
 		case apigen.ProcessorEventTypePayoutPaid, apigen.ProcessorEventTypePayoutFailed:
-			o := payouts.Outcome{Paid: ev.Type == apigen.ProcessorEventTypePayoutPaid, ProcessorPayoutID: ev.Data.Id}
+			o := payouts.Outcome{Paid: ev.Type == apigen.ProcessorEventTypePayoutPaid, ProcessorPayoutID: ev.Data.Id, Report: report}
 			if ev.Data.FailureCode != nil {
 				o.FailureCode = *ev.Data.FailureCode
 			}
@@ -76,7 +80,8 @@ func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.Receive
 		return err
 	})
 	if contradiction != nil && err == nil {
-		s.log.ErrorContext(ctx, "processor event contradicts a recorded final state; not applied, set aside for an operator",
+		metrics.DeadLetters.WithLabelValues(metrics.DeadLetterProcessorEvent).Inc()
+		s.log.ErrorContext(ctx, "processor event contradicts what is recorded; not applied, set aside for an operator",
 			"caller", callerID, "event_id", ev.Id, "type", ev.Type, "err", contradiction)
 	}
 	var pgErr *pgconn.PgError

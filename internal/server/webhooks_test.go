@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/signature"
 )
 
@@ -23,11 +22,11 @@ func TestWebhookSignatureIsCheckedFirst(t *testing.T) {
 	body := `{"id":"pevt_1","type":"charge.succeeded","created":1,"data":{"id":"pch_1","downstream_key":"acme-ch_unknown","amount":1,"currency":"usd","status":"succeeded","decline_code":null}}`
 	for name, req := range map[string]request{
 		"wrong secret":    signedWebhook(t, body, time.Now(), "whsec_wrong"),
-		"stale":           signedWebhook(t, body, time.Now().Add(-6*time.Minute), processor.DefaultWebhookSecret),
-		"from the future": signedWebhook(t, body, time.Now().Add(6*time.Minute), processor.DefaultWebhookSecret),
+		"stale":           signedWebhook(t, body, time.Now().Add(-6*time.Minute), ts.webhookSecret),
+		"from the future": signedWebhook(t, body, time.Now().Add(6*time.Minute), ts.webhookSecret),
 		"malformed":       {method: "POST", path: "/webhooks/processor", header: http.Header{"Processor-Signature": {"v1=abc"}}, body: body},
 		"body changed": func() request {
-			r := signedWebhook(t, body, time.Now(), processor.DefaultWebhookSecret)
+			r := signedWebhook(t, body, time.Now(), ts.webhookSecret)
 			r.body = body + " "
 			return r
 		}(),
@@ -43,7 +42,7 @@ func TestWebhookSignatureIsCheckedFirst(t *testing.T) {
 		t.Errorf("%d webhook events recorded from bad deliveries", n)
 	}
 	// A valid event about a key we never made is acknowledged and ignored.
-	res := ts.do(t, signedWebhook(t, body, time.Now(), processor.DefaultWebhookSecret))
+	res := ts.do(t, signedWebhook(t, body, time.Now(), ts.webhookSecret))
 	if res.Status != http.StatusOK {
 		t.Errorf("unknown object: %d %s", res.Status, res.Body)
 	}
@@ -77,7 +76,7 @@ func TestWebhookCompletesStalledChargeAndRetryAgrees(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := fmt.Sprintf(`{"id":%q,"type":"charge.succeeded","created":1,"data":{"id":%q,"downstream_key":%q,"amount":1500,"currency":"usd","status":"succeeded","decline_code":null}}`, eventID, processorID, downstream)
-	res := ts.do(t, signedWebhook(t, body, time.Now(), processor.DefaultWebhookSecret))
+	res := ts.do(t, signedWebhook(t, body, time.Now(), ts.webhookSecret))
 	var ack struct {
 		Received  bool `json:"received"`
 		Duplicate bool `json:"duplicate"`
@@ -131,7 +130,7 @@ func TestWebhooksOutOfOrderChangeNothingTwice(t *testing.T) {
 		fmt.Sprintf(`{"id":"pevt_late_refund","type":"refund.succeeded","created":2,"data":{"id":%q,"downstream_key":%q,"amount":400,"currency":"usd","status":"succeeded","decline_code":null}}`, refundPID, refundKey),
 		fmt.Sprintf(`{"id":"pevt_late_charge","type":"charge.succeeded","created":1,"data":{"id":%q,"downstream_key":%q,"amount":900,"currency":"usd","status":"succeeded","decline_code":null}}`, chargePID, chargeKey),
 	} {
-		if res := ts.do(t, signedWebhook(t, body, time.Now(), processor.DefaultWebhookSecret)); res.Status != http.StatusOK {
+		if res := ts.do(t, signedWebhook(t, body, time.Now(), ts.webhookSecret)); res.Status != http.StatusOK {
 			t.Fatalf("delivery %d: %d %s", i, res.Status, res.Body)
 		}
 	}
@@ -181,7 +180,7 @@ func TestContradictingWebhookIsSetAsideNotApplied(t *testing.T) {
 		body := fmt.Sprintf(`{"id":%q,"type":%q,"created":1,"data":{"id":%q,"downstream_key":%q,"amount":300,"currency":"usd","status":"succeeded","decline_code":null}}`,
 			ev.id, ev.typ, r.pid, r.key)
 		for delivery := range 2 {
-			res := ts.do(t, signedWebhook(t, body, time.Now(), processor.DefaultWebhookSecret))
+			res := ts.do(t, signedWebhook(t, body, time.Now(), ts.webhookSecret))
 			if res.Status != http.StatusOK {
 				t.Fatalf("%s, delivery %d: %d %s; want 200 (acknowledged, not applied)", ev.typ, delivery, res.Status, res.Body)
 			}
@@ -201,7 +200,7 @@ func TestContradictingWebhookIsSetAsideNotApplied(t *testing.T) {
 	}
 	var setAside int
 	if err := ts.db.QueryRow(context.Background(),
-		`SELECT count(*) FROM processor_events WHERE contradiction LIKE '%recorded as%'`).Scan(&setAside); err != nil || setAside != 2 {
+		`SELECT count(*) FROM processor_events WHERE contradiction LIKE '%recorded%'`).Scan(&setAside); err != nil || setAside != 2 {
 		t.Errorf("%d events set aside for an operator (%v); want 2", setAside, err)
 	}
 	assertMoneyConserved(t, ts)
