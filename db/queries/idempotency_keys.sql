@@ -151,6 +151,23 @@ WHERE caller_id = @caller_id
   AND attempt = @attempt
   AND status = 'in_progress';
 
+-- name: GiveBackIdempotencyKey :execrows
+-- A reconciler that claimed the record and is stopping before it tried
+-- gives it back: the lease ends now and the record is due at once (a
+-- client's retry, or another reconciler, may take it), and the claim's
+-- count of the reconciler's tries is undone, since nothing was tried.
+-- Otherwise every restart of a replica would push a record one try
+-- closer to being set aside.
+UPDATE idempotency_keys
+SET locked_until        = now(),
+    next_attempt_at     = now(),
+    reconciler_attempts = greatest(reconciler_attempts - 1, 0),
+    updated_at          = now()
+WHERE caller_id = @caller_id
+  AND id = @id
+  AND attempt = @attempt
+  AND status = 'in_progress';
+
 -- name: AbandonIdempotencyKey :execrows
 -- Forget an operation that never got past its first phase: nothing was
 -- done (the phase is one transaction and did not commit), so the key can

@@ -393,6 +393,38 @@ func (q *Queries) GetIdempotencyKeyWithLease(ctx context.Context, db DBTX, arg G
 	return i, err
 }
 
+const giveBackIdempotencyKey = `-- name: GiveBackIdempotencyKey :execrows
+UPDATE idempotency_keys
+SET locked_until        = now(),
+    next_attempt_at     = now(),
+    reconciler_attempts = greatest(reconciler_attempts - 1, 0),
+    updated_at          = now()
+WHERE caller_id = $1
+  AND id = $2
+  AND attempt = $3
+  AND status = 'in_progress'
+`
+
+type GiveBackIdempotencyKeyParams struct {
+	CallerID string
+	ID       int64
+	Attempt  int32
+}
+
+// A reconciler that claimed the record and is stopping before it tried
+// gives it back: the lease ends now and the record is due at once (a
+// client's retry, or another reconciler, may take it), and the claim's
+// count of the reconciler's tries is undone, since nothing was tried.
+// Otherwise every restart of a replica would push a record one try
+// closer to being set aside.
+func (q *Queries) GiveBackIdempotencyKey(ctx context.Context, db DBTX, arg GiveBackIdempotencyKeyParams) (int64, error) {
+	result, err := db.Exec(ctx, giveBackIdempotencyKey, arg.CallerID, arg.ID, arg.Attempt)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const listDeadIdempotencyKeys = `-- name: ListDeadIdempotencyKeys :many
 SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation FROM idempotency_keys
 WHERE caller_id = $1 AND status = 'dead'

@@ -57,6 +57,14 @@ const (
 // found out has been rolled back and the caller must stop driving it.
 var ErrLeaseLost = errors.New("idempotency: lease lost to a newer attempt")
 
+// ErrSetAside marks a Handler's error (wrap it: fmt.Errorf("%w: %w",
+// ErrSetAside, err)) as one that no retry can fix and that no final answer
+// may record, such as the processor refusing our downstream key because it
+// saw it with another request. The record is set aside for a person at
+// once (status dead), rather than retried by the reconciler until it gives
+// up, or stored as a failure that may not be true.
+var ErrSetAside = errors.New("idempotency: set aside for an operator")
+
 // Store runs keyed operations against the idempotency_keys table.
 type Store struct {
 	pool    *pgxpool.Pool
@@ -172,7 +180,7 @@ func (l *Lease) writeResult(ctx context.Context, tx dbsqlc.DBTX, result Result) 
 		if headers, err = json.Marshal(r.Header); err != nil {
 			return err
 		}
-		status := int32(r.Status)
+		status := int32(r.Status) // #nosec G115 -- an HTTP status code
 		n, err = q.CompleteIdempotencyKey(ctx, tx, dbsqlc.CompleteIdempotencyKeyParams{
 			ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: r.Body,
 			CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
@@ -292,6 +300,22 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 		// This owner was fenced out and its last phase rolled back. Answer
 		// with what became of the operation.
 		return s.current(lease.record)
+	case errors.Is(err, ErrSetAside):
+		s.log.ErrorContext(ctx, "keyed operation set aside for an operator (dead)", "err", err,
+			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", lease.record.RecoveryPoint, "attempt", rec.Attempt)
+		buryCtx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		switch berr := lease.Bury(buryCtx); {
+		case errors.Is(berr, ErrLeaseLost):
+			return s.current(lease.record)
+		case berr != nil:
+			// Not set aside: left resumable, and the reconciler meets the
+			// same answer again.
+			s.release(lease, reconcileAfter)
+			return nil, errors.Join(berr, err)
+		}
+		metrics.DeadLetters.WithLabelValues(metrics.DeadLetterOperation).Inc()
+		return nil, dead()
 	case IsRetryable(err):
 		s.log.WarnContext(ctx, "keyed operation left resumable", "err", err,
 			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", lease.record.RecoveryPoint, "attempt", rec.Attempt)
@@ -514,7 +538,7 @@ func (s *Store) release(l *Lease, reconcileAfter time.Duration) {
 // of them.
 func (s *Store) ClaimStale(ctx context.Context, n int, operations []string) ([]*Lease, error) {
 	recs, err := queries.ClaimStaleIdempotencyKeys(ctx, s.pool, dbsqlc.ClaimStaleIdempotencyKeysParams{
-		LeaseSeconds: s.lease.Seconds(), MaxRecords: int32(n), Operations: operations,
+		LeaseSeconds: s.lease.Seconds(), MaxRecords: int32(n), Operations: operations, // #nosec G115 -- n is the reconciler's batch, a handful
 	})
 	if err != nil {
 		return nil, err
@@ -526,11 +550,19 @@ func (s *Store) ClaimStale(ctx context.Context, n int, operations []string) ([]*
 	return leases, nil
 }
 
-// Release gives the lease up without doing any work, for a worker that
-// claimed the record and is stopping: a client's retry may take it over at
-// once, and a reconciler may try it at once too.
-func (l *Lease) Release() {
-	l.store.release(l, 0)
+// GiveBack gives a lease from ClaimStale up without doing any work, for a
+// reconciler that is stopping: a client's retry may take the record over
+// at once, a reconciler may try it at once too, and the try it did not
+// make is not counted against it.
+func (l *Lease) GiveBack() {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	rec := l.record
+	if _, err := queries.GiveBackIdempotencyKey(ctx, l.store.pool, dbsqlc.GiveBackIdempotencyKeyParams{
+		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
+	}); err != nil {
+		l.store.log.WarnContext(ctx, "give back idempotency key", "err", err, "caller", rec.CallerID, "key_id", rec.ID)
+	}
 }
 
 // Abandon deletes a record that never passed its first phase (nothing was

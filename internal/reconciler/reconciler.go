@@ -141,7 +141,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 			// Stopping: give the records not yet handled back at once, so
 			// that a client's retry (or another reconciler) need not wait
 			// for their leases to run out.
-			l.Release()
+			l.GiveBack()
 			continue
 		}
 		r.reconcile(ctx, l)
@@ -216,5 +216,5 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 
 // backoff is the shared full-jitter policy.
 func (r *Reconciler) backoff(attempt int32) time.Duration {
-	return retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, attempt)
+	return retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, int(attempt))
 }

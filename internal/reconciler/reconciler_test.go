@@ -488,3 +488,57 @@ func TestStoppedReconcilerClaimsNothing(t *testing.T) {
 		t.Errorf("record at attempt %d, lease live %v; want it untouched (attempt 1, no live lease)", attempt, leaseLive)
 	}
 }
+
+// A reconciler told to stop between claiming a record and trying it gives
+// the record back untried: the lease ends at once, and the try it did not
+// make is not counted, so restarting a replica never pushes a record
+// toward being set aside. The claim is held on a table lock the test
+// holds, and the stop comes while it waits.
+func TestStoppingReconcilerGivesBackUntriedRecords(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 100)
+	f.stalledCharge(t, "untried")
+	ctx := context.Background()
+
+	lock, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(ctx)
+	if _, err := lock.Exec(ctx, "LOCK TABLE idempotency_keys IN SHARE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	claimed := make(chan int, 1)
+	r := f.reconciler(t, 10)
+	go func() {
+		n, _ := r.RunOnce(runCtx)
+		claimed <- n
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for waiting := 0; waiting == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the reconciler's claim never waited on the lock")
+		}
+		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%reconciler_attempts + 1%'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-claimed; n != 1 {
+		t.Fatalf("the reconciler claimed %d records; want the one", n)
+	}
+	var attempts int
+	var free bool
+	if err := f.pool.QueryRow(ctx, `SELECT reconciler_attempts, locked_until <= now() AND next_attempt_at <= now() FROM idempotency_keys WHERE key = 'untried'`).Scan(&attempts, &free); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 || !free {
+		t.Errorf("after the stop: reconciler_attempts %d, free now %v; want 0 and free", attempts, free)
+	}
+}
