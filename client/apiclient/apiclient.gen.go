@@ -42,6 +42,7 @@ func (e ChargeStatus) Valid() bool {
 const (
 	PmCardChargeDeclined    CreateChargeRequestPaymentMethod = "pm_card_chargeDeclined"
 	PmCardFlaky             CreateChargeRequestPaymentMethod = "pm_card_flaky"
+	PmCardInFlight          CreateChargeRequestPaymentMethod = "pm_card_inFlight"
 	PmCardInsufficientFunds CreateChargeRequestPaymentMethod = "pm_card_insufficientFunds"
 	PmCardLostResponse      CreateChargeRequestPaymentMethod = "pm_card_lostResponse"
 	PmCardMastercard        CreateChargeRequestPaymentMethod = "pm_card_mastercard"
@@ -56,6 +57,8 @@ func (e CreateChargeRequestPaymentMethod) Valid() bool {
 	case PmCardChargeDeclined:
 		return true
 	case PmCardFlaky:
+		return true
+	case PmCardInFlight:
 		return true
 	case PmCardInsufficientFunds:
 		return true
@@ -76,10 +79,11 @@ func (e CreateChargeRequestPaymentMethod) Valid() bool {
 
 // Defines values for CreatePayoutRequestDestination.
 const (
-	BaTestClosed CreatePayoutRequestDestination = "ba_test_closed"
-	BaTestFlaky  CreatePayoutRequestDestination = "ba_test_flaky"
-	BaTestOk     CreatePayoutRequestDestination = "ba_test_ok"
-	BaTestSlow   CreatePayoutRequestDestination = "ba_test_slow"
+	BaTestClosed   CreatePayoutRequestDestination = "ba_test_closed"
+	BaTestFlaky    CreatePayoutRequestDestination = "ba_test_flaky"
+	BaTestInFlight CreatePayoutRequestDestination = "ba_test_inFlight"
+	BaTestOk       CreatePayoutRequestDestination = "ba_test_ok"
+	BaTestSlow     CreatePayoutRequestDestination = "ba_test_slow"
 )
 
 // Valid indicates whether the value is a known member of the CreatePayoutRequestDestination enum.
@@ -88,6 +92,8 @@ func (e CreatePayoutRequestDestination) Valid() bool {
 	case BaTestClosed:
 		return true
 	case BaTestFlaky:
+		return true
+	case BaTestInFlight:
 		return true
 	case BaTestOk:
 		return true
@@ -229,28 +235,30 @@ func (e PayoutStatus) Valid() bool {
 
 // Defines values for ProblemCode.
 const (
-	ProblemCodeCardDeclined          ProblemCode = "card_declined"
-	ProblemCodeChargeNotRefundable   ProblemCode = "charge_not_refundable"
-	ProblemCodeIdempotencyKeyDead    ProblemCode = "idempotency_key_dead"
-	ProblemCodeIdempotencyKeyInUse   ProblemCode = "idempotency_key_in_use"
-	ProblemCodeIdempotencyKeyInvalid ProblemCode = "idempotency_key_invalid"
-	ProblemCodeIdempotencyKeyMissing ProblemCode = "idempotency_key_missing"
-	ProblemCodeIdempotencyKeyReused  ProblemCode = "idempotency_key_reused"
-	ProblemCodeInsufficientBalance   ProblemCode = "insufficient_balance"
-	ProblemCodeInternalError         ProblemCode = "internal_error"
-	ProblemCodeInvalidRequest        ProblemCode = "invalid_request"
-	ProblemCodeInvalidSignature      ProblemCode = "invalid_signature"
-	ProblemCodeMethodNotAllowed      ProblemCode = "method_not_allowed"
-	ProblemCodeNotFound              ProblemCode = "not_found"
-	ProblemCodeOrderNotCancelable    ProblemCode = "order_not_cancelable"
-	ProblemCodeOrderNotPayable       ProblemCode = "order_not_payable"
-	ProblemCodeProcessorUnavailable  ProblemCode = "processor_unavailable"
-	ProblemCodeRefundExceedsCharge   ProblemCode = "refund_exceeds_charge"
-	ProblemCodeRequestTimeout        ProblemCode = "request_timeout"
-	ProblemCodeRequestTooLarge       ProblemCode = "request_too_large"
-	ProblemCodeServiceUnavailable    ProblemCode = "service_unavailable"
-	ProblemCodeUnauthorized          ProblemCode = "unauthorized"
-	ProblemCodeUnsupportedMediaType  ProblemCode = "unsupported_media_type"
+	ProblemCodeCardDeclined                ProblemCode = "card_declined"
+	ProblemCodeChargeNotRefundable         ProblemCode = "charge_not_refundable"
+	ProblemCodeIdempotencyKeyDead          ProblemCode = "idempotency_key_dead"
+	ProblemCodeIdempotencyKeyInUse         ProblemCode = "idempotency_key_in_use"
+	ProblemCodeIdempotencyKeyInvalid       ProblemCode = "idempotency_key_invalid"
+	ProblemCodeIdempotencyKeyMissing       ProblemCode = "idempotency_key_missing"
+	ProblemCodeIdempotencyKeyReused        ProblemCode = "idempotency_key_reused"
+	ProblemCodeInsufficientBalance         ProblemCode = "insufficient_balance"
+	ProblemCodeInternalError               ProblemCode = "internal_error"
+	ProblemCodeInvalidRequest              ProblemCode = "invalid_request"
+	ProblemCodeInvalidSignature            ProblemCode = "invalid_signature"
+	ProblemCodeMethodNotAllowed            ProblemCode = "method_not_allowed"
+	ProblemCodeNotFound                    ProblemCode = "not_found"
+	ProblemCodeOrderNotCancelable          ProblemCode = "order_not_cancelable"
+	ProblemCodeOrderNotPayable             ProblemCode = "order_not_payable"
+	ProblemCodeProcessorUnavailable        ProblemCode = "processor_unavailable"
+	ProblemCodeRateLimited                 ProblemCode = "rate_limited"
+	ProblemCodeRefundExceedsCharge         ProblemCode = "refund_exceeds_charge"
+	ProblemCodeRequestHeaderFieldsTooLarge ProblemCode = "request_header_fields_too_large"
+	ProblemCodeRequestTimeout              ProblemCode = "request_timeout"
+	ProblemCodeRequestTooLarge             ProblemCode = "request_too_large"
+	ProblemCodeServiceUnavailable          ProblemCode = "service_unavailable"
+	ProblemCodeUnauthorized                ProblemCode = "unauthorized"
+	ProblemCodeUnsupportedMediaType        ProblemCode = "unsupported_media_type"
 )
 
 // Valid indicates whether the value is a known member of the ProblemCode enum.
@@ -288,7 +296,11 @@ func (e ProblemCode) Valid() bool {
 		return true
 	case ProblemCodeProcessorUnavailable:
 		return true
+	case ProblemCodeRateLimited:
+		return true
 	case ProblemCodeRefundExceedsCharge:
+		return true
+	case ProblemCodeRequestHeaderFieldsTooLarge:
 		return true
 	case ProblemCodeRequestTimeout:
 		return true
@@ -446,6 +458,7 @@ type CreateChargeRequest struct {
 	// | `pm_card_flaky` | the processor fails the first attempts for a downstream key with a `5xx`, then succeeds: you get `503` first; retry with the same key |
 	// | `pm_card_timeout` | the processor does not answer in time: `503`, outcome unknown until a retry or the reconciler resumes it |
 	// | `pm_card_rateLimited` | the processor answers `429` with `Retry-After`: `503` |
+	// | `pm_card_inFlight` | the processor answers `409` (a request with the same downstream key still running) to the first attempt: `503`, never a decline; retry with the same key |
 	// | `pm_card_lostResponse` | the processor charges the card but its answer is lost: `503`; the resumed attempt finds the one existing charge |
 	//
 	//
@@ -469,6 +482,7 @@ type CreateChargeRequest struct {
 // | `pm_card_flaky` | the processor fails the first attempts for a downstream key with a `5xx`, then succeeds: you get `503` first; retry with the same key |
 // | `pm_card_timeout` | the processor does not answer in time: `503`, outcome unknown until a retry or the reconciler resumes it |
 // | `pm_card_rateLimited` | the processor answers `429` with `Retry-After`: `503` |
+// | `pm_card_inFlight` | the processor answers `409` (a request with the same downstream key still running) to the first attempt: `503`, never a decline; retry with the same key |
 // | `pm_card_lostResponse` | the processor charges the card but its answer is lost: `503`; the resumed attempt finds the one existing charge |
 //
 // Example: pm_card_visa
@@ -513,7 +527,9 @@ type CreatePayoutRequest struct {
 	// Destination A test bank account: `ba_test_ok` (the default) is paid after a short delay;
 	// `ba_test_closed` fails with `account_closed`; `ba_test_flaky` makes the processor
 	// answer `503` to the first requests for the transfer (the job retries); `ba_test_slow`
-	// takes ten times as long to arrive.
+	// takes ten times as long to arrive; `ba_test_inFlight` makes the processor answer `409`
+	// (a request with the same downstream key still running) to the first request (the job
+	// asks again later; the payout never fails for it).
 	//
 	//
 	// Example: ba_test_ok
@@ -523,7 +539,9 @@ type CreatePayoutRequest struct {
 // CreatePayoutRequestDestination A test bank account: `ba_test_ok` (the default) is paid after a short delay;
 // `ba_test_closed` fails with `account_closed`; `ba_test_flaky` makes the processor
 // answer `503` to the first requests for the transfer (the job retries); `ba_test_slow`
-// takes ten times as long to arrive.
+// takes ten times as long to arrive; `ba_test_inFlight` makes the processor answer `409`
+// (a request with the same downstream key still running) to the first request (the job
+// asks again later; the payout never fails for it).
 //
 // Example: ba_test_ok
 type CreatePayoutRequestDestination string
@@ -1018,6 +1036,15 @@ type NotFound = Problem
 // `detail`, which are for people and may change.
 type PayloadTooLarge = Problem
 
+// RequestHeaderFieldsTooLarge An RFC 9457 problem details object, sent as `application/problem+json` for every error.
+//
+// `type` is a stable URI per kind of error:
+// `https://payments.example/problems/<code with underscores replaced by hyphens>`, e.g.
+// `https://payments.example/problems/card-declined` for `card_declined`. `code` is the
+// same identity as a short machine-readable string; branch on it, not on `title` or
+// `detail`, which are for people and may change.
+type RequestHeaderFieldsTooLarge = Problem
+
 // RequestTimeout An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
 // `type` is a stable URI per kind of error:
@@ -1035,6 +1062,15 @@ type RequestTimeout = Problem
 // same identity as a short machine-readable string; branch on it, not on `title` or
 // `detail`, which are for people and may change.
 type ServiceUnavailable = Problem
+
+// TooManyRequests An RFC 9457 problem details object, sent as `application/problem+json` for every error.
+//
+// `type` is a stable URI per kind of error:
+// `https://payments.example/problems/<code with underscores replaced by hyphens>`, e.g.
+// `https://payments.example/problems/card-declined` for `card_declined`. `code` is the
+// same identity as a short machine-readable string; branch on it, not on `title` or
+// `detail`, which are for people and may change.
+type TooManyRequests = Problem
 
 // Unauthorized An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
@@ -3916,11 +3952,18 @@ type GetHealthzResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Health
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetHealthzResponse) GetJSON200() *Health {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r GetHealthzResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetBody returns the raw response body bytes
@@ -3962,6 +4005,8 @@ type GetReadyzResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *Health
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *ServiceUnavailable
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -3971,6 +4016,11 @@ type GetReadyzResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetReadyzResponse) GetJSON200() *Health {
 	return r.JSON200
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r GetReadyzResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
@@ -4012,6 +4062,11 @@ type GetBalanceResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// GetBalanceResponse429Headers the declared response headers of an HTTP 429 response for GetBalance
+type GetBalanceResponse429Headers struct {
+	RetryAfter int
+}
+
 // GetBalanceResponse500Headers the declared response headers of an HTTP 500 response for GetBalance
 type GetBalanceResponse500Headers struct {
 	IdempotentReplayed *string
@@ -4029,12 +4084,18 @@ type GetBalanceResponse struct {
 	JSON200 *Balance
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetBalanceResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetBalanceResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *GetBalanceResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -4049,6 +4110,16 @@ func (r GetBalanceResponse) GetJSON200() *Balance {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r GetBalanceResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetBalanceResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r GetBalanceResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -4095,6 +4166,11 @@ type GetChargeResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// GetChargeResponse429Headers the declared response headers of an HTTP 429 response for GetCharge
+type GetChargeResponse429Headers struct {
+	RetryAfter int
+}
+
 // GetChargeResponse500Headers the declared response headers of an HTTP 500 response for GetCharge
 type GetChargeResponse500Headers struct {
 	IdempotentReplayed *string
@@ -4116,12 +4192,18 @@ type GetChargeResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetChargeResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetChargeResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *GetChargeResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -4146,6 +4228,16 @@ func (r GetChargeResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetChargeResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetChargeResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r GetChargeResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -4192,6 +4284,11 @@ type ListRefundsResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// ListRefundsResponse429Headers the declared response headers of an HTTP 429 response for ListRefunds
+type ListRefundsResponse429Headers struct {
+	RetryAfter int
+}
+
 // ListRefundsResponse500Headers the declared response headers of an HTTP 500 response for ListRefunds
 type ListRefundsResponse500Headers struct {
 	IdempotentReplayed *string
@@ -4213,12 +4310,18 @@ type ListRefundsResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ListRefundsResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListRefundsResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *ListRefundsResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -4243,6 +4346,16 @@ func (r ListRefundsResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r ListRefundsResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListRefundsResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r ListRefundsResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -4301,6 +4414,11 @@ type CreateRefundResponse409Headers struct {
 	RetryAfter         *int
 }
 
+// CreateRefundResponse429Headers the declared response headers of an HTTP 429 response for CreateRefund
+type CreateRefundResponse429Headers struct {
+	RetryAfter int
+}
+
 // CreateRefundResponse500Headers the declared response headers of an HTTP 500 response for CreateRefund
 type CreateRefundResponse500Headers struct {
 	IdempotentReplayed *string
@@ -4332,6 +4450,10 @@ type CreateRefundResponse struct {
 	ApplicationproblemJSON415 *UnsupportedMediaType
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *IdempotencyKeyReused
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -4342,6 +4464,8 @@ type CreateRefundResponse struct {
 	Headers401 *CreateRefundResponse401Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreateRefundResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateRefundResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *CreateRefundResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -4393,6 +4517,16 @@ func (r CreateRefundResponse) GetApplicationproblemJSON422() *IdempotencyKeyReus
 	return r.ApplicationproblemJSON422
 }
 
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r CreateRefundResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
+}
+
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
 func (r CreateRefundResponse) GetApplicationproblemJSON500() *InternalError {
 	return r.ApplicationproblemJSON500
@@ -4437,6 +4571,11 @@ type ListEventsResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// ListEventsResponse429Headers the declared response headers of an HTTP 429 response for ListEvents
+type ListEventsResponse429Headers struct {
+	RetryAfter int
+}
+
 // ListEventsResponse500Headers the declared response headers of an HTTP 500 response for ListEvents
 type ListEventsResponse500Headers struct {
 	IdempotentReplayed *string
@@ -4456,12 +4595,18 @@ type ListEventsResponse struct {
 	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ListEventsResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListEventsResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *ListEventsResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -4481,6 +4626,16 @@ func (r ListEventsResponse) GetApplicationproblemJSON400() *BadRequest {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r ListEventsResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListEventsResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r ListEventsResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -4527,6 +4682,11 @@ type GetIdempotencyKeyResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// GetIdempotencyKeyResponse429Headers the declared response headers of an HTTP 429 response for GetIdempotencyKey
+type GetIdempotencyKeyResponse429Headers struct {
+	RetryAfter int
+}
+
 // GetIdempotencyKeyResponse500Headers the declared response headers of an HTTP 500 response for GetIdempotencyKey
 type GetIdempotencyKeyResponse500Headers struct {
 	IdempotentReplayed *string
@@ -4548,12 +4708,18 @@ type GetIdempotencyKeyResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetIdempotencyKeyResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetIdempotencyKeyResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *GetIdempotencyKeyResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -4578,6 +4744,16 @@ func (r GetIdempotencyKeyResponse) GetApplicationproblemJSON401() *Unauthorized 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetIdempotencyKeyResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetIdempotencyKeyResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r GetIdempotencyKeyResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -4624,6 +4800,11 @@ type ListOrdersResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// ListOrdersResponse429Headers the declared response headers of an HTTP 429 response for ListOrders
+type ListOrdersResponse429Headers struct {
+	RetryAfter int
+}
+
 // ListOrdersResponse500Headers the declared response headers of an HTTP 500 response for ListOrders
 type ListOrdersResponse500Headers struct {
 	IdempotentReplayed *string
@@ -4643,12 +4824,18 @@ type ListOrdersResponse struct {
 	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ListOrdersResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListOrdersResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *ListOrdersResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -4668,6 +4855,16 @@ func (r ListOrdersResponse) GetApplicationproblemJSON400() *BadRequest {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r ListOrdersResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListOrdersResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r ListOrdersResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -4725,6 +4922,11 @@ type CreateOrderResponse409Headers struct {
 	RetryAfter int
 }
 
+// CreateOrderResponse429Headers the declared response headers of an HTTP 429 response for CreateOrder
+type CreateOrderResponse429Headers struct {
+	RetryAfter int
+}
+
 // CreateOrderResponse500Headers the declared response headers of an HTTP 500 response for CreateOrder
 type CreateOrderResponse500Headers struct {
 	IdempotentReplayed *string
@@ -4754,6 +4956,10 @@ type CreateOrderResponse struct {
 	ApplicationproblemJSON415 *UnsupportedMediaType
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *IdempotencyKeyReused
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -4764,6 +4970,8 @@ type CreateOrderResponse struct {
 	Headers401 *CreateOrderResponse401Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreateOrderResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateOrderResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *CreateOrderResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -4810,6 +5018,16 @@ func (r CreateOrderResponse) GetApplicationproblemJSON422() *IdempotencyKeyReuse
 	return r.ApplicationproblemJSON422
 }
 
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateOrderResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r CreateOrderResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
+}
+
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
 func (r CreateOrderResponse) GetApplicationproblemJSON500() *InternalError {
 	return r.ApplicationproblemJSON500
@@ -4854,6 +5072,11 @@ type GetOrderResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// GetOrderResponse429Headers the declared response headers of an HTTP 429 response for GetOrder
+type GetOrderResponse429Headers struct {
+	RetryAfter int
+}
+
 // GetOrderResponse500Headers the declared response headers of an HTTP 500 response for GetOrder
 type GetOrderResponse500Headers struct {
 	IdempotentReplayed *string
@@ -4875,12 +5098,18 @@ type GetOrderResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetOrderResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetOrderResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *GetOrderResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -4905,6 +5134,16 @@ func (r GetOrderResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetOrderResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetOrderResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r GetOrderResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -4951,6 +5190,11 @@ type CancelOrderResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// CancelOrderResponse429Headers the declared response headers of an HTTP 429 response for CancelOrder
+type CancelOrderResponse429Headers struct {
+	RetryAfter int
+}
+
 // CancelOrderResponse500Headers the declared response headers of an HTTP 500 response for CancelOrder
 type CancelOrderResponse500Headers struct {
 	IdempotentReplayed *string
@@ -4974,12 +5218,18 @@ type CancelOrderResponse struct {
 	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *Conflict
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *CancelOrderResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CancelOrderResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *CancelOrderResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -5009,6 +5259,16 @@ func (r CancelOrderResponse) GetApplicationproblemJSON404() *NotFound {
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
 func (r CancelOrderResponse) GetApplicationproblemJSON409() *Conflict {
 	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CancelOrderResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r CancelOrderResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -5072,6 +5332,11 @@ type CreateChargeResponse409Headers struct {
 	RetryAfter         *int
 }
 
+// CreateChargeResponse429Headers the declared response headers of an HTTP 429 response for CreateCharge
+type CreateChargeResponse429Headers struct {
+	RetryAfter int
+}
+
 // CreateChargeResponse500Headers the declared response headers of an HTTP 500 response for CreateCharge
 type CreateChargeResponse500Headers struct {
 	IdempotentReplayed *string
@@ -5105,6 +5370,10 @@ type CreateChargeResponse struct {
 	ApplicationproblemJSON415 *UnsupportedMediaType
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *IdempotencyKeyReused
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -5117,6 +5386,8 @@ type CreateChargeResponse struct {
 	Headers402 *CreateChargeResponse402Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreateChargeResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateChargeResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *CreateChargeResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -5173,6 +5444,16 @@ func (r CreateChargeResponse) GetApplicationproblemJSON422() *IdempotencyKeyReus
 	return r.ApplicationproblemJSON422
 }
 
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r CreateChargeResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
+}
+
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
 func (r CreateChargeResponse) GetApplicationproblemJSON500() *InternalError {
 	return r.ApplicationproblemJSON500
@@ -5217,6 +5498,11 @@ type ListPayoutsResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// ListPayoutsResponse429Headers the declared response headers of an HTTP 429 response for ListPayouts
+type ListPayoutsResponse429Headers struct {
+	RetryAfter int
+}
+
 // ListPayoutsResponse500Headers the declared response headers of an HTTP 500 response for ListPayouts
 type ListPayoutsResponse500Headers struct {
 	IdempotentReplayed *string
@@ -5236,12 +5522,18 @@ type ListPayoutsResponse struct {
 	ApplicationproblemJSON400 *BadRequest
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *ServiceUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *ListPayoutsResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListPayoutsResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *ListPayoutsResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -5261,6 +5553,16 @@ func (r ListPayoutsResponse) GetApplicationproblemJSON400() *BadRequest {
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
 func (r ListPayoutsResponse) GetApplicationproblemJSON401() *Unauthorized {
 	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListPayoutsResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r ListPayoutsResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -5319,6 +5621,11 @@ type CreatePayoutResponse409Headers struct {
 	RetryAfter         *int
 }
 
+// CreatePayoutResponse429Headers the declared response headers of an HTTP 429 response for CreatePayout
+type CreatePayoutResponse429Headers struct {
+	RetryAfter int
+}
+
 // CreatePayoutResponse500Headers the declared response headers of an HTTP 500 response for CreatePayout
 type CreatePayoutResponse500Headers struct {
 	IdempotentReplayed *string
@@ -5348,6 +5655,10 @@ type CreatePayoutResponse struct {
 	ApplicationproblemJSON415 *UnsupportedMediaType
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *IdempotencyKeyReused
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -5358,6 +5669,8 @@ type CreatePayoutResponse struct {
 	Headers401 *CreatePayoutResponse401Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreatePayoutResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreatePayoutResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *CreatePayoutResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -5402,6 +5715,16 @@ func (r CreatePayoutResponse) GetApplicationproblemJSON415() *UnsupportedMediaTy
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r CreatePayoutResponse) GetApplicationproblemJSON422() *IdempotencyKeyReused {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r CreatePayoutResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r CreatePayoutResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -5453,6 +5776,11 @@ type GetPayoutResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
+// GetPayoutResponse429Headers the declared response headers of an HTTP 429 response for GetPayout
+type GetPayoutResponse429Headers struct {
+	RetryAfter int
+}
+
 // GetPayoutResponse500Headers the declared response headers of an HTTP 500 response for GetPayout
 type GetPayoutResponse500Headers struct {
 	IdempotentReplayed *string
@@ -5474,6 +5802,10 @@ type GetPayoutResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -5482,6 +5814,8 @@ type GetPayoutResponse struct {
 	Headers200 *GetPayoutResponse200Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetPayoutResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetPayoutResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *GetPayoutResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -5506,6 +5840,16 @@ func (r GetPayoutResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetPayoutResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetPayoutResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r GetPayoutResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -5570,6 +5914,8 @@ type ReceiveProcessorWebhookResponse struct {
 	ApplicationproblemJSON413 *PayloadTooLarge
 	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
 	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *InternalError
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -5603,6 +5949,11 @@ func (r ReceiveProcessorWebhookResponse) GetApplicationproblemJSON413() *Payload
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
 func (r ReceiveProcessorWebhookResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
 	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r ReceiveProcessorWebhookResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -6237,6 +6588,13 @@ func ParseGetHealthzResponse(rsp *http.Response) (*GetHealthzResponse, error) {
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	}
 
 	return response, nil
@@ -6262,6 +6620,13 @@ func ParseGetReadyzResponse(rsp *http.Response) (*GetReadyzResponse, error) {
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest ServiceUnavailable
@@ -6316,6 +6681,20 @@ func ParseGetBalanceResponse(rsp *http.Response) (*GetBalanceResponse, error) {
 		}
 		response.ApplicationproblemJSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6343,6 +6722,16 @@ func ParseGetBalanceResponse(rsp *http.Response) (*GetBalanceResponse, error) {
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetBalanceResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetBalanceResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -6410,6 +6799,20 @@ func ParseGetChargeResponse(rsp *http.Response) (*GetChargeResponse, error) {
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6437,6 +6840,16 @@ func ParseGetChargeResponse(rsp *http.Response) (*GetChargeResponse, error) {
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetChargeResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetChargeResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -6504,6 +6917,20 @@ func ParseListRefundsResponse(rsp *http.Response) (*ListRefundsResponse, error) 
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6531,6 +6958,16 @@ func ParseListRefundsResponse(rsp *http.Response) (*ListRefundsResponse, error) 
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListRefundsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers ListRefundsResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -6633,6 +7070,20 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6694,6 +7145,16 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateRefundResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers CreateRefundResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -6754,6 +7215,20 @@ func ParseListEventsResponse(rsp *http.Response) (*ListEventsResponse, error) {
 		}
 		response.ApplicationproblemJSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6781,6 +7256,16 @@ func ParseListEventsResponse(rsp *http.Response) (*ListEventsResponse, error) {
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListEventsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers ListEventsResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -6848,6 +7333,20 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6875,6 +7374,16 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetIdempotencyKeyResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetIdempotencyKeyResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -6935,6 +7444,20 @@ func ParseListOrdersResponse(rsp *http.Response) (*ListOrdersResponse, error) {
 		}
 		response.ApplicationproblemJSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -6962,6 +7485,16 @@ func ParseListOrdersResponse(rsp *http.Response) (*ListOrdersResponse, error) {
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListOrdersResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers ListOrdersResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -7057,6 +7590,20 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7111,6 +7658,16 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 			headers.RetryAfter = value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateOrderResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers CreateOrderResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -7178,6 +7735,20 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7205,6 +7776,16 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetOrderResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetOrderResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -7279,6 +7860,20 @@ func ParseCancelOrderResponse(rsp *http.Response) (*CancelOrderResponse, error) 
 		}
 		response.ApplicationproblemJSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7306,6 +7901,16 @@ func ParseCancelOrderResponse(rsp *http.Response) (*CancelOrderResponse, error) 
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers CancelOrderResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers CancelOrderResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -7415,6 +8020,20 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7486,6 +8105,16 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateChargeResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers CreateChargeResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -7546,6 +8175,20 @@ func ParseListPayoutsResponse(rsp *http.Response) (*ListPayoutsResponse, error) 
 		}
 		response.ApplicationproblemJSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7573,6 +8216,16 @@ func ParseListPayoutsResponse(rsp *http.Response) (*ListPayoutsResponse, error) 
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListPayoutsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers ListPayoutsResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -7668,6 +8321,20 @@ func ParseCreatePayoutResponse(rsp *http.Response) (*CreatePayoutResponse, error
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7729,6 +8396,16 @@ func ParseCreatePayoutResponse(rsp *http.Response) (*CreatePayoutResponse, error
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreatePayoutResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers CreatePayoutResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -7796,6 +8473,20 @@ func ParseGetPayoutResponse(rsp *http.Response) (*GetPayoutResponse, error) {
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -7833,6 +8524,16 @@ func ParseGetPayoutResponse(rsp *http.Response) (*GetPayoutResponse, error) {
 			headers.WWWAuthenticate = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetPayoutResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetPayoutResponse500Headers
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
@@ -7906,6 +8607,13 @@ func ParseReceiveProcessorWebhookResponse(rsp *http.Response) (*ReceiveProcessor
 			return nil, err
 		}
 		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError

@@ -48,6 +48,7 @@ func (e ChargeStatus) Valid() bool {
 const (
 	PmCardChargeDeclined    CreateChargeRequestPaymentMethod = "pm_card_chargeDeclined"
 	PmCardFlaky             CreateChargeRequestPaymentMethod = "pm_card_flaky"
+	PmCardInFlight          CreateChargeRequestPaymentMethod = "pm_card_inFlight"
 	PmCardInsufficientFunds CreateChargeRequestPaymentMethod = "pm_card_insufficientFunds"
 	PmCardLostResponse      CreateChargeRequestPaymentMethod = "pm_card_lostResponse"
 	PmCardMastercard        CreateChargeRequestPaymentMethod = "pm_card_mastercard"
@@ -62,6 +63,8 @@ func (e CreateChargeRequestPaymentMethod) Valid() bool {
 	case PmCardChargeDeclined:
 		return true
 	case PmCardFlaky:
+		return true
+	case PmCardInFlight:
 		return true
 	case PmCardInsufficientFunds:
 		return true
@@ -82,10 +85,11 @@ func (e CreateChargeRequestPaymentMethod) Valid() bool {
 
 // Defines values for CreatePayoutRequestDestination.
 const (
-	BaTestClosed CreatePayoutRequestDestination = "ba_test_closed"
-	BaTestFlaky  CreatePayoutRequestDestination = "ba_test_flaky"
-	BaTestOk     CreatePayoutRequestDestination = "ba_test_ok"
-	BaTestSlow   CreatePayoutRequestDestination = "ba_test_slow"
+	BaTestClosed   CreatePayoutRequestDestination = "ba_test_closed"
+	BaTestFlaky    CreatePayoutRequestDestination = "ba_test_flaky"
+	BaTestInFlight CreatePayoutRequestDestination = "ba_test_inFlight"
+	BaTestOk       CreatePayoutRequestDestination = "ba_test_ok"
+	BaTestSlow     CreatePayoutRequestDestination = "ba_test_slow"
 )
 
 // Valid indicates whether the value is a known member of the CreatePayoutRequestDestination enum.
@@ -94,6 +98,8 @@ func (e CreatePayoutRequestDestination) Valid() bool {
 	case BaTestClosed:
 		return true
 	case BaTestFlaky:
+		return true
+	case BaTestInFlight:
 		return true
 	case BaTestOk:
 		return true
@@ -235,28 +241,30 @@ func (e PayoutStatus) Valid() bool {
 
 // Defines values for ProblemCode.
 const (
-	ProblemCodeCardDeclined          ProblemCode = "card_declined"
-	ProblemCodeChargeNotRefundable   ProblemCode = "charge_not_refundable"
-	ProblemCodeIdempotencyKeyDead    ProblemCode = "idempotency_key_dead"
-	ProblemCodeIdempotencyKeyInUse   ProblemCode = "idempotency_key_in_use"
-	ProblemCodeIdempotencyKeyInvalid ProblemCode = "idempotency_key_invalid"
-	ProblemCodeIdempotencyKeyMissing ProblemCode = "idempotency_key_missing"
-	ProblemCodeIdempotencyKeyReused  ProblemCode = "idempotency_key_reused"
-	ProblemCodeInsufficientBalance   ProblemCode = "insufficient_balance"
-	ProblemCodeInternalError         ProblemCode = "internal_error"
-	ProblemCodeInvalidRequest        ProblemCode = "invalid_request"
-	ProblemCodeInvalidSignature      ProblemCode = "invalid_signature"
-	ProblemCodeMethodNotAllowed      ProblemCode = "method_not_allowed"
-	ProblemCodeNotFound              ProblemCode = "not_found"
-	ProblemCodeOrderNotCancelable    ProblemCode = "order_not_cancelable"
-	ProblemCodeOrderNotPayable       ProblemCode = "order_not_payable"
-	ProblemCodeProcessorUnavailable  ProblemCode = "processor_unavailable"
-	ProblemCodeRefundExceedsCharge   ProblemCode = "refund_exceeds_charge"
-	ProblemCodeRequestTimeout        ProblemCode = "request_timeout"
-	ProblemCodeRequestTooLarge       ProblemCode = "request_too_large"
-	ProblemCodeServiceUnavailable    ProblemCode = "service_unavailable"
-	ProblemCodeUnauthorized          ProblemCode = "unauthorized"
-	ProblemCodeUnsupportedMediaType  ProblemCode = "unsupported_media_type"
+	ProblemCodeCardDeclined                ProblemCode = "card_declined"
+	ProblemCodeChargeNotRefundable         ProblemCode = "charge_not_refundable"
+	ProblemCodeIdempotencyKeyDead          ProblemCode = "idempotency_key_dead"
+	ProblemCodeIdempotencyKeyInUse         ProblemCode = "idempotency_key_in_use"
+	ProblemCodeIdempotencyKeyInvalid       ProblemCode = "idempotency_key_invalid"
+	ProblemCodeIdempotencyKeyMissing       ProblemCode = "idempotency_key_missing"
+	ProblemCodeIdempotencyKeyReused        ProblemCode = "idempotency_key_reused"
+	ProblemCodeInsufficientBalance         ProblemCode = "insufficient_balance"
+	ProblemCodeInternalError               ProblemCode = "internal_error"
+	ProblemCodeInvalidRequest              ProblemCode = "invalid_request"
+	ProblemCodeInvalidSignature            ProblemCode = "invalid_signature"
+	ProblemCodeMethodNotAllowed            ProblemCode = "method_not_allowed"
+	ProblemCodeNotFound                    ProblemCode = "not_found"
+	ProblemCodeOrderNotCancelable          ProblemCode = "order_not_cancelable"
+	ProblemCodeOrderNotPayable             ProblemCode = "order_not_payable"
+	ProblemCodeProcessorUnavailable        ProblemCode = "processor_unavailable"
+	ProblemCodeRateLimited                 ProblemCode = "rate_limited"
+	ProblemCodeRefundExceedsCharge         ProblemCode = "refund_exceeds_charge"
+	ProblemCodeRequestHeaderFieldsTooLarge ProblemCode = "request_header_fields_too_large"
+	ProblemCodeRequestTimeout              ProblemCode = "request_timeout"
+	ProblemCodeRequestTooLarge             ProblemCode = "request_too_large"
+	ProblemCodeServiceUnavailable          ProblemCode = "service_unavailable"
+	ProblemCodeUnauthorized                ProblemCode = "unauthorized"
+	ProblemCodeUnsupportedMediaType        ProblemCode = "unsupported_media_type"
 )
 
 // Valid indicates whether the value is a known member of the ProblemCode enum.
@@ -294,7 +302,11 @@ func (e ProblemCode) Valid() bool {
 		return true
 	case ProblemCodeProcessorUnavailable:
 		return true
+	case ProblemCodeRateLimited:
+		return true
 	case ProblemCodeRefundExceedsCharge:
+		return true
+	case ProblemCodeRequestHeaderFieldsTooLarge:
 		return true
 	case ProblemCodeRequestTimeout:
 		return true
@@ -452,6 +464,7 @@ type CreateChargeRequest struct {
 	// | `pm_card_flaky` | the processor fails the first attempts for a downstream key with a `5xx`, then succeeds: you get `503` first; retry with the same key |
 	// | `pm_card_timeout` | the processor does not answer in time: `503`, outcome unknown until a retry or the reconciler resumes it |
 	// | `pm_card_rateLimited` | the processor answers `429` with `Retry-After`: `503` |
+	// | `pm_card_inFlight` | the processor answers `409` (a request with the same downstream key still running) to the first attempt: `503`, never a decline; retry with the same key |
 	// | `pm_card_lostResponse` | the processor charges the card but its answer is lost: `503`; the resumed attempt finds the one existing charge |
 	//
 	//
@@ -475,6 +488,7 @@ type CreateChargeRequest struct {
 // | `pm_card_flaky` | the processor fails the first attempts for a downstream key with a `5xx`, then succeeds: you get `503` first; retry with the same key |
 // | `pm_card_timeout` | the processor does not answer in time: `503`, outcome unknown until a retry or the reconciler resumes it |
 // | `pm_card_rateLimited` | the processor answers `429` with `Retry-After`: `503` |
+// | `pm_card_inFlight` | the processor answers `409` (a request with the same downstream key still running) to the first attempt: `503`, never a decline; retry with the same key |
 // | `pm_card_lostResponse` | the processor charges the card but its answer is lost: `503`; the resumed attempt finds the one existing charge |
 //
 // Example: pm_card_visa
@@ -519,7 +533,9 @@ type CreatePayoutRequest struct {
 	// Destination A test bank account: `ba_test_ok` (the default) is paid after a short delay;
 	// `ba_test_closed` fails with `account_closed`; `ba_test_flaky` makes the processor
 	// answer `503` to the first requests for the transfer (the job retries); `ba_test_slow`
-	// takes ten times as long to arrive.
+	// takes ten times as long to arrive; `ba_test_inFlight` makes the processor answer `409`
+	// (a request with the same downstream key still running) to the first request (the job
+	// asks again later; the payout never fails for it).
 	//
 	//
 	// Example: ba_test_ok
@@ -529,7 +545,9 @@ type CreatePayoutRequest struct {
 // CreatePayoutRequestDestination A test bank account: `ba_test_ok` (the default) is paid after a short delay;
 // `ba_test_closed` fails with `account_closed`; `ba_test_flaky` makes the processor
 // answer `503` to the first requests for the transfer (the job retries); `ba_test_slow`
-// takes ten times as long to arrive.
+// takes ten times as long to arrive; `ba_test_inFlight` makes the processor answer `409`
+// (a request with the same downstream key still running) to the first request (the job
+// asks again later; the payout never fails for it).
 //
 // Example: ba_test_ok
 type CreatePayoutRequestDestination string
@@ -1024,6 +1042,15 @@ type NotFound = Problem
 // `detail`, which are for people and may change.
 type PayloadTooLarge = Problem
 
+// RequestHeaderFieldsTooLarge An RFC 9457 problem details object, sent as `application/problem+json` for every error.
+//
+// `type` is a stable URI per kind of error:
+// `https://payments.example/problems/<code with underscores replaced by hyphens>`, e.g.
+// `https://payments.example/problems/card-declined` for `card_declined`. `code` is the
+// same identity as a short machine-readable string; branch on it, not on `title` or
+// `detail`, which are for people and may change.
+type RequestHeaderFieldsTooLarge = Problem
+
 // RequestTimeout An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
 // `type` is a stable URI per kind of error:
@@ -1041,6 +1068,15 @@ type RequestTimeout = Problem
 // same identity as a short machine-readable string; branch on it, not on `title` or
 // `detail`, which are for people and may change.
 type ServiceUnavailable = Problem
+
+// TooManyRequests An RFC 9457 problem details object, sent as `application/problem+json` for every error.
+//
+// `type` is a stable URI per kind of error:
+// `https://payments.example/problems/<code with underscores replaced by hyphens>`, e.g.
+// `https://payments.example/problems/card-declined` for `card_declined`. `code` is the
+// same identity as a short machine-readable string; branch on it, not on `title` or
+// `detail`, which are for people and may change.
+type TooManyRequests = Problem
 
 // Unauthorized An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
@@ -2042,6 +2078,8 @@ type NotFoundApplicationProblemPlusJSONResponse Problem
 
 type PayloadTooLargeApplicationProblemPlusJSONResponse Problem
 
+type RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse Problem
+
 type RequestTimeoutApplicationProblemPlusJSONResponse Problem
 
 type ServiceUnavailableResponseHeaders struct {
@@ -2051,6 +2089,15 @@ type ServiceUnavailableApplicationProblemPlusJSONResponse struct {
 	Body Problem
 
 	Headers ServiceUnavailableResponseHeaders
+}
+
+type TooManyRequestsResponseHeaders struct {
+	RetryAfter int
+}
+type TooManyRequestsApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers TooManyRequestsResponseHeaders
 }
 
 type UnauthorizedResponseHeaders struct {
@@ -2085,6 +2132,22 @@ func (response GetHealthz200JSONResponse) VisitGetHealthzResponse(w http.Respons
 	return err
 }
 
+type GetHealthz431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response GetHealthz431ApplicationProblemPlusJSONResponse) VisitGetHealthzResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetReadyzRequestObject struct {
 }
 
@@ -2102,6 +2165,22 @@ func (response GetReadyz200JSONResponse) VisitGetReadyzResponse(w http.ResponseW
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetReadyz431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response GetReadyz431ApplicationProblemPlusJSONResponse) VisitGetReadyzResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2159,6 +2238,39 @@ func (response GetBalance401ApplicationProblemPlusJSONResponse) VisitGetBalanceR
 		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
 	}
 	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetBalance429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response GetBalance429ApplicationProblemPlusJSONResponse) VisitGetBalanceResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetBalance431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response GetBalance431ApplicationProblemPlusJSONResponse) VisitGetBalanceResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2272,6 +2384,39 @@ func (response GetCharge404ApplicationProblemPlusJSONResponse) VisitGetChargeRes
 	return err
 }
 
+type GetCharge429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response GetCharge429ApplicationProblemPlusJSONResponse) VisitGetChargeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCharge431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response GetCharge431ApplicationProblemPlusJSONResponse) VisitGetChargeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetCharge500ApplicationProblemPlusJSONResponse struct {
 	InternalErrorApplicationProblemPlusJSONResponse
 }
@@ -2378,6 +2523,39 @@ func (response ListRefunds404ApplicationProblemPlusJSONResponse) VisitListRefund
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefunds429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response ListRefunds429ApplicationProblemPlusJSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListRefunds431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response ListRefunds431ApplicationProblemPlusJSONResponse) VisitListRefundsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2597,6 +2775,39 @@ func (response CreateRefund422ApplicationProblemPlusJSONResponse) VisitCreateRef
 	return err
 }
 
+type CreateRefund429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund429ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund431ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateRefund500ApplicationProblemPlusJSONResponse struct {
 	InternalErrorApplicationProblemPlusJSONResponse
 }
@@ -2686,6 +2897,39 @@ func (response ListEvents401ApplicationProblemPlusJSONResponse) VisitListEventsR
 		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
 	}
 	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListEvents429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response ListEvents429ApplicationProblemPlusJSONResponse) VisitListEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListEvents431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response ListEvents431ApplicationProblemPlusJSONResponse) VisitListEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2799,6 +3043,39 @@ func (response GetIdempotencyKey404ApplicationProblemPlusJSONResponse) VisitGetI
 	return err
 }
 
+type GetIdempotencyKey429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response GetIdempotencyKey429ApplicationProblemPlusJSONResponse) VisitGetIdempotencyKeyResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetIdempotencyKey431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response GetIdempotencyKey431ApplicationProblemPlusJSONResponse) VisitGetIdempotencyKeyResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetIdempotencyKey500ApplicationProblemPlusJSONResponse struct {
 	InternalErrorApplicationProblemPlusJSONResponse
 }
@@ -2888,6 +3165,39 @@ func (response ListOrders401ApplicationProblemPlusJSONResponse) VisitListOrdersR
 		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
 	}
 	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListOrders429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response ListOrders429ApplicationProblemPlusJSONResponse) VisitListOrdersResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListOrders431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response ListOrders431ApplicationProblemPlusJSONResponse) VisitListOrdersResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -3079,6 +3389,39 @@ func (response CreateOrder422ApplicationProblemPlusJSONResponse) VisitCreateOrde
 	return err
 }
 
+type CreateOrder429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response CreateOrder429ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateOrder431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response CreateOrder431ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateOrder500ApplicationProblemPlusJSONResponse struct {
 	InternalErrorApplicationProblemPlusJSONResponse
 }
@@ -3184,6 +3527,39 @@ func (response GetOrder404ApplicationProblemPlusJSONResponse) VisitGetOrderRespo
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetOrder429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response GetOrder429ApplicationProblemPlusJSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetOrder431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response GetOrder431ApplicationProblemPlusJSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -3309,6 +3685,39 @@ func (response CancelOrder409ApplicationProblemPlusJSONResponse) VisitCancelOrde
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CancelOrder429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response CancelOrder429ApplicationProblemPlusJSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CancelOrder431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response CancelOrder431ApplicationProblemPlusJSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -3552,6 +3961,39 @@ func (response CreateCharge422ApplicationProblemPlusJSONResponse) VisitCreateCha
 	return err
 }
 
+type CreateCharge429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCharge429ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCharge431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCharge431ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateCharge500ApplicationProblemPlusJSONResponse struct {
 	InternalErrorApplicationProblemPlusJSONResponse
 }
@@ -3641,6 +4083,39 @@ func (response ListPayouts401ApplicationProblemPlusJSONResponse) VisitListPayout
 		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
 	}
 	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPayouts429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response ListPayouts429ApplicationProblemPlusJSONResponse) VisitListPayoutsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPayouts431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response ListPayouts431ApplicationProblemPlusJSONResponse) VisitListPayoutsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -3843,6 +4318,39 @@ func (response CreatePayout422ApplicationProblemPlusJSONResponse) VisitCreatePay
 	return err
 }
 
+type CreatePayout429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePayout429ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePayout431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePayout431ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreatePayout500ApplicationProblemPlusJSONResponse struct {
 	InternalErrorApplicationProblemPlusJSONResponse
 }
@@ -3958,6 +4466,39 @@ func (response GetPayout404ApplicationProblemPlusJSONResponse) VisitGetPayoutRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPayout429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response GetPayout429ApplicationProblemPlusJSONResponse) VisitGetPayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetPayout431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response GetPayout431ApplicationProblemPlusJSONResponse) VisitGetPayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -4079,6 +4620,22 @@ func (response ReceiveProcessorWebhook415ApplicationProblemPlusJSONResponse) Vis
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReceiveProcessorWebhook431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response ReceiveProcessorWebhook431ApplicationProblemPlusJSONResponse) VisitReceiveProcessorWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -4731,321 +5288,331 @@ func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params Receiv
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L3vchs3ljd8KyjOvhWS06QpSrItqqbeUhxn453E8djKZmbCrBrsBsWOmgDTaIpiYlfl017APnsL797C",
-	"+/25lFzJUzjnAI3+R1GynOSZyXyYWCQbQAMH5//5nR87kVqulBQy153Jj52F4LHI4J8vYrFcqVzI/LVY",
-	"pXwrYvNpLHSUJas8UbIz6YR5thYh2yyEZPki0SwTeqWkFizRLF8IpnOViZipdR6ppWBqzrhkgmdpIjKW",
-	"ie/XQudsk+QL/DVfiqkM3czRdvBnsQ0DltEK2GybCzZXGfzjlPGZFjJnSsLjKksuE8lTt4ohe36zUlrE",
-	"LFdTOcvURovMLCxT68sFC8+iSGg9eKZknql0gD8efIZ7EA6nshN0xA1frlLRmXTMu3aCjo4WYsnNXgi5",
-	"XnYm3+AX3wadfLsyv9N5lsjLzrt3QedzFXHcqurOnS8EW/F8YbbErD3KBM9FbJau1lkkAiaGl0MWPro+",
-	"eKQysx7zn4snn30/Xv755OYvR6vPD6//nodD9ga32GziVJqh3BlwGRc7B5uc5P6WsOqOTOUdt+SW1XWC",
-	"jjnjJDO0Y3bJ3736br0WebY9m+ciq+/XZ2rDUiUvzbI3PMkDlki2WahUMC0iJWMdsJmYq8y8f55tE3lZ",
-	"pitWI6vhVO7YiztSx3jXqy4TmSwNrRw4IklkLi5F1nlnXnzFM74UOV28ZwueXYoXcTPRRPDtR5olMeuG",
-	"0eLi55/+J+wNS8cSLS4OP1891Z8cX7+Mxldff//EEG5ihjA01wk6ki/xh2awiyTeeVJLfvO5kJf5ojMZ",
-	"Hx8H5nXs3wdm8XkuMjP2f3xzNvg7H/wwGpxcfPvHf+k03QjvEP4stvVXfMmXQjMlBUvVZRLxlKmVyOAS",
-	"BUwrli94DiecmJ/NWZKznF8JJuZzERlOEIkh+1chzTOCcTbPhF4EU7mWyfdrwa7Elq1EVgzKupx99dWL",
-	"T9j1keFZSSx42oObo4WMgXr6fUM//b55OKgyq5mKt4FhQOJaZFukPbzTPC9mGU7lVPb7b7Yy5zfDfp+d",
-	"sTd5to7ytbm6nyYijRluEuu+/vQZe3pydNALWDIUQ5jLLDuRLFbrWSrY92uVCz2pc8oJm3aeitHhyZOn",
-	"YnA0io8HR4fi6WAWnRwOHj89OeLHT+Ynh+OjaSccsjM245lg1zxdC3grtc5p6GAquTYrTFaCRWlipAPu",
-	"B1w8zXgUiVUOF0fBZkk4tupuNS5xnwWGQ3ZuXzvXIp2bSQ9+/ul/jY+Pp3KVJTLnZifO3jx78QKuBI/M",
-	"9WHdcHQzHoU///S/wtHNk+dhL2AR12KghdRJnlyLgEVqLc3SuWE0sOTiKKYSzwK3Ad5M6IivzL+BsyzV",
-	"tYhP4SkUlbR/tMol35rvMmREM8HWK8Nbjg/GU+mvcnx8TAPH3uoDJni0YOF0Ou2ETGXwr2loWJ1OYsHy",
-	"jaKV9Ybsi0TrRF4GUymWq3wbwFEYDhkwLrdMmWUUYwdmOG/VmVihvFGSaUO6PGVpIoWesPBoNAqnshsm",
-	"xcldXIntxRJnDNkjVvsukdc8TWKz31LlJPYt1UdqJQzR/1lsNZsJy8ZB7PE0FRnrnr16YU67N2Fc0tLh",
-	"G+BzQubACYAczKmY65yJlARmpLLYoxfNZmotYzsDKRkfaTZP5KXIgHhYdynyhYoDlMFcxlMZcakkzPNv",
-	"b758yczF7p2yTKzNSxs+Y9QOzuJkPheZ0Tqs+mKWxMKj8TikF34tjNZkmMsmkbHamHc3y9Miu4a9X4rl",
-	"zNABhxWbcft9nrNUcJ2z8RFbqHWm+302z9TSkNZUzpNM52ytBZttWSzmfJ3mrEsDapHnZo3hi0+ef/Hq",
-	"y/PnL5/97eLPz/928fr5+fOX5y++fBn2huzrJF8kqCjhshifSuRXjqeZ5aDG0Ki+dYvbnA+sVjhhoAT2",
-	"ApDL2rzOVHLJEjlYZeoyExr5eTc8Gp2E7I8sBDk/AEFvHlNmS/R6CReOGcGYZesVEqcYsn7/zN7UqcSV",
-	"9/t0tObozf7rjVjlAdxX7s6FRMVaE2ey5MNmGZfxQIrNVBZyAH+9lprxS57IIfuzEKsqV+fSkxw///Tf",
-	"bKvWGX29UFnyA348lRuRpu7auh3HFUqBVGBOs6AAS/e+zCiEOigGhl+b/+r1csmzbWfS+dhx8MBjwaDu",
-	"XIltJ+jAd53JXlKh8y4wkppYYXmiVmm1ysRcZJmIe95s+0oh0AhALUG2VCgmFamxr3pyfDCuqicNSnmy",
-	"TPJm5WqpzH3OxVIb9pGJfJ0ZigT6XfFLEbAD88XBaFRSuA5G9Brfr0W2Ld4ihZn8tdLVxUeW/IbUwtEo",
-	"2K0kBp0vjZrdphSCDm51QqOJNyiFLQp6g1YIo/2SSuErvlXrvO3lVvCtfbuVanq5lbo4uvr+yXJ8c5LP",
-	"DuXmh8dbcbC4jp5mcfM74qC/3Eu+M9OgXQZ3+WMev0Y+Zf6KlDQ81fyTr1Zpglbjo1WmZqlY/vE7jSak",
-	"zwxaJHD52n7B07nKliJm9QtFl9VMHgOxtQwYdGKR8ySl06gMxJZrnRtN52BglJp21SxgZKpHwhydznm+",
-	"1p3JkSH9PMnTyq0nldcugbZzkecrPXn0aMW3S6OUDmlH7E7pR95bDK7EdmCHAE7TrNCUt+ylqr2iksin",
-	"jUSy3HmPDbTDlzYw0Z4EIcIDuVedFDni3ltVTHbvrbJDIFOGbbvIChr1pI6Kt2yWCX5F8gbvS8OOVEap",
-	"kJIV1EbVYguu2dieOJsbIaPhjmeZMnbxNz924MPOpPOIL40O3wk6S6E1vzRTWTIkDeLSSNI5c0rVQedd",
-	"4A0QrbPMvHfjEIbZqzlb6zhgYp0F7HK2Cth3q23AosXcGBRxwPg67rz71myUzrmMys6Q1kOjtyv2Y//D",
-	"wkcH9lHgKAWj+pdMzDuTzh8eFe68R/itfvQKx8BH6uzVU2NpkgnjbOk4h8oscTHnpzAfIoEGRp8y5wf6",
-	"U6KN+j+VRoMO4EjX8kqqjaQDNc/VCId1wwqhhJ6ZreZzIeNEXholGMZIJAuRKsLeKVMZmN+V66nNuuyy",
-	"202ZHjPKavGu3XbDpsF/xJ4tRHQlYut4KpTMqYxSniyNctzvFwZRvw8+jHly45sm5KcrKeJWhTNK4Lug",
-	"80zJeZpE95AV3m1EsS5VfhEZik0Nm/avJGgYrElNMOe64kkMK424NG80M8abGcbYw5mYr8E7oMk/ZXTf",
-	"XPC4zL9OiquAk5mBSovZ+z7Aywykygfe8w93JdAJ+5FmyCnMAfJcsFgJoHDG01RtkD4L9xR4bDnuFKyv",
-	"2CswL2GzUEGrHYSx0D5RMDaQwgQG51JvRMY2SZriXi24vBREFGVX2gv5lRbvRR910r9Y6xKFnFVd9omu",
-	"yS1jjeVmvTMBLCNTkdBaxEMGZp/ndvHMQBaLlDeRfxv51DUFhmt9D0VhYEZ4CBJq2qYa92jdqCbXCx5F",
-	"2DOcOU2uBVMbKTK2UIYfEtv5SIOsE0P20vfAlKxtG5bJk6VgqZhT6ITEpAhYptYyFjH5rUr+dc92TYXW",
-	"U5kvuGQHEzYDnxeFYHBdXFvXgWEJzn3gWcuXItfgTbQBih7IFK6nMlVgvAtcU+mpnF8JzZRZAzJNdBuU",
-	"7mFvyF6pNDV7qpUyyzH8eMGzpVn2KUvMS6e0Amt1g29iyEA/AxeTuXfggUi3bLNIzDaopTCqQaLZRmVX",
-	"ZnwlMeLi5p4QeXMWHo8Ow4BJBcIx0Wj6e69i157kRksBtRgMfi8C551cGzXSrx95oZN3dTf7a7HWaNE/",
-	"GHPIcMiqblvlBhujAmgRtzrPuq++fHPOCtUJr4w9FnDClZjAeNzOBNya7s0EaISHkSONt95sCE8zwePt",
-	"7o35+af/Lm0Duiqn0qhj4LtsUFZw+UaUFCwAHLILCIdxzWIlBZKiHzD1/WCJ0dk4RFMM0y7LJHRZSbEp",
-	"3FbwV8lpZchPGsOYp8+NmvZ+dEcjXYDGVxJGkq2luFnBQhl8zVQE8rqkdhyXNXAcjtnh7qCA45MDfPJB",
-	"5ETDGxhd2H9jc5hfNtifhjdrwcSNiNbw94LHUzkTl2sZoMQBV+cc4uHEgCeG2SSONfvh4YDixzscvAGc",
-	"d0k6s+epFpuFyASNXPL9l5lZw8C3MbWGDATYxZcq/9TIqfciLKN+zWEUj6ZeKlLcmrTgsjJyVBCVuWx2",
-	"qL3pyaiu+NBDkNJLxfQ6WjjNlc4q0S7CEroXNmqEOcYkxssOBhq44TE2oyFbohyHqSgVHXTapYrH50p9",
-	"bjT+9zoMYnoXuVIXKYy2y1UgbiIhSPHRyQ+CgZ+1dDwHh8XxvLbxAKWYHXzvY6KJB7lSA3z4oe1uUhBw",
-	"aebQOKpSGNwxWp15O9YNa5tUZvTDDqRQwG/Ok6VQ6/xhzoTGajmROInRIsoyo5huMMp0MNKnNmKMAZWA",
-	"zbnOqx6tpw3H5Oa7+yHRow98RAGdkYzSdWx4ZfM7lw7NSHj7Kkajr+xmeMoORk6zLmJ6oOFjxB22D0OP",
-	"mlwsSjGdqk0K9BKZgdV8XojzSEkpIivFo1SB2VVQyKR8Iq3ehjciu04i8ZXk1zxBy/p+PmqyaVR2sS6P",
-	"VfgSwcFvf1ZsLNq9ZlOTpWjwLDaPXCHRiGfxrYNbu7S8GRW97bRsYqBBjhp8WdXw2M4rN3F5iXtTtVv5",
-	"wB8A/H54QLt3NeY5n3FMxVvLTPBoQSuobmbTcJWtbBms9eWJhO776rSiyos/jG0ei5WQMRgNliIuzS3m",
-	"5g4mMsmt24WitaQ9oya14KuVkOZa9fsvjS08lda1NyHDDi3AstntUtQclbk0mbqJoCTjU1nR93AxSV6E",
-	"ynNgDJmIFMSoVwryGpLc8xZBTmFgXXIqm0py1OWbJBI9SFcYsLDxMoWsi89pUhTNg5pUh+JSmSsECQJG",
-	"f5jzJDX8EfIpGN4Zsv1JOdyKnIG+MYSZGygvZF3IX3HmvOGIecalBqboCNHMtc4E63KWKp2b+Qr+FzBu",
-	"WHHC0+QHvLH0896p2d7wERhgP4QBrLGNuB/QHv9K8nUOGQLvaYev/YG8S/pGQO4Dxhcom4ZxzT46o5+T",
-	"f+JjwTORsel6NDqMrsQW/iE+Kkvlg+Iif1Web+8bXFrnQ8lj+16Jdr59lZF9GqlLmWjwr/pzk45UMoCH",
-	"5WP9+uuvB2aXMM0oF81RaF78wtATrFiwXBmbuByLxi3u7Mp1RZLQ69VKZbmIvxBxws/hN+9FGm7Ai6UZ",
-	"8QKmrRJJXtU9uWb+RGaCsi597JODm4PBHIzmuANhuBEGMMIAHn0oErHaNFiihmFwzcLq64VAJE27VVGp",
-	"jT7kVkZx+xTDfVUa+ZtaZ2yG3waQY2qDjGYzV5lhaHmCelFJapeH+XrBc8p4MLabxOxWqTb1MSFP5bbt",
-	"ovWeYcT0nTsonmV8a/5eoZZZX8lr5PjA/e2CrOfKLEpielrocW7wJPNMwO6jwNyK/KHW+s7P1Pim4ysW",
-	"9iWKJHw1+05EMEh51NprnkmG4WSb57Pj2FqGeIG6v33wI8OdJOh9SX5KLnMpLnmeXJdZxeHRyUnQmats",
-	"yXP0dT0+6tSzf4KOi1ffsoPP7O+qm+UFvOktmrYKM8+b9yjPxXJljGhDDJAIB44Smy2f1/Tt/fcP2Cue",
-	"AaocMWT3t+4p6+ZezhM+Wc4HOjjZd2Ox7OKC5yWe2hmPxseDg4PB+OR8PJocjidHB3/veCPGPBcDsk0q",
-	"zP0+pxV0SD+5QF5e5wpbxlmI+lVoFTr8E3fDbftHmsUiShNDySp2dSSJ1Ov5PImMEnUBFxuC5/lCZJtE",
-	"CxbKdZqGZhPNP5A3YTZU7fWShjytL1f8+7VgSRywVSbmyY2IWRgtLsJ9ChNqM7gEtPZkN3Ju4Uas+Fbv",
-	"lexWm4nk1AW61Fvzz8xvrNudSLSSf7a8MNR/cZ1o3jSPFaa1AiriXCEFmapHaW1VFGiYSgHnbe9joiHt",
-	"NsGU6pkwKr4xEOJegFG5UK+jSIjY0I3KHA1RdilVMFn+GXTcrztIkyI2nKJ4Uf/7eiKfz3Igb8tLJXRJ",
-	"Ox4vom2pnUPlPpTuaSPjgq+RfXlpdTyOE7PRPH3lMaI5T7Wo24XWSpozn7vM12lKLKbO0O5BPbmiiTBj",
-	"PTdaWGFNmQMGv6YWE2Ocva0+/hbsvzRnb82Xg8GA0f+bP0OfCkP2ltFh6crXS3DEmX/u+BGu8hNkJfBD",
-	"YisxlAiMw4CF9AkcUsjCSyFFlkQX9HFYGdFnQZ8CB9pn0AbGZcadyk8hBx73RVNwAuu+jDVqS4TQdkUb",
-	"uW1LZ2LBrxOjv+3c1XnKr7ZmzWUL2FAq+qIxSZ9upraRPbWROs8EX4LpguFNFh7f3IR0Q+0BTNhWrdml",
-	"yDF4jMOdtmUGVRZn/Yq15RUpKyW318RGqK2BbhO11jJPUsiih5z3zGXayyhJRebHrcsryHguILUaqaW8",
-	"Cpxcs/BofBLiy5Q8JLScypDGsH9NWbP1Ma17wqkeszX6RAqmaQagoU/pRYA5OvY5TyQFEozqJ24SDayU",
-	"eMHbMpMs8/j6bfI+LN8e74vaJfC+AwLz/i484Q177H3qb1OZW+8WSxWGXeFm7XwWcrfuy2YhXJxRauud",
-	"9UO1uV05DI32F7I/sYOT4cnJXoqhy8Q/of/tTse/n4pXeqnqO36aCSMNbrDMCPJEzG2E6goBJiWVko1G",
-	"XlI1ZLMs+RbdfUrmPJHs5Vefs+5XfxyNRiNjzYL5sVrneEfkGkuPFiKruC3ON4oJvcrM5dJUShNlKtGa",
-	"Y66tV2YxGpWz3/9jOr0Zjb7t/8utRFbXAtrpDMsC7ktoaLOikQr76QxGa6bfiwLJAFLrfDcdlskOduxX",
-	"I7s8kV4ZOlWgdGb8wqgfF+qqU989UExmXF4xHkHF5ISFxQMhKqE2aFXkh1L2k16oLMekvtOpdA9iSCok",
-	"kYlSgIa3350W05C8XULOV4n1TyWxeBQaVOmH4pdcW9plK4DveC4yXPJ3amZ1g543l07VJpxKzC/LBcpI",
-	"zbh2RecY6yurzaUdLL+k94Fl6/5cZTZdGufh7g96cO57fyhUoObmPK3W75RXcCWGP74LsVAKfgrFcuhq",
-	"pdq7JU+kpq9tvOg+Nw5HKC4ciufme8c+QaqcVNdjTKPqgix0BL1Wuab/QS7tu6bj8a5xddtTtRHZIOJa",
-	"sBdvvmRH44Mn7kXBokeOBqqgc8Wmic6HDF1cGncp0e6xqeSZsGUR8LXRknyRGUGFt7kx4VrHRgsX68z8",
-	"53K2Mv+JFnP4D4fv+DoOT6cSs0O3QuKD3622YWDM2GgBCaBSSQgxefdlrc29EOusE3QuZ6tO0PluZW5G",
-	"tJib/+dgJq4rFic+VLOon1+LJrp5o4z64kjQxusMEaFQhUPQAdtkSW4uug3cG7UaWAXHCDrXljDkpZia",
-	"XcKJZmRUxCJNriFH1BWZKBkJN9FGzBZKXTEhYwjN4U6UiX9/79N4f+9TzHPeftnRp1O/awl5ejnRkDWD",
-	"cbuMbhGJTNrad1vAjLFUCKmB97wk9IrLjVpXATbR5ggqxBudeuEIavboNF2uvd1T4jq/CA27iNcYHhD2",
-	"UAFbwtySsoZkHnj877PD6OXT5V9+OLh5nR9vm04gp0iOJXtUd42A7NhdGPp+FPqI3C2G3xv2VPoJKjN2",
-	"DPqryT9TmmsPBw2FbzxKJApqEitw5z5PdJMbHepjDdkI8yMdGEXf6BAglet831LpXoEBvOsNwYsF1xdL",
-	"lTV6TAWkr5lvaUlsrtJUbU7Zimu83Km5tWEShxAl0jnPjPV3wTFonyswxvOFWA6LzZwplQoua7sJL+St",
-	"qGn/oHTa5cRWSFSKcvUbSl5SZ+obSLVsDe9NlUiYT5roCeOIaABsCDwAZWgEjJl1Qyqrw5J8dKjwqWys",
-	"+TLyQ3JABIDsNCMVqnkMvRpYkNNdajfGFeE1hsMSzTaZsoA+SU5rYyuRUayymOTWOsDbbgXua7GkpnP8",
-	"TPDU2EE/NtcOrdMcD28BvzN666xB9Wn1CRv9GiC18PltxbV9u5JIIzctvVoYEKmsxXHppbIBzIKa28pI",
-	"kG9JOfleN6h26GNpHn0uZIRO6yshJyw8CJ3Cjnq8y2w2Wl+UiaUA1BZASIHyFS6ZuFklgNqClSKJpsCk",
-	"uhbZkD2HvBgj5wuvrp/mHilpJSRyeyjO42zF11CGo9LYGDPkKYq4pFCeGR1HheR384kUsE/m5CtUf3Cr",
-	"SVfSAWqXWbqqwg3XzMGAVMIPdYVhtL/CgLuoG1cQFssL2Spda2IcZYAT1rWgJX4q45BZ4I5Ee3gdU7nk",
-	"W3NFG0E7LN5KCbCjVmLQ9O6Ho3u8+1UTBhVByQQOFamGfoEoPOUz2Atio2EJqYquRHwBftcmEkhSonWX",
-	"6e9XfQXIKQxDxktAp8m6ttCO586bu+RbtHGBho39C1E/HEKq2hwJUXPjXt4aJ7Ru9wsQPM3bDBJ4tTAL",
-	"L99PowWkIofAAAhmEVt/OTJ/VJqmMiS1kgg1ZF2V0U/ILA3xv+4XLjI2T2SiFyIGMCzyDPulMJGSeSLX",
-	"QqPJBS6zCvHZITqN748pv7uiQ5+dn7+ygQjiUQV8TdO9B5osE96rL9+c75ofgC9uBSC887S3YP89Ivd8",
-	"88rQWX3RJgLd1uAP7BqpcMU+DjULjoTNPZFUoGcz4n2AvtFBK8167LhVKCfywsIZ+cFaD8xhLaG+HVGQ",
-	"IBhrieqUhY6eQzQTAdXJS46kV+ta9CWLPZObWxoLHof2osPJaJEzDuhCiB1E61DZVHZzpdiSy62LRME+",
-	"+YWYWHe6lpnQKr1GExZURumoEBl7xX739sDYDPaVwH3IK4aI/+1ubQWRilwouMI2AqdH1G5UhcTrdFVh",
-	"rhUzx5N7TZoSRDl25QupjYirSUMB+kFnZvMRTch8C5ac1vN1ah1NHyb28UFzYA4moycfNgdmZ4AEstCL",
-	"TyBnW5pdhuWDnui4wd0CGw+X8GL4YHi/RJTbE0RsYJacny5s3w0NyQGURZG5APptgThg/wlGGf4eNqL4",
-	"AtL2IGWvLTPE+i/oiUqg0f1sD59DUyaI/9YeM7gl7wPu6G0OCRRSD+qQQN5wf4cE1Tr/6g4JjLDVF/uF",
-	"kmKL+bNF/IyiZhAMKYWG7sPN3j94dj9GdjA5GE1Ghx+ckZVDbrUsZW/3QGKUmcaueNBtqYKfgurrUgXR",
-	"VWishK1NBaxF3D5sFuBKVXnibrC2e7DGrsWjPS1H/GzFCakJkBRnFDksJ8nDSuokAEUs1bW1P5fmFjhr",
-	"Abmmn0LHzmwKpoOoI1GN2pu2wYCprMeeW7hssbqC5Tb5eR+C4Toa9Rju3fLukH/cxoApe/xBOTBxrvuz",
-	"YJvS/uvzYCpoaNI0X3/6jJ0cHT9hVD7BsJRDU1wmaC5x8EtF0K2GMKbgEYaiL4zWoHNFI17fV69fQIXB",
-	"VYJGAPx4MpXh7SUdWEwEsUnw0K6lkW6RyoRGgIEIkPvZYrtaCKmx5ChEdrTXBBHP4kHsUhEh3Ah5Te6z",
-	"obGwYmEBbqYS4nkIHZxjiQslJSx5tEikGGSCYwQYL84poMJGC+sJNKwDwlpJnooQaudC3HwX5ASNSWVs",
-	"JdQqRbT9Jd96GE21cF8jwwbc0eqi0HlvHhj68dNyMVYdXq8dgrAd3bEV9qkV8qX6BRh/QWMRf72IvLVK",
-	"yQdkQAMPILIAaUsUwcAaflnx8Ypv6bMScbgIG/yoiP27SNsFAQpQ1h7srJd0Shwbj7Ox6tgehE4uJc/X",
-	"GX5WAS5pqrItW8yVRdcju15mbLPgr9yKoJZPngmuHVRZY26tGaWayFsW3/WnmheLRWd1sbBYL7n0SP1m",
-	"lXIUROh8SLTFcaEcLc+Us6meUMpHr0kAVCzReo1phXUXN4FINu5ZHXwQRqshUe4ll7wQX4NsKtAi93fH",
-	"8Zy0jAdzv+3rdQOObo/E9VTxV3E0Gjcp4lQtWD96YMFBlQKobt2+ekkClV/6mTn7XVfEht5rExdCTvKl",
-	"CzC0z3RHoeSbE+ssGbi8zVsVNFs/CVvmW77mkrfoC3idXQbM/pkeZxJj4ag30L2plG1BapexTo0w43Hs",
-	"kj0Ads0wcoiTUb74VDow+0wwYtZYq34pCyCgxryXHQEvL8ubGuOAf9KsHSzHr2RyY6vqy8bik8dHR0dP",
-	"Dx+P9zIZrc55S8Wpt+GfmCda7J/zCrfFvU7iUz+xxOxTXOScxE2ZJitxnV8cnf/w9Oov4+XHjzcvD6K/",
-	"XndugTavJ5584FyThuHvnHGyK92kYePvnNfkHweuN3CZjZnNEXa0BRrxzLzvB3ZpnNyj8LMhenZbrmCZ",
-	"qloy6fZRK3yqAQXYYx2+LL6nM6Eokrlojch6hTSV3AMUUKRfIWujDJeCjXQV+ibwi6l03xTwOWAyuE4+",
-	"Nu5v0x4cHgXk3BfNFlIV8RS7uwDGhqWuBpqqxA55tBSD5kS4W+757R6gsHRtvRNzvhFbPNroE+rd2wVU",
-	"vXNqI1kSu9yOtitYYX/R4uLk08vDxb89ufp8/P3Xx+J1fvuu7FJr/CWRdmOXZE1p3IiWasnOe9RAVog7",
-	"2JWegynbbQ5ZdCuJGJ2yDWnZ9wkr4VGIPbOrb8+PbmBiReJne0czt457VQzv5/odjScHJ/u7fvd2cWai",
-	"6uLMxMXxX7cH/PXTy/Pl4ezf5ePFBy4LvqXc95co9vW7yTmX476hHKT821yJvOh/R4hEAVNp/FBeRbp+",
-	"9/cq0qJ+fa/i15h+fhZdtVz+yFBNKuJLyKzDvS3EJUiuhs20WuttrUCd7IvZgscON2QmhCyQrk9L0LTo",
-	"NytffypNqe4HJAmI5LrJhDhLN3yrGS3n55/+uyyJNZ+LdEupaJXZSmKubfPdzIG3G/UTAJS2aJ0l+fYN",
-	"QAVhByeABjpbNyXknEmHb+S8unuBN4VD9iInX+c8cQWxCPuZC8ll3htO5SdiqSBTc8JCfYUBJqOChKxL",
-	"Pw7hT+x+6H5ymaqZuPF+RB9QagjiIJn9sqhHHhIQgvQkcq4ssBHHHgbUhOcVGddFmaPV4joNwG16ydPU",
-	"Vm9r2CxzvP0+ukH6/YD1++T26PcR41DnhmWUDFzzK7qm5hHAKuv3KRxgm67lCxepgUmg2WgSLUg5hG4A",
-	"A6BYKDj300oNhVH3qGwL3vaXIt+o7EpbK9BLdyzXjhCYFYf+AjYzktAgwRGEVWkKijkldNrIRZri0obs",
-	"+Q2P8nQ7gLH62BGz7/UjjNTS5rLlG6MHJwj2egkMbFLuboYVU9gSk1B4m1Zk6+yTnNDTYxWtl3TZCJQy",
-	"z3iEda0zlS/YgqfXQsPO/OEP7KyEq2U+xLzd8NH1Qej2KeIZlfP74GacIdVRFjFENsJwKpuvjU/09MOp",
-	"dG0Dy9en30dy7/eLK8TON4rF5hbhdxrrxRH8Dl1XM3UzmcqQrlX5mtG9cvepesN6p34eF+Qb602SR1D2",
-	"v2RqPh9O5Zm92JiKrIXQgevYBxGDNE1iUYFRd70UbSoE3ZLACdGppBoJVc/snjjoe5Fq6jxb1POPjsKK",
-	"CVWrBJhKSCGcbYHs7OaRCbVRrNrMUQ/ZmQ/wZqEJPPg3bmY+wIaL4SPMk/8hDApkP7ekQqbZiqxu+Ij+",
-	"6WFsuqhOoqfSw3rDdSe5ZqFzRwzeWD9/aPtpUruTHpNCxEwqu1ZL5T5UfZRyrYUuSL24dMBXNPZRMb+y",
-	"tXp+4hP41lDGhjcD77BCJm5yIbWheUS6wDHe1n73li0Fl2Z337KF2jhuVcO/qGJhAG97y0LzXzPMa8Fj",
-	"fUqiW1txPoRvzHjzTIh0O8SHYct4mm49lmIGo8/NeJ8o6rUJAJWGNV77PQ2xCQug+NHvgNV1MR4EnJ5S",
-	"noDQJ5ToaD8NWDgejRDiDQhJgnJbXa5DisAu2kXZX+HboX4w9GII1fmWhfAP8x5Yf6vh4qCGA24CsxUv",
-	"IWmLy/o1wXmhsiDwmnr4qaNkurrrVs6HNQx+mTggM6+asXjFOgApALkX7xEAFSFGPvZUti82sF+YN/xC",
-	"mZOBDIldGGA7Xxe7bWpU6hOJhTpqmUSYEU5MrIxwSo00tLC4HR7GyC4XUSwyo7UV6Uyaqj0sIoiX9u0q",
-	"PcgyBWK8ZQtPXZK9rYGPMq4XTLlmIA45ZeNKtEqAMeY0Vysgxx2Hka0lbtl3alaczHdqZg7lDKrVB9la",
-	"wuWmR7qcnCy926nPylvoe4JZNbjNRoFB7FcoxiCfieFNZiEVggzHozE7o5ycsJ0srUJhhrASPgGBestu",
-	"ewYTyZzxaByespVKU+SMtvN+UVbUdHNLfvi3LPT/Nhv6QmIvYVvTWPXbF6aFMe3MorFySmKPZdL39Clz",
-	"j1GcpLC+ysEShDb6wx9gnDo0MEob85PXZJIUDkviPkH9toLe4RFKUUpTdEo3JwO90m2LdKMU11qwG3Xo",
-	"ln7pPC8giupt0aGiZCoH8H7UOttQ8+3d0CdTydj7NDw3z+/qec7u2/LcDFzqes7u2/Tcbkxj33N2l7bn",
-	"SFS60vwc90Ay6BiO1UMcWAbWsN23c7gZFZqHO81shO8CDb/NhutIrURcbvo9QTZsWS0qrs1669C7FJZD",
-	"ed28zbdfey2sAw+KH1kStUJx7b/LQfYJe/PZ2WB8/Nh+3u9jAoqxD+GAjX2YL4xRSYzO2Ae1duHmdiBn",
-	"BL2ZachywfbtlzKZJxGXuVEzc6FXPAKsPmgo3xuy12IAOoshengYIgmDRIJdQvFqC27r2B69AGlg5mfc",
-	"3aqpMRDNwFhQx334saLdUNFaiBWdhYqO5k3NyGyXITCM8fQ400kKzBUrHZxtCFmQ9jiLVuxoPgzR/Mr4",
-	"pgzbWzSPpzO3NqQ12Oho0ai2aBek8vm6O/v5P/+LrXimi96M5hNI7DBf+xLv5//8L3PO0LeR+oub33cN",
-	"YyStJJFaZPkp2ywUvDX+jSJrI/FYXAldD6bCP8UQ9XGd5GvUMd4WSttbeuH/t0X7JmWgMIiaugG9xVvH",
-	"2pv2vzVWSTFY0fISmEGA3VGUvAzYjMelvr3uxiMH6LVPZptlepO57qKUTtO1BEdV5TqotAj1h68k5iD1",
-	"YnG8TYQsZrJSJ/Cou9Tyv4nUcbbxuOFliMwbZyhBDZGVkYBnE/vdv8WGcqytkV8DAt4e8zhDgKDwauVw",
-	"/f5sm2NSovlHvw9X1JlOa6Pzmj9wJ1BxeoZw44NzyAh95GtO5mGo+d3RFYq9hZ/tXrfRhA2pVatUYfs9",
-	"Xl1p79fvW5XZ+eTKxkC/3zx90WOyVqn81u//710ghBROrQvC8KJLJUWvmMBwB0js0n6/V+AXDvO61OaV",
-	"s0hlGTb3agNxBBY2YfPkBjsJIiC71aZsp5Yhc1PjqxWFujNxyWVRvGNL/DTJKp4J26Gi1O+LpcmVsBFE",
-	"DRgRkZdbxbqAxtmD7r5GfgitB9k6BVYMnWix4dVUxmsQWcWCukj50I2KaxbW0jONhtqYd0lZtk25l7AS",
-	"8zpyKr2WaUmpmxvrhsdg3puzOmP9vtc1ojAMKXYOjr3mThZB0f4RYDohjnY0Pgl7rr8xl0VPNa9Pa6LJ",
-	"1GtrqVG/9kGlwYiR27ZxH3do/UCSWFja2PdjuNNYonH80ma6WKdQyRNdXULfTx/mk6daOYtV50YR89sr",
-	"Y9IShPcNrSPxuiJzgNV0ZqOL/thiaViQM98cE0PwBBD6ryvXFm9fpd8jqpaZwAQ020rROtQbEAnMmVut",
-	"UOQ59JQOX3zy/ItXX54/f/nsbxd/fv63i9fPz5+/PH/x5UtDc5AUYb0GhUvG1UWfsvBfn59P5aPrg2ov",
-	"Sf3oxyuxfRcyvVAbjSL7I83Couo0LAASbL2tuZEbIVbYEVfk1sBACqhiJZCStdZCl/ES+v0GFtfv2/5/",
-	"pJTEyFwMNUNXZ4RVoWhYQIl30EglUpJcakP2RvnrtXArZERA8zKseDHM25ADOOLBcrSxOPgtNfqymQxl",
-	"T0iuENCAa+o8GVDzLTiy79diTSBcFInIBARUtUW7hD0hjbfaX7Nm0waWnQOuYOVAPIIEbGE0vcGYxc6w",
-	"tu9tUclt1RnbLJEIjoNBMEHrl9Lh6SWKtl2Yp4ycyZ6yuU9GXyGUzwW/Fixby14AHXSORiesRckIkGsF",
-	"hieN8T+H5Aw4Hh2h75yipVkL96h7IEqefiOthuwzJdW60vFoKruUndnDTVplQguZ+/lhhvEwNZ+TWrdO",
-	"U/ZdkhuTcypDnQqxYn9iho7VsjsK2DKR3YivjH6qBfvf/z8b/wfRS69nG8ZzRuh8hHOKLkVbBc9ZrnJj",
-	"rsaCxyDmjGUWi0ZNobhsZmtm69gwLK0IUAP4P790fY3MnUnmCZgtlgbBGegM6vDo5ibc2dWbnTkMbBCh",
-	"VvAWMhfko5Fx9tpUzQAq6AGOSiRJANLWhHSahw0aJY7pQo5RYPN+LHh2Emuk2X6f8AWNalHBE6xkPfb7",
-	"RcaQYTuEyJtIhBc0y/wXAOc9BacOvJH58rsV9sX+3//f8WiEt2ArJKEJellIDtZ2niqe6yEu75lbOK2w",
-	"MT1Sxb4+WYZQnJThD2FxhICI6IYNQIg0+YvYzkqJhujAsoE4aJNDGUMTKhRnXWCpvQA7Jdh+W70AE4rM",
-	"7F1UlMxHK2V+Qo7cgNDrWBe8j0XveGfsLmld58nSMMflyi7v9afP2OHh4QlzqU9wgl+dP7N0gJpmEZ6y",
-	"QGKG6m8pSGPd9kK0gGkhUJyFVPMWYhsl3rO7RGn6VJ721esXdAlr9VFY7eUXbeEnAXg9ypVbzBZuDVlR",
-	"93ansjbKs6AeubeUt92hrq25B304ZP+OHgpPJBjyJCVuPqfGkGgww83BX4WnJS1eg1MdOoeUQPXhoAEV",
-	"AceOOODtWGEst2AkAzQ8sMeNYXkAvFVwGrMeTdIsPBodhyysF205tixZeGY+Ch2CHIpl8jdxtModVD00",
-	"4gO/ajf85Pnnz8+fex3CDSHxbVNbL1rL05DV2m2iEOKeCwosrQIcf3cnT+hmh0OxbnPjztOGFpyQkVfv",
-	"w4mSdzlLLtdqrQvEYk4JZBZvp9UPQgoLl4RuK1ItCOrUnAnh/dGVBIGFzmpOtRwUXu2GP04pUW/ambCD",
-	"gPl/jt+5mDhwlcxuhdOl0u0pezEwcwXAGJ4cnRw6Q62SvGTYZdnVAMKsJcKBGVBKYlIdaJVKCnAyD9kX",
-	"ru8YblmklisOMHDg7U6k83enW9YNzzyGZNYKztJMi/xPX51/OngK3MB83ju1QIlAGlazhR8VaiA57ah9",
-	"HJAxRQsgFWGHo2TJsysNJEgmeMV9c1rxB3UtfqFVpKYSE3gsabQqflbHO6TMDGKurtiBu17drkcX65oL",
-	"MpW5whgaWAa9U98bZEnIFuTYVtOnLPzrgECmBy/i0MuNd03+LZ59wBKAD5xKTHFjq5RTWFDNCeH+YPyU",
-	"pSJH32CcXCZGdQsHhoAukJ0Pw94EozaQKqCsFB+yszSdyjmAvWfgZDJXD7CYMrXRGCk5A4/HwBBjptLB",
-	"c/jR4DM8UJvWliaRkFp4uWpnKx4txGA8HHWCzjpLvRqxzWYz5PD1UGWXj+hZ/ejzF8+ev3zzHJ555zWG",
-	"rWe9nb160Qk61yLTmOw2Gh7gM2olJF8lnUnncDgaHkI9Tr6AXEKb9WL+fSkaO5tRjs7YcJFaIjHYKity",
-	"NmUAevDZ+fkrSCaMFiK6AqWr6JaKPi05lSqLFkLnmKbkOCjZYI53GgYzExFfk/Pdb7I5yxIxT7eMbzhm",
-	"yNTSYyZgg8zBTVPJLrEdUTBZg87LCaYXcWfS+VeRf0abU4BCwaaNR6MdPRYbeivaDO2Outq/RyHhg7a0",
-	"KPT2n6fQEs7PFu1Mvvk28Fr5fp5cC7ACAEW0E3Ryfqk7k286ePydb4NOKbunM+mYjYMxKRlqbwoRsnR8",
-	"Ri+IocHlfJ2iK6dbPUrXLZUYP7CdqXRWHnlCU8Vjm1AJMbmVdv2t84zP50mE0cEEdaok4h+IMF7jlvzG",
-	"6OI1tlVUqHbYLYGW7sejw7Zx3Ss8amjZvYuozHTJvanq+uDRrGiD2UhZfjfMcuPKUsPIRKNy6YST7Xg5",
-	"qdW26GAqU7PirKEvJWG9X1PnSSyXZkUVBcVMV4ZBQYxXaZerj/4vOxLGcsi7ucFGH6xrgWRAXvZOjRSD",
-	"hAlj+mAWTA34ZSq9Fx2ywjiFLk9+fhGk80FWyMxIxdoOlRtITtDX6u4gKowa1PaGwkaes41apzFEVeKM",
-	"b6zB//A362OHk/B+V8vrjvpNUcGEvTIrCPHvvvUamHo/Rsio2o/3vqj2VdqazNr+Me+CztHo4Pbr+VWl",
-	"G/Ix7snuh15QdMOhCbwXJ3B3/19FXsLz8i4/XYJbbz/dyEc/uoqfd62c4DXdCB872qUfO69uAVilZAFe",
-	"y60lS7nT9j5PJf2q6Eu6gStdRHMqfcfRJbsVgEosnY82iSG9hRIUjAGBCSeBy2QhP+nD35ZnCweR8l6X",
-	"pdxiwSuDa+thWmuyUK4mles0xdK3ltq723oy1JtqVtuQOdlZ1JftfTNp21oupi2DhHu5xxX7mLv2OPe9",
-	"ykejo9sfeqnyTxVVlv3ad9+W0Hn33mKFtN57c6Y2YQMYbdM6ip/QKb0gntvCMh6RAG5lHZ8nOreGJMr8",
-	"Cga94yN+CWCJqzgNABkGcAmv+LudTSDD8ZnSkL3il9blsM60ygZGAMcTV+Q3lVDgR0lkFL0qmihBDePu",
-	"6j8mxQ1AxvpcyhaX+6yK/VKcypwBdQLv3JUKoFNh513wY1tvqSR28DJ+U1TYKIzoFTEpV1bPcypkypLL",
-	"RY4JEdCfp+tTAfL5hB5wVio0reDesfhthEvZi3uU8ybmZb5fi2zbCayboHy2HZ+teQ30xsfH1XJ2v53e",
-	"2eDvfPDDaHBy8e0fm1rqffu+UgOLYj2FCfWl2xv0tMkXr7YaHm/esCbG/61fWwv1nnvLAq9kuEEeFEXD",
-	"RVF7UTb8u4xokxFmPxvqrD1xYT/5EOIi6KyU3qFGYsUJhT/9Yndbq9FaiwL4BhBlVtAF1xiDQ0wcNqZS",
-	"SN1vXE0cWqYNLeO62vW+wygGDEqRuiF7Y5OizQQJT9141PZiyWNx6qouzUK3ZOJhOpRHrrFDlhHXQjJy",
-	"0ZoHsjW0J6CahnSLmItemgPkx9iMC2csCjlXWST0TiOQKk9s5KZSgWLESLXCAFCla678BEMbCdQ1fI75",
-	"ZlaSeRwdqoCMBVwr/cG8F6/2h6KB7WU+rqanOduuizkZU9mY89Rz+U7UPCjL1iv0dMNCbeoDkuASCqAK",
-	"lPcIk3y/pPw7Gxobjw4o6k+jOJIdsjcQADhlNcx/cvG3BxNsqOskbMulmziCNudQhFFaiNouZipZKU/Q",
-	"n6gRRJFejm5fnMSYB4kviY0HdJEAtk7TrZnCYX3QtK1zNiYDlvaz9HbNfV4pQ8FM7LhaAdhfOKnhMCX1",
-	"vgAcf6hEal3irlS/CTrP54mERkGY8eHSDvwCORcWPMWd2ZHHB0ZxOUpU5AjiZUIKtlt4hOuAZEw6IiyH",
-	"gtIQo0EO2bOFiK5E7Ce1UiIZ5LYSTEMRuqypiH6z0TvriOV+VB1UbUDafqzi7f5aDfZEW6eAOOk7Ovfs",
-	"TNoJOlA40Zn8+A7ll+HdjYMVXkRRmFL2YV+jAqVkT7O2oWHru3fv3tUUvYP7uQd+Pf3ubspcm2FfZZ4g",
-	"2oxMv41TBkjstmiGmJwrvmhC2zQC2rU+okCvWX3DJG0vRU8V1J27J94FHRtTbWsgh7zRXthu6NvP0eLi",
-	"55/+J+wF5PHCkmiPA5CJN5xKMtusX9wFbOmlE4jINrI33+oi1M9qL7/ykhpIqcBMQViVggqq1sy737Im",
-	"fjR6evsDtKpzAjmGx052XFQ/L6rKw5qhikt8yAPNIhQ3FLMgXh39+EwJXXutMMgWq7fzjKC/6idaE+Ml",
-	"vC578Y9GJ0WcmwbD4LA3mwcQcwvCKgwwkCofeAMApEwzZnVtl8p1KETVibYCDoM9VC7dsF+t0Nhuw84a",
-	"Bq8owsVEM2EEkIM/skn7Rc6xJ9mxeXpdh23d7UpyvNF5cK17b3dzNhoBIDXhZJe2+wunhO0UrnZr25C3",
-	"3c6+di6a8fFoRLYRcvGDo5OTNjnOlHQAdnUqbt09qyfQLIWHdN/NwxUMaIBB5Lmp95N/tg1AgwD8El2e",
-	"VG3r0oH1KQP0H4CH4aCVzLaUB2nNj7YMISM++W0Xo0qvRj89dzU1UAPtFMMJlKdUlFObJoeypdEmQ021",
-	"pR7IrPJOZgzV5BeaPvTo8AujJky3ybtb7a1mA8hZ2fe2gR5wiY32klvhw5hMmARSt5R6+73JsJEwscWd",
-	"XWiRZ4p+DUebJO9ypZia5wLRcDZcm4W29sRz2dFAg6eMgMhc2tgHU/S8y9DQqZ4uR67w6pD95bL161eF",
-	"vcIiCnKOtF5uJdNtvQ2t54je0ZAWtbGDPRyJr/g2VTw+V+pz5HXmueN9VDKXdA+ZnOdmBebh8XgPn2el",
-	"fTF0pPiVHaYkOxriajscpWUPmousI9DILRExuLJNbdYnVG4J2N1YrlBG6PY+s6EtwL8LqzDg4ZA95wh3",
-	"J6kBd5Kb+2azow1NekgujGvLA+WlsZ6mssBN6nL/p8geZuqmRxmFNAmAqWmWzOFOQ3lVMkcoLBgU0l+X",
-	"ZhVxWygOMDzM5cdM8Q8VD3uOh/Rg4TDpwDJ3xL/wJ83hL4boOsCw00QDXkTXJ4xewJKhGHohRuhtbQON",
-	"zWEyjLROpUduO0Jk4jq/GP85fjL/7OC7r/XJ958vj1b/GDGyW5Iqxn/vFH0EKukYtztcqskYt2VXECwx",
-	"bPfjf58dRi+fLv/yw8HN6/x4W+xCwQWA3n6zb9BAMPQGtd4C7xMohAt7e5wQafwXjQz+6oE+YXmZlVn0",
-	"wW0pYM3Vzq2C6w0UQVfqaqCqHdg1Gjj9vmE1/X4DAuWGQJah5twrdwS8gKIxc1ButJzZ1sndVt3QWt/V",
-	"nslTCVmU1BC7BiMBbNlvqVw0U+4FDUgVIBEhV9pIKcB+EzKCFBWaMaRi84zQi3Y3vga1l/K1bXm4bf0+",
-	"ZF8ILhFwNRU8Ayw4gHnEyEOuIpUSeI4Zx/yOVLLTZi9pCZ1noTbSiPSKQVeuKUUQBohAGCnuNxXHWKdF",
-	"BN2qdQAFngANrTdiVcg03VCUq7KpnIlUIXJtJR0GLZN8o6hANUZZuE70wlqHq3W2Ulr0PlBWXyWc8T4y",
-	"iFrG2S7aJWfLmYcF0xCCoIbZRmTewvpHfy83wi5+czgq/QbacuyFtVbtuk0ZhZW23qXW+dVO+balfbmD",
-	"/R1aXtUazEP3dxeeKHYV8amLrubVXUaT3thnEDvym7o7oMcyhAh2uaufxXjnWRwdUVPaHWfhfoNncRCd",
-	"zI9mYzF4wg/jwZF4Oh+czB7zwTg+jp6Kg/mIP5ntexYk5ouePPc7kZPX+ZH8eLz5q3i8/YofRLtOBFfi",
-	"jsQ/hDt4zar2oOGDbTEkBOBAXvl7+k+bVvBC6pWI8lKeZVUee+qCryLsnw9UP5zKFB9pwrHjWC8Bbo8k",
-	"D1i/T7CNhNFWA45ENMep7IZ7YS5ip8/Qg5H8+af/mXbCXsBWIouEzAdCRioWsbOwoFaZa1cozbS4BMTz",
-	"roefwsJH2Orh/xl/GgaMM0D8o08Ag5hgHTG7k3AcAc44FjDfqQ8fQgV5kMyDX9P+dDnV0DNAlYVaj6mk",
-	"Sntml66k6FUNtj15ORhwcN2d/XZFkq0twLezT4/LCEa+sY+ro7GB+63ZuKyWjAvjTOWdk3FPWWgtjxCB",
-	"XKw6Ctj6RjPC8vMP4m34EvfpAb0NsA+7vQ34k1/N20D98du9DS2VB/9AGblHmLKxQ2U4nhyMKwUdYp11",
-	"KqLPq+doEtF+1obzF+xfVHIwGT1pLCqpcPiNYkKvjHRXNosvylSiNZd5x1tew5kWy6NCr7InwDCfvdUF",
-	"uEu3OwLIffhP5QhQls1YyU4f7BLqjZm6FvueW0ZDFjdVSFK5f1EPeu7YDTGhomjDEMpMAAOaSmrAT0Ae",
-	"tt8epEuSl0jfktPa7w/ZLWmq5xbgPIutJQ7ayFTeDsMPuZ57gPH7SapTWc9Shbc2FrcrJvVQzg+KIBn2",
-	"KyReHpRRuaayhATqfVvB97w9fwrivMZmn8rIHm0FE+68BGnZBDHsQQq3pxDC7fzVMggbnJ/vw9TumPoH",
-	"7+5l/lX1qwfLBPyN8vQ7cfA2Cw8vAzQTI5CSD5gmaKf4pTIFdz3tfvcLJ9O9T27cXQK9L+RXmiLMv0em",
-	"9xfszwjCkyTxXsIdJKVz85Nz50cb1LlbnTfpUe0V1+wXLLi20uWXqrf+Rdkoau4PxkN/d4/trKC+y326",
-	"X0UcHJFfP127iI+wq5V5pfsO3arBw8hwH4v6aVSItTL6NnRIUhb0d+bK1YalDh0E2wkgsa1XuqkpmNHT",
-	"cQ3YuKLc1avabQzxW3gZyqikVJefh5eQqtkSwI5g0PVhKi1SmqYcGGrS0yshw0JqH4DompMm7HGyVWi9",
-	"0KoRtokWMrHlTQU4On6FCYVdm6eX20zUqbQN5uzOIHKwM4Iq9gD0XBFZwlNzyWzSji0DnCCsH+n0YKZY",
-	"TOtNInUBPI48+lLkxJtPmpV3WNA/Mnu15/aQLDZgUm2gIpEyQ3sstPOEv23+u5cC94yylH91Hchelzvw",
-	"bGJK7VqQC2x9CO6LQxdu2I+wssM6UHKFcFkQciAA1V0d+L6UU1m05REe2IFfPu2uPPCPkBIIAQSjlkRI",
-	"OYNeqqFNDzN8hzIFQesj7wTlCM+2Xr2ssL0n5uvUlgVP5WbBc8gPcPj+a3Dq/0aqmM9LucmNlcsBIuUS",
-	"th3PGa+WMVt+jRkTkcpiyNY/GFIwwuzwz//5X4SVH/HUdchXGyjLJMOz66Rzrygnt5JvKhlj/X57qTTE",
-	"z3iOKOQzgUKOGnR5NfN+30QYExR7P5R6OpXjoUuOp8UVb1BEx23NqSsv46XGHFdiezqVh0MW2syAYhDs",
-	"DhGU7oQUG9fVxiVItvbGhLW398cEMpo3NGXE3jXQjqtovszlFpo4BjtrzWVEcNelET+yLXCMeuTa4FCz",
-	"gOZeHK4PTr9vCMql/HgkhS0c0rTWE/OSJ7KhnLi874Tzi8hyxcORSlO+0gAQnivYM7w9k4LROPSU+C61",
-	"8ETQD1oLPw6NAM3iC8IMi0NvmYARTZ+zrhaiAolt4Zstb8QCDewRD2FCSpfes8SBnSuG8P/WzM3iwLAy",
-	"qK83aq/YUOtVr9i93ipn4vFkw7CdgsAKvYGYtV/Iiavfv1S9fOy2gOUyuRYAwVYuYu9SlgvC4x/f3NhG",
-	"Ez2/mL10zjs615xWLlC1mWJr0XuS7yp2LyIPH6LW3WG3/Yq17hbjvZayZMjdWi4FyR+Nxj0/L6kVow2P",
-	"7BN6EFSgecqvttV5vKwnMxlAYdb5J4WUjSq3z+Q4EypwGNJpfz33i30GBuS5O9fj4zn/Nrzy/zzwfV6V",
-	"f1krtXrk3k59I9CqXn2206lveN8/s0N/fN+qdV/wlu8stBhOIsuLmsrSSw8HHV8ydyadSxzgohjAFQmf",
-	"N8r32RYONtF6LbIhpIXoHOGK75BDWtQJj72adq+9RnynWnaexYPY56qlUk0HhFhKxHPfMwvBdceta5ij",
-	"afeMKprUpjPWgA16o4qwziJj4/xGt/QhSq2bCapbUSxtr3Susc9HIqvqJJqKznmnG5XJCnvTuVF8nVHX",
-	"qmoGqOLtXRnsOqAXhaR+Paz7aiqhj31eVl3LngZQYhkH4wu11w/CKN/9XwHV8TsKxS+LQlGzj+pb7RQF",
-	"z+fvDCWIktX3tz6st7Xgr2NNfM0v6jcjt+4JDoHdubZ3xUCBxQEEin34QTEl8kUmhJer838ftkTXuh2g",
-	"9CdZCpaKec6UhJ5NCBNhez6B46V3OxxF3RAvkAn2scXLoOLMxWnm1IDTaxW9m8uX4R/A4N7hCCmx9YeF",
-	"WeiSaV5YfVdihVZfIi97FoahHYPh1M+ZdiK22BzwJCFR2EI68Bezlci0kr9DOPwO4fAhg0R4QRuCRDug",
-	"0VsgHGwThT0KG+in5coGwKkFwEIEd9uz0gHqGlypA/X/uDvu+AcqYnhFm/JwEOL0hjurGOg3ldqFcq0C",
-	"lSRQtL+pJqF0VjtqElbq4ujq+yfL8c1JPjuUmx8eb8XB4jp6msX/WKUJB7tLEw4mByOqVGwKzueJJBdI",
-	"Z8YvcqHzC3W1y4+1e18rOVDvgRKANHp7dQBRwj9XecDKXeC9m8W0BbjfCEDDLoC8WyCoINDdNQTSYzMu",
-	"rxiPoETeqEy2vxG/EnoqdSGHY77VNk2JeqGnSl4OyLwqt0OndmOoqALiDI8isTK3PK+lFY3ZGXxpNL4q",
-	"h+F+VBYpcsKK6CzGK/RUFsn3lc7736kZdgvl+qoaw7PmO8Qr5yKjov00VRsKgb9SaQqd6JkngB79iP+4",
-	"SOJ3IesuoEu32YIk12VdusegOpjRykPEVbApTM5dAVot6Dl2RSHOQDkAj9zf1r8BIdn7hugB45ybI/xO",
-	"zbx4/Xdqtm+oHpcTUNnkLMkdNycaw69w8ykWPpVm3iRvqO4Yh+0R5AmbdjjRx7QDD087GzLspx3qzjqV",
-	"LlCv0CTkOeNpaki6LZBsI6IY9KAykHHISgUeU9m9zQ3UA7U/yVkBzORRcL/PNURbzY7Te/T75iZNJXQE",
-	"hfMuakfMxJCfhgj0VlU5p+3UcMcrsehK1Hkq58mNKHAs7FK8/H26yZqpjYQNSvzmUBCbh7bu1JrXTOJ3",
-	"d4H+xj0Xxy7C2PYqtYSpx+HEbcJDwbS3IJk3wxvuAuXjOVhNrn6qYj8GjeiBKcLvk5PytOzFg4i9GdS/",
-	"Gow7BsOeuU4DTg2CFFDI1LGN5SpJOtSXDgHlt3T9vH50hnVjN/zaa85EqjbsB5Gp9hAsCuvfRrFQU7O5",
-	"HarOHYOQ+KZ3CkKO3+tFfmt63V1LhIg02rqvFkzGXnFqkoy8+u4lQ5g2s090sSgZCgBHB/HofS0COTCM",
-	"KIcM5fptTPdXwimnRSM8udU5VgrhySfYRtrTFSqCwk9WuRvsuDfVDvL5rcKP/9Ihigap04bb3MiMm+IR",
-	"TWNWwoqF/+F4NBqxta6gzjbO1R5V8GOTXtvKvWMK3vODmd/b83ds5lud4e2Qwg+uu7wX8vHvgMK/e6P/",
-	"MbzRr6jtNDhAfM/Hft4XZyZXXdK+R+BOdZxW6UcFBYAANxOvOKxrNamg7KigttlGwgMzA3DEMJEX8Isk",
-	"DxGwr5QivlTXVi0CFxHCKUpW90c4m9fXMMPekH29SFLhK1YEXYi8xtcvWMQzsClLvJFabOvm+2QUG0jt",
-	"v+SJ3L+2ldAQP1BxqzOHHqj86jdpCRSE87DGwLDMrXcyWccxgcY8j1mpVrJE5BO2Wai0jZ7QveIICuLZ",
-	"qeA6Zwe9ITuDlvDM1hJ4BA3EXGHK47sx5d/re9s6JK/sdbqLs/tOjgikS1fhuxGzhVJX+pHjhZDO3Og/",
-	"P68VeRldSWWuWpTUJ+yfQs4tRvUqlriAolaCgL3RDlsprZNZisLHwiAN2bnRlYSMsdIEXO5MKnb26oVR",
-	"IibW0742bDo3zMWlYE5l+MqucfAmuYS6OhEyvGwBuxZZMk8An47KUzK+6fed7gvIMcR2uaQGbiLVYiq7",
-	"kYIMxHwAOR9mk3mWaCUDdjxYJnKdYzaIzvlyxXKVisyooT3CFLJDFv6qjcqu2plzLOI1ck4R9/t2vbh3",
-	"IVRfnLu/k5j5CX8WKq0GmQ8uAWDI5IqFxx06UCzS5FoYbdiB8PPICJpUxJcuIyR067LZfrxoAmZlyJCd",
-	"rVYpKIEObj8xslyLdO4VXiMZmJ1NdG71wjKa8Tw1op8zIljb1LRI/M8VUSO9nzH401TEtot1kd3t6oyl",
-	"SzNFd+NzquSaAR3OvhNRXmBHJ5FwUdopCF6IjJe2BuItWKzdJC9fi0gk18KR5tf4Lp1bYCrD/E/T9Wh0",
-	"GK1lcmO5OXwigusD+k5bKscvwoBBpRgLdUH+lI+eqo3IBhHUgombqfzsi7NngzefnY2PHwcMlDhPZV9w",
-	"Qwl217WIMpEH1snkCD1gnIXD0O3sVGZ8U7pOExZ683TtQDn7I5t2htMO+yP8rBcO2Wthdl74QNPuJYpA",
-	"+ZLnUG/DwqoheMzwHmrGN3xbNL+0COBTGaUqumJdKD5jPNXQMVNwKBJCX7vhQmnM6C4kQtdgLPM/HTx5",
-	"fHR09PTw8dgcw/H4+Al/+vhEPBGRmImYH475fM4fj6M44odzfnwQ8fiJePKEj8Tx4/n8+PBxPIrEU3Ew",
-	"eho/nblQPfKoIlbfwMjeBwTzPfzOFqV34r14G3x/XTvz88NRBSuiMheILNxcOIKaWrS4OPn08nDxb0+u",
-	"Ph9///WxeJ23loTgE+I6vzg6/+Hp1V/Gy48fb14eRH+93oXzfwenDB4IsIv9HON3hd92zLVahuTY8xZy",
-	"bCxTdfmg1i/ju8+8wZBYMuRDdrXvgg6w0PJcnwJXtbO1jAeJDvUB995L4oBn0VWbpozvV/Kag58KxFds",
-	"DMLAz4O0n1sdt1uTU70he55gyTLfViKFegEhIp2rVbHTGLo217/QXe/lEb3maRJf0PWrpxDjm/qQ9/BA",
-	"oyO0PFTFB1rSYmgojoN574oxcsPSjCKLcmeeiNTcnUdwSYLOUmjNL82Uy7UGJBGyzqu3J2Cl7j62l3ml",
-	"jUbhYx35PlZcWfEyd3CvwqODzMWoArc3TmKUN/pjHrNCmCgofkg9QbZjt7XHfkv73cChPRUwgdJt8OYZ",
-	"YiuURKsalr3PDTvjT3znvSkefrhClWIDjdxNtE7kZcCWPJ2rbImp75tMmc8obtS2G1NZ3w7WDWs7HvZO",
-	"baW6+UzEjbQNFG2ufOV+UIEwKPHASJBHuBt9v9DIr+FZ/BUMVBGtsyTfdibffFvuPQYcv5BATssqW4ie",
-	"KWtNTbRlPbMNCcs9MvDpvWr0+vYQUXSxwh87M8EzkZ2tjfbzzbfAc0DpQ/a2zsyVfQS8iFZVT5K9FlJo",
-	"G57gcQJ/mWsltCEjVl74sFDUFoKn+aIhZxSBtFFsOThatUETzcekDfaDK/HmJCiZ+pwWzMVOSqgSuWIr",
-	"vi0gcgkztVprtQPWpZjbZijXJ7cNoM3kmG6HqSsE52FsM1dpSwgsZisAbMZwDAmtzr2pbD+7+lSU3+tN",
-	"pR01lrJKaj5tY7I0Z+hR8p3LvTKksFLGljx1yVkuugSmrLdU67CpL5WsSxsZwkS6gZKMpKxmXTwUQwQB",
-	"q1utP//0P7079sPLF2Lr8q68VVKzpfoi/wbwieBTLpVDkVtBB+XuPpU2Pt4M/rWtT/NCzhT1xzd70sI8",
-	"vOEc83j37bv/EwAA//8=",
+	"7L3rchtHkj/6KhWYPWEA04BAkJREMCZO0LI81o4tayRqPRd42YXuAtFmowruahCEbUX40z7A7r7C2Vc4",
+	"3/+P4if5R2VmVVffQJCibO+M58NYBNDVdcnKe/7y+06klislhcx1Z/J9ZyF4LDL454tYLFcqFzJ/LVYp",
+	"34rYfBoLHWXJKk+U7Ew6YZ6tRcg2CyFZvkg0y4ReKakFSzTLF4LpXGUiZmqdR2opmJozLpngWZqIjGXi",
+	"27XQOdsk+QJ/zZdiKkP35mg7+JPYhgHLaAZsts0Fm6sM/nHK+EwLmTMl4XGVJZeJ5KmbxZA9v1kpLWKW",
+	"q6mcZWqjRWYmlqn15YKFZ1EktB48UzLPVDrAHw8+wz0Ih1PZCTrihi9XqehMOmatnaCjo4VYcrMXQq6X",
+	"ncnf8Yuvg06+XZnf6TxL5GXn3bug87mKOG5VdefOF4KteL4wW2LmHmWC5yI2U1frLBIBE8PLIQsfXR88",
+	"UpmZj/nPxZPPvh0v/3Ry8+ej1eeH13/LwyF7g1tsNnEqzVDuDLiMi52DTU5yf0tYdUem8o5bcsvsOkHH",
+	"nHGSGdoxu+TvXn23Xos8257Nc5HV9+sztWGpkpdm2hue5AFLJNssVCqYFpGSsQ7YTMxVZtafZ9tEXpbp",
+	"itXIajiVO/bijtQx3rXUZSKTpaGVA0ckiczFpcg678zCVzzjS5HTxXu24NmleBE3E00E336kWRKzbhgt",
+	"Ln768X/C3rB0LNHi4vDz1VP9yfH1y2h89dW3TwzhJmYIQ3OdoCP5En9oBrtI4p0nteQ3nwt5mS86k/Hx",
+	"cWCWY/8+MJPPc5GZsf/972eDv/HBd6PBycXXv/+XTtON8A7hT2JbX+JLvhSaKSlYqi6TiKdMrUQGlyhg",
+	"WrF8wXM44cT8bM6SnOX8SjAxn4vIcIJIDNkfhTTPCMbZPBN6EUzlWibfrgW7Elu2ElkxKOty9vbti0/Y",
+	"9ZHhWUkseNqDm6OFjIF6+n1DP/2+eTioMquZireBYUDiWmRbpD280zwv3jKcyqns999sZc5vhv0+O2Nv",
+	"8mwd5WtzdT9NRBoz3CTWff3pM/b05OigF7BkKIbwLjPtRLJYrWepYN+uVS70pM4pJ2zaeSpGhydPnorB",
+	"0Sg+HhwdiqeDWXRyOHj89OSIHz+ZnxyOj6adcMjO2Ixngl3zdC1gVWqd09DBVHJtZpisBIvSxEgH3A+4",
+	"eJrxKBKrHC6Ogs2ScGzV3Wqc4j4TDIfs3C471yKdm5ce/PTjf42Pj6dylSUy52Ynzt48e/ECrgSPzPVh",
+	"3XB0Mx6FP/34X+Ho5snzsBewiGsx0ELqJE+uRcAitZZm6twwGphycRRTiWeB2wArEzriK/Nv4CxLdS3i",
+	"U3gKRSXtH81yybfmuwwZ0Uyw9crwluOD8VT6sxwfH9PAsTf7gAkeLVg4nU47IVMZ/GsaGlank1iwfKNo",
+	"Zr0h+yLROpGXwVSK5SrfBnAUhkMGjMstU2YaxdiBGc6bdSZWKG+UZNqQLk9ZmkihJyw8Go3CqeyGSXFy",
+	"F1die7HEN4bsEat9l8hrniax2W+pchL7luojtRKG6P8ktprNhGXjIPZ4moqMdc9evTCn3ZswLmnq8A3w",
+	"OSFz4ARADuZUzHXOREoCM1JZ7NGLZjO1lrF9AykZH2k2T+SlyIB4WHcp8oWKA5TBXMZTGXGpJLznX998",
+	"+ZKZi907ZZlYm0UbPmPUDs7iZD4XmdE6rPpipsTCo/E4pAW/FkZrMsxlk8hYbczazfS0yK5h75diOTN0",
+	"wGHGZtx+n+csFVznbHzEFmqd6X6fzTO1NKQ1lfMk0zlba8FmWxaLOV+nOevSgFrkuZlj+OKT51+8+vL8",
+	"+ctnf7340/O/Xrx+fv785fmLL1+GvSH7KskXCSpKOC3GpxL5leNpZjqoMTSqb93iNucDqxVOGCiBvQDk",
+	"sjbLmUouWSIHq0xdZkIjP++GR6OTkP2ehSDnByDozWPKbIleL+HCMSMYs2y9QuIUQ9bvn9mbOpU4836f",
+	"jtYcvdl/vRGrPID7yt25kKhYa+JMlnzYLOMyHkixmcpCDuCv11IzfskTOWR/EmJV5epcepLjpx//m23V",
+	"OqOvFypLvsOPp3Ij0tRdW7fjOEMpkArMaRYUYOnelxmFUAfFwPBr81+9Xi55tu1MOh87Dh54LBjUnSux",
+	"7QQd+K4z2UsqdN4FRlITKyy/qFVarTIxF1km4p73tn2lEGgEoJYgWyoUk4rU2Fc9OT4YV9WTBqU8WSZ5",
+	"s3K1VOY+52KpDfvIRL7ODEUC/a74pQjYgfniYDQqKVwHI1rGt2uRbYtVpPAmf650dfGRJb8htXA0CnYr",
+	"iUHnS6NmtymFoINbndBo4g1KYYuC3qAVwmg/p1L4im/VOm9b3Aq+tatbqabFrdTF0dW3T5bjm5N8dig3",
+	"3z3eioPFdfQ0i5vXiIP+fIt8Z16Ddhnc5Y95/Br5lPkrUtLwVPNPvlqlCVqNj1aZmqVi+ftvNJqQPjNo",
+	"kcDla/sFT+cqW4qY1S8UXVbz8hiIrWXAoBOLnCcpnUZlILZc69xoOgcDo9S0q2YBI1M9EubodM7zte5M",
+	"jgzp50meVm49qbx2CrSdizxf6cmjRyu+XRqldEg7YndKP/JWMbgS24EdAjhNs0JT3rKXqrZEJZFPG4lk",
+	"ufMeG2iHL21goj0JQoQHcq/6UuSIe29V8bJ7b5UdApkybNtFVtCoJ3VUvGWzTPArkjd4Xxp2pDJKhZSs",
+	"oDaqFltwzcb2xNncCBkNdzzLlLGL//59Bz7sTDqP+NLo8J2gsxRa80vzKkuGpEFcGkk6Z06pOui8C7wB",
+	"onWWmXU3DmGYvZqztY4DJtZZwC5nq4B9s9oGLFrMjUERB4yv4867r81G6ZzLqOwMaT00Wl2xH/sfFj46",
+	"sI8CRykY1b9kYt6ZdH73qHDnPcJv9aNXOAY+UmevnhpLL5kwzpaOc6jMEhdzfgrzIRJoYPQpc36gPyXa",
+	"qP9TaTToAI50La+k2kg6UPNcjXBYN6wQSuiZ2Wo+FzJO5KVRgmGMRLIQqSLsnTKVgflduZ7azMtOu92U",
+	"6TGjrBZr7bYbNg3+I/ZsIaIrEVvHU6FkTmWU8mRplON+vzCI+n3wYcyTG980IT9dSRG3KpxRAt8FnWdK",
+	"ztMkuoes8G4jinWp8ovIUGxq2LR/JUHDYE1qgjnXFU9imGnEpVnRzBhvZhhjD2divgbvgCb/lNF9c8Hj",
+	"Mv86Ka4CvswMVJrM3vcBFjOQKh94zz/clUAn7EeaIacwB8hzwWIlgMIZT1O1Qfos3FPgseW4UzC/Yq/A",
+	"vITNQgWtdhDGQvtEwdhAChMYnEu9ERnbJGmKe7Xg8lIQUZRdaS/kWy3eiz7qpH+x1iUKOau67BNdk1vG",
+	"GsvNfGcCWEamIqG1iIcMzD7P7eKZgSwWKW8i/zbyqWsKDOf6HorCwIzwECTUtE017tG6UU2uFzyKsGc4",
+	"c5pcC6Y2UmRsoQw/JLbzkQZZJ4bspe+BKVnbNiyTJ0vBUjGn0AmJSRGwTK1lLGLyW5X8657tmgqtpzJf",
+	"cMkOJmwGPi8KweC8uLauA8MSnPvAs5YvRa7Bm2gDFD2QKVxPZarAeBc4p9JTOb8SmikzB2Sa6DYo3cPe",
+	"kL1SaWr2VCtlpmP48YJnSzPtU5aYRac0A2t1g29iyEA/AxeTuXfggUi3bLNIzDaopTCqQaLZRmVXZnwl",
+	"MeLi3j0h8uYsPB4dhgGTCoRjotH095Zi557kRksBtRgMfi8C551cGzXSrx95oZN3dTf7a7HWaNE/GHPI",
+	"cMiqblvlBhujAmgRtzrPuq++fHPOCtUJr4w9FnDClZjAeNzOBNyc7s0EaISHkSONt95sCE8zwePt7o35",
+	"6cf/Lm0Duiqn0qhj4LtsUFZw+kaUFCwAHLILCIdxzWIlBZKiHzD1/WCJ0dk4RFMM0y7LJHRZSbEp3Fbw",
+	"V8lpZchPGsOYp8+NmvZ+dEcjXYDGVxJGkq2luFnBRBl8zVQE8rqkdhyXNXAcjtnh7qCA45MDfPJB5ETD",
+	"Cowu7K/YHOaXDfan4c1aMHEjojX8veDxVM7E5VoGKHHA1TmHeDgx4IlhNoljzX54OKD48Q4HbwDnXZLO",
+	"7HmqxWYhMkEjl3z/ZWbWMPBtTK0hAwF28aXKPzVy6r0Iy6hfcxjFo6mXihS3Ji24rIwcFURlLpsdam96",
+	"MqorPvQQpPRSMb2OFk5zpbNKtIuwhG7BRo0wx5jEeNnBQAM3PMZmNGRLlOMwFaWig067VPH4XKnPjcb/",
+	"XodBTO8iV+oihdF2uQrETSQEKT46+U4w8LOWjufgsDie1zYeoBSzg+99TPTiQa7UAB9+aLubFAScmjk0",
+	"jqoUBneMVmdWx7phbZPKjH7YgRQK+A0mKYCnXj/oAeHVvEBL/PbjMorg05ENOkKAEYOnuKZEs8dHpXM7",
+	"PKifGz1N1v97nSIONcChPuCZmnUvVSZKK68eLUXRtVH4b9lfOumSGB+yLuWiWNJJJKRFFS+aStxnjF3P",
+	"Qd9AbZ19dn7+ys4Dg9fkc+FslfJEDnJxk7Pw6PAgHPbwwtN5nCdLodb5w9x3GquFfOIkRms7y4zRs8EI",
+	"5sFIn9psBAzWBWzOdV71lj5tYAHufXdnAPToA5NKQPdfRuk6NnK4ec0lhmC0R7sUn3joo/CUHYyc1VbE",
+	"i8F6xGwO2D4Ma2ty3ynFdKo2KfCiyAys5vNCVYyUlCKyGmKUKjDpC+4zKZ9Iqyfrjciuk0i8lfyaJ+i1",
+	"uV/8g+xllV2sy2MVfmoIHtmfFRuLPhWzqclSNHitm0eukGjEs/jWwa3Po7wZFZvgtGy+orMHrcOyGuuJ",
+	"tFfuxeUp7k3VbuYDfwDwKeMB7d7VmOd8xjHNcy0zwaMFzaC6mU3DVbayZbDWxRMJ3XfpNKPKwh/G7xOL",
+	"lZAxGKSWIi7NLebmDiYyya1LjzIBiKWjlr7gq5WQ5lr1+y/Ftcim0rqNJ+Q0QO9C2aXj0h8dlbkUrLr5",
+	"qSTjU1mxJXAySV6kYeTAGDIRKch/WCnImUlyzxMJ+aqBdfeqbCrJCZxvkkj0IBVmwMLGyxSyLj6nyQgx",
+	"D2pSS4tLZa4QJJ8Y3XTOk9TwR8jVYXhnyK9EhsdW5Ax02SG8uYHyQtaF3CjnKjIcMc+41MAUHSGad60z",
+	"wbqcpUrn5n0F/wsYN6w44WnyHd5Y+nnv1Gxv+AiM++/CAObYRtwP6Os5V+oLLrck4/T7CWaeiwtQGhqc",
+	"O5SkhYHcJUY8uJHHIyvNNCRXIkWelmi20eFb9ux47t1zpdjSHJUd904Sm+diYNfwYK4csqOKtbslwybA",
+	"feG51WwhPqCN0u5tKPpvc3Ul5FTO1tGVyGG/cGjMIuXRggR9XeMr8YzCjl/L2KZHNaTOawUpUW3cAzKe",
+	"ygKoq6S5wOwMLcCpdKl4bslGoQRxZ/1ED0jObyVf55BM9Z4uy7U/kEfLbwSkiWEo1tI01+yjM/o5uXI/",
+	"FjwTGZuuR6PD6Eps4R/io7KS6dkrb8vv25teS/N8KPXSrivRLgyqMnLlRepSJhpCUf67G42M8rF+9dVX",
+	"A7NLmJGZi+aEHV78wtATzFiwXLG1FuW0Hdzizq6yACQJvV6tVJaL+AsRJ/wcfvNepOEGvFiaES/gtVUi",
+	"yatmOtfMf5F5QdntcOyTg3sHg3cwescdCMONMIARBvDoQ5GIdTyA086wNa5ZWF1eCETStFsV74NR793M",
+	"KMUpxcyIKo38Va0zNsNvA+SAlI9hNnOVGVaUJ6jml5TQ8jBfLXhOyWGGPUssBJBqUx8TUvpu2y6a7xkm",
+	"l7xzB8WzjG/N3ys0muozeY0KDPBnOyHr5DeTkpjJG3qKCATdLBtF/W8r8oea6zs/qe3vHV9Ptoso6pXU",
+	"7BsRwSDlUWvLPJMMM29sSuSOY2sZ4gWasvbBjwx3kmDGJPkpRReluOR5cl1mFYdHJydBZ66yJc8xLPD4",
+	"qFNPlAw6LrXnlh18Zn9X3SwvN4hW0bRVWKTTvEd5Lpar3DC8Fd9CznCGEhoLi/Ka+bj//gF7xTNADTqG",
+	"QqjWPWXd3EsPxSfLqZMHJ/tuLFaoXfC8xFM749H4eHBwMBifnI9Hk8Px5Ojgbx1vxNioY2RqV5j7fU4r",
+	"6JC6fYG8vM4VtoyzEM2F0Non+Cfuhtv2jzSLRZQmhpJV7EruEqnX83kSGZvgAi425BkZXWiTaMFCuU7T",
+	"0Gyi+QfyJkwcrS0vaUhp/XLFv10LlsQBW2VintyImIXR4iLcp4ar9gaXq9ueF0xxANyIFd/qvfKCa28i",
+	"OXWB0cfWVN0lKMgYoSQSraTqLi8M9V9cJ5o3vccK01qtKXGukOLx1aO0rhcUaJh1Budt72OioUIhweqT",
+	"mTAWq7F3416ACQyhXkeRELGhG5U5GqJEfCr2tPwz6Lhfd5AmRWw4RbFQ//t6zrPPciDF1cu6dvmNHi+i",
+	"bamdQ+U+lO5pI+OCr5F9eRnIPI4Ts9E8feUxojlPtai7OazRP2c+d5mv05RYTJ2h3YN6ckUvwuKe3Ghh",
+	"hXPAHDBYLlpMpnIqf6g+/gO4M9Kc/WC+HAwGjP7f/Bn6VBiyHxgdlq58vQS/svnnjh/hLD9BVgI/JLYS",
+	"QzXVOAxYSJ/AIYUsvBRSZEl0QR+HlRF9FvQpcKB9Bm1gXGbcqfwUyoVwXzTFcbFEVq2Lakp0xaDLp21L",
+	"Z2LBrxOjv+3c1XnKr7ZmzmWHjqFUtDaxnoluprZJEGojdZ4JvgTThcIR4fHNTUg31B7AhG3Vml2KHPNs",
+	"cLjTtiTKyuSsm7w2vSK7r+TFndhkHutvsjmta5knqbOuKThudlBGSSoyP8WnPIOM5+Jz8gnUZoEv1yw8",
+	"Gp+EuJiSyU7TqVHMp2lyuch3jTc6CVmXN5fdVzcfU9OytZSJvOzZYrrSsbl9QbWNWwLd9xxSpfPXVBNR",
+	"n7Z1EDptabZGr2TB580ANIlT2nvg547jzxNJYWKjrYqbRAP3J/b1Q5mvl8VSnQF4H5YvvPdF7d5638Gd",
+	"8P4uYlENZFEaE0/W+8jfubLM2S1cK2KnwpPbpQUk695XWEB+UEa1DHfWctXmdhU3NDpsyP7ADk6GJyd7",
+	"qbeu9OqE/re7/up+imppUdU1fpoJI9NusK4UEgMNT4FyOgGGMdUOj0ZeFQ2kLy75Fn3wSuY8kezl289Z",
+	"9+3vR6PRyNjkcBtX6xyvjVxjrelCZBXny/lGMaFXmblvmmono0wlWnMsrvDq6kajcrnTv0+nN6PR1/1/",
+	"uZXI6rpMO51hHdh9CQ0tbzS1YT+d2WudDfeiQDLj1DrfTYdlsoMd+8XILk+khztCJYedGb8wStSFuurU",
+	"dw/UqxmXV4xHUCI/YWHxQIiqtI0kFwUBlO6qFyrL0al/OpXuQYwThyT4UZbR8Pa70+I1pDUsIcm3JA2m",
+	"krg+ir6SNHJOaZueBgGduchwyt+omdVwet67dKo24VRiQnEuUNJrxrVDGcEAvPdIIWIbZmjFEkjZqXwI",
+	"MetSZGkZU8n1FZUns5TnIkOpR3SPUhh32mxFkvfKlkvp+Msn5H1gxZS/Ud6fThqVxE5p6IfjB+hXuy8/",
+	"oHikmhv6tLaYMynAwRt+/y7ESl/4KVR7owOciseXPJGavrZB6ftwEByhYCCogTTzEfYJ3rJJdT7GYK1O",
+	"yGIf0bLKoDQPwoTeNR2Px5aq256qjcgGEdeCvXjzJTsaHzxxCwU/C3JouBHOQZ4mOh8ydDxq3KVEu8em",
+	"kmfC1vXB10YR9FWACCBKDNmHax0b20isM/Ofy9nK/CdazOE/HL7j6zg8nUosb9gKiQ9+s9qGAdsskmgB",
+	"CVxSSVG5QmttropYZ52gczlbdYLONytzWaLF3Pw/B+N9XfED4EM1P8fza9FEN2+UUcccCdqkAENEqCTA",
+	"IeiAbbIkN4zLZgcZ7gKsj2OaDteWMOSlmJpdwhfNyNSLRZpcQ5GDq5JUMhLuRRsxWyh1xYSMIf6PO1Em",
+	"/v19guP9fYIxz3n7ZUdPW/2uJeR/50RD1jmB22V0pUhk0oK3WAQOTNiAuD3ENEpCvLjcqEUWaElt7rlC",
+	"XNOpF+65Zj9b0+Xa22korvOL0LCLeI1BG2EPFcCRzC0pa3zmgcf/NjuMXj5d/vm7g5vX+fG26QRyiq9Z",
+	"skf13Qj8jt2Foe/doo/ICWb4vWFPpZ+gkLJj0F9NXrPSu/Zwm1FQzaNEoqAmsQJ37vNENwU3AODBkI0w",
+	"P9LGrN0Y8QvCuM73LZXuFa7Bu94QUlpwfbFUWaMfW0D+NeQa4JTYXKWp2pyyFdd4uVNza8MkDiF2p3Oe",
+	"GQP3gmNsP1fgIskXYjksNnOmVCq4rO0mLMibUdP+QUaxK+qokKgU5fJtlLykxdQ3kIqxG9ZNpbRYEJHo",
+	"CeMIyQNsCPwyZWwfjGR2Q6oLR0wZdHPxqWwsWjbyQ3KAtIHkDCMVqrkTvRrandNdajfGVZE3BikTzTaZ",
+	"soh0SU5zYyuRUQS5eMmthey33Qrc12JKTef4meCpseu+by5+Xac5Ht4Cfme03FmD6tPqqTf2AmBC4vPb",
+	"SsDhdiWRRm6aerWyLVJZizvZy5cFnCA1t6X9IN+ScvWYblDt0I3UPPpcyAhDCVdCTlh4EDoDBNV3V5pj",
+	"tL4oE0sBsGOQ4QP1l1wycbNKAHYMSx0TTeFiBfk/zyH5zsj5wtfu12lFSloJidyesn1WfA11pCqNjXFG",
+	"zrCIS7IRzOg4KlRvmU+kgH0yJ1+h+oNbTdSSDlC7zNKVxW+4Zg7HqhIUqisMo/0VBtxF3TiDsJheyFbp",
+	"WhPjKCN0sa5F3fLzpYfMIk8l2gOcmsol35or2og6ZQHDSohTtRq5prUfju6x9qsmEEXCQgscrF8Nvglh",
+	"5MpnsBdGVMMUUhVdifgCvOFNJJCkROuuVM0vWw6QUxiGjJeATpN1beIgz52Pfcm3aLMDDRt7HmKxOIRU",
+	"tXckRM2Ne3lr9NYGQy5A8DRvM0jg1cJMvHw/jRaQihzCNSCYRWyjGMj8UWmaypDUSiLUkHVVRj8hszTE",
+	"/7pfuHjlPJGJXogY0BzJ+e3XckZK5olcC40mF7gAK8Rnh+g0rh/rCnbF7KCOhMJDxKMK/LWmew80WSa8",
+	"V1++Od/1fkBuuhVB986vvQW89hFFIJpnhs73izYR6LYGf2DnSBmb9nEounMkbO6JpApzW9LlI8yODlpp",
+	"1mPHrUI5kRcWj88PoXtoRGsJAC0I4wchcktUpyx09ByimQiwhF4GNi2ta+EDLXhabm5pLHgc2osOJ6NF",
+	"zjjA4yH4Hc1DZVPZzW32r40Pwj75SALoNlvLTGiVXqMJCyqjdFSIjL1iv3t7YGwGuyRwh/KKIeJ/u1tb",
+	"Qag9F6CvsI3A6RG1G1Uh8TpdVZhrxczx5F6TpgRRm11ZXGoj4moqV4B+3ZnZfITDM9+CJaf1fJ1aR9OH",
+	"ieV80Mykg8noyYfNTNoZ8IFSl+ITKAyRZpdh+qAnOm5wt0DNw6UhGT4Y3i896Pa0HRsuJ+enS6bohobk",
+	"AIupyCcB/baAzLH/BKMMfw8bUXwByZSQSNmWr2P9F/REJXDqfraHz6EpP8dftccMbsnGgTt6m0MChdSD",
+	"OiSQN9zfIUFgHb+4QwIjhvXJfqGkLVQp4oEUBYTgTinUdR9u9v7BwPsxsoPJwWgyOvzgjKwcQqzljnu7",
+	"BxKjzDR2xYNuS+D8FFRfl8CJrkJjJWxtgmYtgvhhczNXqsoTd6ON3oM1di2g+mk5gmnL2khNgFRFo8hh",
+	"zVoeVhJaAeloqa6t/bk0t8BZC8g1/cRGdmYTYx3GKolq1N60DQZMZT2W3sJli9kVLLfJz/sQDNfRqMdw",
+	"75YNifzjNgZMOf0PyoGJc92fBdtCg1+eB1OZSZOm+frTZ+zk6PgJo6IWhgU2muIyQXPhiV/Ag241xOEG",
+	"jzBUlmK0Bp0rGgFn375+AXUfVwkaAfDjyVSGtxfaYIkXxCbBQwsVdTpSmdCIkBMhcMJiu1oIqbEQLER2",
+	"tNcLIp7Fg9gliEK4EfK03GdDY2HFwiK0TSXE8xD7PsfCI0qyWPJokUgxyATHCDBenFOANY8W1hNoWAeE",
+	"tZI8FSEU6Ia4+S7ICRqTythKqFWK1YVLvvVABmvhvkaGDcDZ1Umh8948MPTjp+USuTo+bDuGbjs8cStu",
+	"YStmWfULMP6CRhSa24FPKiWzdWiL1mIzH4IILUIAhYTaUVFED2uIncXHK76lz0rU5EJy8KMiWcCF5i4I",
+	"QocyGeEovNxhYvF4/o1YCPbkdHIpeb7O8LMKVFdT7X/ZxK5Muh4K9hKcmzWFyjUKamUBmeDagXM2pkib",
+	"Uar52GV5X3+qebJYO1iXI4v1kkvvbtysUo6SC70VibbIZZSk5tl+Nv0VKjJpmRbEJdF6jXmVdZ84wSY3",
+	"7lkdbhdGq2Ev7yXIvJhggzAr8JH399/xnNSSB/PX7eumAxFgj8R1EfNncTQaN2nuVPRZP3rg2UGVAghN",
+	"wy69JLLKi35mzn7XFbGx+tqLC6ko+dJFJNrfdEcp5tsf6ywZuMTVWzU6WwYLW+abyuaStygYeJ1dysz+",
+	"qSFnEoPnqGjQvalU30EumDFnjfTjceyyQwBo1DByCKxR2v9UuvYtmWDErBFB41IW0HeNiTI7ImRe5ju1",
+	"ggOHppk7mJpvZXJjsT7K1uWTx0dHR08PH4/3sjGtknpL4bC34Z+YJ1oMpvMKt8W9TuJTPxPF7FNcJKnE",
+	"TakpK3GdXxydf/f06s/j5cePNy8Por9cd25p5lHPVPnAySkNw985RWVXfkrDxt85Eco/Dpxv4FIhM5ss",
+	"6mgLVOiZWe8H9oGc3KN+tyHcdltyYZmqWlLv9lErfKoBjdljHb4svqf3ocgDvmgN4Xq5wpVkBRRQpF8h",
+	"a6OUmIKNdBU6M/CLqXTfFKBeYGO43nU2UcDmSTiUHCg6KNoLpSriKfYzA+QfS10NNFUJNvJoKQbNmXO3",
+	"3PPbXUZh6dp6J+acKbYGuNGJ1Lu3z6h659RGsiR2ySBtV7DC/qLFxcmnl4eLf31y9fn426+Oxev89l3Z",
+	"pdb4UyLtxk7J2t64ES1Fr533KGWtEHewK58Hc7zbPLjohxIxenEb8rjvE4fCoxB7pmPfnlDdwMSKTNH2",
+	"Hp5uHvcq/N7PVzwaTw5O9vcV7+0TzUTVJ5qJi+O/bA/466eX58vD2b/Jx4sPXN19S9X2z1Gz7fdPdT7K",
+	"fWM/SPm3+R550fGVcNICptL4odyQdP3u74akSf3ybsivMF/9LLpqufyRoZpUxJeQiod7W4hLkFwNm2m1",
+	"1tuaXzvZF7MFjx38y0wIWfR2OC2BsaOjrXz9qZaluh+QVSCS6yYT4izd8K1mNJ2ffvzvsiTWfC7SLeWu",
+	"Vd5WEnNtm+/eHHi7UT8BwI6M1lmSb98A4hP2LASEp7N1UwbPmSxDyhk62QuDKxyyFzk5R+eJKxJGoOtc",
+	"SC6h9ukTsVSQ2jlhob7CiJRRQULWpR+H8Cf2+3U/uUzVTNx4P6IPKJcE4azMflnwKg/QCbGWEjlXFp+K",
+	"Y9ceajv3iozros7TanGdBjhJveRpaovwEX/PHG+/j26Qfj9g/T65Pfp9rAzTuWEZJQPX/IquqXkEEBT7",
+	"fYof2Daj+cKFduAl0F47iRakHEL/mwFQLOAG+HmohsKoX2K2Bff8S5FvVHalrRXo5UeWi00Ik4wDYp5N",
+	"pSSMWnAEYVmegmpWCb2lcpGmOLUhe37DozzdDmCsPvaA7nsdeCO1tMlv+cbowQnCm18CA5uU+3liiRU2",
+	"gSbc+aYZWbiEJKd+IbGK1ku6bASVm2c8wsLemcoXbMHTa6FhZ373O3ZWgkczH2Kib/jo+iB0+xTxjFAZ",
+	"fIw6zpDqKO0YQiFhOJXN18YnevrhVLpGueXr0+8juff7xRVi5xvFYnOL8DuNNfQIyYmuq5m6mUxlSNeq",
+	"fM3oXrn7VL1hvVM/8QsSlPUmySMol1wyNZ8Pp/LMXmzMXdZC6MD1qIUQQ5omsag0DnGQhTZ3gm5J4ITo",
+	"VFJRhaqngk9csxeRauq17sEoHIUVE6pWOjCVDmt7U2wemVAbxarti/WQnfk4fRZhwkPx4+bNB9hiOHyE",
+	"ifXfhUGBN+qmVMg0W8LVDR/RPz3kXxcGSvRUepB9OO8k1yx07ojBG+vnDy2kOTX46jEpRMyksnO1VO43",
+	"Z4lSrrXQBakXlw74isbOYeZXtrjPz5QC3xrK2PBm4B1WyMRNLqQ2NI+AJTjGD7Xf/cCWgkuzuz+whdo4",
+	"blWDMalCmgBv+4GF5r9mmNeCx/qURLe24nwI35jx5pkQ6XaID8OW8TTdeizFDEafm/E+UdRdGmBzDWu8",
+	"9rv4YtsxAGOk3wGr62I8CDg95UgBoU8oM9J+GrBwPBohUh8QkgTltjpdh54B/m6vTrDw7VAHNFoYAgj/",
+	"wEL4h1kHFuxquDio4YCbwGzFS8jy4rJ+TfC9UIoQeG2s/FxTMl3ddSsn0BoGD40EMInRK38slliHRYbW",
+	"JcU6AqAi7AoDEsQtbGC/MCv8QpmTgZSKXVBuO5eL/aU1KvWJxMoetUwiTCEnJlbGXabWUVpYLBOv5nyX",
+	"iygWmdHaivwn7cBgESXFyxN3pSFkmQIx3rKFpxVcWc6ijOsFU679lQPA2biarhKAjDnN1QrIccdhZGuJ",
+	"W/aNmhUn842amUM5g3L9ARXQ20e6nJwsvdupz8pb6PRFHRmQLFV2hYjUUL1BPhPDm8xEKgQZjkdjdkZJ",
+	"PGE7WVqFwgxhJXwCAvWW3fYMJpI549E4PGUrlabIGT9XqFAUdUhNN7fkh/+Bhf7fZkNfSOyeb4sgq377",
+	"wrQwpp2ZNJZaAQZxJkjf06fMPUZxksL6KgdLEKHqd7+DceqA5ShtzE9ek0lSOCyJ+wT12wp6h0coRe0N",
+	"+6OQAoCazcnMM6EXsL0r85J+P1WXScTT4gGjDnH29u2LT9j1EUPlkKc9dyVRJ3QIR25urmU8lKBM5QDW",
+	"B+j4KM1bO6q//vQZe3pydNCbTCWr7ciE7dtc3agKjJ2xmesR78qBsPonMNfqTZ4lK0EKrrZNHAKYI5Ez",
+	"9IYA6GnrAjYD+8Q5aZjmPpMMh3ZjQMmBNiTmzQc//fhfu7tJs244uhmPwp9+/K9wdPPkOemakDSsxUAb",
+	"pQAwRGEPJDPsZovlRhxYBha9meu4ZaQy2sEDm4hMmk4mVsKSvzany1MzKvZ0sZrZCNfyJ7FFeteRWmHV",
+	"fmGbTpANW1aLimuz3jr0LoXlUPPETBv2xHz7lWUTsCqvrQywJGr+ZR+oBNkn7M1nZ4Px8WP7eb+PCSjG",
+	"PoQDNvZhvjBGJTE6Yx9IJeF2QDXuTMVbczuQM4LezDRkuQRGOUwuZTJPIi5zo2bmQq94BJCLS3Ut4t6Q",
+	"vRYD0FkM0cPDEEkYJBLsEopXW4xix/ZoAaSBmZ9xd6umxkA0A2MFHvdR5IoGe0UzPVb00qNjHI/Dpvab",
+	"tq8eGMYW7UwnKTBXLI1wtiGkTdrjpNk6/+UQza+Mb8royxZC2Z25tSGtwUZHi0a1hccglc/X3dlP//Gf",
+	"bMUzXXQjNp9AYof52pd4P/3Hf5pzhk7F/b77fReQ5lErSaQWWX7KNgsFq8a/UWRtCDje1dz14FX4pxii",
+	"Pq6TfI06xg+F0vYDLfj/bdG+SRkoDKKm/nc/4K1jrb2d2Q/GKikGK5o8AzMIsJOUkpcBm/G41Kne3Xjk",
+	"AL32l9n20N7LXD9tSqfpWoKjMnQdVJpi+8NXEnOQerGa3mZOFm+yUifwqNu/890mUse3jccNiyEyb3xD",
+	"GZIIrYwEPJtQTYVLOGncIWhd2wBkuMd7nCFA8IC1+rl+f7bNMYvR/KPfhyvqTKe10XnNH7gTqDg9Q9T4",
+	"wTmkkD7yNSfzMBQJ7+iDyH6An+2et9GEDalVy1ph+z1eXWlo2+9bldn55MrGQL/f/PqiyUattPkHxiE1",
+	"NB6UqpAJGTq1LgjDiy6VFL3iBYY7QGKX9jucA79w0OWlxuacRSrLsJ1lGwYksLAJmyc32DsXcfWtNmX7",
+	"Rw2ZezUurajsnYlLLotqH1sTqElW8UzYvjmlDpcsTa6EjSBqAJWIvNwq1gVQ1R70szfyQ2g9yNYpsGLo",
+	"vY4tHqcyXoPIKibURcqH/otcs7CWnmk01Ma8S0rLbcq9hJmY5cip9JqEJqX+pawbHoN5b87qjPX7Xi+b",
+	"wjCk2Dk49pr76wRFw2NAW4U42tH4JOy5jv5cFl1Evc7kiSZTr63RT/3aB5W2R0Zu21a13DVdAJLEStTG",
+	"bkTDncYSjePXQtPFOoXSn+jqEjpd+2itPNXKWaw6N4qYJ28ITwfC+4bWkXhdVTpAjTqz0UV/bHU1TMiZ",
+	"b46JIdoCCP3XlWuLt6/S4VhTJz9MQLPNg61DvQHCwJy51QpFbrSqqQxffPL8i1dfnj9/+eyvF396/teL",
+	"18/Pn788f/HlS0NzkBRhvQaFS8YVUp+y8I/Pz6fy0fVBtXuyfvT9ldi+C5leqI1Gkf2RZmFRphoWiAq2",
+	"QNfcyI0QK2wJJHJrYCAFVMEVSMlaa6HLAAv9fgOL6/dtx1tSSmJkLoaaYxZxiTgsFA0LKPEO2jtFSpJL",
+	"bcjeKH++Fp+FjAho/oMlMoZ5G3IARzxYjjYWB7+l9oM2k6HsCckVIiBwTb2WA2oJCEf27VqsCbWLIhGZ",
+	"gICqtnCfsCek8VY7Stds2sCycwBWrByIR5AAEY2mNxiz2AvddnovSr+tOmPbAxPBcTAIJmj9Ujo8LaJo",
+	"Joh5ysiZ7Cmb+2T0FYI5XfBrwbK17AXQ1+todMJalIwAuVZgeNIY/3NIzoDj0RH6zilamrVwj7oHouTp",
+	"N9JqyD5TUq0rnZSmskvZmT3cpFUmtJC5nx9mGA9T8zmpdes0Zd8kuTE5pzLUqRAr9gdm6Fgtu6OALRPZ",
+	"jfjK6KdasP/z/7PxvxO99Hqha9dJcH4E9IouRVs2z1mucmOuxoLHIOaMZRaLRk2huGxma2br2DAsrQiB",
+	"A/g/v3Td1sydSeYJmC2WBsEZ6Azq8OjmJixJi6J7HJaYsDMHZQ4i1AreQuaCfDQyzl6bqhlAFUDAUYkk",
+	"CX/ampBO87BBo8QxXcgxCmzej8VAT2KNNNvvEyChUS0qAISVrMd+v8gYMmyHIIkTiXiEZpr/AujEp+DU",
+	"gRWZL79ZbeHL//P/HY9GeAu2QhL8oJeF5HB956niuR7i9J65idMMG9MjVezrk2XMxUkZLxEmR5CJCIfY",
+	"gJxIL38R27dSoiE6sGwgDrodUcbQhCrLWRdYai/Ahhe2C2AvwIQi8/YuKkrmo5UyPyFHbkBwd6wL3see",
+	"60zvjN0lzes8WRrmuFzZ6b3+9Bk7PDw8YS71CU7w7fkzSweoaRbhKYs8Zqj+lgo21m2vXAuYFoIas1GR",
+	"XIjdsHjP7hKl6VM929vXL+gS1gqqsDzMr/LCTwLwepRLvZit9BqyolDuTnVwlGdBXeFvqYe7QyFcRWUY",
+	"JHJgGPeQ/Rt6KDyRYMiTlLj5nNrVUg9oc3PwV+FpSYvX4FSHBjCl3ghw0ACjgGNHHAB6rDCWWzCSAeEf",
+	"2OPGsDxA6io4jZmPJmkWHo2OQxbWi7YcW5YsPDMfhQ5yDsUy+Zs4WuWu4wC0BwW/ajf85Pnnz8+fs6Lc",
+	"xRAS3zZ1Z6O5PA1ZrQkwCiHuuaDA0ip6HOzuLww9NnEo1m1uJ3za0BgYMvLq3YFR8i5nyeVarSt9BG1j",
+	"arQUWvwgpLBwSXC4ItWCsFHNmRBAIF1JEFjorOZUy0Hh1W74/ZQS9aadCTsImP/n+J2LiQNXyexWOF0q",
+	"3Z6yFwPzrgAYw5Ojk0NnqFWSlwy7LLsaQJi1RDgwA0pJr6+mkgKczEP2hWsfh1sWqeWKA24ceLsT6fzd",
+	"6ZZ1wzOPIZm5grM00yL/w9vzTwdPgRuYz3unFlkRSMNqtvCjQg0kpx11AQQypmgBpCLscJQseXalgQTJ",
+	"BK+4b04r/qCuBTy0itRUYgKPJY1Wxc/qeIeUmWE7mdtiB8RgLLVaY11zQaYyVxhDA8ugd+p7gywJ2YKc",
+	"TGi1ziIz778MCJV68CIOvdx4h9ltAf0DlgDe4FRiiht2V7dAhAjxfzB+ylKRo28wTi4To7qFA0NAF8jO",
+	"h2FvglEbSBVQVooP2VmaTuUc0O4zcDKZqwfgTZnaaIyUnIHHY2CIMVPp4Dn8aEDN421aW5pEQmrh5aqd",
+	"rXi0EIPxcNQJOuss9WrENpvNkMPXQ5VdPqJn9aPPXzx7/vLNc3jmndeuup71dvbqRSfoXItMY7LbaHiA",
+	"z6iVkHyVdCadw+FoeAj1OPkCcglt1ov596VobFBHOTpjw0VqicRgq6zI2ZQBSsJn5+evIJkwWojoCpSu",
+	"oocz+rTkVKosWgidY5qS46BkgzneaRjMTER8Tc53v/XvLEvEPN0yvuGYIVNLj5mADTIHN00lu8Q2VMFk",
+	"DTovJ5hexJ1J548i/4w2p0CRgk0bj0Y7WmU2tMi0GdoddbV/q0kCFG3pNOntP0+hs9+7oHN0eNA2qlvA",
+	"I7plSKsQJ9XnSn0ORct+xmln8vevA69J+efJtQBLAqBLO0En55e6M/l7B0mo83XQKWUIdSYds/kwJiVU",
+	"7U1lQpZIwOgWMfQ6na9TdAd1q+Tg+kCT8ADWNZXOUiRvaqp4bJMyIa630q5zf57x+TyJMMKYoF6WRPwD",
+	"Eddr3JJfGW29xg6bClUXuyUPRF1B53h0ePsY1I3+ba2NfjNhmikn96bM64NHs6KraiN1+s1Vy31QS/1H",
+	"E41KrhOStoHqpFZjo4OpTM2Ms4Y2pwRSf02NTLFsmxXVHBS7XRlGCbFmpV3NAPrh7EgYUyIv6wY7rrCu",
+	"RcABud07NdIUEjeMCYbZODXEmqn0FjpkhZEMTcP8PCdIK4TslJmRzrUdKvcjnaDP191jVFw1wz7ltQJL",
+	"nrONWqcxRHfijG+s4+Hhb+fHDq/h/a6n12z370UlFbZerUDbv/va64fr/Rixrmo/3vuy26W09Sy2jXzM",
+	"FR/tccXfVpprH41Pbn+o2lH/wfjJ6PYxXlCExyEqvBcXcnznjyIvgaB5jIcu4K2ch7jBo+9d1dO7Vi70",
+	"mm6jD7jtUrCdZ7tA+VKyQPx1jeQof9zykqmkXxUtdjfAToqIlueULpqAbgVAOUvnp05iSPHh1f72gcvm",
+	"IV/xw9/UZwuHK/NeF7Xcl8IrBWxrx1vrTFGuqJXrNMXyv5b6w9saWdT7w1Z70TnZX9TY7c0VaNtamIIt",
+	"BQWesMcV+5i7nkL3ZiOjo9sfeqnyTxVV1/0z8x1bwujxHIvV0spzDD3ZhBkQME3zKH5CFPKCZE0Lu3pE",
+	"ikcr2/o80bk15FHXqTQNcDzML8EscTSn+SCzAg7lFd+3syhkdj5DHLJX/NK6fNaZVtnAKB7xxBVZTiUU",
+	"WFISH0UPi65XUEO6u/qSSXEDGL8+h7TF/T6bZD8XlzRnQA31O3elAuie2XkXfN/WDCyJHbyP31sYNgoj",
+	"qkVM0MEa8JwKybLkcpFjQgo0VOr6VIAyJqEHnJcAuoxw71j8btyl7NE9yqkTs5hv1yLbdgLrpimfbcdn",
+	"qV4Hx/HxcRVOwO/neDb4Gx98NxqcXHz9+6aejl+/r8TComRPUUQ98faOSm2yzatth8ebN6xJ6Hzt1zZD",
+	"ve3ecsgr2W6QRUXRdgEqUJRt/yaffo3yyZxlQ429J6rsJx9CVAWdldI71GesNqLQtw90YOt0WuuQANsC",
+	"MgwUNLI2BvgQk8aNeRpSqyRXD4negIb+gl3tGiViBAsGpSjtkL2xCfHmBQlP3XjUI2XJY3HqKm7NRLdk",
+	"VmMqnHdVYocqJK6FZOSeNw9ka+hlQfUs6RYBOr0UF8iNstk2zkAXcq6ySOidhjdVHdmoXaX6yIiwanUJ",
+	"QJDXwjgJhrUSqGn5HHMNrRT1pAlUgCWyoewLc568ui+KBLeXeLl6ruZMyy7m40xlY75bz+W6UaepLFuv",
+	"MMoBE7VpL0iCSyh+K1oCRJjg/SXlXtqw6Hh0QBkfNIoj2SF7A8GfU1ZrEEHhnfZAkg1znoRteZQTR9Dm",
+	"HIoQWgtR28lMJSvliPovagTQpMXR7YuTGHNgcZHYpUIXyX/rNN2aVzicF3pt6zsbE0FL+1laXXOTY8pO",
+	"MS92XK3o7lAEKOAwJTVKgaYPUIXWOsVdaZ4TDJzMEwldpTDbx6Wc+MWRLiR8ijuzI4cTnAHlCGGRH4qX",
+	"CSnYbuERzgMScemIsBQOyoKM9jpkzxYiuhKxn9BMSYSQ10wQHUXYuqae+p1p76yflpuXdVCtAtn4sYq3",
+	"+2tU2EBvnQLaqO9c3rONbSfoQNFMZ/L9O5Rfhnc3DlZ4bkVhxtmHfW0OFKI9zfmG7r7v3r17V1MyD+7n",
+	"FvnldMu7KZJtDo0q8wTRZmT6bZwyQGK3BVPE5FzhTRPSqhHQrk8WBfnN7Bte0rYoeqqg7tw98S7o2Hh6",
+	"W7dB5I32wnZD33aPFhc//fg/YS8gTx+Ww3scgMzL4VSSyWhjES5YT4tOIBrfyN58i48QX6uNH8tTaiCl",
+	"Ai8HIXUKKqhaUu9+1VbA6One2vw5AVzDYyc7LqqfE1flYc0w1SU+5AGmEYIfilkQr45+fKaELs1WCGyL",
+	"09x5RrBv9ROtifESVpu9+EejkyLHgQbDxADvbR440C3oujDAQKp84A0AcELNAOe1XSrXIBFVJ9oKuFKv",
+	"+Yb9asVRdxt21jB4RREuXjQTRgA56CtbsFHkm3uSncUi5Q06bOtuVwojjM6Dc917u5szEQn8qgkjvbTd",
+	"XzglbKdwtVvbhrrudva1cw+Nj0cjso2Qix8cnZy0yXGmpAMvrFNx6+5ZPYHeUnhn9908nMGABhhEnnt+",
+	"P/lne0Y0CMAv0d1KldYuFVyfMkB+AmggDlrJbEs5sNb8aMsOM+KT33YxqvRq9NNzV08F9e9OMZxAaVJF",
+	"ObUpkihbGm0y1FRbasHMLO9kxhAeQ6HpQ0MXvyhuwnSbvLvV3mo2gJyVfW8b6AGn2GgvuRk+jMmEyTt1",
+	"S6m330qGjYSJ/RDtRIscY/RrONokeZcrxdQ8F4iEtOHaTLS1gaLLjAcaPGUEQudSBj+Youddhrqu94Yu",
+	"R67w6pD95So16leFvcICGnKOtF5uJdNtvWex5wTf0b0YtbGDPRyJr/g2VTz23ZZHB8f7qGSu4AKyeM/N",
+	"DMDfOt7D51npdQ3tS/6JnbUktxriiTuctGXvnctmQICbWyKBwC4sFI7f/GlCZb6AGY9lMmVkeO8zG9ID",
+	"3MWwCj8fDtlzjjCLkjrFJ7m56zYr39wHD0GIcW35r7w0lttUFnhdXe7/FFnTTN30KJOVXgIgfpolc+An",
+	"UNaXzBGCDQaFtOulmUXcFoIE7BjDeLBC4UPFAZ/jIT1YGFA6kNYdcT/8SXPYjyGqEwiLNNGAU9L1CaMX",
+	"sGQohl5oFZqw2wBrc3gQI8xT6ZHbjtCguM4vxn+Kn8w/O/jmK33y7efLo9U/RmzwlkSW8d86Rf+KSgrM",
+	"7c6eagLMbRktBIcN2/3432aH0cunyz9/d3DzOj/eFrtQcAGgt1/tChoIhlZQ62nxPgFSuLC3x0eRxn/e",
+	"iOg/c4BTWD5q5SV9cFvKX3OFf6vQfAOF/5VaMkByAFGBhl2/b9hcv9+AurohYHHAWfBKfAEjo+heHpS7",
+	"kWe2v3i3VSe2XodqY/GphIxd6hpfg04BkeD3HS86jveCBnQWkMaQ228kJOAdChlBWhC9MSSAhYwQu3Z3",
+	"hwd1n+oLLCQCAcnoIftCcIkgw6ngGeAfArQpRlxyFamUAKPMOOZ3pIqeNnuHS4hUC7WRRp2oGLLlOmoE",
+	"HoHIi9Eg/M77GOO1KLhbtQ6gqBng0PVGrAp5qhsK0VU2lTORKkRrrqQgoUWWbxQVZccoh9eJXlireLXO",
+	"VkqL3gfK4qyEcd5H/lFfRdtqvuRkOvPwjxpCL9RV3ojrW8TO6G/lbvHFbw5Hpd9AK5q98AWrrekpg7TS",
+	"+37SsQgo9eb3k86rL9+cV3vg36XNW7Vb/mQ8OvDCMsWuIiZ70fq/usvoyjB2KcTMFJsJh5Jqc5LLsDnY",
+	"2bF+FuOdZ3F0RJ2bd5yF+w2exUF0Mj+ajcXgCT+MB0fi6XxwMnvMB+P4OHoqDuYj/mS271mQilH0obrf",
+	"iZy8zo/kx+PNX8Tj7Vt+EO06EZyJOxL/EO7gLazawYYPtsXOEHQGeeVvKVe/Ro3khdQrEeWlvNqqLuCp",
+	"Kr56sn8OVp0wKq/4SBNuJMe6IHA1JXnA+n2CSSVMxBpQK6KnTmU33AvjFFvxhh5s608//s+0E/YCthJZ",
+	"JGQ+EDJSsYidZQnYAFw7YAKmxSV0GOh6eEUsfIStVf6f8adhwDgDhE36BDC/CUYVs3kJNxXgw2MB7zv1",
+	"4XqoABYSqPBr2p8uJ8wKBijOUNM0lYRswezUlRS9qqG6pxwBwxVYjbNbr0iqtgVVd/bFchngyLP2cfHY",
+	"LgGl/t63Zl+zWvI1jDOVd06+PmWhtbhCBE6yqjD0sjBaGcI9fBAvy5e4Tw/oZYF92O1lwZ/8Yl4WPPEd",
+	"XpaWKpd/oAzsI0yT2aGuHE8OxpXiIbHOOhWx69UONakHfqaM85PsX8B0MBk9aSxgqnD4jWJCr4xmoWzm",
+	"ZJSpRGsu8443vYYzLaZHBY1lD4hhPnurKnCXbneAkNv0NwfIz+QAUZbFWa2CPtilUDRmZts+F9wyOfI0",
+	"UBUyQXsUNdfnjtURAywKhAyRzgQwv6kMIZBgQXtsb01IjyXPnL4lh7nfH7Jb0pLPbTODLLYeCNCEpvL2",
+	"lhuQ27tH4w0/KXkq61nJsGoVb4uCba+jwUERFMXepCRHgjIC31SWUH+9bytYvrfny0FcX1xDGag92gr+",
+	"43kJvrYJTtyDD29PGQXO8ItljDY4nN+Hod4x1RPW7mV6VnW7B8v8/JXKkztJjzbLFi8DNA4kQKIPmBZq",
+	"X/FzZYbuetr97mdOnnyfXMi7BPZfyLeaMgp+y0T436FUPCOoYNIC9lIsQEq70Ao51L63Qby7YSmQ/tiO",
+	"asB+RlADK9l+LkyDn5WFo8XyYPz7N5fkrxal4C53+X6Vn0AePkZBjQk8ws59Zkn3HbrVcoGRgRcUGAVo",
+	"CGhl7AzoAqcssPnMlWUOS12ICJoYgLBb2UlT40Njn+AcsDlPuXNhtaMiYkPxMtRayZgoPw+LkKrZAsKu",
+	"h9DZZiotGqSmfCtqRNYroV9DCisAhZuTpv4KZKPRfKEdLWwTTWRiy/iKBhD4FSbOdm0+am4zrqfSNtG0",
+	"O4Po6M74q9hB0FdKZAlPzQW3CWK23HWC0KVky4B5ZnH7N4nURXMFlA+XIie5cNJstMCE/pFZuz23h2Tv",
+	"AZNqA5W3lAHdY6F9T/gr5/37KK7PKBv/n1r3s1f1DvKCGGK79ueCqB+C8+PQhdv9I6yesk6rXCEMIISY",
+	"CKB6V4fTL+VUFm3PhAdm4kMUOHYDvCukRFkAuakly1JurJdSa9MgDc+jjFjQdskjRHn4s61Xky5sb5/5",
+	"OrWl91O5WfAcclFc/5Q1BHF+JUgB56X8/0Z0gACRyAn3k+eMV6ECrKzA7JxIZTFUxBwMKfhkdvin//hP",
+	"6kUScbs9LFMbKH0mY7/rNINeAdlgpe5UMsb6/XY4AoiX8hy7PMwEClhqgOjhUvh9aWFMMGj8sP3pVI6H",
+	"rgCFJlesoMjEsHXdroSTlxofXYnt6VQeDllos1CKQbD7TlC6E1JsXNcwlwjc2nsY5t7efxjIaN7Q9BZ7",
+	"g0G7w6K5PZdbaJIb7MRzkBG1EyiN+JFtMWZUM9dmjJqxNPc6cn3G+n1DUC69zCMpbJGTprWew5c8kQ0l",
+	"++V9Jxx1RMwsHo5UmvKVhgYMuYI9w9szKRiNQ0eK74I3QQT9oHgT49AI7yy+IDzCOPSmCRj89DnraiEq",
+	"LQcsPL7ljVgEZcjbLEw7pK89y4jYuWLYXsWa91kcGFYGGBZG5RYbam3tAUrUW5FNPJ5sGLZTTlihsxCz",
+	"9oulcfb7w0GUj90WiV0m1wLgHctAEV3KqML2I8c3N7aRT88HjCid847OYKeVC1RtVtsKLJHkuwAlimjP",
+	"h8CTcLiQvyCehO2hUUuPM+RuraaC5I9G456fA9eK/4hH9gk9CCrQPOVX2+p7vAw78zKA+K3zT0ohMKrc",
+	"Pi/HN6ECh2G09uW5X+wzMKBa3hnzAs/51xEJ+eeBBvWQNMpaqdUj9w6kGIFWjaSwnYEUw/v+mYMo4/si",
+	"Q/iCt3xnoYV7Elle1AT9UHo46PiSuTPpXOIAF8UArhD/vFG+z7ZwsInWa5ENIQ1I5wjDfod85aIWf+zh",
+	"Rnjti+I74UXwLB7EPlctlUM7oNNS4qX7nlmYuztuXcM7mnbPqKJJ7XXGGrCJBqgirLPI2Di/0i19CDiD",
+	"ZoLqVhTLU2IcXGMfpURW1Uk0FZ3jUDcqkxX2pnOj+DqjrlXVDFDF27v6ntQgv1jbrzl3X02lMcHABvRU",
+	"17KnAZRYxsH4Qu31gzDKd/8r4HB+Q3r5eZFeavZRfaudouDFG5yhBNHB+v7Wh/W2Fvx1rImv+cAZZuTW",
+	"PcEhsPvh9q44QzA5gBmyDz8obku+yITw8qP+9+G3dK3bAcrMkqVgqZjnTEnoiYdQLLanHjheerdDvtQN",
+	"8QL9Yx9bvNywgLkY0ZwaHHut+Hdz+TLEChjcOxwhJbb+sFAmXTLNC6vvSqzQ6kvkZc9CnbTjnJz6OfJO",
+	"xBabA54kJApbtAn+YrYSmVbyN5iU32BS/lEDVMgcGgJUO9outMCk2OYwexTR0E/LVTSAQw2ApAjeuGdV",
+	"DdTQuLIa6ql0954GH6hg5hVtysO1J6AV7qyYod9U6mTKdTFU/kJZDk31L6Wz2lH/slIXR1ffPlmOb07y",
+	"2aHcfPd4Kw4W19HTLP7HKoM52F0GczA5GFFFblNSQp5Icr90ZvwiFzq/UFe7fGi797WSd/YeSBxIo7dX",
+	"ohAl/FaK8nOVoqwc89i7AVdbYP+NAKT9oklAC7wdBPi7hjh7bMblFeMRwFAYVdH2q+NXQk+lLvSPmG+1",
+	"TQ0DNtHvp0peDsisLFS9fn9iW1Cigg6IUjyKxMpwmLyWyjVmZ/Cl0XSr3I370Wi8DRNWRKUxTqOnsij0",
+	"OGXcj3J+o2bYhZrrq2rs0rotIE47FxkBY6Sp2lDo/5VKUxb+8fk584Tfo+/xHxdJ/C5k3YWSam3YEQSf",
+	"SjZEj0EFPqOZh4hdYtPGnJsGtHnQ7+yMQnwD5T48cn9bvw6Eou+bmgD9E7g5wm/UzMtT+EbN9k1RwOkE",
+	"VB48S3InSYjG8CvcfMoBmErz3iRvqCQah+2R8wmbdjjRx7QDD087G3JoTDvU9XsqXYKCQlOY54ynqSHp",
+	"tgC6jQRjsIdKjsYhKxUTTWX3NvdXD8ydJGcF8JpHwf0+1xBlNjtO6+j3zU2aSug0Dedd1CmZF0NOIHa3",
+	"sGrSOW2nhjteicFXou1TOU9uRIEVY6fi1YrQTdZMbSRsUOI33IOchIBx1/LdvMTvWgV983sufl+E7+1V",
+	"agnPj8OJ24SHagHR0iWhGTp1F+Anz8FadLV6Fbs5aEQmTbG1BzlnT8veS8hUMIP6V8OQJTEY9sx1MXEq",
+	"GKTdQoaSbRRaSU6iPqPYrGJL18/rL2pYNzxRX+ZMpGrDvhOZag89o6Lw6yhMa2oeukPNumPwFVd6p+Dr",
+	"+L0W8mvTKe9ajkak0dbVu2Ay9opT833k1XcvT8N0oX2iqkV5WgBYVdjrwtcikAPDiHLIUK7fxnR/oR4I",
+	"NGlsfWB1jpXC1gcTBkLD0xUqgsJP0rlbSwPvVTvI59fa2uDnDs00SJ02TPhGZtwUh2kasxJOLXwfx6PR",
+	"iK11BdG68V3t0RQ/Juu1At47luI9P5j5vZp/w32/NQjQDlf+4LrLe6Gq/wZW/psX/jcv/Ps6e17xLaR2",
+	"g/PF97rs5/lxJnrVFe97I+5UM2wNDlSOAOhzM/GKAbtWiwvKThJzPbcCkE1hswH8NEzkBfwiyUME5Cyl",
+	"5S/VtVXJwD2FcKmS1X0hzt72tduwN2RfLZJU+EodQZMin/N1GxbxDOzZEl+ekDbZfJeNUgXlFJc8kfvX",
+	"URPa6QcqpHam2AOV2/0qrZCCcB7WEBmWJcVOBu+4NdCY560r1caWiHzCNguVttETunYcQUEOQSq4ztlB",
+	"b8jOZvA2W7/hETQQc0UgjO8mEH6rJf81drxf2at8Fyf/nRwweCdcNflGzBZKXelHjg9D+npj3OC8VtRn",
+	"dESVucpkUhuxJxU59RjVJ1nCBmpeCWpYgPbnSmmdzFIUfBbmbMjOjY4oZIyVRRBqYFKxs1cvjPI0sRGG",
+	"tRERuWFsLuV2KsNXdo6DN8kl1FGKkOFFD9i1yJJ5AviTVI6U8U2/73R+QGcils8lNcUUqRZT2Y0UZJzm",
+	"A8jxMZvMs0QrGbDjwTKR6xyzf3TOlyuWq1RkRv3uEW6XHbLw021UdtUuGGIRr5Fri7jft/PFvQuh2ubc",
+	"/Z3EzE/wtFCItVYg4AoBYUAuaHjcIXDFIk2uhbECXHMRHhkhl4r40mUAhW5eNruTF40VrfwasrPVKgXl",
+	"17URSYweoUU694r8kQzMziY6t/pwGSl9nhq1gzMiWNsouij0yBVRI62P6RyK/BDH1M/mdzXt0qUVo5v1",
+	"OVXuzYAOZ9+IKC9w6ZNIuMj4FIQ+ZCOUtgbiTAgM0CSrX4tIJNfCkeZXuJbOLTC0Yf6H6Xo0OozWMrmx",
+	"kgQ+EcH1AX2nLZXjF2HAoDKQhbogf6o/SNVGZIMIav/EzVR+9sXZs8Gbz87Gx48DBgqkZ6osuKEEu+ta",
+	"RJnIA+tcc4QeMM7CYeh2diozvildpwkLvfd07UA5+z2bdobTDvs9/KwXDtlrYXZe+CD2bhFFcsKS51Bf",
+	"xcKqAXzM8B5qxjd8WzQUtt0FpjJKVXTFulBsyHiqoQux4FAUhjEGw4XSmNFdSISuwdTmfzh48vjo6Ojp",
+	"4eOxOYbj8fET/vTxiXgiIjETMT8c8/mcPx5HccQP5/z4IOLxE/HkCR+J48fz+fHh43gUiafiYPQ0fjpz",
+	"6RHIo4r8iAZG9j4gt+/hb7cI4BNv4W1tSeqaoV8PgOpfEY26QNTy5kIh1BKjxcXJp5eHi399cvX5+Nuv",
+	"jsXrvLUECJ8Q1/nF0fl3T6/+PF5+/Hjz8iD6y/Wu/iV3cEbhgQC72C8gcFdof8dcq2Vnjj1vIa/JMlWX",
+	"/2v9Ub7b0BsMiSVDPmRn+y7oAAstv+tT4Kr2bS3jQXJJfcC995I44Fl01aal4/pK0QLwz4H4io0xGvh5",
+	"r/Zzq193a3KqN2TPEyxR59tKhFQvIDSmc7UqdhpD9ub6F3rzvTzB1zxN4gu6fvWUcVyp304DHmh0AJeH",
+	"qvh+S1oMDcVxMG+tmBtgWJpRZFHuzI1K3Jl0HsElCTpLoTW/NK9crjWg1pBnoHp7AlbqWhawar8yiPQV",
+	"vuWR71vGmRWLuYNbGR4dZC42F7i9cRKjvNEf85gVwkRBsUvqCbIdu6099lva7wYO7amACZTqgxfTEFuh",
+	"JFrVsOx1b9gZ/8V33pvi4YcrTCo20MjdROtEXgZsydO5ypZY6rDJlPmM4mVtuzGV9e1g3bC242Hv1CIT",
+	"mM9E3EjbQNHmylfuBxWEgxIPjAR5hLvR9wsJ/SIe1f+dRq6I1lmSbzuTv39d7ssIUqOQYk5TK1uZnjls",
+	"zVW0hz3TD4nTPTLw70zVcPZtKroVxQy/78wEz0R2tjYa1N+/Br4FiiOyyHVmrv0j4Gc0q3py87WQQtvQ",
+	"Do8T+MtcTaENKbLyxIeFsrcQPM0XDbm+CLaPos/BRqsNmnk+dnSwH8SN906CH6q/0wIA2ZcSEkmu2Ipv",
+	"Cyhrwjau1uftgAIq3m0zy+svt435zcsxVRHTfggCxth3rjqbUHvMVgBAkeE6kq14lnuvsr0+66+ivGzv",
+	"VdpRYykjp+aTN2ZPc3YjJS66vDVDCitl7NFTl9jmInNgDntTtU6f+lTJQrVRNUxCHCjJSFJr1sVDMUQQ",
+	"sLrl+9OP/9O7Y6/QfCG2LmfNmyU1g6tP8q8ANQo+8VIJHbkmdFDuPlZpM+a9wb+29de8kDNI3SS8nRbm",
+	"4Q3nmMe7r9/93wAAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -35,6 +35,8 @@ const (
 	IdempotencyKeyReused  Code = "idempotency_key_reused"
 	IdempotencyKeyDead    Code = "idempotency_key_dead"
 	RequestTooLarge       Code = "request_too_large"
+	HeadersTooLarge       Code = "request_header_fields_too_large"
+	RateLimited           Code = "rate_limited"
 	RequestTimeout        Code = "request_timeout"
 	UnsupportedMediaType  Code = "unsupported_media_type"
 	NotFound              Code = "not_found"
@@ -65,6 +67,8 @@ var kinds = map[Code]struct {
 	IdempotencyKeyReused:  {http.StatusUnprocessableEntity, "Idempotency key reused"},
 	IdempotencyKeyDead:    {http.StatusConflict, "Operation set aside"},
 	RequestTooLarge:       {http.StatusRequestEntityTooLarge, "Request too large"},
+	HeadersTooLarge:       {http.StatusRequestHeaderFieldsTooLarge, "Request header fields too large"},
+	RateLimited:           {http.StatusTooManyRequests, "Too many requests"},
 	RequestTimeout:        {http.StatusRequestTimeout, "Request timeout"},
 	UnsupportedMediaType:  {http.StatusUnsupportedMediaType, "Unsupported media type"},
 	NotFound:              {http.StatusNotFound, "Not found"},

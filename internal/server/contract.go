@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net"
@@ -67,10 +68,15 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 		}
 
-		// 1. Authenticate.
+		// 1. Authenticate, and take a token from the caller's bucket. A
+		// request over the limit is refused here, before its key is even
+		// parsed: nothing is stored, so its retry runs the operation.
 		if requiresAuth(route) {
 			caller, err := s.auth.Authenticate(ctx, bearerToken(req))
 			if err != nil {
+				return err
+			}
+			if err := s.limits.allow(caller.ID); err != nil {
 				return err
 			}
 			ctx = auth.WithCaller(ctx, caller)
@@ -88,25 +94,25 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 
 		// 3. Read the body (bounded) and validate the whole request against
 		// the contract: parameters, content type and body schema, including
-		// additionalProperties: false. A member named twice in one object is
-		// refused first: the validator and the handler would each see only
-		// one of its values.
+		// additionalProperties: false.
 		body, err := s.readBody(req, op)
 		if err != nil {
 			return err
 		}
-		var dup *ijson.DuplicateNameError
-		if errors.As(ijson.CheckUniqueNames(body), &dup) {
-			p := problem.New(problem.InvalidRequest, "%s: a member name may appear only once in an object (I-JSON, RFC 7493)", dup.Pointer)
-			p.Errors = []problem.FieldError{{Field: dup.Pointer, Message: "appears more than once"}}
-			return p
-		}
 		// The processor's webhook has no API key: its signature, over the
-		// raw body, is checked first, before the body is even parsed.
+		// raw body, is checked first, before the body is even parsed, so
+		// that an unsigned request costs one HMAC and nothing more.
 		if authn, _ := op.Extensions["x-authentication"].(string); authn == "processor-signature" {
 			if err := signature.Verify(s.cfg.ProcessorWebhookSecret, req.Header.Get(cardprocessor.SignatureHeader), body, time.Now(), signature.DefaultTolerance); err != nil {
 				return problem.New(problem.InvalidSignature, "the Processor-Signature header does not verify: %v", err)
 			}
+		}
+		// Before any parser reads it: a body nested too deep is refused
+		// (every parser after this one recurses), and so is a member named
+		// twice in one object (the validator and the handler would each
+		// see only one of its values). One linear pass over the bytes.
+		if err := checkJSON(body); err != nil {
+			return err
 		}
 		err = openapi3filter.ValidateRequest(ctx, &openapi3filter.RequestValidationInput{
 			Request:    req,
@@ -138,6 +144,42 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		c.SetRequest(req.WithContext(ctx))
 		return next(c)
 	}
+}
+
+// checkJSON refuses, with a 400 that names the place, a body nested deeper
+// than ijson.MaxDepth, holding more than ijson.MaxValues values, with an
+// object of more than ijson.MaxMembers members or a string longer than
+// ijson.MaxString bytes, or with a member named twice in one object
+// (I-JSON, RFC 7493).
+func checkJSON(body []byte) error {
+	var tooDeep *ijson.DepthError
+	var tooWide *ijson.MembersError
+	var tooMany *ijson.ValuesError
+	var tooLong *ijson.StringError
+	var dup *ijson.DuplicateNameError
+	switch err := ijson.Check(body); {
+	case errors.As(err, &tooLong):
+		p := problem.New(problem.InvalidRequest, "%s: a string may be at most %d bytes long", tooLong.Pointer, tooLong.Limit)
+		p.Errors = []problem.FieldError{{Field: tooLong.Pointer, Message: fmt.Sprintf("longer than %d bytes", tooLong.Limit)}}
+		return p
+	case errors.As(err, &tooMany):
+		p := problem.New(problem.InvalidRequest, "%s: a body may hold at most %d values", tooMany.Pointer, tooMany.Limit)
+		p.Errors = []problem.FieldError{{Field: tooMany.Pointer, Message: fmt.Sprintf("past the limit of %d values", tooMany.Limit)}}
+		return p
+	case errors.As(err, &tooDeep):
+		p := problem.New(problem.InvalidRequest, "%s: the body is nested more than %d levels deep, the limit", tooDeep.Pointer, tooDeep.Limit)
+		p.Errors = []problem.FieldError{{Field: tooDeep.Pointer, Message: fmt.Sprintf("nested more than %d levels deep", tooDeep.Limit)}}
+		return p
+	case errors.As(err, &tooWide):
+		p := problem.New(problem.InvalidRequest, "%s: an object may have at most %d members", tooWide.Pointer, tooWide.Limit)
+		p.Errors = []problem.FieldError{{Field: tooWide.Pointer, Message: fmt.Sprintf("more than %d members", tooWide.Limit)}}
+		return p
+	case errors.As(err, &dup):
+		p := problem.New(problem.InvalidRequest, "%s: a member name may appear only once in an object (I-JSON, RFC 7493)", dup.Pointer)
+		p.Errors = []problem.FieldError{{Field: dup.Pointer, Message: "appears more than once"}}
+		return p
+	}
+	return nil
 }
 
 // allowedMethods lists the methods the contract defines for req's path, for
@@ -217,17 +259,26 @@ func (s *Server) readBody(req *http.Request, op *openapi3.Operation) ([]byte, er
 	return body, nil
 }
 
+// maxFieldErrors bounds the invalid fields one problem lists: a 64 KiB
+// body can hold thousands of unknown members, and listing each would make
+// the answer many times the size of the question.
+const maxFieldErrors = 20
+
 // validationProblem turns the validator's errors into one 400 problem that
-// lists every invalid field.
+// lists the invalid fields (the first maxFieldErrors of them).
 func validationProblem(err error) *problem.Error {
 	var fields []problem.FieldError
 	collectFieldErrors(err, &fields)
 	p := problem.New(problem.InvalidRequest, "the request does not match the API contract")
-	if len(fields) == 1 {
+	switch {
+	case len(fields) == 1:
 		p.Detail = fields[0].Message
 		if fields[0].Field != "" {
 			p.Detail = fields[0].Field + ": " + p.Detail
 		}
+	case len(fields) > maxFieldErrors:
+		p.Detail = fmt.Sprintf("the request does not match the API contract in %d places; the first %d are listed", len(fields), maxFieldErrors)
+		fields = fields[:maxFieldErrors]
 	}
 	p.Errors = fields
 	return p

@@ -63,6 +63,7 @@ type Server struct {
 	payouts    *payouts.Service
 	router     routers.Router
 	validation openapi3filter.Options
+	limits     *rateLimits
 }
 
 var _ apigen.StrictServerInterface = (*Server)(nil)
@@ -84,12 +85,13 @@ func New(d Deps) (http.Handler, error) {
 		cfg:     d.Config,
 		pool:    d.Pool,
 		log:     d.Log,
-		auth:    auth.NewAuthenticator(d.Pool, d.Config.AuthCacheTTL),
+		auth:    auth.NewAuthenticator(d.Pool, d.Config.AuthCacheTTL, d.Config.SeedDemoCallers),
 		keys:    d.Keys,
 		charges: d.Charges,
 		refunds: d.Refunds,
 		payouts: d.Payouts,
 		router:  router,
+		limits:  newRateLimits(d.Config.RateLimit, d.Config.RateBurst),
 		validation: openapi3filter.Options{
 			MultiError: true,
 			// Authentication already happened, in the contract middleware.
@@ -104,6 +106,7 @@ func New(d Deps) (http.Handler, error) {
 	e.HTTPErrorHandler = s.handleError
 	e.Use(middleware.Recover())
 	e.Use(s.observe)
+	e.Use(s.boundHeaders)
 	e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
 		AllowOrigins:  []string{"*"},
 		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key", requestid.Header},
@@ -154,20 +157,24 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 
 		req = c.Request() // as the inner middleware left it: with the caller and key
+		// Every label comes from a fixed set: the route templates this
+		// server registered, the methods methodLabel knows, the statuses
+		// it writes.
 		route := c.Path()
 		if route == "" {
 			route = "unmatched"
 		}
+		method := methodLabel(req.Method)
 		status := c.Response().Status
 		elapsed := time.Since(start)
-		metrics.HTTPRequests.WithLabelValues(route, req.Method, strconv.Itoa(status)).Inc()
-		metrics.HTTPDuration.WithLabelValues(route, req.Method).Observe(elapsed.Seconds())
+		metrics.HTTPRequests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
+		metrics.HTTPDuration.WithLabelValues(route, method).Observe(elapsed.Seconds())
 		if (status == http.StatusConflict || status == http.StatusServiceUnavailable) && c.Response().Header().Get("Retry-After") != "" {
 			metrics.RetryHints.WithLabelValues(strconv.Itoa(status)).Inc()
 		}
 
 		attrs := []slog.Attr{
-			slog.String("method", req.Method),
+			slog.String("method", method),
 			slog.String("route", route),
 			slog.Int("status", status),
 			slog.Duration("duration", elapsed),
