@@ -453,7 +453,10 @@ func startServer(ctx context.Context, dbURL string, env ...string) (string, func
 	ln.Close()
 	cmd := exec.CommandContext(ctx, bin)
 	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+dbURL, "HTTP_ADDR="+addr, "RECONCILER_ENABLED=false",
-		"RELAY_ENABLED=false", "PAYOUT_WORKERS=0", "LOG_FORMAT=json"), env...)
+		"RELAY_ENABLED=false", "PAYOUT_WORKERS=0", "LOG_FORMAT=json",
+		// The benchmark's callers are the demo callers, and a benchmark
+		// measures the service, not the callers' rate limits: off.
+		"SEED_DEMO_CALLERS=true", "RATE_LIMIT_PER_SECOND=0"), env...)
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return "", nil, err

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,8 +19,46 @@ import (
 
 // listenFDVar names the environment variable through which the demo's
 // supervisor hands the listening socket to the server (its file
-// descriptor number in the child).
-const listenFDVar = "LISTEN_FD"
+// descriptor number in the child), and readyFDVar the one through which
+// it hands a pipe the server writes a byte to once it serves.
+const (
+	listenFDVar = "LISTEN_FD"
+	readyFDVar  = "READY_FD"
+)
+
+// signalReady tells the supervisor, through the pipe inherited as file
+// descriptor fd, that this server is serving.
+func signalReady(fd string) error {
+	n, err := strconv.Atoi(fd)
+	if err != nil || n < 3 {
+		return fmt.Errorf("%s=%q: want an inherited file descriptor (3 or more)", readyFDVar, fd)
+	}
+	f := os.NewFile(uintptr(n), "ready")
+	defer f.Close()
+	_, err = f.Write([]byte{1})
+	return err
+}
+
+// stopWhenOrphaned calls stop once this process's parent is gone (it is
+// then adopted by another, and its parent's pid changes), so that neither
+// the supervisor nor its server outlives the command that started it, or
+// its own supervisor, however that one ended.
+func stopWhenOrphaned(ctx context.Context, stop func()) {
+	parent := os.Getppid()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if os.Getppid() != parent {
+				stop()
+				return
+			}
+		}
+	}
+}
 
 // listen opens the server's socket: the one inherited as file descriptor
 // fd when the supervisor passed one, or a new one on addr.
@@ -59,14 +98,25 @@ func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io
 	defer ln.Close()
 	port := ln.Addr().(*net.TCPAddr).Port
 	processorURL := cfg.ProcessorURL
+	// The environment the server starts with: this one, with the demo's
+	// settings last (the last value of a repeated variable wins).
+	env := append(os.Environ(), "DEMO_MODE=true", listenFDVar+"=3", readyFDVar+"=4")
 	if processorURL == "" {
-		stopProcessor, url, err := startProcessor(log, fmt.Sprintf("http://127.0.0.1:%d/webhooks/processor", port), cfg.ProcessorWebhookSecret)
+		// The fake processor and the server share a secret made now,
+		// unless one was given.
+		secret := cfg.ProcessorWebhookSecret
+		if len(secret) == 0 {
+			secret = newWebhookSecret()
+		}
+		stopProcessor, url, err := startProcessor(log, fmt.Sprintf("http://127.0.0.1:%d/webhooks/processor", port), secret)
 		if err != nil {
 			return err
 		}
 		defer stopProcessor()
 		processorURL = url
+		env = append(env, "PROCESSOR_WEBHOOK_SECRET="+string(secret))
 	}
+	env = append(env, "PROCESSOR_URL="+processorURL)
 	socket, err := ln.(*net.TCPListener).File()
 	if err != nil {
 		return err
@@ -76,45 +126,93 @@ func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io
 	if err != nil {
 		return err
 	}
-	// The child's environment is this one, with the demo's settings last
-	// (the last value of a repeated variable wins).
-	env := append(os.Environ(), "DEMO_MODE=true", "PROCESSOR_URL="+processorURL, listenFDVar+"=3")
 	log.Info("demo: listening; the server runs as a child process and is restarted when it dies",
 		"addr", ln.Addr().String(), "processor", processorURL)
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go stopWhenOrphaned(ctx, stop)
 
-	delay, failures := 100*time.Millisecond, 0
+	// A server that dies after it began to serve (the demo's crash) is
+	// started again at once. One that dies before it serves failed to
+	// start (a bad setting, no database): it is started again after a
+	// growing pause, and given up on after a few tries in a row.
+	const maxStartFailures = 5
+	delay, failures := startBackoff, 0
 	for {
-		started := time.Now()
-		cmd := exec.Command(exe, "serve")
-		cmd.Env = env
-		cmd.ExtraFiles = []*os.File{socket} // file descriptor 3 in the child
-		cmd.Stdout, cmd.Stderr = stdout, os.Stderr
-		if err := cmd.Start(); err != nil {
+		server, err := startChild(exe, env, socket, stdout)
+		if err != nil {
 			return fmt.Errorf("demo: start the server: %w", err)
 		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
 		select {
 		case <-ctx.Done():
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			<-exited
+			_ = server.process.Signal(syscall.SIGTERM)
+			<-server.exited
 			return nil
-		case err := <-exited:
-			// A server that ran for a while and died (the demo's crash) is
-			// started again at once; one that keeps dying at start-up (a
-			// bad setting, no database) is given up on.
-			if time.Since(started) > 5*time.Second {
-				delay, failures = 100*time.Millisecond, 0
-			} else if failures++; failures >= 5 {
-				return errors.Join(errors.New("demo: the server keeps failing at start-up"), err)
+		case err := <-server.exited:
+			if server.ready.Load() {
+				delay, failures = startBackoff, 0
+				log.Warn("demo: the server exited; starting it again", "err", err)
+				continue
 			}
-			log.Warn("demo: the server exited; starting it again", "err", err, "in", delay)
+			if failures++; failures >= maxStartFailures {
+				return errors.Join(fmt.Errorf("demo: the server failed to start %d times in a row", failures), err)
+			}
+			log.Warn("demo: the server failed to start; trying again", "err", err, "in", delay)
 			select {
 			case <-ctx.Done():
 				return nil
 			case <-time.After(delay):
 			}
-			delay = min(2*delay, 2*time.Second)
+			delay = min(2*delay, 10*time.Second)
 		}
 	}
+}
+
+// startBackoff is the first pause before starting again a server that
+// failed to start; it doubles with each failure in a row.
+const startBackoff = 500 * time.Millisecond
+
+// child is a server the supervisor started.
+type child struct {
+	process *os.Process
+	// ready is set once the server has written to its ready pipe; it is
+	// final by the time exited receives.
+	ready  atomic.Bool
+	exited chan error
+}
+
+// startChild starts this binary's server as a child, serving on socket.
+func startChild(exe string, env []string, socket *os.File, stdout io.Writer) (*child, error) {
+	readR, readW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, "serve")
+	cmd.Env = env
+	cmd.ExtraFiles = []*os.File{socket, readW} // file descriptors 3 and 4 in the child
+	cmd.Stdout, cmd.Stderr = stdout, os.Stderr
+	err = cmd.Start()
+	_ = readW.Close() // the child has its own copy
+	if err != nil {
+		_ = readR.Close()
+		return nil, err
+	}
+	c := &child{process: cmd.Process, exited: make(chan error, 1)}
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		defer readR.Close()
+		var b [1]byte
+		if n, _ := readR.Read(b[:]); n == 1 {
+			c.ready.Store(true)
+		}
+	}()
+	go func() {
+		err := cmd.Wait()
+		// The child's end of the pipe closed when it exited, so the read
+		// has returned: ready is final before anyone reads exited.
+		<-readDone
+		c.exited <- err
+	}()
+	return c, nil
 }

@@ -5,6 +5,9 @@
 //	                     child process with DEMO_MODE on, restarted whenever it crashes
 //	server migrate       migrate the database and exit
 //	server dead-letters  list the operations set aside for an operator (JSON lines)
+//	server callers add ID [--name NAME]
+//	                     create a caller and print its API key, once
+//	server callers list  list the callers (never a key: only hashes are stored)
 //
 // Configuration comes from the environment; see internal/config and the
 // README.
@@ -17,6 +20,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -88,8 +92,15 @@ func startProcessor(log *slog.Logger, webhookURL string, webhookSecret []byte) (
 	}, url, nil
 }
 
+// newWebhookSecret is a random webhook secret, for a processor started by
+// this program: 256 bits from the operating system's generator.
+func newWebhookSecret() []byte {
+	return []byte("whsec_" + rand.Text() + rand.Text())
+}
+
 // listDeadLetters writes one JSON line per thing set aside for an operator:
-// every payout job River gave up on (kind "payout_job"), every operation
+// every payout job given up on (kind "payout_job": discarded by River, or
+// cancelled by the job with its reason), every operation
 // the reconciler gave up on (kind "operation", status
 // dead; whether its external effect happened is on the processor's ledger
 // under the charge's or refund's downstream key), and every processor
@@ -115,7 +126,7 @@ func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) err
 		}
 		if err := enc.Encode(map[string]any{
 			"kind": "payout_job", "caller": args.CallerID, "payout_id": args.PayoutID,
-			"job_id": j.ID, "attempts": j.Attempt, "discarded_at": j.FinalizedAt,
+			"job_id": j.ID, "attempts": j.Attempt, "state": j.State, "reason": j.LastError, "finalized_at": j.FinalizedAt,
 		}); err != nil {
 			return err
 		}
@@ -228,6 +239,7 @@ func newWorkers(cfg config.Server, pool *pgxpool.Pool, keys *idempotency.Store, 
 func newHTTPServer(cfg config.Server, handler http.Handler, base context.Context) *http.Server {
 	return &http.Server{
 		Handler:           handler,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
@@ -243,8 +255,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if len(args) > 0 {
 		command = args[0]
 	}
-	if command != "serve" && command != "demo" && command != "migrate" && command != "dead-letters" {
-		return fmt.Errorf("unknown command %q (want serve, demo, migrate or dead-letters)", command)
+	if command != "serve" && command != "demo" && command != "migrate" && command != "dead-letters" && command != "callers" {
+		return fmt.Errorf("unknown command %q (want serve, demo, migrate, dead-letters or callers)", command)
+	}
+	if command == "demo" {
+		// The supervisor's settings are read as its server will read them:
+		// in DEMO_MODE (which allows the published webhook secret).
+		outer := getenv
+		getenv = func(name string) string {
+			if name == "DEMO_MODE" {
+				return "true"
+			}
+			return outer(name)
+		}
 	}
 	cfg, err := config.Load(getenv)
 	if err != nil {
@@ -275,6 +298,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return nil
 	case "dead-letters":
 		return listDeadLetters(ctx, pool, stdout)
+	case "callers":
+		return runCallers(ctx, pool, args[1:], stdout)
 	}
 	if cfg.SeedDemoCallers {
 		if err := auth.SeedDemoCallers(ctx, pool); err != nil {
@@ -293,7 +318,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if cfg.ProcessorURL == "" {
 		// The demo needs a card processor: run the fake one in this process,
 		// behind a real HTTP listener, so the server talks to it exactly as
-		// it would to a separate one (cmd/processor).
+		// it would to a separate one (cmd/processor). Unless told one, the
+		// two share a secret made now, which nobody else ever sees.
+		if len(cfg.ProcessorWebhookSecret) == 0 {
+			cfg.ProcessorWebhookSecret = newWebhookSecret()
+		}
 		webhookURL := fmt.Sprintf("http://127.0.0.1:%d/webhooks/processor", ln.Addr().(*net.TCPAddr).Port)
 		stopProcessor, url, err := startProcessor(log, webhookURL, cfg.ProcessorWebhookSecret)
 		if err != nil {
@@ -324,7 +353,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	// Payouts run as River jobs: the request enqueues one in its own
 	// transaction (payouts.Service), and this process runs them if
 	// PAYOUT_WORKERS > 0.
-	jobs, err := payouts.NewJobs(pool, payouts.NewWorker(pool, proc, crash, cfg.PayoutJobTimeout()), payouts.JobsConfig{
+	jobs, err := payouts.NewJobs(pool, payouts.NewWorker(pool, proc, crash, cfg.PayoutJobTimeout(), cfg.PayoutGiveUpAfter, log.With("component", "payouts")), payouts.JobsConfig{
 		Workers:     cfg.PayoutWorkers,
 		JobTimeout:  cfg.PayoutJobTimeout(),
 		RescueAfter: cfg.PayoutRescueAfter,
@@ -379,6 +408,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
+	// Under the demo's supervisor: say we are serving (so that a crash from
+	// now on is the demo's, not a failure to start), and stop if the
+	// supervisor is gone.
+	if fd := getenv(readyFDVar); fd != "" {
+		if err := signalReady(fd); err != nil {
+			return err
+		}
+		var stopWithParent context.CancelFunc
+		ctx, stopWithParent = context.WithCancel(ctx)
+		defer stopWithParent()
+		go stopWhenOrphaned(ctx, stopWithParent)
+	}
 	select {
 	case err := <-serveErr:
 		return err

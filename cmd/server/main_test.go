@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/config"
+	"github.com/retrysafe/payments/internal/signature"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -78,16 +80,26 @@ func TestRunMigrateAndServe(t *testing.T) {
 			t.Errorf("%s: %d", path, res.StatusCode)
 		}
 	}
-	// The demo callers were seeded.
-	req, _ := http.NewRequest("GET", base+"/v1/orders", nil)
-	req.Header.Set("Authorization", "Bearer sk_test_globex")
+	// By default (no DEMO_MODE, no SEED_DEMO_CALLERS) nothing published
+	// works: the demo callers are not seeded, and their keys are refused.
+	if status := getWithKey(t, base+"/v1/orders", "sk_test_globex"); status != http.StatusUnauthorized {
+		t.Errorf("demo caller globex on a default server: %d; want 401", status)
+	}
+	// And the in-process processor's webhook secret is one made at
+	// start-up, not the published one: a webhook signed with that is
+	// refused, as a forgery.
+	body := `{"id":"pevt_forged","type":"payout.failed","created":1,"data":{"id":"ppo_1","downstream_key":"acme-po_x","status":"failed","failure_code":"account_closed"}}`
+	req, _ := http.NewRequest("POST", base+"/webhooks/processor", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Processor-Signature", signature.Sign([]byte(config.DemoProcessorWebhookSecret), time.Now(), []byte(body)))
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
+	answer, _ := io.ReadAll(res.Body)
 	res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		t.Errorf("demo caller globex: %d", res.StatusCode)
+	if res.StatusCode != http.StatusBadRequest || !strings.Contains(string(answer), "invalid_signature") {
+		t.Errorf("a webhook signed with the published secret: %d %s; want 400 invalid_signature", res.StatusCode, answer)
 	}
 
 	stop() // what SIGINT/SIGTERM do in main
@@ -98,6 +110,78 @@ func TestRunMigrateAndServe(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("run did not return after its context was canceled")
+	}
+}
+
+// getWithKey GETs url with apiKey and returns the status.
+func getWithKey(t *testing.T, url, apiKey string) int {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Header.Set("Authorization", "Bearer "+apiKey)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	return res.StatusCode
+}
+
+// The demo callers are seeded when asked for (as the tests and the soak
+// do), or in DEMO_MODE; then their keys work.
+func TestDemoCallersWhenAskedFor(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.New(t)
+	base, _, _ := startServer(t, map[string]string{"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0", "SEED_DEMO_CALLERS": "true"})
+	if status := getWithKey(t, base+"/v1/orders", "sk_test_globex"); status != http.StatusOK {
+		t.Errorf("demo caller globex with SEED_DEMO_CALLERS=true: %d", status)
+	}
+	// A default server later, on the same database: the keys are in the
+	// table, and still refused.
+	base, _, _ = startServer(t, map[string]string{"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0"})
+	if status := getWithKey(t, base+"/v1/orders", "sk_test_globex"); status != http.StatusUnauthorized {
+		t.Errorf("demo caller globex on a default server after a demo: %d; want 401", status)
+	}
+}
+
+// A real deployment's callers are made with `server callers add`, which
+// prints a fresh key once; the key works, and only its hash is stored.
+func TestCallersAddAndList(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.New(t)
+	vars := map[string]string{"DATABASE_URL": dbURL}
+	var out strings.Builder
+	if err := run(context.Background(), []string{"callers", "add", "initech", "--name", "Initech"}, env(vars), &out); err != nil {
+		t.Fatal(err)
+	}
+	key := ""
+	for line := range strings.Lines(out.String()) {
+		if strings.HasPrefix(line, "sk_live_") {
+			key = strings.TrimSpace(line)
+		}
+	}
+	if len(key) < 40 {
+		t.Fatalf("no API key printed:\n%s", out.String())
+	}
+	if err := run(context.Background(), []string{"callers", "add", "initech"}, env(vars), io.Discard); err == nil || !strings.Contains(err.Error(), "exists") {
+		t.Errorf("adding initech twice: %v; want it refused", err)
+	}
+	if err := run(context.Background(), []string{"callers", "add", "Bad Name"}, env(vars), io.Discard); err == nil {
+		t.Error("a caller id with a space and capitals was accepted")
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"callers", "list"}, env(vars), &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "initech") || strings.Contains(out.String(), key) {
+		t.Errorf("callers list:\n%s\nwant initech listed, and never its key", out.String())
+	}
+	var stored []byte
+	if err := testdb.Pool(t, dbURL).QueryRow(context.Background(), `SELECT api_key_hash FROM callers WHERE id = 'initech'`).Scan(&stored); err != nil || strings.Contains(string(stored), key) {
+		t.Fatalf("stored %q, %v: want only a hash", stored, err)
+	}
+	base, _, _ := startServer(t, map[string]string{"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0"})
+	if status := getWithKey(t, base+"/v1/orders", key); status != http.StatusOK {
+		t.Errorf("the new key: %d; want 200", status)
 	}
 }
 
@@ -143,7 +227,7 @@ func TestSlowBodyIsCutOff(t *testing.T) {
 	t.Parallel()
 	dbURL := testdb.New(t)
 	base, _, _ := startServer(t, map[string]string{
-		"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0",
+		"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0", "SEED_DEMO_CALLERS": "true",
 		"HTTP_READ_HEADER_TIMEOUT": "1s", "HTTP_READ_TIMEOUT": "1s",
 	})
 	for auth, want := range map[string]string{
@@ -248,6 +332,13 @@ func TestRunListsDeadLetters(t *testing.T) {
 		       ('payout', '{"caller_id":"acme","payout_id":"po_done"}', 'completed', 1, 200, now(), 'default', 1)`); err != nil {
 		t.Fatal(err)
 	}
+	// One the job gave up on itself, with its reason.
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO river.river_job (kind, args, state, attempt, max_attempts, finalized_at, queue, priority, errors)
+		VALUES ('payout', '{"caller_id":"globex","payout_id":"po_rejected"}', 'cancelled', 1, 200, now(), 'default', 1,
+		        ARRAY['{"at":"2026-01-01T00:00:00Z","attempt":1,"error":"processor rejected the downstream key (422 idempotency_key_reused)"}'::jsonb])`); err != nil {
+		t.Fatal(err)
+	}
 	var out strings.Builder
 	if err := run(context.Background(), []string{"dead-letters"}, env(vars), &out); err != nil {
 		t.Fatal(err)
@@ -270,8 +361,11 @@ func TestRunListsDeadLetters(t *testing.T) {
 			jobs = append(jobs, l)
 		}
 	}
-	if len(jobs) != 1 || jobs[0]["payout_id"] != "po_stuck" || jobs[0]["caller"] != "acme" || jobs[0]["attempts"] != float64(200) {
-		t.Errorf("discarded payout jobs %v; want the one River gave up on", jobs)
+	if len(jobs) != 2 || jobs[0]["payout_id"] != "po_stuck" || jobs[0]["caller"] != "acme" || jobs[0]["attempts"] != float64(200) || jobs[0]["state"] != "discarded" {
+		t.Errorf("payout jobs given up on %v; want the one River gave up on first", jobs)
+	}
+	if len(jobs) == 2 && (jobs[1]["payout_id"] != "po_rejected" || jobs[1]["state"] != "cancelled" || !strings.Contains(fmt.Sprint(jobs[1]["reason"]), "422")) {
+		t.Errorf("the cancelled payout job %v; want it listed with its reason", jobs[1])
 	}
 	if len(ops) != 1 || ops[0]["caller"] != "globex" || ops[0]["key"] != "given-up" || ops[0]["recovery_point"] != "charge_created" {
 		t.Errorf("dead operations %v; want the one dead globex record", ops)

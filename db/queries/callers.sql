@@ -9,3 +9,10 @@ ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, api_key_hash = EXCLUDED.api
 
 -- name: ListCallers :many
 SELECT * FROM callers ORDER BY id;
+
+-- name: CreateCaller :execrows
+-- A new caller (server callers add). An existing id is left alone: zero
+-- rows, and the command says so, rather than replacing that caller's key.
+INSERT INTO callers (id, name, api_key_hash)
+VALUES (@id, @name, @api_key_hash)
+ON CONFLICT (id) DO NOTHING;

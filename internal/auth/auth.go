@@ -3,7 +3,12 @@ package auth
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,8 +23,9 @@ var queries = dbsqlc.New() // stateless: every query takes its connection or tra
 
 // Caller is an authenticated tenant.
 type Caller struct {
-	ID   string
-	Name string
+	ID        string
+	Name      string
+	CreatedAt time.Time
 }
 
 // HashKey is how an API key is stored and looked up: SHA-256 of the key.
@@ -39,6 +45,10 @@ type Authenticator struct {
 	pool *pgxpool.Pool
 	ttl  time.Duration
 	now  func() time.Time
+	// published holds the hashes of the demo callers' keys when they must
+	// not work (outside the demo): refused before any lookup, even if an
+	// earlier demo left them in the database.
+	published map[[sha256.Size]byte]bool
 
 	mu    sync.RWMutex
 	cache map[[sha256.Size]byte]cached
@@ -50,11 +60,19 @@ type cached struct {
 }
 
 // NewAuthenticator returns an Authenticator caching known keys for ttl.
-func NewAuthenticator(pool *pgxpool.Pool, ttl time.Duration) *Authenticator {
-	return &Authenticator{
+// Unless demoKeys, the demo callers' published keys are refused.
+func NewAuthenticator(pool *pgxpool.Pool, ttl time.Duration, demoKeys bool) *Authenticator {
+	a := &Authenticator{
 		pool: pool, ttl: ttl, now: time.Now,
 		cache: map[[sha256.Size]byte]cached{},
 	}
+	if !demoKeys {
+		a.published = map[[sha256.Size]byte]bool{}
+		for _, c := range DemoCallers {
+			a.published[sha256.Sum256([]byte(c.APIKey))] = true
+		}
+	}
+	return a
 }
 
 // Authenticate returns the caller whose API key is apiKey, or an
@@ -64,6 +82,10 @@ func (a *Authenticator) Authenticate(ctx context.Context, apiKey string) (Caller
 		return Caller{}, problem.New(problem.Unauthorized, "send your API key as Authorization: Bearer <key>")
 	}
 	hash := sha256.Sum256([]byte(apiKey))
+	if a.published[hash] {
+		return Caller{}, problem.New(problem.Unauthorized,
+			"this is a published demo API key; it works only on a demo server (DEMO_MODE=true or SEED_DEMO_CALLERS=true)")
+	}
 	now := a.now()
 	a.mu.RLock()
 	c, ok := a.cache[hash]
@@ -87,8 +109,9 @@ func (a *Authenticator) Authenticate(ctx context.Context, apiKey string) (Caller
 }
 
 // DemoCallers are the callers seeded for the demo and the tests, with their
-// API keys. They are test keys for a local service; never seed them in
-// production (SEED_DEMO_CALLERS=false).
+// API keys. The keys are published (here and in the README), so they work
+// only where the demo callers are seeded on purpose: in DEMO_MODE, or with
+// SEED_DEMO_CALLERS=true.
 var DemoCallers = []struct{ ID, Name, APIKey string }{
 	{"acme", "Acme Corp", "sk_test_acme"},
 	{"globex", "Globex Corporation", "sk_test_globex"},
@@ -102,6 +125,49 @@ func SeedDemoCallers(ctx context.Context, db dbsqlc.DBTX) error {
 		}
 	}
 	return nil
+}
+
+// ErrCallerExists is CreateCaller's answer for an id already taken.
+var ErrCallerExists = errors.New("auth: a caller with this id exists")
+
+// callerID is what a caller's id may look like: it names the caller in
+// every tenant table, in logs and in the downstream keys sent to the
+// processor, so it is short, lower-case and plain.
+var callerID = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
+
+// CreateCaller creates the caller id (named name) with a fresh API key, and
+// returns the key. The key is shown this once: only its hash is stored.
+func CreateCaller(ctx context.Context, db dbsqlc.DBTX, id, name string) (apiKey string, err error) {
+	if !callerID.MatchString(id) {
+		return "", fmt.Errorf("caller id %q: want 1 to 32 lower-case letters, digits or _, starting with a letter", id)
+	}
+	if name == "" {
+		name = id
+	}
+	// 256 bits from the operating system's generator, in base32.
+	apiKey = "sk_live_" + strings.ToLower(rand.Text()+rand.Text())
+	n, err := queries.CreateCaller(ctx, db, dbsqlc.CreateCallerParams{ID: id, Name: name, ApiKeyHash: HashKey(apiKey)})
+	switch {
+	case err != nil:
+		return "", err
+	case n == 0:
+		return "", fmt.Errorf("%w: %s", ErrCallerExists, id)
+	}
+	return apiKey, nil
+}
+
+// ListCallers returns every caller, by id (never a key: only its hash is
+// stored).
+func ListCallers(ctx context.Context, db dbsqlc.DBTX) ([]Caller, error) {
+	rows, err := queries.ListCallers(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Caller, len(rows))
+	for i, r := range rows {
+		out[i] = Caller{ID: r.ID, Name: r.Name, CreatedAt: r.CreatedAt}
+	}
+	return out, nil
 }
 
 type callerKey struct{}

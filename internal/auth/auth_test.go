@@ -17,7 +17,7 @@ func TestAuthenticateCachesKnownKeys(t *testing.T) {
 	if err := SeedDemoCallers(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	a := NewAuthenticator(pool, time.Minute)
+	a := NewAuthenticator(pool, time.Minute, true)
 	now := time.Now()
 	a.now = func() time.Time { return now }
 

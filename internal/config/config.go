@@ -12,6 +12,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -31,9 +32,10 @@ const (
 )
 
 // DemoProcessorWebhookSecret is the secret the fake card processor signs
-// its webhooks with unless told otherwise. It is public: anything real
-// sets PROCESSOR_WEBHOOK_SECRET.
-const DemoProcessorWebhookSecret = "whsec_test_processor"
+// its webhooks with unless told otherwise. It is published (in this file,
+// the README and every fork), so anyone could sign a webhook with it: the
+// server accepts it only in DEMO_MODE.
+const DemoProcessorWebhookSecret = "whsec_test_processor" // #nosec G101 -- published on purpose; refused outside DEMO_MODE
 
 // Server is the configuration of cmd/server: the API and the background
 // workers it runs.
@@ -75,7 +77,9 @@ type Server struct {
 	// (MAX_BODY_BYTES).
 	MaxBodyBytes int64
 	// SeedDemoCallers creates the demo callers acme and globex at start-up
-	// (SEED_DEMO_CALLERS).
+	// (SEED_DEMO_CALLERS). Their API keys are published, so it is on by
+	// default only in DEMO_MODE; outside it they are refused even if an
+	// earlier demo left them in the database, unless it is set explicitly.
 	SeedDemoCallers bool
 	// ShutdownTimeout bounds the graceful shutdown (SHUTDOWN_TIMEOUT).
 	ShutdownTimeout time.Duration
@@ -89,7 +93,10 @@ type Server struct {
 	// It must be well below the lease.
 	ProcessorTimeout time.Duration
 	// ProcessorWebhookSecret verifies the processor's webhook signatures
-	// (PROCESSOR_WEBHOOK_SECRET).
+	// (PROCESSOR_WEBHOOK_SECRET). It must be set when ProcessorURL is, and
+	// may be the published demo secret only in DemoMode. Left empty with
+	// the in-process processor, cmd/server makes a random one at start-up
+	// and gives it to both.
 	ProcessorWebhookSecret []byte
 	// DemoMode turns on the browser demo's powers (DEMO_MODE): the /demo
 	// endpoints that change the processor's chaos settings, arm a crash
@@ -120,6 +127,25 @@ type Server struct {
 	// (PAYOUT_WORKERS); 0 makes it only enqueue them, for a replica that
 	// serves the API while others do the jobs.
 	PayoutWorkers int
+	// PayoutGiveUpAfter bounds how long a payout job keeps asking a
+	// processor that gives no definite answer (429s and 503s whose
+	// Retry-After snoozes it, which uses up none of River's attempts), and
+	// how long after its expected arrival a transfer may stay in transit,
+	// before the job is set aside for an operator (PAYOUT_GIVE_UP_AFTER).
+	PayoutGiveUpAfter time.Duration
+	// RateLimit is how many requests per second each caller may send to
+	// one server process, with bursts of up to RateBurst
+	// (RATE_LIMIT_PER_SECOND, RATE_LIMIT_BURST); 0 turns the limit off.
+	// It is a token bucket per caller and per replica: n replicas behind a
+	// load balancer let a caller send up to n times as much.
+	RateLimit float64
+	RateBurst int
+	// MaxHeaderBytes bounds the request line and headers
+	// (HTTP_MAX_HEADER_BYTES; Go's server answers a larger one with 431
+	// itself), and MaxHeaders the number of header lines
+	// (HTTP_MAX_HEADERS; more is a 431 problem).
+	MaxHeaderBytes int
+	MaxHeaders     int
 	// PayoutRescueAfter is how long a payout job may stay running before
 	// River treats it as abandoned (its process died) and runs it again
 	// (PAYOUT_RESCUE_AFTER). It must exceed PayoutJobTimeout, so that a live
@@ -138,22 +164,22 @@ func (c Server) PayoutJobTimeout() time.Duration { return c.ProcessorTimeout + C
 func Load(getenv func(string) string) (Server, error) {
 	r := NewReader(getenv)
 	cfg := Server{
-		DatabaseURL:            r.String("DATABASE_URL", DefaultDatabaseURL),
-		HTTPAddr:               r.String("HTTP_ADDR", ":8080"),
-		ReadHeaderTimeout:      r.Duration("HTTP_READ_HEADER_TIMEOUT", 5*time.Second),
-		ReadTimeout:            r.Duration("HTTP_READ_TIMEOUT", 10*time.Second),
-		WriteTimeout:           r.Duration("HTTP_WRITE_TIMEOUT", 60*time.Second),
-		IdleTimeout:            r.Duration("HTTP_IDLE_TIMEOUT", 60*time.Second),
-		Lease:                  r.Duration("IDEMPOTENCY_LEASE", DefaultLease),
-		Retention:              r.Duration("IDEMPOTENCY_KEY_RETENTION", DefaultRetention),
-		ReplayCacheSize:        r.Int("IDEMPOTENCY_REPLAY_CACHE_SIZE", 10_000, 0),
-		MaxBodyBytes:           int64(r.Int("MAX_BODY_BYTES", 64<<10, 1)),
-		SeedDemoCallers:        r.Bool("SEED_DEMO_CALLERS", true),
+		DatabaseURL:       r.String("DATABASE_URL", DefaultDatabaseURL),
+		HTTPAddr:          r.String("HTTP_ADDR", ":8080"),
+		ReadHeaderTimeout: r.Duration("HTTP_READ_HEADER_TIMEOUT", 5*time.Second),
+		ReadTimeout:       r.Duration("HTTP_READ_TIMEOUT", 10*time.Second),
+		WriteTimeout:      r.Duration("HTTP_WRITE_TIMEOUT", 60*time.Second),
+		IdleTimeout:       r.Duration("HTTP_IDLE_TIMEOUT", 60*time.Second),
+		Lease:             r.Duration("IDEMPOTENCY_LEASE", DefaultLease),
+		Retention:         r.Duration("IDEMPOTENCY_KEY_RETENTION", DefaultRetention),
+		ReplayCacheSize:   r.Int("IDEMPOTENCY_REPLAY_CACHE_SIZE", 10_000, 0),
+		MaxBodyBytes:      int64(r.Int("MAX_BODY_BYTES", 64<<10, 1)),
+
 		ShutdownTimeout:        r.Duration("SHUTDOWN_TIMEOUT", 15*time.Second),
 		AuthCacheTTL:           r.Duration("AUTH_CACHE_TTL", time.Minute),
 		ProcessorURL:           r.String("PROCESSOR_URL", ""),
 		ProcessorTimeout:       r.Duration("PROCESSOR_TIMEOUT", 10*time.Second),
-		ProcessorWebhookSecret: []byte(r.String("PROCESSOR_WEBHOOK_SECRET", DemoProcessorWebhookSecret)),
+		ProcessorWebhookSecret: []byte(r.String("PROCESSOR_WEBHOOK_SECRET", "")),
 		Reconciler:             r.Bool("RECONCILER_ENABLED", true),
 		ReconcilerInterval:     r.Duration("RECONCILER_INTERVAL", time.Second),
 		ReconcilerMaxAttempts:  r.Int("RECONCILER_MAX_ATTEMPTS", 10, 1),
@@ -164,12 +190,28 @@ func Load(getenv func(string) string) (Server, error) {
 		PayoutWorkers:          r.Int("PAYOUT_WORKERS", 4, 0),
 		LogFormat:              r.String("LOG_FORMAT", ""),
 		PayoutRescueAfter:      r.Duration("PAYOUT_RESCUE_AFTER", time.Minute),
+		PayoutGiveUpAfter:      r.Duration("PAYOUT_GIVE_UP_AFTER", 24*time.Hour),
+		RateLimit:              r.Float("RATE_LIMIT_PER_SECOND", 100),
+		RateBurst:              r.Int("RATE_LIMIT_BURST", 200, 1),
+		MaxHeaderBytes:         r.Int("HTTP_MAX_HEADER_BYTES", 16<<10, 1<<10),
+		MaxHeaders:             r.Int("HTTP_MAX_HEADERS", 64, 8),
 	}
+	// The demo callers' keys are published: seeded by default only for
+	// the demo.
+	cfg.SeedDemoCallers = r.Bool("SEED_DEMO_CALLERS", cfg.DemoMode)
 	if v := r.String("FAULT_CRASH_POINTS", ""); v != "" {
 		cp, err := faults.Parse(v)
 		r.Check(err == nil, "FAULT_CRASH_POINTS: %v", err)
 		cfg.CrashPoints = cp
 	}
+
+	// No published secret outside the demo: anyone holding the processor's
+	// webhook secret can tell the service that money moved.
+	secret := string(cfg.ProcessorWebhookSecret)
+	r.Check(cfg.ProcessorURL == "" || secret != "",
+		"PROCESSOR_WEBHOOK_SECRET is not set: with PROCESSOR_URL set, the server must know the secret that processor signs its webhooks with (your processor's dashboard shows it)")
+	r.Check(secret != DemoProcessorWebhookSecret || cfg.DemoMode,
+		"PROCESSOR_WEBHOOK_SECRET is the published test secret %q: anyone could sign a webhook with it. Set the processor's own secret (it is accepted only with DEMO_MODE=true)", DemoProcessorWebhookSecret)
 
 	// The rules between settings.
 	checkRetention(r, cfg.Retention, cfg.Lease, cfg.ReconcilerMaxAge)
@@ -282,6 +324,20 @@ func (r *Reader) Int(name string, def, least int) int {
 		return def
 	}
 	return n
+}
+
+// Float is a number of at least 0.
+func (r *Reader) Float(name string, def float64) float64 {
+	v := r.String(name, "")
+	if v == "" {
+		return def
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
+		r.errs = append(r.errs, fmt.Errorf("%s=%q: want a number of at least 0", name, v))
+		return def
+	}
+	return f
 }
 
 // Bool is true or false (strconv.ParseBool's spellings).

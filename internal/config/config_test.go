@@ -82,3 +82,47 @@ func TestSweeperIgnoresServerOnlySettings(t *testing.T) {
 		t.Error("a window shorter than RECONCILER_MAX_AGE was accepted")
 	}
 }
+
+// No published secret or key works outside the demo: the processor's
+// webhook secret must be set with PROCESSOR_URL, and may be the published
+// test secret only in DEMO_MODE; the demo callers (published keys) are
+// seeded by default only in DEMO_MODE.
+func TestNoPublishedSecretOutsideTheDemo(t *testing.T) {
+	t.Parallel()
+	load := func(vars map[string]string) (Server, error) {
+		return Load(func(k string) string { return vars[k] })
+	}
+	for _, tc := range []struct {
+		vars map[string]string
+		want string // "" when accepted
+	}{
+		{map[string]string{}, ""},
+		{map[string]string{"PROCESSOR_URL": "http://processor:8081"}, "PROCESSOR_WEBHOOK_SECRET is not set"},
+		{map[string]string{"PROCESSOR_URL": "http://processor:8081", "PROCESSOR_WEBHOOK_SECRET": DemoProcessorWebhookSecret}, "published test secret"},
+		{map[string]string{"PROCESSOR_WEBHOOK_SECRET": DemoProcessorWebhookSecret}, "published test secret"},
+		{map[string]string{"PROCESSOR_URL": "http://processor:8081", "PROCESSOR_WEBHOOK_SECRET": DemoProcessorWebhookSecret, "DEMO_MODE": "true"}, ""},
+		{map[string]string{"PROCESSOR_URL": "http://processor:8081", "PROCESSOR_WEBHOOK_SECRET": "whsec_real"}, ""},
+	} {
+		_, err := load(tc.vars)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%v: %v; want accepted", tc.vars, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%v: %v; want an error saying %q", tc.vars, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		vars map[string]string
+		seed bool
+	}{
+		{map[string]string{}, false},
+		{map[string]string{"DEMO_MODE": "true"}, true},
+		{map[string]string{"SEED_DEMO_CALLERS": "true"}, true},
+		{map[string]string{"DEMO_MODE": "true", "SEED_DEMO_CALLERS": "false"}, false},
+	} {
+		cfg, err := load(tc.vars)
+		if err != nil || cfg.SeedDemoCallers != tc.seed {
+			t.Errorf("%v: SeedDemoCallers %v (%v); want %v", tc.vars, cfg.SeedDemoCallers, err, tc.seed)
+		}
+	}
+}

@@ -9,6 +9,28 @@ import (
 	"context"
 )
 
+const createCaller = `-- name: CreateCaller :execrows
+INSERT INTO callers (id, name, api_key_hash)
+VALUES ($1, $2, $3)
+ON CONFLICT (id) DO NOTHING
+`
+
+type CreateCallerParams struct {
+	ID         string
+	Name       string
+	ApiKeyHash []byte
+}
+
+// A new caller (server callers add). An existing id is left alone: zero
+// rows, and the command says so, rather than replacing that caller's key.
+func (q *Queries) CreateCaller(ctx context.Context, db DBTX, arg CreateCallerParams) (int64, error) {
+	result, err := db.Exec(ctx, createCaller, arg.ID, arg.Name, arg.ApiKeyHash)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const getCallerByAPIKeyHash = `-- name: GetCallerByAPIKeyHash :one
 SELECT id, name, api_key_hash, created_at, webhook_url, webhook_secret FROM callers WHERE api_key_hash = $1
 `

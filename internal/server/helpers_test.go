@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -47,6 +48,11 @@ type testServer struct {
 	// that resumes exactly as cmd/server's does.
 	keys       *idempotency.Store
 	operations *idempotency.Registry
+	// webhookSecret is what the processor signs its webhooks with.
+	webhookSecret string
+	// handler is the server's handler, for benchmarks that call it without
+	// a network hop.
+	handler http.Handler
 }
 
 type serverOptions struct {
@@ -76,10 +82,13 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	var handler http.Handler
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { handler.ServeHTTP(w, r) }))
 	t.Cleanup(srv.Close)
-	// The real fake processor, over HTTP, one per test.
+	// The real fake processor, over HTTP, one per test, sharing a secret
+	// made for the test with the server (as cmd/server does).
+	webhookSecret := "whsec_" + rand.Text()
 	procCfg := processor.Config{
-		WebhookURL: srv.URL + "/webhooks/processor",
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		WebhookURL:    srv.URL + "/webhooks/processor",
+		WebhookSecret: []byte(webhookSecret),
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
 		// Payouts arrive quickly in tests; ba_test_slow takes ten times as long.
 		PayoutDelay: 300 * time.Millisecond,
 	}
@@ -93,6 +102,9 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 		procServer.Close()
 	})
 	cfg.ProcessorURL = procServer.URL
+	cfg.ProcessorWebhookSecret = []byte(webhookSecret)
+	// The tests' callers are the demo callers, seeded below.
+	cfg.SeedDemoCallers = true
 	if o.config != nil {
 		o.config(&cfg)
 	}
@@ -125,7 +137,7 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	operations.Register(refunds.Operation, refundService.Resume)
 	// Payout jobs run on River in this process, as with PAYOUT_WORKERS > 0,
 	// and stop (after their current step) before the pool closes.
-	jobs, err := payouts.NewJobs(serverPool, payouts.NewWorker(serverPool, processorClient, cfg.CrashPoints, cfg.PayoutJobTimeout()), payouts.JobsConfig{
+	jobs, err := payouts.NewJobs(serverPool, payouts.NewWorker(serverPool, processorClient, cfg.CrashPoints, cfg.PayoutJobTimeout(), cfg.PayoutGiveUpAfter, log), payouts.JobsConfig{
 		Workers: cfg.PayoutWorkers, JobTimeout: cfg.PayoutJobTimeout(), RescueAfter: cfg.PayoutRescueAfter,
 		FetchPollInterval: 100 * time.Millisecond, Logger: log,
 	})
@@ -156,7 +168,7 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 		h = o.wrap(h)
 	}
 	handler = h
-	return &testServer{URL: srv.URL, cfg: cfg, db: testdb.Pool(t, dbURL), processorURL: procServer.URL, keys: keys, operations: operations}
+	return &testServer{URL: srv.URL, cfg: cfg, db: testdb.Pool(t, dbURL), processorURL: procServer.URL, keys: keys, operations: operations, webhookSecret: webhookSecret, handler: h}
 }
 
 // reconciler is a reconciler over the test server's database, configured

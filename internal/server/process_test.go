@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -147,11 +148,25 @@ func startCommand(t *testing.T, pkg string, args []string, env ...string) (addr 
 	return "", nil
 }
 
+// processSecret is the webhook secret the processor and server processes
+// of these tests share (startProcessorProcess, startServerProcess).
+var processSecret = "whsec_" + rand.Text()
+
+// startProcessorProcess starts the fake processor's binary, listening on a
+// free port, and returns its URL.
+func startProcessorProcess(t *testing.T, env ...string) string {
+	t.Helper()
+	addr, _ := startProcess(t, "cmd/processor", append([]string{"PROCESSOR_ADDR=127.0.0.1:0", "WEBHOOK_SECRET=" + processSecret}, env...)...)
+	return "http://" + addr
+}
+
 // startServerProcess starts the server binary on dbURL, listening on a
-// free port.
+// free port, with the demo callers (the tests' callers) and the secret of
+// the processors startProcessorProcess starts.
 func startServerProcess(t *testing.T, dbURL string, env ...string) *serverProcess {
 	t.Helper()
-	addr, cmd := startProcess(t, "cmd/server", append([]string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=127.0.0.1:0"}, env...)...)
+	defaults := []string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=127.0.0.1:0", "SEED_DEMO_CALLERS=true", "PROCESSOR_WEBHOOK_SECRET=" + processSecret}
+	addr, cmd := startProcess(t, "cmd/server", append(defaults, env...)...)
 	return &serverProcess{testServer: &testServer{URL: "http://" + addr}, cmd: cmd}
 }
 
@@ -245,8 +260,7 @@ func retryingClient(t *testing.T, baseURL string) *client.Client {
 }
 
 func crashAndRecover(t *testing.T, point string, reconcilerAlone bool) {
-	procAddr, _ := startProcess(t, "cmd/processor", "PROCESSOR_ADDR=127.0.0.1:0")
-	processorURL := "http://" + procAddr
+	processorURL := startProcessorProcess(t)
 	dbURL := testdb.New(t)
 	db := testdb.Pool(t, dbURL)
 	common := []string{"PROCESSOR_URL=" + processorURL, "IDEMPOTENCY_LEASE=2s", "PROCESSOR_TIMEOUT=1s"}
@@ -314,8 +328,7 @@ func crashAndRecover(t *testing.T, point string, reconcilerAlone bool) {
 // project's client polls it to the end, honouring Retry-After.
 func TestKilledPayoutJobIsRescuedByRiver(t *testing.T) {
 	t.Parallel()
-	procAddr, _ := startProcess(t, "cmd/processor", "PROCESSOR_ADDR=127.0.0.1:0", "PROCESSOR_PAYOUT_DELAY=500ms")
-	processorURL := "http://" + procAddr
+	processorURL := startProcessorProcess(t, "PROCESSOR_PAYOUT_DELAY=500ms")
 	dbURL := testdb.New(t)
 	db := testdb.Pool(t, dbURL)
 	// A job is rescued once it has been running for PAYOUT_RESCUE_AFTER,

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	cryptorand "crypto/rand"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -48,9 +49,10 @@ func TestSoak(t *testing.T) {
 	logs := &syncBuffer{}
 	procPort, ports := freePort(t), []string{freePort(t), freePort(t), freePort(t)}
 	processorURL := "http://127.0.0.1:" + procPort
+	webhookSecret := "whsec_" + cryptorand.Text()
 
 	proc := &process{name: "processor", bin: filepath.Join(bin, "processor"), logs: logs, env: []string{
-		"PROCESSOR_ADDR=127.0.0.1:" + procPort,
+		"PROCESSOR_ADDR=127.0.0.1:" + procPort, "WEBHOOK_SECRET=" + webhookSecret,
 		// Webhooks go to the first replica, which comes back on its port.
 		"WEBHOOK_URL=http://127.0.0.1:" + ports[0] + "/webhooks/processor",
 		"CHAOS_ERROR_RATE=0.1", "CHAOS_TIMEOUT_RATE=0.05", "CHAOS_DUPLICATE_WEBHOOK_RATE=0.3",
@@ -65,6 +67,10 @@ func TestSoak(t *testing.T) {
 			"DATABASE_URL=" + dbURL, "HTTP_ADDR=127.0.0.1:" + p, "PROCESSOR_URL=" + processorURL,
 			"IDEMPOTENCY_LEASE=3s", "PROCESSOR_TIMEOUT=1s", "RECONCILER_INTERVAL=200ms", "RELAY_INTERVAL=500ms",
 			"PAYOUT_RESCUE_AFTER=7s", "LOG_FORMAT=json",
+			"PROCESSOR_WEBHOOK_SECRET=" + webhookSecret, "SEED_DEMO_CALLERS=true",
+			// A load test: the callers' rate limits are off, so that the
+			// soak measures the service, not the limit.
+			"RATE_LIMIT_PER_SECOND=0",
 		}}
 		if i == len(ports)-1 {
 			// The last replica replays only from the database, so that the
