@@ -192,7 +192,7 @@ const maxRetryAfter = 5 * time.Minute
 
 // retryable says whether an attempt may be retried and after how long.
 func (c *Client) retryable(ctx context.Context, a answer, err error, attempt int) (time.Duration, bool) {
-	backoff := retry.FullJitter(c.policy.BaseDelay, c.policy.MaxDelay, int32(attempt-1))
+	backoff := retry.FullJitter(c.policy.BaseDelay, c.policy.MaxDelay, attempt-1)
 	if err != nil {
 		// A connection error or a timeout of this attempt (the HTTP
 		// client's own timeout too): the request may or may not have

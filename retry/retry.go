@@ -16,7 +16,7 @@ import (
 // spreads the retries of many clients that failed together, so they do not
 // come back together (AWS Architecture Blog, "Exponential Backoff And
 // Jitter").
-func FullJitter(base, cap time.Duration, attempt int32) time.Duration {
+func FullJitter(base, cap time.Duration, attempt int) time.Duration {
 	ceiling := cap
 	// base·2^attempt, without overflowing: only when it stays below cap.
 	if attempt >= 0 && attempt < 63 && base > 0 && base <= cap>>attempt {
@@ -25,7 +25,7 @@ func FullJitter(base, cap time.Duration, attempt int32) time.Duration {
 	if ceiling <= 0 {
 		return 0
 	}
-	return time.Duration(rand.Int64N(int64(ceiling) + 1))
+	return time.Duration(rand.Int64N(int64(ceiling) + 1)) // #nosec G404 -- jitter spreads retries; nothing depends on it being unpredictable
 }
 
 // Budget is a token bucket that caps retries to a fraction of the work, so

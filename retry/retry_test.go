@@ -8,7 +8,7 @@ import (
 func TestFullJitterStaysWithinBounds(t *testing.T) {
 	t.Parallel()
 	base, cap := 100*time.Millisecond, 5*time.Second
-	for attempt := int32(0); attempt < 40; attempt++ {
+	for attempt := 0; attempt < 40; attempt++ {
 		ceiling := cap
 		if attempt < 30 && base<<attempt < cap {
 			ceiling = base << attempt
@@ -82,7 +82,7 @@ func TestBudgetDepositAndSpendUpTo(t *testing.T) {
 
 func TestFullJitterDoesNotOverflow(t *testing.T) {
 	t.Parallel()
-	for _, attempt := range []int32{29, 40, 62, 63, 100} {
+	for _, attempt := range []int{29, 40, 62, 63, 100} {
 		if d := FullJitter(time.Hour, 2*time.Hour, attempt); d < 0 || d > 2*time.Hour {
 			t.Errorf("FullJitter(1h, 2h, %d) = %s; want within [0, 2h]", attempt, d)
 		}

@@ -303,7 +303,7 @@ func printUsage(w io.Writer) {
 	for _, cmd := range commands {
 		fmt.Fprintf(tw, "  %s\t%s\n", cmd.name, cmd.summary)
 	}
-	tw.Flush()
+	_ = tw.Flush()
 	fmt.Fprint(w, "\nCommon flags, accepted by every command:\n")
 	printFlags(w, commonFlagSet())
 	fmt.Fprint(w, "\nRun 'paycli help <command>' or 'paycli <command> --help' for a command's own flags.\n")
@@ -347,7 +347,7 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 		}
 		fmt.Fprintf(tw, "  %s\t%s\n", name, usage)
 	})
-	tw.Flush()
+	_ = tw.Flush()
 }
 
 func or(v, def string) string {

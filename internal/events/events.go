@@ -42,7 +42,7 @@ func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map
 // event startingAfter when it is not empty, and whether more exist.
 func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Event, _ bool, err error) {
 	defer derrors.Wrap(&err, "events.List(%s)", callerID)
-	p := dbsqlc.ListEventsParams{CallerID: callerID, RowLimit: int32(limit) + 1}
+	p := dbsqlc.ListEventsParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
 	if startingAfter != "" {
 		cursor, err := queries.GetEvent(ctx, db, dbsqlc.GetEventParams{CallerID: callerID, ID: startingAfter})
 		if postgres.IsNotFound(err) {

@@ -55,7 +55,7 @@ func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (o dbsqlc.Ord
 // after the order startingAfter when it is not empty, and whether more exist.
 func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Order, _ bool, err error) {
 	defer derrors.Wrap(&err, "orders.List(%s)", callerID)
-	p := dbsqlc.ListOrdersParams{CallerID: callerID, RowLimit: int32(limit) + 1}
+	p := dbsqlc.ListOrdersParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
 	if startingAfter != "" {
 		cursor, err := queries.GetOrder(ctx, db, dbsqlc.GetOrderParams{CallerID: callerID, ID: startingAfter})
 		if postgres.IsNotFound(err) {

@@ -105,7 +105,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	}
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Timeout)
 	due, err := queries.ClaimUndeliveredEvents(claimCtx, r.pool, dbsqlc.ClaimUndeliveredEventsParams{
-		MaxEvents: int32(r.cfg.Batch), LeaseSeconds: r.cfg.Lease.Seconds(),
+		MaxEvents: int32(r.cfg.Batch), LeaseSeconds: r.cfg.Lease.Seconds(), // #nosec G115 -- the batch is a handful, set in cmd/server
 	})
 	cancel()
 	if err != nil {
@@ -159,7 +159,7 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 	if err != nil {
 		return err
 	}
-	res.Body.Close()
+	_ = res.Body.Close()
 	if res.StatusCode/100 != 2 {
 		return fmt.Errorf("endpoint answered %d", res.StatusCode)
 	}
@@ -167,5 +167,5 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 }
 
 func (r *Relay) backoff(attempts int32) time.Duration {
-	return retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, attempts)
+	return retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, int(attempts))
 }
