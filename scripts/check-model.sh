@@ -98,9 +98,9 @@ done
 
 # The safety run, and the two liveness runs one after the other, side by
 # side (two cores).
-run safety -m1000000 >"$out/safety.txt" &
+run safety -m100000 >"$out/safety.txt" &
 r1=$!
-{ run resumed -m1000000 -a -f -N resumed; run answered -m1000000 -a -f -N answered; } >"$out/liveness.txt" &
+{ run resumed -m100000 -a -f -N resumed; run answered -m100000 -a -f -N answered; } >"$out/liveness.txt" &
 r2=$!
 wait $r1
 wait $r2
@@ -148,7 +148,7 @@ fi
 
 # 4. Waiters without their timer (-i: pan keeps looking for a shorter
 #    trail).
-run no-timer -m1000000 -a -f -N answered -i
+run no-timer -m100000 -a -f -N answered -i
 if ! caught no-timer; then
   echo "check-model: NO_TIMER was not caught: the liveness property is too weak" >&2
   fail=1
