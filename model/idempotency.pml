@@ -108,7 +108,7 @@ bool notified[NCLIENTS + 1];  /* a NOTIFY reached it, and it has not woken for i
 byte effect_of[MAXLIFE + 1]; /* per downstream key: the record whose call made the effect (0: none) */
 
 /*
- * ---- Ghost state: the protocol never reads it; the assertions do. ----
+ * ---- Ghost state: the protocol never reads it. ----
  *
  * owner is the process that acquired the current row's lease last, by
  * insert or by takeover. It is kept apart from `attempt` on purpose: the
@@ -116,9 +116,11 @@ byte effect_of[MAXLIFE + 1]; /* per downstream key: the record whose call made t
  * acquire", instead of assuming it.
  */
 byte owner;
+/* The Clock reads these two, to bound the stalls (see the header). */
 bool holder_up; /* owner is still running (not crashed, not stopped) */
 byte stalls;    /* leases that lapsed under a running holder so far */
-/* Per record id, never erased, not even when the row is deleted: */
+/* For the assertions, per record id, never erased, not even when the row
+ * is deleted: */
 bool completed_once[MAXLIFE + 1]; /* it was completed */
 byte answer_of[MAXLIFE + 1];      /* the response its completion stored */
 byte dk_of[MAXLIFE + 1];          /* the downstream key its first processor call used */
@@ -128,7 +130,7 @@ byte effects[MAXLIFE + 1];        /* effects the processor made for it */
  * The fence: the row is still this owner's, at attempt a. It names the
  * row's id as well as the attempt: after a delete, a new record of the
  * same key starts again at attempt 1, and only the id tells them apart
- * (the SQL says `WHERE id = $1 AND attempt = $2`).
+ * (the SQL names both: `WHERE ... id = @id AND attempt = @attempt`).
  */
 #define HOLDS(rid, a) (exists && id == rid && attempt == a && status == in_progress)
 
