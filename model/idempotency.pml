@@ -212,7 +212,12 @@ byte effects[MAXLIFE + 1];        /* effects the processor made for it */
 	if \
 	:: skip \
 	:: canCrash -> goto crashed \
-	:: atomic { HOLDS(rid, a) && live -> assert(owner == _pid); live = true } \
+	:: atomic { \
+		HOLDS(rid, a) && live -> \
+		printf("%e: heartbeat renews the lease of record %d (attempt %d)\n", who, rid, a); \
+		assert(owner == _pid); \
+		live = true \
+	   } \
 	:: atomic { \
 		!(HOLDS(rid, a) && live) -> \
 		printf("%e: heartbeat renews zero rows: lease lost, stop\n", who); \
@@ -232,9 +237,9 @@ byte effects[MAXLIFE + 1];        /* effects the processor made for it */
 		printf("%e: the processor's answer is lost\n", who); \
 		if \
 		:: HOLDS(rid, a) -> \
+			printf("%e: release record %d (attempt %d)\n", who, rid, a); \
 			assert(owner == _pid); \
 			live = false; \
-			printf("%e: release record %d (attempt %d)\n", who, rid, a); \
 			NOTIFY \
 		:: else \
 		fi \
@@ -357,9 +362,9 @@ phase1:
 	atomic {
 		if
 		:: HOLDS(rid, a) && live ->
+			printf("%e: phase 1 commits on record %d (attempt %d): charge %d, charge_created\n", who, rid, a, a);
 			assert(owner == _pid);
-			charge = a; rp = charge_created;
-			printf("%e: phase 1 commits on record %d (attempt %d): charge %d, charge_created\n", who, rid, a, a)
+			charge = a; rp = charge_created
 		:: else -> printf("%e: phase 1 updates zero rows: roll back, stop\n", who); goto lost
 		fi
 	}
@@ -468,9 +473,9 @@ bury:
 	atomic {
 		if
 		:: HOLDS(rid, a) ->
+			printf("%e: buries record %d\n", who, rid);
 			assert(owner == _pid);
 			status = dead; live = false;
-			printf("%e: buries record %d\n", who, rid);
 			NOTIFY
 		:: else -> printf("%e: bury deletes zero rows\n", who)
 		fi
@@ -486,10 +491,10 @@ abandon:
 	atomic {
 		if
 		:: HOLDS(rid, a) && rp == started ->
+			printf("%e: abandons record %d\n", who, rid);
 			assert(owner == _pid);
 			assert(effects[rid] == 0);
 			CLEAR_ROW;
-			printf("%e: abandons record %d\n", who, rid);
 			NOTIFY
 		:: else -> printf("%e: abandon deletes zero rows\n", who)
 		fi
