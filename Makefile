@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak
+.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak
 
 # Run the demo on :8080 against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -53,9 +53,10 @@ lint-spec: npm-tools
 check: check-static test
 
 # Everything but the tests: generated-code and Redoc drift, the spec's
-# lint, vet, staticcheck, gosec, the docs' commands, and a renamed copy of the module (which runs the tests of
-# that copy, so it needs PostgreSQL too).
-check-static: check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs fuzz-ci check-rename
+# lint, vet, staticcheck, gosec, the docs' commands, the lease protocol's
+# model, and a renamed copy of the module (which runs the tests of that
+# copy, so it needs PostgreSQL too).
+check-static: check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs model fuzz-ci check-rename
 
 # Regenerate the committed code: oapi-codegen (api/openapi.yaml ->
 # internal/apigen and client/apiclient), River's migrations (the River in
@@ -91,6 +92,14 @@ gosec:
 # Run the commands of the docs' sh blocks, so the walkthroughs cannot rot.
 check-docs:
 	bash scripts/check-docs.sh
+
+# Model-check the lease protocol (model/idempotency.pml) with spin: safety
+# (every assertion, in every reachable state, every statement reached) and
+# liveness under weak fairness must find nothing, and the two planted bugs
+# (NO_FENCE, NO_TIMER) must be caught, their counterexamples printed. The
+# verifiers are built in .cache/model (docs/reliability.md).
+model:
+	bash scripts/check-model.sh
 
 # For a fork: rename the Go module everywhere, `make rename MODULE=example.com/you/payments`.
 rename:
