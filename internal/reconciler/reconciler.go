@@ -160,6 +160,24 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 	defer cancel()
 	metrics.ReconcilerTakeovers.Inc()
 
+	if l.RecoveryPoint() == idempotency.RecoveryStarted {
+		// The first phase never committed, so nothing happened, locally or
+		// downstream, whatever the operation. Free the key; a client retry
+		// runs afresh. This comes before the check for giving up: there is
+		// nothing for a person to look at, and setting the record aside
+		// would only tell its client never to retry an operation that
+		// never began.
+		switch err := l.Abandon(ctx); {
+		case errors.Is(err, idempotency.ErrLeaseLost):
+			log.InfoContext(ctx, "reconciler: the record moved on before it could be abandoned")
+		case err != nil:
+			log.WarnContext(ctx, "reconciler: abandon failed", "err", err)
+		default:
+			metrics.ReconcilerResumes.WithLabelValues("abandoned").Inc()
+			log.InfoContext(ctx, "reconciler: abandoned an operation that never started")
+		}
+		return
+	}
 	// The age is judged on this process's clock; MaxAge is hours, so the
 	// skew between replicas does not matter here (leases use the
 	// database's clock).
@@ -173,21 +191,6 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 		return
 	}
 
-	if l.RecoveryPoint() == idempotency.RecoveryStarted {
-		// The first phase never committed, so nothing happened, locally or
-		// downstream, whatever the operation. Free the key; a client retry
-		// runs afresh.
-		switch err := l.Abandon(ctx); {
-		case errors.Is(err, idempotency.ErrLeaseLost):
-			log.InfoContext(ctx, "reconciler: the record moved on before it could be abandoned")
-		case err != nil:
-			log.WarnContext(ctx, "reconciler: abandon failed", "err", err)
-		default:
-			metrics.ReconcilerResumes.WithLabelValues("abandoned").Inc()
-			log.InfoContext(ctx, "reconciler: abandoned an operation that never started")
-		}
-		return
-	}
 	resume, ok := r.operations.Lookup(rec.Operation)
 	if !ok {
 		// ClaimStale claims only registered operations past 'started', so

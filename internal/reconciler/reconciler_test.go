@@ -542,3 +542,29 @@ func TestStoppingReconcilerGivesBackUntriedRecords(t *testing.T) {
 		t.Errorf("after the stop: reconciler_attempts %d, free now %v; want 0 and free", attempts, free)
 	}
 }
+
+// A record that never passed started is abandoned, however many tries or
+// however much time it has used up: nothing happened, so there is nothing
+// for a person to look at, and its client may simply retry. (The model
+// check found the reconciler setting such a record aside instead, when
+// its first abandon had been lost to a stall and it came back past its
+// maximum attempts.)
+func TestNeverStartedRecordIsAbandonedNotSetAside(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 0)
+	ctx := context.Background()
+	if _, err := f.pool.Exec(ctx, `
+		INSERT INTO idempotency_keys (caller_id, key, status, recovery_point, attempt, operation, request_method, request_path,
+		                              request_fingerprint, locked_until, next_attempt_at, reconciler_attempts, created_at)
+		VALUES ('acme', 'worn-out', 'in_progress', 'started', 12, 'createCharge', 'POST', '/v1/orders/ord_x/charges',
+		        '\x00', now() - interval '1 second', now() - interval '1 second', 11, now() - interval '2 hours')`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.reconciler(t, 10).RunOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("RunOnce: %d, %v; want the one record", n, err)
+	}
+	var left int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key = 'worn-out'`).Scan(&left); err != nil || left != 0 {
+		t.Errorf("%d records left (%v); want the never-started record abandoned (deleted), not set aside", left, err)
+	}
+}
