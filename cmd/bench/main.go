@@ -48,7 +48,6 @@ import (
 
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/ids"
 	"github.com/retrysafe/payments/internal/postgres"
 )
 
@@ -217,7 +216,7 @@ func run(ctx context.Context) error {
 			return fmt.Errorf("key %s was not new", key)
 		}
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			o, err := queries.CreateOrder(ctx, tx, dbsqlc.CreateOrderParams{CallerID: "acme", ID: ids.New(ids.Order), Amount: 1999, Currency: "usd"})
+			o, err := queries.CreateOrder(ctx, tx, dbsqlc.CreateOrderParams{CallerID: "acme", ID: postgres.NewID(postgres.PrefixOrder), Amount: 1999, Currency: "usd"})
 			if err != nil {
 				return err
 			}

@@ -22,7 +22,7 @@ import (
 
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/derrors"
+	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
 
@@ -31,7 +31,7 @@ var queries = dbsqlc.New() // stateless: every query takes its connection or tra
 // Credit adds a succeeded charge's amount to the caller's available
 // balance.
 func Credit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
-	defer derrors.Wrap(&err, "balances.Credit(%s, %s, %d)", callerID, currency, amount)
+	defer postgres.Wrap(&err, "balances.Credit(%s, %s, %d)", callerID, currency, amount)
 	return queries.CreditBalance(ctx, tx, dbsqlc.CreditBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
@@ -54,19 +54,19 @@ func Debit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int
 
 // Settle records that a debited refund or payout succeeded.
 func Settle(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
-	defer derrors.Wrap(&err, "balances.Settle(%s, %s, %d)", callerID, currency, amount)
+	defer postgres.Wrap(&err, "balances.Settle(%s, %s, %d)", callerID, currency, amount)
 	return queries.SettleBalance(ctx, tx, dbsqlc.SettleBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
 // Restore gives a failed refund's or payout's debit back to available.
 func Restore(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
-	defer derrors.Wrap(&err, "balances.Restore(%s, %s, %d)", callerID, currency, amount)
+	defer postgres.Wrap(&err, "balances.Restore(%s, %s, %d)", callerID, currency, amount)
 	return queries.RestoreBalance(ctx, tx, dbsqlc.RestoreBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
 // Get returns the caller's balance as the contract shows it.
 func Get(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ apigen.Balance, err error) {
-	defer derrors.Wrap(&err, "balances.Get(%s)", callerID)
+	defer postgres.Wrap(&err, "balances.Get(%s)", callerID)
 	rows, err := queries.ListBalances(ctx, db, callerID)
 	if err != nil {
 		return apigen.Balance{}, err

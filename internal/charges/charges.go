@@ -35,12 +35,10 @@ import (
 	"github.com/retrysafe/payments/internal/balances"
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/derrors"
 	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
-	"github.com/retrysafe/payments/internal/ids"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
@@ -136,7 +134,7 @@ func create(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Reque
 	if o.Status != "pending" {
 		return nil, problem.New(problem.OrderNotPayable, "order %s is %s; only a pending order can be charged", o.ID, o.Status)
 	}
-	id := ids.New(ids.Charge)
+	id := postgres.NewID(postgres.PrefixCharge)
 	_, err = queries.CreateCharge(ctx, tx, dbsqlc.CreateChargeParams{
 		CallerID: req.CallerID, ID: id, OrderID: o.ID, IdempotencyKeyID: rec.ID,
 		Amount: o.Amount, Currency: o.Currency, PaymentMethod: req.PaymentMethod,
@@ -213,7 +211,7 @@ type Outcome struct {
 // of the charge's own operation: whichever comes first records the outcome, the
 // other finds it recorded.
 func ApplyChargeOutcome(ctx context.Context, tx pgx.Tx, callerID, downstreamKey string, o Outcome) (_ bool, err error) {
-	defer derrors.Wrap(&err, "charges.ApplyChargeOutcome(%s, %q)", callerID, downstreamKey)
+	defer postgres.Wrap(&err, "charges.ApplyChargeOutcome(%s, %q)", callerID, downstreamKey)
 	ch, err := queries.GetChargeByDownstreamKey(ctx, tx, dbsqlc.GetChargeByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
 	if postgres.IsNotFound(err) {
 		return false, nil
@@ -296,7 +294,7 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 
 // Get returns the caller's charge id.
 func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (ch dbsqlc.Charge, err error) {
-	defer derrors.Wrap(&err, "charges.Get(%s, %q)", callerID, id)
+	defer postgres.Wrap(&err, "charges.Get(%s, %q)", callerID, id)
 	ch, err = queries.GetCharge(ctx, db, dbsqlc.GetChargeParams{CallerID: callerID, ID: id})
 	return ch, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no charge %q", id) })
 }

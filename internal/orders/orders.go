@@ -11,8 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/derrors"
-	"github.com/retrysafe/payments/internal/ids"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -36,9 +34,9 @@ type NewOrder struct {
 
 // Create inserts a pending order for callerID.
 func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (_ dbsqlc.Order, err error) {
-	defer derrors.Wrap(&err, "orders.Create(%s)", callerID)
+	defer postgres.Wrap(&err, "orders.Create(%s)", callerID)
 	return queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{
-		CallerID: callerID, ID: ids.New(ids.Order),
+		CallerID: callerID, ID: postgres.NewID(postgres.PrefixOrder),
 		Amount: n.Amount, Currency: n.Currency, Description: n.Description,
 	})
 }
@@ -46,7 +44,7 @@ func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (_
 // Get returns the caller's order id. Another caller's order is "not found",
 // exactly like one that does not exist, so ids leak nothing across tenants.
 func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (o dbsqlc.Order, err error) {
-	defer derrors.Wrap(&err, "orders.Get(%s, %q)", callerID, id)
+	defer postgres.Wrap(&err, "orders.Get(%s, %q)", callerID, id)
 	o, err = queries.GetOrder(ctx, db, dbsqlc.GetOrderParams{CallerID: callerID, ID: id})
 	return o, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no order %q", id) })
 }
@@ -54,7 +52,7 @@ func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (o dbsqlc.Ord
 // List returns up to limit of the caller's orders, newest first, starting
 // after the order startingAfter when it is not empty, and whether more exist.
 func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Order, _ bool, err error) {
-	defer derrors.Wrap(&err, "orders.List(%s)", callerID)
+	defer postgres.Wrap(&err, "orders.List(%s)", callerID)
 	p := dbsqlc.ListOrdersParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
 	if startingAfter != "" {
 		cursor, err := queries.GetOrder(ctx, db, dbsqlc.GetOrderParams{CallerID: callerID, ID: startingAfter})
@@ -98,7 +96,7 @@ func Lock(ctx context.Context, tx pgx.Tx, callerID, id string) (dbsqlc.Order, er
 // could miss a charge committed a moment later and cancel an order whose
 // card is about to be charged.
 func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string) (o dbsqlc.Order, err error) {
-	defer derrors.Wrap(&err, "orders.Cancel(%s, %q)", callerID, id)
+	defer postgres.Wrap(&err, "orders.Cancel(%s, %q)", callerID, id)
 	err = postgres.Transact(ctx, pool, func(tx pgx.Tx) error {
 		var err error
 		if o, err = Lock(ctx, tx, callerID, id); err != nil {

@@ -40,11 +40,9 @@ import (
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/balances"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/derrors"
 	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
-	"github.com/retrysafe/payments/internal/ids"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -99,7 +97,7 @@ func (s *Service) Create(ctx context.Context, l *idempotency.Lease, req Request)
 		if err := balances.Debit(ctx, tx, req.CallerID, req.Currency, req.Amount, "payout"); err != nil {
 			return nil, err
 		}
-		id := ids.New(ids.Payout)
+		id := postgres.NewID(postgres.PrefixPayout)
 		po, err := queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{
 			CallerID: req.CallerID, ID: id, IdempotencyKeyID: l.Record().ID,
 			Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
@@ -138,7 +136,7 @@ func ToAPI(po dbsqlc.Payout) apigen.Payout {
 
 // Get returns the caller's payout id.
 func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (po dbsqlc.Payout, err error) {
-	defer derrors.Wrap(&err, "payouts.Get(%s, %q)", callerID, id)
+	defer postgres.Wrap(&err, "payouts.Get(%s, %q)", callerID, id)
 	po, err = queries.GetPayout(ctx, db, dbsqlc.GetPayoutParams{CallerID: callerID, ID: id})
 	return po, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no payout %q", id) })
 }
@@ -163,7 +161,7 @@ func PollAfter(po dbsqlc.Payout, now time.Time) int {
 // List returns up to limit of the caller's payouts, newest first, after
 // the payout startingAfter when it is not empty, and whether more exist.
 func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Payout, _ bool, err error) {
-	defer derrors.Wrap(&err, "payouts.List(%s)", callerID)
+	defer postgres.Wrap(&err, "payouts.List(%s)", callerID)
 	p := dbsqlc.ListPayoutsParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
 	if startingAfter != "" {
 		cursor, err := queries.GetPayout(ctx, db, dbsqlc.GetPayoutParams{CallerID: callerID, ID: startingAfter})
@@ -193,7 +191,7 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 // job, which records the same outcome when it polls: whichever comes first
 // records it, the other finds it recorded.
 func ApplyOutcome(ctx context.Context, tx pgx.Tx, callerID, downstreamKey string, o Outcome) (_ bool, err error) {
-	defer derrors.Wrap(&err, "payouts.ApplyOutcome(%s, %q)", callerID, downstreamKey)
+	defer postgres.Wrap(&err, "payouts.ApplyOutcome(%s, %q)", callerID, downstreamKey)
 	po, err := queries.GetPayoutByDownstreamKey(ctx, tx, dbsqlc.GetPayoutByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
 	if postgres.IsNotFound(err) {
 		return false, nil

@@ -1,6 +1,7 @@
 package processor
 
 import (
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,8 +9,7 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
-
-	"github.com/retrysafe/payments/internal/ids"
+	"strings"
 )
 
 // Id prefixes. They differ from the payments server's own (ch_, re_) so a
@@ -19,6 +19,13 @@ const (
 	prefixRefund = "pre"
 	prefixEvent  = "evt"
 )
+
+// newID is an opaque id with a type prefix, as a real processor's are: 128
+// random bits in base32 (the processor is a service of its own, and shares
+// no code with the payments server).
+func newID(prefix string) string {
+	return prefix + "_" + strings.ToLower(rand.Text())
+}
 
 var currencyPattern = regexp.MustCompile(`^[a-z]{3}$`)
 
@@ -86,7 +93,7 @@ func (s *Server) executeCharge(key string, req CreateChargeRequest, attempt int)
 	}
 
 	ch := Charge{
-		ID:             ids.New(prefixCharge),
+		ID:             newID(prefixCharge),
 		Object:         ObjectCharge,
 		Amount:         req.Amount,
 		Currency:       req.Currency,
@@ -194,7 +201,7 @@ func (s *Server) executeRefund(key string, req CreateRefundRequest) outcome {
 	}
 	c.refunded += req.Amount
 	re := Refund{
-		ID:             ids.New(prefixRefund),
+		ID:             newID(prefixRefund),
 		Object:         ObjectRefund,
 		Charge:         req.Charge,
 		Amount:         req.Amount,

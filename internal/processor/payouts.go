@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"time"
-
-	"github.com/retrysafe/payments/internal/ids"
 )
 
 // Payouts: transfers from the merchant's balance to a bank account. Unlike
@@ -123,7 +121,7 @@ func (s *Server) executePayout(key string, req CreatePayoutRequest, attempt int)
 	now := s.cfg.Now()
 	p := &payoutState{
 		Payout: Payout{
-			ID: ids.New(prefixPayout), Object: ObjectPayout,
+			ID: newID(prefixPayout), Object: ObjectPayout,
 			Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
 			Status: PayoutInTransit, ArrivalDate: now.Add(delay).Unix(),
 			IdempotencyKey: key, Created: now.Unix(),

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/retrysafe/payments/internal/ids"
 	"github.com/retrysafe/payments/internal/signature"
 )
 
@@ -22,7 +21,7 @@ func (s *Server) emit(eventType string, data EventData) {
 	if s.webhooks == nil {
 		return
 	}
-	body := mustJSON(Event{ID: ids.New(prefixEvent), Type: eventType, Created: s.cfg.Now().Unix(), Data: data})
+	body := mustJSON(Event{ID: newID(prefixEvent), Type: eventType, Created: s.cfg.Now().Unix(), Data: data})
 	copies := 1
 	if s.draw(func(c Chaos) float64 { return c.DuplicateWebhookRate }) {
 		copies = 2

@@ -31,12 +31,10 @@ import (
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/derrors"
 	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
-	"github.com/retrysafe/payments/internal/ids"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
@@ -175,7 +173,7 @@ func create(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Reque
 	if err := balances.Debit(ctx, tx, ch.CallerID, ch.Currency, amount, "refund"); err != nil {
 		return nil, err
 	}
-	id := ids.New(ids.Refund)
+	id := postgres.NewID(postgres.PrefixRefund)
 	if _, err := queries.CreateRefund(ctx, tx, dbsqlc.CreateRefundParams{
 		CallerID: ch.CallerID, ID: id, ChargeID: ch.ID, IdempotencyKeyID: rec.ID,
 		Amount: amount, DownstreamKey: effect.DownstreamKey(ch.CallerID, id),
@@ -216,7 +214,7 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, 
 // oldest first, starting after the refund startingAfter when it is not
 // empty, and whether more exist. An unknown charge is not found.
 func List(ctx context.Context, db dbsqlc.DBTX, callerID, chargeID string, limit int, startingAfter string) (_ []dbsqlc.Refund, _ bool, err error) {
-	defer derrors.Wrap(&err, "refunds.List(%s, %q)", callerID, chargeID)
+	defer postgres.Wrap(&err, "refunds.List(%s, %q)", callerID, chargeID)
 	if _, err := charges.Get(ctx, db, callerID, chargeID); err != nil {
 		return nil, false, err
 	}
@@ -265,7 +263,7 @@ func ToAPI(re dbsqlc.Refund) apigen.Refund {
 // not know. Like charges.ApplyChargeOutcome it is idempotent and agrees with the
 // refund's own final phase.
 func ApplySucceeded(ctx context.Context, tx pgx.Tx, callerID, downstreamKey string, r effect.Report) (_ bool, err error) {
-	defer derrors.Wrap(&err, "refunds.ApplySucceeded(%s, %q)", callerID, downstreamKey)
+	defer postgres.Wrap(&err, "refunds.ApplySucceeded(%s, %q)", callerID, downstreamKey)
 	re, err := queries.GetRefundByDownstreamKey(ctx, tx, dbsqlc.GetRefundByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
 	if postgres.IsNotFound(err) {
 		return false, nil

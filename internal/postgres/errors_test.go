@@ -1,4 +1,4 @@
-package derrors
+package postgres
 
 import (
 	"errors"

@@ -1,14 +1,15 @@
-// Package derrors names what failed. Exported functions that reach the
-// database or another service start with
+package postgres
+
+// Errors are named where they leave the storage layer. Exported functions
+// that reach the database or another service start with
 //
-//	defer derrors.Wrap(&err, "orders.Get(%q)", id)
+//	defer Wrap(&err, "orders.Get(%q)", id)
 //
 // so that an unexpected error, logged once at the edge, says which
 // operation it came from ("orders.Get(\"ord_…\"): conn closed") instead of
 // the driver's bare words. It wraps with %w, so errors.Is and errors.As see
 // through it: a *problem.Error is still answered as itself. (pkgsite's
 // internal/derrors does the same.)
-package derrors
 
 import "fmt"
 
