@@ -21,9 +21,10 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/metrics"
-	"github.com/retrysafe/payments/internal/worker"
+	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/retry"
 )
 
@@ -56,7 +57,7 @@ type Config struct {
 }
 
 func (c Config) validate() error {
-	var p worker.Problems
+	var p config.Problems
 	p.Check(c.Interval > 0, "Interval must be positive")
 	p.Check(c.Batch >= 1, "Batch must be at least 1")
 	p.Check(c.Lease > 0, "Lease must be positive")
@@ -92,7 +93,7 @@ func New(cfg Config, store *idempotency.Store, operations *idempotency.Registry,
 
 // Run scans until ctx is done.
 func (r *Reconciler) Run(ctx context.Context) {
-	worker.Run(ctx, "reconciler", r.cfg.Interval, r.cfg.Batch, r.log, r.RunOnce)
+	postgres.Poll(ctx, "reconciler", r.cfg.Interval, r.cfg.Batch, r.log, r.RunOnce)
 }
 
 // refill deposits RetriesPerInterval for every whole Interval since the

@@ -19,10 +19,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/metrics"
+	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/signature"
-	"github.com/retrysafe/payments/internal/worker"
 	"github.com/retrysafe/payments/retry"
 )
 
@@ -61,7 +62,7 @@ type Relay struct {
 }
 
 func (c Config) validate() error {
-	var p worker.Problems
+	var p config.Problems
 	p.Check(c.Interval > 0, "Interval must be positive")
 	p.Check(c.Batch >= 1, "Batch must be at least 1")
 	p.Check(c.Timeout > 0, "Timeout must be positive")
@@ -82,7 +83,7 @@ func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (*Relay, error) {
 
 // Run delivers until ctx is done.
 func (r *Relay) Run(ctx context.Context) {
-	worker.Run(ctx, "relay", r.cfg.Interval, r.cfg.Batch, r.log, r.RunOnce)
+	postgres.Poll(ctx, "relay", r.cfg.Interval, r.cfg.Batch, r.log, r.RunOnce)
 }
 
 // Delivery is the body posted to a caller's endpoint.

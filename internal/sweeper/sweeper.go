@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/worker"
 )
 
 var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
@@ -53,7 +53,7 @@ type Sweeper struct {
 // batch under one row, or a window that is not positive (which would delete
 // records the moment they complete).
 func New(cfg Config, pool *pgxpool.Pool) (*Sweeper, error) {
-	var p worker.Problems
+	var p config.Problems
 	p.Check(cfg.Batch >= 1, "Batch must be at least 1")
 	p.Check(cfg.KeyRetention > 0 && cfg.EventRetention > 0 && cfg.WebhookRetention > 0, "KeyRetention, EventRetention and WebhookRetention must be positive")
 	if err := p.Err("sweeper"); err != nil {
