@@ -49,7 +49,6 @@ import (
 	"github.com/retrysafe/payments/internal/reconciler"
 	"github.com/retrysafe/payments/internal/refunds"
 	"github.com/retrysafe/payments/internal/relay"
-	"github.com/retrysafe/payments/internal/requestid"
 	"github.com/retrysafe/payments/internal/server"
 )
 
@@ -181,7 +180,7 @@ func newLogger(stdout io.Writer, format string) *slog.Logger {
 	if format == "text" {
 		h = slog.NewTextHandler(stdout, nil)
 	}
-	return slog.New(requestid.Handler(h))
+	return slog.New(server.LogHandler(h))
 }
 
 // A worker runs in the background until its context is done.

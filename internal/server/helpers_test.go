@@ -30,7 +30,6 @@ import (
 	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/reconciler"
 	"github.com/retrysafe/payments/internal/refunds"
-	"github.com/retrysafe/payments/internal/requestid"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -126,7 +125,7 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	}
 	// Every line, at every level, also goes to the whole suite's log,
 	// which TestMain searches for secrets once every test has run.
-	log := slog.New(requestid.Handler(slog.NewMultiHandler(logHandler, slog.NewJSONHandler(&suiteLogs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	log := slog.New(LogHandler(slog.NewMultiHandler(logHandler, slog.NewJSONHandler(&suiteLogs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	keys := idempotency.NewStore(serverPool, cfg.Lease, log)
 	keys.CacheReplays(cfg.ReplayCacheSize, cfg.Retention)
 	processorClient := cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)

@@ -33,7 +33,6 @@ import (
 	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/problem"
 	"github.com/retrysafe/payments/internal/refunds"
-	"github.com/retrysafe/payments/internal/requestid"
 	"github.com/retrysafe/payments/web"
 )
 
@@ -109,8 +108,8 @@ func New(d Deps) (http.Handler, error) {
 	e.Use(s.boundHeaders)
 	e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
 		AllowOrigins:  []string{"*"},
-		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key", requestid.Header},
-		ExposeHeaders: []string{"Idempotent-Replayed", "Retry-After", "Location", requestid.Header},
+		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key", requestIDHeader},
+		ExposeHeaders: []string{"Idempotent-Replayed", "Retry-After", "Location", requestIDHeader},
 	}))
 	e.Use(s.contract)
 
@@ -147,9 +146,9 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
 		req := c.Request()
-		id := requestid.FromClient(req.Header.Get(requestid.Header))
-		c.Response().Header().Set(requestid.Header, id)
-		ctx, outcome := idempotency.WithOutcome(requestid.With(req.Context(), id))
+		id := requestIDFromClient(req.Header.Get(requestIDHeader))
+		c.Response().Header().Set(requestIDHeader, id)
+		ctx, outcome := idempotency.WithOutcome(withRequestID(req.Context(), id))
 		c.SetRequest(req.WithContext(ctx))
 
 		if err := next(c); err != nil {
