@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/config"
-	"github.com/retrysafe/payments/internal/signature"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -91,7 +91,7 @@ func TestRunMigrateAndServe(t *testing.T) {
 	body := `{"id":"pevt_forged","type":"payout.failed","created":1,"data":{"id":"ppo_1","downstream_key":"acme-po_x","status":"failed","failure_code":"account_closed"}}`
 	req, _ := http.NewRequest("POST", base+"/webhooks/processor", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Processor-Signature", signature.Sign([]byte(config.DemoProcessorWebhookSecret), time.Now(), []byte(body)))
+	req.Header.Set("Processor-Signature", cardprocessor.Sign([]byte(config.DemoProcessorWebhookSecret), time.Now(), []byte(body)))
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -3,14 +3,15 @@ package processor
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/retrysafe/payments/internal/signature"
 )
 
 // emit queues an event for delivery, twice with the chaos probability of a
@@ -203,7 +204,7 @@ func (d *deliverer) send(body []byte) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "retrysafe-fake-processor")
-	req.Header.Set(SignatureHeader, signature.Sign(d.secret, d.now(), body))
+	req.Header.Set(SignatureHeader, sign(d.secret, d.now(), body))
 	res, err := d.client.Do(req)
 	if err != nil {
 		return err
@@ -221,3 +222,15 @@ func (d *deliverer) send(body []byte) error {
 type statusError struct{ code int }
 
 func (e *statusError) Error() string { return "webhook receiver answered " + strconv.Itoa(e.code) }
+
+// sign is the Processor-Signature of body sent at t:
+// t=<unix>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>. The processor is a
+// service of its own; the payments server verifies the scheme with
+// cardprocessor.Verify.
+func sign(secret []byte, t time.Time, body []byte) string {
+	ts := strconv.FormatInt(t.Unix(), 10)
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte(ts + "."))
+	h.Write(body)
+	return "t=" + ts + ",v1=" + hex.EncodeToString(h.Sum(nil))
+}

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/processor"
-	"github.com/retrysafe/payments/internal/signature"
 )
 
 // receiver is a webhook endpoint that verifies every delivery, as the
@@ -36,7 +36,7 @@ func newReceiver(t *testing.T, secret string) *receiver {
 			return
 		}
 		// Verify first, before looking at the body at all.
-		if err := signature.Verify(rc.secret, r.Header.Get(processor.SignatureHeader), body, time.Now(), signature.DefaultTolerance); err != nil {
+		if err := cardprocessor.Verify(rc.secret, r.Header.Get(processor.SignatureHeader), body, time.Now(), cardprocessor.SignatureTolerance); err != nil {
 			t.Errorf("delivery failed verification: %v", err)
 			http.Error(w, "bad signature", http.StatusBadRequest)
 			return

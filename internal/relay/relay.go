@@ -19,11 +19,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/postgres"
-	"github.com/retrysafe/payments/internal/signature"
 	"github.com/retrysafe/payments/retry"
 )
 
@@ -155,7 +155,7 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(SignatureHeader, signature.Sign([]byte(ev.WebhookSecret), time.Now(), body))
+	req.Header.Set(SignatureHeader, cardprocessor.Sign([]byte(ev.WebhookSecret), time.Now(), body))
 	res, err := r.client.Do(req)
 	if err != nil {
 		return err

@@ -21,10 +21,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/relay"
-	"github.com/retrysafe/payments/internal/signature"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -252,11 +252,11 @@ func TestRunOnceDeliversSignedEvents(t *testing.T) {
 			t.Errorf("%s delivered as %s at %v with %v; want %s at %v with %v", d.ID, d.Type, d.CreatedAt, data, ev.typ, ev.createdAt, ev.data)
 		}
 		sig := req.header.Get(relay.SignatureHeader)
-		if err := signature.Verify(secrets[ev.callerID], sig, req.body, time.Now(), 0); err != nil {
+		if err := cardprocessor.Verify(secrets[ev.callerID], sig, req.body, time.Now(), 0); err != nil {
 			t.Errorf("%s: the signature does not verify with %s's secret: %v", d.ID, ev.callerID, err)
 		}
 		other := map[string]string{"acme": "globex", "globex": "acme"}[ev.callerID]
-		if err := signature.Verify(secrets[other], sig, req.body, time.Now(), 0); !errors.Is(err, signature.ErrMismatch) {
+		if err := cardprocessor.Verify(secrets[other], sig, req.body, time.Now(), 0); !errors.Is(err, cardprocessor.ErrSignatureMismatch) {
 			t.Errorf("%s: verifying with %s's secret: %v; want a mismatch (each caller has its own)", d.ID, other, err)
 		}
 	}

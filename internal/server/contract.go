@@ -21,7 +21,6 @@ import (
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/ijson"
 	"github.com/retrysafe/payments/internal/problem"
-	"github.com/retrysafe/payments/internal/signature"
 )
 
 // keyedClasses are the idempotency classes, as declared by each
@@ -103,7 +102,7 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		// raw body, is checked first, before the body is even parsed, so
 		// that an unsigned request costs one HMAC and nothing more.
 		if authn, _ := op.Extensions["x-authentication"].(string); authn == "processor-signature" {
-			if err := signature.Verify(s.cfg.ProcessorWebhookSecret, req.Header.Get(cardprocessor.SignatureHeader), body, time.Now(), signature.DefaultTolerance); err != nil {
+			if err := cardprocessor.Verify(s.cfg.ProcessorWebhookSecret, req.Header.Get(cardprocessor.SignatureHeader), body, time.Now(), cardprocessor.SignatureTolerance); err != nil {
 				return problem.New(problem.InvalidSignature, "the Processor-Signature header does not verify: %v", err)
 			}
 		}

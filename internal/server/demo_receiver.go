@@ -8,11 +8,11 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 	"github.com/retrysafe/payments/internal/relay"
-	"github.com/retrysafe/payments/internal/signature"
 )
 
 // demoReceiver is the built-in webhook endpoint the relay delivers the
@@ -34,7 +34,7 @@ func (s *Server) demoReceiver(c echo.Context) error {
 	} else if err != nil {
 		return err
 	}
-	if err := signature.Verify([]byte(secret), c.Request().Header.Get(relay.SignatureHeader), body, time.Now(), signature.DefaultTolerance); err != nil {
+	if err := cardprocessor.Verify([]byte(secret), c.Request().Header.Get(relay.SignatureHeader), body, time.Now(), cardprocessor.SignatureTolerance); err != nil {
 		return problem.New(problem.InvalidSignature, "the %s header does not verify: %v", relay.SignatureHeader, err)
 	}
 	var d relay.Delivery

@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/relay"
-	"github.com/retrysafe/payments/internal/signature"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -109,7 +109,7 @@ func TestRelayRetriesAFailingEndpoint(t *testing.T) {
 	var verified atomic.Int32
 	endpoint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		if signature.Verify([]byte(secret), r.Header.Get(relay.SignatureHeader), body, time.Now(), 0) == nil {
+		if cardprocessor.Verify([]byte(secret), r.Header.Get(relay.SignatureHeader), body, time.Now(), 0) == nil {
 			verified.Add(1)
 		}
 		if calls.Add(1) == 1 {
@@ -138,7 +138,7 @@ func TestRelayRetriesAFailingEndpoint(t *testing.T) {
 	// unknown caller exactly alike: this unauthenticated endpoint must not
 	// tell anyone which caller ids exist.
 	now := time.Now()
-	for _, sig := range []string{"t=1,v1=00", signature.Sign([]byte("whsec_guess"), now, []byte(`{"id":"evt_x"}`))} {
+	for _, sig := range []string{"t=1,v1=00", cardprocessor.Sign([]byte("whsec_guess"), now, []byte(`{"id":"evt_x"}`))} {
 		known := ts.do(t, request{method: "POST", path: "/demo/webhooks/acme", header: http.Header{relay.SignatureHeader: {sig}}, body: `{"id":"evt_x"}`})
 		known.wantProblem(t, http.StatusBadRequest, "invalid_signature")
 		unknown := ts.do(t, request{method: "POST", path: "/demo/webhooks/no-such-caller", header: http.Header{relay.SignatureHeader: {sig}}, body: `{"id":"evt_x"}`})

@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retrysafe/payments/internal/signature"
+	"github.com/retrysafe/payments/internal/cardprocessor"
 )
 
 func signedWebhook(t *testing.T, body string, at time.Time, secret string) request {
 	t.Helper()
 	return request{method: "POST", path: "/webhooks/processor",
-		header: http.Header{"Processor-Signature": {signature.Sign([]byte(secret), at, []byte(body))}}, body: body}
+		header: http.Header{"Processor-Signature": {cardprocessor.Sign([]byte(secret), at, []byte(body))}}, body: body}
 }
 
 func TestWebhookSignatureIsCheckedFirst(t *testing.T) {

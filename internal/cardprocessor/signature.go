@@ -1,15 +1,15 @@
-// Package signature signs and verifies webhook deliveries with one
-// scheme, used in both directions: the card processor signs the events it
-// sends us (Processor-Signature), and the outbox relay signs the events we
-// send to our callers (Payments-Signature), which the demo receiver
-// verifies.
+package cardprocessor
+
+// Webhook deliveries are signed with the processor's scheme, and we use it
+// in both directions: the processor signs the events it sends us
+// (Processor-Signature), and the outbox relay signs the events we send to
+// our callers (Payments-Signature), which the demo receiver verifies.
 //
 //	<Header>: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>
 //
 // The timestamp is inside the signed string, so an attacker who captured a
 // delivery cannot re-send it later with a fresh timestamp: Verify rejects
 // the old one as stale and a new one as forged.
-package signature
 
 import (
 	"crypto/hmac"
@@ -21,17 +21,17 @@ import (
 	"time"
 )
 
-// DefaultTolerance is how far a signature's timestamp may be from the
+// SignatureTolerance is how far a signature's timestamp may be from the
 // receiver's clock; Verify uses it when given a tolerance <= 0.
-const DefaultTolerance = 5 * time.Minute
+const SignatureTolerance = 5 * time.Minute
 
 // Errors from Verify; a receiver answers each of them with a 4xx before
 // doing any other work.
 var (
-	ErrMalformed = errors.New("signature: malformed header")
-	ErrMismatch  = errors.New("signature: no matching v1 signature")
-	ErrStale     = errors.New("signature: timestamp outside the tolerance")
-	ErrNoSecret  = errors.New("signature: empty secret")
+	ErrSignatureMalformed = errors.New("cardprocessor: signature: malformed header")
+	ErrSignatureMismatch  = errors.New("cardprocessor: signature: no matching v1 signature")
+	ErrSignatureStale     = errors.New("cardprocessor: signature: timestamp outside the tolerance")
+	ErrSignatureNoSecret  = errors.New("cardprocessor: signature: empty secret")
 )
 
 // maxSignatureHeader bounds the work a hostile header can cause.
@@ -63,13 +63,13 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 	// An empty secret is a misconfiguration: anyone can compute an HMAC
 	// with an empty key, so accepting it would accept forgeries.
 	if len(secret) == 0 {
-		return ErrNoSecret
+		return ErrSignatureNoSecret
 	}
 	if tolerance <= 0 {
-		tolerance = DefaultTolerance
+		tolerance = SignatureTolerance
 	}
 	if len(header) > maxSignatureHeader {
-		return ErrMalformed
+		return ErrSignatureMalformed
 	}
 	var (
 		ts    string
@@ -81,28 +81,28 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 	for part := range strings.SplitSeq(header, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
 		if !ok {
-			return ErrMalformed
+			return ErrSignatureMalformed
 		}
 		switch k {
 		case "t":
 			// Two timestamps would make it ambiguous which one was signed.
 			if haveT || !isDigits(v) {
-				return ErrMalformed
+				return ErrSignatureMalformed
 			}
 			if unix, err = strconv.ParseInt(v, 10, 64); err != nil {
-				return ErrMalformed
+				return ErrSignatureMalformed
 			}
 			ts, haveT = v, true
 		case "v1":
 			sig, err := hex.DecodeString(v)
 			if err != nil || len(sig) != sha256.Size {
-				return ErrMalformed
+				return ErrSignatureMalformed
 			}
 			sigs = append(sigs, sig)
 		}
 	}
 	if !haveT || len(sigs) == 0 {
-		return ErrMalformed
+		return ErrSignatureMalformed
 	}
 	// The MAC is over the timestamp exactly as it appears in the header.
 	want := mac(secret, ts, body)
@@ -113,12 +113,12 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 		}
 	}
 	if !match {
-		return ErrMismatch
+		return ErrSignatureMismatch
 	}
 	// Checked after the MAC, so "stale" is only ever said of a genuine
 	// signature, which makes the error useful when debugging clock skew.
 	if d := now.Sub(time.Unix(unix, 0)); d > tolerance || d < -tolerance {
-		return ErrStale
+		return ErrSignatureStale
 	}
 	return nil
 }
