@@ -60,7 +60,7 @@ check-static: check-generated check-docs-ui lint-spec vet staticcheck gosec chec
 
 # Regenerate the committed code: oapi-codegen (api/openapi.yaml ->
 # internal/apigen and client/apiclient), River's migrations (the River in
-# go.mod -> db/migrations/*_river_*, see internal/riverschema) and sqlc
+# go.mod -> db/migrations/*_river_*, see internal/postgres/river.go) and sqlc
 # (db/ -> internal/dbsqlc). The tools are pinned in go.mod and run with
 # `go tool`.
 generate:

@@ -18,7 +18,6 @@ import (
 	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/postgres"
-	"github.com/retrysafe/payments/internal/riverschema"
 )
 
 // JobArgs names the payout a job carries out. The job holds nothing else:
@@ -225,13 +224,13 @@ type JobsConfig struct {
 }
 
 // NewJobs returns the River client for payout jobs, on River's schema
-// (internal/riverschema). It inserts jobs (InsertTx) in any case, and runs
+// (postgres.RiverSchema). It inserts jobs (InsertTx) in any case, and runs
 // them with worker once started when cfg.Workers > 0.
 func NewJobs(pool *pgxpool.Pool, worker *Worker, cfg JobsConfig) (*river.Client[pgx.Tx], error) {
 	workers := river.NewWorkers()
 	river.AddWorker(workers, worker)
 	rc := &river.Config{
-		Schema:               riverschema.Schema,
+		Schema:               postgres.RiverSchema,
 		Workers:              workers,
 		JobTimeout:           cfg.JobTimeout,
 		RescueStuckJobsAfter: cfg.RescueAfter,

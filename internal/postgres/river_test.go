@@ -1,4 +1,4 @@
-package riverschema_test
+package postgres_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/retrysafe/payments/db"
-	"github.com/retrysafe/payments/internal/riverschema"
+	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -18,7 +18,7 @@ import (
 // River files other than those the River module in go.mod generates: an
 // upgrade of River without `make generate`, or a hand edit.
 func TestCommittedMigrationsMatchPinnedRiver(t *testing.T) {
-	want, err := riverschema.Files()
+	want, err := postgres.RiverFiles()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestCommittedMigrationsMatchPinnedRiver(t *testing.T) {
 func TestRiverSeesTheSchemaAsCurrent(t *testing.T) {
 	t.Parallel()
 	pool := testdb.NewPool(t)
-	m, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: riverschema.Schema})
+	m, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: postgres.RiverSchema})
 	if err != nil {
 		t.Fatal(err)
 	}
