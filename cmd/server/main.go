@@ -46,7 +46,6 @@ import (
 	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/processor"
-	"github.com/retrysafe/payments/internal/reconciler"
 	"github.com/retrysafe/payments/internal/refunds"
 	"github.com/retrysafe/payments/internal/relay"
 	"github.com/retrysafe/payments/internal/server"
@@ -192,7 +191,7 @@ type worker interface{ Run(ctx context.Context) }
 func newWorkers(cfg config.Server, pool *pgxpool.Pool, keys *idempotency.Store, operations *idempotency.Registry, log *slog.Logger, demoURL string) ([]worker, error) {
 	var workers []worker
 	if cfg.Reconciler {
-		r, err := reconciler.New(reconciler.Config{
+		r, err := idempotency.NewReconciler(idempotency.ReconcilerConfig{
 			Interval: cfg.ReconcilerInterval,
 			// One record per claim: each claimed record's lease starts at
 			// the claim, so a batch handled one after another would run its

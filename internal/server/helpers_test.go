@@ -28,7 +28,6 @@ import (
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/processor"
-	"github.com/retrysafe/payments/internal/reconciler"
 	"github.com/retrysafe/payments/internal/refunds"
 	"github.com/retrysafe/payments/internal/testdb"
 )
@@ -172,9 +171,9 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 
 // reconciler is a reconciler over the test server's database, configured
 // as cmd/server configures it, with the backoff given.
-func (ts *testServer) reconciler(t testing.TB, backoffBase time.Duration) *reconciler.Reconciler {
+func (ts *testServer) reconciler(t testing.TB, backoffBase time.Duration) *idempotency.Reconciler {
 	t.Helper()
-	r, err := reconciler.New(reconciler.Config{
+	r, err := idempotency.NewReconciler(idempotency.ReconcilerConfig{
 		Interval: ts.cfg.ReconcilerInterval, Batch: 1, Lease: ts.cfg.Lease,
 		MaxAttempts: ts.cfg.ReconcilerMaxAttempts, MaxAge: ts.cfg.ReconcilerMaxAge,
 		BackoffBase: backoffBase, BackoffCap: 5 * time.Minute, RetriesPerInterval: 5, RetryBurst: 20,

@@ -1,4 +1,6 @@
-// Package reconciler finishes operations that nobody is finishing: keyed
+package idempotency
+
+// The reconciler finishes operations that nobody is finishing: keyed
 // requests whose owner crashed, or that stopped at a recovery point after a
 // transient failure and whose client never came back. It takes such records
 // over (a new attempt, fencing out the old owner) and drives them to
@@ -9,11 +11,10 @@
 // uses FOR UPDATE SKIP LOCKED, so a record goes to one of them.
 //
 // It has no code of its own for any operation: it runs the handler that
-// the operation registered (idempotency.Registry), the same one a client's
+// the operation registered (Registry), the same one a client's
 // retry runs, so an operation's phases live in one place. It claims only
 // what it can handle: records that never passed their first phase (which
 // it abandons), and records of registered operations.
-package reconciler
 
 import (
 	"context"
@@ -22,14 +23,13 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/config"
-	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/retry"
 )
 
-// Config tunes the reconciler.
-type Config struct {
+// ReconcilerConfig tunes the reconciler.
+type ReconcilerConfig struct {
 	// Interval is the pause between scans that found nothing to do.
 	Interval time.Duration
 	// Batch is the most records claimed per scan.
@@ -56,7 +56,7 @@ type Config struct {
 	Clock func() time.Time
 }
 
-func (c Config) validate() error {
+func (c ReconcilerConfig) validate() error {
 	var p config.Problems
 	p.Check(c.Interval > 0, "Interval must be positive")
 	p.Check(c.Batch >= 1, "Batch must be at least 1")
@@ -70,18 +70,18 @@ func (c Config) validate() error {
 
 // Reconciler is the background worker.
 type Reconciler struct {
-	cfg        Config
+	cfg        ReconcilerConfig
 	budget     *retry.Budget
 	lastRefill time.Time
-	store      *idempotency.Store
-	operations *idempotency.Registry
+	store      *Store
+	operations *Registry
 	log        *slog.Logger
 }
 
-// New returns a reconciler over store that resumes each record with the
+// NewReconciler returns a reconciler over store that resumes each record with the
 // handler its operation registered in operations. It refuses an invalid
 // configuration.
-func New(cfg Config, store *idempotency.Store, operations *idempotency.Registry, log *slog.Logger) (*Reconciler, error) {
+func NewReconciler(cfg ReconcilerConfig, store *Store, operations *Registry, log *slog.Logger) (*Reconciler, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -150,7 +150,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	return len(leases), nil
 }
 
-func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
+func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	rec := l.Record()
 	log := r.log.With("caller", rec.CallerID, "key_id", rec.ID, "operation", rec.Operation, "path", rec.RequestPath,
 		"recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
@@ -161,7 +161,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 	defer cancel()
 	metrics.ReconcilerTakeovers.Inc()
 
-	if l.RecoveryPoint() == idempotency.RecoveryStarted {
+	if l.RecoveryPoint() == RecoveryStarted {
 		// The first phase never committed, so nothing happened, locally or
 		// downstream, whatever the operation. Free the key; a client retry
 		// runs afresh. This comes before the check for giving up: there is
@@ -169,7 +169,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *idempotency.Lease) {
 		// would only tell its client never to retry an operation that
 		// never began.
 		switch err := l.Abandon(ctx); {
-		case errors.Is(err, idempotency.ErrLeaseLost):
+		case errors.Is(err, ErrLeaseLost):
 			log.InfoContext(ctx, "reconciler: the record moved on before it could be abandoned")
 		case err != nil:
 			log.WarnContext(ctx, "reconciler: abandon failed", "err", err)

@@ -1,4 +1,4 @@
-package reconciler_test
+package idempotency_test
 
 import (
 	"context"
@@ -24,7 +24,6 @@ import (
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/problem"
 	"github.com/retrysafe/payments/internal/processor"
-	"github.com/retrysafe/payments/internal/reconciler"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -62,9 +61,9 @@ func newFixture(t *testing.T, flakyFailures int) *fixture {
 	}
 }
 
-func (f *fixture) reconciler(t *testing.T, maxAttempts int) *reconciler.Reconciler {
+func (f *fixture) reconciler(t *testing.T, maxAttempts int) *idempotency.Reconciler {
 	t.Helper()
-	r, err := reconciler.New(reconciler.Config{
+	r, err := idempotency.NewReconciler(idempotency.ReconcilerConfig{
 		Interval: time.Millisecond, Batch: 4, Lease: time.Minute,
 		MaxAttempts: maxAttempts, MaxAge: time.Hour,
 		BackoffBase: time.Millisecond, BackoffCap: time.Millisecond,
@@ -152,7 +151,7 @@ func TestTwoReconcilersFinishEachChargeOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	claimed := 0
-	for _, r := range []*reconciler.Reconciler{a, b} {
+	for _, r := range []*idempotency.Reconciler{a, b} {
 		wg.Go(func() {
 			for {
 				k, err := r.RunOnce(context.Background())
@@ -256,7 +255,7 @@ func TestRetryBudgetThrottlesTheReconciler(t *testing.T) {
 		f.stalledCharge(t, fmt.Sprintf("outage-%d", i))
 	}
 	now := time.Now()
-	r, err := reconciler.New(reconciler.Config{
+	r, err := idempotency.NewReconciler(idempotency.ReconcilerConfig{
 		Interval: time.Second, Batch: 10, Lease: time.Minute, MaxAttempts: 100, MaxAge: time.Hour,
 		BackoffBase: time.Hour, BackoffCap: time.Hour, // a record tried once is not due again here
 		RetriesPerInterval: 1, RetryBurst: 2,
@@ -288,26 +287,26 @@ func TestRetryBudgetThrottlesTheReconciler(t *testing.T) {
 func TestReconcilerRefusesInvalidConfig(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
-	good := reconciler.Config{
+	good := idempotency.ReconcilerConfig{
 		Interval: time.Second, Batch: 1, Lease: time.Minute, MaxAttempts: 3, MaxAge: time.Hour,
 		BackoffBase: time.Second, BackoffCap: time.Minute, RetriesPerInterval: 1, RetryBurst: 1,
 	}
-	if _, err := reconciler.New(good, f.store, f.operations, quiet); err != nil {
+	if _, err := idempotency.NewReconciler(good, f.store, f.operations, quiet); err != nil {
 		t.Fatalf("a valid configuration was refused: %v", err)
 	}
-	for name, mutate := range map[string]func(*reconciler.Config){
-		"Batch":              func(c *reconciler.Config) { c.Batch = 0 },
-		"Interval":           func(c *reconciler.Config) { c.Interval = 0 },
-		"Lease":              func(c *reconciler.Config) { c.Lease = -time.Second },
-		"MaxAttempts":        func(c *reconciler.Config) { c.MaxAttempts = 0 },
-		"MaxAge":             func(c *reconciler.Config) { c.MaxAge = 0 },
-		"BackoffCap":         func(c *reconciler.Config) { c.BackoffCap = time.Millisecond },
-		"RetriesPerInterval": func(c *reconciler.Config) { c.RetriesPerInterval = 0 },
-		"RetryBurst":         func(c *reconciler.Config) { c.RetryBurst = 0 },
+	for name, mutate := range map[string]func(*idempotency.ReconcilerConfig){
+		"Batch":              func(c *idempotency.ReconcilerConfig) { c.Batch = 0 },
+		"Interval":           func(c *idempotency.ReconcilerConfig) { c.Interval = 0 },
+		"Lease":              func(c *idempotency.ReconcilerConfig) { c.Lease = -time.Second },
+		"MaxAttempts":        func(c *idempotency.ReconcilerConfig) { c.MaxAttempts = 0 },
+		"MaxAge":             func(c *idempotency.ReconcilerConfig) { c.MaxAge = 0 },
+		"BackoffCap":         func(c *idempotency.ReconcilerConfig) { c.BackoffCap = time.Millisecond },
+		"RetriesPerInterval": func(c *idempotency.ReconcilerConfig) { c.RetriesPerInterval = 0 },
+		"RetryBurst":         func(c *idempotency.ReconcilerConfig) { c.RetryBurst = 0 },
 	} {
 		cfg := good
 		mutate(&cfg)
-		if _, err := reconciler.New(cfg, f.store, f.operations, quiet); err == nil || !strings.Contains(err.Error(), name) {
+		if _, err := idempotency.NewReconciler(cfg, f.store, f.operations, quiet); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("bad %s: %v; want an error naming it", name, err)
 		}
 	}
@@ -341,11 +340,11 @@ func TestUnknownOperationIsLeftToAReconcilerThatKnowsIt(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
 	f.stalledCharge(t, "orphan")
-	cfg := reconciler.Config{
+	cfg := idempotency.ReconcilerConfig{
 		Interval: time.Second, Batch: 1, Lease: time.Minute, MaxAttempts: 3, MaxAge: time.Hour,
 		BackoffBase: time.Second, BackoffCap: time.Minute, RetriesPerInterval: 1, RetryBurst: 1,
 	}
-	older, err := reconciler.New(cfg, f.store, idempotency.NewRegistry(), quiet) // knows no operation
+	older, err := idempotency.NewReconciler(cfg, f.store, idempotency.NewRegistry(), quiet) // knows no operation
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +354,7 @@ func TestUnknownOperationIsLeftToAReconcilerThatKnowsIt(t *testing.T) {
 	if got := f.statuses(t); got["in_progress/charge_created"] != 1 {
 		t.Fatalf("records %v; want the charge still in progress, untouched", got)
 	}
-	newer, err := reconciler.New(cfg, f.store, f.operations, quiet)
+	newer, err := idempotency.NewReconciler(cfg, f.store, f.operations, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
