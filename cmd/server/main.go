@@ -41,13 +41,13 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/refunds"
-	"github.com/retrysafe/payments/internal/relay"
 	"github.com/retrysafe/payments/internal/server"
 )
 
@@ -213,7 +213,7 @@ func newWorkers(cfg config.Server, pool *pgxpool.Pool, keys *idempotency.Store, 
 		workers = append(workers, r)
 	}
 	if cfg.Relay {
-		r, err := relay.New(relay.Config{
+		r, err := events.NewRelay(events.RelayConfig{
 			Interval: cfg.RelayInterval,
 			// The batch is delivered one event after another within the
 			// lease: 5 × 5s < 30s.

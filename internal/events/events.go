@@ -28,7 +28,7 @@ var queries = dbsqlc.New() // stateless: every query takes its connection or tra
 // Record writes an event. Call it with the transaction that makes the
 // change: the event then commits, or not, with it.
 func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map[string]any) (err error) {
-	defer postgres.Wrap(&err, "events.Record(%s, %s)", callerID, eventType)
+	defer postgres.Wrap(&err, "Record(%s, %s)", callerID, eventType)
 	b, err := json.Marshal(data)
 	if err != nil {
 		return err
@@ -39,7 +39,7 @@ func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map
 // List returns up to limit of the caller's events, newest first, after the
 // event startingAfter when it is not empty, and whether more exist.
 func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Event, _ bool, err error) {
-	defer postgres.Wrap(&err, "events.List(%s)", callerID)
+	defer postgres.Wrap(&err, "List(%s)", callerID)
 	p := dbsqlc.ListEventsParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
 	if startingAfter != "" {
 		cursor, err := queries.GetEvent(ctx, db, dbsqlc.GetEventParams{CallerID: callerID, ID: startingAfter})

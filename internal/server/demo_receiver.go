@@ -10,9 +10,9 @@ import (
 
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
-	"github.com/retrysafe/payments/internal/relay"
 )
 
 // demoReceiver is the built-in webhook endpoint the relay delivers the
@@ -34,10 +34,10 @@ func (s *Server) demoReceiver(c echo.Context) error {
 	} else if err != nil {
 		return err
 	}
-	if err := cardprocessor.Verify([]byte(secret), c.Request().Header.Get(relay.SignatureHeader), body, time.Now(), cardprocessor.SignatureTolerance); err != nil {
-		return problem.New(problem.InvalidSignature, "the %s header does not verify: %v", relay.SignatureHeader, err)
+	if err := cardprocessor.Verify([]byte(secret), c.Request().Header.Get(events.SignatureHeader), body, time.Now(), cardprocessor.SignatureTolerance); err != nil {
+		return problem.New(problem.InvalidSignature, "the %s header does not verify: %v", events.SignatureHeader, err)
 	}
-	var d relay.Delivery
+	var d events.Delivery
 	if err := decodeJSON(body, &d); err != nil || d.ID == "" {
 		return problem.New(problem.InvalidRequest, "not an event delivery")
 	}

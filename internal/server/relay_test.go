@@ -14,14 +14,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/cardprocessor"
-	"github.com/retrysafe/payments/internal/relay"
+	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
-func (ts *testServer) relay(t *testing.T) *relay.Relay {
+func (ts *testServer) relay(t *testing.T) *events.Relay {
 	t.Helper()
 	cfg := ts.cfg
-	r, err := relay.New(relay.Config{
+	r, err := events.NewRelay(events.RelayConfig{
 		Interval: time.Second, Batch: 10, Lease: 60 * time.Second, Timeout: 5 * time.Second, DemoURL: ts.URL + "/demo/webhooks/",
 		BackoffBase: time.Millisecond, BackoffCap: time.Millisecond,
 	}, testdb.Pool(t, cfg.DatabaseURL), slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -34,7 +34,7 @@ func (ts *testServer) relay(t *testing.T) *relay.Relay {
 // drain runs the relay until no event is waiting to be delivered soon: a
 // failed delivery is due again after the test relay's backoff (at most a
 // millisecond), which may not have passed when a round finds nothing.
-func drain(t *testing.T, db *pgxpool.Pool, r *relay.Relay) {
+func drain(t *testing.T, db *pgxpool.Pool, r *events.Relay) {
 	t.Helper()
 	for range 1000 {
 		n, err := r.RunOnce(context.Background())
@@ -109,7 +109,7 @@ func TestRelayRetriesAFailingEndpoint(t *testing.T) {
 	var verified atomic.Int32
 	endpoint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		if cardprocessor.Verify([]byte(secret), r.Header.Get(relay.SignatureHeader), body, time.Now(), 0) == nil {
+		if cardprocessor.Verify([]byte(secret), r.Header.Get(events.SignatureHeader), body, time.Now(), 0) == nil {
 			verified.Add(1)
 		}
 		if calls.Add(1) == 1 {
@@ -139,9 +139,9 @@ func TestRelayRetriesAFailingEndpoint(t *testing.T) {
 	// tell anyone which caller ids exist.
 	now := time.Now()
 	for _, sig := range []string{"t=1,v1=00", cardprocessor.Sign([]byte("whsec_guess"), now, []byte(`{"id":"evt_x"}`))} {
-		known := ts.do(t, request{method: "POST", path: "/demo/webhooks/acme", header: http.Header{relay.SignatureHeader: {sig}}, body: `{"id":"evt_x"}`})
+		known := ts.do(t, request{method: "POST", path: "/demo/webhooks/acme", header: http.Header{events.SignatureHeader: {sig}}, body: `{"id":"evt_x"}`})
 		known.wantProblem(t, http.StatusBadRequest, "invalid_signature")
-		unknown := ts.do(t, request{method: "POST", path: "/demo/webhooks/no-such-caller", header: http.Header{relay.SignatureHeader: {sig}}, body: `{"id":"evt_x"}`})
+		unknown := ts.do(t, request{method: "POST", path: "/demo/webhooks/no-such-caller", header: http.Header{events.SignatureHeader: {sig}}, body: `{"id":"evt_x"}`})
 		if unknown.Status != known.Status || !bytes.Equal(unknown.Body, known.Body) {
 			t.Errorf("signature %q: unknown caller answered %d %s, known caller %d %s; want them alike", sig, unknown.Status, unknown.Body, known.Status, known.Body)
 		}

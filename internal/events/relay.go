@@ -1,4 +1,6 @@
-// Package relay delivers the outbox: it posts each event to its caller's
+package events
+
+// The relay delivers the outbox: it posts each event to its caller's
 // webhook endpoint, signed, at least once, retrying with backoff until the
 // endpoint acknowledges it. Several relays (one per server replica) share
 // the queue through FOR UPDATE SKIP LOCKED.
@@ -6,7 +8,6 @@
 // At least once, not exactly once: a relay that crashes after the endpoint
 // answered but before recording it delivers the event again. Receivers
 // deduplicate on the event id, as the built-in demo receiver does.
-package relay
 
 import (
 	"bytes"
@@ -27,14 +28,12 @@ import (
 	"github.com/retrysafe/payments/retry"
 )
 
-var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
-
 // SignatureHeader carries the signature of a delivery, in the processor's
 // scheme: t=<unix>,v1=<hex HMAC-SHA256(secret, t + "." + body)>.
 const SignatureHeader = "Payments-Signature"
 
-// Config tunes the relay.
-type Config struct {
+// RelayConfig tunes the relay.
+type RelayConfig struct {
 	// Interval is the pause between scans that found nothing due.
 	Interval time.Duration
 	// Batch is the most events claimed per scan.
@@ -55,13 +54,13 @@ type Config struct {
 
 // Relay is the background worker.
 type Relay struct {
-	cfg    Config
+	cfg    RelayConfig
 	pool   *pgxpool.Pool
 	client *http.Client
 	log    *slog.Logger
 }
 
-func (c Config) validate() error {
+func (c RelayConfig) validate() error {
 	var p config.Problems
 	p.Check(c.Interval > 0, "Interval must be positive")
 	p.Check(c.Batch >= 1, "Batch must be at least 1")
@@ -73,8 +72,8 @@ func (c Config) validate() error {
 	return p.Err("relay")
 }
 
-// New returns a relay. It refuses an invalid configuration.
-func New(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (*Relay, error) {
+// NewRelay returns a relay. It refuses an invalid configuration.
+func NewRelay(cfg RelayConfig, pool *pgxpool.Pool, log *slog.Logger) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package relay_test
+package events_test
 
 import (
 	"context"
@@ -24,7 +24,6 @@ import (
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/postgres"
-	"github.com/retrysafe/payments/internal/relay"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -35,8 +34,8 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // goodConfig is a valid configuration whose backoff is an hour, so an event
 // whose delivery failed is not due again during a test.
-func goodConfig() relay.Config {
-	return relay.Config{
+func goodConfig() events.RelayConfig {
+	return events.RelayConfig{
 		Interval: time.Second, Batch: 10, Lease: time.Minute, Timeout: 5 * time.Second,
 		BackoffBase: time.Hour, BackoffCap: time.Hour,
 	}
@@ -51,9 +50,9 @@ func newPool(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
-func newRelay(t *testing.T, pool *pgxpool.Pool, cfg relay.Config) *relay.Relay {
+func newRelay(t *testing.T, pool *pgxpool.Pool, cfg events.RelayConfig) *events.Relay {
 	t.Helper()
-	r, err := relay.New(cfg, pool, quiet)
+	r, err := events.NewRelay(cfg, pool, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,26 +170,26 @@ func (e *endpoint) requests() []received {
 // names the field, so a bad setting fails at start-up and says which one.
 func TestNewRefusesInvalidConfig(t *testing.T) {
 	t.Parallel()
-	if _, err := relay.New(goodConfig(), nil, quiet); err != nil {
+	if _, err := events.NewRelay(goodConfig(), nil, quiet); err != nil {
 		t.Fatalf("a valid configuration was refused: %v", err)
 	}
 	for _, c := range []struct {
 		field  string
-		mutate func(*relay.Config)
+		mutate func(*events.RelayConfig)
 	}{
-		{"Batch", func(c *relay.Config) { c.Batch = 0 }},
-		{"Interval", func(c *relay.Config) { c.Interval = 0 }},
-		{"Timeout", func(c *relay.Config) { c.Timeout = 0 }},
+		{"Batch", func(c *events.RelayConfig) { c.Batch = 0 }},
+		{"Interval", func(c *events.RelayConfig) { c.Interval = 0 }},
+		{"Timeout", func(c *events.RelayConfig) { c.Timeout = 0 }},
 		// A batch is delivered under one lease: it must outlast Batch
 		// deliveries of Timeout each, strictly.
-		{"Lease", func(c *relay.Config) { c.Lease = time.Duration(c.Batch) * c.Timeout }},
-		{"Lease", func(c *relay.Config) { c.Batch = 20 }},
-		{"BackoffCap", func(c *relay.Config) { c.BackoffBase, c.BackoffCap = time.Second, time.Second-1 }},
-		{"BackoffBase", func(c *relay.Config) { c.BackoffBase = 0 }},
+		{"Lease", func(c *events.RelayConfig) { c.Lease = time.Duration(c.Batch) * c.Timeout }},
+		{"Lease", func(c *events.RelayConfig) { c.Batch = 20 }},
+		{"BackoffCap", func(c *events.RelayConfig) { c.BackoffBase, c.BackoffCap = time.Second, time.Second-1 }},
+		{"BackoffBase", func(c *events.RelayConfig) { c.BackoffBase = 0 }},
 	} {
 		cfg := goodConfig()
 		c.mutate(&cfg)
-		r, err := relay.New(cfg, nil, quiet)
+		r, err := events.NewRelay(cfg, nil, quiet)
 		if err == nil || r != nil || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("bad %s (%+v): %v; want no relay and an error naming %s", c.field, cfg, err, c.field)
 		}
@@ -231,7 +230,7 @@ func TestRunOnceDeliversSignedEvents(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for _, req := range got {
-		var d relay.Delivery
+		var d events.Delivery
 		if err := json.Unmarshal(req.body, &d); err != nil {
 			t.Fatalf("delivery body %s: %v", req.body, err)
 		}
@@ -251,7 +250,7 @@ func TestRunOnceDeliversSignedEvents(t *testing.T) {
 		if d.Type != ev.typ || !d.CreatedAt.Equal(ev.createdAt) || !reflect.DeepEqual(data, ev.data) {
 			t.Errorf("%s delivered as %s at %v with %v; want %s at %v with %v", d.ID, d.Type, d.CreatedAt, data, ev.typ, ev.createdAt, ev.data)
 		}
-		sig := req.header.Get(relay.SignatureHeader)
+		sig := req.header.Get(events.SignatureHeader)
 		if err := cardprocessor.Verify(secrets[ev.callerID], sig, req.body, time.Now(), 0); err != nil {
 			t.Errorf("%s: the signature does not verify with %s's secret: %v", d.ID, ev.callerID, err)
 		}
@@ -354,7 +353,7 @@ func TestTwoRelaysShareTheQueue(t *testing.T) {
 	}
 	cfg := goodConfig()
 	cfg.Batch = 4
-	relays := []*relay.Relay{newRelay(t, pool, cfg), newRelay(t, pool, cfg)}
+	relays := []*events.Relay{newRelay(t, pool, cfg), newRelay(t, pool, cfg)}
 	var claimed atomic.Int64
 	var wg sync.WaitGroup
 	for _, r := range relays {
@@ -376,7 +375,7 @@ func TestTwoRelaysShareTheQueue(t *testing.T) {
 
 	deliveries := map[string]int{}
 	for _, req := range ep.requests() {
-		var d relay.Delivery
+		var d events.Delivery
 		if err := json.Unmarshal(req.body, &d); err != nil {
 			t.Fatal(err)
 		}
@@ -410,7 +409,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func runInBackground(r *relay.Relay) (cancel func(), done <-chan struct{}) {
+func runInBackground(r *events.Relay) (cancel func(), done <-chan struct{}) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan struct{})
 	go func() { defer close(ch); r.Run(ctx) }()
