@@ -40,7 +40,6 @@ import (
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/config"
-	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
@@ -50,8 +49,6 @@ import (
 	"github.com/retrysafe/payments/internal/refunds"
 	"github.com/retrysafe/payments/internal/server"
 )
-
-var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -105,33 +102,28 @@ func newWebhookSecret() []byte {
 // event that contradicted a recorded final state and was not applied (kind
 // "processor_event").
 func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) error {
-	callers, err := queries.ListCallers(ctx, pool)
-	if err != nil {
-		return err
-	}
 	enc := json.NewEncoder(out)
-	// Payout jobs River discarded after their last attempt: the payout's
-	// state at the processor is GET /v1/payouts/{id} there, under the
-	// payout's downstream key.
-	jobs, err := queries.ListDiscardedPayoutJobs(ctx, pool)
+	// Payout jobs given up on: the payout's state at the processor is GET
+	// /v1/payouts/{id} there, under the payout's downstream key.
+	jobs, err := payouts.ListGivenUpJobs(ctx, pool)
 	if err != nil {
 		return err
 	}
 	for _, j := range jobs {
-		var args payouts.JobArgs
-		if err := json.Unmarshal(j.Args, &args); err != nil {
-			return fmt.Errorf("payout job %d: %w", j.ID, err)
-		}
 		if err := enc.Encode(map[string]any{
-			"kind": "payout_job", "caller": args.CallerID, "payout_id": args.PayoutID,
-			"job_id": j.ID, "attempts": j.Attempt, "state": j.State, "reason": j.LastError, "finalized_at": j.FinalizedAt,
+			"kind": "payout_job", "caller": j.CallerID, "payout_id": j.PayoutID,
+			"job_id": j.JobID, "attempts": j.Attempts, "state": j.State, "reason": j.Reason, "finalized_at": j.FinalizedAt,
 		}); err != nil {
 			return err
 		}
 	}
+	callers, err := auth.ListCallers(ctx, pool)
+	if err != nil {
+		return err
+	}
 	for _, c := range callers {
 		// One caller at a time: every query on tenant data names its caller.
-		dead, err := queries.ListDeadIdempotencyKeys(ctx, pool, c.ID)
+		dead, err := idempotency.ListDead(ctx, pool, c.ID)
 		if err != nil {
 			return err
 		}
@@ -146,11 +138,11 @@ func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) err
 				return err
 			}
 		}
-		contradicting, err := queries.ListContradictingProcessorEvents(ctx, pool, c.ID)
+		setAside, err := events.ListSetAside(ctx, pool, c.ID)
 		if err != nil {
 			return err
 		}
-		for _, ev := range contradicting {
+		for _, ev := range setAside {
 			if err := enc.Encode(map[string]any{
 				"kind":   "processor_event",
 				"caller": ev.CallerID, "event_id": ev.EventID, "type": ev.Type,

@@ -16,3 +16,6 @@ SELECT * FROM callers ORDER BY id;
 INSERT INTO callers (id, name, api_key_hash)
 VALUES (@id, @name, @api_key_hash)
 ON CONFLICT (id) DO NOTHING;
+
+-- name: GetCallerWebhookSecret :one
+SELECT webhook_secret FROM callers WHERE id = @id;

@@ -1,10 +1,3 @@
--- name: LockOrder :one
--- The order, locked until the end of the transaction, so that creating a
--- charge and canceling the order are ordered one after the other.
-SELECT * FROM orders
-WHERE caller_id = @caller_id AND id = @id
-FOR UPDATE;
-
 -- name: CreateCharge :one
 INSERT INTO charges (caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, downstream_key)
 VALUES (@caller_id, @id, @order_id, @idempotency_key_id, @amount, @currency, @payment_method, @downstream_key)
@@ -31,11 +24,6 @@ SET status = 'failed', failure_code = @failure_code, processor_charge_id = @proc
 WHERE caller_id = @caller_id AND id = @id AND status = 'pending'
 RETURNING *;
 
--- name: MarkOrderPaid :execrows
-UPDATE orders
-SET status = 'paid', updated_at = now()
-WHERE caller_id = @caller_id AND id = @id AND status = 'pending';
-
 -- name: OrderHasLiveCharge :one
 -- Whether the order has a charge that is pending or succeeded. Run after
 -- LockOrder in the same transaction: the lock waits for any charge being
@@ -44,3 +32,7 @@ SELECT EXISTS (
     SELECT 1 FROM charges
     WHERE caller_id = @caller_id AND order_id = @order_id AND status IN ('pending', 'succeeded')
 );
+
+-- name: GetChargeByDownstreamKey :one
+SELECT * FROM charges
+WHERE caller_id = @caller_id AND downstream_key = @downstream_key;

@@ -50,9 +50,6 @@ VALUES (@caller_id, @event_id, @type)
 ON CONFLICT (caller_id, event_id) DO UPDATE SET deliveries = demo_received_events.deliveries + 1
 RETURNING deliveries;
 
--- name: GetCallerWebhookSecret :one
-SELECT webhook_secret FROM callers WHERE id = @id;
-
 -- name: ListDemoDeliveries :many
 -- What the demo receiver got for the caller, newest first: each event once,
 -- with how many times it was delivered (a count above one is a duplicate

@@ -16,11 +16,3 @@ WHERE caller_id = @caller_id AND event_id = @event_id;
 SELECT * FROM processor_events
 WHERE caller_id = @caller_id AND contradiction IS NOT NULL
 ORDER BY received_at;
-
--- name: GetChargeByDownstreamKey :one
-SELECT * FROM charges
-WHERE caller_id = @caller_id AND downstream_key = @downstream_key;
-
--- name: GetRefundByDownstreamKey :one
-SELECT * FROM refunds
-WHERE caller_id = @caller_id AND downstream_key = @downstream_key;

@@ -47,3 +47,7 @@ WHERE caller_id = @caller_id AND charge_id = @charge_id
        OR (created_at, id) > (@cursor_created_at::timestamptz, @cursor_id::text))
 ORDER BY created_at, id
 LIMIT @row_limit;
+
+-- name: GetRefundByDownstreamKey :one
+SELECT * FROM refunds
+WHERE caller_id = @caller_id AND downstream_key = @downstream_key;

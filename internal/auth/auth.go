@@ -127,6 +127,13 @@ func SeedDemoCallers(ctx context.Context, db dbsqlc.DBTX) error {
 	return nil
 }
 
+// WebhookSecret is the secret the caller's events are signed with when the
+// relay delivers them (a random one per caller, made with the caller).
+func WebhookSecret(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ string, err error) {
+	defer postgres.Wrap(&err, "auth.WebhookSecret(%s)", callerID)
+	return queries.GetCallerWebhookSecret(ctx, db, callerID)
+}
+
 // ErrCallerExists is CreateCaller's answer for an id already taken.
 var ErrCallerExists = errors.New("auth: a caller with this id exists")
 

@@ -124,7 +124,7 @@ func (s *Service) Resume(ctx context.Context, l *idempotency.Lease) error {
 
 // create is the first phase: one transaction that checks the order is
 // payable and creates the pending charge with its downstream key.
-func create(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Request) (idempotency.Result, error) {
+func create(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Request) (idempotency.Result, error) {
 	// The order's row lock orders this phase against a cancel (which takes
 	// the same lock) and against other charges of the order.
 	o, err := orders.Lock(ctx, tx, req.CallerID, req.OrderID)
@@ -156,7 +156,7 @@ func create(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Reque
 }
 
 // finish is the final phase: record the processor's definite answer. A
-// webhook may have recorded it first (see ApplyChargeOutcome); then there
+// webhook may have recorded it first (see ApplyChargeEvent); then there
 // is nothing left to change, and the stored response is built from the
 // charge as the webhook left it.
 func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, answer cardprocessor.ChargeResult, refusal error) (idempotency.Result, error) {
@@ -202,17 +202,25 @@ type Outcome struct {
 	ProcessorChargeID string
 	DeclineCode       string
 	// Report is what a webhook said besides: checked against the charge.
-	Report effect.Report
+	Report events.Report
 }
 
-// ApplyChargeOutcome records the outcome of the charge made under
-// downstreamKey, as reported by a processor webhook. It reports false for a
-// charge we do not know. It is idempotent, and agrees with the final phase
-// of the charge's own operation: whichever comes first records the outcome, the
-// other finds it recorded.
-func ApplyChargeOutcome(ctx context.Context, tx pgx.Tx, callerID, downstreamKey string, o Outcome) (_ bool, err error) {
-	defer postgres.Wrap(&err, "charges.ApplyChargeOutcome(%s, %q)", callerID, downstreamKey)
-	ch, err := queries.GetChargeByDownstreamKey(ctx, tx, dbsqlc.GetChargeByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
+// ApplyChargeEvent is the inbox's Applier for charge.succeeded and
+// charge.failed: it records the outcome of the charge made under the
+// event's downstream key, and reports false for a charge we do not know.
+// It is idempotent, and agrees with the final phase of the charge's own
+// operation: whichever comes first records the outcome, the other finds it
+// recorded.
+func ApplyChargeEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
+	defer postgres.Wrap(&err, "charges.ApplyChargeEvent(%s, %q)", callerID, ev.DownstreamKey)
+	o := Outcome{
+		Succeeded: ev.Type == events.ProcessorChargeSucceeded, ProcessorChargeID: ev.ObjectID,
+		Report: events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID},
+	}
+	if ev.DeclineCode != nil {
+		o.DeclineCode = *ev.DeclineCode
+	}
+	ch, err := queries.GetChargeByDownstreamKey(ctx, tx, dbsqlc.GetChargeByDownstreamKeyParams{CallerID: callerID, DownstreamKey: ev.DownstreamKey})
 	if postgres.IsNotFound(err) {
 		return false, nil
 	}
@@ -250,7 +258,7 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 		return cur, nil // recorded already
 	case StatusPending:
 	default:
-		return cur, &effect.ContradictionError{Object: "charge", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: want}
+		return cur, &events.ContradictionError{Object: "charge", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: want}
 	}
 
 	data := map[string]any{"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency}
@@ -276,20 +284,22 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 	if err := balances.Credit(ctx, tx, ch.CallerID, ch.Currency, ch.Amount); err != nil {
 		return cur, err
 	}
-	n, err := queries.MarkOrderPaid(ctx, tx, dbsqlc.MarkOrderPaidParams{CallerID: ch.CallerID, ID: ch.OrderID})
-	if err != nil {
+	if err := orders.MarkPaid(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return cur, err
-	}
-	if n != 1 {
-		// Cannot happen: a live charge keeps the order pending (cancel
-		// refuses it, and no other charge can exist).
-		return cur, fmt.Errorf("order %s was not pending when its charge %s succeeded", ch.OrderID, ch.ID)
 	}
 	// The outbox: the events commit with the change they describe.
 	if err := events.Record(ctx, tx, ch.CallerID, events.ChargeSucceeded, data); err != nil {
 		return cur, err
 	}
 	return cur, events.Record(ctx, tx, ch.CallerID, events.OrderPaid, data)
+}
+
+// HasLiveCharge reports whether the caller's order has a charge that is
+// pending or succeeded: what orders.Cancel asks before it cancels. Run it
+// after orders.Lock in the same transaction: the lock waits for any charge
+// being created, and this later statement's snapshot then sees it.
+func HasLiveCharge(ctx context.Context, tx pgx.Tx, callerID, orderID string) (bool, error) {
+	return queries.OrderHasLiveCharge(ctx, tx, dbsqlc.OrderHasLiveChargeParams{CallerID: callerID, OrderID: orderID})
 }
 
 // Get returns the caller's charge id.

@@ -22,6 +22,7 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/effect"
+	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/problem"
@@ -109,7 +110,7 @@ func (f *fixture) mustCharge(t *testing.T, key, orderID, paymentMethod string) *
 	return resp
 }
 
-func (f *fixture) record(t *testing.T, key string) dbsqlc.IdempotencyKey {
+func (f *fixture) record(t *testing.T, key string) idempotency.Record {
 	t.Helper()
 	rec, err := f.store.Get(context.Background(), "acme", key)
 	if err != nil {
@@ -225,10 +226,10 @@ func (f *fixture) resume(t *testing.T, key string) *idempotency.Response {
 	return resp
 }
 
-// applyOutcome applies a webhook's outcome in a transaction that is
-// committed whatever ApplyChargeOutcome returns, as the webhook handler
-// commits its note about a contradiction: whatever the function wrote would
-// stick.
+// applyOutcome applies a webhook's outcome, as the inbox would, in a
+// transaction that is committed whatever ApplyChargeEvent returns, as the
+// inbox commits its note about a contradiction: whatever the function wrote
+// would stick.
 func (f *fixture) applyOutcome(t *testing.T, downstreamKey string, o charges.Outcome) (bool, error) {
 	t.Helper()
 	ctx := context.Background()
@@ -237,9 +238,16 @@ func (f *fixture) applyOutcome(t *testing.T, downstreamKey string, o charges.Out
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	known, applyErr := charges.ApplyChargeOutcome(ctx, tx, "acme", downstreamKey, o)
+	ev := events.ProcessorEvent{ID: "pevt_test", Type: events.ProcessorChargeFailed, DownstreamKey: downstreamKey, ObjectID: o.ProcessorChargeID}
+	if o.Succeeded {
+		ev.Type = events.ProcessorChargeSucceeded
+	}
+	if o.DeclineCode != "" {
+		ev.DeclineCode = &o.DeclineCode
+	}
+	known, applyErr := charges.ApplyChargeEvent(ctx, tx, "acme", ev)
 	if err := tx.Commit(ctx); err != nil {
-		t.Fatalf("commit after ApplyChargeOutcome (%v): %v", applyErr, err)
+		t.Fatalf("commit after ApplyChargeEvent (%v): %v", applyErr, err)
 	}
 	return known, applyErr
 }
@@ -331,7 +339,7 @@ func TestFreshChargeIsCreatedCalledAndFinished(t *testing.T) {
 		t.Errorf("answered %d %s (Location %q); want 201 %s (Location %q)", resp.Status, resp.Body, resp.Header.Get("Location"), want.Body, "/v1/charges/"+ch.ID)
 	}
 	rec := f.record(t, "pay")
-	if rec.Status != idempotency.StatusCompleted || rec.RecoveryPoint != string(idempotency.RecoveryFinished) ||
+	if rec.Status != idempotency.StatusCompleted || rec.RecoveryPoint != idempotency.RecoveryFinished ||
 		rec.ResponseStatus == nil || *rec.ResponseStatus != http.StatusCreated || !bytes.Equal(rec.ResponseBody, want.Body) {
 		t.Errorf("record %s/%s with %v %s; want completed/finished with the rendered 201", rec.Status, rec.RecoveryPoint, rec.ResponseStatus, rec.ResponseBody)
 	}
@@ -425,7 +433,7 @@ func TestChargeIsCreatedOnceAcrossTakeover(t *testing.T) {
 		t.Errorf("first attempt: %v; want processor_unavailable with a Retry-After", err)
 	}
 	rec := f.record(t, "flaky")
-	if rec.Status != idempotency.StatusInProgress || rec.RecoveryPoint != string(charges.RecoveryChargeCreated) || rec.ResponseStatus != nil {
+	if rec.Status != idempotency.StatusInProgress || rec.RecoveryPoint != charges.RecoveryChargeCreated || rec.ResponseStatus != nil {
 		t.Fatalf("record %s/%s with response %v; want in_progress/%s, nothing stored", rec.Status, rec.RecoveryPoint, rec.ResponseStatus, charges.RecoveryChargeCreated)
 	}
 	pending := f.chargeOf(t, "flaky")
@@ -507,9 +515,9 @@ func isProblem(err error, code problem.Code) bool {
 
 func wantContradiction(t *testing.T, err error, ch dbsqlc.Charge, recorded, reported string) {
 	t.Helper()
-	var c *effect.ContradictionError
+	var c *events.ContradictionError
 	if !errors.As(err, &c) {
-		t.Fatalf("got %v; want an *effect.ContradictionError", err)
+		t.Fatalf("got %v; want an *events.ContradictionError", err)
 	}
 	if c.Object != "charge" || c.ID != ch.ID || c.Recorded != recorded || c.Reported != reported {
 		t.Errorf("contradiction %+v; want charge %s recorded %s, reported %s", c, ch.ID, recorded, reported)
@@ -570,7 +578,8 @@ func TestApplyChargeOutcomeRecordsSuccessOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if known, err := charges.ApplyChargeOutcome(ctx, tx, "globex", pending.DownstreamKey, succeeded); known || err != nil {
+	ev := events.ProcessorEvent{ID: "pevt_globex", Type: events.ProcessorChargeSucceeded, DownstreamKey: pending.DownstreamKey, ObjectID: succeeded.ProcessorChargeID}
+	if known, err := charges.ApplyChargeEvent(ctx, tx, "globex", ev); known || err != nil {
 		t.Errorf("another caller's downstream key: %v, %v; want false, nil", known, err)
 	}
 }
@@ -674,7 +683,7 @@ func TestSecondChargeOfAnOrderIsNotPayable(t *testing.T) {
 		t.Fatalf("first charge: %v; want it left pending", err)
 	}
 	canceled := f.order(t, "acme", 300)
-	if _, err := orders.Cancel(ctx, f.pool, "acme", canceled.ID); err != nil {
+	if _, err := orders.Cancel(ctx, f.pool, "acme", canceled.ID, charges.HasLiveCharge); err != nil {
 		t.Fatal(err)
 	}
 

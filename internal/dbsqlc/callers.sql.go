@@ -49,6 +49,17 @@ func (q *Queries) GetCallerByAPIKeyHash(ctx context.Context, db DBTX, apiKeyHash
 	return i, err
 }
 
+const getCallerWebhookSecret = `-- name: GetCallerWebhookSecret :one
+SELECT webhook_secret FROM callers WHERE id = $1
+`
+
+func (q *Queries) GetCallerWebhookSecret(ctx context.Context, db DBTX, id string) (string, error) {
+	row := db.QueryRow(ctx, getCallerWebhookSecret, id)
+	var webhook_secret string
+	err := row.Scan(&webhook_secret)
+	return webhook_secret, err
+}
+
 const listCallers = `-- name: ListCallers :many
 SELECT id, name, api_key_hash, created_at, webhook_url, webhook_secret FROM callers ORDER BY id
 `

@@ -130,6 +130,38 @@ func (q *Queries) GetCharge(ctx context.Context, db DBTX, arg GetChargeParams) (
 	return i, err
 }
 
+const getChargeByDownstreamKey = `-- name: GetChargeByDownstreamKey :one
+SELECT caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at, amount_refunded FROM charges
+WHERE caller_id = $1 AND downstream_key = $2
+`
+
+type GetChargeByDownstreamKeyParams struct {
+	CallerID      string
+	DownstreamKey string
+}
+
+func (q *Queries) GetChargeByDownstreamKey(ctx context.Context, db DBTX, arg GetChargeByDownstreamKeyParams) (Charge, error) {
+	row := db.QueryRow(ctx, getChargeByDownstreamKey, arg.CallerID, arg.DownstreamKey)
+	var i Charge
+	err := row.Scan(
+		&i.CallerID,
+		&i.ID,
+		&i.OrderID,
+		&i.IdempotencyKeyID,
+		&i.Amount,
+		&i.Currency,
+		&i.PaymentMethod,
+		&i.Status,
+		&i.FailureCode,
+		&i.DownstreamKey,
+		&i.ProcessorChargeID,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.AmountRefunded,
+	)
+	return i, err
+}
+
 const getChargeByKeyRecord = `-- name: GetChargeByKeyRecord :one
 SELECT caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at, amount_refunded FROM charges
 WHERE caller_id = $1 AND idempotency_key_id = $2
@@ -160,54 +192,6 @@ func (q *Queries) GetChargeByKeyRecord(ctx context.Context, db DBTX, arg GetChar
 		&i.AmountRefunded,
 	)
 	return i, err
-}
-
-const lockOrder = `-- name: LockOrder :one
-SELECT caller_id, id, amount, currency, description, status, created_at, updated_at FROM orders
-WHERE caller_id = $1 AND id = $2
-FOR UPDATE
-`
-
-type LockOrderParams struct {
-	CallerID string
-	ID       string
-}
-
-// The order, locked until the end of the transaction, so that creating a
-// charge and canceling the order are ordered one after the other.
-func (q *Queries) LockOrder(ctx context.Context, db DBTX, arg LockOrderParams) (Order, error) {
-	row := db.QueryRow(ctx, lockOrder, arg.CallerID, arg.ID)
-	var i Order
-	err := row.Scan(
-		&i.CallerID,
-		&i.ID,
-		&i.Amount,
-		&i.Currency,
-		&i.Description,
-		&i.Status,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-	)
-	return i, err
-}
-
-const markOrderPaid = `-- name: MarkOrderPaid :execrows
-UPDATE orders
-SET status = 'paid', updated_at = now()
-WHERE caller_id = $1 AND id = $2 AND status = 'pending'
-`
-
-type MarkOrderPaidParams struct {
-	CallerID string
-	ID       string
-}
-
-func (q *Queries) MarkOrderPaid(ctx context.Context, db DBTX, arg MarkOrderPaidParams) (int64, error) {
-	result, err := db.Exec(ctx, markOrderPaid, arg.CallerID, arg.ID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }
 
 const orderHasLiveCharge = `-- name: OrderHasLiveCharge :one

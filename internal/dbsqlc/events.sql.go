@@ -75,17 +75,6 @@ func (q *Queries) ClaimUndeliveredEvents(ctx context.Context, db DBTX, arg Claim
 	return items, nil
 }
 
-const getCallerWebhookSecret = `-- name: GetCallerWebhookSecret :one
-SELECT webhook_secret FROM callers WHERE id = $1
-`
-
-func (q *Queries) GetCallerWebhookSecret(ctx context.Context, db DBTX, id string) (string, error) {
-	row := db.QueryRow(ctx, getCallerWebhookSecret, id)
-	var webhook_secret string
-	err := row.Scan(&webhook_secret)
-	return webhook_secret, err
-}
-
 const getEvent = `-- name: GetEvent :one
 SELECT caller_id, id, type, data, created_at, delivered_at, delivery_attempts, next_attempt_at FROM events
 WHERE caller_id = $1 AND id = $2

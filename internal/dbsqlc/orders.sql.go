@@ -156,3 +156,51 @@ func (q *Queries) ListOrders(ctx context.Context, db DBTX, arg ListOrdersParams)
 	}
 	return items, nil
 }
+
+const lockOrder = `-- name: LockOrder :one
+SELECT caller_id, id, amount, currency, description, status, created_at, updated_at FROM orders
+WHERE caller_id = $1 AND id = $2
+FOR UPDATE
+`
+
+type LockOrderParams struct {
+	CallerID string
+	ID       string
+}
+
+// The order, locked until the end of the transaction, so that creating a
+// charge and canceling the order are ordered one after the other.
+func (q *Queries) LockOrder(ctx context.Context, db DBTX, arg LockOrderParams) (Order, error) {
+	row := db.QueryRow(ctx, lockOrder, arg.CallerID, arg.ID)
+	var i Order
+	err := row.Scan(
+		&i.CallerID,
+		&i.ID,
+		&i.Amount,
+		&i.Currency,
+		&i.Description,
+		&i.Status,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const markOrderPaid = `-- name: MarkOrderPaid :execrows
+UPDATE orders
+SET status = 'paid', updated_at = now()
+WHERE caller_id = $1 AND id = $2 AND status = 'pending'
+`
+
+type MarkOrderPaidParams struct {
+	CallerID string
+	ID       string
+}
+
+func (q *Queries) MarkOrderPaid(ctx context.Context, db DBTX, arg MarkOrderPaidParams) (int64, error) {
+	result, err := db.Exec(ctx, markOrderPaid, arg.CallerID, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}

@@ -9,66 +9,6 @@ import (
 	"context"
 )
 
-const getChargeByDownstreamKey = `-- name: GetChargeByDownstreamKey :one
-SELECT caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at, amount_refunded FROM charges
-WHERE caller_id = $1 AND downstream_key = $2
-`
-
-type GetChargeByDownstreamKeyParams struct {
-	CallerID      string
-	DownstreamKey string
-}
-
-func (q *Queries) GetChargeByDownstreamKey(ctx context.Context, db DBTX, arg GetChargeByDownstreamKeyParams) (Charge, error) {
-	row := db.QueryRow(ctx, getChargeByDownstreamKey, arg.CallerID, arg.DownstreamKey)
-	var i Charge
-	err := row.Scan(
-		&i.CallerID,
-		&i.ID,
-		&i.OrderID,
-		&i.IdempotencyKeyID,
-		&i.Amount,
-		&i.Currency,
-		&i.PaymentMethod,
-		&i.Status,
-		&i.FailureCode,
-		&i.DownstreamKey,
-		&i.ProcessorChargeID,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.AmountRefunded,
-	)
-	return i, err
-}
-
-const getRefundByDownstreamKey = `-- name: GetRefundByDownstreamKey :one
-SELECT caller_id, id, charge_id, idempotency_key_id, amount, status, downstream_key, processor_refund_id, created_at, updated_at FROM refunds
-WHERE caller_id = $1 AND downstream_key = $2
-`
-
-type GetRefundByDownstreamKeyParams struct {
-	CallerID      string
-	DownstreamKey string
-}
-
-func (q *Queries) GetRefundByDownstreamKey(ctx context.Context, db DBTX, arg GetRefundByDownstreamKeyParams) (Refund, error) {
-	row := db.QueryRow(ctx, getRefundByDownstreamKey, arg.CallerID, arg.DownstreamKey)
-	var i Refund
-	err := row.Scan(
-		&i.CallerID,
-		&i.ID,
-		&i.ChargeID,
-		&i.IdempotencyKeyID,
-		&i.Amount,
-		&i.Status,
-		&i.DownstreamKey,
-		&i.ProcessorRefundID,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-	)
-	return i, err
-}
-
 const listContradictingProcessorEvents = `-- name: ListContradictingProcessorEvents :many
 SELECT caller_id, event_id, type, received_at, contradiction FROM processor_events
 WHERE caller_id = $1 AND contradiction IS NOT NULL

@@ -108,6 +108,34 @@ func (q *Queries) GetRefund(ctx context.Context, db DBTX, arg GetRefundParams) (
 	return i, err
 }
 
+const getRefundByDownstreamKey = `-- name: GetRefundByDownstreamKey :one
+SELECT caller_id, id, charge_id, idempotency_key_id, amount, status, downstream_key, processor_refund_id, created_at, updated_at FROM refunds
+WHERE caller_id = $1 AND downstream_key = $2
+`
+
+type GetRefundByDownstreamKeyParams struct {
+	CallerID      string
+	DownstreamKey string
+}
+
+func (q *Queries) GetRefundByDownstreamKey(ctx context.Context, db DBTX, arg GetRefundByDownstreamKeyParams) (Refund, error) {
+	row := db.QueryRow(ctx, getRefundByDownstreamKey, arg.CallerID, arg.DownstreamKey)
+	var i Refund
+	err := row.Scan(
+		&i.CallerID,
+		&i.ID,
+		&i.ChargeID,
+		&i.IdempotencyKeyID,
+		&i.Amount,
+		&i.Status,
+		&i.DownstreamKey,
+		&i.ProcessorRefundID,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
 const getRefundByKeyRecord = `-- name: GetRefundByKeyRecord :one
 SELECT caller_id, id, charge_id, idempotency_key_id, amount, status, downstream_key, processor_refund_id, created_at, updated_at FROM refunds
 WHERE caller_id = $1 AND idempotency_key_id = $2

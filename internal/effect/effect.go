@@ -77,46 +77,6 @@ func Call[A any](ctx context.Context, l *idempotency.Lease, crash *faults.CrashP
 	})
 }
 
-// ContradictionError is a processor report that contradicts what is
-// already recorded: a charge recorded as failed now reported succeeded (or
-// the other way round), or a report about an object whose amount, currency
-// or processor id is not the one recorded. It is found before anything is
-// written. Nothing is ever changed on such a report; a person must look.
-type ContradictionError struct {
-	Object, ID string // "charge", "refund" or "payout", and its id
-	Field      string // what disagrees: "status", "amount", "currency" or "processor id"
-	Recorded   string
-	Reported   string
-}
-
-func (e *ContradictionError) Error() string {
-	return fmt.Sprintf("%s %s: recorded %s %s, but the processor reports %s", e.Object, e.ID, e.Field, e.Recorded, e.Reported)
-}
-
-// Report is what a processor's webhook says about an object besides its
-// outcome. A field left zero says nothing.
-type Report struct {
-	Amount      *int64
-	Currency    *string
-	ProcessorID string
-}
-
-// Check returns a *ContradictionError when r disagrees with what is
-// recorded about object id: its amount, its currency, and its processor id
-// once one is recorded. A webhook that names the right downstream key but
-// the wrong money is not applied: the key alone does not make it true.
-func (r Report) Check(object, id string, amount int64, currency string, processorID *string) error {
-	switch {
-	case r.Amount != nil && *r.Amount != amount:
-		return &ContradictionError{Object: object, ID: id, Field: "amount", Recorded: fmt.Sprint(amount), Reported: fmt.Sprint(*r.Amount)}
-	case r.Currency != nil && *r.Currency != currency:
-		return &ContradictionError{Object: object, ID: id, Field: "currency", Recorded: currency, Reported: *r.Currency}
-	case r.ProcessorID != "" && processorID != nil && *processorID != r.ProcessorID:
-		return &ContradictionError{Object: object, ID: id, Field: "processor id", Recorded: *processorID, Reported: r.ProcessorID}
-	}
-	return nil
-}
-
 // DownstreamKey is the Idempotency-Key sent to the processor for the local
 // object objectID (ch_… or re_…): "<caller>-<objectID>". The object id is
 // random, so no two operations ever share a key, even across a restore of

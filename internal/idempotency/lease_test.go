@@ -149,7 +149,7 @@ func TestFailureAfterTheFirstPhaseIsNeverFinal(t *testing.T) {
 		Scan(&status, &point, &leaseLive); err != nil {
 		t.Fatal(err)
 	}
-	if status != StatusInProgress || point != "charge_created" || leaseLive {
+	if Status(status) != StatusInProgress || point != "charge_created" || leaseLive {
 		t.Errorf("record %s at %s, lease live %v; want in_progress at charge_created with the lease released", status, point, leaseLive)
 	}
 }

@@ -218,7 +218,7 @@ func TestKeyRecordStateMachine(t *testing.T) {
 				case err != nil:
 					rt.Fatal(err)
 				default:
-					if rec.Status != m.status || rec.Attempt != m.attempt || rec.RecoveryPoint != m.point && m.status == StatusInProgress {
+					if Status(rec.Status) != m.status || rec.Attempt != m.attempt || rec.RecoveryPoint != m.point && m.status == StatusInProgress {
 						rt.Fatalf("record %s attempt %d at %s; model %+v", rec.Status, rec.Attempt, rec.RecoveryPoint, m)
 					}
 					if m.status == StatusCompleted && !bytes.Equal(rec.ResponseBody, m.stored) {
@@ -236,7 +236,7 @@ func TestKeyRecordStateMachine(t *testing.T) {
 // keyModel is what the record of one key should be.
 type keyModel struct {
 	exists  bool
-	status  string
+	status  Status
 	attempt int32
 	point   string
 	holder  int  // the actor whose lease is current (-1: none)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/problem"
 )
 
@@ -72,7 +71,7 @@ func (r *Response) Write(w http.ResponseWriter) error {
 	return err
 }
 
-func storedResponse(rec dbsqlc.IdempotencyKey) (*Response, error) {
+func storedResponse(rec Record) (*Response, error) {
 	if rec.ResponseStatus == nil {
 		return nil, fmt.Errorf("idempotency: completed record %d has no response", rec.ID)
 	}

@@ -36,13 +36,6 @@ type Request struct {
 	Fingerprint []byte
 }
 
-// Record status values.
-const (
-	StatusInProgress = "in_progress"
-	StatusCompleted  = "completed"
-	StatusDead       = "dead"
-)
-
 // RecoveryPoint names a phase boundary an operation has passed. Every
 // operation starts at RecoveryStarted and ends at RecoveryFinished; an
 // operation with an external effect defines the points in between.
@@ -103,7 +96,7 @@ func (s *Store) CacheReplays(size int, retention time.Duration) {
 // drive one record forward from its recovery point.
 type Lease struct {
 	store    *Store
-	record   dbsqlc.IdempotencyKey
+	record   Record
 	response *Response
 	// claimed is when the claim that gave this lease was sent, on this
 	// process's clock, and age how old the record was then, on the
@@ -114,10 +107,10 @@ type Lease struct {
 }
 
 // Record is the record as of the last phase this lease committed.
-func (l *Lease) Record() dbsqlc.IdempotencyKey { return l.record }
+func (l *Lease) Record() Record { return l.record }
 
 // RecoveryPoint is where the operation stands: where a Handler resumes.
-func (l *Lease) RecoveryPoint() RecoveryPoint { return RecoveryPoint(l.record.RecoveryPoint) }
+func (l *Lease) RecoveryPoint() RecoveryPoint { return l.record.RecoveryPoint }
 
 // A PhaseFunc does one phase's work inside tx and says how the phase ended:
 // with the next RecoveryPoint, or with the operation's final *Response.
@@ -156,10 +149,10 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 	// Only now, after the commit, does the in-memory record move on.
 	switch r := result.(type) {
 	case RecoveryPoint:
-		l.record.RecoveryPoint = string(r)
+		l.record.RecoveryPoint = r
 	case *Response:
 		l.record.Status = StatusCompleted
-		l.record.RecoveryPoint = string(RecoveryFinished)
+		l.record.RecoveryPoint = RecoveryFinished
 		l.response = r
 	}
 	return nil
@@ -355,7 +348,7 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 // finished (its response is the answer) or may still be working (409 for
 // as long as its lease says); or the lease may simply have run out with
 // nobody holding it since, and a retry resumes the operation at once.
-func (s *Store) current(rec dbsqlc.IdempotencyKey) (*Response, error) {
+func (s *Store) current(rec Record) (*Response, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	row, err := queries.GetIdempotencyKeyWithLease(ctx, s.pool, dbsqlc.GetIdempotencyKeyWithLeaseParams{CallerID: rec.CallerID, ID: rec.ID})
@@ -366,7 +359,7 @@ func (s *Store) current(rec dbsqlc.IdempotencyKey) (*Response, error) {
 	case err != nil:
 		return nil, fmt.Errorf("read idempotency key after losing its lease: %w", err)
 	}
-	switch cur := row.IdempotencyKey; {
+	switch cur := recordOf(row.IdempotencyKey); {
 	case cur.Status == StatusCompleted:
 		return storedResponse(cur)
 	case cur.Status == StatusDead:
@@ -461,7 +454,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		} else {
 			observe(ctx, req.Operation, metrics.OutcomeTakenOver)
 		}
-		return &Lease{store: s, record: taken, claimed: sent, age: age}, nil, nil
+		return &Lease{store: s, record: recordOf(taken), claimed: sent, age: age}, nil, nil
 	case rec.Status == StatusDead:
 		observe(ctx, req.Operation, metrics.OutcomeDead)
 		return nil, nil, dead()
@@ -545,7 +538,7 @@ func (s *Store) ClaimStale(ctx context.Context, n int, operations []string) ([]*
 	}
 	leases := make([]*Lease, len(recs))
 	for i, rec := range recs {
-		leases[i] = &Lease{store: s, record: rec}
+		leases[i] = &Lease{store: s, record: recordOf(rec)}
 	}
 	return leases, nil
 }
@@ -589,23 +582,4 @@ func (l *Lease) Bury(ctx context.Context) error {
 		err = ErrLeaseLost
 	}
 	return err
-}
-
-// Get returns the caller's record for key.
-func (s *Store) Get(ctx context.Context, callerID, key string) (dbsqlc.IdempotencyKey, error) {
-	rec, err := queries.GetIdempotencyKey(ctx, s.pool, dbsqlc.GetIdempotencyKeyParams{CallerID: callerID, Key: key})
-	return rec, postgres.NotFound(err, func() error {
-		return problem.New(problem.NotFound, "no idempotency key %q for this caller (it may never have been used, or its retention window has passed)", key)
-	})
-}
-
-func recordFromClaim(r dbsqlc.ClaimIdempotencyKeyRow) dbsqlc.IdempotencyKey {
-	return dbsqlc.IdempotencyKey{
-		CallerID: r.CallerID, ID: r.ID, Key: r.Key, Status: r.Status, RecoveryPoint: r.RecoveryPoint,
-		Attempt: r.Attempt, LockedUntil: r.LockedUntil, RequestMethod: r.RequestMethod,
-		RequestPath: r.RequestPath, RequestFingerprint: r.RequestFingerprint,
-		ResponseStatus: r.ResponseStatus, ResponseHeaders: r.ResponseHeaders, ResponseBody: r.ResponseBody,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
-		NextAttemptAt: r.NextAttemptAt, ReconcilerAttempts: r.ReconcilerAttempts, Operation: r.Operation,
-	}
 }

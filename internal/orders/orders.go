@@ -6,6 +6,7 @@ package orders
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -86,16 +87,34 @@ func Lock(ctx context.Context, tx pgx.Tx, callerID, id string) (dbsqlc.Order, er
 	return o, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no order %q", id) })
 }
 
+// MarkPaid moves the caller's pending order to paid, in the transaction
+// that records its charge's success (which holds the order's lock).
+func MarkPaid(ctx context.Context, tx pgx.Tx, callerID, id string) (err error) {
+	defer postgres.Wrap(&err, "orders.MarkPaid(%s, %q)", callerID, id)
+	n, err := queries.MarkOrderPaid(ctx, tx, dbsqlc.MarkOrderPaidParams{CallerID: callerID, ID: id})
+	if err == nil && n != 1 {
+		// Cannot happen: a live charge keeps the order pending (cancel
+		// refuses it, and no other charge can exist).
+		err = fmt.Errorf("order %s was not pending when its charge succeeded", id)
+	}
+	return err
+}
+
+// A LiveCharges says, inside tx, whether the caller's order has a charge
+// that is pending or succeeded. The charges package answers it
+// (charges.HasLiveCharge): charges are its rows, not this package's.
+type LiveCharges func(ctx context.Context, tx pgx.Tx, callerID, orderID string) (bool, error)
+
 // Cancel cancels the caller's order. It is naturally idempotent: canceling a
 // canceled order returns it unchanged. A paid order, or one with a charge in
-// progress, cannot be canceled.
+// progress (as live says), cannot be canceled.
 //
 // It locks the order first, as creating a charge does, so the two are
 // ordered: a charge being created is waited for, and the check that follows
 // (a new statement, so a new snapshot) sees it. A check without the lock
 // could miss a charge committed a moment later and cancel an order whose
 // card is about to be charged.
-func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string) (o dbsqlc.Order, err error) {
+func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string, live LiveCharges) (o dbsqlc.Order, err error) {
 	defer postgres.Wrap(&err, "orders.Cancel(%s, %q)", callerID, id)
 	err = postgres.Transact(ctx, pool, func(tx pgx.Tx) error {
 		var err error
@@ -108,11 +127,11 @@ func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string) (o dbs
 		case StatusPaid:
 			return problem.New(problem.OrderNotCancelable, "order %s is paid; only a pending order can be canceled", id)
 		}
-		live, err := queries.OrderHasLiveCharge(ctx, tx, dbsqlc.OrderHasLiveChargeParams{CallerID: callerID, OrderID: id})
+		charged, err := live(ctx, tx, callerID, id)
 		if err != nil {
 			return err
 		}
-		if live {
+		if charged {
 			return problem.New(problem.OrderNotCancelable, "order %s has a charge in progress; it cannot be canceled", id)
 		}
 		o, err = queries.CancelOrder(ctx, tx, dbsqlc.CancelOrderParams{CallerID: callerID, ID: id})

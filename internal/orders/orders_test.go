@@ -184,7 +184,7 @@ func TestOrdersAreIsolatedByCaller(t *testing.T) {
 	if len(list) != 1 || list[0].ID != own.ID {
 		t.Errorf("globex lists %d orders; want only its own", len(list))
 	}
-	_, err = orders.Cancel(ctx, pool, "globex", o.ID)
+	_, err = orders.Cancel(ctx, pool, "globex", o.ID, charges.HasLiveCharge)
 	wantProblem(t, err, problem.NotFound)
 	if got := get(t, pool, o.ID); got.Status != orders.StatusPending {
 		t.Errorf("acme's order is %s after globex tried to cancel it; want pending", got.Status)
@@ -274,18 +274,18 @@ func TestCancelTwiceLeavesTheSameState(t *testing.T) {
 	ctx := context.Background()
 	o := create(t, pool, "acme", 100)
 
-	first, err := orders.Cancel(ctx, pool, "acme", o.ID)
+	first, err := orders.Cancel(ctx, pool, "acme", o.ID, charges.HasLiveCharge)
 	if err != nil || first.Status != orders.StatusCanceled || first.ID != o.ID || first.UpdatedAt.Before(o.UpdatedAt) {
 		t.Fatalf("cancel: %+v, %v; want the order canceled", first, err)
 	}
-	second, err := orders.Cancel(ctx, pool, "acme", o.ID)
+	second, err := orders.Cancel(ctx, pool, "acme", o.ID, charges.HasLiveCharge)
 	if err != nil || !sameOrder(second, first) {
 		t.Errorf("second cancel: %+v, %v; want %+v unchanged", second, err, first)
 	}
 	if got := get(t, pool, o.ID); !sameOrder(got, first) {
 		t.Errorf("stored order %+v; want %+v", got, first)
 	}
-	_, err = orders.Cancel(ctx, pool, "acme", "ord_missing")
+	_, err = orders.Cancel(ctx, pool, "acme", "ord_missing", charges.HasLiveCharge)
 	wantProblem(t, err, problem.NotFound)
 }
 
@@ -315,7 +315,7 @@ func TestCancelIsRefusedWhileAChargeIsLive(t *testing.T) {
 		order dbsqlc.Order
 		state string
 	}{{paid, orders.StatusPaid}, {pending, orders.StatusPending}} {
-		_, err := orders.Cancel(ctx, pool, "acme", c.order.ID)
+		_, err := orders.Cancel(ctx, pool, "acme", c.order.ID, charges.HasLiveCharge)
 		if p := wantProblem(t, err, problem.OrderNotCancelable); p.Status() != http.StatusConflict {
 			t.Errorf("status %d; want 409", p.Status())
 		}
@@ -323,7 +323,7 @@ func TestCancelIsRefusedWhileAChargeIsLive(t *testing.T) {
 			t.Errorf("order is %s after a refused cancel; want %s", got.Status, c.state)
 		}
 	}
-	if o, err := orders.Cancel(ctx, pool, "acme", declined.ID); err != nil || o.Status != orders.StatusCanceled {
+	if o, err := orders.Cancel(ctx, pool, "acme", declined.ID, charges.HasLiveCharge); err != nil || o.Status != orders.StatusCanceled {
 		t.Errorf("cancel after a decline: %+v, %v; want canceled", o, err)
 	}
 }
@@ -356,7 +356,7 @@ func TestCancelAndChargeRaceOneWins(t *testing.T) {
 		release := func() { once.Do(func() { close(claimed) }) }
 		wg.Go(func() {
 			<-claimed
-			_, results[i].cancelErr = orders.Cancel(ctx, pool, "acme", id)
+			_, results[i].cancelErr = orders.Cancel(ctx, pool, "acme", id, charges.HasLiveCharge)
 		})
 		wg.Go(func() {
 			defer release() // also when the claim itself failed

@@ -2,6 +2,7 @@ package payouts
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -241,4 +242,37 @@ func NewJobs(pool *pgxpool.Pool, worker *Worker, cfg JobsConfig) (*river.Client[
 		rc.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.Workers}}
 	}
 	return river.NewClient(riverpgxv5.New(pool), rc)
+}
+
+// GivenUpJob is a payout job given up on: discarded by River (out of
+// attempts) or cancelled by the job itself (Worker.giveUp). Its payout is
+// stuck pending or in transit, with its money held, until a person looks.
+type GivenUpJob struct {
+	JobID       int64
+	CallerID    string
+	PayoutID    string
+	Attempts    int16
+	State       string // discarded or cancelled
+	Reason      string // the last of the job's errors
+	FinalizedAt *time.Time
+}
+
+// ListGivenUpJobs returns every payout job given up on, oldest first. The
+// queue is not tenant data, so this reads every caller's.
+func ListGivenUpJobs(ctx context.Context, db dbsqlc.DBTX) (_ []GivenUpJob, err error) {
+	defer postgres.Wrap(&err, "payouts.ListGivenUpJobs")
+	rows, err := queries.ListDiscardedPayoutJobs(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]GivenUpJob, len(rows))
+	for i, j := range rows {
+		var args JobArgs
+		if err := json.Unmarshal(j.Args, &args); err != nil {
+			return nil, fmt.Errorf("payout job %d: %w", j.ID, err)
+		}
+		out[i] = GivenUpJob{JobID: j.ID, CallerID: args.CallerID, PayoutID: args.PayoutID,
+			Attempts: j.Attempt, State: j.State, Reason: j.LastError, FinalizedAt: j.FinalizedAt}
+	}
+	return out, nil
 }

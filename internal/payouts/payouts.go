@@ -185,14 +185,21 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 	return rows, false, nil
 }
 
-// ApplyOutcome records a payout's final status as reported by a processor
-// webhook (payout.paid or payout.failed) for the payout made under
-// downstreamKey; false for a payout we do not know. It agrees with the
-// job, which records the same outcome when it polls: whichever comes first
-// records it, the other finds it recorded.
-func ApplyOutcome(ctx context.Context, tx pgx.Tx, callerID, downstreamKey string, o Outcome) (_ bool, err error) {
-	defer postgres.Wrap(&err, "payouts.ApplyOutcome(%s, %q)", callerID, downstreamKey)
-	po, err := queries.GetPayoutByDownstreamKey(ctx, tx, dbsqlc.GetPayoutByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
+// ApplyPayoutEvent is the inbox's Applier for payout.paid and
+// payout.failed: it records the final status of the payout made under the
+// event's downstream key, and reports false for a payout we do not know. It
+// agrees with the job, which records the same outcome when it polls:
+// whichever comes first records it, the other finds it recorded.
+func ApplyPayoutEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
+	defer postgres.Wrap(&err, "payouts.ApplyPayoutEvent(%s, %q)", callerID, ev.DownstreamKey)
+	o := Outcome{
+		Paid: ev.Type == events.ProcessorPayoutPaid, ProcessorPayoutID: ev.ObjectID,
+		Report: events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID},
+	}
+	if ev.FailureCode != nil {
+		o.FailureCode = *ev.FailureCode
+	}
+	po, err := queries.GetPayoutByDownstreamKey(ctx, tx, dbsqlc.GetPayoutByDownstreamKeyParams{CallerID: callerID, DownstreamKey: ev.DownstreamKey})
 	if postgres.IsNotFound(err) {
 		return false, nil
 	}
@@ -209,7 +216,7 @@ type Outcome struct {
 	FailureCode       string // when not Paid
 	ProcessorPayoutID string
 	// Report is what a webhook said besides: checked against the payout.
-	Report effect.Report
+	Report events.Report
 }
 
 // settle moves a payout that is not final to its outcome, with the balance
@@ -233,7 +240,7 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 		return cur, nil // recorded already
 	case StatusPending, StatusInTransit:
 	default:
-		return cur, &effect.ContradictionError{Object: "payout", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: want}
+		return cur, &events.ContradictionError{Object: "payout", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: want}
 	}
 	data := map[string]any{"payout_id": cur.ID, "amount": cur.Amount, "currency": cur.Currency, "destination": cur.Destination}
 	if o.Paid {

@@ -125,7 +125,7 @@ func (s *Service) Resume(ctx context.Context, l *idempotency.Lease) error {
 }
 
 // create is the first phase.
-func create(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Request) (idempotency.Result, error) {
+func create(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Request) (idempotency.Result, error) {
 	ch, err := charges.Get(ctx, tx, req.CallerID, req.ChargeID)
 	if err != nil {
 		return nil, err
@@ -203,7 +203,7 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, 
 		}
 		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", cardprocessor.RefusalCode(refusal))), nil
 	}
-	succeeded, err := applySucceeded(ctx, tx, ch, re, effect.Report{ProcessorID: answer.ID})
+	succeeded, err := applySucceeded(ctx, tx, ch, re, events.Report{ProcessorID: answer.ID})
 	if err != nil {
 		return nil, err
 	}
@@ -258,13 +258,14 @@ func ToAPI(re dbsqlc.Refund) apigen.Refund {
 	}
 }
 
-// ApplySucceeded records that the refund made under downstreamKey
-// succeeded, as reported by a processor webhook; false for a refund we do
-// not know. Like charges.ApplyChargeOutcome it is idempotent and agrees with the
-// refund's own final phase.
-func ApplySucceeded(ctx context.Context, tx pgx.Tx, callerID, downstreamKey string, r effect.Report) (_ bool, err error) {
-	defer postgres.Wrap(&err, "refunds.ApplySucceeded(%s, %q)", callerID, downstreamKey)
-	re, err := queries.GetRefundByDownstreamKey(ctx, tx, dbsqlc.GetRefundByDownstreamKeyParams{CallerID: callerID, DownstreamKey: downstreamKey})
+// ApplyRefundEvent is the inbox's Applier for refund.succeeded: it records
+// that the refund made under the event's downstream key succeeded, and
+// reports false for a refund we do not know. Like ApplyChargeEvent it is
+// idempotent and agrees with the refund's own final phase.
+func ApplyRefundEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
+	defer postgres.Wrap(&err, "refunds.ApplyRefundEvent(%s, %q)", callerID, ev.DownstreamKey)
+	r := events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID}
+	re, err := queries.GetRefundByDownstreamKey(ctx, tx, dbsqlc.GetRefundByDownstreamKeyParams{CallerID: callerID, DownstreamKey: ev.DownstreamKey})
 	if postgres.IsNotFound(err) {
 		return false, nil
 	}
@@ -281,7 +282,7 @@ func ApplySucceeded(ctx context.Context, tx pgx.Tx, callerID, downstreamKey stri
 
 // applySucceeded moves a pending refund to succeeded, with its event,
 // and returns it as it now is; an already succeeded refund is left alone.
-func applySucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, r effect.Report) (dbsqlc.Refund, error) {
+func applySucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, r events.Report) (dbsqlc.Refund, error) {
 	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return re, err
 	}
@@ -297,7 +298,7 @@ func applySucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.
 		return cur, nil // recorded already
 	case StatusPending:
 	default:
-		return cur, &effect.ContradictionError{Object: "refund", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: StatusSucceeded}
+		return cur, &events.ContradictionError{Object: "refund", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: StatusSucceeded}
 	}
 	if cur, err = queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &r.ProcessorID}); err != nil {
 		return cur, err

@@ -24,6 +24,7 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/effect"
+	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/problem"
@@ -153,7 +154,7 @@ func (f *fixture) mustRefund(t *testing.T, key, chargeID string, amt *int64) *id
 	return resp
 }
 
-func (f *fixture) record(t *testing.T, key string) dbsqlc.IdempotencyKey {
+func (f *fixture) record(t *testing.T, key string) idempotency.Record {
 	t.Helper()
 	rec, err := f.store.Get(context.Background(), "acme", key)
 	if err != nil {
@@ -230,7 +231,7 @@ func (f *fixture) wantStoredProblem(t *testing.T, key string, resp *idempotency.
 }
 
 // applySucceeded applies a refund.succeeded webhook in a transaction that
-// commits whatever ApplySucceeded returns (as the webhook handler commits
+// commits whatever ApplyRefundEvent returns (as the webhook handler commits
 // its note of a contradiction), so anything it wrote would stick.
 func (f *fixture) applySucceeded(t *testing.T, downstreamKey, processorRefundID string) (bool, error) {
 	t.Helper()
@@ -240,9 +241,11 @@ func (f *fixture) applySucceeded(t *testing.T, downstreamKey, processorRefundID 
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	known, applyErr := refunds.ApplySucceeded(ctx, tx, "acme", downstreamKey, effect.Report{ProcessorID: processorRefundID})
+	known, applyErr := refunds.ApplyRefundEvent(ctx, tx, "acme", events.ProcessorEvent{
+		ID: "pevt_test", Type: events.ProcessorRefundSucceeded, DownstreamKey: downstreamKey, ObjectID: processorRefundID,
+	})
 	if err := tx.Commit(ctx); err != nil {
-		t.Fatalf("commit after ApplySucceeded (%v): %v", applyErr, err)
+		t.Fatalf("commit after ApplyRefundEvent (%v): %v", applyErr, err)
 	}
 	return known, applyErr
 }
@@ -434,7 +437,7 @@ func TestApplySucceededIsIdempotent(t *testing.T) {
 	if pending.Status != refunds.StatusPending || f.getCharge(t, ch.ID).AmountRefunded != 250 {
 		t.Fatalf("refund %s with %d reserved; want pending with 250 reserved", pending.Status, f.getCharge(t, ch.ID).AmountRefunded)
 	}
-	if rec := f.record(t, "lost"); rec.RecoveryPoint != string(refunds.RecoveryRefundCreated) || rec.ResponseStatus != nil {
+	if rec := f.record(t, "lost"); rec.RecoveryPoint != refunds.RecoveryRefundCreated || rec.ResponseStatus != nil {
 		t.Fatalf("record at %s with response %v; want %s, nothing stored", rec.RecoveryPoint, rec.ResponseStatus, refunds.RecoveryRefundCreated)
 	}
 	made := f.refundEffects(t)
@@ -519,7 +522,7 @@ func TestRefusedRefundGivesItsReservationBack(t *testing.T) {
 	}
 
 	known, err := f.applySucceeded(t, re.DownstreamKey, "pre_contradicting")
-	var c *effect.ContradictionError
+	var c *events.ContradictionError
 	if known || !errors.As(err, &c) || c.Object != "refund" || c.ID != re.ID || c.Recorded != refunds.StatusFailed || c.Reported != refunds.StatusSucceeded {
 		t.Fatalf("webhook for the failed refund: %v, %v; want a contradiction (refund %s failed, reported succeeded)", known, err, re.ID)
 	}

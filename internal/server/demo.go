@@ -10,7 +10,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -92,9 +92,7 @@ func (s *Server) registerDemo(e *echo.Echo, d *Demo) {
 		if v, err := strconv.Atoi(c.QueryParam("limit")); err == nil && v >= 1 && v <= 500 {
 			limit = v
 		}
-		rows, err := queries.ListDemoDeliveries(c.Request().Context(), s.pool, dbsqlc.ListDemoDeliveriesParams{
-			CallerID: c.QueryParam("caller"), RowLimit: int32(limit),
-		})
+		rows, err := events.ListDemoDeliveries(c.Request().Context(), s.pool, c.QueryParam("caller"), int32(limit)) // #nosec G115 -- limit is 1 to 500
 		if err != nil {
 			return err
 		}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/cardprocessor"
-	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
@@ -25,7 +25,7 @@ func (s *Server) demoReceiver(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	secret, err := queries.GetCallerWebhookSecret(c.Request().Context(), s.pool, callerID)
+	secret, err := auth.WebhookSecret(c.Request().Context(), s.pool, callerID)
 	if postgres.IsNotFound(err) {
 		// An unknown caller is answered exactly as a known one with a bad
 		// signature, so this unauthenticated endpoint does not tell anyone
@@ -41,9 +41,7 @@ func (s *Server) demoReceiver(c echo.Context) error {
 	if err := decodeJSON(body, &d); err != nil || d.ID == "" {
 		return problem.New(problem.InvalidRequest, "not an event delivery")
 	}
-	deliveries, err := queries.RecordDemoDelivery(c.Request().Context(), s.pool, dbsqlc.RecordDemoDeliveryParams{
-		CallerID: callerID, EventID: d.ID, Type: d.Type,
-	})
+	deliveries, err := events.RecordDemoDelivery(c.Request().Context(), s.pool, callerID, d.ID, d.Type)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
@@ -70,7 +71,7 @@ func (s *Server) ListOrders(ctx context.Context, req apigen.ListOrdersRequestObj
 // CancelOrder is naturally idempotent: canceling twice is the same state,
 // so it needs no key.
 func (s *Server) CancelOrder(ctx context.Context, req apigen.CancelOrderRequestObject) (apigen.CancelOrderResponseObject, error) {
-	o, err := orders.Cancel(ctx, s.pool, auth.CallerFrom(ctx).ID, req.OrderId)
+	o, err := orders.Cancel(ctx, s.pool, auth.CallerFrom(ctx).ID, req.OrderId, charges.HasLiveCharge)
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +93,7 @@ func (s *Server) GetIdempotencyKey(ctx context.Context, req apigen.GetIdempotenc
 	out := apigen.GetIdempotencyKey200JSONResponse{
 		Key:           rec.Key,
 		Status:        apigen.IdempotencyKeyRecordStatus(rec.Status),
-		RecoveryPoint: rec.RecoveryPoint,
+		RecoveryPoint: string(rec.RecoveryPoint),
 		Attempt:       int(rec.Attempt),
 		RequestMethod: rec.RequestMethod,
 		RequestPath:   rec.RequestPath,

@@ -380,3 +380,5 @@ func TestKilledPayoutJobIsRescuedByRiver(t *testing.T) {
 		t.Errorf("%d payout.paid events; want 1", n)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -28,6 +28,7 @@ import (
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/config"
+	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/payouts"
@@ -63,6 +64,7 @@ type Server struct {
 	router     routers.Router
 	validation openapi3filter.Options
 	limits     *rateLimits
+	inbox      *events.Inbox
 }
 
 var _ apigen.StrictServerInterface = (*Server)(nil)
@@ -91,6 +93,7 @@ func New(d Deps) (http.Handler, error) {
 		payouts: d.Payouts,
 		router:  router,
 		limits:  newRateLimits(d.Config.RateLimit, d.Config.RateBurst),
+		inbox:   newInbox(d),
 		validation: openapi3filter.Options{
 			MultiError: true,
 			// Authentication already happened, in the contract middleware.
@@ -131,6 +134,18 @@ func New(d Deps) (http.Handler, error) {
 }
 
 func decodeJSON(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// newInbox is the inbox of processor events, each kind applied by the
+// package that owns its object.
+func newInbox(d Deps) *events.Inbox {
+	in := events.NewInbox(d.Pool, d.Log)
+	in.Handle(events.ProcessorChargeSucceeded, charges.ApplyChargeEvent)
+	in.Handle(events.ProcessorChargeFailed, charges.ApplyChargeEvent)
+	in.Handle(events.ProcessorRefundSucceeded, refunds.ApplyRefundEvent)
+	in.Handle(events.ProcessorPayoutPaid, payouts.ApplyPayoutEvent)
+	in.Handle(events.ProcessorPayoutFailed, payouts.ApplyPayoutEvent)
+	return in
+}
 
 // observe is the outermost middleware but Recover: it names the request
 // (X-Request-Id, the client's if it sent a sane one, else a new one, and
