@@ -22,9 +22,9 @@
 //
 //   - a line per phase: requests/s, p50 and p99 latency, requests done;
 //   - a table of CPU per request, in µs, for each phase, by process (from
-//     /proc, see cpu.go): the server that answered (none for the floor),
-//     the bench database's PostgreSQL backends, and this process (the load
-//     generator, or pgx for the floor), and their total;
+//     /proc, so on Linux only; see cpu.go): the server that answered (none
+//     for the floor), the bench database's PostgreSQL backends, and this
+//     process (the load generator, or pgx for the floor), and their total;
 //   - the ratios of requests/s: service / floor (the targets), bare hop /
 //     floor (what the hop costs), service / bare hop (what the service's
 //     own code costs), for creates, cached replays and replays through the
@@ -123,6 +123,10 @@ func (r result) perRequest(d time.Duration) float64 {
 
 // cpuTable prints the phases' CPU per request, in µs, by process.
 func cpuTable(results ...result) {
+	if cpu.off {
+		fmt.Printf("\nCPU per request: not measured (no /proc on this system)\n")
+		return
+	}
 	fmt.Printf("\nCPU per request, µs (server: the process that answered; postgres: the bench database's backends;\n" +
 		"client: this process, the load generator or, for the floor, pgx):\n")
 	w := 0
