@@ -112,9 +112,11 @@ check-rename:
 	bash scripts/check-rename.sh
 
 # The service against the database's own limit, in one run: the floor (the
-# service's statements through pgx), the service over HTTP, their ratios,
-# and the claim's growth with 10k, 1M and 10M stored records
-# (docs/performance.md). BENCH_ARGS='-sizes=10000,1000000' to stop sooner.
+# service's statements through pgx), the service over HTTP, a bare hop (the
+# same statements behind a minimal net/http server), their ratios, CPU per
+# request by process, and the claim's growth with 10k, 1M and 10M stored
+# records (docs/performance.md). BENCH_ARGS='-sizes=10000,1000000' to stop
+# sooner, BENCH_ARGS='-sizes=' to skip the growth.
 bench:
 	go run ./cmd/bench $(BENCH_ARGS)
 

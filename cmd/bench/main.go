@@ -9,15 +9,34 @@
 //     processor answering at once): keyed creates, replays, a storm of
 //     concurrent duplicates of one key, charges; and replays through a
 //     second server with the replay cache off, each a claim;
-//  3. how the claim and the replay grow with stored keys: their p99 with
+//  3. the bare hop over HTTP (bare.go): this binary again as a child
+//     process, net/http and a pgxpool running exactly the service's
+//     statements and nothing else, with and without a replay cache: its
+//     creates and replays are what the service's would cost if its own
+//     code cost nothing;
+//  4. how the claim and the replay grow with stored keys: their p99 with
 //     10 thousand, 1 million and 10 million records in idempotency_keys
 //     (built with generate_series, not through HTTP).
 //
-// It prints requests/s, p50 and p99 for each, and the ratios service/floor.
+// It prints, in this order:
+//
+//   - a line per phase: requests/s, p50 and p99 latency, requests done;
+//   - a table of CPU per request, in µs, for each phase, by process (from
+//     /proc, so on Linux only; see cpu.go): the server that answered (none
+//     for the floor), the bench database's PostgreSQL backends, and this
+//     process (the load generator, or pgx for the floor), and their total;
+//   - the ratios of requests/s: service / floor (the targets), bare hop /
+//     floor (what the hop costs), service / bare hop (what the service's
+//     own code costs), for creates, cached replays and replays through the
+//     database;
+//   - the growth phase's lines, unless -sizes is empty.
+//
 // The phases that are compared (creates; replays) take turns, so that none
 // meets a bigger table or a busier machine than the others did.
 // The database is BENCH_DATABASE_URL (default: a payments_bench database on
-// the local PostgreSQL), created, migrated and emptied by the run.
+// the local PostgreSQL), created, migrated and emptied by the run; the
+// servers and the bare hops open it with the same pool settings (the
+// default's pool_max_conns=20).
 package main
 
 import (
@@ -56,12 +75,21 @@ var (
 	duration    = flag.Duration("d", 10*time.Second, "how long each phase runs")
 	sizes       = flag.String("sizes", "10000,1000000,10000000", "stored-record counts for the growth phase (empty: skip it)")
 	serverBin   = flag.String("server", "", "the server binary (default: built by the run)")
+	bareAddr    = flag.String("bare-serve", "", "serve the bare hop on this address and nothing else (the run starts this itself)")
+	bareCache   = flag.Int("bare-cache", 0, "with -bare-serve: keep this many answers for replays (0: none)")
 )
 
 var queries = dbsqlc.New()
 
 func main() {
 	flag.Parse()
+	if *bareAddr != "" {
+		if err := bareServe(*bareAddr, *bareCache); err != nil {
+			fmt.Fprintln(os.Stderr, "bench -bare-serve:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(context.Background()); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -74,6 +102,8 @@ type result struct {
 	n        int
 	elapsed  time.Duration
 	p50, p99 time.Duration
+	cpu      cpuUsage
+	server   bool // whether a server answered (not the floor)
 }
 
 func (r result) rps() float64 { return float64(r.n) / r.elapsed.Seconds() }
@@ -85,24 +115,57 @@ func (r result) String() string {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
+// perRequest is d per request, in µs.
+func (r result) perRequest(d time.Duration) float64 {
+	return float64(d) / float64(time.Microsecond) / float64(r.n)
+}
+
+// cpuTable prints the phases' CPU per request, in µs, by process.
+func cpuTable(results ...result) {
+	if cpu.off {
+		fmt.Printf("\nCPU per request: not measured (no /proc on this system)\n")
+		return
+	}
+	fmt.Printf("\nCPU per request, µs (server: the process that answered; postgres: the bench database's backends;\n" +
+		"client: this process, the load generator or, for the floor, pgx):\n")
+	w := 0
+	for _, r := range results {
+		w = max(w, len(r.name))
+	}
+	fmt.Printf("  %-*s %7s %9s %7s %7s\n", w, "", "server", "postgres", "client", "total")
+	for _, r := range results {
+		server := "-"
+		if r.server {
+			server = fmt.Sprintf("%.0f", r.perRequest(r.cpu.server))
+		}
+		fmt.Printf("  %-*s %7s %9.0f %7.0f %7.0f\n", w, r.name, server, r.perRequest(r.cpu.postgres),
+			r.perRequest(r.cpu.client), r.perRequest(r.cpu.server+r.cpu.postgres+r.cpu.client))
+	}
+}
+
 // seq numbers operations across the whole run, so that every phase, and
 // every turn of a phase, makes keys no other has used.
 var seq atomic.Int64
 
 // phase is one thing to measure: op runs once per request, with the
-// worker's number and a number unique in the run.
+// worker's number and a number unique in the run; server is the process
+// that answers it (0 for the floor), whose CPU the phase is charged.
 type phase struct {
-	name string
-	op   func(worker int, i int64) error
+	name   string
+	server int
+	op     func(worker int, i int64) error
 }
+
+// cpu reads the processes' CPU time around every turn (cpu.go); set by run.
+var cpu *meter
 
 // measure runs p on c workers for d and returns its figures.
 func measure(p phase, c int, d time.Duration) (result, error) {
-	lat, elapsed, err := run1(p, c, d)
+	lat, elapsed, used, err := turn(p, c, d)
 	if err != nil {
 		return result{}, err
 	}
-	return summarize(p.name, lat, elapsed), nil
+	return summarize(p, lat, elapsed, used), nil
 }
 
 // alternate measures the phases that are compared with each other in
@@ -114,22 +177,42 @@ func measure(p phase, c int, d time.Duration) (result, error) {
 func alternate(rounds, c int, d time.Duration, phases ...phase) ([]result, error) {
 	lats := make([][]time.Duration, len(phases))
 	elapsed := make([]time.Duration, len(phases))
+	used := make([]cpuUsage, len(phases))
 	for range rounds {
 		for i, p := range phases {
-			lat, e, err := run1(p, c, d/time.Duration(rounds))
+			lat, e, u, err := turn(p, c, d/time.Duration(rounds))
 			if err != nil {
 				return nil, err
 			}
 			lats[i] = append(lats[i], lat...)
 			elapsed[i] += e
+			used[i].add(u)
 		}
 	}
 	out := make([]result, len(phases))
 	for i, p := range phases {
-		out[i] = summarize(p.name, lats[i], elapsed[i])
+		out[i] = summarize(p, lats[i], elapsed[i], used[i])
 		fmt.Println(out[i])
 	}
 	return out, nil
+}
+
+// turn is run1 with the CPU the processes spent meanwhile.
+func turn(p phase, c int, d time.Duration) ([]time.Duration, time.Duration, cpuUsage, error) {
+	ctx := context.Background()
+	r0, err := cpu.read(ctx, p.server)
+	if err != nil {
+		return nil, 0, cpuUsage{}, err
+	}
+	lat, elapsed, err := run1(p, c, d)
+	if err != nil {
+		return nil, 0, cpuUsage{}, err
+	}
+	r1, err := cpu.read(ctx, p.server)
+	if err != nil {
+		return nil, 0, cpuUsage{}, err
+	}
+	return lat, elapsed, since(r0, r1), nil
 }
 
 // run1 runs p on c workers for d: each worker sends its next request as
@@ -171,10 +254,10 @@ func run1(p phase, c int, d time.Duration) ([]time.Duration, time.Duration, erro
 	return lat, time.Since(start), nil
 }
 
-func summarize(name string, lat []time.Duration, elapsed time.Duration) result {
+func summarize(p phase, lat []time.Duration, elapsed time.Duration, used cpuUsage) result {
 	slices.Sort(lat)
-	pct := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))] }
-	return result{name: name, n: len(lat), elapsed: elapsed, p50: pct(0.50), p99: pct(0.99)}
+	pct := func(q float64) time.Duration { return lat[int(q*float64(len(lat)-1))] }
+	return result{name: p.name, n: len(lat), elapsed: elapsed, p50: pct(0.50), p99: pct(0.99), cpu: used, server: p.server != 0}
 }
 
 func run(ctx context.Context) error {
@@ -196,6 +279,7 @@ func run(ctx context.Context) error {
 	if err := auth.SeedDemoCallers(ctx, pool); err != nil {
 		return err
 	}
+	cpu = newMeter(pool)
 	fmt.Printf("bench: %d workers, %s per phase, database %s\n\n", *concurrency, *duration, postgres.Redact(dbURL))
 
 	// 1. The floor: the service's statements, straight through pgx.
@@ -235,24 +319,37 @@ func run(ctx context.Context) error {
 
 	// 2. The service: the real server binary, and a second one with the
 	// replay cache off, whose replays are each the claim's round trip, as
-	// on a replica that has not seen the key.
-	base, stop, err := startServer(ctx, dbURL)
+	// on a replica that has not seen the key. And the bare hop (bare.go),
+	// twice likewise: with the service's default replay cache (10,000
+	// answers) and without.
+	svc, err := startServer(ctx, dbURL)
 	if err != nil {
 		return err
 	}
-	defer stop()
-	baseNoCache, stopNoCache, err := startServer(ctx, dbURL, "IDEMPOTENCY_REPLAY_CACHE_SIZE=0")
+	defer svc.stop()
+	svcNoCache, err := startServer(ctx, dbURL, "IDEMPOTENCY_REPLAY_CACHE_SIZE=0")
 	if err != nil {
 		return err
 	}
-	defer stopNoCache()
+	defer svcNoCache.stop()
+	bareHop, err := startBare(ctx, dbURL, 10_000)
+	if err != nil {
+		return err
+	}
+	defer bareHop.stop()
+	bareNoCache, err := startBare(ctx, dbURL, 0)
+	if err != nil {
+		return err
+	}
+	defer bareNoCache.stop()
+	base, baseNoCache := svc.base, svcNoCache.base
 	// The load generator is fasthttp's client, not net/http's: on a machine
 	// whose cores the client, the server and the database share, every
 	// microsecond the client spends is taken from the other two, and
 	// net/http's client spends several times what fasthttp's does per
 	// request. (The floor's client, pgx, is lean already.)
 	clients := map[string]*fasthttp.HostClient{}
-	for _, b := range []string{base, baseNoCache} {
+	for _, b := range []string{base, baseNoCache, bareHop.base, bareNoCache.base} {
 		clients[b] = &fasthttp.HostClient{Addr: strings.TrimPrefix(b, "http://"), MaxConns: *concurrency * 2}
 	}
 	postTo := func(base, path, key string, body []byte, want ...int) ([]byte, error) {
@@ -278,23 +375,27 @@ func run(ctx context.Context) error {
 		return postTo(base, path, key, body, want...)
 	}
 
-	// Creates: the floor and the service, in turns.
+	// Creates: the floor, the service and the bare hop, in turns.
 	const rounds = 4
 	creates, err := alternate(rounds, *concurrency, *duration,
-		phase{"floor: keyed create (SQL)", func(_ int, i int64) error {
+		phase{"floor: keyed create (SQL)", 0, func(_ int, i int64) error {
 			return create("floor-" + strconv.FormatInt(i, 10))
 		}},
-		phase{"service: keyed create (HTTP)", func(_ int, i int64) error {
+		phase{"service: keyed create (HTTP)", svc.pid, func(_ int, i int64) error {
 			_, err := post("/v1/orders", "svc-"+strconv.FormatInt(i, 10), body, 201)
+			return err
+		}},
+		phase{"bare hop: keyed create (HTTP)", bareHop.pid, func(_ int, i int64) error {
+			_, err := postTo(bareHop.base, "/v1/orders", "bare-"+strconv.FormatInt(i, 10), body, 201)
 			return err
 		}})
 	if err != nil {
 		return err
 	}
-	floorCreate, svcCreate := creates[0], creates[1]
+	floorCreate, svcCreate, bareCreate := creates[0], creates[1], creates[2]
 
 	// Replays of 1,000 completed keys: the floor's own records for the
-	// floor, the service's for the service.
+	// floor, the service's for the service, the bare hop's for the bare hop.
 	replayKeys := 1000
 	for i := range replayKeys {
 		if err := create("replay-" + strconv.Itoa(i)); err != nil {
@@ -303,32 +404,43 @@ func run(ctx context.Context) error {
 		if _, err := post("/v1/orders", "svc-replay-"+strconv.Itoa(i), body, 201); err != nil {
 			return err
 		}
+		if _, err := postTo(bareHop.base, "/v1/orders", "bare-replay-"+strconv.Itoa(i), body, 201); err != nil {
+			return err
+		}
 	}
 	replays, err := alternate(rounds, *concurrency, *duration,
-		phase{"floor: replay (SQL)", func(_ int, _ int64) error {
+		phase{"floor: replay (SQL)", 0, func(_ int, _ int64) error {
 			row, err := claim("replay-" + strconv.Itoa(rand.IntN(replayKeys)))
 			if err == nil && (row.Claimed || row.Status != "completed") {
 				err = errors.New("the replay claimed a key")
 			}
 			return err
 		}},
-		phase{"service: replay (HTTP)", func(_ int, _ int64) error {
+		phase{"service: replay (HTTP)", svc.pid, func(_ int, _ int64) error {
 			_, err := post("/v1/orders", "svc-replay-"+strconv.Itoa(rand.IntN(replayKeys)), body, 201)
 			return err
 		}},
-		phase{"service: replay, cache off (HTTP)", func(_ int, _ int64) error {
+		phase{"service: replay, cache off (HTTP)", svcNoCache.pid, func(_ int, _ int64) error {
 			_, err := postTo(baseNoCache, "/v1/orders", "svc-replay-"+strconv.Itoa(rand.IntN(replayKeys)), body, 201)
+			return err
+		}},
+		phase{"bare hop: replay (HTTP)", bareHop.pid, func(_ int, _ int64) error {
+			_, err := postTo(bareHop.base, "/v1/orders", "bare-replay-"+strconv.Itoa(rand.IntN(replayKeys)), body, 201)
+			return err
+		}},
+		phase{"bare hop: replay, cache off (HTTP)", bareNoCache.pid, func(_ int, _ int64) error {
+			_, err := postTo(bareNoCache.base, "/v1/orders", "bare-replay-"+strconv.Itoa(rand.IntN(replayKeys)), body, 201)
 			return err
 		}})
 	if err != nil {
 		return err
 	}
-	floorReplay, svcReplay, svcReplayDB := replays[0], replays[1], replays[2]
+	floorReplay, svcReplay, svcReplayDB, bareReplay, bareReplayDB := replays[0], replays[1], replays[2], replays[3], replays[4]
 
 	// A storm: every worker sends the same new key at once, round after
 	// round; one request per round creates, the others get 409 or the replay.
 	var round atomic.Int64
-	storm, err := measure(phase{"service: duplicate storm (HTTP)", func(_ int, i int64) error {
+	storm, err := measure(phase{"service: duplicate storm (HTTP)", svc.pid, func(_ int, i int64) error {
 		key := "storm-" + strconv.FormatInt(round.Load(), 10)
 		if i%int64(*concurrency) == 0 {
 			round.Add(1)
@@ -351,7 +463,7 @@ func run(ctx context.Context) error {
 		_ = json.Unmarshal(b, &o)
 		orders <- o.ID
 	}
-	charges, err := measure(phase{"service: charge (HTTP, processor in-process)", func(_ int, _ int64) error {
+	charges, err := measure(phase{"service: charge (HTTP, processor in-process)", svc.pid, func(_ int, _ int64) error {
 		select {
 		case id := <-orders:
 			_, err := post("/v1/orders/"+id+"/charges", "charge-"+id, []byte(`{"payment_method":"pm_card_visa"}`), 201)
@@ -365,11 +477,18 @@ func run(ctx context.Context) error {
 	}
 	fmt.Println(charges)
 
+	cpuTable(slices.Concat(creates, replays, []result{storm, charges})...)
+
 	fmt.Printf("\nratios (one run, same machine, same concurrency):\n")
-	fmt.Printf("  keyed create: service / floor      = %.2f   (target >= 0.80)\n", svcCreate.rps()/floorCreate.rps())
-	fmt.Printf("  replay:       service / floor      = %.2f   (target >= 0.60)\n", svcReplay.rps()/floorReplay.rps())
-	fmt.Printf("  replay, cache off: service / floor = %.2f\n", svcReplayDB.rps()/floorReplay.rps())
-	fmt.Printf("  replay / create (service)          = %.2f\n", svcReplay.rps()/svcCreate.rps())
+	fmt.Printf("  keyed create: service / floor         = %.2f   (target >= 0.80)\n", svcCreate.rps()/floorCreate.rps())
+	fmt.Printf("  keyed create: bare hop / floor        = %.2f\n", bareCreate.rps()/floorCreate.rps())
+	fmt.Printf("  keyed create: service / bare hop      = %.2f\n", svcCreate.rps()/bareCreate.rps())
+	fmt.Printf("  replay:       service / floor         = %.2f   (target >= 0.60)\n", svcReplay.rps()/floorReplay.rps())
+	fmt.Printf("  replay:       service / bare hop      = %.2f\n", svcReplay.rps()/bareReplay.rps())
+	fmt.Printf("  replay, cache off: service / floor    = %.2f\n", svcReplayDB.rps()/floorReplay.rps())
+	fmt.Printf("  replay, cache off: bare hop / floor   = %.2f\n", bareReplayDB.rps()/floorReplay.rps())
+	fmt.Printf("  replay, cache off: service / bare hop = %.2f\n", svcReplayDB.rps()/bareReplayDB.rps())
+	fmt.Printf("  replay / create (service)             = %.2f\n", svcReplay.rps()/svcCreate.rps())
 
 	// 3. Growth with stored keys.
 	if *sizes == "" {
@@ -387,14 +506,14 @@ func run(ctx context.Context) error {
 		}
 		stored = target
 		d := min(*duration, 5*time.Second)
-		c, err := measure(phase{fmt.Sprintf("  claim, %d stored", target), func(_ int, i int64) error {
+		c, err := measure(phase{fmt.Sprintf("  claim, %d stored", target), 0, func(_ int, i int64) error {
 			_, err := claim(fmt.Sprintf("grow-%d-%d", target, i))
 			return err
 		}}, *concurrency, d)
 		if err != nil {
 			return err
 		}
-		r, err := measure(phase{fmt.Sprintf("  replay, %d stored", target), func(_ int, _ int64) error {
+		r, err := measure(phase{fmt.Sprintf("  replay, %d stored", target), 0, func(_ int, _ int64) error {
 			row, err := claim("filled-" + strconv.Itoa(rand.IntN(target)))
 			if err == nil && row.Claimed {
 				err = errors.New("the replay claimed a key")
@@ -430,46 +549,82 @@ func fill(ctx context.Context, pool *pgxpool.Pool, from, to int, fingerprint []b
 	return nil
 }
 
+// child is a server process the run started: its URL, its pid (whose CPU
+// the phases it answers are charged) and how to stop it.
+type child struct {
+	base string
+	pid  int
+	stop func()
+}
+
 // startServer runs the server binary on a free loopback port, with its
 // in-process processor and no background workers.
-func startServer(ctx context.Context, dbURL string, env ...string) (string, func(), error) {
+func startServer(ctx context.Context, dbURL string, env ...string) (child, error) {
 	bin := *serverBin
 	if bin == "" {
 		dir, err := os.MkdirTemp("", "bench-")
 		if err != nil {
-			return "", nil, err
+			return child{}, err
 		}
 		bin = filepath.Join(dir, "server")
 		if out, err := exec.Command("go", "build", "-o", bin, "github.com/retrysafe/payments/cmd/server").CombinedOutput(); err != nil {
-			return "", nil, fmt.Errorf("build the server: %v\n%s", err, out)
+			return child{}, fmt.Errorf("build the server: %v\n%s", err, out)
 		}
 	}
+	return startChild(ctx, dbURL, func(addr string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, bin)
+		cmd.Env = append(append(os.Environ(), "HTTP_ADDR="+addr, "RECONCILER_ENABLED=false",
+			"RELAY_ENABLED=false", "PAYOUT_WORKERS=0", "LOG_FORMAT=json",
+			// The benchmark's callers are the demo callers, and a benchmark
+			// measures the service, not the callers' rate limits: off.
+			"SEED_DEMO_CALLERS=true", "RATE_LIMIT_PER_SECOND=0"), env...)
+		return cmd
+	})
+}
+
+// startBare runs the bare hop (bare.go): this binary again, in its
+// -bare-serve mode, keeping cacheSize answers for replays.
+func startBare(ctx context.Context, dbURL string, cacheSize int) (child, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return child{}, err
+	}
+	return startChild(ctx, dbURL, func(addr string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, self, "-bare-serve", addr, "-bare-cache", strconv.Itoa(cacheSize))
+		cmd.Env = os.Environ()
+		return cmd
+	})
+}
+
+// startChild starts the command made for a free loopback port, with
+// DATABASE_URL=dbURL, and waits until its /readyz answers 200.
+func startChild(ctx context.Context, dbURL string, command func(addr string) *exec.Cmd) (child, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", nil, err
+		return child{}, err
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	cmd := exec.CommandContext(ctx, bin)
-	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+dbURL, "HTTP_ADDR="+addr, "RECONCILER_ENABLED=false",
-		"RELAY_ENABLED=false", "PAYOUT_WORKERS=0", "LOG_FORMAT=json",
-		// The benchmark's callers are the demo callers, and a benchmark
-		// measures the service, not the callers' rate limits: off.
-		"SEED_DEMO_CALLERS=true", "RATE_LIMIT_PER_SECOND=0"), env...)
+	cmd := command(addr)
+	cmd.Env = append(cmd.Env, "DATABASE_URL="+dbURL)
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return child{}, err
 	}
 	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
 	for range 300 {
+		if err := ctx.Err(); err != nil {
+			stop()
+			return child{}, err
+		}
 		if res, err := http.Get("http://" + addr + "/readyz"); err == nil {
 			res.Body.Close()
 			if res.StatusCode == 200 {
-				return "http://" + addr, stop, nil
+				return child{base: "http://" + addr, pid: cmd.Process.Pid, stop: stop}, nil
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	stop()
-	return "", nil, errors.New("the server did not become ready")
+	return child{}, fmt.Errorf("%s did not become ready", cmd.Path)
 }
