@@ -12,10 +12,11 @@
 // Configuration comes from the environment; see internal/config and the
 // README.
 //
-// This is where the service is wired: the one place that knows which
-// processor it talks to, which operations can be resumed, and which
-// background workers run. Everything it builds is passed in, never reached
-// for, so a test can build the same pieces differently.
+// The service itself is built by internal/app, which the end-to-end tests
+// use too; this command adds what belongs to a process: the environment,
+// the logger, the database pool and its migrations, the listening socket,
+// the in-process fake processor when no other is configured, the demo's
+// supervisor, and the signals.
 package main
 
 import (
@@ -30,23 +31,19 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/payments/internal/app"
 	"github.com/retrysafe/payments/internal/auth"
-	"github.com/retrysafe/payments/internal/cardprocessor"
-	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/events"
-	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/processor"
-	"github.com/retrysafe/payments/internal/refunds"
 	"github.com/retrysafe/payments/internal/server"
 )
 
@@ -174,56 +171,6 @@ func newLogger(stdout io.Writer, format string) *slog.Logger {
 	return slog.New(server.LogHandler(h))
 }
 
-// A worker runs in the background until its context is done.
-type worker interface{ Run(ctx context.Context) }
-
-// newWorkers builds the background workers the configuration turns on:
-// the reconciler, and the outbox relay (delivering to the built-in demo
-// receiver at demoURL for callers without their own endpoint).
-func newWorkers(cfg config.Server, pool *pgxpool.Pool, keys *idempotency.Store, operations *idempotency.Registry, log *slog.Logger, demoURL string) ([]worker, error) {
-	var workers []worker
-	if cfg.Reconciler {
-		r, err := idempotency.NewReconciler(idempotency.ReconcilerConfig{
-			Interval: cfg.ReconcilerInterval,
-			// One record per claim: each claimed record's lease starts at
-			// the claim, so a batch handled one after another would run its
-			// last records on expired leases. The loop runs again at once
-			// while it finds work, within the budget.
-			Batch:       1,
-			Lease:       cfg.Lease,
-			MaxAttempts: cfg.ReconcilerMaxAttempts,
-			MaxAge:      cfg.ReconcilerMaxAge,
-			BackoffBase: time.Second,
-			BackoffCap:  5 * time.Minute,
-			// At most 5 retries per interval (5/s by default), 20 saved up.
-			RetriesPerInterval: 5,
-			RetryBurst:         20,
-		}, keys, operations, log.With("component", "reconciler"))
-		if err != nil {
-			return nil, err
-		}
-		workers = append(workers, r)
-	}
-	if cfg.Relay {
-		r, err := events.NewRelay(events.RelayConfig{
-			Interval: cfg.RelayInterval,
-			// The batch is delivered one event after another within the
-			// lease: 5 × 5s < 30s.
-			Batch:       5,
-			Lease:       30 * time.Second,
-			Timeout:     5 * time.Second,
-			DemoURL:     demoURL,
-			BackoffBase: time.Second,
-			BackoffCap:  time.Hour,
-		}, pool, log.With("component", "relay"))
-		if err != nil {
-			return nil, err
-		}
-		workers = append(workers, r)
-	}
-	return workers, nil
-}
-
 // newHTTPServer returns the http.Server that serves handler with the
 // configured timeouts; requests get base as their context.
 func newHTTPServer(cfg config.Server, handler http.Handler, base context.Context) *http.Server {
@@ -322,74 +269,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		cfg.ProcessorURL = url
 	}
 
-	// The domain: the idempotency store, the processor, and the operations
-	// that move money through it, each registered under its operationId so
-	// that the reconciler resumes a record with the very handler a client's
-	// retry would run.
-	keys := idempotency.NewStore(pool, cfg.Lease, log)
-	keys.CacheReplays(cfg.ReplayCacheSize, cfg.Retention)
-	proc := cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
-	crash := cfg.CrashPoints
-	var demo *server.Demo
-	if cfg.DemoMode {
-		if crash == nil {
-			crash = &faults.CrashPoints{} // none for good; the demo arms one at a time
-		}
-		demo = &server.Demo{Crash: crash, ProcessorURL: cfg.ProcessorURL, StartedAt: time.Now()}
-		log.Warn("DEMO_MODE is on: /demo can crash this server and make its processor fail; never in production")
-	}
-	chargeService := charges.NewService(pool, proc, crash)
-	refundService := refunds.NewService(pool, proc, crash)
-	// Payouts run as River jobs: the request enqueues one in its own
-	// transaction (payouts.Service), and this process runs them if
-	// PAYOUT_WORKERS > 0.
-	jobs, err := payouts.NewJobs(pool, payouts.NewWorker(pool, proc, crash, cfg.PayoutJobTimeout(), cfg.PayoutGiveUpAfter, log.With("component", "payouts")), payouts.JobsConfig{
-		Workers:     cfg.PayoutWorkers,
-		JobTimeout:  cfg.PayoutJobTimeout(),
-		RescueAfter: cfg.PayoutRescueAfter,
-		Logger:      log.With("component", "river"),
-	})
-	if err != nil {
-		return fmt.Errorf("payout jobs: %w", err)
-	}
-	payoutService := payouts.NewService(jobs)
-	operations := idempotency.NewRegistry()
-	operations.Register(charges.Operation, chargeService.Resume)
-	operations.Register(refunds.Operation, refundService.Resume)
-
-	workers, err := newWorkers(cfg, pool, keys, operations, log, fmt.Sprintf("http://127.0.0.1:%d/demo/webhooks/", ln.Addr().(*net.TCPAddr).Port))
-	if err != nil {
-		return err
-	}
-	workersCtx, stopWorkers := context.WithCancel(context.WithoutCancel(ctx))
-	var running sync.WaitGroup
-	for _, w := range workers {
-		running.Go(func() { w.Run(workersCtx) })
-	}
-	// Stop them (between records) before the pool closes.
-	defer func() { stopWorkers(); running.Wait() }()
-	if cfg.PayoutWorkers > 0 {
-		if err := jobs.Start(workersCtx); err != nil {
-			return fmt.Errorf("start payout jobs: %w", err)
-		}
-		// Let running jobs finish their step, then stop; past the
-		// shutdown timeout, cancel them (a canceled step is run again
-		// later, under the same downstream key).
-		defer func() {
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
-			defer cancel()
-			if err := jobs.Stop(ctx); err != nil {
-				_ = jobs.StopAndCancel(context.WithoutCancel(ctx))
-			}
-		}()
-	}
-
-	handler, err := server.New(server.Deps{
-		Config: cfg, Pool: pool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService, Payouts: payoutService, Demo: demo,
+	// The service, built in one place (internal/app): the same
+	// constructor the end-to-end tests use.
+	port := ln.Addr().(*net.TCPAddr).Port
+	service, err := app.New(cfg, pool, log, app.Options{
+		DemoReceiverURL: fmt.Sprintf("http://127.0.0.1:%d/demo/webhooks/", port),
 	})
 	if err != nil {
 		return err
 	}
+	if err := service.Start(ctx); err != nil {
+		return err
+	}
+	// Stop the background work (the workers between records, the payout
+	// jobs after their step, within the shutdown timeout) before the pool
+	// closes.
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+		defer cancel()
+		if err := service.Stop(ctx); err != nil {
+			log.Warn("stopping the background work", "err", err)
+		}
+	}()
+	handler := service.Handler
 	// Requests must not be canceled by SIGTERM: graceful shutdown lets them
 	// finish. ctx is canceled by the signal, so requests get a base context
 	// detached from it.

@@ -37,7 +37,6 @@ import (
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
-	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/postgres"
@@ -72,13 +71,11 @@ type Request struct {
 type Service struct {
 	db        *pgxpool.Pool
 	processor cardprocessor.Processor
-	crash     *faults.CrashPoints
 }
 
-// NewService returns a Service that charges through processor. crash is
-// the test facility's crash points (zero: none).
-func NewService(db *pgxpool.Pool, processor cardprocessor.Processor, crash *faults.CrashPoints) *Service {
-	return &Service{db: db, processor: processor, crash: crash}
+// NewService returns a Service that charges through processor.
+func NewService(db *pgxpool.Pool, processor cardprocessor.Processor) *Service {
+	return &Service{db: db, processor: processor}
 }
 
 // Run drives the charge operation held by l from its recovery point to its
@@ -93,14 +90,13 @@ func (s *Service) Run(ctx context.Context, l *idempotency.Lease, req Request) er
 			}); err != nil {
 				return err
 			}
-			s.crash.Crash(faults.AfterChargeCreated)
 		case RecoveryChargeCreated:
 			rec := l.Record()
 			ch, err := queries.GetChargeByKeyRecord(ctx, s.db, dbsqlc.GetChargeByKeyRecordParams{CallerID: rec.CallerID, IdempotencyKeyID: rec.ID})
 			if err != nil {
 				return fmt.Errorf("load charge of key record %d: %w", rec.ID, err)
 			}
-			return effect.Call(ctx, l, s.crash, "charge",
+			return effect.Call(ctx, l, "charge",
 				func(ctx context.Context) (cardprocessor.ChargeResult, error) {
 					return s.processor.Charge(ctx, ch.DownstreamKey, cardprocessor.ChargeRequest{
 						Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod,

@@ -16,8 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/retrysafe/payments/internal/faults"
 )
 
 // DefaultDatabaseURL is the local PostgreSQL of the README. pool_max_conns
@@ -104,10 +102,10 @@ type Server struct {
 	// off everywhere else, and must never be on in production: anyone who
 	// can reach the server could crash it.
 	DemoMode bool
-	// CrashPoints are the test facility's crash points
-	// (FAULT_CRASH_POINTS, comma-separated; see internal/faults). Off by
-	// default; never set in production.
-	CrashPoints *faults.CrashPoints
+	// CrashPoints names the test facility's crash points
+	// (FAULT_CRASH_POINTS, comma-separated; see internal/app, which checks
+	// the names). Off by default; never set in production.
+	CrashPoints string
 	// Reconciler runs the reconciler in this process (RECONCILER_ENABLED),
 	// scanning every ReconcilerInterval (RECONCILER_INTERVAL) when idle and
 	// setting aside records past ReconcilerMaxAttempts of its own tries
@@ -199,11 +197,7 @@ func Load(getenv func(string) string) (Server, error) {
 	// The demo callers' keys are published: seeded by default only for
 	// the demo.
 	cfg.SeedDemoCallers = r.Bool("SEED_DEMO_CALLERS", cfg.DemoMode)
-	if v := r.String("FAULT_CRASH_POINTS", ""); v != "" {
-		cp, err := faults.Parse(v)
-		r.Check(err == nil, "FAULT_CRASH_POINTS: %v", err)
-		cfg.CrashPoints = cp
-	}
+	cfg.CrashPoints = r.String("FAULT_CRASH_POINTS", "")
 
 	// No published secret outside the demo: anyone holding the processor's
 	// webhook secret can tell the service that money moved.

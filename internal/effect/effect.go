@@ -15,8 +15,6 @@
 //     with another request) gives no answer about the money either: the
 //     operation is set aside for a person at once, never recorded as a
 //     decline;
-//   - the crash points after the call and before the final commit, so that
-//     tests can kill the process at both.
 package effect
 
 import (
@@ -29,7 +27,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/retrysafe/payments/internal/cardprocessor"
-	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -44,10 +41,9 @@ type FinishFunc[A any] func(ctx context.Context, tx pgx.Tx, answer A, refusal er
 // the operation with its answer. call makes exactly one attempt (retries
 // belong to the API's client and to the reconciler: a loop here would
 // multiply theirs). what names the operation for the client ("charge").
-func Call[A any](ctx context.Context, l *idempotency.Lease, crash *faults.CrashPoints, what string,
+func Call[A any](ctx context.Context, l *idempotency.Lease, what string,
 	call func(context.Context) (A, error), finish FinishFunc[A]) error {
 	answer, err := call(ctx)
-	crash.Crash(faults.AfterProcessorCall)
 
 	var uncertain *cardprocessor.UncertainError
 	var rejected *cardprocessor.RejectedError
@@ -69,11 +65,7 @@ func Call[A any](ctx context.Context, l *idempotency.Lease, crash *faults.CrashP
 	}
 	refusal := err
 	return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
-		res, err := finish(ctx, tx, answer, refusal)
-		if err == nil {
-			crash.Crash(faults.BeforeFinalCommit)
-		}
-		return res, err
+		return finish(ctx, tx, answer, refusal)
 	})
 }
 

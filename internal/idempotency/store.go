@@ -64,6 +64,23 @@ type Store struct {
 	lease   time.Duration
 	log     *slog.Logger
 	replays *replayCache // nil: every replay reads the database
+
+	// Hooks are for the demo and the crash tests, which kill the process
+	// at the places they name; production leaves them unset. They are the
+	// only way in: no operation's code has to carry them.
+	Hooks Hooks
+}
+
+// Hooks are called as an operation passes the places they name. Each may
+// be nil.
+type Hooks struct {
+	// AfterPhase runs once a phase has committed, with the record as it
+	// now stands (at the recovery point the phase reached).
+	AfterPhase func(Record)
+	// BeforeFinalCommit runs inside the final phase of an operation that
+	// has more than one, after its writes and before its commit: the
+	// effect is recorded but not yet committed.
+	BeforeFinalCommit func(Record)
 }
 
 // NewStore returns a Store whose owners hold their lease for lease. The
@@ -141,7 +158,13 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 		if result, err = fn(ctx, tx); err != nil {
 			return err
 		}
-		return l.writeResult(ctx, tx, result)
+		if err := l.writeResult(ctx, tx, result); err != nil {
+			return err
+		}
+		if _, final := result.(*Response); final && l.record.RecoveryPoint != RecoveryStarted && l.store.Hooks.BeforeFinalCommit != nil {
+			l.store.Hooks.BeforeFinalCommit(l.record)
+		}
+		return nil
 	})
 	if err != nil {
 		return err
@@ -154,6 +177,9 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 		l.record.Status = StatusCompleted
 		l.record.RecoveryPoint = RecoveryFinished
 		l.response = r
+	}
+	if l.store.Hooks.AfterPhase != nil {
+		l.store.Hooks.AfterPhase(l.record)
 	}
 	return nil
 }

@@ -16,7 +16,6 @@ import (
 
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/postgres"
 )
@@ -47,7 +46,6 @@ type Worker struct {
 	river.WorkerDefaults[JobArgs]
 	db          *pgxpool.Pool
 	processor   cardprocessor.Processor
-	crash       *faults.CrashPoints
 	timeout     time.Duration
 	giveUpAfter time.Duration
 	log         *slog.Logger
@@ -56,10 +54,9 @@ type Worker struct {
 // NewWorker returns a Worker that pays out through processor. timeout
 // bounds one run (a processor call and two short transactions);
 // giveUpAfter is how long a payout may go without a definite answer from
-// the processor before its job is set aside (PAYOUT_GIVE_UP_AFTER). crash
-// is the test facility's crash points (nil: none).
-func NewWorker(db *pgxpool.Pool, processor cardprocessor.Processor, crash *faults.CrashPoints, timeout, giveUpAfter time.Duration, log *slog.Logger) *Worker {
-	return &Worker{db: db, processor: processor, crash: crash, timeout: timeout, giveUpAfter: giveUpAfter, log: log}
+// the processor before its job is set aside (PAYOUT_GIVE_UP_AFTER).
+func NewWorker(db *pgxpool.Pool, processor cardprocessor.Processor, timeout, giveUpAfter time.Duration, log *slog.Logger) *Worker {
+	return &Worker{db: db, processor: processor, timeout: timeout, giveUpAfter: giveUpAfter, log: log}
 }
 
 // Timeout bounds one run; River cancels a longer one and retries it.
@@ -99,14 +96,13 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[JobArgs]) error {
 
 // start asks the processor for the transfer. The call is made outside any
 // transaction, under the payout's downstream key: a run that dies after
-// the processor acted (the crash point below) leaves the payout pending,
+// the processor acted (a crash point: after_processor_call) leaves the payout pending,
 // and the next run's call replays the processor's first answer instead of
 // starting a second transfer.
 func (w *Worker) start(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.Payout) error {
 	res, err := w.processor.Payout(ctx, po.DownstreamKey, cardprocessor.PayoutRequest{
 		Amount: po.Amount, Currency: po.Currency, Destination: po.Destination,
 	})
-	w.crash.Crash(faults.AfterProcessorCall)
 	var rejected *cardprocessor.RejectedError
 	switch {
 	case cardprocessor.IsDefinite(err):

@@ -33,7 +33,6 @@ import (
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
-	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/postgres"
@@ -68,13 +67,11 @@ type Request struct {
 type Service struct {
 	db        *pgxpool.Pool
 	processor cardprocessor.Processor
-	crash     *faults.CrashPoints
 }
 
-// NewService returns a Service that refunds through processor. crash is
-// the test facility's crash points (zero: none).
-func NewService(db *pgxpool.Pool, processor cardprocessor.Processor, crash *faults.CrashPoints) *Service {
-	return &Service{db: db, processor: processor, crash: crash}
+// NewService returns a Service that refunds through processor.
+func NewService(db *pgxpool.Pool, processor cardprocessor.Processor) *Service {
+	return &Service{db: db, processor: processor}
 }
 
 // Run drives the refund operation held by l from its recovery point to its
@@ -104,7 +101,7 @@ func (s *Service) Run(ctx context.Context, l *idempotency.Lease, req Request) er
 				// from before that rule, or damaged data: a person must look.
 				return fmt.Errorf("charge %s of refund %s has no processor charge id", ch.ID, re.ID)
 			}
-			return effect.Call(ctx, l, s.crash, "refund",
+			return effect.Call(ctx, l, "refund",
 				func(ctx context.Context) (cardprocessor.RefundResult, error) {
 					return s.processor.Refund(ctx, re.DownstreamKey, cardprocessor.RefundRequest{Charge: *ch.ProcessorChargeID, Amount: re.Amount})
 				},

@@ -32,6 +32,10 @@ import (
 // "keyed-external".
 var keyedClasses = map[string]bool{"keyed": true, "keyed-external": true, "keyed-job": true}
 
+// IsKeyed reports whether operations of the idempotency class take an
+// Idempotency-Key.
+func IsKeyed(class string) bool { return keyedClasses[class] }
+
 // contract enforces api/openapi.yaml on every request to an operation it
 // declares, in the order the idempotency contract requires:
 //

@@ -11,7 +11,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/retrysafe/payments/internal/events"
-	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/problem"
 )
 
@@ -28,13 +27,25 @@ import (
 //	GET  /demo/deliveries   what the demo receiver got: ?caller=acme, each event with its delivery count
 type Demo struct {
 	// Crash is the process's crash points, which PUT /demo/crash arms.
-	Crash *faults.CrashPoints
+	Crash CrashPoints
 	// ProcessorURL is the fake processor, whose admin and ledger endpoints
 	// the demo shows.
 	ProcessorURL string
 	// StartedAt is when this server process started: the page notices a
 	// restart (after a demo crash) when it changes.
 	StartedAt time.Time
+}
+
+// CrashPoints are the places where the server can be made to kill itself
+// (see internal/app).
+type CrashPoints interface {
+	// Arm makes the next execution that passes point crash there, once;
+	// "" disarms.
+	Arm(point string) error
+	// Armed is the point armed, or "".
+	Armed() string
+	// Points lists them all.
+	Points() []string
 }
 
 func (s *Server) registerDemo(e *echo.Echo, d *Demo) {
@@ -65,7 +76,7 @@ func (s *Server) registerDemo(e *echo.Echo, d *Demo) {
 	e.GET("/demo/ledger", forward(http.MethodGet, "/v1/ledger"))
 
 	e.GET("/demo/crash", func(c echo.Context) error {
-		return c.JSON(http.StatusOK, map[string]any{"armed": d.Crash.Armed(), "points": faults.Known, "started_at": d.StartedAt})
+		return c.JSON(http.StatusOK, map[string]any{"armed": d.Crash.Armed(), "points": d.Crash.Points(), "started_at": d.StartedAt})
 	})
 	e.PUT("/demo/crash", func(c echo.Context) error {
 		var body struct {
@@ -84,7 +95,7 @@ func (s *Server) registerDemo(e *echo.Echo, d *Demo) {
 			return problem.New(problem.InvalidRequest, "%v", err)
 		}
 		s.log.WarnContext(c.Request().Context(), "demo: crash point armed", "point", body.Point)
-		return c.JSON(http.StatusOK, map[string]any{"armed": body.Point, "points": faults.Known})
+		return c.JSON(http.StatusOK, map[string]any{"armed": body.Point, "points": d.Crash.Points()})
 	})
 
 	e.GET("/demo/deliveries", func(c echo.Context) error {

@@ -46,6 +46,8 @@ type Deps struct {
 	Charges *charges.Service
 	Refunds *refunds.Service
 	Payouts *payouts.Service
+	// Inbox receives the processor's webhooks.
+	Inbox *events.Inbox
 	// Demo turns on the browser demo's own endpoints (DEMO_MODE); nil, as
 	// everywhere but `make run`, leaves them out.
 	Demo *Demo
@@ -93,7 +95,7 @@ func New(d Deps) (http.Handler, error) {
 		payouts: d.Payouts,
 		router:  router,
 		limits:  newRateLimits(d.Config.RateLimit, d.Config.RateBurst),
-		inbox:   newInbox(d),
+		inbox:   d.Inbox,
 		validation: openapi3filter.Options{
 			MultiError: true,
 			// Authentication already happened, in the contract middleware.
@@ -134,18 +136,6 @@ func New(d Deps) (http.Handler, error) {
 }
 
 func decodeJSON(b []byte, v any) error { return json.Unmarshal(b, v) }
-
-// newInbox is the inbox of processor events, each kind applied by the
-// package that owns its object.
-func newInbox(d Deps) *events.Inbox {
-	in := events.NewInbox(d.Pool, d.Log)
-	in.Handle(events.ProcessorChargeSucceeded, charges.ApplyChargeEvent)
-	in.Handle(events.ProcessorChargeFailed, charges.ApplyChargeEvent)
-	in.Handle(events.ProcessorRefundSucceeded, refunds.ApplyRefundEvent)
-	in.Handle(events.ProcessorPayoutPaid, payouts.ApplyPayoutEvent)
-	in.Handle(events.ProcessorPayoutFailed, payouts.ApplyPayoutEvent)
-	return in
-}
 
 // observe is the outermost middleware but Recover: it names the request
 // (X-Request-Id, the client's if it sent a sane one, else a new one, and

@@ -1,4 +1,4 @@
-package server
+package app
 
 import (
 	"bufio"
@@ -20,7 +20,6 @@ import (
 
 	"github.com/retrysafe/payments/client"
 	"github.com/retrysafe/payments/client/apiclient"
-	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -238,7 +237,7 @@ func TestKilledMidEffectIsRecoveredOnce(t *testing.T) {
 // paid once, and the stored answer replays byte for byte.
 func TestChargeCrashAtEveryPhaseBoundary(t *testing.T) {
 	t.Parallel()
-	for _, point := range faults.Known {
+	for _, point := range CrashPointNames {
 		for _, finisher := range []string{"client retry", "reconciler alone"} {
 			t.Run(point+"/"+finisher, func(t *testing.T) {
 				t.Parallel()
@@ -338,7 +337,7 @@ func TestKilledPayoutJobIsRescuedByRiver(t *testing.T) {
 	api := startServerProcess(t, dbURL, append(common, "PAYOUT_WORKERS=0")...)
 	api.db, api.processorURL = db, processorURL
 	api.fund(t, "sk_test_acme", 4000)
-	worker := startServerProcess(t, dbURL, append(common, "FAULT_CRASH_POINTS="+faults.AfterProcessorCall)...)
+	worker := startServerProcess(t, dbURL, append(common, "FAULT_CRASH_POINTS="+AfterProcessorCall)...)
 
 	c := retryingClient(t, api.URL)
 	accepted, _, err := c.Payout(context.Background(), apiclient.CreatePayoutRequest{Amount: 2500, Currency: "usd"}, client.WithIdempotencyKey("payout-killed"))

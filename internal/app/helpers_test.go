@@ -1,4 +1,4 @@
-package server
+package app
 
 import (
 	"bytes"
@@ -21,14 +21,10 @@ import (
 
 	"github.com/retrysafe/payments/api"
 	"github.com/retrysafe/payments/internal/auth"
-	"github.com/retrysafe/payments/internal/cardprocessor"
-	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/config"
-	"github.com/retrysafe/payments/internal/faults"
 	"github.com/retrysafe/payments/internal/idempotency"
-	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/processor"
-	"github.com/retrysafe/payments/internal/refunds"
+	"github.com/retrysafe/payments/internal/server"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -42,10 +38,9 @@ type testServer struct {
 	db *pgxpool.Pool
 	// processorURL is the fake card processor the server charges through.
 	processorURL string
-	// keys and operations are the server's own, for building a reconciler
-	// that resumes exactly as cmd/server's does.
-	keys       *idempotency.Store
-	operations *idempotency.Registry
+	// service is the application the server serves, for building a
+	// reconciler that resumes exactly as cmd/server's does.
+	service *App
 	// webhookSecret is what the processor signs its webhooks with.
 	webhookSecret string
 	// handler is the server's handler, for benchmarks that call it without
@@ -103,6 +98,11 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	cfg.ProcessorWebhookSecret = []byte(webhookSecret)
 	// The tests' callers are the demo callers, seeded below.
 	cfg.SeedDemoCallers = true
+	// The tests run the reconciler and the relay by hand, when they want
+	// them (ts.reconciler, ts.relay), so that a stalled record stays
+	// stalled until a test says otherwise.
+	cfg.Reconciler, cfg.Relay = false, false
+	cfg.DemoMode = o.demo
 	if o.config != nil {
 		o.config(&cfg)
 	}
@@ -117,67 +117,43 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	if err := auth.SeedDemoCallers(context.Background(), serverPool); err != nil {
 		t.Fatal(err)
 	}
-	// Wired as cmd/server wires it.
 	var logHandler slog.Handler = slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})
 	if o.logs != nil {
 		logHandler = slog.NewJSONHandler(o.logs, nil)
 	}
 	// Every line, at every level, also goes to the whole suite's log,
 	// which TestMain searches for secrets once every test has run.
-	log := slog.New(LogHandler(slog.NewMultiHandler(logHandler, slog.NewJSONHandler(&suiteLogs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
-	keys := idempotency.NewStore(serverPool, cfg.Lease, log)
-	keys.CacheReplays(cfg.ReplayCacheSize, cfg.Retention)
-	processorClient := cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
-	chargeService := charges.NewService(serverPool, processorClient, cfg.CrashPoints)
-	refundService := refunds.NewService(serverPool, processorClient, cfg.CrashPoints)
-	operations := idempotency.NewRegistry()
-	operations.Register(charges.Operation, chargeService.Resume)
-	operations.Register(refunds.Operation, refundService.Resume)
-	// Payout jobs run on River in this process, as with PAYOUT_WORKERS > 0,
-	// and stop (after their current step) before the pool closes.
-	jobs, err := payouts.NewJobs(serverPool, payouts.NewWorker(serverPool, processorClient, cfg.CrashPoints, cfg.PayoutJobTimeout(), cfg.PayoutGiveUpAfter, log), payouts.JobsConfig{
-		Workers: cfg.PayoutWorkers, JobTimeout: cfg.PayoutJobTimeout(), RescueAfter: cfg.PayoutRescueAfter,
-		FetchPollInterval: 100 * time.Millisecond, Logger: log,
-	})
+	log := slog.New(server.LogHandler(slog.NewMultiHandler(logHandler, slog.NewJSONHandler(&suiteLogs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	// Built as cmd/server builds it: the same constructor.
+	service, err := New(cfg, serverPool, log, Options{JobPollInterval: 100 * time.Millisecond, DemoReceiverURL: srv.URL + "/demo/webhooks/"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.PayoutWorkers > 0 {
-		if err := jobs.Start(context.Background()); err != nil {
-			t.Fatal(err)
+	if err := service.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The payout jobs stop (after their current step) before the pool
+	// closes.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := service.Stop(ctx); err != nil {
+			t.Errorf("stop the background work: %v", err)
 		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := jobs.StopAndCancel(ctx); err != nil {
-				t.Errorf("stop payout jobs: %v", err)
-			}
-		})
-	}
-	deps := Deps{Config: cfg, Pool: serverPool, Log: log, Keys: keys, Charges: chargeService, Refunds: refundService, Payouts: payouts.NewService(jobs)}
-	if o.demo {
-		deps.Demo = &Demo{Crash: &faults.CrashPoints{}, ProcessorURL: procServer.URL, StartedAt: time.Now()}
-	}
-	h, err := New(deps)
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
+	h := service.Handler
 	if o.wrap != nil {
 		h = o.wrap(h)
 	}
 	handler = h
-	return &testServer{URL: srv.URL, cfg: cfg, db: testdb.Pool(t, dbURL), processorURL: procServer.URL, keys: keys, operations: operations, webhookSecret: webhookSecret, handler: h}
+	return &testServer{URL: srv.URL, cfg: cfg, db: testdb.Pool(t, dbURL), processorURL: procServer.URL, service: service, webhookSecret: webhookSecret, handler: h}
 }
 
 // reconciler is a reconciler over the test server's database, configured
-// as cmd/server configures it, with the backoff given.
+// as the service configures it, with the backoff given.
 func (ts *testServer) reconciler(t testing.TB, backoffBase time.Duration) *idempotency.Reconciler {
 	t.Helper()
-	r, err := idempotency.NewReconciler(idempotency.ReconcilerConfig{
-		Interval: ts.cfg.ReconcilerInterval, Batch: 1, Lease: ts.cfg.Lease,
-		MaxAttempts: ts.cfg.ReconcilerMaxAttempts, MaxAge: ts.cfg.ReconcilerMaxAge,
-		BackoffBase: backoffBase, BackoffCap: 5 * time.Minute, RetriesPerInterval: 5, RetryBurst: 20,
-	}, ts.keys, ts.operations, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
+	r, err := ts.service.Reconciler(backoffBase)
 	if err != nil {
 		t.Fatal(err)
 	}

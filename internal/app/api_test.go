@@ -1,4 +1,4 @@
-package server
+package app
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/problem"
+	"github.com/retrysafe/payments/internal/server"
 )
 
 type order struct {
@@ -334,7 +335,7 @@ func TestEveryOperationDeclaresItsIdempotencyClass(t *testing.T) {
 					requiresKey = true
 				}
 			}
-			if keyed := keyedClasses[class]; keyed != requiresKey {
+			if keyed := server.IsKeyed(class); keyed != requiresKey {
 				t.Errorf("%s %s: class %s but Idempotency-Key required = %v", method, path, class, requiresKey)
 			}
 			if (method == http.MethodGet) != (class == "safe") {

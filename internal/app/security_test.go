@@ -1,4 +1,4 @@
-package server
+package app
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/retrysafe/payments/api"
+	"github.com/retrysafe/payments/internal/server"
 )
 
 // Every operation of the contract that names an object, called by another
@@ -64,7 +65,7 @@ func TestEveryOperationIsolatesCallers(t *testing.T) {
 				named = true
 			}
 			r := request{method: method, path: concrete, apiKey: "sk_test_globex"}
-			if x, _ := op.Extensions["x-idempotency"].(string); keyedClasses[x] {
+			if x, _ := op.Extensions["x-idempotency"].(string); server.IsKeyed(x) {
 				r.header = http.Header{"Idempotency-Key": {"globex-" + op.OperationID}}
 			}
 			if op.RequestBody != nil {

@@ -1,0 +1,233 @@
+// Package app builds the service from its configuration: the one place
+// that knows which processor it talks to, which operations can be resumed,
+// which processor events are applied and by whom, and which background
+// workers run. cmd/server runs what it builds, and so do the end-to-end
+// tests (this package's) and the soak (through cmd/server): an operation
+// registered here is registered everywhere.
+//
+// Everything it builds is passed in, never reached for: the pool, the
+// logger and the configuration come from the caller, so a test builds the
+// same application on a database of its own.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+
+	"github.com/retrysafe/payments/internal/cardprocessor"
+	"github.com/retrysafe/payments/internal/charges"
+	"github.com/retrysafe/payments/internal/config"
+	"github.com/retrysafe/payments/internal/events"
+	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/payouts"
+	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/internal/refunds"
+	"github.com/retrysafe/payments/internal/server"
+)
+
+// Options are what a caller may set beyond the configuration.
+type Options struct {
+	// JobPollInterval is how often an idle payout worker looks for jobs
+	// that became due (a snoozed or retried one); 0 is River's default,
+	// 1s. New jobs are announced at once through LISTEN/NOTIFY. Tests
+	// shorten it.
+	JobPollInterval time.Duration
+	// DemoReceiverURL is where the relay delivers the events of callers
+	// without a webhook endpoint of their own: the server's built-in demo
+	// receiver, /demo/webhooks/, at the address it listens on.
+	DemoReceiverURL string
+}
+
+// App is the service, built: its HTTP handler, and the background work
+// Start runs.
+type App struct {
+	// Handler serves the API, the demo page and the docs.
+	Handler http.Handler
+	// Keys is the idempotency store, and Operations the operations that
+	// can be resumed: tests build reconcilers of their own over them.
+	Keys       *idempotency.Store
+	Operations *idempotency.Registry
+
+	cfg     config.Server
+	log     *slog.Logger
+	jobs    *river.Client[pgx.Tx]
+	workers []func(context.Context)
+	stop    context.CancelFunc
+	running sync.WaitGroup
+}
+
+// New builds the service over pool. cfg.ProcessorURL must name the card
+// processor (cmd/server starts the fake one in-process when none is
+// configured); cfg.CrashPoints are checked here.
+func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) (*App, error) {
+	a := &App{cfg: cfg, log: log}
+	a.Keys = idempotency.NewStore(pool, cfg.Lease, log)
+	a.Keys.CacheReplays(cfg.ReplayCacheSize, cfg.Retention)
+	var processor cardprocessor.Processor = cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
+
+	// The crash points of the demo and the crash tests, when there are
+	// any: the only code that knows them is here and in faults.go.
+	var demo *server.Demo
+	if cfg.CrashPoints != "" || cfg.DemoMode {
+		crash, err := ParseCrashPoints(cfg.CrashPoints)
+		if err != nil {
+			return nil, fmt.Errorf("FAULT_CRASH_POINTS: %w", err)
+		}
+		processor = crash.install(a.Keys, processor)
+		if cfg.DemoMode {
+			demo = &server.Demo{Crash: crash, ProcessorURL: cfg.ProcessorURL, StartedAt: time.Now()}
+			log.Warn("DEMO_MODE is on: /demo can crash this server and make its processor fail; never in production")
+		}
+	}
+
+	// The operations that move money, each registered under its
+	// operationId, so that the reconciler resumes a record with the very
+	// handler a client's retry runs.
+	chargeService := charges.NewService(pool, processor)
+	refundService := refunds.NewService(pool, processor)
+	a.Operations = idempotency.NewRegistry()
+	a.Operations.Register(charges.Operation, chargeService.Resume)
+	a.Operations.Register(refunds.Operation, refundService.Resume)
+
+	// Payouts run as River jobs: a request enqueues one in its own
+	// transaction (payouts.Service), and this process runs them if
+	// PAYOUT_WORKERS > 0.
+	worker := payouts.NewWorker(pool, processor, cfg.PayoutJobTimeout(), cfg.PayoutGiveUpAfter, log.With("component", "payouts"))
+	jobs, err := payouts.NewJobs(pool, worker, payouts.JobsConfig{
+		Workers:           cfg.PayoutWorkers,
+		JobTimeout:        cfg.PayoutJobTimeout(),
+		RescueAfter:       cfg.PayoutRescueAfter,
+		FetchPollInterval: opts.JobPollInterval,
+		Logger:            log.With("component", "river"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("payout jobs: %w", err)
+	}
+	a.jobs = jobs
+
+	// The processor's events, each applied by the package that owns its
+	// object.
+	inbox := events.NewInbox(pool, log)
+	inbox.Handle(events.ProcessorChargeSucceeded, charges.ApplyChargeEvent)
+	inbox.Handle(events.ProcessorChargeFailed, charges.ApplyChargeEvent)
+	inbox.Handle(events.ProcessorRefundSucceeded, refunds.ApplyRefundEvent)
+	inbox.Handle(events.ProcessorPayoutPaid, payouts.ApplyPayoutEvent)
+	inbox.Handle(events.ProcessorPayoutFailed, payouts.ApplyPayoutEvent)
+
+	if err := a.addWorkers(pool, opts.DemoReceiverURL); err != nil {
+		return nil, err
+	}
+	a.Handler, err = server.New(server.Deps{
+		Config: cfg, Pool: pool, Log: log, Keys: a.Keys, Inbox: inbox,
+		Charges: chargeService, Refunds: refundService, Payouts: payouts.NewService(jobs), Demo: demo,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// addWorkers builds the background workers the configuration turns on:
+// the reconciler, and the outbox relay (delivering to the built-in demo
+// receiver at DemoReceiverURL for callers without their own endpoint).
+func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
+	cfg := a.cfg
+	if cfg.Reconciler {
+		r, err := a.Reconciler(time.Second)
+		if err != nil {
+			return err
+		}
+		a.workers = append(a.workers, func(ctx context.Context) {
+			postgres.Poll(ctx, "reconciler", cfg.ReconcilerInterval, 1, a.log, r.RunOnce)
+		})
+	}
+	if cfg.Relay {
+		r, err := events.NewRelay(events.RelayConfig{
+			Interval: cfg.RelayInterval,
+			// The batch is delivered one event after another within the
+			// lease: 5 × 5s < 30s.
+			Batch:       5,
+			Lease:       30 * time.Second,
+			Timeout:     5 * time.Second,
+			DemoURL:     demoReceiverURL,
+			BackoffBase: time.Second,
+			BackoffCap:  time.Hour,
+		}, pool, a.log.With("component", "relay"))
+		if err != nil {
+			return err
+		}
+		a.workers = append(a.workers, func(ctx context.Context) {
+			postgres.Poll(ctx, "relay", cfg.RelayInterval, 5, a.log, r.RunOnce)
+		})
+	}
+	return nil
+}
+
+// Reconciler is a reconciler configured as the service runs it, with the
+// given backoff base (a second in the service; tests shorten it).
+func (a *App) Reconciler(backoffBase time.Duration) (*idempotency.Reconciler, error) {
+	cfg := a.cfg
+	return idempotency.NewReconciler(idempotency.ReconcilerConfig{
+		Interval: cfg.ReconcilerInterval,
+		// One record per claim: each claimed record's lease starts at the
+		// claim, so a batch handled one after another would run its last
+		// records on expired leases. The loop runs again at once while it
+		// finds work, within the budget.
+		Batch:       1,
+		Lease:       cfg.Lease,
+		MaxAttempts: cfg.ReconcilerMaxAttempts,
+		MaxAge:      cfg.ReconcilerMaxAge,
+		BackoffBase: backoffBase,
+		BackoffCap:  5 * time.Minute,
+		// At most 5 retries per interval (5/s by default), 20 saved up.
+		RetriesPerInterval: 5,
+		RetryBurst:         20,
+	}, a.Keys, a.Operations, a.log.With("component", "reconciler"))
+}
+
+// Start runs the background work the configuration turns on: the
+// reconciler, the relay, and the payout jobs. They run until Stop, on a
+// context of their own: the caller's cancellation (a SIGTERM) does not
+// cut off the record they are handling.
+func (a *App) Start(ctx context.Context) error {
+	ctx, a.stop = context.WithCancel(context.WithoutCancel(ctx))
+	for _, w := range a.workers {
+		a.running.Go(func() { w(ctx) })
+	}
+	if a.cfg.PayoutWorkers > 0 {
+		if err := a.jobs.Start(ctx); err != nil {
+			a.stop()
+			a.running.Wait()
+			return fmt.Errorf("start payout jobs: %w", err)
+		}
+	}
+	return nil
+}
+
+// Stop stops the background work: the workers between two records, the
+// payout jobs after their current step (past ctx's deadline, they are
+// canceled, and a canceled step runs again later under the same
+// downstream key). Call it before the pool closes.
+func (a *App) Stop(ctx context.Context) error {
+	if a.stop == nil {
+		return nil
+	}
+	var err error
+	if a.cfg.PayoutWorkers > 0 {
+		if err = a.jobs.Stop(ctx); err != nil {
+			err = errors.Join(err, a.jobs.StopAndCancel(context.WithoutCancel(ctx)))
+		}
+	}
+	a.stop()
+	a.running.Wait()
+	return err
+}

@@ -1,0 +1,163 @@
+package app
+
+// Crash points are a test facility: named places at which the server kills
+// itself, so that tests can crash it between two phases of an operation
+// with a real SIGKILL and check that a restart recovers the operation
+// exactly once; the browser demo arms them one at a time. They are off
+// unless FAULT_CRASH_POINTS names points, or the demo (DEMO_MODE) arms one.
+// Never set either in production.
+//
+// No operation's code knows about them. They reach it through two seams
+// every operation with an external effect passes: the idempotency store's
+// Hooks (after a phase commits; before a final phase commits) and the
+// card processor (after each call), wrapped here.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/retrysafe/payments/internal/cardprocessor"
+	"github.com/retrysafe/payments/internal/charges"
+	"github.com/retrysafe/payments/internal/idempotency"
+)
+
+// The crash points, in the order an execution passes them. The last two
+// are passed by every operation with an external effect (charges, refunds;
+// payouts pass after_processor_call).
+const (
+	// AfterChargeCreated: a charge's create phase committed (charge row
+	// pending, record at charge_created); the processor was not called.
+	AfterChargeCreated = "after_charge_created"
+	// AfterProcessorCall: the processor answered (the card is charged, or
+	// refunded); nothing of its answer is recorded.
+	AfterProcessorCall = "after_processor_call"
+	// BeforeFinalCommit: the final phase's writes are done but not
+	// committed.
+	BeforeFinalCommit = "before_final_commit"
+)
+
+// CrashPointNames lists every crash point.
+var CrashPointNames = []string{AfterChargeCreated, AfterProcessorCall, BeforeFinalCommit}
+
+// CrashPoints are the crash points in force: those enabled for good (by
+// FAULT_CRASH_POINTS, for tests) and one armed for a single pass (by the
+// browser demo's "Crash at" control). A nil *CrashPoints has none.
+type CrashPoints struct {
+	mu     sync.Mutex
+	always []string
+	once   string
+}
+
+// ParseCrashPoints reads a comma-separated list of crash point names,
+// enabled for good.
+func ParseCrashPoints(list string) (*CrashPoints, error) {
+	c := &CrashPoints{}
+	for name := range strings.SplitSeq(list, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		if err := check(name); err != nil {
+			return nil, err
+		}
+		c.always = append(c.always, name)
+	}
+	return c, nil
+}
+
+func check(point string) error {
+	if !slices.Contains(CrashPointNames, point) {
+		return fmt.Errorf("unknown crash point %q (known: %s)", point, strings.Join(CrashPointNames, ", "))
+	}
+	return nil
+}
+
+// Arm makes the next execution that passes point crash there, once; an
+// empty point disarms. It is the demo's control: the server is restarted
+// by its supervisor, and the armed point does not survive the crash.
+func (c *CrashPoints) Arm(point string) error {
+	if point != "" {
+		if err := check(point); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.once = point
+	return nil
+}
+
+// Points lists every crash point, for the demo page.
+func (c *CrashPoints) Points() []string { return CrashPointNames }
+
+// Armed is the point armed for one pass, or "".
+func (c *CrashPoints) Armed() string {
+	if c == nil {
+		return ""
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.once
+}
+
+// Crash kills the process at once, as a power cut would (no deferred
+// functions, no graceful shutdown, open transactions left to the database
+// to abort), if the point is enabled or armed.
+func (c *CrashPoints) Crash(point string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	fire := slices.Contains(c.always, point) || c.once == point
+	c.mu.Unlock()
+	if fire {
+		fmt.Fprintf(os.Stderr, "faults: crashing at %s\n", point)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // SIGKILL cannot be caught; never return
+	}
+}
+
+// install makes the crash points reachable: through the store's hooks,
+// and through processor, which it returns wrapped.
+func (c *CrashPoints) install(keys *idempotency.Store, processor cardprocessor.Processor) cardprocessor.Processor {
+	keys.Hooks = idempotency.Hooks{
+		AfterPhase: func(rec idempotency.Record) {
+			if rec.RecoveryPoint == charges.RecoveryChargeCreated {
+				c.Crash(AfterChargeCreated)
+			}
+		},
+		BeforeFinalCommit: func(idempotency.Record) { c.Crash(BeforeFinalCommit) },
+	}
+	return crashingProcessor{processor, c}
+}
+
+// crashingProcessor passes after_processor_call after every call that may
+// move money: the processor has answered, and nothing of its answer is
+// recorded.
+type crashingProcessor struct {
+	cardprocessor.Processor
+	crash *CrashPoints
+}
+
+func (p crashingProcessor) Charge(ctx context.Context, key string, req cardprocessor.ChargeRequest) (cardprocessor.ChargeResult, error) {
+	res, err := p.Processor.Charge(ctx, key, req)
+	p.crash.Crash(AfterProcessorCall)
+	return res, err
+}
+
+func (p crashingProcessor) Refund(ctx context.Context, key string, req cardprocessor.RefundRequest) (cardprocessor.RefundResult, error) {
+	res, err := p.Processor.Refund(ctx, key, req)
+	p.crash.Crash(AfterProcessorCall)
+	return res, err
+}
+
+func (p crashingProcessor) Payout(ctx context.Context, key string, req cardprocessor.PayoutRequest) (cardprocessor.PayoutResult, error) {
+	res, err := p.Processor.Payout(ctx, key, req)
+	p.crash.Crash(AfterProcessorCall)
+	return res, err
+}
