@@ -32,13 +32,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/apigen"
-	"github.com/retrysafe/payments/internal/balances"
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
+	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -277,7 +277,7 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 		return cur, err
 	}
 	// The money is the caller's to pay out from now on.
-	if err := balances.Credit(ctx, tx, ch.CallerID, ch.Currency, ch.Amount); err != nil {
+	if err := payouts.CreditBalance(ctx, tx, ch.CallerID, ch.Currency, ch.Amount); err != nil {
 		return cur, err
 	}
 	if err := orders.MarkPaid(ctx, tx, ch.CallerID, ch.OrderID); err != nil {

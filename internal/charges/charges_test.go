@@ -71,7 +71,7 @@ func newFixture(t *testing.T, cfg processor.Config, clientTimeout time.Duration,
 	return &fixture{
 		pool:         pool,
 		store:        idempotency.NewStore(pool, time.Minute, quiet),
-		charges:      charges.NewService(pool, client, nil),
+		charges:      charges.NewService(pool, client),
 		processorURL: srv.URL,
 	}
 }

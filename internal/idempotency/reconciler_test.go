@@ -49,7 +49,7 @@ func newFixture(t *testing.T, flakyFailures int) *fixture {
 	}
 	srv := httptest.NewServer(proc)
 	t.Cleanup(func() { proc.Close(); srv.Close() })
-	chargeService := charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second), nil)
+	chargeService := charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second))
 	operations := idempotency.NewRegistry()
 	operations.Register(charges.Operation, chargeService.Resume)
 	return &fixture{
@@ -408,7 +408,7 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 	var once sync.Once
 	unpause := func() { once.Do(func() { close(resume) }) }
 	t.Cleanup(unpause)
-	stalledCharges := charges.NewService(f.pool, cardprocessor.NewClient(paused.URL, 30*time.Second), nil)
+	stalledCharges := charges.NewService(f.pool, cardprocessor.NewClient(paused.URL, 30*time.Second))
 
 	o, err := orders.Create(ctx, f.pool, "acme", orders.NewOrder{Amount: 4200, Currency: "usd"})
 	if err != nil {

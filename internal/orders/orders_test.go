@@ -100,7 +100,7 @@ func newPayments(t *testing.T, pool *pgxpool.Pool) *payments {
 	return &payments{
 		pool:    pool,
 		store:   idempotency.NewStore(pool, time.Minute, quiet),
-		charges: charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second), nil),
+		charges: charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second)),
 		procURL: srv.URL,
 	}
 }

@@ -256,7 +256,7 @@ type GivenUpJob struct {
 // ListGivenUpJobs returns every payout job given up on, oldest first. The
 // queue is not tenant data, so this reads every caller's.
 func ListGivenUpJobs(ctx context.Context, db dbsqlc.DBTX) (_ []GivenUpJob, err error) {
-	defer postgres.Wrap(&err, "payouts.ListGivenUpJobs")
+	defer postgres.Wrap(&err, "ListGivenUpJobs")
 	rows, err := queries.ListDiscardedPayoutJobs(ctx, db)
 	if err != nil {
 		return nil, err

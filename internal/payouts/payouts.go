@@ -38,7 +38,6 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/retrysafe/payments/internal/apigen"
-	"github.com/retrysafe/payments/internal/balances"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
@@ -94,7 +93,7 @@ func (s *Service) Create(ctx context.Context, l *idempotency.Lease, req Request)
 		// and replayed like a decline), nothing else was written. Its
 		// failed statement aborts tx; the idempotency layer stores the
 		// problem in a transaction of its own.
-		if err := balances.Debit(ctx, tx, req.CallerID, req.Currency, req.Amount, "payout"); err != nil {
+		if err := DebitBalance(ctx, tx, req.CallerID, req.Currency, req.Amount, "payout"); err != nil {
 			return nil, err
 		}
 		id := postgres.NewID(postgres.PrefixPayout)
@@ -136,7 +135,7 @@ func ToAPI(po dbsqlc.Payout) apigen.Payout {
 
 // Get returns the caller's payout id.
 func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (po dbsqlc.Payout, err error) {
-	defer postgres.Wrap(&err, "payouts.Get(%s, %q)", callerID, id)
+	defer postgres.Wrap(&err, "Get(%s, %q)", callerID, id)
 	po, err = queries.GetPayout(ctx, db, dbsqlc.GetPayoutParams{CallerID: callerID, ID: id})
 	return po, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no payout %q", id) })
 }
@@ -161,7 +160,7 @@ func PollAfter(po dbsqlc.Payout, now time.Time) int {
 // List returns up to limit of the caller's payouts, newest first, after
 // the payout startingAfter when it is not empty, and whether more exist.
 func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Payout, _ bool, err error) {
-	defer postgres.Wrap(&err, "payouts.List(%s)", callerID)
+	defer postgres.Wrap(&err, "List(%s)", callerID)
 	p := dbsqlc.ListPayoutsParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
 	if startingAfter != "" {
 		cursor, err := queries.GetPayout(ctx, db, dbsqlc.GetPayoutParams{CallerID: callerID, ID: startingAfter})
@@ -191,7 +190,7 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 // agrees with the job, which records the same outcome when it polls:
 // whichever comes first records it, the other finds it recorded.
 func ApplyPayoutEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
-	defer postgres.Wrap(&err, "payouts.ApplyPayoutEvent(%s, %q)", callerID, ev.DownstreamKey)
+	defer postgres.Wrap(&err, "ApplyPayoutEvent(%s, %q)", callerID, ev.DownstreamKey)
 	o := Outcome{
 		Paid: ev.Type == events.ProcessorPayoutPaid, ProcessorPayoutID: ev.ObjectID,
 		Report: events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID},
@@ -247,7 +246,7 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 		if cur, err = queries.SetPayoutPaid(ctx, tx, dbsqlc.SetPayoutPaidParams{CallerID: cur.CallerID, ID: cur.ID, ProcessorPayoutID: orNil(o.ProcessorPayoutID)}); err != nil {
 			return cur, err
 		}
-		if err := balances.Settle(ctx, tx, cur.CallerID, cur.Currency, cur.Amount); err != nil {
+		if err := SettleBalance(ctx, tx, cur.CallerID, cur.Currency, cur.Amount); err != nil {
 			return cur, err
 		}
 		return cur, events.Record(ctx, tx, cur.CallerID, events.PayoutPaid, data)
@@ -260,7 +259,7 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 		return cur, err
 	}
 	// The money did not leave: it is available again.
-	if err := balances.Restore(ctx, tx, cur.CallerID, cur.Currency, cur.Amount); err != nil {
+	if err := RestoreBalance(ctx, tx, cur.CallerID, cur.Currency, cur.Amount); err != nil {
 		return cur, err
 	}
 	data["failure_code"] = code

@@ -27,7 +27,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/apigen"
-	"github.com/retrysafe/payments/internal/balances"
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
@@ -35,6 +34,7 @@ import (
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
+	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -167,7 +167,7 @@ func create(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Request)
 	// The refund also comes out of the balance: money already paid out
 	// cannot be refunded again (the CHECK on balances refuses it, as it
 	// refuses an overdrawing payout).
-	if err := balances.Debit(ctx, tx, ch.CallerID, ch.Currency, amount, "refund"); err != nil {
+	if err := payouts.DebitBalance(ctx, tx, ch.CallerID, ch.Currency, amount, "refund"); err != nil {
 		return nil, err
 	}
 	id := postgres.NewID(postgres.PrefixRefund)
@@ -195,7 +195,7 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, 
 		if err := queries.ReleaseRefund(ctx, tx, dbsqlc.ReleaseRefundParams{Amount: re.Amount, CallerID: ch.CallerID, ID: ch.ID}); err != nil {
 			return nil, err
 		}
-		if err := balances.Restore(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {
+		if err := payouts.RestoreBalance(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {
 			return nil, err
 		}
 		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", cardprocessor.RefusalCode(refusal))), nil
@@ -300,7 +300,7 @@ func applySucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.
 	if cur, err = queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &r.ProcessorID}); err != nil {
 		return cur, err
 	}
-	if err := balances.Settle(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {
+	if err := payouts.SettleBalance(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {
 		return cur, err
 	}
 	return cur, events.Record(ctx, tx, re.CallerID, events.RefundSucceeded, map[string]any{

@@ -72,8 +72,8 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{
 		pool:         pool,
 		store:        idempotency.NewStore(pool, time.Minute, quiet),
-		charges:      charges.NewService(pool, client, nil),
-		refunds:      refunds.NewService(pool, client, nil),
+		charges:      charges.NewService(pool, client),
+		refunds:      refunds.NewService(pool, client),
 		proc:         proc,
 		processorURL: srv.URL,
 	}
@@ -426,7 +426,7 @@ func TestApplySucceededIsIdempotent(t *testing.T) {
 	if err := f.proc.SetChaos(processor.Chaos{TimeoutRate: 1}); err != nil {
 		t.Fatal(err)
 	}
-	impatient := refunds.NewService(f.pool, cardprocessor.NewClient(f.processorURL, 2*time.Second), nil)
+	impatient := refunds.NewService(f.pool, cardprocessor.NewClient(f.processorURL, 2*time.Second))
 	if _, err := f.refundWith(t, impatient, "acme", "lost", ch.ID, amount(250)); !idempotency.IsRetryable(err) {
 		t.Fatalf("refund: %v; want a retryable failure (the answer never came)", err)
 	}
@@ -679,7 +679,7 @@ func TestDeclinedRefundIsNotRecordedAsASuccess(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ch := f.paidCharge(t, 1000)
-	declining := refunds.NewService(f.pool, decliningProcessor{cardprocessor.NewClient(f.processorURL, 5*time.Second)}, nil)
+	declining := refunds.NewService(f.pool, decliningProcessor{cardprocessor.NewClient(f.processorURL, 5*time.Second)})
 	resp, err := f.refundWith(t, declining, "acme", "declined-refund", ch.ID, amount(400))
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
-	"github.com/retrysafe/payments/internal/balances"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/payouts"
 )
@@ -66,7 +65,7 @@ func (s *Server) ListPayouts(ctx context.Context, req apigen.ListPayoutsRequestO
 
 // GetBalance is safe.
 func (s *Server) GetBalance(ctx context.Context, _ apigen.GetBalanceRequestObject) (apigen.GetBalanceResponseObject, error) {
-	b, err := balances.Get(ctx, s.pool, auth.CallerFrom(ctx).ID)
+	b, err := payouts.GetBalance(ctx, s.pool, auth.CallerFrom(ctx).ID)
 	if err != nil {
 		return nil, err
 	}

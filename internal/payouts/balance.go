@@ -1,16 +1,17 @@
-// Package balances keeps what each caller can pay out, per currency, in
-// the transactions that move the money (see migration 0020):
+package payouts
+
+// The balance is what each caller can pay out, per currency, kept in the
+// transactions that move the money (see migration 0020):
 //
-//	a charge succeeds          Credit   available += amount
-//	a refund or payout starts  Debit    available -= amount, pending += amount
-//	it succeeds                Settle   pending -= amount
-//	it fails                   Restore  available += amount, pending -= amount
+//	a charge succeeds          CreditBalance   available += amount
+//	a refund or payout starts  DebitBalance    available -= amount, pending += amount
+//	it succeeds                SettleBalance   pending -= amount
+//	it fails                   RestoreBalance  available += amount, pending -= amount
 //
-// Debit is where overdrawing is refused, by the database: the CHECK
+// The debit is where overdrawing is refused, by the database: the CHECK
 // balance_not_overdrawn (available >= 0) fails the UPDATE, and concurrent
 // debits queue on the balance row's lock, so no interleaving of payouts
 // and refunds can take available below zero.
-package balances
 
 import (
 	"context"
@@ -26,20 +27,18 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
-
-// Credit adds a succeeded charge's amount to the caller's available
+// CreditBalance adds a succeeded charge's amount to the caller's available
 // balance.
-func Credit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
-	defer postgres.Wrap(&err, "balances.Credit(%s, %s, %d)", callerID, currency, amount)
+func CreditBalance(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
+	defer postgres.Wrap(&err, "CreditBalance(%s, %s, %d)", callerID, currency, amount)
 	return queries.CreditBalance(ctx, tx, dbsqlc.CreditBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
-// Debit takes amount from the available balance into pending, for a
+// DebitBalance takes amount from the available balance into pending, for a
 // refund or payout being created in tx. When the balance does not cover
 // it, it returns a *problem.Error (insufficient_balance) and tx is
 // aborted: the caller returns the problem, and the whole phase rolls back.
-func Debit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, what string) error {
+func DebitBalance(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, what string) error {
 	n, err := queries.DebitBalance(ctx, tx, dbsqlc.DebitBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 	var pgErr *pgconn.PgError
 	if (err == nil && n == 0) || (errors.As(err, &pgErr) && pgErr.ConstraintName == "balance_not_overdrawn") {
@@ -47,26 +46,26 @@ func Debit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int
 		return problem.New(problem.InsufficientBalance, "the %s of %d %s is more than the available balance", what, amount, currency)
 	}
 	if err != nil {
-		return fmt.Errorf("balances.Debit(%s, %s, %d): %w", callerID, currency, amount, err)
+		return fmt.Errorf("DebitBalance(%s, %s, %d): %w", callerID, currency, amount, err)
 	}
 	return nil
 }
 
-// Settle records that a debited refund or payout succeeded.
-func Settle(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
-	defer postgres.Wrap(&err, "balances.Settle(%s, %s, %d)", callerID, currency, amount)
+// SettleBalance records that a debited refund or payout succeeded.
+func SettleBalance(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
+	defer postgres.Wrap(&err, "SettleBalance(%s, %s, %d)", callerID, currency, amount)
 	return queries.SettleBalance(ctx, tx, dbsqlc.SettleBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
-// Restore gives a failed refund's or payout's debit back to available.
-func Restore(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
-	defer postgres.Wrap(&err, "balances.Restore(%s, %s, %d)", callerID, currency, amount)
+// RestoreBalance gives a failed refund's or payout's debit back to available.
+func RestoreBalance(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
+	defer postgres.Wrap(&err, "RestoreBalance(%s, %s, %d)", callerID, currency, amount)
 	return queries.RestoreBalance(ctx, tx, dbsqlc.RestoreBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
-// Get returns the caller's balance as the contract shows it.
-func Get(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ apigen.Balance, err error) {
-	defer postgres.Wrap(&err, "balances.Get(%s)", callerID)
+// GetBalance returns the caller's balance as the contract shows it.
+func GetBalance(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ apigen.Balance, err error) {
+	defer postgres.Wrap(&err, "GetBalance(%s)", callerID)
 	rows, err := queries.ListBalances(ctx, db, callerID)
 	if err != nil {
 		return apigen.Balance{}, err
