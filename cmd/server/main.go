@@ -174,7 +174,7 @@ func newLogger(stdout io.Writer, format string) *slog.Logger {
 // newHTTPServer returns the http.Server that serves handler with the
 // configured timeouts; requests get base as their context.
 func newHTTPServer(cfg config.Server, handler http.Handler, base context.Context) *http.Server {
-	return &http.Server{
+	srv := &http.Server{
 		Handler:           handler,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
@@ -183,6 +183,17 @@ func newHTTPServer(cfg config.Server, handler http.Handler, base context.Context
 		IdleTimeout:       cfg.IdleTimeout,
 		BaseContext:       func(net.Listener) context.Context { return base },
 	}
+	if cfg.DemoMode {
+		// The demo crashes the server on purpose, and must show it. A
+		// browser (and Go's client) silently sends a POST again when a
+		// kept-alive connection breaks before any answer, and the new
+		// server would then answer it after waiting out the dead owner's
+		// lease: the crash would never be seen. Without keep-alive every
+		// request has a connection of its own, and a crash is a lost
+		// connection that the page can show.
+		srv.SetKeepAlivesEnabled(false)
+	}
+	return srv
 }
 
 // run is the whole program, with its inputs passed in so tests can drive it.

@@ -101,6 +101,30 @@ WHERE caller_id = @caller_id
   AND status = 'in_progress'
   AND locked_until > clock_timestamp();
 
+-- name: RenewIdempotencyKeyLease :execrows
+-- The owner's heartbeat: the lease runs for another lease from now. Fenced
+-- like every other write: zero rows means this owner no longer holds the
+-- lease (a newer attempt took over, or it lapsed before this renewal came),
+-- and it must stop before its next write. updated_at is left alone: it
+-- stamps the record's last real change, and a lease that ends later than
+-- it is one that ran out rather than one given up (see the claim).
+UPDATE idempotency_keys
+SET locked_until    = now() + make_interval(secs => @lease_seconds::float8),
+    next_attempt_at = now() + make_interval(secs => @lease_seconds::float8)
+WHERE caller_id = @caller_id
+  AND id = @id
+  AND attempt = @attempt
+  AND status = 'in_progress'
+  AND locked_until > clock_timestamp();
+
+-- name: AwaitIdempotencyKey :exec
+-- A duplicate is about to wait for this record: from now on the record
+-- notifies when it completes, dies, is released or is deleted (migration
+-- 0021). No fence: any request may wait, and the flag changes nothing else.
+UPDATE idempotency_keys
+SET awaited = true
+WHERE caller_id = @caller_id AND id = @id AND status = 'in_progress' AND NOT awaited;
+
 -- name: GetIdempotencyKey :one
 SELECT * FROM idempotency_keys
 WHERE caller_id = @caller_id AND key = @key;

@@ -57,8 +57,9 @@ type App struct {
 	Keys       *idempotency.Store
 	Operations *idempotency.Registry
 
-	cfg     config.Server
-	log     *slog.Logger
+	cfg      config.Server
+	log      *slog.Logger
+	listener *idempotency.Listener
 	jobs    *river.Client[pgx.Tx]
 	workers []func(context.Context)
 	stop    context.CancelFunc
@@ -70,7 +71,14 @@ type App struct {
 // configured); cfg.CrashPoints are checked here.
 func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) (*App, error) {
 	a := &App{cfg: cfg, log: log}
-	a.Keys = idempotency.NewStore(pool, cfg.Lease, log)
+	// One connection LISTENs for the records duplicates wait on.
+	connConfig := pool.Config().ConnConfig
+	a.listener = idempotency.NewListener(func(ctx context.Context) (*pgx.Conn, error) {
+		return pgx.ConnectConfig(ctx, connConfig.Copy())
+	}, log.With("component", "listener"))
+	a.Keys = idempotency.NewStore(pool, idempotency.StoreConfig{
+		Lease: cfg.Lease, MaxRun: cfg.MaxRun(), Wait: cfg.IdempotencyWait, Listener: a.listener,
+	}, log)
 	a.Keys.CacheReplays(cfg.ReplayCacheSize, cfg.Retention)
 	var processor cardprocessor.Processor = cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
 
@@ -183,7 +191,7 @@ func (a *App) Reconciler(backoffBase time.Duration) (*idempotency.Reconciler, er
 		// records on expired leases. The loop runs again at once while it
 		// finds work, within the budget.
 		Batch:       1,
-		Lease:       cfg.Lease,
+		MaxRun:      cfg.MaxRun(),
 		MaxAttempts: cfg.ReconcilerMaxAttempts,
 		MaxAge:      cfg.ReconcilerMaxAge,
 		BackoffBase: backoffBase,
@@ -218,6 +226,7 @@ func (a *App) Start(ctx context.Context) error {
 // canceled, and a canceled step runs again later under the same
 // downstream key). Call it before the pool closes.
 func (a *App) Stop(ctx context.Context) error {
+	defer a.listener.Close()
 	if a.stop == nil {
 		return nil
 	}

@@ -70,7 +70,7 @@ func newFixture(t *testing.T, cfg processor.Config, clientTimeout time.Duration,
 	}
 	return &fixture{
 		pool:         pool,
-		store:        idempotency.NewStore(pool, time.Minute, quiet),
+		store:        idempotency.NewStore(pool, idempotency.StoreConfig{Lease: time.Minute}, quiet),
 		charges:      charges.NewService(pool, client),
 		processorURL: srv.URL,
 	}

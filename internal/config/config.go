@@ -24,7 +24,7 @@ const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/payments?sslmode=
 
 // The defaults of the settings that more than one program reads.
 const (
-	DefaultLease            = 30 * time.Second
+	DefaultLease            = 10 * time.Second
 	DefaultRetention        = 24 * time.Hour
 	DefaultReconcilerMaxAge = time.Hour
 )
@@ -53,16 +53,24 @@ type Server struct {
 	//     body's reader then fails and the request is answered 408.
 	//   - WriteTimeout (HTTP_WRITE_TIMEOUT): from the end of the headers to
 	//     the end of the response. It covers reading the body (up to
-	//     ReadTimeout), the operation (up to its lease) and the cleanup
+	//     ReadTimeout), waiting for an original request's answer (up to
+	//     IdempotencyWait), the operation (up to MaxRun) and the cleanup
 	//     writes after a failure (CleanupAllowance), so it must exceed their
 	//     sum, or a slow but healthy charge would lose its answer (the
 	//     client's retry would still get it, as a replay).
 	//   - IdleTimeout (HTTP_IDLE_TIMEOUT): how long a keep-alive connection
 	//     may wait for its next request.
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
-	// Lease is how long an execution holds an idempotency key before another
-	// request may take it over (IDEMPOTENCY_LEASE).
+	// Lease is how long an owner holds an idempotency key without renewing
+	// it (IDEMPOTENCY_LEASE). A live owner renews it every third of a lease,
+	// so only a dead (or cut-off) owner loses it: a crash is noticed within
+	// one lease, and then a retry or the reconciler takes the key over.
 	Lease time.Duration
+	// IdempotencyWait is how long a request that finds its key in progress
+	// under a live lease waits on the server for the original's answer,
+	// holding no database connection, before it answers 409
+	// (IDEMPOTENCY_WAIT); 0 answers 409 at once.
+	IdempotencyWait time.Duration
 	// Retention is how long idempotency keys are remembered
 	// (IDEMPOTENCY_KEY_RETENTION); records show it as expires_at.
 	Retention time.Duration
@@ -152,6 +160,12 @@ type Server struct {
 	PayoutRescueAfter time.Duration
 }
 
+// MaxRun is the longest one execution of a keyed operation may take,
+// however long its owner keeps its lease renewed: a processor call and the
+// phases around it. A processor call that never returns must not hold the
+// key for ever.
+func (c Server) MaxRun() time.Duration { return c.ProcessorTimeout + 2*CleanupAllowance }
+
 // PayoutJobTimeout is the longest one run of a payout job may take: one
 // processor call and two short transactions. River cancels a run that
 // takes longer, and retries it.
@@ -169,6 +183,7 @@ func Load(getenv func(string) string) (Server, error) {
 		WriteTimeout:      r.Duration("HTTP_WRITE_TIMEOUT", 60*time.Second),
 		IdleTimeout:       r.Duration("HTTP_IDLE_TIMEOUT", 60*time.Second),
 		Lease:             r.Duration("IDEMPOTENCY_LEASE", DefaultLease),
+		IdempotencyWait:   r.NonNegativeDuration("IDEMPOTENCY_WAIT", 5*time.Second),
 		Retention:         r.Duration("IDEMPOTENCY_KEY_RETENTION", DefaultRetention),
 		ReplayCacheSize:   r.Int("IDEMPOTENCY_REPLAY_CACHE_SIZE", 10_000, 0),
 		MaxBodyBytes:      int64(r.Int("MAX_BODY_BYTES", 64<<10, 1)),
@@ -209,15 +224,15 @@ func Load(getenv func(string) string) (Server, error) {
 
 	// The rules between settings.
 	checkRetention(r, cfg.Retention, cfg.Lease, cfg.ReconcilerMaxAge)
-	// The lease covers a whole operation, processor call included: a lease
-	// shorter than the call would let a retry take over a live charge.
-	r.Check(cfg.ProcessorTimeout < cfg.Lease,
-		"PROCESSOR_TIMEOUT (%s) must be shorter than IDEMPOTENCY_LEASE (%s)", cfg.ProcessorTimeout, cfg.Lease)
+	// The lease is renewed every third of it; shorter than a second, the
+	// renewals would be most of the owner's work.
+	r.Check(cfg.Lease >= time.Second,
+		"IDEMPOTENCY_LEASE (%s) must be at least 1s: a live owner renews it every third of a lease", cfg.Lease)
 	r.Check(cfg.ReadHeaderTimeout <= cfg.ReadTimeout,
 		"HTTP_READ_HEADER_TIMEOUT (%s) must not be longer than HTTP_READ_TIMEOUT (%s), which covers the headers too", cfg.ReadHeaderTimeout, cfg.ReadTimeout)
-	r.Check(cfg.WriteTimeout > cfg.ReadTimeout+cfg.Lease+CleanupAllowance,
-		"HTTP_WRITE_TIMEOUT (%s) must be longer than HTTP_READ_TIMEOUT (%s) + IDEMPOTENCY_LEASE (%s) + %s: a request may read its body, run for its whole lease and clean up before it answers",
-		cfg.WriteTimeout, cfg.ReadTimeout, cfg.Lease, CleanupAllowance)
+	r.Check(cfg.WriteTimeout > cfg.ReadTimeout+cfg.IdempotencyWait+cfg.MaxRun()+CleanupAllowance,
+		"HTTP_WRITE_TIMEOUT (%s) must be longer than HTTP_READ_TIMEOUT (%s) + IDEMPOTENCY_WAIT (%s) + the longest run of an operation, PROCESSOR_TIMEOUT + %s (%s), + %s: a request may read its body, wait for the original, run the operation and clean up before it answers",
+		cfg.WriteTimeout, cfg.ReadTimeout, cfg.IdempotencyWait, 2*CleanupAllowance, cfg.MaxRun(), CleanupAllowance)
 	r.Check(cfg.LogFormat == "" || cfg.LogFormat == "json" || cfg.LogFormat == "text",
 		"LOG_FORMAT=%q: want json or text (or leave it unset: text on a terminal, JSON otherwise)", cfg.LogFormat)
 	r.Check(cfg.PayoutRescueAfter > cfg.PayoutJobTimeout(),
@@ -301,6 +316,20 @@ func (r *Reader) Duration(name string, def time.Duration) time.Duration {
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
 		r.errs = append(r.errs, fmt.Errorf("%s=%q: want a positive Go duration such as 30s or 24h", name, v))
+		return def
+	}
+	return d
+}
+
+// NonNegativeDuration is a Go duration of 0 or more, such as 0 or 5s.
+func (r *Reader) NonNegativeDuration(name string, def time.Duration) time.Duration {
+	v := r.String(name, "")
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		r.errs = append(r.errs, fmt.Errorf("%s=%q: want a Go duration of 0 or more, such as 0 or 5s", name, v))
 		return def
 	}
 	return d

@@ -36,9 +36,8 @@ func TestEveryProblemIsReported(t *testing.T) {
 		"MAX_BODY_BYTES":          "0",
 		"RELAY_ENABLED":           "maybe",
 		"RECONCILER_MAX_ATTEMPTS": "-1",
-		"FAULT_CRASH_POINTS":      "nowhere",
-	}))
-	for _, name := range []string{"IDEMPOTENCY_LEASE", "MAX_BODY_BYTES", "RELAY_ENABLED", "RECONCILER_MAX_ATTEMPTS", "FAULT_CRASH_POINTS"} {
+			}))
+	for _, name := range []string{"IDEMPOTENCY_LEASE", "MAX_BODY_BYTES", "RELAY_ENABLED", "RECONCILER_MAX_ATTEMPTS"} {
 		if err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("error does not name %s: %v", name, err)
 		}
@@ -49,9 +48,11 @@ func TestEveryProblemIsReported(t *testing.T) {
 func TestRulesBetweenSettings(t *testing.T) {
 	t.Parallel()
 	for name, vars := range map[string]map[string]string{
-		"HTTP_WRITE_TIMEOUT":        {"HTTP_WRITE_TIMEOUT": "44s"}, // 10s read + 30s lease + 5s cleanup = 45s
-		"PROCESSOR_TIMEOUT":         {"PROCESSOR_TIMEOUT": "30s"},
-		"IDEMPOTENCY_KEY_RETENTION": {"IDEMPOTENCY_KEY_RETENTION": "20s"},
+		"HTTP_WRITE_TIMEOUT":        {"HTTP_WRITE_TIMEOUT": "39s"}, // 10s read + 5s wait + (10s processor + 10s) run + 5s cleanup = 40s
+		"PROCESSOR_TIMEOUT":         {"PROCESSOR_TIMEOUT": "50s"},
+		"IDEMPOTENCY_KEY_RETENTION": {"IDEMPOTENCY_KEY_RETENTION": "5s"},
+		"IDEMPOTENCY_LEASE":         {"IDEMPOTENCY_LEASE": "500ms"},
+		"IDEMPOTENCY_WAIT":          {"IDEMPOTENCY_WAIT": "-1s"},
 		"RECONCILER_MAX_AGE":        {"RECONCILER_MAX_AGE": "25h"},
 		"HTTP_READ_HEADER_TIMEOUT":  {"HTTP_READ_HEADER_TIMEOUT": "11s"},
 	} {
@@ -59,8 +60,11 @@ func TestRulesBetweenSettings(t *testing.T) {
 			t.Errorf("%v: %v; want an error naming %s", vars, err, name)
 		}
 	}
-	if _, err := Load(env(map[string]string{"HTTP_WRITE_TIMEOUT": "46s"})); err != nil {
+	if _, err := Load(env(map[string]string{"HTTP_WRITE_TIMEOUT": "41s"})); err != nil {
 		t.Errorf("a write timeout just long enough: %v", err)
+	}
+	if cfg, err := Load(env(map[string]string{"IDEMPOTENCY_WAIT": "0"})); err != nil || cfg.IdempotencyWait != 0 {
+		t.Errorf("IDEMPOTENCY_WAIT=0 (answer 409 at once): %v, %v", cfg.IdempotencyWait, err)
 	}
 }
 

@@ -36,6 +36,25 @@ func (q *Queries) AbandonIdempotencyKey(ctx context.Context, db DBTX, arg Abando
 	return result.RowsAffected(), nil
 }
 
+const awaitIdempotencyKey = `-- name: AwaitIdempotencyKey :exec
+UPDATE idempotency_keys
+SET awaited = true
+WHERE caller_id = $1 AND id = $2 AND status = 'in_progress' AND NOT awaited
+`
+
+type AwaitIdempotencyKeyParams struct {
+	CallerID string
+	ID       int64
+}
+
+// A duplicate is about to wait for this record: from now on the record
+// notifies when it completes, dies, is released or is deleted (migration
+// 0021). No fence: any request may wait, and the flag changes nothing else.
+func (q *Queries) AwaitIdempotencyKey(ctx context.Context, db DBTX, arg AwaitIdempotencyKeyParams) error {
+	_, err := db.Exec(ctx, awaitIdempotencyKey, arg.CallerID, arg.ID)
+	return err
+}
+
 const buryIdempotencyKey = `-- name: BuryIdempotencyKey :execrows
 UPDATE idempotency_keys
 SET status       = 'dead',
@@ -73,16 +92,16 @@ WITH claimed AS (
         now() + make_interval(secs => $7::float8)
     )
     ON CONFLICT (caller_id, key) DO NOTHING
-    RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation
+    RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited
 )
-SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, 0::float8 AS age_seconds, c.caller_id, c.id, c.key, c.status, c.recovery_point, c.attempt, c.locked_until, c.request_method, c.request_path, c.request_fingerprint, c.response_status, c.response_headers, c.response_body, c.created_at, c.updated_at, c.completed_at, c.next_attempt_at, c.reconciler_attempts, c.operation
+SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, 0::float8 AS age_seconds, c.caller_id, c.id, c.key, c.status, c.recovery_point, c.attempt, c.locked_until, c.request_method, c.request_path, c.request_fingerprint, c.response_status, c.response_headers, c.response_body, c.created_at, c.updated_at, c.completed_at, c.next_attempt_at, c.reconciler_attempts, c.operation, c.awaited
 FROM claimed c
 UNION ALL
 SELECT false AS claimed,
        coalesce(e.locked_until <= now(), false) AS lease_expired,
        coalesce(greatest(extract(epoch FROM e.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
        greatest(extract(epoch FROM now() - e.created_at), 0)::float8 AS age_seconds,
-       e.caller_id, e.id, e.key, e.status, e.recovery_point, e.attempt, e.locked_until, e.request_method, e.request_path, e.request_fingerprint, e.response_status, e.response_headers, e.response_body, e.created_at, e.updated_at, e.completed_at, e.next_attempt_at, e.reconciler_attempts, e.operation
+       e.caller_id, e.id, e.key, e.status, e.recovery_point, e.attempt, e.locked_until, e.request_method, e.request_path, e.request_fingerprint, e.response_status, e.response_headers, e.response_body, e.created_at, e.updated_at, e.completed_at, e.next_attempt_at, e.reconciler_attempts, e.operation, e.awaited
 FROM idempotency_keys e
 WHERE e.caller_id = $1 AND e.key = $2
 `
@@ -121,6 +140,7 @@ type ClaimIdempotencyKeyRow struct {
 	NextAttemptAt         time.Time
 	ReconcilerAttempts    int32
 	Operation             string
+	Awaited               bool
 }
 
 // The atomic claim, in one statement. The INSERT ... ON CONFLICT DO NOTHING
@@ -182,6 +202,7 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIde
 		&i.NextAttemptAt,
 		&i.ReconcilerAttempts,
 		&i.Operation,
+		&i.Awaited,
 	)
 	return i, err
 }
@@ -203,7 +224,7 @@ SET attempt             = k.attempt + 1,
     updated_at          = now()
 FROM stale
 WHERE k.caller_id = stale.caller_id AND k.id = stale.id
-RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation
+RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited
 `
 
 type ClaimStaleIdempotencyKeysParams struct {
@@ -253,6 +274,7 @@ func (q *Queries) ClaimStaleIdempotencyKeys(ctx context.Context, db DBTX, arg Cl
 			&i.NextAttemptAt,
 			&i.ReconcilerAttempts,
 			&i.Operation,
+			&i.Awaited,
 		); err != nil {
 			return nil, err
 		}
@@ -310,7 +332,7 @@ func (q *Queries) CompleteIdempotencyKey(ctx context.Context, db DBTX, arg Compl
 }
 
 const getIdempotencyKey = `-- name: GetIdempotencyKey :one
-SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation FROM idempotency_keys
+SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation, awaited FROM idempotency_keys
 WHERE caller_id = $1 AND key = $2
 `
 
@@ -342,12 +364,13 @@ func (q *Queries) GetIdempotencyKey(ctx context.Context, db DBTX, arg GetIdempot
 		&i.NextAttemptAt,
 		&i.ReconcilerAttempts,
 		&i.Operation,
+		&i.Awaited,
 	)
 	return i, err
 }
 
 const getIdempotencyKeyWithLease = `-- name: GetIdempotencyKeyWithLease :one
-SELECT k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds
+SELECT k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited, coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds
 FROM idempotency_keys k
 WHERE k.caller_id = $1 AND k.id = $2
 `
@@ -388,6 +411,7 @@ func (q *Queries) GetIdempotencyKeyWithLease(ctx context.Context, db DBTX, arg G
 		&i.IdempotencyKey.NextAttemptAt,
 		&i.IdempotencyKey.ReconcilerAttempts,
 		&i.IdempotencyKey.Operation,
+		&i.IdempotencyKey.Awaited,
 		&i.LeaseRemainingSeconds,
 	)
 	return i, err
@@ -426,7 +450,7 @@ func (q *Queries) GiveBackIdempotencyKey(ctx context.Context, db DBTX, arg GiveB
 }
 
 const listDeadIdempotencyKeys = `-- name: ListDeadIdempotencyKeys :many
-SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation FROM idempotency_keys
+SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation, awaited FROM idempotency_keys
 WHERE caller_id = $1 AND status = 'dead'
 ORDER BY created_at
 `
@@ -461,6 +485,7 @@ func (q *Queries) ListDeadIdempotencyKeys(ctx context.Context, db DBTX, callerID
 			&i.NextAttemptAt,
 			&i.ReconcilerAttempts,
 			&i.Operation,
+			&i.Awaited,
 		); err != nil {
 			return nil, err
 		}
@@ -498,6 +523,43 @@ type ReleaseIdempotencyKeyParams struct {
 func (q *Queries) ReleaseIdempotencyKey(ctx context.Context, db DBTX, arg ReleaseIdempotencyKeyParams) (int64, error) {
 	result, err := db.Exec(ctx, releaseIdempotencyKey,
 		arg.ReconcileAfterSeconds,
+		arg.CallerID,
+		arg.ID,
+		arg.Attempt,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const renewIdempotencyKeyLease = `-- name: RenewIdempotencyKeyLease :execrows
+UPDATE idempotency_keys
+SET locked_until    = now() + make_interval(secs => $1::float8),
+    next_attempt_at = now() + make_interval(secs => $1::float8)
+WHERE caller_id = $2
+  AND id = $3
+  AND attempt = $4
+  AND status = 'in_progress'
+  AND locked_until > clock_timestamp()
+`
+
+type RenewIdempotencyKeyLeaseParams struct {
+	LeaseSeconds float64
+	CallerID     string
+	ID           int64
+	Attempt      int32
+}
+
+// The owner's heartbeat: the lease runs for another lease from now. Fenced
+// like every other write: zero rows means this owner no longer holds the
+// lease (a newer attempt took over, or it lapsed before this renewal came),
+// and it must stop before its next write. updated_at is left alone: it
+// stamps the record's last real change, and a lease that ends later than
+// it is one that ran out rather than one given up (see the claim).
+func (q *Queries) RenewIdempotencyKeyLease(ctx context.Context, db DBTX, arg RenewIdempotencyKeyLeaseParams) (int64, error) {
+	result, err := db.Exec(ctx, renewIdempotencyKeyLease,
+		arg.LeaseSeconds,
 		arg.CallerID,
 		arg.ID,
 		arg.Attempt,
@@ -555,7 +617,7 @@ WHERE caller_id = $2
   AND attempt = $4
   AND status = 'in_progress'
   AND locked_until <= now()
-RETURNING caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation
+RETURNING caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation, awaited
 `
 
 type TakeOverIdempotencyKeyParams struct {
@@ -601,6 +663,7 @@ func (q *Queries) TakeOverIdempotencyKey(ctx context.Context, db DBTX, arg TakeO
 		&i.NextAttemptAt,
 		&i.ReconcilerAttempts,
 		&i.Operation,
+		&i.Awaited,
 	)
 	return i, err
 }

@@ -133,6 +133,7 @@ type IdempotencyKey struct {
 	NextAttemptAt      time.Time
 	ReconcilerAttempts int32
 	Operation          string
+	Awaited            bool
 }
 
 type Order struct {

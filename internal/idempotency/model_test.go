@@ -94,7 +94,7 @@ func TestKeyRecordStateMachine(t *testing.T) {
 					}
 				case m.live:
 					var p *problem.Error
-					if !errors.As(err, &p) || p.Code != problem.IdempotencyKeyInUse {
+					if !errors.As(asAnswered(err), &p) || p.Code != problem.IdempotencyKeyInUse {
 						rt.Fatalf("claim of a held key: %v, %v; want 409 in use", l, err)
 					}
 				default:

@@ -34,8 +34,8 @@ type ReconcilerConfig struct {
 	Interval time.Duration
 	// Batch is the most records claimed per scan.
 	Batch int
-	// Lease bounds one record's run, as for a request.
-	Lease time.Duration
+	// MaxRun bounds one record's run, as for a request.
+	MaxRun time.Duration
 	// MaxAttempts and MaxAge decide when a record is set aside (status
 	// dead) instead of tried again. MaxAttempts counts the reconciler's own
 	// tries (reconciler_attempts), not a client's retries: a client
@@ -60,7 +60,7 @@ func (c ReconcilerConfig) validate() error {
 	var p config.Problems
 	p.Check(c.Interval > 0, "Interval must be positive")
 	p.Check(c.Batch >= 1, "Batch must be at least 1")
-	p.Check(c.Lease > 0, "Lease must be positive")
+	p.Check(c.MaxRun > 0, "MaxRun must be positive")
 	p.Check(c.MaxAttempts >= 1, "MaxAttempts must be at least 1")
 	p.Check(c.MaxAge > 0, "MaxAge must be positive")
 	p.Check(c.BackoffBase > 0 && c.BackoffCap >= c.BackoffBase, "BackoffBase must be positive and BackoffCap at least BackoffBase")
@@ -129,7 +129,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 		r.budget.Deposit(allowed)
 		return 0, nil
 	}
-	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Lease)
+	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MaxRun)
 	leases, err := r.store.ClaimStale(claimCtx, allowed, r.operations.Operations())
 	cancel()
 	if err != nil {
@@ -156,8 +156,8 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 		"recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
 	// A record started is finished even if the reconciler is told to stop
 	// meanwhile (its writes must not be cut off halfway), bounded by the
-	// lease like any request.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Lease)
+	// longest run of an operation, like any request.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MaxRun)
 	defer cancel()
 	metrics.ReconcilerTakeovers.Inc()
 

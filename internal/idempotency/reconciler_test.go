@@ -54,7 +54,7 @@ func newFixture(t *testing.T, flakyFailures int) *fixture {
 	operations.Register(charges.Operation, chargeService.Resume)
 	return &fixture{
 		pool:         pool,
-		store:        idempotency.NewStore(pool, time.Minute, quiet),
+		store:        idempotency.NewStore(pool, idempotency.StoreConfig{Lease: time.Minute}, quiet),
 		charges:      chargeService,
 		operations:   operations,
 		processorURL: srv.URL,
@@ -64,7 +64,7 @@ func newFixture(t *testing.T, flakyFailures int) *fixture {
 func (f *fixture) reconciler(t *testing.T, maxAttempts int) *idempotency.Reconciler {
 	t.Helper()
 	r, err := idempotency.NewReconciler(idempotency.ReconcilerConfig{
-		Interval: time.Millisecond, Batch: 4, Lease: time.Minute,
+		Interval: time.Millisecond, Batch: 4, MaxRun: time.Minute,
 		MaxAttempts: maxAttempts, MaxAge: time.Hour,
 		BackoffBase: time.Millisecond, BackoffCap: time.Millisecond,
 		RetriesPerInterval: 100, RetryBurst: 100,
@@ -256,7 +256,7 @@ func TestRetryBudgetThrottlesTheReconciler(t *testing.T) {
 	}
 	now := time.Now()
 	r, err := idempotency.NewReconciler(idempotency.ReconcilerConfig{
-		Interval: time.Second, Batch: 10, Lease: time.Minute, MaxAttempts: 100, MaxAge: time.Hour,
+		Interval: time.Second, Batch: 10, MaxRun: time.Minute, MaxAttempts: 100, MaxAge: time.Hour,
 		BackoffBase: time.Hour, BackoffCap: time.Hour, // a record tried once is not due again here
 		RetriesPerInterval: 1, RetryBurst: 2,
 		Clock: func() time.Time { return now },
@@ -288,7 +288,7 @@ func TestReconcilerRefusesInvalidConfig(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
 	good := idempotency.ReconcilerConfig{
-		Interval: time.Second, Batch: 1, Lease: time.Minute, MaxAttempts: 3, MaxAge: time.Hour,
+		Interval: time.Second, Batch: 1, MaxRun: time.Minute, MaxAttempts: 3, MaxAge: time.Hour,
 		BackoffBase: time.Second, BackoffCap: time.Minute, RetriesPerInterval: 1, RetryBurst: 1,
 	}
 	if _, err := idempotency.NewReconciler(good, f.store, f.operations, quiet); err != nil {
@@ -297,7 +297,7 @@ func TestReconcilerRefusesInvalidConfig(t *testing.T) {
 	for name, mutate := range map[string]func(*idempotency.ReconcilerConfig){
 		"Batch":              func(c *idempotency.ReconcilerConfig) { c.Batch = 0 },
 		"Interval":           func(c *idempotency.ReconcilerConfig) { c.Interval = 0 },
-		"Lease":              func(c *idempotency.ReconcilerConfig) { c.Lease = -time.Second },
+		"MaxRun":             func(c *idempotency.ReconcilerConfig) { c.MaxRun = -time.Second },
 		"MaxAttempts":        func(c *idempotency.ReconcilerConfig) { c.MaxAttempts = 0 },
 		"MaxAge":             func(c *idempotency.ReconcilerConfig) { c.MaxAge = 0 },
 		"BackoffCap":         func(c *idempotency.ReconcilerConfig) { c.BackoffCap = time.Millisecond },
@@ -341,7 +341,7 @@ func TestUnknownOperationIsLeftToAReconcilerThatKnowsIt(t *testing.T) {
 	f := newFixture(t, 1)
 	f.stalledCharge(t, "orphan")
 	cfg := idempotency.ReconcilerConfig{
-		Interval: time.Second, Batch: 1, Lease: time.Minute, MaxAttempts: 3, MaxAge: time.Hour,
+		Interval: time.Second, Batch: 1, MaxRun: time.Minute, MaxAttempts: 3, MaxAge: time.Hour,
 		BackoffBase: time.Second, BackoffCap: time.Minute, RetriesPerInterval: 1, RetryBurst: 1,
 	}
 	older, err := idempotency.NewReconciler(cfg, f.store, idempotency.NewRegistry(), quiet) // knows no operation

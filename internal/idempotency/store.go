@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -62,6 +63,9 @@ var ErrSetAside = errors.New("idempotency: set aside for an operator")
 type Store struct {
 	pool    *pgxpool.Pool
 	lease   time.Duration
+	maxRun  time.Duration
+	wait    time.Duration
+	waiters *Listener // nil: duplicates do not wait (wait is 0)
 	log     *slog.Logger
 	replays *replayCache // nil: every replay reads the database
 
@@ -83,19 +87,42 @@ type Hooks struct {
 	BeforeFinalCommit func(Record)
 }
 
-// NewStore returns a Store whose owners hold their lease for lease. The
-// lease must be longer than any healthy run of an operation (including a
-// processor timeout): a lease that runs out under a live owner lets a second
-// owner in, and although fencing keeps the outcome correct, the work is then
-// done twice.
-//
-// The lease is also the grace the reconciler gives a client: after a
-// request ends in a transient failure (its client told to retry), the
-// reconciler leaves the record alone for one lease, so that the client's
-// own retry, not a background worker, is what resumes it. A client that
-// does not come back within that time has its operation finished for it.
-func NewStore(pool *pgxpool.Pool, lease time.Duration, log *slog.Logger) *Store {
-	return &Store{pool: pool, lease: lease, log: log}
+// StoreConfig tunes a Store.
+type StoreConfig struct {
+	// Lease is how long an owner holds a record without renewing it. An
+	// owner renews it every third of a lease while it works (the processor
+	// call included), so a live owner never loses it to a short lease, and
+	// a crashed one is noticed within one lease: after that, a retry or
+	// the reconciler takes the record over (IDEMPOTENCY_LEASE).
+	//
+	// It is also the grace the reconciler gives a client: after a request
+	// ends in a transient failure (its client told to retry), the
+	// reconciler leaves the record alone for one lease, so that the
+	// client's own retry, not a background worker, is what resumes it.
+	Lease time.Duration
+	// MaxRun bounds one execution, however long its owner keeps renewing:
+	// a processor call that never returns must not hold the key for ever.
+	// Zero is three leases.
+	MaxRun time.Duration
+	// Wait is how long a request that finds its key in progress under a
+	// live lease waits for the original to finish, to answer with its
+	// stored response, before it answers 409 (IDEMPOTENCY_WAIT). Zero, or
+	// no Listener, answers 409 at once.
+	Wait time.Duration
+	// Listener wakes waiting duplicates when their record is notified.
+	Listener *Listener
+}
+
+// NewStore returns a Store over pool.
+func NewStore(pool *pgxpool.Pool, cfg StoreConfig, log *slog.Logger) *Store {
+	s := &Store{pool: pool, lease: cfg.Lease, maxRun: cfg.MaxRun, wait: cfg.Wait, waiters: cfg.Listener, log: log}
+	if s.maxRun <= 0 {
+		s.maxRun = 3 * s.lease
+	}
+	if s.waiters == nil {
+		s.wait = 0
+	}
+	return s
 }
 
 // CacheReplays keeps the answers of up to size completed records in this
@@ -121,6 +148,10 @@ type Lease struct {
 	// than the record is certain to exist.
 	claimed time.Time
 	age     time.Duration
+	// lost is set when a renewal of the lease matched no row: a newer
+	// attempt took the record over, or the lease lapsed before the
+	// renewal came.
+	lost atomic.Bool
 }
 
 // Record is the record as of the last phase this lease committed.
@@ -152,6 +183,11 @@ func (*Response) isResult()     {}
 // point, the takeover proceeds from that new point, and this owner's next
 // write is refused: the record moves forward exactly once either way.
 func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
+	if l.lost.Load() {
+		// A renewal found the lease lost: stop before the next write (it
+		// would be fenced out anyway).
+		return ErrLeaseLost
+	}
 	var result Result
 	err := postgres.Transact(ctx, l.store.pool, func(tx pgx.Tx) error {
 		var err error
@@ -262,16 +298,32 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 		return replayCached(ctx, req, cached)
 	}
 	// From here on, nothing depends on the client staying connected: the
-	// claim, every phase and the stored response run on a context that the
-	// request's cancellation does not reach. The lease bounds it instead;
-	// past the lease another owner may take over anyway.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.lease)
-	defer cancel()
-
-	lease, replay, err := s.claim(ctx, req)
-	if err != nil || replay != nil {
-		return replay, err
+	// claim, every phase and the stored response run on contexts that the
+	// request's cancellation does not reach. Only waiting for another
+	// request's answer stops when the client goes away.
+	lease, resp, err := s.claim(ctx, req)
+	if lease != nil {
+		resp, err = s.run(ctx, req, lease, h)
 	}
+	// A live owner holds the key (found by the claim, or by an owner that
+	// lost its lease to it): wait for its answer, or say when to ask again.
+	var busy *busyError
+	if errors.As(err, &busy) && s.wait > 0 {
+		resp, err = s.waitForOriginal(ctx, req, h, busy)
+	}
+	if errors.As(err, &busy) {
+		observe(ctx, req.Operation, metrics.OutcomeInProgress)
+		return nil, busy.problem()
+	}
+	return resp, err
+}
+
+// run drives the operation req that lease holds to its answer, bounded by
+// MaxRun however long its owner keeps the lease renewed, and on a context
+// the client's cancellation does not reach.
+func (s *Store) run(ctx context.Context, req Request, lease *Lease, h Handler) (*Response, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.maxRun)
+	defer cancel()
 	// A retryable failure releases the lease at once, so the client's retry
 	// finds the record free; the reconciler waits a lease before it steps in.
 	resp, err := s.Drive(ctx, lease, h, s.lease)
@@ -308,11 +360,24 @@ func reused(method, path string) *problem.Error {
 // documentation says. After a retryable failure the lease is released at
 // once, and the reconciler's next try is scheduled reconcileAfter from now.
 func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAfter time.Duration) (*Response, error) {
-	err := runHandler(ctx, h, lease)
+	// The owner renews its lease while the handler runs; if a renewal
+	// finds the lease lost, the handler's context is canceled (a processor
+	// call in flight is abandoned: its outcome is the new owner's to
+	// learn, under the same downstream key) and its next phase is refused.
+	work, cancelWork := context.WithCancel(ctx)
+	stopHeartbeat := lease.heartbeat(work, cancelWork)
+	err := runHandler(work, h, lease)
+	stopHeartbeat()
+	cancelWork()
 	rec := lease.record
 	switch {
 	case err == nil && lease.response != nil:
 		return lease.response, nil
+	case lease.lost.Load():
+		// A newer owner holds the record, whatever the handler's error
+		// says about the call it was cut off in. Answer with what became
+		// of the operation.
+		return s.current(lease.record)
 	case err == nil:
 		err = fmt.Errorf("idempotency: handler for %s %s returned without a response", rec.RequestMethod, rec.RequestPath)
 	case errors.Is(err, ErrLeaseLost):
@@ -391,7 +456,7 @@ func (s *Store) current(rec Record) (*Response, error) {
 	case cur.Status == StatusDead:
 		return nil, dead()
 	case row.LeaseRemainingSeconds > 0:
-		return nil, inProgress(row.LeaseRemainingSeconds)
+		return nil, &busyError{rec: cur, leaseRemaining: row.LeaseRemainingSeconds}
 	default:
 		return nil, resumable()
 	}
@@ -417,6 +482,11 @@ func runHandler(ctx context.Context, h Handler, l *Lease) (err error) {
 
 // claim takes the key for req, or answers from the existing record.
 func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, error) {
+	// Detached: a claim cut off halfway could commit without this request
+	// learning that it owns the key, leaving it leased to nobody.
+	observed := ctx
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
 	var row dbsqlc.ClaimIdempotencyKeyRow
 	var err error
 	// The claim returns no row only when a concurrent request committed the
@@ -438,18 +508,18 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	rec := recordFromClaim(row)
 	age := time.Duration(row.AgeSeconds * float64(time.Second))
 	if row.Claimed {
-		observe(ctx, req.Operation, metrics.OutcomeNew)
+		observe(observed, req.Operation, metrics.OutcomeNew)
 		return &Lease{store: s, record: rec, claimed: sent, age: age}, nil, nil
 	}
 
 	// Someone else created this key. Is it the same request?
 	if subtle.ConstantTimeCompare(rec.RequestFingerprint, req.Fingerprint) != 1 {
-		observe(ctx, req.Operation, metrics.OutcomeMismatch)
+		observe(observed, req.Operation, metrics.OutcomeMismatch)
 		return nil, nil, reused(rec.RequestMethod, rec.RequestPath)
 	}
 	switch {
 	case rec.Status == StatusCompleted:
-		observe(ctx, req.Operation, metrics.OutcomeReplayed)
+		observe(observed, req.Operation, metrics.OutcomeReplayed)
 		resp, err := storedResponse(rec)
 		if err == nil {
 			s.replays.put(req, resp, sent, age)
@@ -476,30 +546,41 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		// ran out was set to end later than its last write, and belonged to
 		// an owner that died or stalled.
 		if rec.LockedUntil == nil || !rec.LockedUntil.After(rec.UpdatedAt) {
-			observe(ctx, req.Operation, metrics.OutcomeResumed)
+			observe(observed, req.Operation, metrics.OutcomeResumed)
 		} else {
-			observe(ctx, req.Operation, metrics.OutcomeTakenOver)
+			observe(observed, req.Operation, metrics.OutcomeTakenOver)
 		}
 		return &Lease{store: s, record: recordOf(taken), claimed: sent, age: age}, nil, nil
 	case rec.Status == StatusDead:
-		observe(ctx, req.Operation, metrics.OutcomeDead)
+		observe(observed, req.Operation, metrics.OutcomeDead)
 		return nil, nil, dead()
 	default:
-		// A live owner holds it.
-		observe(ctx, req.Operation, metrics.OutcomeInProgress)
-		return nil, nil, inProgress(row.LeaseRemainingSeconds)
+		// A live owner holds it: the caller waits, or answers 409.
+		return nil, nil, &busyError{rec: rec, leaseRemaining: row.LeaseRemainingSeconds}
 	}
 }
 
-// inProgress is the 409 for a record a live owner holds, leaseRemaining
-// seconds more at most. Retry-After is that remaining lease, rounded up and
-// never less than a second: by then the owner has either stored its answer
-// (the retry gets the replay) or lost its lease (the retry takes over). It
-// is an upper bound; a client that polls sooner only gets another 409.
-func inProgress(leaseRemaining float64) *problem.Error {
+// busyError is a record a live owner holds, for leaseRemaining seconds at
+// most unless it renews its lease.
+type busyError struct {
+	rec            Record
+	leaseRemaining float64
+}
+
+func (e *busyError) Error() string {
+	return fmt.Sprintf("idempotency: record %d is in progress under a live lease (%.1fs left)", e.rec.ID, e.leaseRemaining)
+}
+
+// problem is the 409 for a busy record. Retry-After says when asking
+// again is useful: soon, since the owner is working and an operation takes
+// seconds (and a retry waits on the server again, for the owner's answer);
+// and never later than the lease could lapse, for an owner that died (the
+// retry then takes over). So a second or two, or less when the lease ends
+// sooner. A client that asks sooner only gets another 409.
+func (e *busyError) problem() *problem.Error {
 	p := problem.New(problem.IdempotencyKeyInUse,
-		"a request with this Idempotency-Key is still being processed; retry after the Retry-After delay to receive its result")
-	p.RetryAfter = max(1, int(math.Ceil(leaseRemaining)))
+		"a request with this Idempotency-Key is still being processed; retry with the same key after the Retry-After delay to receive its result")
+	p.RetryAfter = max(1, min(2, int(math.Ceil(e.leaseRemaining))))
 	return p
 }
 
@@ -608,4 +689,51 @@ func (l *Lease) Bury(ctx context.Context) error {
 		err = ErrLeaseLost
 	}
 	return err
+}
+
+// heartbeat renews l's lease every third of a lease until stop is called
+// or ctx ends: a live owner keeps its lease however long it works (up to
+// MaxRun), and a crashed one stops renewing and loses it within one lease.
+// A renewal is fenced like every other write: when it matches no row, the
+// lease is lost, lost is called, and the heartbeat stops. A renewal that
+// fails for another reason (the database is away) is tried again at the
+// next tick; meanwhile the lease may lapse, and then the next renewal
+// finds it lost.
+func (l *Lease) heartbeat(ctx context.Context, lost func()) (stop func()) {
+	// The fields that name the lease never change while it is held; read
+	// once, here, they are not shared with the phases that move the record.
+	callerID, id, attempt := l.record.CallerID, l.record.ID, l.record.Attempt
+	every := l.store.lease / 3
+	quit, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			renewCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), every)
+			n, err := queries.RenewIdempotencyKeyLease(renewCtx, l.store.pool, dbsqlc.RenewIdempotencyKeyLeaseParams{
+				CallerID: callerID, ID: id, Attempt: attempt, LeaseSeconds: l.store.lease.Seconds(),
+			})
+			cancel()
+			switch {
+			case err != nil:
+				l.store.log.WarnContext(ctx, "renew idempotency key lease", "err", err, "caller", callerID, "key_id", id)
+			case n == 0:
+				l.lost.Store(true)
+				lost()
+				return
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-finished
+	}
 }

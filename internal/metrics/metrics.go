@@ -88,6 +88,15 @@ var IdempotencyOutcomes = counter("payments_idempotency_outcomes_total",
 	"Keyed requests by operation and what the claim found: new, replayed, in_progress, mismatch, resumed, taken_over, dead.",
 	"operation", "outcome")
 
+// IdempotencyWaitSeconds is how long duplicates waited on the server for
+// the original's answer (IDEMPOTENCY_WAIT), whatever they got in the end.
+var IdempotencyWaitSeconds = func() prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "payments_idempotency_wait_seconds",
+		Help: "How long a duplicate waited on the server for the original request's answer.", Buckets: latencyBuckets})
+	Registry.MustRegister(h)
+	return h
+}()
+
 // ReplayCacheHits counts the replays answered from this process's replay
 // cache, without a database round trip (they are also counted as replayed
 // above).

@@ -99,7 +99,7 @@ func newPayments(t *testing.T, pool *pgxpool.Pool) *payments {
 	t.Cleanup(func() { proc.Close(); srv.Close() })
 	return &payments{
 		pool:    pool,
-		store:   idempotency.NewStore(pool, time.Minute, quiet),
+		store:   idempotency.NewStore(pool, idempotency.StoreConfig{Lease: time.Minute}, quiet),
 		charges: charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second)),
 		procURL: srv.URL,
 	}

@@ -71,7 +71,7 @@ func newFixture(t *testing.T) *fixture {
 	client := cardprocessor.NewClient(srv.URL, 5*time.Second)
 	return &fixture{
 		pool:         pool,
-		store:        idempotency.NewStore(pool, time.Minute, quiet),
+		store:        idempotency.NewStore(pool, idempotency.StoreConfig{Lease: time.Minute}, quiet),
 		charges:      charges.NewService(pool, client),
 		refunds:      refunds.NewService(pool, client),
 		proc:         proc,

@@ -1,0 +1,145 @@
+package idempotency
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A Listener holds the one connection per process that LISTENs for the
+// records duplicates wait on (migration 0021), and wakes the waiters of a
+// record when it is notified. Waiting requests hold no connection of their
+// own: two hundred duplicates of one key cost this one connection and a
+// short statement each when they wake.
+//
+// A notification can be lost: the connection drops, or a waiter registers
+// just after its record's notification went by. Neither costs more than
+// latency. Each waiter reads its record again after registering, and on a
+// timer; and when the connection is lost, every waiter is woken to look for
+// itself.
+type Listener struct {
+	connect func(context.Context) (*pgx.Conn, error)
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	waiting map[recordRef]map[chan struct{}]struct{}
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// recordRef names a record as its notification does: caller and id.
+type recordRef struct {
+	callerID string
+	id       int64
+}
+
+// listenChannel is the channel migration 0021's triggers notify on, with
+// the record's "<caller_id>/<id>" as the payload.
+const listenChannel = "idempotency_keys"
+
+// NewListener starts listening on a connection of its own, made with
+// connect (a pool's connection configuration, say), and keeps it up until
+// Close.
+func NewListener(connect func(context.Context) (*pgx.Conn, error), log *slog.Logger) *Listener {
+	ctx, stop := context.WithCancel(context.Background())
+	l := &Listener{connect: connect, log: log, waiting: map[recordRef]map[chan struct{}]struct{}{}, stop: stop, done: make(chan struct{})}
+	go l.run(ctx)
+	return l
+}
+
+// Close stops listening and closes the connection.
+func (l *Listener) Close() {
+	l.stop()
+	<-l.done
+}
+
+// watch registers a waiter for a record: wake receives when the record is
+// notified (or the listener may have missed it). Call cancel when done.
+func (l *Listener) watch(callerID string, id int64) (wake <-chan struct{}, cancel func()) {
+	ref := recordRef{callerID, id}
+	ch := make(chan struct{}, 1)
+	l.mu.Lock()
+	if l.waiting[ref] == nil {
+		l.waiting[ref] = map[chan struct{}]struct{}{}
+	}
+	l.waiting[ref][ch] = struct{}{}
+	l.mu.Unlock()
+	return ch, func() {
+		l.mu.Lock()
+		delete(l.waiting[ref], ch)
+		if len(l.waiting[ref]) == 0 {
+			delete(l.waiting, ref)
+		}
+		l.mu.Unlock()
+	}
+}
+
+// wake wakes the waiters of ref, or every waiter when all is set.
+func (l *Listener) wake(ref recordRef, all bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for r, chans := range l.waiting {
+		if !all && r != ref {
+			continue
+		}
+		for ch := range chans {
+			select {
+			case ch <- struct{}{}:
+			default: // already woken, not yet looked
+			}
+		}
+	}
+}
+
+// run keeps a connection LISTENing until ctx ends, reconnecting with a
+// growing pause after a failure.
+func (l *Listener) run(ctx context.Context) {
+	defer close(l.done)
+	pause := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := l.listen(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		// Whatever was notified while the connection was down is lost:
+		// let every waiter look for itself.
+		l.wake(recordRef{}, true)
+		l.log.WarnContext(ctx, "idempotency: listening for waited-on records failed; connecting again", "err", err, "in", pause)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 5*time.Second)
+	}
+}
+
+func (l *Listener) listen(ctx context.Context) error {
+	conn, err := l.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+listenChannel); err != nil {
+		return err
+	}
+	// A waiter may have registered while the connection was being made;
+	// what was notified before LISTEN took effect is not received.
+	l.wake(recordRef{}, true)
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		callerID, id, ok := strings.Cut(n.Payload, "/")
+		if num, err := strconv.ParseInt(id, 10, 64); ok && err == nil {
+			l.wake(recordRef{callerID, num}, false)
+		}
+	}
+}
