@@ -60,10 +60,10 @@ type App struct {
 	cfg      config.Server
 	log      *slog.Logger
 	listener *idempotency.Listener
-	jobs    *river.Client[pgx.Tx]
-	workers []func(context.Context)
-	stop    context.CancelFunc
-	running sync.WaitGroup
+	jobs     *river.Client[pgx.Tx]
+	workers  []func(context.Context)
+	stop     context.CancelFunc
+	running  sync.WaitGroup
 }
 
 // New builds the service over pool. cfg.ProcessorURL must name the card

@@ -36,7 +36,7 @@ func TestEveryProblemIsReported(t *testing.T) {
 		"MAX_BODY_BYTES":          "0",
 		"RELAY_ENABLED":           "maybe",
 		"RECONCILER_MAX_ATTEMPTS": "-1",
-			}))
+	}))
 	for _, name := range []string{"IDEMPOTENCY_LEASE", "MAX_BODY_BYTES", "RELAY_ENABLED", "RECONCILER_MAX_ATTEMPTS"} {
 		if err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("error does not name %s: %v", name, err)
