@@ -24,7 +24,7 @@ type order struct {
 	Status      string  `json:"status"`
 }
 
-func (ts *testServer) newOrder(t *testing.T, apiKey string, amount int) order {
+func (ts *testServer) newOrder(t testing.TB, apiKey string, amount int) order {
 	t.Helper()
 	res := ts.do(t, request{method: "POST", path: "/v1/orders", apiKey: apiKey,
 		header: http.Header{"Idempotency-Key": {fmt.Sprintf("%s-%d-%p", apiKey, amount, t)}},

@@ -174,7 +174,7 @@ type response struct {
 	Body   []byte
 }
 
-func (r response) problem(t *testing.T) map[string]any {
+func (r response) problem(t testing.TB) map[string]any {
 	t.Helper()
 	if ct := r.Header.Get("Content-Type"); ct != "application/problem+json" {
 		t.Fatalf("status %d with Content-Type %q; want application/problem+json. Body: %s", r.Status, ct, r.Body)
@@ -187,7 +187,7 @@ func (r response) problem(t *testing.T) map[string]any {
 }
 
 // wantProblem checks r is the problem of that status and code.
-func (r response) wantProblem(t *testing.T, status int, code string) map[string]any {
+func (r response) wantProblem(t testing.TB, status int, code string) map[string]any {
 	t.Helper()
 	if r.Status != status {
 		t.Fatalf("status %d, want %d. Body: %s", r.Status, status, r.Body)
@@ -199,7 +199,7 @@ func (r response) wantProblem(t *testing.T, status int, code string) map[string]
 	return p
 }
 
-func (r response) decode(t *testing.T, v any) {
+func (r response) decode(t testing.TB, v any) {
 	t.Helper()
 	if err := json.Unmarshal(r.Body, v); err != nil {
 		t.Fatalf("decode %s: %v", r.Body, err)

@@ -14,7 +14,7 @@ import (
 
 // setChaos replaces the fake processor's chaos settings through its admin
 // endpoint, as an operator (or the demo) would.
-func (ts *testServer) setChaos(t *testing.T, c processor.Chaos) {
+func (ts *testServer) setChaos(t testing.TB, c processor.Chaos) {
 	t.Helper()
 	body, _ := json.Marshal(c)
 	req, _ := http.NewRequest(http.MethodPut, ts.processorURL+"/admin/chaos", bytes.NewReader(body))

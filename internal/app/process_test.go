@@ -35,7 +35,7 @@ var (
 
 // binary builds a command of this module once per test run and returns
 // its path.
-func binary(t *testing.T, pkg string) string {
+func binary(t testing.TB, pkg string) string {
 	t.Helper()
 	buildMu.Lock()
 	defer buildMu.Unlock()
@@ -97,13 +97,13 @@ type serverProcess struct {
 
 // startProcess starts a command of this module with env added, and waits
 // until it logs the address it listens on.
-func startProcess(t *testing.T, pkg string, env ...string) (addr string, cmd *exec.Cmd) {
+func startProcess(t testing.TB, pkg string, env ...string) (addr string, cmd *exec.Cmd) {
 	t.Helper()
 	return startCommand(t, pkg, nil, env...)
 }
 
 // startCommand is startProcess with arguments.
-func startCommand(t *testing.T, pkg string, args []string, env ...string) (addr string, cmd *exec.Cmd) {
+func startCommand(t testing.TB, pkg string, args []string, env ...string) (addr string, cmd *exec.Cmd) {
 	t.Helper()
 	cmd = exec.Command(binary(t, pkg), args...)
 	cmd.Env = append(os.Environ(), env...)
@@ -153,7 +153,7 @@ var processSecret = "whsec_" + rand.Text()
 
 // startProcessorProcess starts the fake processor's binary, listening on a
 // free port, and returns its URL.
-func startProcessorProcess(t *testing.T, env ...string) string {
+func startProcessorProcess(t testing.TB, env ...string) string {
 	t.Helper()
 	addr, _ := startProcess(t, "cmd/processor", append([]string{"PROCESSOR_ADDR=127.0.0.1:0", "WEBHOOK_SECRET=" + processSecret}, env...)...)
 	return "http://" + addr
@@ -162,7 +162,7 @@ func startProcessorProcess(t *testing.T, env ...string) string {
 // startServerProcess starts the server binary on dbURL, listening on a
 // free port, with the demo callers (the tests' callers) and the secret of
 // the processors startProcessorProcess starts.
-func startServerProcess(t *testing.T, dbURL string, env ...string) *serverProcess {
+func startServerProcess(t testing.TB, dbURL string, env ...string) *serverProcess {
 	t.Helper()
 	defaults := []string{"DATABASE_URL=" + dbURL, "HTTP_ADDR=127.0.0.1:0", "SEED_DEMO_CALLERS=true", "PROCESSOR_WEBHOOK_SECRET=" + processSecret}
 	addr, cmd := startProcess(t, "cmd/server", append(defaults, env...)...)
@@ -250,7 +250,7 @@ func TestChargeCrashAtEveryPhaseBoundary(t *testing.T) {
 
 // retryingClient is the project's client, patient enough to outlast a dead
 // owner's lease.
-func retryingClient(t *testing.T, baseURL string) *client.Client {
+func retryingClient(t testing.TB, baseURL string) *client.Client {
 	t.Helper()
 	c, err := client.New(baseURL, "sk_test_acme", client.Policy{MaxAttempts: 20, BaseDelay: 100 * time.Millisecond, MaxDelay: time.Second}, nil)
 	if err != nil {
