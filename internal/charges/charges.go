@@ -127,7 +127,7 @@ func create(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Request)
 	if err != nil {
 		return nil, err
 	}
-	if o.Status != "pending" {
+	if o.Status != orders.StatusPending {
 		return nil, problem.New(problem.OrderNotPayable, "order %s is %s; only a pending order can be charged", o.ID, o.Status)
 	}
 	id := postgres.NewID(postgres.PrefixCharge)

@@ -76,7 +76,7 @@ func newFixture(t *testing.T, cfg processor.Config, clientTimeout time.Duration,
 	}
 }
 
-func (f *fixture) order(t *testing.T, callerID string, amount int64) dbsqlc.Order {
+func (f *fixture) order(t *testing.T, callerID string, amount int64) orders.Order {
 	t.Helper()
 	o, err := orders.Create(context.Background(), f.pool, callerID, orders.NewOrder{Amount: amount, Currency: "usd"})
 	if err != nil {
@@ -130,7 +130,7 @@ func (f *fixture) chargeOf(t *testing.T, key string) dbsqlc.Charge {
 	return ch
 }
 
-func (f *fixture) orderStatus(t *testing.T, id string) string {
+func (f *fixture) orderStatus(t *testing.T, id string) orders.Status {
 	t.Helper()
 	o, err := orders.Get(context.Background(), f.pool, "acme", id)
 	if err != nil {
@@ -689,9 +689,9 @@ func TestSecondChargeOfAnOrderIsNotPayable(t *testing.T) {
 
 	for _, c := range []struct {
 		name      string
-		order     dbsqlc.Order
+		order     orders.Order
 		wantRows  int
-		wantState string
+		wantState orders.Status
 	}{
 		{"paid", paid, 1, orders.StatusPaid},
 		{"in-flight", inFlight, 1, orders.StatusPending},

@@ -5,9 +5,12 @@ package events
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
@@ -25,6 +28,24 @@ const (
 
 var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
+// Event is an event of the outbox, as the rest of the service sees it.
+type Event struct {
+	ID        string
+	CallerID  string
+	Type      string
+	Data      json.RawMessage
+	CreatedAt time.Time
+}
+
+// API is the event as the contract shows it.
+func (e Event) API() (apigen.Event, error) {
+	var data map[string]any
+	if err := json.Unmarshal(e.Data, &data); err != nil {
+		return apigen.Event{}, fmt.Errorf("event %s: %w", e.ID, err)
+	}
+	return apigen.Event{Id: e.ID, Type: apigen.EventType(e.Type), CreatedAt: e.CreatedAt, Data: data}, nil
+}
+
 // Record writes an event. Call it with the transaction that makes the
 // change: the event then commits, or not, with it.
 func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map[string]any) (err error) {
@@ -38,7 +59,7 @@ func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map
 
 // List returns up to limit of the caller's events, newest first, after the
 // event startingAfter when it is not empty, and whether more exist.
-func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Event, _ bool, err error) {
+func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []Event, _ bool, err error) {
 	defer postgres.Wrap(&err, "List(%s)", callerID)
 	p := dbsqlc.ListEventsParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
 	if startingAfter != "" {
@@ -57,8 +78,11 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 	if err != nil {
 		return nil, false, err
 	}
-	if len(rows) > limit {
-		return rows[:limit], true, nil
+	hasMore := len(rows) > limit
+	out := make([]Event, min(len(rows), limit))
+	for i := range out {
+		r := rows[i]
+		out[i] = Event{ID: r.ID, CallerID: r.CallerID, Type: r.Type, Data: r.Data, CreatedAt: r.CreatedAt}
 	}
-	return rows, false, nil
+	return out, hasMore, nil
 }

@@ -7,21 +7,62 @@ package orders
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// Order status values.
+// Order is an order, as the rest of the service sees it (the sqlc row stays
+// in this package).
+type Order struct {
+	ID          string
+	CallerID    string
+	Amount      int64 // in the currency's minor unit
+	Currency    string
+	Description *string
+	Status      Status
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+// Status is where an order stands.
+type Status string
+
+// Order statuses.
 const (
-	StatusPending  = "pending"
-	StatusPaid     = "paid"
-	StatusCanceled = "canceled"
+	StatusPending  Status = "pending"
+	StatusPaid     Status = "paid"
+	StatusCanceled Status = "canceled"
 )
+
+// API is the order as the contract shows it.
+//
+// Every domain package converts its own objects to the API's types, next
+// to them, rather than the HTTP layer doing it: a keyed operation stores
+// its response in its final phase, inside the transaction that makes its
+// effect, so the API's representation must be built there; reads use the
+// same conversion, so a replay and a GET can never disagree.
+func (o Order) API() apigen.Order {
+	return apigen.Order{
+		Id:          o.ID,
+		Amount:      o.Amount,
+		Currency:    apigen.Currency(o.Currency),
+		Description: o.Description,
+		Status:      apigen.OrderStatus(o.Status),
+		CreatedAt:   o.CreatedAt,
+	}
+}
+
+func orderOf(r dbsqlc.Order) Order {
+	return Order{ID: r.ID, CallerID: r.CallerID, Amount: r.Amount, Currency: r.Currency, Description: r.Description,
+		Status: Status(r.Status), CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+}
 
 var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
@@ -34,25 +75,26 @@ type NewOrder struct {
 }
 
 // Create inserts a pending order for callerID.
-func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (_ dbsqlc.Order, err error) {
+func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (_ Order, err error) {
 	defer postgres.Wrap(&err, "orders.Create(%s)", callerID)
-	return queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{
+	o, err := queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{
 		CallerID: callerID, ID: postgres.NewID(postgres.PrefixOrder),
 		Amount: n.Amount, Currency: n.Currency, Description: n.Description,
 	})
+	return orderOf(o), err
 }
 
 // Get returns the caller's order id. Another caller's order is "not found",
 // exactly like one that does not exist, so ids leak nothing across tenants.
-func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (o dbsqlc.Order, err error) {
+func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (_ Order, err error) {
 	defer postgres.Wrap(&err, "orders.Get(%s, %q)", callerID, id)
-	o, err = queries.GetOrder(ctx, db, dbsqlc.GetOrderParams{CallerID: callerID, ID: id})
-	return o, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no order %q", id) })
+	o, err := queries.GetOrder(ctx, db, dbsqlc.GetOrderParams{CallerID: callerID, ID: id})
+	return orderOf(o), postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no order %q", id) })
 }
 
 // List returns up to limit of the caller's orders, newest first, starting
 // after the order startingAfter when it is not empty, and whether more exist.
-func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Order, _ bool, err error) {
+func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []Order, _ bool, err error) {
 	defer postgres.Wrap(&err, "orders.List(%s)", callerID)
 	p := dbsqlc.ListOrdersParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
 	if startingAfter != "" {
@@ -72,19 +114,21 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 		return nil, false, err
 	}
 	// One extra row was asked for: its presence is has_more.
-	if len(rows) > limit {
-		return rows[:limit], true, nil
+	hasMore := len(rows) > limit
+	out := make([]Order, min(len(rows), limit))
+	for i := range out {
+		out[i] = orderOf(rows[i])
 	}
-	return rows, false, nil
+	return out, hasMore, nil
 }
 
 // Lock reads the caller's order id and locks its row until tx ends. Every
 // transaction that changes an order or its charges takes this lock first,
 // so that they queue in one order instead of deadlocking (see package
 // charges).
-func Lock(ctx context.Context, tx pgx.Tx, callerID, id string) (dbsqlc.Order, error) {
+func Lock(ctx context.Context, tx pgx.Tx, callerID, id string) (Order, error) {
 	o, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: callerID, ID: id})
-	return o, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no order %q", id) })
+	return orderOf(o), postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no order %q", id) })
 }
 
 // MarkPaid moves the caller's pending order to paid, in the transaction
@@ -114,7 +158,7 @@ type LiveCharges func(ctx context.Context, tx pgx.Tx, callerID, orderID string) 
 // (a new statement, so a new snapshot) sees it. A check without the lock
 // could miss a charge committed a moment later and cancel an order whose
 // card is about to be charged.
-func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string, live LiveCharges) (o dbsqlc.Order, err error) {
+func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string, live LiveCharges) (o Order, err error) {
 	defer postgres.Wrap(&err, "orders.Cancel(%s, %q)", callerID, id)
 	err = postgres.Transact(ctx, pool, func(tx pgx.Tx) error {
 		var err error
@@ -134,7 +178,8 @@ func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string, live L
 		if charged {
 			return problem.New(problem.OrderNotCancelable, "order %s has a charge in progress; it cannot be canceled", id)
 		}
-		o, err = queries.CancelOrder(ctx, tx, dbsqlc.CancelOrderParams{CallerID: callerID, ID: id})
+		canceled, err := queries.CancelOrder(ctx, tx, dbsqlc.CancelOrderParams{CallerID: callerID, ID: id})
+		o = orderOf(canceled)
 		return err
 	})
 	return o, err

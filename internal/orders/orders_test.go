@@ -46,7 +46,7 @@ func newPool(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
-func create(t *testing.T, db dbsqlc.DBTX, callerID string, amount int64) dbsqlc.Order {
+func create(t *testing.T, db dbsqlc.DBTX, callerID string, amount int64) orders.Order {
 	t.Helper()
 	o, err := orders.Create(context.Background(), db, callerID, orders.NewOrder{Amount: amount, Currency: "usd"})
 	if err != nil {
@@ -55,7 +55,7 @@ func create(t *testing.T, db dbsqlc.DBTX, callerID string, amount int64) dbsqlc.
 	return o
 }
 
-func get(t *testing.T, pool *pgxpool.Pool, id string) dbsqlc.Order {
+func get(t *testing.T, pool *pgxpool.Pool, id string) orders.Order {
 	t.Helper()
 	o, err := orders.Get(context.Background(), pool, "acme", id)
 	if err != nil {
@@ -73,7 +73,7 @@ func wantProblem(t *testing.T, err error, code problem.Code) *problem.Error {
 	return p
 }
 
-func sameOrder(a, b dbsqlc.Order) bool {
+func sameOrder(a, b orders.Order) bool {
 	return a.CallerID == b.CallerID && a.ID == b.ID && a.Amount == b.Amount && a.Currency == b.Currency &&
 		((a.Description == nil) == (b.Description == nil)) && (a.Description == nil || *a.Description == *b.Description) &&
 		a.Status == b.Status && a.CreatedAt.Equal(b.CreatedAt) && a.UpdatedAt.Equal(b.UpdatedAt)
@@ -312,8 +312,8 @@ func TestCancelIsRefusedWhileAChargeIsLive(t *testing.T) {
 	}
 
 	for _, c := range []struct {
-		order dbsqlc.Order
-		state string
+		order orders.Order
+		state orders.Status
 	}{{paid, orders.StatusPaid}, {pending, orders.StatusPending}} {
 		_, err := orders.Cancel(ctx, pool, "acme", c.order.ID, charges.HasLiveCharge)
 		if p := wantProblem(t, err, problem.OrderNotCancelable); p.Status() != http.StatusConflict {
@@ -341,7 +341,7 @@ func TestCancelAndChargeRaceOneWins(t *testing.T) {
 	pay := newPayments(t, pool)
 	const n = 10
 	type outcome struct {
-		order     dbsqlc.Order
+		order     orders.Order
 		cancelErr error
 		resp      *idempotency.Response
 		chargeErr error

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
@@ -18,11 +17,9 @@ func (s *Server) ListEvents(ctx context.Context, req apigen.ListEventsRequestObj
 	}
 	out := apigen.ListEvents200JSONResponse{Data: make([]apigen.Event, len(rows)), HasMore: hasMore}
 	for i, e := range rows {
-		var data map[string]any
-		if err := json.Unmarshal(e.Data, &data); err != nil {
+		if out.Data[i], err = e.API(); err != nil {
 			return nil, err
 		}
-		out.Data[i] = apigen.Event{Id: e.ID, Type: apigen.EventType(e.Type), CreatedAt: e.CreatedAt, Data: data}
 	}
 	return out, nil
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/charges"
-	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/problem"
@@ -36,7 +35,7 @@ func (s *Server) CreateOrder(ctx context.Context, req apigen.CreateOrderRequestO
 				return nil, err
 			}
 			return idempotency.JSONResponse(http.StatusCreated,
-				http.Header{"Location": {"/v1/orders/" + o.ID}}, orderToAPI(o))
+				http.Header{"Location": {"/v1/orders/" + o.ID}}, o.API())
 		})
 	})
 	if err != nil {
@@ -51,7 +50,7 @@ func (s *Server) GetOrder(ctx context.Context, req apigen.GetOrderRequestObject)
 	if err != nil {
 		return nil, err
 	}
-	return apigen.GetOrder200JSONResponse(orderToAPI(o)), nil
+	return apigen.GetOrder200JSONResponse(o.API()), nil
 }
 
 // ListOrders is safe.
@@ -63,7 +62,7 @@ func (s *Server) ListOrders(ctx context.Context, req apigen.ListOrdersRequestObj
 	}
 	out := apigen.ListOrders200JSONResponse{Data: make([]apigen.Order, len(rows)), HasMore: hasMore}
 	for i, o := range rows {
-		out.Data[i] = orderToAPI(o)
+		out.Data[i] = o.API()
 	}
 	return out, nil
 }
@@ -75,7 +74,7 @@ func (s *Server) CancelOrder(ctx context.Context, req apigen.CancelOrderRequestO
 	if err != nil {
 		return nil, err
 	}
-	return apigen.CancelOrder200JSONResponse(orderToAPI(o)), nil
+	return apigen.CancelOrder200JSONResponse(o.API()), nil
 }
 
 // GetIdempotencyKey shows the caller's own record for a key. Another
@@ -119,17 +118,6 @@ func page(limit *int, startingAfter *string) (int, string) {
 		s = *startingAfter
 	}
 	return l, s
-}
-
-func orderToAPI(o dbsqlc.Order) apigen.Order {
-	return apigen.Order{
-		Id:          o.ID,
-		Amount:      o.Amount,
-		Currency:    apigen.Currency(o.Currency),
-		Description: o.Description,
-		Status:      apigen.OrderStatus(o.Status),
-		CreatedAt:   o.CreatedAt,
-	}
 }
 
 // keyedRequest returns the keyed request the contract middleware prepared.
