@@ -9,6 +9,26 @@ import (
 	"context"
 )
 
+const downstreamKeyInUse = `-- name: DownstreamKeyInUse :one
+SELECT (EXISTS (SELECT 1 FROM charges c WHERE c.caller_id = $1 AND c.downstream_key = $2)
+     OR EXISTS (SELECT 1 FROM refunds r WHERE r.caller_id = $1 AND r.downstream_key = $2)
+     OR EXISTS (SELECT 1 FROM payouts p WHERE p.caller_id = $1 AND p.downstream_key = $2))::boolean AS in_use
+`
+
+type DownstreamKeyInUseParams struct {
+	CallerID      string
+	DownstreamKey string
+}
+
+// Whether an earlier charge, refund or payout of the caller was sent to the
+// processor under this key (effect.NewDownstreamKey).
+func (q *Queries) DownstreamKeyInUse(ctx context.Context, db DBTX, arg DownstreamKeyInUseParams) (bool, error) {
+	row := db.QueryRow(ctx, downstreamKeyInUse, arg.CallerID, arg.DownstreamKey)
+	var in_use bool
+	err := row.Scan(&in_use)
+	return in_use, err
+}
+
 const getChargeByDownstreamKey = `-- name: GetChargeByDownstreamKey :one
 SELECT caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at, amount_refunded FROM charges
 WHERE caller_id = $1 AND downstream_key = $2

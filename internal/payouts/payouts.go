@@ -99,11 +99,17 @@ func (s *Service) Create(ctx context.Context, l *idempotency.Lease, req Request)
 		if err := balances.Debit(ctx, tx, req.CallerID, req.Currency, req.Amount, "payout"); err != nil {
 			return nil, err
 		}
-		id := ids.New(ids.Payout)
+		// Derived from the request, not the row (effect.DownstreamKey): a
+		// retry after a failover that lost this transaction asks the
+		// processor for the same transfer again, and gets its first answer.
+		downstreamKey, err := effect.NewDownstreamKey(ctx, tx, l.Record())
+		if err != nil {
+			return nil, err
+		}
 		po, err := queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{
-			CallerID: req.CallerID, ID: id, IdempotencyKeyID: l.Record().ID,
+			CallerID: req.CallerID, ID: ids.New(ids.Payout), IdempotencyKeyID: l.Record().ID,
 			Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
-			DownstreamKey: effect.DownstreamKey(req.CallerID, id),
+			DownstreamKey: downstreamKey,
 		})
 		if err != nil {
 			return nil, err

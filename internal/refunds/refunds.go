@@ -175,10 +175,14 @@ func create(ctx context.Context, tx pgx.Tx, rec dbsqlc.IdempotencyKey, req Reque
 	if err := balances.Debit(ctx, tx, ch.CallerID, ch.Currency, amount, "refund"); err != nil {
 		return nil, err
 	}
-	id := ids.New(ids.Refund)
+	// Derived from the request, not the row (effect.DownstreamKey).
+	downstreamKey, err := effect.NewDownstreamKey(ctx, tx, rec)
+	if err != nil {
+		return nil, err
+	}
 	if _, err := queries.CreateRefund(ctx, tx, dbsqlc.CreateRefundParams{
-		CallerID: ch.CallerID, ID: id, ChargeID: ch.ID, IdempotencyKeyID: rec.ID,
-		Amount: amount, DownstreamKey: effect.DownstreamKey(ch.CallerID, id),
+		CallerID: ch.CallerID, ID: ids.New(ids.Refund), ChargeID: ch.ID, IdempotencyKeyID: rec.ID,
+		Amount: amount, DownstreamKey: downstreamKey,
 	}); err != nil {
 		return nil, err
 	}
