@@ -29,6 +29,11 @@
 // gone, and that the replicas, their background workers and a sweeper
 // carried on without a restart.
 //
+// TestAsyncFailoverLosesAcknowledgedWritesButChargesOnce shows what a
+// failover under asynchronous replication loses (acknowledged
+// transactions), and that even then no card is charged and no payout paid
+// twice.
+//
 // `go test ./internal/soak` (and so `make test` and CI) runs the chaos soak
 // for 40 seconds and the failover soak for 30 seconds of load (more, until
 // both killed nodes are back); `make soak` and `make soak-failover` run
