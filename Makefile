@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak
+.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak soak-failover ha ha-stop
 
 # Run the demo on :8080 against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -151,6 +151,32 @@ soak:
 	@mkdir -p .cache
 	go test -race -count=1 -v -run '^TestSoak$$' -timeout 60m ./internal/soak/ -soak.duration=$(SOAK) -soak.summary=$(CURDIR)/.cache/soak-summary.txt
 	@cat .cache/soak-summary.txt
+
+# The failover soak (internal/soak, TestFailoverSoak) with five minutes of
+# load: the chaos soak's load against a Patroni cluster whose leader is
+# killed twice (docs/operations.md). `make test` runs it with 30 seconds.
+# SOAK_FAILOVER=10m to change the length.
+SOAK_FAILOVER = 5m
+soak-failover:
+	@mkdir -p .cache
+	bash scripts/ha.sh install
+	go test -race -count=1 -v -run '^TestFailoverSoak$$' -timeout 60m ./internal/soak/ -soak.failover-duration=$(SOAK_FAILOVER) -soak.summary=$(CURDIR)/.cache/soak-failover-summary.txt
+	@cat .cache/soak-failover-summary.txt
+
+# A highly available PostgreSQL for development (docs/operations.md): etcd
+# and three Patroni-managed nodes with synchronous replication, every file
+# in $(HA_DIR), loopback ports only. It prints the DATABASE_URL to give the
+# server; `make ha-stop` stops every process it started.
+HA_DIR = .cache/ha
+ha:
+	@mkdir -p .cache
+	bash scripts/ha.sh install
+	bash scripts/ha.sh start $(HA_DIR) >/dev/null
+	@echo "The cluster is up (bash scripts/ha.sh status $(HA_DIR)). Run the server on it with:"
+	@echo "  DATABASE_URL='$$(bash scripts/ha.sh url $(HA_DIR) payments)' make run"
+
+ha-stop:
+	bash scripts/ha.sh stop $(HA_DIR)
 
 # CI's short fuzz: each target briefly, beyond its seeds (which every
 # `make test` runs). A crasher fails CI and is written to the package's

@@ -356,7 +356,22 @@ func TestKeyAfterRetentionIsNewOperation(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, withConfig(func(c *config.Server) { c.ReplayCacheSize = 0 }))
 	first := ts.createOrder(t, "old", teaOrder)
-	if _, err := ts.db.Exec(context.Background(), `UPDATE idempotency_keys SET created_at = now() - interval '25 hours' WHERE key = 'old'`); err != nil {
+	ts.expire(t, "old")
+	second := ts.createOrder(t, "old", `{"amount":1,"currency":"eur"}`)
+	if second.Status != http.StatusCreated || second.Header.Get("Idempotent-Replayed") != "" || bytes.Equal(first.Body, second.Body) {
+		t.Fatalf("reused key after its record expired: %d %s", second.Status, second.Body)
+	}
+	if n := ts.count(t, "orders"); n != 2 {
+		t.Errorf("%d orders; want 2", n)
+	}
+}
+
+// expire back-dates the key's record past the retention window, and the
+// real sweeper deletes it.
+func (ts *testServer) expire(t *testing.T, key string) {
+	t.Helper()
+	if _, err := ts.db.Exec(context.Background(), `UPDATE idempotency_keys SET created_at = now() - $2::interval WHERE key = $1`,
+		key, ts.cfg.Retention+time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	sw, err := sweeper.New(sweeper.Config{KeyRetention: ts.cfg.Retention, EventRetention: ts.cfg.Retention, WebhookRetention: ts.cfg.Retention, Batch: 10}, ts.db)
@@ -367,12 +382,46 @@ func TestKeyAfterRetentionIsNewOperation(t *testing.T) {
 	if err != nil || r.Keys != 1 {
 		t.Fatalf("sweep: %+v, %v; want the expired record deleted", r, err)
 	}
-	second := ts.createOrder(t, "old", `{"amount":1,"currency":"eur"}`)
-	if second.Status != http.StatusCreated || second.Header.Get("Idempotent-Replayed") != "" || bytes.Equal(first.Body, second.Body) {
-		t.Fatalf("reused key after its record expired: %d %s", second.Status, second.Body)
+}
+
+// The same key with the same request after the retention window is a new
+// operation too, with an effect of its own at the processor. Downstream
+// keys are derived from the caller, the key and the request, which are
+// the same here; the new operation finds the first one's key taken and
+// takes the next generation (cardprocessor.NewDownstreamKey), so it neither
+// collides with the old payout's row nor replays its transfer.
+func TestSameRequestAfterRetentionIsANewEffect(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withConfig(func(c *config.Server) { c.ReplayCacheSize = 0 }))
+	ts.fund(t, "sk_test_acme", 5000)
+	body := `{"amount":1000,"currency":"usd","destination":"ba_test_ok"}`
+	var first, second payout
+	res := ts.do(t, payoutRequest("sk_test_acme", "weekly", body))
+	if res.Status != http.StatusAccepted {
+		t.Fatalf("payout: %d %s", res.Status, res.Body)
 	}
-	if n := ts.count(t, "orders"); n != 2 {
-		t.Errorf("%d orders; want 2", n)
+	res.decode(t, &first)
+	ts.pollPayout(t, "sk_test_acme", "/v1/payouts/"+first.ID)
+	ts.expire(t, "weekly")
+
+	res = ts.do(t, payoutRequest("sk_test_acme", "weekly", body))
+	if res.Status != http.StatusAccepted || res.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("the same payout after the window: %d %s; want a new 202", res.Status, res.Body)
+	}
+	res.decode(t, &second)
+	if final, _ := ts.pollPayout(t, "sk_test_acme", "/v1/payouts/"+second.ID); second.ID == first.ID || final.Status != "paid" {
+		t.Fatalf("second payout %+v, final %+v; want a new payout, paid", second, final)
+	}
+	firstKey, secondKey := ts.payoutDownstreamKey(t, first.ID), ts.payoutDownstreamKey(t, second.ID)
+	if firstKey == secondKey {
+		t.Fatalf("both payouts went to the processor under %s", firstKey)
+	}
+	transfers := ts.payoutTransfers(t)
+	if len(transfers) != 2 || transfers[0].IdempotencyKey != firstKey || transfers[1].IdempotencyKey != secondKey {
+		t.Fatalf("processor payouts %+v; want one under %s and one under %s", transfers, firstKey, secondKey)
+	}
+	if avail, pending := ts.usd(t, "sk_test_acme"); avail != 3000 || pending != 0 {
+		t.Errorf("balance: available %d, pending %d; want 3000, 0", avail, pending)
 	}
 }
 

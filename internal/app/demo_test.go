@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retrysafe/payments/internal/cardprocessor"
+	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
@@ -151,8 +153,13 @@ func TestDemoCrashIsRecoveredOnce(t *testing.T) {
 	if err := json.Unmarshal(body, &ledger); err != nil {
 		t.Fatalf("ledger: %v %s", err, body)
 	}
-	if n := len(ledger.Data); n != 1 || !strings.HasSuffix(ledger.Data[0].IdempotencyKey, ch.ID) {
-		t.Errorf("ledger %+v; want exactly one effect, under charge %s's downstream key", ledger.Data, ch.ID)
+	// The downstream key is derived from the caller, the key and the request.
+	fingerprint, err := idempotency.Fingerprint("POST", path, []byte(charge))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, want := len(ledger.Data), cardprocessor.DownstreamKey("acme", "demo-charge", fingerprint, 0); n != 1 || ledger.Data[0].IdempotencyKey != want {
+		t.Errorf("ledger %+v; want exactly one effect, under charge %s's downstream key %s", ledger.Data, ch.ID, want)
 	}
 	// The armed point did not survive the crash: this is a new process.
 	_, _, body, _ = call("GET", "/demo/crash", "", "")

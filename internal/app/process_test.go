@@ -365,8 +365,8 @@ func TestKilledPayoutJobIsRescuedByRiver(t *testing.T) {
 		t.Fatalf("payout %+v (%v), seen %v; want paid", final, err, seen)
 	}
 	transfers := api.payoutTransfers(t)
-	if len(transfers) != 1 || transfers[0].IdempotencyKey != "acme-"+accepted.Id || transfers[0].Status != "paid" {
-		t.Fatalf("processor payouts %+v; want exactly one, paid, under acme-%s", transfers, accepted.Id)
+	if key := api.payoutDownstreamKey(t, accepted.Id); len(transfers) != 1 || transfers[0].IdempotencyKey != key || transfers[0].Status != "paid" {
+		t.Fatalf("processor payouts %+v; want exactly one, paid, under %s", transfers, key)
 	}
 	var attempts int
 	if err := db.QueryRow(context.Background(), `SELECT attempt FROM river.river_job WHERE kind = 'payout'`).Scan(&attempts); err != nil || attempts < 2 {

@@ -4,7 +4,9 @@
 //
 //	started        → create (one transaction): lock the order, check it is
 //	                 payable, create the charge row (pending) with the
-//	                 downstream key that every attempt will send.
+//	                 downstream key that every attempt will send (derived
+//	                 from the request, so a retry after a lost row sends
+//	                 it again).
 //	charge_created → the processor call with that key, outside any
 //	                 transaction (package effect). No definite answer
 //	                 (timeout, 5xx, 429): stop here, nothing stored; the
@@ -130,13 +132,18 @@ func create(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Request)
 	if o.Status != orders.StatusPending {
 		return nil, problem.New(problem.OrderNotPayable, "order %s is %s; only a pending order can be charged", o.ID, o.Status)
 	}
-	id := postgres.NewID(postgres.PrefixCharge)
+	// Fixed here, with the row: every attempt of this operation sends the
+	// same key, and no other operation ever does. It is derived from the
+	// request, not from the row, so that a retry after a failover that lost
+	// the row sends the same key again (cardprocessor.DownstreamKey).
+	downstreamKey, err := cardprocessor.NewDownstreamKey(ctx, tx, rec.CallerID, rec.Key, rec.RequestFingerprint)
+	if err != nil {
+		return nil, err
+	}
 	_, err = queries.CreateCharge(ctx, tx, dbsqlc.CreateChargeParams{
-		CallerID: req.CallerID, ID: id, OrderID: o.ID, IdempotencyKeyID: rec.ID,
+		CallerID: req.CallerID, ID: postgres.NewID(postgres.PrefixCharge), OrderID: o.ID, IdempotencyKeyID: rec.ID,
 		Amount: o.Amount, Currency: o.Currency, PaymentMethod: req.PaymentMethod,
-		// Fixed here, with the row: every attempt of this operation sends
-		// the same key, and no other operation ever does.
-		DownstreamKey: effect.DownstreamKey(req.CallerID, id),
+		DownstreamKey: downstreamKey,
 	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.ConstraintName == "charges_one_live_per_order" {

@@ -21,7 +21,6 @@ import (
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
@@ -327,8 +326,10 @@ func TestFreshChargeIsCreatedCalledAndFinished(t *testing.T) {
 		ch.PaymentMethod != processor.PaymentMethodVisa || ch.FailureCode != nil {
 		t.Errorf("charge %+v; want a succeeded charge of the order's 4200 usd", ch)
 	}
-	if ch.DownstreamKey != effect.DownstreamKey("acme", ch.ID) {
-		t.Errorf("downstream key %q; want %q", ch.DownstreamKey, effect.DownstreamKey("acme", ch.ID))
+	// Derived from the request, which every retry carries again, not from
+	// the row.
+	if want := cardprocessor.DownstreamKey("acme", "pay", f.record(t, "pay").RequestFingerprint, 0); ch.DownstreamKey != want {
+		t.Errorf("downstream key %q; want %q", ch.DownstreamKey, want)
 	}
 
 	want, err := charges.Render(ch)
@@ -568,7 +569,7 @@ func TestApplyChargeOutcomeRecordsSuccessOnce(t *testing.T) {
 	}
 
 	// A report about a charge we never made is not ours: not found, no error.
-	if known, err := f.applyOutcome(t, effect.DownstreamKey("acme", "ch_unknown"), succeeded); known || err != nil {
+	if known, err := f.applyOutcome(t, cardprocessor.DownstreamKey("acme", "unknown", nil, 0), succeeded); known || err != nil {
 		t.Errorf("unknown downstream key: %v, %v; want false, nil", known, err)
 	}
 	// Nor is another caller's: globex cannot settle acme's charge.

@@ -22,7 +22,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -67,24 +66,4 @@ func Call[A any](ctx context.Context, l *idempotency.Lease, what string,
 	return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
 		return finish(ctx, tx, answer, refusal)
 	})
-}
-
-// DownstreamKey is the Idempotency-Key sent to the processor for the local
-// object objectID (ch_… or re_…): "<caller>-<objectID>". The object id is
-// random, so no two operations ever share a key, even across a restore of
-// the database (a sequence would hand out used numbers again, and the
-// processor would replay an old effect). The caller's id in it lets a
-// webhook, which carries the key, find the caller whose rows it is about.
-func DownstreamKey(callerID, objectID string) string {
-	return callerID + "-" + objectID
-}
-
-// CallerOf returns the caller a downstream key belongs to. Object ids
-// never contain a '-', so the caller is everything before the last one.
-func CallerOf(downstreamKey string) (string, bool) {
-	i := strings.LastIndex(downstreamKey, "-")
-	if i <= 0 || i == len(downstreamKey)-1 {
-		return "", false
-	}
-	return downstreamKey[:i], true
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/postgres"
 )
@@ -92,7 +92,7 @@ func (in *Inbox) Handle(eventType string, apply Applier) {
 // arrives.
 func (in *Inbox) Receive(ctx context.Context, ev ProcessorEvent) (duplicate bool, err error) {
 	defer postgres.Wrap(&err, "events.Receive(%s)", ev.ID)
-	callerID, ok := effect.CallerOf(ev.DownstreamKey)
+	callerID, ok := cardprocessor.CallerOfDownstreamKey(ev.DownstreamKey)
 	apply := in.appliers[ev.Type]
 	if !ok || apply == nil {
 		return false, nil

@@ -38,8 +38,8 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/retrysafe/payments/internal/apigen"
+	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/postgres"
@@ -96,11 +96,17 @@ func (s *Service) Create(ctx context.Context, l *idempotency.Lease, req Request)
 		if err := DebitBalance(ctx, tx, req.CallerID, req.Currency, req.Amount, "payout"); err != nil {
 			return nil, err
 		}
-		id := postgres.NewID(postgres.PrefixPayout)
+		// Derived from the request, not the row (cardprocessor.DownstreamKey): a
+		// retry after a failover that lost this transaction asks the
+		// processor for the same transfer again, and gets its first answer.
+		downstreamKey, err := cardprocessor.NewDownstreamKey(ctx, tx, l.Record().CallerID, l.Record().Key, l.Record().RequestFingerprint)
+		if err != nil {
+			return nil, err
+		}
 		po, err := queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{
-			CallerID: req.CallerID, ID: id, IdempotencyKeyID: l.Record().ID,
+			CallerID: req.CallerID, ID: postgres.NewID(postgres.PrefixPayout), IdempotencyKeyID: l.Record().ID,
 			Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
-			DownstreamKey: effect.DownstreamKey(req.CallerID, id),
+			DownstreamKey: downstreamKey,
 		})
 		if err != nil {
 			return nil, err

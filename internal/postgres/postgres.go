@@ -36,6 +36,15 @@ func Open(ctx context.Context, databaseURL string, createIfMissing bool) (*pgxpo
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
+	// A connection whose server has become read-only is not handed out
+	// again: a primary fenced with default_transaction_read_only, or a
+	// server that is now a standby. Its writes would fail until the
+	// connection's lifetime ran out (an hour), while a new connection,
+	// which target_session_attrs=read-write sends to the current primary,
+	// would succeed. The server reports both settings on every change
+	// (PostgreSQL 14 and later), so the check costs no round trip; the
+	// request that found out has had a 503 (IsTransient).
+	cfg.AfterRelease = func(c *pgx.Conn) bool { return !ReadOnly(c.PgConn()) }
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -120,7 +129,9 @@ func Transact(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error)
 
 // IsTransient reports whether err is a database failure worth retrying: the
 // connection broke or timed out, the server is shutting down or out of
-// resources, or a serialization failure or deadlock aborted the transaction.
+// resources, a serialization failure or deadlock aborted the transaction,
+// or the server is read-only (a failover is under way: the old primary is
+// being fenced or turned into a standby, and the new one will take writes).
 // It is what separates "tell the client to retry" (503) from a final error,
 // so it errs towards transient for anything that looks like the network: a
 // blip must never be stored as an operation's final answer.
@@ -147,13 +158,22 @@ func IsTransient(err error) bool {
 		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
 			strings.HasPrefix(pgErr.Code, "40"), // transaction rollback (serialization, deadlock)
 			strings.HasPrefix(pgErr.Code, "53"), // insufficient resources
-			strings.HasPrefix(pgErr.Code, "57"): // operator intervention (shutdown, cancel)
+			strings.HasPrefix(pgErr.Code, "57"), // operator intervention (shutdown, cancel)
+			// read_only_sql_transaction: this service never asks for a
+			// read-only transaction, so the server itself is read-only.
+			pgErr.Code == "25006":
 			return true
 		}
 		return false
 	}
 	var connErr *pgconn.ConnectError
 	return errors.As(err, &connErr)
+}
+
+// ReadOnly reports whether the server last said that conn's session is
+// read-only: a hot standby, or default_transaction_read_only on.
+func ReadOnly(conn *pgconn.PgConn) bool {
+	return conn.ParameterStatus("in_hot_standby") == "on" || conn.ParameterStatus("default_transaction_read_only") == "on"
 }
 
 func isCode(err error, code string) bool {

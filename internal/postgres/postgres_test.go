@@ -93,6 +93,9 @@ func TestIsTransient(t *testing.T) {
 		{&pgconn.PgError{Code: "40P01"}, true},  // deadlock_detected
 		{&pgconn.PgError{Code: "57P01"}, true},  // admin_shutdown
 		{&pgconn.PgError{Code: "08006"}, true},  // connection_failure
+		{&pgconn.PgError{Code: "57P03"}, true},  // cannot_connect_now: starting up, or in recovery
+		{&pgconn.PgError{Code: "25006"}, true},  // read_only_sql_transaction: a standby, or a fenced primary
+		{&pgconn.ConnectError{}, true},          // no host took the connection (none read-write, say)
 		{&pgconn.PgError{Code: "23505"}, false}, // unique_violation: a real answer
 		{&pgconn.PgError{Code: "P0001"}, false}, // raise_exception
 		{errors.New("a bug"), false},
@@ -102,6 +105,56 @@ func TestIsTransient(t *testing.T) {
 			t.Errorf("IsTransient(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
+}
+
+// A server that has turned read-only under an open connection (here the
+// session's default_transaction_read_only, as a fenced primary's would be)
+// fails a write with read_only_sql_transaction, which is transient (a 503),
+// and the pool closes that connection instead of handing it out again: the
+// next write gets a new connection, which target_session_attrs=read-write
+// would send to the new primary.
+func TestReadOnlyServerIsTransientAndItsConnectionIsDropped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := postgres.Open(ctx, testdb.New(t)+"&pool_max_conns=1", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	// Released before any check can end the test (pool.Close waits for it).
+	pid, writeErr, readOnly := func() (uint32, error, bool) {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		if _, err := conn.Exec(ctx, "SET default_transaction_read_only = on"); err != nil {
+			t.Fatal(err)
+		}
+		_, err = conn.Exec(ctx, "CREATE TABLE t (x int)")
+		return conn.Conn().PgConn().PID(), err, postgres.ReadOnly(conn.Conn().PgConn())
+	}()
+	if !isCode(writeErr, "25006") || !postgres.IsTransient(writeErr) {
+		t.Fatalf("write on a read-only session: %v; want a transient read_only_sql_transaction", writeErr)
+	}
+	if !readOnly {
+		t.Fatal("the connection does not know its server is read-only")
+	}
+	var again uint32
+	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&again); err != nil {
+		t.Fatal(err)
+	}
+	if again == pid {
+		t.Fatalf("the pool handed out the read-only connection (backend %d) again", pid)
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE t (x int)"); err != nil {
+		t.Fatalf("write on a new connection: %v", err)
+	}
+}
+
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
 }
 
 // migrator returns golang-migrate over the pool's database.

@@ -19,6 +19,7 @@ import (
 //	PROCESSOR_FLAKY_FAILURES       503s before pm_card_flaky succeeds (default 2)
 //	PROCESSOR_TIMEOUT_HOLD         longest withheld answer (default 30s)
 //	PROCESSOR_PAYOUT_DELAY         how long a payout takes to arrive (default 2s)
+//	PROCESSOR_KEY_RETENTION        how long a downstream key is remembered (default 24h)
 //	CHAOS_LATENCY_MS               added to every /v1 call (default 0)
 //	CHAOS_ERROR_RATE               0..1, 503 before any effect
 //	CHAOS_TIMEOUT_RATE             0..1, answer withheld after the effect
@@ -70,6 +71,13 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 			errs = append(errs, fmt.Errorf("PROCESSOR_PAYOUT_DELAY=%q: want a positive Go duration such as 2s", v))
 		}
 		cfg.PayoutDelay = d
+	}
+	if v := str("PROCESSOR_KEY_RETENTION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			errs = append(errs, fmt.Errorf("PROCESSOR_KEY_RETENTION=%q: want a positive Go duration such as 24h", v))
+		}
+		cfg.KeyRetention = d
 	}
 	integer("CHAOS_LATENCY_MS", 0, &cfg.Chaos.LatencyMS)
 	rate("CHAOS_ERROR_RATE", &cfg.Chaos.ErrorRate)

@@ -29,10 +29,22 @@ import (
 //     409. The wait is short, because an answer is stored before it is
 //     withheld or dropped (pm_card_timeout, pm_card_lostResponse), so a
 //     retry does not wait for the hold of the attempt it is retrying.
+//   - A stored answer is kept for Config.KeyRetention (24 hours, as Stripe
+//     keeps its keys), counted from when it was stored; after that the key
+//     is a new request. The payments server derives its downstream keys
+//     from the caller's Idempotency-Key and request (internal/effect), so
+//     that a retry after a failover that lost its rows sends the same key
+//     again. It must find the first answer still here: a processor must
+//     keep keys for as long as clients retry, which is the server's own
+//     retention window. Keeping them longer would be harmless to the
+//     server (it gives a new operation under an expired key a key of its
+//     own, cardprocessor.NewDownstreamKey), but a processor that forgets sooner
+//     than the server would charge twice a retry that arrived in between.
 
-// keyStore holds one entry per (endpoint, key) ever seen. Entries are never
-// removed: a fake that lives as long as a test run does not need a
-// retention window.
+// keyStore holds one entry per (endpoint, key) ever seen. An entry whose
+// answer has outlived the retention window is forgotten when its key comes
+// again; nothing else removes entries: a fake that lives as long as a test
+// run does not need to free their memory.
 type keyStore struct {
 	mu      sync.Mutex
 	entries map[string]*keyEntry
@@ -49,6 +61,7 @@ type keyEntry struct {
 	attempts    int // requests that reached execution, for the fault methods
 	fingerprint [sha256.Size]byte
 	stored      *storedResponse
+	storedAt    time.Time
 }
 
 type storedResponse struct {
@@ -157,6 +170,10 @@ func (s *Server) serveKeyed(w http.ResponseWriter, r *http.Request, endpoint, ke
 // client's retry replays it at once.
 func (s *Server) answerOnce(e *keyEntry, fp [sha256.Size]byte, execute func(attempt int) outcome) outcome {
 	defer e.release()
+	if e.stored != nil && s.cfg.Now().Sub(e.storedAt) >= s.cfg.KeyRetention {
+		// Forgotten: from here on the key is a new request.
+		e.attempts, e.stored = 0, nil
+	}
 	if e.stored != nil {
 		if e.fingerprint != fp {
 			return faultOutcome(http.StatusUnprocessableEntity, ErrorTypeIdempotency, CodeIdempotencyKeyReused,
@@ -168,7 +185,7 @@ func (s *Server) answerOnce(e *keyEntry, fp [sha256.Size]byte, execute func(atte
 	out := execute(e.attempts)
 	if out.effect {
 		e.stored = &storedResponse{status: out.status, body: out.body}
-		e.fingerprint = fp
+		e.fingerprint, e.storedAt = fp, s.cfg.Now()
 		// A chaos timeout only ever hits a request that did something:
 		// that is the uncertain outcome worth testing.
 		if out.how == deliverNow && s.draw(func(c Chaos) float64 { return c.TimeoutRate }) {

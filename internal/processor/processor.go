@@ -73,6 +73,12 @@ type Config struct {
 	// After it, the answer is sent late.
 	TimeoutHold time.Duration
 
+	// KeyRetention is how long the processor remembers a downstream key's
+	// answer (default 24h, as Stripe). After it, the same key is a new
+	// request. It must not be longer than the payments server's own
+	// IDEMPOTENCY_KEY_RETENTION (see keys.go).
+	KeyRetention time.Duration
+
 	// Chaos is the initial fault injection; PUT /admin/chaos replaces it.
 	Chaos Chaos
 	// Rand is the source of every random choice (chaos draws, backoff
@@ -122,6 +128,9 @@ func (cfg Config) withDefaults() Config {
 	if cfg.TimeoutHold == 0 {
 		cfg.TimeoutHold = 30 * time.Second
 	}
+	if cfg.KeyRetention == 0 {
+		cfg.KeyRetention = 24 * time.Hour
+	}
 	if cfg.Rand == nil {
 		cfg.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())) // #nosec G404 -- the fake's chaos draws, not secrets
 	}
@@ -145,7 +154,7 @@ func (cfg Config) validate() error {
 	if cfg.WebhookMaxAttempts < 0 || cfg.FlakyFailures < 0 {
 		errs = append(errs, errors.New("webhook max attempts and flaky failures must not be negative"))
 	}
-	if cfg.WebhookBackoffBase < 0 || cfg.WebhookBackoffCap < 0 || cfg.WebhookTimeout < 0 || cfg.TimeoutHold < 0 || cfg.PayoutDelay < 0 {
+	if cfg.WebhookBackoffBase < 0 || cfg.WebhookBackoffCap < 0 || cfg.WebhookTimeout < 0 || cfg.TimeoutHold < 0 || cfg.PayoutDelay < 0 || cfg.KeyRetention < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
 	}
 	if err := cfg.Chaos.validate(); err != nil {

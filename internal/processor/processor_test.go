@@ -1,6 +1,7 @@
 package processor_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -54,6 +55,33 @@ func TestChargeSameKeyIsOneEffectAndByteIdenticalReplay(t *testing.T) {
 	if got := f.ledger(t, ""); len(got) != 2 {
 		t.Fatalf("whole ledger: %+v", got)
 	}
+}
+
+// A key's answer is kept for the retention window, counted from when it
+// was stored: the same request just inside it is a replay, and just after
+// it a new request, with an effect of its own.
+func TestKeyIsForgottenAfterTheRetentionWindow(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
+	f := newFake(t, processor.Config{KeyRetention: time.Hour, Now: clock})
+	body := chargeBody(1999, processor.PaymentMethodVisa)
+
+	first := f.post(t, "/v1/charges", "key-1", body)
+	advance(time.Hour - time.Second)
+	wantReplay(t, first, f.post(t, "/v1/charges", "key-1", body))
+	advance(time.Second)
+	later := f.post(t, "/v1/charges", "key-1", body)
+	if later.status != http.StatusCreated || later.header.Get("Idempotent-Replayed") != "" || bytes.Equal(later.body, first.body) {
+		t.Fatalf("after the window: %d %s (replayed %q); want a new charge", later.status, later.body, later.header.Get("Idempotent-Replayed"))
+	}
+	if got := f.ledger(t, "key-1"); len(got) != 2 {
+		t.Fatalf("ledger for key-1: %+v; want two charges, one per window", got)
+	}
+	// And the new answer is the one replayed from now on.
+	wantReplay(t, later, f.post(t, "/v1/charges", "key-1", body))
 }
 
 func TestInvalidRequestsStoreNothing(t *testing.T) {
@@ -448,20 +476,21 @@ func TestLoadConfig(t *testing.T) {
 	}
 	cfg, err = processor.LoadConfig(env(map[string]string{
 		"WEBHOOK_URL": "http://127.0.0.1:8080/webhooks/processor", "WEBHOOK_SECRET": "whsec_x",
-		"PROCESSOR_FLAKY_FAILURES": "4", "PROCESSOR_TIMEOUT_HOLD": "2s", "CHAOS_LATENCY_MS": "10",
+		"PROCESSOR_FLAKY_FAILURES": "4", "PROCESSOR_TIMEOUT_HOLD": "2s", "PROCESSOR_KEY_RETENTION": "1h", "CHAOS_LATENCY_MS": "10",
 		"CHAOS_ERROR_RATE": "0.1", "CHAOS_TIMEOUT_RATE": "0.2", "CHAOS_DUPLICATE_WEBHOOK_RATE": "1", "CHAOS_SEED": "7",
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.FlakyFailures != 4 || cfg.TimeoutHold != 2*time.Second || cfg.Rand == nil ||
+	if cfg.FlakyFailures != 4 || cfg.TimeoutHold != 2*time.Second || cfg.KeyRetention != time.Hour || cfg.Rand == nil ||
 		cfg.Chaos != (processor.Chaos{LatencyMS: 10, ErrorRate: 0.1, TimeoutRate: 0.2, DuplicateWebhookRate: 1}) {
 		t.Fatalf("loaded: %+v", cfg)
 	}
 	_, err = processor.LoadConfig(env(map[string]string{
 		"CHAOS_ERROR_RATE": "lots", "PROCESSOR_TIMEOUT_HOLD": "forever", "CHAOS_SEED": "-1", "PROCESSOR_FLAKY_FAILURES": "0",
+		"PROCESSOR_KEY_RETENTION": "0s",
 	}))
-	for _, name := range []string{"CHAOS_ERROR_RATE", "PROCESSOR_TIMEOUT_HOLD", "CHAOS_SEED", "PROCESSOR_FLAKY_FAILURES"} {
+	for _, name := range []string{"CHAOS_ERROR_RATE", "PROCESSOR_TIMEOUT_HOLD", "CHAOS_SEED", "PROCESSOR_FLAKY_FAILURES", "PROCESSOR_KEY_RETENTION"} {
 		if err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("error does not name %s: %v", name, err)
 		}

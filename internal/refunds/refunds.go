@@ -170,10 +170,14 @@ func create(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Request)
 	if err := payouts.DebitBalance(ctx, tx, ch.CallerID, ch.Currency, amount, "refund"); err != nil {
 		return nil, err
 	}
-	id := postgres.NewID(postgres.PrefixRefund)
+	// Derived from the request, not the row (cardprocessor.DownstreamKey).
+	downstreamKey, err := cardprocessor.NewDownstreamKey(ctx, tx, rec.CallerID, rec.Key, rec.RequestFingerprint)
+	if err != nil {
+		return nil, err
+	}
 	if _, err := queries.CreateRefund(ctx, tx, dbsqlc.CreateRefundParams{
-		CallerID: ch.CallerID, ID: id, ChargeID: ch.ID, IdempotencyKeyID: rec.ID,
-		Amount: amount, DownstreamKey: effect.DownstreamKey(ch.CallerID, id),
+		CallerID: ch.CallerID, ID: postgres.NewID(postgres.PrefixRefund), ChargeID: ch.ID, IdempotencyKeyID: rec.ID,
+		Amount: amount, DownstreamKey: downstreamKey,
 	}); err != nil {
 		return nil, err
 	}

@@ -23,7 +23,6 @@ import (
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
@@ -261,7 +260,7 @@ func TestPartialRefundReservesItsAmount(t *testing.T) {
 
 	resp := f.mustRefund(t, "part", ch.ID, amount(300))
 	re := f.refundOf(t, "part")
-	if re.Status != refunds.StatusSucceeded || re.Amount != 300 || re.ChargeID != ch.ID || re.DownstreamKey != effect.DownstreamKey("acme", re.ID) {
+	if re.Status != refunds.StatusSucceeded || re.Amount != 300 || re.ChargeID != ch.ID || re.DownstreamKey != cardprocessor.DownstreamKey("acme", "part", f.record(t, "part").RequestFingerprint, 0) {
 		t.Fatalf("refund %+v; want a succeeded refund of 300 of %s under its own downstream key", re, ch.ID)
 	}
 	want, err := refunds.Render(re)
@@ -457,7 +456,7 @@ func TestApplySucceededIsIdempotent(t *testing.T) {
 	if n := f.refundEvents(t, re.ID); n != 1 {
 		t.Errorf("%d refund.succeeded events after two deliveries; want 1", n)
 	}
-	if known, err := f.applySucceeded(t, effect.DownstreamKey("acme", "re_unknown"), "pre_x"); known || err != nil {
+	if known, err := f.applySucceeded(t, cardprocessor.DownstreamKey("acme", "unknown", nil, 0), "pre_x"); known || err != nil {
 		t.Errorf("unknown downstream key: %v, %v; want false, nil", known, err)
 	}
 

@@ -95,7 +95,14 @@ func newCluster(t *testing.T, bin string) *cluster {
 	c.run(t, "pg_ctl", "-D", dir, "-l", c.log(), "-w", "-t", "60",
 		"-o", fmt.Sprintf("-p %s -k %s -c listen_addresses=127.0.0.1 -c max_connections=200", c.port, dir), "start")
 
-	pool, err := postgres.Open(context.Background(), c.url(), false)
+	migrate(t, c.url())
+	return c
+}
+
+// migrate applies the migrations to the database at url.
+func migrate(t *testing.T, url string) {
+	t.Helper()
+	pool, err := postgres.Open(context.Background(), url, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +110,6 @@ func newCluster(t *testing.T, bin string) *cluster {
 	if err := postgres.Migrate(pool); err != nil {
 		t.Fatal(err)
 	}
-	return c
 }
 
 func (c *cluster) url() string {
