@@ -126,8 +126,13 @@ func TestNeverRetriesOther4xx(t *testing.T) {
 
 func TestHonoursRetryAfter(t *testing.T) {
 	t.Parallel()
-	date := time.Now().Add(3 * time.Second).UTC().Format(http.TimeFormat)
-	s := &script{steps: []func(http.ResponseWriter){status(503, "Retry-After", "2"), status(429, "Retry-After", date), status(201)}}
+	// The HTTP-date is made when the answer is sent, as a server makes it:
+	// made earlier, a slow machine could spend its seconds before the
+	// client reads it.
+	inThreeSeconds := func(w http.ResponseWriter) {
+		status(429, "Retry-After", time.Now().Add(3*time.Second).UTC().Format(http.TimeFormat))(w)
+	}
+	s := &script{steps: []func(http.ResponseWriter){status(503, "Retry-After", "2"), inThreeSeconds, status(201)}}
 	c, waits := newTestClient(t, serve(t, s), DefaultPolicy())
 	if _, _, err := c.CreateOrder(context.Background(), apiclient.CreateOrderRequest{Amount: 1, Currency: "usd"}); err != nil {
 		t.Fatal(err)

@@ -3997,7 +3997,7 @@ func (r GetHealthzResponse) ContentType() string {
 
 // GetReadyzResponse503Headers the declared response headers of an HTTP 503 response for GetReadyz
 type GetReadyzResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type GetReadyzResponse struct {
@@ -4064,7 +4064,7 @@ type GetBalanceResponse401Headers struct {
 
 // GetBalanceResponse429Headers the declared response headers of an HTTP 429 response for GetBalance
 type GetBalanceResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // GetBalanceResponse500Headers the declared response headers of an HTTP 500 response for GetBalance
@@ -4074,7 +4074,7 @@ type GetBalanceResponse500Headers struct {
 
 // GetBalanceResponse503Headers the declared response headers of an HTTP 503 response for GetBalance
 type GetBalanceResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type GetBalanceResponse struct {
@@ -4168,7 +4168,7 @@ type GetChargeResponse401Headers struct {
 
 // GetChargeResponse429Headers the declared response headers of an HTTP 429 response for GetCharge
 type GetChargeResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // GetChargeResponse500Headers the declared response headers of an HTTP 500 response for GetCharge
@@ -4178,7 +4178,7 @@ type GetChargeResponse500Headers struct {
 
 // GetChargeResponse503Headers the declared response headers of an HTTP 503 response for GetCharge
 type GetChargeResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type GetChargeResponse struct {
@@ -4286,7 +4286,7 @@ type ListRefundsResponse401Headers struct {
 
 // ListRefundsResponse429Headers the declared response headers of an HTTP 429 response for ListRefunds
 type ListRefundsResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // ListRefundsResponse500Headers the declared response headers of an HTTP 500 response for ListRefunds
@@ -4296,7 +4296,7 @@ type ListRefundsResponse500Headers struct {
 
 // ListRefundsResponse503Headers the declared response headers of an HTTP 503 response for ListRefunds
 type ListRefundsResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type ListRefundsResponse struct {
@@ -4411,12 +4411,12 @@ type CreateRefundResponse401Headers struct {
 // CreateRefundResponse409Headers the declared response headers of an HTTP 409 response for CreateRefund
 type CreateRefundResponse409Headers struct {
 	IdempotentReplayed *string
-	RetryAfter         *int
+	RetryAfter         *string
 }
 
 // CreateRefundResponse429Headers the declared response headers of an HTTP 429 response for CreateRefund
 type CreateRefundResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // CreateRefundResponse500Headers the declared response headers of an HTTP 500 response for CreateRefund
@@ -4426,7 +4426,7 @@ type CreateRefundResponse500Headers struct {
 
 // CreateRefundResponse503Headers the declared response headers of an HTTP 503 response for CreateRefund
 type CreateRefundResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type CreateRefundResponse struct {
@@ -4573,7 +4573,7 @@ type ListEventsResponse401Headers struct {
 
 // ListEventsResponse429Headers the declared response headers of an HTTP 429 response for ListEvents
 type ListEventsResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // ListEventsResponse500Headers the declared response headers of an HTTP 500 response for ListEvents
@@ -4583,7 +4583,7 @@ type ListEventsResponse500Headers struct {
 
 // ListEventsResponse503Headers the declared response headers of an HTTP 503 response for ListEvents
 type ListEventsResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type ListEventsResponse struct {
@@ -4684,7 +4684,7 @@ type GetIdempotencyKeyResponse401Headers struct {
 
 // GetIdempotencyKeyResponse429Headers the declared response headers of an HTTP 429 response for GetIdempotencyKey
 type GetIdempotencyKeyResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // GetIdempotencyKeyResponse500Headers the declared response headers of an HTTP 500 response for GetIdempotencyKey
@@ -4694,7 +4694,7 @@ type GetIdempotencyKeyResponse500Headers struct {
 
 // GetIdempotencyKeyResponse503Headers the declared response headers of an HTTP 503 response for GetIdempotencyKey
 type GetIdempotencyKeyResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type GetIdempotencyKeyResponse struct {
@@ -4802,7 +4802,7 @@ type ListOrdersResponse401Headers struct {
 
 // ListOrdersResponse429Headers the declared response headers of an HTTP 429 response for ListOrders
 type ListOrdersResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // ListOrdersResponse500Headers the declared response headers of an HTTP 500 response for ListOrders
@@ -4812,7 +4812,7 @@ type ListOrdersResponse500Headers struct {
 
 // ListOrdersResponse503Headers the declared response headers of an HTTP 503 response for ListOrders
 type ListOrdersResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type ListOrdersResponse struct {
@@ -4919,12 +4919,12 @@ type CreateOrderResponse401Headers struct {
 
 // CreateOrderResponse409Headers the declared response headers of an HTTP 409 response for CreateOrder
 type CreateOrderResponse409Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // CreateOrderResponse429Headers the declared response headers of an HTTP 429 response for CreateOrder
 type CreateOrderResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // CreateOrderResponse500Headers the declared response headers of an HTTP 500 response for CreateOrder
@@ -4934,7 +4934,7 @@ type CreateOrderResponse500Headers struct {
 
 // CreateOrderResponse503Headers the declared response headers of an HTTP 503 response for CreateOrder
 type CreateOrderResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type CreateOrderResponse struct {
@@ -5074,7 +5074,7 @@ type GetOrderResponse401Headers struct {
 
 // GetOrderResponse429Headers the declared response headers of an HTTP 429 response for GetOrder
 type GetOrderResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // GetOrderResponse500Headers the declared response headers of an HTTP 500 response for GetOrder
@@ -5084,7 +5084,7 @@ type GetOrderResponse500Headers struct {
 
 // GetOrderResponse503Headers the declared response headers of an HTTP 503 response for GetOrder
 type GetOrderResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type GetOrderResponse struct {
@@ -5192,7 +5192,7 @@ type CancelOrderResponse401Headers struct {
 
 // CancelOrderResponse429Headers the declared response headers of an HTTP 429 response for CancelOrder
 type CancelOrderResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // CancelOrderResponse500Headers the declared response headers of an HTTP 500 response for CancelOrder
@@ -5202,7 +5202,7 @@ type CancelOrderResponse500Headers struct {
 
 // CancelOrderResponse503Headers the declared response headers of an HTTP 503 response for CancelOrder
 type CancelOrderResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type CancelOrderResponse struct {
@@ -5329,12 +5329,12 @@ type CreateChargeResponse402Headers struct {
 // CreateChargeResponse409Headers the declared response headers of an HTTP 409 response for CreateCharge
 type CreateChargeResponse409Headers struct {
 	IdempotentReplayed *string
-	RetryAfter         *int
+	RetryAfter         *string
 }
 
 // CreateChargeResponse429Headers the declared response headers of an HTTP 429 response for CreateCharge
 type CreateChargeResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // CreateChargeResponse500Headers the declared response headers of an HTTP 500 response for CreateCharge
@@ -5344,7 +5344,7 @@ type CreateChargeResponse500Headers struct {
 
 // CreateChargeResponse503Headers the declared response headers of an HTTP 503 response for CreateCharge
 type CreateChargeResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type CreateChargeResponse struct {
@@ -5500,7 +5500,7 @@ type ListPayoutsResponse401Headers struct {
 
 // ListPayoutsResponse429Headers the declared response headers of an HTTP 429 response for ListPayouts
 type ListPayoutsResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // ListPayoutsResponse500Headers the declared response headers of an HTTP 500 response for ListPayouts
@@ -5510,7 +5510,7 @@ type ListPayoutsResponse500Headers struct {
 
 // ListPayoutsResponse503Headers the declared response headers of an HTTP 503 response for ListPayouts
 type ListPayoutsResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type ListPayoutsResponse struct {
@@ -5618,12 +5618,12 @@ type CreatePayoutResponse401Headers struct {
 // CreatePayoutResponse409Headers the declared response headers of an HTTP 409 response for CreatePayout
 type CreatePayoutResponse409Headers struct {
 	IdempotentReplayed *string
-	RetryAfter         *int
+	RetryAfter         *string
 }
 
 // CreatePayoutResponse429Headers the declared response headers of an HTTP 429 response for CreatePayout
 type CreatePayoutResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // CreatePayoutResponse500Headers the declared response headers of an HTTP 500 response for CreatePayout
@@ -5633,7 +5633,7 @@ type CreatePayoutResponse500Headers struct {
 
 // CreatePayoutResponse503Headers the declared response headers of an HTTP 503 response for CreatePayout
 type CreatePayoutResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type CreatePayoutResponse struct {
@@ -5768,7 +5768,7 @@ func (r CreatePayoutResponse) ContentType() string {
 
 // GetPayoutResponse200Headers the declared response headers of an HTTP 200 response for GetPayout
 type GetPayoutResponse200Headers struct {
-	RetryAfter *int
+	RetryAfter *string
 }
 
 // GetPayoutResponse401Headers the declared response headers of an HTTP 401 response for GetPayout
@@ -5778,7 +5778,7 @@ type GetPayoutResponse401Headers struct {
 
 // GetPayoutResponse429Headers the declared response headers of an HTTP 429 response for GetPayout
 type GetPayoutResponse429Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 // GetPayoutResponse500Headers the declared response headers of an HTTP 500 response for GetPayout
@@ -5788,7 +5788,7 @@ type GetPayoutResponse500Headers struct {
 
 // GetPayoutResponse503Headers the declared response headers of an HTTP 503 response for GetPayout
 type GetPayoutResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type GetPayoutResponse struct {
@@ -5898,7 +5898,7 @@ type ReceiveProcessorWebhookResponse500Headers struct {
 
 // ReceiveProcessorWebhookResponse503Headers the declared response headers of an HTTP 503 response for ReceiveProcessorWebhook
 type ReceiveProcessorWebhookResponse503Headers struct {
-	RetryAfter int
+	RetryAfter string
 }
 
 type ReceiveProcessorWebhookResponse struct {
@@ -6641,8 +6641,8 @@ func ParseGetReadyzResponse(rsp *http.Response) (*GetReadyzResponse, error) {
 	case rsp.StatusCode == 503:
 		var headers GetReadyzResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -6725,8 +6725,8 @@ func ParseGetBalanceResponse(rsp *http.Response) (*GetBalanceResponse, error) {
 	case rsp.StatusCode == 429:
 		var headers GetBalanceResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -6745,8 +6745,8 @@ func ParseGetBalanceResponse(rsp *http.Response) (*GetBalanceResponse, error) {
 	case rsp.StatusCode == 503:
 		var headers GetBalanceResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -6843,8 +6843,8 @@ func ParseGetChargeResponse(rsp *http.Response) (*GetChargeResponse, error) {
 	case rsp.StatusCode == 429:
 		var headers GetChargeResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -6863,8 +6863,8 @@ func ParseGetChargeResponse(rsp *http.Response) (*GetChargeResponse, error) {
 	case rsp.StatusCode == 503:
 		var headers GetChargeResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -6961,8 +6961,8 @@ func ParseListRefundsResponse(rsp *http.Response) (*ListRefundsResponse, error) 
 	case rsp.StatusCode == 429:
 		var headers ListRefundsResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -6981,8 +6981,8 @@ func ParseListRefundsResponse(rsp *http.Response) (*ListRefundsResponse, error) 
 	case rsp.StatusCode == 503:
 		var headers ListRefundsResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7138,8 +7138,8 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			headers.IdempotentReplayed = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = &value
@@ -7148,8 +7148,8 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 	case rsp.StatusCode == 429:
 		var headers CreateRefundResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7168,8 +7168,8 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 	case rsp.StatusCode == 503:
 		var headers CreateRefundResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7259,8 +7259,8 @@ func ParseListEventsResponse(rsp *http.Response) (*ListEventsResponse, error) {
 	case rsp.StatusCode == 429:
 		var headers ListEventsResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7279,8 +7279,8 @@ func ParseListEventsResponse(rsp *http.Response) (*ListEventsResponse, error) {
 	case rsp.StatusCode == 503:
 		var headers ListEventsResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7377,8 +7377,8 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 	case rsp.StatusCode == 429:
 		var headers GetIdempotencyKeyResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7397,8 +7397,8 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 	case rsp.StatusCode == 503:
 		var headers GetIdempotencyKeyResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7488,8 +7488,8 @@ func ParseListOrdersResponse(rsp *http.Response) (*ListOrdersResponse, error) {
 	case rsp.StatusCode == 429:
 		var headers ListOrdersResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7508,8 +7508,8 @@ func ParseListOrdersResponse(rsp *http.Response) (*ListOrdersResponse, error) {
 	case rsp.StatusCode == 503:
 		var headers ListOrdersResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7651,8 +7651,8 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 	case rsp.StatusCode == 409:
 		var headers CreateOrderResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7661,8 +7661,8 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 	case rsp.StatusCode == 429:
 		var headers CreateOrderResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7681,8 +7681,8 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 	case rsp.StatusCode == 503:
 		var headers CreateOrderResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7779,8 +7779,8 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 	case rsp.StatusCode == 429:
 		var headers GetOrderResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7799,8 +7799,8 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 	case rsp.StatusCode == 503:
 		var headers GetOrderResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7904,8 +7904,8 @@ func ParseCancelOrderResponse(rsp *http.Response) (*CancelOrderResponse, error) 
 	case rsp.StatusCode == 429:
 		var headers CancelOrderResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7924,8 +7924,8 @@ func ParseCancelOrderResponse(rsp *http.Response) (*CancelOrderResponse, error) 
 	case rsp.StatusCode == 503:
 		var headers CancelOrderResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8098,8 +8098,8 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 			headers.IdempotentReplayed = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = &value
@@ -8108,8 +8108,8 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 	case rsp.StatusCode == 429:
 		var headers CreateChargeResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8128,8 +8128,8 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 	case rsp.StatusCode == 503:
 		var headers CreateChargeResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8219,8 +8219,8 @@ func ParseListPayoutsResponse(rsp *http.Response) (*ListPayoutsResponse, error) 
 	case rsp.StatusCode == 429:
 		var headers ListPayoutsResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8239,8 +8239,8 @@ func ParseListPayoutsResponse(rsp *http.Response) (*ListPayoutsResponse, error) 
 	case rsp.StatusCode == 503:
 		var headers ListPayoutsResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8389,8 +8389,8 @@ func ParseCreatePayoutResponse(rsp *http.Response) (*CreatePayoutResponse, error
 			headers.IdempotentReplayed = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = &value
@@ -8399,8 +8399,8 @@ func ParseCreatePayoutResponse(rsp *http.Response) (*CreatePayoutResponse, error
 	case rsp.StatusCode == 429:
 		var headers CreatePayoutResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8419,8 +8419,8 @@ func ParseCreatePayoutResponse(rsp *http.Response) (*CreatePayoutResponse, error
 	case rsp.StatusCode == 503:
 		var headers CreatePayoutResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8507,8 +8507,8 @@ func ParseGetPayoutResponse(rsp *http.Response) (*GetPayoutResponse, error) {
 	case rsp.StatusCode == 200:
 		var headers GetPayoutResponse200Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = &value
@@ -8527,8 +8527,8 @@ func ParseGetPayoutResponse(rsp *http.Response) (*GetPayoutResponse, error) {
 	case rsp.StatusCode == 429:
 		var headers GetPayoutResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8547,8 +8547,8 @@ func ParseGetPayoutResponse(rsp *http.Response) (*GetPayoutResponse, error) {
 	case rsp.StatusCode == 503:
 		var headers GetPayoutResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8645,8 +8645,8 @@ func ParseReceiveProcessorWebhookResponse(rsp *http.Response) (*ReceiveProcessor
 	case rsp.StatusCode == 503:
 		var headers ReceiveProcessorWebhookResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value

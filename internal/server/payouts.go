@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/retrysafe/payments/internal/apigen"
@@ -44,7 +45,8 @@ func (s *Server) GetPayout(ctx context.Context, req apigen.GetPayoutRequestObjec
 	}
 	out := apigen.GetPayout200JSONResponse{Body: payouts.ToAPI(po)}
 	if after := payouts.PollAfter(po, time.Now()); after > 0 {
-		out.Headers.RetryAfter = &after
+		s := strconv.Itoa(after)
+		out.Headers.RetryAfter = &s
 	}
 	return out, nil
 }

@@ -63,9 +63,9 @@ func TestFailoverSoak(t *testing.T) {
 	db := testdb.Pool(t, ha.url)
 	// The write timeout must cover a request's read, its wait for an
 	// original and the longest run of an operation (the server checks it):
-	// 2s + 2s + (1s + 10s) + 5s, under 20s.
+	// 2s + 1s + (1s + 10s) + 5s, under 20s.
 	sv := startServers(t, ha.url, serversConfig{replicas: 3, chaos: true, env: []string{
-		"HTTP_WRITE_TIMEOUT=" + writeTimeout.String(), "HTTP_READ_TIMEOUT=2s", "HTTP_READ_HEADER_TIMEOUT=2s", "IDEMPOTENCY_WAIT=2s",
+		"HTTP_WRITE_TIMEOUT=" + writeTimeout.String(), "HTTP_READ_TIMEOUT=2s", "HTTP_READ_HEADER_TIMEOUT=2s", "IDEMPOTENCY_WAIT=1s",
 	}})
 	sweeperLogs := &syncBuffer{}
 	sweeper := &process{name: "sweeper", bin: filepath.Join(sv.bin, "sweeper"), args: []string{"--interval", "500ms"},
