@@ -33,8 +33,9 @@ type outage struct {
 	rewound   bool      // the killed node came back through pg_rewind
 	// What the clients' attempts that ended between the kill and the
 	// recovery were answered.
-	unavailable, internal, other, replays, noAnswer, gaveUp int  // unavailable: the database's 503s
-	readyz503                                               bool // /readyz said so during the outage
+	unavailable, internal, other, replays, noAnswer, gaveUp int      // unavailable: the database's 503s
+	readyz503                                               bool     // /readyz said so during the outage
+	failures                                                []string // why connections failed
 }
 
 // TestFailoverSoak is the chaos soak's load (orders, charges with every
@@ -151,6 +152,7 @@ func TestFailoverSoak(t *testing.T) {
 				o.gaveUp++
 			case a.status == 0:
 				o.noAnswer++
+				o.failures = append(o.failures, a.err)
 			default:
 				o.other++
 			}
@@ -180,7 +182,7 @@ func TestFailoverSoak(t *testing.T) {
 	}
 	for i, o := range outages {
 		if o.internal > 0 || o.noAnswer > 0 {
-			t.Errorf("kill %d: %d answers were 5xx other than 503, and %d connections failed, while there was no leader", i+1, o.internal, o.noAnswer)
+			t.Errorf("kill %d: %d answers were 5xx other than 503, and %d connections failed (%q), while there was no leader", i+1, o.internal, o.noAnswer, o.failures)
 		}
 		if !o.readyz503 {
 			t.Errorf("kill %d: /readyz never answered 503 while there was no leader", i+1)

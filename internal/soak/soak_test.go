@@ -268,6 +268,7 @@ type attempt struct {
 	code       string // a 503's problem code: the database's or the processor's outage
 	replayed   bool
 	gaveUp     bool
+	err        string // why no answer came
 }
 
 // violation records a broken guarantee.
@@ -315,7 +316,7 @@ func (tr timed) RoundTrip(req *http.Request) (*http.Response, error) {
 			a.code = p.Code
 		}
 	} else {
-		a.gaveUp = req.Context().Err() != nil || os.IsTimeout(err)
+		a.gaveUp, a.err = req.Context().Err() != nil || os.IsTimeout(err), err.Error()
 	}
 	tr.s.mu.Lock()
 	tr.s.attempts = append(tr.s.attempts, a)
