@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The map of the packages, drawn from `go list`: prints the Mermaid graph of
-# which package imports which, for docs/architecture.md.
+# The map of the packages, drawn from the code: the Mermaid graph of which
+# package imports which (from `go list`), and the table of which package
+# calls each file of db/queries, for docs/architecture.md.
 #
-#   bash scripts/architecture.sh          print the graph
-#   bash scripts/architecture.sh --write  put it in docs/architecture.md
-#   bash scripts/architecture.sh --check  fail if the doc's graph is not the code's
+#   bash scripts/architecture.sh          print them
+#   bash scripts/architecture.sh --write  put them in docs/architecture.md
+#   bash scripts/architecture.sh --check  fail if the doc's map is not the code's,
+#                                         or if a query file has two owners
 #
 # Edges to the packages nearly everything uses (apigen, dbsqlc, postgres,
 # problem, metrics, config: the generated code and the plumbing) are left
@@ -37,6 +39,43 @@ graph() {
   echo '```'
 }
 
+# owners prints, for each db/queries file, the packages whose non-test code
+# calls one of its queries (every package calls them through a variable
+# named queries). cmd/bench is allowed a second hand on the tables it
+# measures: the bare hop runs the service's own statements without the
+# service around them, which is its point.
+callers_of() {
+  for q in $(sed -n 's/^-- name: \([A-Za-z0-9]*\).*/\1/p' "$1"); do
+    grep -rlE --include='*.go' "\\bqueries\\.$q\\(" cmd internal | grep -v '_test\.go$' | xargs -r -n1 dirname
+  done | LC_ALL=C sort -u
+}
+
+owners() {
+  echo '| Query file | Called by |'
+  echo '|---|---|'
+  for f in db/queries/*.sql; do
+    echo "| \`$f\` | $(callers_of "$f" | sed 's/.*/`&`/' | paste -sd, - | sed 's/,/, /g') |"
+  done
+}
+
+check_owners() {
+  local bad=0 n
+  for f in db/queries/*.sql; do
+    n=$(callers_of "$f" | grep -vc '^cmd/bench$' || true)
+    if ((n != 1)); then
+      echo "architecture: $f is called from $n packages (not counting tests and cmd/bench); each query file has one owner" >&2
+      bad=1
+    fi
+  done
+  return $bad
+}
+
+generated() {
+  graph
+  echo
+  owners
+}
+
 begin='<!-- BEGIN scripts/architecture.sh: do not edit; `make architecture` writes it -->'
 end='<!-- END scripts/architecture.sh -->'
 doc=docs/architecture.md
@@ -44,18 +83,19 @@ case "${1:-}" in
   --write | --check)
     tmp=$(mktemp)
     trap 'rm -f "$tmp"' EXIT
-    awk -v begin="$begin" -v end="$end" -v graph="$(graph)" '
+    check_owners
+    awk -v begin="$begin" -v end="$end" -v graph="$(generated)" '
       $0 == begin { print; print graph; skipping = 1; next }
       $0 == end   { skipping = 0 }
       !skipping   { print }' "$doc" >"$tmp"
     if [[ $1 == --check ]]; then
       if ! diff -u "$doc" "$tmp" >&2; then
-        echo "architecture: $doc's graph is not the code's: run 'make architecture' and commit the result" >&2
+        echo "architecture: $doc's map is not the code's: run 'make architecture' and commit the result" >&2
         exit 1
       fi
     else
       cp "$tmp" "$doc"
     fi
     ;;
-  *) graph ;;
+  *) generated ;;
 esac

@@ -30,7 +30,6 @@ import (
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
-	"github.com/retrysafe/payments/internal/refunds"
 	"github.com/retrysafe/payments/internal/server"
 )
 
@@ -101,10 +100,9 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	// operationId, so that the reconciler resumes a record with the very
 	// handler a client's retry runs.
 	chargeService := charges.NewService(pool, processor)
-	refundService := refunds.NewService(pool, processor)
 	a.Operations = idempotency.NewRegistry()
-	a.Operations.Register(charges.Operation, chargeService.Resume)
-	a.Operations.Register(refunds.Operation, refundService.Resume)
+	a.Operations.Register(charges.OperationCharge, chargeService.ResumeCharge)
+	a.Operations.Register(charges.OperationRefund, chargeService.ResumeRefund)
 
 	// Payouts run as River jobs: a request enqueues one in its own
 	// transaction (payouts.Service), and this process runs them if
@@ -127,7 +125,7 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	inbox := events.NewInbox(pool, log)
 	inbox.Handle(events.ProcessorChargeSucceeded, charges.ApplyChargeEvent)
 	inbox.Handle(events.ProcessorChargeFailed, charges.ApplyChargeEvent)
-	inbox.Handle(events.ProcessorRefundSucceeded, refunds.ApplyRefundEvent)
+	inbox.Handle(events.ProcessorRefundSucceeded, charges.ApplyRefundEvent)
 	inbox.Handle(events.ProcessorPayoutPaid, payouts.ApplyPayoutEvent)
 	inbox.Handle(events.ProcessorPayoutFailed, payouts.ApplyPayoutEvent)
 
@@ -136,7 +134,7 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	}
 	a.Handler, err = server.New(server.Deps{
 		Config: cfg, Pool: pool, Log: log, Keys: a.Keys, Inbox: inbox,
-		Charges: chargeService, Refunds: refundService, Payouts: payouts.NewService(jobs), Demo: demo,
+		Charges: chargeService, Payouts: payouts.NewService(jobs), Demo: demo,
 	})
 	if err != nil {
 		return nil, err

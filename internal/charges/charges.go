@@ -1,6 +1,9 @@
-// Package charges charges an order through the card processor: an external
-// effect that cannot join our transaction, made exactly-once in effect by
-// atomic phases on the idempotency key record.
+// Package charges charges an order through the card processor, and refunds
+// a charge (refunds.go): external effects that cannot join our transaction,
+// made exactly-once in effect by atomic phases on the idempotency key
+// record. It owns the charges and refunds tables.
+//
+// A charge:
 //
 //	started        → create (one transaction): lock the order, check it is
 //	                 payable, create the charge row (pending) with the
@@ -8,7 +11,7 @@
 //	                 from the request, so a retry after a lost row sends
 //	                 it again).
 //	charge_created → the processor call with that key, outside any
-//	                 transaction (package effect). No definite answer
+//	                 transaction (cardprocessor.Call). No definite answer
 //	                 (timeout, 5xx, 429): stop here, nothing stored; the
 //	                 next attempt calls again with the same key and the
 //	                 processor collapses the calls into one effect.
@@ -28,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -36,7 +40,6 @@ import (
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
@@ -45,50 +48,91 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// Operation is the contract's operationId of a charge: the name its
-// records carry, under which its handler is registered for resuming.
-const Operation = "createCharge"
+// The contract's operationIds of a charge and of a refund: the names their
+// records carry, under which their handlers are registered for resuming.
+const (
+	OperationCharge = "createCharge"
+	OperationRefund = "createRefund"
+)
 
 // RecoveryChargeCreated is the point between creating the local charge row
 // and recording the processor's answer.
 const RecoveryChargeCreated idempotency.RecoveryPoint = "charge_created"
 
-// Charge status values.
+// Status is where a charge or a refund stands: both have the same three.
+type Status string
+
+// Charge and refund statuses.
 const (
-	StatusPending   = "pending"
-	StatusSucceeded = "succeeded"
-	StatusFailed    = "failed"
+	StatusPending   Status = "pending"
+	StatusSucceeded Status = "succeeded"
+	StatusFailed    Status = "failed"
 )
+
+// Charge is a charge, as the rest of the service sees it (the sqlc row
+// stays in this package).
+type Charge struct {
+	ID             string
+	CallerID       string
+	OrderID        string
+	Amount         int64 // in the currency's minor unit
+	AmountRefunded int64 // succeeded and pending refunds together
+	Currency       string
+	PaymentMethod  string
+	Status         Status
+	FailureCode    *string // the decline code of a failed charge
+	CreatedAt      time.Time
+}
+
+// API is the charge as the contract shows it. Each domain package converts
+// its own objects, next to them (see orders.Order.API for why).
+func (c Charge) API() apigen.Charge {
+	return apigen.Charge{
+		Id:            c.ID,
+		OrderId:       c.OrderID,
+		Amount:        c.Amount,
+		Currency:      apigen.Currency(c.Currency),
+		Status:        apigen.ChargeStatus(c.Status),
+		PaymentMethod: c.PaymentMethod,
+		FailureCode:   c.FailureCode,
+		CreatedAt:     c.CreatedAt,
+	}
+}
+
+func chargeOf(r dbsqlc.Charge) Charge {
+	return Charge{ID: r.ID, CallerID: r.CallerID, OrderID: r.OrderID, Amount: r.Amount, AmountRefunded: r.AmountRefunded,
+		Currency: r.Currency, PaymentMethod: r.PaymentMethod, Status: Status(r.Status), FailureCode: r.FailureCode, CreatedAt: r.CreatedAt}
+}
 
 var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
-// Request is what a caller asked for.
-type Request struct {
+// ChargeRequest is what a caller asked for.
+type ChargeRequest struct {
 	CallerID      string
 	OrderID       string
 	PaymentMethod string
 }
 
-// Service runs charges.
+// Service runs charges and refunds.
 type Service struct {
 	db        *pgxpool.Pool
 	processor cardprocessor.Processor
 }
 
-// NewService returns a Service that charges through processor.
+// NewService returns a Service that charges and refunds through processor.
 func NewService(db *pgxpool.Pool, processor cardprocessor.Processor) *Service {
 	return &Service{db: db, processor: processor}
 }
 
-// Run drives the charge operation held by l from its recovery point to its
-// final response. It is the idempotency.Handler of a charge, for a fresh
-// claim and for a client's takeover; Resume runs it for the reconciler.
-func (s *Service) Run(ctx context.Context, l *idempotency.Lease, req Request) error {
+// Charge drives the charge operation held by l from its recovery point to
+// its final response: for a fresh claim and for a client's takeover, and,
+// through ResumeCharge, for the reconciler.
+func (s *Service) Charge(ctx context.Context, l *idempotency.Lease, req ChargeRequest) error {
 	for {
 		switch l.RecoveryPoint() {
 		case idempotency.RecoveryStarted:
 			if err := l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
-				return create(ctx, tx, l.Record(), req)
+				return createCharge(ctx, tx, l.Record(), req)
 			}); err != nil {
 				return err
 			}
@@ -98,14 +142,14 @@ func (s *Service) Run(ctx context.Context, l *idempotency.Lease, req Request) er
 			if err != nil {
 				return fmt.Errorf("load charge of key record %d: %w", rec.ID, err)
 			}
-			return effect.Call(ctx, l, "charge",
+			return cardprocessor.Call(ctx, l, "charge",
 				func(ctx context.Context) (cardprocessor.ChargeResult, error) {
 					return s.processor.Charge(ctx, ch.DownstreamKey, cardprocessor.ChargeRequest{
 						Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod,
 					})
 				},
 				func(ctx context.Context, tx pgx.Tx, answer cardprocessor.ChargeResult, refusal error) (idempotency.Result, error) {
-					return finish(ctx, tx, ch, answer, refusal)
+					return finishCharge(ctx, tx, ch, answer, refusal)
 				})
 		default:
 			return fmt.Errorf("charge: unknown recovery point %q", l.RecoveryPoint())
@@ -113,16 +157,17 @@ func (s *Service) Run(ctx context.Context, l *idempotency.Lease, req Request) er
 	}
 }
 
-// Resume drives a charge nobody is finishing, for the reconciler: past its
-// first phase a charge carries everything it needs in its own row, so the
-// request is only its caller. It is registered under Operation.
-func (s *Service) Resume(ctx context.Context, l *idempotency.Lease) error {
-	return s.Run(ctx, l, Request{CallerID: l.Record().CallerID})
+// ResumeCharge drives a charge nobody is finishing, for the reconciler:
+// past its first phase a charge carries everything it needs in its own
+// row, so the request is only its caller. It is registered under
+// OperationCharge.
+func (s *Service) ResumeCharge(ctx context.Context, l *idempotency.Lease) error {
+	return s.Charge(ctx, l, ChargeRequest{CallerID: l.Record().CallerID})
 }
 
-// create is the first phase: one transaction that checks the order is
+// createCharge is the first phase: one transaction that checks the order is
 // payable and creates the pending charge with its downstream key.
-func create(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Request) (idempotency.Result, error) {
+func createCharge(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req ChargeRequest) (idempotency.Result, error) {
 	// The order's row lock orders this phase against a cancel (which takes
 	// the same lock) and against other charges of the order.
 	o, err := orders.Lock(ctx, tx, req.CallerID, req.OrderID)
@@ -158,11 +203,11 @@ func create(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Request)
 	return RecoveryChargeCreated, nil
 }
 
-// finish is the final phase: record the processor's definite answer. A
+// finishCharge is the final phase: record the processor's definite answer. A
 // webhook may have recorded it first (see ApplyChargeEvent); then there
 // is nothing left to change, and the stored response is built from the
 // charge as the webhook left it.
-func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, answer cardprocessor.ChargeResult, refusal error) (idempotency.Result, error) {
+func finishCharge(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, answer cardprocessor.ChargeResult, refusal error) (idempotency.Result, error) {
 	outcome := Outcome{ProcessorChargeID: answer.ID, Succeeded: refusal == nil}
 	var declined *cardprocessor.DeclinedError
 	if errors.As(refusal, &declined) {
@@ -172,31 +217,17 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, answer cardprocess
 	if err != nil {
 		return nil, err
 	}
-	if cur.Status == StatusFailed {
+	if Status(cur.Status) == StatusFailed {
 		p := problem.New(problem.CardDeclined, "the card was declined (%s); to try another payment method, use a new Idempotency-Key", *cur.FailureCode)
 		p.DeclineCode = *cur.FailureCode
 		return idempotency.ProblemResponse(p), nil
 	}
-	return Render(cur)
+	return chargeOf(cur).Created()
 }
 
-// Render is a charge's successful response, as stored and replayed.
-func Render(ch dbsqlc.Charge) (*idempotency.Response, error) {
-	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/charges/" + ch.ID}}, ToAPI(ch))
-}
-
-// ToAPI is the charge as the contract shows it.
-func ToAPI(ch dbsqlc.Charge) apigen.Charge {
-	return apigen.Charge{
-		Id:            ch.ID,
-		OrderId:       ch.OrderID,
-		Amount:        ch.Amount,
-		Currency:      apigen.Currency(ch.Currency),
-		Status:        apigen.ChargeStatus(ch.Status),
-		PaymentMethod: ch.PaymentMethod,
-		FailureCode:   ch.FailureCode,
-		CreatedAt:     ch.CreatedAt,
-	}
+// Created is a charge's successful response, as stored and replayed.
+func (c Charge) Created() (*idempotency.Response, error) {
+	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/charges/" + c.ID}}, c.API())
 }
 
 // Outcome is the processor's definite answer about a charge.
@@ -256,12 +287,12 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 	if o.Succeeded {
 		want = StatusSucceeded
 	}
-	switch cur.Status {
+	switch Status(cur.Status) {
 	case want:
 		return cur, nil // recorded already
 	case StatusPending:
 	default:
-		return cur, &events.ContradictionError{Object: "charge", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: want}
+		return cur, &events.ContradictionError{Object: "charge", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: string(want)}
 	}
 
 	data := map[string]any{"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency}
@@ -306,7 +337,12 @@ func HasLiveCharge(ctx context.Context, tx pgx.Tx, callerID, orderID string) (bo
 }
 
 // Get returns the caller's charge id.
-func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (ch dbsqlc.Charge, err error) {
+func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (_ Charge, err error) {
+	ch, err := get(ctx, db, callerID, id)
+	return chargeOf(ch), err
+}
+
+func get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (ch dbsqlc.Charge, err error) {
 	defer postgres.Wrap(&err, "charges.Get(%s, %q)", callerID, id)
 	ch, err = queries.GetCharge(ctx, db, dbsqlc.GetChargeParams{CallerID: callerID, ID: id})
 	return ch, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no charge %q", id) })

@@ -93,9 +93,9 @@ func (f *fixture) charge(t *testing.T, callerID, key, orderID, paymentMethod str
 	if err != nil {
 		return nil, err // not t.Fatal: this may run on another goroutine
 	}
-	req := idempotency.Request{CallerID: callerID, Key: key, Operation: charges.Operation, Method: "POST", Path: path, Fingerprint: fp}
+	req := idempotency.Request{CallerID: callerID, Key: key, Operation: charges.OperationCharge, Method: "POST", Path: path, Fingerprint: fp}
 	return f.store.Execute(context.Background(), req, func(ctx context.Context, l *idempotency.Lease) error {
-		return f.charges.Run(ctx, l, charges.Request{CallerID: callerID, OrderID: orderID, PaymentMethod: paymentMethod})
+		return f.charges.Charge(ctx, l, charges.ChargeRequest{CallerID: callerID, OrderID: orderID, PaymentMethod: paymentMethod})
 	})
 }
 
@@ -210,7 +210,7 @@ func (f *fixture) resume(t *testing.T, key string) *idempotency.Response {
 	t.Helper()
 	f.makeStale(t, key)
 	before := f.record(t, key)
-	leases, err := f.store.ClaimStale(context.Background(), 10, []string{charges.Operation})
+	leases, err := f.store.ClaimStale(context.Background(), 10, []string{charges.OperationCharge})
 	if err != nil || len(leases) != 1 {
 		t.Fatalf("ClaimStale: %d leases, %v; want the one stale record", len(leases), err)
 	}
@@ -218,7 +218,7 @@ func (f *fixture) resume(t *testing.T, key string) *idempotency.Response {
 	if l.Record().Key != key || l.Record().Attempt != before.Attempt+1 {
 		t.Fatalf("took over %q at attempt %d; want %q at attempt %d", l.Record().Key, l.Record().Attempt, key, before.Attempt+1)
 	}
-	resp, err := f.store.Drive(context.Background(), l, f.charges.Resume, time.Minute)
+	resp, err := f.store.Drive(context.Background(), l, f.charges.ResumeCharge, time.Minute)
 	if err != nil {
 		t.Fatalf("resume %q: %v", key, err)
 	}
@@ -291,7 +291,7 @@ func (s processorSpy) Charge(ctx context.Context, downstreamKey string, req card
 // the pending charge and the recovery point before the processor is called
 // (so a crash during the call leaves a record that knows its downstream
 // key), the processor is called once under that key, and the final phase
-// stores a 201 whose body is exactly charges.Render of the succeeded row,
+// stores a 201 whose body is exactly the succeeded charge's Created response,
 // with the order paid and both outbox events.
 func TestFreshChargeIsCreatedCalledAndFinished(t *testing.T) {
 	t.Parallel()
@@ -322,7 +322,7 @@ func TestFreshChargeIsCreatedCalledAndFinished(t *testing.T) {
 	}
 
 	ch := f.chargeOf(t, "pay")
-	if ch.Status != charges.StatusSucceeded || ch.Amount != 4200 || ch.Currency != "usd" || ch.OrderID != o.ID ||
+	if charges.Status(ch.Status) != charges.StatusSucceeded || ch.Amount != 4200 || ch.Currency != "usd" || ch.OrderID != o.ID ||
 		ch.PaymentMethod != processor.PaymentMethodVisa || ch.FailureCode != nil {
 		t.Errorf("charge %+v; want a succeeded charge of the order's 4200 usd", ch)
 	}
@@ -332,7 +332,7 @@ func TestFreshChargeIsCreatedCalledAndFinished(t *testing.T) {
 		t.Errorf("downstream key %q; want %q", ch.DownstreamKey, want)
 	}
 
-	want, err := charges.Render(ch)
+	want, err := f.created(t, ch.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,7 +384,7 @@ func TestDeclineIsStoredAndLeavesTheOrderPayable(t *testing.T) {
 		t.Errorf("decline_code %q; want %q", p.DeclineCode, processor.DeclineGeneric)
 	}
 	ch := f.chargeOf(t, "declined")
-	if ch.Status != charges.StatusFailed || ch.FailureCode == nil || *ch.FailureCode != processor.DeclineGeneric {
+	if charges.Status(ch.Status) != charges.StatusFailed || ch.FailureCode == nil || *ch.FailureCode != processor.DeclineGeneric {
 		t.Errorf("charge %s with failure code %v; want failed with %q", ch.Status, ch.FailureCode, processor.DeclineGeneric)
 	}
 	declines := f.effectsUnder(t, ch.DownstreamKey)
@@ -438,7 +438,7 @@ func TestChargeIsCreatedOnceAcrossTakeover(t *testing.T) {
 		t.Fatalf("record %s/%s with response %v; want in_progress/%s, nothing stored", rec.Status, rec.RecoveryPoint, rec.ResponseStatus, charges.RecoveryChargeCreated)
 	}
 	pending := f.chargeOf(t, "flaky")
-	if pending.Status != charges.StatusPending || pending.ProcessorChargeID != nil {
+	if charges.Status(pending.Status) != charges.StatusPending || pending.ProcessorChargeID != nil {
 		t.Fatalf("charge %s; want pending, with no processor id", pending.Status)
 	}
 	if got := f.orderStatus(t, o.ID); got != orders.StatusPending {
@@ -451,10 +451,10 @@ func TestChargeIsCreatedOnceAcrossTakeover(t *testing.T) {
 	resumed := f.resume(t, "flaky")
 
 	ch := f.chargeOf(t, "flaky")
-	if ch.ID != pending.ID || ch.Status != charges.StatusSucceeded {
+	if ch.ID != pending.ID || charges.Status(ch.Status) != charges.StatusSucceeded {
 		t.Fatalf("after the takeover the charge is %s %s; want %s succeeded (the same row)", ch.ID, ch.Status, pending.ID)
 	}
-	want, err := charges.Render(ch)
+	want, err := f.created(t, ch.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +494,7 @@ func (f *fixture) pendingCharge(t *testing.T, key string) dbsqlc.Charge {
 		t.Fatalf("charge under %q: %v; want a retryable failure", key, err)
 	}
 	ch := f.chargeOf(t, key)
-	if ch.Status != charges.StatusPending {
+	if charges.Status(ch.Status) != charges.StatusPending {
 		t.Fatalf("charge under %q is %s; want pending", key, ch.Status)
 	}
 	return ch
@@ -502,7 +502,7 @@ func (f *fixture) pendingCharge(t *testing.T, key string) dbsqlc.Charge {
 
 func (f *fixture) getCharge(t *testing.T, id string) dbsqlc.Charge {
 	t.Helper()
-	ch, err := charges.Get(context.Background(), f.pool, "acme", id)
+	ch, err := queries.GetCharge(context.Background(), f.pool, dbsqlc.GetChargeParams{CallerID: "acme", ID: id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -541,7 +541,7 @@ func TestApplyChargeOutcomeRecordsSuccessOnce(t *testing.T) {
 		}
 	}
 	ch := f.getCharge(t, pending.ID)
-	if ch.Status != charges.StatusSucceeded || ch.ProcessorChargeID == nil || *ch.ProcessorChargeID != "pch_from_webhook" {
+	if charges.Status(ch.Status) != charges.StatusSucceeded || ch.ProcessorChargeID == nil || *ch.ProcessorChargeID != "pch_from_webhook" {
 		t.Fatalf("charge %s with processor id %v; want succeeded with pch_from_webhook", ch.Status, ch.ProcessorChargeID)
 	}
 	if got := f.orderStatus(t, ch.OrderID); got != orders.StatusPaid {
@@ -555,9 +555,9 @@ func TestApplyChargeOutcomeRecordsSuccessOnce(t *testing.T) {
 	if known {
 		t.Errorf("a contradiction reported the outcome applied")
 	}
-	wantContradiction(t, err, pending, charges.StatusSucceeded, charges.StatusFailed)
+	wantContradiction(t, err, pending, "succeeded", "failed")
 	after := f.getCharge(t, pending.ID)
-	if after.Status != charges.StatusSucceeded || after.FailureCode != nil || !after.UpdatedAt.Equal(ch.UpdatedAt) {
+	if charges.Status(after.Status) != charges.StatusSucceeded || after.FailureCode != nil || !after.UpdatedAt.Equal(ch.UpdatedAt) {
 		t.Errorf("after the contradiction the charge is %s (failure code %v, updated %v, was %v); want it untouched",
 			after.Status, after.FailureCode, after.UpdatedAt, ch.UpdatedAt)
 	}
@@ -601,7 +601,7 @@ func TestApplyChargeOutcomeRecordsDeclineOnce(t *testing.T) {
 		}
 	}
 	ch := f.getCharge(t, pending.ID)
-	if ch.Status != charges.StatusFailed || ch.FailureCode == nil || *ch.FailureCode != "generic_decline" {
+	if charges.Status(ch.Status) != charges.StatusFailed || ch.FailureCode == nil || *ch.FailureCode != "generic_decline" {
 		t.Fatalf("charge %s with failure code %v; want failed with generic_decline", ch.Status, ch.FailureCode)
 	}
 	if got := f.eventTypes(t, ch.ID); !slices.Equal(got, []string{"charge.failed"}) {
@@ -612,8 +612,8 @@ func TestApplyChargeOutcomeRecordsDeclineOnce(t *testing.T) {
 	if known {
 		t.Errorf("a contradiction reported the outcome applied")
 	}
-	wantContradiction(t, err, pending, charges.StatusFailed, charges.StatusSucceeded)
-	if after := f.getCharge(t, pending.ID); after.Status != charges.StatusFailed || !after.UpdatedAt.Equal(ch.UpdatedAt) {
+	wantContradiction(t, err, pending, "failed", "succeeded")
+	if after := f.getCharge(t, pending.ID); charges.Status(after.Status) != charges.StatusFailed || !after.UpdatedAt.Equal(ch.UpdatedAt) {
 		t.Errorf("after the contradiction the charge is %s; want failed, untouched", after.Status)
 	}
 	if got := f.orderStatus(t, ch.OrderID); got != orders.StatusPending {
@@ -639,7 +639,7 @@ func TestWebhookAndResumedChargeAgree(t *testing.T) {
 	}
 	pending := f.chargeOf(t, "lost-answer")
 	made := f.effectsUnder(t, pending.DownstreamKey)
-	if pending.Status != charges.StatusPending || len(made) != 1 {
+	if charges.Status(pending.Status) != charges.StatusPending || len(made) != 1 {
 		t.Fatalf("charge %s with %d processor effects; want pending, with the one effect the processor made", pending.Status, len(made))
 	}
 
@@ -650,7 +650,7 @@ func TestWebhookAndResumedChargeAgree(t *testing.T) {
 
 	resp := f.resume(t, "lost-answer")
 	ch := f.getCharge(t, pending.ID)
-	want, err := charges.Render(ch)
+	want, err := f.created(t, ch.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -790,4 +790,15 @@ func TestChargeOfAnotherCallersOrderIsNotFound(t *testing.T) {
 	if got, err := charges.Get(ctx, f.pool, "acme", ch.ID); err != nil || got.ID != ch.ID {
 		t.Errorf("acme reading its charge: %v", err)
 	}
+}
+
+// created is the response a charge's final phase stores: what the API
+// would answer for the charge id now.
+func (f *fixture) created(t *testing.T, id string) (*idempotency.Response, error) {
+	t.Helper()
+	ch, err := charges.Get(context.Background(), f.pool, "acme", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch.Created()
 }

@@ -51,7 +51,7 @@ func newFixture(t *testing.T, flakyFailures int) *fixture {
 	t.Cleanup(func() { proc.Close(); srv.Close() })
 	chargeService := charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second))
 	operations := idempotency.NewRegistry()
-	operations.Register(charges.Operation, chargeService.Resume)
+	operations.Register(charges.OperationCharge, chargeService.ResumeCharge)
 	return &fixture{
 		pool:         pool,
 		store:        idempotency.NewStore(pool, idempotency.StoreConfig{Lease: time.Minute}, quiet),
@@ -88,9 +88,9 @@ func (f *fixture) stalledCharge(t *testing.T, key string) {
 		t.Fatal(err)
 	}
 	fp, _ := idempotency.Fingerprint("POST", "/v1/orders/"+o.ID+"/charges", []byte(`{"payment_method":"pm_card_flaky"}`))
-	req := idempotency.Request{CallerID: "acme", Key: key, Operation: charges.Operation, Method: "POST", Path: "/v1/orders/" + o.ID + "/charges", Fingerprint: fp}
+	req := idempotency.Request{CallerID: "acme", Key: key, Operation: charges.OperationCharge, Method: "POST", Path: "/v1/orders/" + o.ID + "/charges", Fingerprint: fp}
 	_, err = f.store.Execute(ctx, req, func(ctx context.Context, l *idempotency.Lease) error {
-		return f.charges.Run(ctx, l, charges.Request{CallerID: "acme", OrderID: o.ID, PaymentMethod: "pm_card_flaky"})
+		return f.charges.Charge(ctx, l, charges.ChargeRequest{CallerID: "acme", OrderID: o.ID, PaymentMethod: "pm_card_flaky"})
 	})
 	if !idempotency.IsRetryable(err) {
 		t.Fatalf("the first charge attempt: %v; want a retryable processor failure", err)
@@ -416,7 +416,7 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 	}
 	path := "/v1/orders/" + o.ID + "/charges"
 	fp, _ := idempotency.Fingerprint("POST", path, []byte(`{"payment_method":"pm_card_visa"}`))
-	req := idempotency.Request{CallerID: "acme", Key: "stalled-owner", Operation: charges.Operation, Method: "POST", Path: path, Fingerprint: fp}
+	req := idempotency.Request{CallerID: "acme", Key: "stalled-owner", Operation: charges.OperationCharge, Method: "POST", Path: path, Fingerprint: fp}
 	type result struct {
 		resp *idempotency.Response
 		err  error
@@ -424,7 +424,7 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 	stalled := make(chan result, 1)
 	go func() {
 		resp, err := f.store.Execute(ctx, req, func(ctx context.Context, l *idempotency.Lease) error {
-			return stalledCharges.Run(ctx, l, charges.Request{CallerID: "acme", OrderID: o.ID, PaymentMethod: "pm_card_visa"})
+			return stalledCharges.Charge(ctx, l, charges.ChargeRequest{CallerID: "acme", OrderID: o.ID, PaymentMethod: "pm_card_visa"})
 		})
 		stalled <- result{resp, err}
 	}()

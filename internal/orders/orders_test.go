@@ -121,10 +121,10 @@ func (p *payments) chargeAfterClaim(t *testing.T, key, orderID, paymentMethod st
 	if err != nil {
 		return nil, err // not t.Fatal: this may run on another goroutine
 	}
-	req := idempotency.Request{CallerID: "acme", Key: key, Operation: charges.Operation, Method: "POST", Path: path, Fingerprint: fp}
+	req := idempotency.Request{CallerID: "acme", Key: key, Operation: charges.OperationCharge, Method: "POST", Path: path, Fingerprint: fp}
 	return p.store.Execute(context.Background(), req, func(ctx context.Context, l *idempotency.Lease) error {
 		claimed()
-		return p.charges.Run(ctx, l, charges.Request{CallerID: "acme", OrderID: orderID, PaymentMethod: paymentMethod})
+		return p.charges.Charge(ctx, l, charges.ChargeRequest{CallerID: "acme", OrderID: orderID, PaymentMethod: paymentMethod})
 	})
 }
 

@@ -83,7 +83,7 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[JobArgs]) error {
 	if err != nil {
 		return fmt.Errorf("load payout %s: %w", job.Args.PayoutID, err)
 	}
-	switch po.Status {
+	switch Status(po.Status) {
 	case StatusPaid, StatusFailed:
 		return nil // final: recorded by an earlier run, or by a webhook
 	case StatusPending:

@@ -51,13 +51,72 @@ import (
 // record that never passed started is abandoned, like an order's.
 const Operation = "createPayout"
 
-// Payout status values.
+// Status is where a payout stands.
+type Status string
+
+// Payout statuses.
 const (
-	StatusPending   = "pending"
-	StatusInTransit = "in_transit"
-	StatusPaid      = "paid"
-	StatusFailed    = "failed"
+	StatusPending   Status = "pending"
+	StatusInTransit Status = "in_transit"
+	StatusPaid      Status = "paid"
+	StatusFailed    Status = "failed"
 )
+
+// Payout is a payout, as the rest of the service sees it (the sqlc row
+// stays in this package).
+type Payout struct {
+	ID          string
+	CallerID    string
+	Amount      int64 // in the currency's minor unit
+	Currency    string
+	Destination string
+	Status      Status
+	FailureCode *string
+	ArrivesAt   *time.Time // when the processor expects it, once in transit
+	CreatedAt   time.Time
+}
+
+// API is the payout as the contract shows it. Each domain package converts
+// its own objects, next to them (see orders.Order.API for why).
+func (p Payout) API() apigen.Payout {
+	return apigen.Payout{
+		Id:          p.ID,
+		Amount:      p.Amount,
+		Currency:    apigen.Currency(p.Currency),
+		Destination: p.Destination,
+		Status:      apigen.PayoutStatus(p.Status),
+		FailureCode: p.FailureCode,
+		CreatedAt:   p.CreatedAt,
+	}
+}
+
+// Accepted is the stored and replayed answer to a payout request: 202, the
+// payout as created, and where to poll it.
+func (p Payout) Accepted() (*idempotency.Response, error) {
+	return idempotency.JSONResponse(http.StatusAccepted, http.Header{"Location": {"/v1/payouts/" + p.ID}}, p.API())
+}
+
+// PollAfter is the Retry-After hint for a payout that is not final (0 for
+// one that is): a second for a pending one, whose job is about to run; for
+// one in transit, the time until the processor expects it to arrive,
+// between 1 and 60 seconds.
+func (p Payout) PollAfter(now time.Time) int {
+	switch p.Status {
+	case StatusPending:
+		return 1
+	case StatusInTransit:
+		if p.ArrivesAt == nil {
+			return 1
+		}
+		return min(60, max(1, int(math.Ceil(p.ArrivesAt.Sub(now).Seconds()))))
+	}
+	return 0
+}
+
+func payoutOf(r dbsqlc.Payout) Payout {
+	return Payout{ID: r.ID, CallerID: r.CallerID, Amount: r.Amount, Currency: r.Currency, Destination: r.Destination,
+		Status: Status(r.Status), FailureCode: r.FailureCode, ArrivesAt: r.ArrivesAt, CreatedAt: r.CreatedAt}
+}
 
 // DefaultDestination is the test bank account paid when none is named.
 const DefaultDestination = "ba_test_ok"
@@ -116,57 +175,21 @@ func (s *Service) Create(ctx context.Context, l *idempotency.Lease, req Request)
 		if _, err := s.jobs.InsertTx(ctx, tx, JobArgs{CallerID: po.CallerID, PayoutID: po.ID}, nil); err != nil {
 			return nil, fmt.Errorf("enqueue payout job: %w", err)
 		}
-		return Accepted(po)
+		return payoutOf(po).Accepted()
 	})
 }
 
-// Accepted is the stored and replayed answer to a payout request: 202, the
-// payout as created, and where to poll it.
-func Accepted(po dbsqlc.Payout) (*idempotency.Response, error) {
-	return idempotency.JSONResponse(http.StatusAccepted, http.Header{"Location": {"/v1/payouts/" + po.ID}}, ToAPI(po))
-}
-
-// ToAPI is the payout as the contract shows it.
-func ToAPI(po dbsqlc.Payout) apigen.Payout {
-	return apigen.Payout{
-		Id:          po.ID,
-		Amount:      po.Amount,
-		Currency:    apigen.Currency(po.Currency),
-		Destination: po.Destination,
-		Status:      apigen.PayoutStatus(po.Status),
-		FailureCode: po.FailureCode,
-		CreatedAt:   po.CreatedAt,
-	}
-}
-
 // Get returns the caller's payout id.
-func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (po dbsqlc.Payout, err error) {
-	defer postgres.Wrap(&err, "Get(%s, %q)", callerID, id)
-	po, err = queries.GetPayout(ctx, db, dbsqlc.GetPayoutParams{CallerID: callerID, ID: id})
-	return po, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no payout %q", id) })
-}
-
-// PollAfter is the Retry-After hint for a payout that is not final (0 for
-// one that is): a second for a pending one, whose job is about to run; for
-// one in transit, the time until the processor expects it to arrive,
-// between 1 and 60 seconds.
-func PollAfter(po dbsqlc.Payout, now time.Time) int {
-	switch po.Status {
-	case StatusPending:
-		return 1
-	case StatusInTransit:
-		if po.ArrivesAt == nil {
-			return 1
-		}
-		return min(60, max(1, int(math.Ceil(po.ArrivesAt.Sub(now).Seconds()))))
-	}
-	return 0
+func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (_ Payout, err error) {
+	defer postgres.Wrap(&err, "payouts.Get(%s, %q)", callerID, id)
+	po, err := queries.GetPayout(ctx, db, dbsqlc.GetPayoutParams{CallerID: callerID, ID: id})
+	return payoutOf(po), postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no payout %q", id) })
 }
 
 // List returns up to limit of the caller's payouts, newest first, after
 // the payout startingAfter when it is not empty, and whether more exist.
-func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []dbsqlc.Payout, _ bool, err error) {
-	defer postgres.Wrap(&err, "List(%s)", callerID)
+func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []Payout, _ bool, err error) {
+	defer postgres.Wrap(&err, "payouts.List(%s)", callerID)
 	p := dbsqlc.ListPayoutsParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
 	if startingAfter != "" {
 		cursor, err := queries.GetPayout(ctx, db, dbsqlc.GetPayoutParams{CallerID: callerID, ID: startingAfter})
@@ -184,10 +207,13 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 	if err != nil {
 		return nil, false, err
 	}
-	if len(rows) > limit {
-		return rows[:limit], true, nil
+	// One extra row was asked for: its presence is has_more.
+	hasMore := len(rows) > limit
+	out := make([]Payout, min(len(rows), limit))
+	for i := range out {
+		out[i] = payoutOf(rows[i])
 	}
-	return rows, false, nil
+	return out, hasMore, nil
 }
 
 // ApplyPayoutEvent is the inbox's Applier for payout.paid and
@@ -196,7 +222,7 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 // agrees with the job, which records the same outcome when it polls:
 // whichever comes first records it, the other finds it recorded.
 func ApplyPayoutEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
-	defer postgres.Wrap(&err, "ApplyPayoutEvent(%s, %q)", callerID, ev.DownstreamKey)
+	defer postgres.Wrap(&err, "payouts.ApplyPayoutEvent(%s, %q)", callerID, ev.DownstreamKey)
 	o := Outcome{
 		Paid: ev.Type == events.ProcessorPayoutPaid, ProcessorPayoutID: ev.ObjectID,
 		Report: events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID},
@@ -240,12 +266,12 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 	if o.Paid {
 		want = StatusPaid
 	}
-	switch cur.Status {
+	switch Status(cur.Status) {
 	case want:
 		return cur, nil // recorded already
 	case StatusPending, StatusInTransit:
 	default:
-		return cur, &events.ContradictionError{Object: "payout", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: want}
+		return cur, &events.ContradictionError{Object: "payout", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: string(want)}
 	}
 	data := map[string]any{"payout_id": cur.ID, "amount": cur.Amount, "currency": cur.Currency, "destination": cur.Destination}
 	if o.Paid {

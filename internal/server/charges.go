@@ -8,7 +8,6 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
-	"github.com/retrysafe/payments/internal/refunds"
 )
 
 // CreateCharge is keyed, with an external effect: see package charges for
@@ -24,9 +23,9 @@ func (s *Server) CreateCharge(ctx context.Context, req apigen.CreateChargeReques
 	if _, err := orders.Get(ctx, s.pool, callerID, req.OrderId); err != nil {
 		return nil, err
 	}
-	chargeReq := charges.Request{CallerID: callerID, OrderID: req.OrderId, PaymentMethod: string(req.Body.PaymentMethod)}
+	chargeReq := charges.ChargeRequest{CallerID: callerID, OrderID: req.OrderId, PaymentMethod: string(req.Body.PaymentMethod)}
 	resp, err := s.keys.Execute(ctx, keyed, func(ctx context.Context, l *idempotency.Lease) error {
-		return s.charges.Run(ctx, l, chargeReq)
+		return s.charges.Charge(ctx, l, chargeReq)
 	})
 	if err != nil {
 		return nil, err
@@ -40,10 +39,11 @@ func (s *Server) GetCharge(ctx context.Context, req apigen.GetChargeRequestObjec
 	if err != nil {
 		return nil, err
 	}
-	return apigen.GetCharge200JSONResponse(charges.ToAPI(ch)), nil
+	return apigen.GetCharge200JSONResponse(ch.API()), nil
 }
 
-// CreateRefund is keyed, with an external effect: see package refunds.
+// CreateRefund is keyed, with an external effect: see refunds.go in
+// package charges.
 func (s *Server) CreateRefund(ctx context.Context, req apigen.CreateRefundRequestObject) (apigen.CreateRefundResponseObject, error) {
 	keyed, err := keyedRequest(ctx)
 	if err != nil {
@@ -54,12 +54,12 @@ func (s *Server) CreateRefund(ctx context.Context, req apigen.CreateRefundReques
 	if _, err := charges.Get(ctx, s.pool, callerID, req.ChargeId); err != nil {
 		return nil, err
 	}
-	refundReq := refunds.Request{CallerID: callerID, ChargeID: req.ChargeId}
+	refundReq := charges.RefundRequest{CallerID: callerID, ChargeID: req.ChargeId}
 	if req.Body != nil {
 		refundReq.Amount = req.Body.Amount
 	}
 	resp, err := s.keys.Execute(ctx, keyed, func(ctx context.Context, l *idempotency.Lease) error {
-		return s.refunds.Run(ctx, l, refundReq)
+		return s.charges.Refund(ctx, l, refundReq)
 	})
 	if err != nil {
 		return nil, err
@@ -70,13 +70,13 @@ func (s *Server) CreateRefund(ctx context.Context, req apigen.CreateRefundReques
 // ListRefunds is safe.
 func (s *Server) ListRefunds(ctx context.Context, req apigen.ListRefundsRequestObject) (apigen.ListRefundsResponseObject, error) {
 	limit, startingAfter := page(req.Params.Limit, req.Params.StartingAfter)
-	rows, hasMore, err := refunds.List(ctx, s.pool, auth.CallerFrom(ctx).ID, req.ChargeId, limit, startingAfter)
+	rows, hasMore, err := charges.ListRefunds(ctx, s.pool, auth.CallerFrom(ctx).ID, req.ChargeId, limit, startingAfter)
 	if err != nil {
 		return nil, err
 	}
 	out := apigen.ListRefunds200JSONResponse{Data: make([]apigen.Refund, len(rows)), HasMore: hasMore}
 	for i, re := range rows {
-		out.Data[i] = refunds.ToAPI(re)
+		out.Data[i] = re.API()
 	}
 	return out, nil
 }

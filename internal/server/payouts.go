@@ -43,8 +43,8 @@ func (s *Server) GetPayout(ctx context.Context, req apigen.GetPayoutRequestObjec
 	if err != nil {
 		return nil, err
 	}
-	out := apigen.GetPayout200JSONResponse{Body: payouts.ToAPI(po)}
-	if after := payouts.PollAfter(po, time.Now()); after > 0 {
+	out := apigen.GetPayout200JSONResponse{Body: po.API()}
+	if after := po.PollAfter(time.Now()); after > 0 {
 		s := strconv.Itoa(after)
 		out.Headers.RetryAfter = &s
 	}
@@ -60,7 +60,7 @@ func (s *Server) ListPayouts(ctx context.Context, req apigen.ListPayoutsRequestO
 	}
 	out := apigen.ListPayouts200JSONResponse{Data: make([]apigen.Payout, len(rows)), HasMore: hasMore}
 	for i, po := range rows {
-		out.Data[i] = payouts.ToAPI(po)
+		out.Data[i] = po.API()
 	}
 	return out, nil
 }

@@ -33,18 +33,16 @@ import (
 	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/problem"
-	"github.com/retrysafe/payments/internal/refunds"
 	"github.com/retrysafe/payments/web"
 )
 
-// Deps is what the API needs, built by cmd/server (or a test).
+// Deps is what the API needs, built by package app.
 type Deps struct {
 	Config  config.Server
 	Pool    *pgxpool.Pool
 	Log     *slog.Logger
 	Keys    *idempotency.Store
-	Charges *charges.Service
-	Refunds *refunds.Service
+	Charges *charges.Service // charges and refunds
 	Payouts *payouts.Service
 	// Inbox receives the processor's webhooks.
 	Inbox *events.Inbox
@@ -61,7 +59,6 @@ type Server struct {
 	auth       *auth.Authenticator
 	keys       *idempotency.Store
 	charges    *charges.Service
-	refunds    *refunds.Service
 	payouts    *payouts.Service
 	router     routers.Router
 	validation openapi3filter.Options
@@ -91,7 +88,6 @@ func New(d Deps) (http.Handler, error) {
 		auth:    auth.NewAuthenticator(d.Pool, d.Config.AuthCacheTTL, d.Config.SeedDemoCallers),
 		keys:    d.Keys,
 		charges: d.Charges,
-		refunds: d.Refunds,
 		payouts: d.Payouts,
 		router:  router,
 		limits:  newRateLimits(d.Config.RateLimit, d.Config.RateBurst),

@@ -152,7 +152,7 @@ func TestFailoverSoak(t *testing.T) {
 				o.gaveUp++
 			case a.status == 0:
 				o.noAnswer++
-				o.failures = append(o.failures, a.err)
+				o.failures = append(o.failures, fmt.Sprintf("%s after %s", a.err, a.end.Sub(a.start).Round(time.Millisecond)))
 			default:
 				o.other++
 			}

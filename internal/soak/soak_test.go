@@ -279,7 +279,7 @@ func (s *soak) violation(format string, args ...any) {
 
 func (s *soak) newClient(url string, timeout time.Duration, attempts int) *client.Client {
 	c, err := client.New(url, "sk_test_acme", client.Policy{MaxAttempts: attempts, BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second},
-		&http.Client{Timeout: timeout, Transport: timed{s}})
+		&http.Client{Timeout: timeout, Transport: timed{s, timeout}})
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -298,8 +298,12 @@ func (s *soak) newClient(url string, timeout time.Duration, attempts int) *clien
 	return c
 }
 
-// timed records every attempt a soak client makes.
-type timed struct{ s *soak }
+// timed records every attempt a soak client makes, with its client's
+// timeout.
+type timed struct {
+	s       *soak
+	timeout time.Duration
+}
 
 func (tr timed) RoundTrip(req *http.Request) (*http.Response, error) {
 	a := attempt{start: time.Now()}
@@ -316,7 +320,13 @@ func (tr timed) RoundTrip(req *http.Request) (*http.Response, error) {
 			a.code = p.Code
 		}
 	} else {
-		a.gaveUp, a.err = req.Context().Err() != nil || os.IsTimeout(err), err.Error()
+		// The client gave up when its timeout passed. Checking the elapsed
+		// time, not only the context, matters: http.Client cancels a timed
+		// out request through both its context and its Cancel channel, and
+		// when the transport sees the channel first it returns "net/http:
+		// request canceled" a moment before the context says so.
+		a.gaveUp = req.Context().Err() != nil || os.IsTimeout(err) || (tr.timeout > 0 && a.end.Sub(a.start) >= tr.timeout)
+		a.err = err.Error()
 	}
 	tr.s.mu.Lock()
 	tr.s.attempts = append(tr.s.attempts, a)

@@ -1,4 +1,4 @@
-package refunds_test
+package charges_test
 
 import (
 	"bytes"
@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -28,7 +26,6 @@ import (
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/problem"
 	"github.com/retrysafe/payments/internal/processor"
-	"github.com/retrysafe/payments/internal/refunds"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -38,16 +35,11 @@ import (
 // down: what we record as refunded never exceeds the charge, and always
 // matches what the processor refunded.
 
-var (
-	quiet   = slog.New(slog.NewTextHandler(io.Discard, nil))
-	queries = dbsqlc.New()
-)
-
-type fixture struct {
+type refundFixture struct {
 	pool         *pgxpool.Pool
 	store        *idempotency.Store
 	charges      *charges.Service
-	refunds      *refunds.Service
+	refunds      *charges.Service
 	proc         *processor.Server
 	processorURL string
 }
@@ -55,7 +47,7 @@ type fixture struct {
 // newFixture returns a fresh database with the demo callers and the
 // services wired to a fake processor on which pm_card_flaky never
 // succeeds (so a charge with it stays pending).
-func newFixture(t *testing.T) *fixture {
+func newRefundFixture(t *testing.T) *refundFixture {
 	t.Helper()
 	pool := testdb.NewPool(t)
 	if err := auth.SeedDemoCallers(context.Background(), pool); err != nil {
@@ -68,11 +60,11 @@ func newFixture(t *testing.T) *fixture {
 	srv := httptest.NewServer(proc)
 	t.Cleanup(func() { proc.Close(); srv.Close() })
 	client := cardprocessor.NewClient(srv.URL, 5*time.Second)
-	return &fixture{
+	return &refundFixture{
 		pool:         pool,
 		store:        idempotency.NewStore(pool, idempotency.StoreConfig{Lease: time.Minute}, quiet),
 		charges:      charges.NewService(pool, client),
-		refunds:      refunds.NewService(pool, client),
+		refunds:      charges.NewService(pool, client),
 		proc:         proc,
 		processorURL: srv.URL,
 	}
@@ -81,7 +73,7 @@ func newFixture(t *testing.T) *fixture {
 // chargeWith charges a new order of amount with paymentMethod through the
 // charge operation, and returns the charge as it then is (succeeded,
 // failed or pending).
-func (f *fixture) chargeWith(t *testing.T, amount int64, paymentMethod string) dbsqlc.Charge {
+func (f *refundFixture) chargeWith(t *testing.T, amount int64, paymentMethod string) dbsqlc.Charge {
 	t.Helper()
 	ctx := context.Background()
 	o, err := orders.Create(ctx, f.pool, "acme", orders.NewOrder{Amount: amount, Currency: "eur"})
@@ -94,9 +86,9 @@ func (f *fixture) chargeWith(t *testing.T, amount int64, paymentMethod string) d
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := idempotency.Request{CallerID: "acme", Key: key, Operation: charges.Operation, Method: "POST", Path: path, Fingerprint: fp}
+	req := idempotency.Request{CallerID: "acme", Key: key, Operation: charges.OperationCharge, Method: "POST", Path: path, Fingerprint: fp}
 	_, err = f.store.Execute(ctx, req, func(ctx context.Context, l *idempotency.Lease) error {
-		return f.charges.Run(ctx, l, charges.Request{CallerID: "acme", OrderID: o.ID, PaymentMethod: paymentMethod})
+		return f.charges.Charge(ctx, l, charges.ChargeRequest{CallerID: "acme", OrderID: o.ID, PaymentMethod: paymentMethod})
 	})
 	if err != nil && !idempotency.IsRetryable(err) {
 		t.Fatalf("charge with %s: %v", paymentMethod, err)
@@ -112,10 +104,10 @@ func (f *fixture) chargeWith(t *testing.T, amount int64, paymentMethod string) d
 	return ch
 }
 
-func (f *fixture) paidCharge(t *testing.T, amount int64) dbsqlc.Charge {
+func (f *refundFixture) paidCharge(t *testing.T, amount int64) dbsqlc.Charge {
 	t.Helper()
 	ch := f.chargeWith(t, amount, processor.PaymentMethodVisa)
-	if ch.Status != charges.StatusSucceeded {
+	if charges.Status(ch.Status) != charges.StatusSucceeded {
 		t.Fatalf("charge is %s; want succeeded", ch.Status)
 	}
 	return ch
@@ -126,7 +118,7 @@ func amount(n int64) *int64 { return &n }
 // refundWith sends one keyed refund request of callerID through the store
 // and service, as the HTTP layer does for POST /v1/charges/{id}/refunds; a
 // nil amount refunds what remains.
-func (f *fixture) refundWith(t *testing.T, service *refunds.Service, callerID, key, chargeID string, amt *int64) (*idempotency.Response, error) {
+func (f *refundFixture) refundWith(t *testing.T, service *charges.Service, callerID, key, chargeID string, amt *int64) (*idempotency.Response, error) {
 	t.Helper()
 	body := "{}"
 	if amt != nil {
@@ -137,14 +129,14 @@ func (f *fixture) refundWith(t *testing.T, service *refunds.Service, callerID, k
 	if err != nil {
 		return nil, err // not t.Fatal: this may run on another goroutine
 	}
-	req := idempotency.Request{CallerID: callerID, Key: key, Operation: refunds.Operation, Method: "POST", Path: path, Fingerprint: fp}
+	req := idempotency.Request{CallerID: callerID, Key: key, Operation: charges.OperationRefund, Method: "POST", Path: path, Fingerprint: fp}
 	return f.store.Execute(context.Background(), req, func(ctx context.Context, l *idempotency.Lease) error {
-		return service.Run(ctx, l, refunds.Request{CallerID: callerID, ChargeID: chargeID, Amount: amt})
+		return service.Refund(ctx, l, charges.RefundRequest{CallerID: callerID, ChargeID: chargeID, Amount: amt})
 	})
 }
 
 // mustRefund is a refund by acme that must end in a stored response.
-func (f *fixture) mustRefund(t *testing.T, key, chargeID string, amt *int64) *idempotency.Response {
+func (f *refundFixture) mustRefund(t *testing.T, key, chargeID string, amt *int64) *idempotency.Response {
 	t.Helper()
 	resp, err := f.refundWith(t, f.refunds, "acme", key, chargeID, amt)
 	if err != nil {
@@ -153,7 +145,7 @@ func (f *fixture) mustRefund(t *testing.T, key, chargeID string, amt *int64) *id
 	return resp
 }
 
-func (f *fixture) record(t *testing.T, key string) idempotency.Record {
+func (f *refundFixture) record(t *testing.T, key string) idempotency.Record {
 	t.Helper()
 	rec, err := f.store.Get(context.Background(), "acme", key)
 	if err != nil {
@@ -163,7 +155,7 @@ func (f *fixture) record(t *testing.T, key string) idempotency.Record {
 }
 
 // refundOf returns the refund the operation under key created.
-func (f *fixture) refundOf(t *testing.T, key string) dbsqlc.Refund {
+func (f *refundFixture) refundOf(t *testing.T, key string) dbsqlc.Refund {
 	t.Helper()
 	re, err := queries.GetRefundByKeyRecord(context.Background(), f.pool, dbsqlc.GetRefundByKeyRecordParams{CallerID: "acme", IdempotencyKeyID: f.record(t, key).ID})
 	if err != nil {
@@ -172,9 +164,9 @@ func (f *fixture) refundOf(t *testing.T, key string) dbsqlc.Refund {
 	return re
 }
 
-func (f *fixture) getCharge(t *testing.T, id string) dbsqlc.Charge {
+func (f *refundFixture) getCharge(t *testing.T, id string) dbsqlc.Charge {
 	t.Helper()
-	ch, err := charges.Get(context.Background(), f.pool, "acme", id)
+	ch, err := queries.GetCharge(context.Background(), f.pool, dbsqlc.GetChargeParams{CallerID: "acme", ID: id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +174,7 @@ func (f *fixture) getCharge(t *testing.T, id string) dbsqlc.Charge {
 }
 
 // refundEffects is the processor's refunds: what it really gave back.
-func (f *fixture) refundEffects(t *testing.T) []processor.LedgerEntry {
+func (f *refundFixture) refundEffects(t *testing.T) []processor.LedgerEntry {
 	t.Helper()
 	effects, err := processor.FetchLedger(context.Background(), f.processorURL)
 	if err != nil {
@@ -198,7 +190,7 @@ func (f *fixture) refundEffects(t *testing.T) []processor.LedgerEntry {
 }
 
 // count runs a count(*) query.
-func (f *fixture) count(t *testing.T, query string, args ...any) int {
+func (f *refundFixture) count(t *testing.T, query string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := f.pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
@@ -207,14 +199,14 @@ func (f *fixture) count(t *testing.T, query string, args ...any) int {
 	return n
 }
 
-func (f *fixture) refundEvents(t *testing.T, refundID string) int {
+func (f *refundFixture) refundEvents(t *testing.T, refundID string) int {
 	t.Helper()
 	return f.count(t, `SELECT count(*) FROM events WHERE type = 'refund.succeeded' AND data->>'refund_id' = $1`, refundID)
 }
 
 // wantStoredProblem checks that resp is the problem code with status, and
 // that the record under key stored it, so a retry replays it.
-func (f *fixture) wantStoredProblem(t *testing.T, key string, resp *idempotency.Response, status int, code problem.Code) {
+func (f *refundFixture) wantStoredProblem(t *testing.T, key string, resp *idempotency.Response, status int, code problem.Code) {
 	t.Helper()
 	var p struct {
 		Status int    `json:"status"`
@@ -232,7 +224,7 @@ func (f *fixture) wantStoredProblem(t *testing.T, key string, resp *idempotency.
 // applySucceeded applies a refund.succeeded webhook in a transaction that
 // commits whatever ApplyRefundEvent returns (as the webhook handler commits
 // its note of a contradiction), so anything it wrote would stick.
-func (f *fixture) applySucceeded(t *testing.T, downstreamKey, processorRefundID string) (bool, error) {
+func (f *refundFixture) applySucceeded(t *testing.T, downstreamKey, processorRefundID string) (bool, error) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := f.pool.Begin(ctx)
@@ -240,7 +232,7 @@ func (f *fixture) applySucceeded(t *testing.T, downstreamKey, processorRefundID 
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	known, applyErr := refunds.ApplyRefundEvent(ctx, tx, "acme", events.ProcessorEvent{
+	known, applyErr := charges.ApplyRefundEvent(ctx, tx, "acme", events.ProcessorEvent{
 		ID: "pevt_test", Type: events.ProcessorRefundSucceeded, DownstreamKey: downstreamKey, ObjectID: processorRefundID,
 	})
 	if err := tx.Commit(ctx); err != nil {
@@ -255,15 +247,15 @@ func (f *fixture) applySucceeded(t *testing.T, downstreamKey, processorRefundID 
 // what remains.
 func TestPartialRefundReservesItsAmount(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	f := newRefundFixture(t)
 	ch := f.paidCharge(t, 1000)
 
 	resp := f.mustRefund(t, "part", ch.ID, amount(300))
 	re := f.refundOf(t, "part")
-	if re.Status != refunds.StatusSucceeded || re.Amount != 300 || re.ChargeID != ch.ID || re.DownstreamKey != cardprocessor.DownstreamKey("acme", "part", f.record(t, "part").RequestFingerprint, 0) {
+	if charges.Status(re.Status) != charges.StatusSucceeded || re.Amount != 300 || re.ChargeID != ch.ID || re.DownstreamKey != cardprocessor.DownstreamKey("acme", "part", f.record(t, "part").RequestFingerprint, 0) {
 		t.Fatalf("refund %+v; want a succeeded refund of 300 of %s under its own downstream key", re, ch.ID)
 	}
-	want, err := refunds.Render(re)
+	want, err := f.refundCreated(t, re)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +296,7 @@ func TestPartialRefundReservesItsAmount(t *testing.T) {
 // processor; once nothing remains, any refund is charge_not_refundable.
 func TestRefundAboveTheRemainderIsAStoredConflict(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	f := newRefundFixture(t)
 	ch := f.paidCharge(t, 1000)
 	if resp := f.mustRefund(t, "first", ch.ID, amount(600)); resp.Status != http.StatusCreated {
 		t.Fatalf("first refund: %d %s", resp.Status, resp.Body)
@@ -344,7 +336,7 @@ func TestRefundAboveTheRemainderIsAStoredConflict(t *testing.T) {
 // add up to and what the processor refunded all agree.
 func TestConcurrentRefundsNeverExceedTheCharge(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	f := newRefundFixture(t)
 	ch := f.paidCharge(t, 1000)
 	const n = 10
 	resps := make([]*idempotency.Response, n)
@@ -394,7 +386,7 @@ func TestConcurrentRefundsNeverExceedTheCharge(t *testing.T) {
 // that forgot the lock could not refund more than was charged.
 func TestTheDatabaseRefusesAnOverReservation(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	f := newRefundFixture(t)
 	ch := f.paidCharge(t, 1000)
 	ctx := context.Background()
 	if _, err := queries.ReserveRefund(ctx, f.pool, dbsqlc.ReserveRefundParams{Amount: 1000, CallerID: "acme", ID: ch.ID}); err != nil {
@@ -417,7 +409,7 @@ func TestTheDatabaseRefusesAnOverReservation(t *testing.T) {
 // recorded: it stores the 201 without a second refund at the processor.
 func TestApplySucceededIsIdempotent(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	f := newRefundFixture(t)
 	ch := f.paidCharge(t, 1000)
 
 	// From now on the processor withholds every answer with an effect; a
@@ -425,7 +417,7 @@ func TestApplySucceededIsIdempotent(t *testing.T) {
 	if err := f.proc.SetChaos(processor.Chaos{TimeoutRate: 1}); err != nil {
 		t.Fatal(err)
 	}
-	impatient := refunds.NewService(f.pool, cardprocessor.NewClient(f.processorURL, 2*time.Second))
+	impatient := charges.NewService(f.pool, cardprocessor.NewClient(f.processorURL, 2*time.Second))
 	if _, err := f.refundWith(t, impatient, "acme", "lost", ch.ID, amount(250)); !idempotency.IsRetryable(err) {
 		t.Fatalf("refund: %v; want a retryable failure (the answer never came)", err)
 	}
@@ -433,11 +425,11 @@ func TestApplySucceededIsIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	pending := f.refundOf(t, "lost")
-	if pending.Status != refunds.StatusPending || f.getCharge(t, ch.ID).AmountRefunded != 250 {
+	if charges.Status(pending.Status) != charges.StatusPending || f.getCharge(t, ch.ID).AmountRefunded != 250 {
 		t.Fatalf("refund %s with %d reserved; want pending with 250 reserved", pending.Status, f.getCharge(t, ch.ID).AmountRefunded)
 	}
-	if rec := f.record(t, "lost"); rec.RecoveryPoint != refunds.RecoveryRefundCreated || rec.ResponseStatus != nil {
-		t.Fatalf("record at %s with response %v; want %s, nothing stored", rec.RecoveryPoint, rec.ResponseStatus, refunds.RecoveryRefundCreated)
+	if rec := f.record(t, "lost"); rec.RecoveryPoint != charges.RecoveryRefundCreated || rec.ResponseStatus != nil {
+		t.Fatalf("record at %s with response %v; want %s, nothing stored", rec.RecoveryPoint, rec.ResponseStatus, charges.RecoveryRefundCreated)
 	}
 	made := f.refundEffects(t)
 	if len(made) != 1 || made[0].IdempotencyKey != pending.DownstreamKey {
@@ -450,7 +442,7 @@ func TestApplySucceededIsIdempotent(t *testing.T) {
 		}
 	}
 	re := f.refundOf(t, "lost")
-	if re.Status != refunds.StatusSucceeded || re.ProcessorRefundID == nil || *re.ProcessorRefundID != made[0].ID {
+	if charges.Status(re.Status) != charges.StatusSucceeded || re.ProcessorRefundID == nil || *re.ProcessorRefundID != made[0].ID {
 		t.Fatalf("refund %s with processor id %v; want succeeded with %q", re.Status, re.ProcessorRefundID, made[0].ID)
 	}
 	if n := f.refundEvents(t, re.ID); n != 1 {
@@ -466,15 +458,15 @@ func TestApplySucceededIsIdempotent(t *testing.T) {
 		WHERE key = 'lost'`); err != nil {
 		t.Fatal(err)
 	}
-	leases, err := f.store.ClaimStale(context.Background(), 10, []string{refunds.Operation})
+	leases, err := f.store.ClaimStale(context.Background(), 10, []string{charges.OperationRefund})
 	if err != nil || len(leases) != 1 {
 		t.Fatalf("ClaimStale: %d, %v; want the one stale refund", len(leases), err)
 	}
-	resp, err := f.store.Drive(context.Background(), leases[0], f.refunds.Resume, time.Minute)
+	resp, err := f.store.Drive(context.Background(), leases[0], f.refunds.ResumeRefund, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := refunds.Render(f.refundOf(t, "lost"))
+	want, err := f.refundCreated(t, f.refundOf(t, "lost"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -499,7 +491,7 @@ func TestApplySucceededIsIdempotent(t *testing.T) {
 // changes nothing.
 func TestRefusedRefundGivesItsReservationBack(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	f := newRefundFixture(t)
 	ch := f.paidCharge(t, 1000)
 	ctx := context.Background()
 	outside := cardprocessor.NewClient(f.processorURL, 5*time.Second)
@@ -510,7 +502,7 @@ func TestRefusedRefundGivesItsReservationBack(t *testing.T) {
 	resp := f.mustRefund(t, "refused", ch.ID, amount(500))
 	f.wantStoredProblem(t, "refused", resp, http.StatusConflict, problem.ChargeNotRefundable)
 	re := f.refundOf(t, "refused")
-	if re.Status != refunds.StatusFailed {
+	if charges.Status(re.Status) != charges.StatusFailed {
 		t.Errorf("refund is %s; want failed", re.Status)
 	}
 	if got := f.getCharge(t, ch.ID).AmountRefunded; got != 0 {
@@ -522,10 +514,10 @@ func TestRefusedRefundGivesItsReservationBack(t *testing.T) {
 
 	known, err := f.applySucceeded(t, re.DownstreamKey, "pre_contradicting")
 	var c *events.ContradictionError
-	if known || !errors.As(err, &c) || c.Object != "refund" || c.ID != re.ID || c.Recorded != refunds.StatusFailed || c.Reported != refunds.StatusSucceeded {
+	if known || !errors.As(err, &c) || c.Object != "refund" || c.ID != re.ID || c.Recorded != "failed" || c.Reported != "succeeded" {
 		t.Fatalf("webhook for the failed refund: %v, %v; want a contradiction (refund %s failed, reported succeeded)", known, err, re.ID)
 	}
-	if after := f.refundOf(t, "refused"); after.Status != refunds.StatusFailed || after.ProcessorRefundID != nil || f.refundEvents(t, re.ID) != 0 {
+	if after := f.refundOf(t, "refused"); charges.Status(after.Status) != charges.StatusFailed || after.ProcessorRefundID != nil || f.refundEvents(t, re.ID) != 0 {
 		t.Errorf("after the contradiction the refund is %s (processor id %v); want failed, untouched, no event", after.Status, after.ProcessorRefundID)
 	}
 	if got := f.getCharge(t, ch.ID).AmountRefunded; got != 0 {
@@ -547,10 +539,10 @@ func TestRefusedRefundGivesItsReservationBack(t *testing.T) {
 // processor.
 func TestRefundOfAChargeThatDidNotSucceedIsRefused(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	f := newRefundFixture(t)
 	declined := f.chargeWith(t, 500, processor.PaymentMethodChargeDeclined)
 	pending := f.chargeWith(t, 500, processor.PaymentMethodFlaky)
-	if declined.Status != charges.StatusFailed || pending.Status != charges.StatusPending {
+	if charges.Status(declined.Status) != charges.StatusFailed || charges.Status(pending.Status) != charges.StatusPending {
 		t.Fatalf("charges are %s and %s; want failed and pending", declined.Status, pending.Status)
 	}
 
@@ -587,7 +579,7 @@ func TestRefundOfAChargeThatDidNotSucceedIsRefused(t *testing.T) {
 // charge's, and has_more on every page but the last.
 func TestListPagesAChargesRefundsOldestFirst(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	f := newRefundFixture(t)
 	ctx := context.Background()
 	ch := f.paidCharge(t, 1000)
 	other := f.paidCharge(t, 1000)
@@ -603,7 +595,7 @@ func TestListPagesAChargesRefundsOldestFirst(t *testing.T) {
 		var got []string
 		after := ""
 		for page := 0; ; page++ {
-			rows, more, err := refunds.List(ctx, f.pool, "acme", ch.ID, limit, after)
+			rows, more, err := charges.ListRefunds(ctx, f.pool, "acme", ch.ID, limit, after)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -630,7 +622,7 @@ func TestListPagesAChargesRefundsOldestFirst(t *testing.T) {
 	}
 
 	fresh := f.paidCharge(t, 500)
-	if rows, more, err := refunds.List(ctx, f.pool, "acme", fresh.ID, 10, ""); err != nil || len(rows) != 0 || more {
+	if rows, more, err := charges.ListRefunds(ctx, f.pool, "acme", fresh.ID, 10, ""); err != nil || len(rows) != 0 || more {
 		t.Errorf("a charge without refunds: %d rows, has_more %v, %v; want an empty last page", len(rows), more, err)
 	}
 }
@@ -640,7 +632,7 @@ func TestListPagesAChargesRefundsOldestFirst(t *testing.T) {
 // charge (unknown, or another charge's) is an invalid starting_after.
 func TestListRefusesWhatIsNotTheCallersCharge(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	f := newRefundFixture(t)
 	ctx := context.Background()
 	ch := f.paidCharge(t, 1000)
 	other := f.paidCharge(t, 1000)
@@ -649,14 +641,14 @@ func TestListRefusesWhatIsNotTheCallersCharge(t *testing.T) {
 	otherRefund := f.refundOf(t, "other")
 
 	for _, c := range []struct{ caller, charge string }{{"acme", "ch_unknown"}, {"globex", ch.ID}} {
-		_, _, err := refunds.List(ctx, f.pool, c.caller, c.charge, 10, "")
+		_, _, err := charges.ListRefunds(ctx, f.pool, c.caller, c.charge, 10, "")
 		var p *problem.Error
 		if !errors.As(err, &p) || p.Code != problem.NotFound {
 			t.Errorf("%s listing the refunds of %s: %v; want not_found", c.caller, c.charge, err)
 		}
 	}
 	for _, cursor := range []string{"re_unknown", otherRefund.ID} {
-		rows, more, err := refunds.List(ctx, f.pool, "acme", ch.ID, 10, cursor)
+		rows, more, err := charges.ListRefunds(ctx, f.pool, "acme", ch.ID, 10, cursor)
 		var p *problem.Error
 		if !errors.As(err, &p) || p.Code != problem.InvalidRequest || len(p.Errors) != 1 || p.Errors[0].Field != "starting_after" || rows != nil || more {
 			t.Errorf("cursor %s: %v (%d rows); want invalid_request naming starting_after", cursor, err, len(rows))
@@ -676,18 +668,35 @@ func (decliningProcessor) Refund(context.Context, string, cardprocessor.RefundRe
 // reservation back; none is ever recorded as a success.
 func TestDeclinedRefundIsNotRecordedAsASuccess(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	f := newRefundFixture(t)
 	ch := f.paidCharge(t, 1000)
-	declining := refunds.NewService(f.pool, decliningProcessor{cardprocessor.NewClient(f.processorURL, 5*time.Second)})
+	declining := charges.NewService(f.pool, decliningProcessor{cardprocessor.NewClient(f.processorURL, 5*time.Second)})
 	resp, err := f.refundWith(t, declining, "acme", "declined-refund", ch.ID, amount(400))
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.wantStoredProblem(t, "declined-refund", resp, http.StatusConflict, problem.ChargeNotRefundable)
-	if re := f.refundOf(t, "declined-refund"); re.Status != refunds.StatusFailed {
+	if re := f.refundOf(t, "declined-refund"); charges.Status(re.Status) != charges.StatusFailed {
 		t.Errorf("refund is %s; want failed", re.Status)
 	}
 	if got := f.getCharge(t, ch.ID).AmountRefunded; got != 0 {
 		t.Errorf("amount_refunded %d; want 0 (the reservation given back)", got)
 	}
+}
+
+// refundCreated is the response a refund's final phase stores: the refund
+// as the API lists it now.
+func (f *refundFixture) refundCreated(t *testing.T, row dbsqlc.Refund) (*idempotency.Response, error) {
+	t.Helper()
+	all, _, err := charges.ListRefunds(context.Background(), f.pool, "acme", row.ChargeID, 100, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, re := range all {
+		if re.ID == row.ID {
+			return re.Created()
+		}
+	}
+	t.Fatalf("refund %s is not among its charge's refunds", row.ID)
+	return nil, nil
 }

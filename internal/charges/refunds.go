@@ -1,36 +1,36 @@
-// Package refunds returns money from a succeeded charge through the card
-// processor, in full or in part. A refund follows the charge's pattern:
+// Refunds return money from a succeeded charge through the card processor,
+// in full or in part. A refund follows the charge's pattern:
 //
-//	started        → create (one transaction): lock the order, reserve the
-//	                 amount on the charge (a CHECK constraint keeps the
-//	                 reservations within the charged amount) and take it
-//	                 from the balance (another keeps that from going
-//	                 negative), create the refund row (pending) with its
-//	                 downstream key.
-//	refund_created → the processor call with that key (package effect);
+//	started        → createRefund (one transaction): lock the order,
+//	                 reserve the amount on the charge (a CHECK constraint
+//	                 keeps the reservations within the charged amount) and
+//	                 take it from the balance (another keeps that from
+//	                 going negative), create the refund row (pending) with
+//	                 its downstream key.
+//	refund_created → the processor call with that key (cardprocessor.Call);
 //	                 no definite answer: stop here, nothing stored.
-//	               → finish (one transaction): the refund succeeded (or was
-//	                 refused, and its reservation given back), the outbox
-//	                 event, the stored response.
+//	               → finishRefund (one transaction): the refund succeeded
+//	                 (or was refused, and its reservation given back), the
+//	                 outbox event, the stored response.
 //
-// It takes the order's row lock first, as charges do (see package charges).
-package refunds
+// It takes the order's row lock first, as a charge does (see the package
+// comment).
+
+package charges
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/cardprocessor"
-	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/effect"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
@@ -39,50 +39,57 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// Operation is the contract's operationId of a refund: the name its
-// records carry, under which its handler is registered for resuming.
-const Operation = "createRefund"
-
 // RecoveryRefundCreated is the point between creating the local refund row
 // and recording the processor's answer.
 const RecoveryRefundCreated idempotency.RecoveryPoint = "refund_created"
 
-// Refund status values.
-const (
-	StatusPending   = "pending"
-	StatusSucceeded = "succeeded"
-	StatusFailed    = "failed"
-)
+// Refund is a refund, as the rest of the service sees it.
+type Refund struct {
+	ID        string
+	CallerID  string
+	ChargeID  string
+	Amount    int64
+	Status    Status
+	CreatedAt time.Time
+}
 
-var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+// API is the refund as the contract shows it.
+func (r Refund) API() apigen.Refund {
+	return apigen.Refund{
+		Id:        r.ID,
+		ChargeId:  r.ChargeID,
+		Amount:    r.Amount,
+		Status:    apigen.RefundStatus(r.Status),
+		CreatedAt: r.CreatedAt,
+	}
+}
 
-// Request is what a caller asked for; a nil Amount refunds what remains.
-type Request struct {
+// Created is a refund's successful response, as stored and replayed.
+func (r Refund) Created() (*idempotency.Response, error) {
+	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/charges/" + r.ChargeID}}, r.API())
+}
+
+func refundOf(r dbsqlc.Refund) Refund {
+	return Refund{ID: r.ID, CallerID: r.CallerID, ChargeID: r.ChargeID, Amount: r.Amount, Status: Status(r.Status), CreatedAt: r.CreatedAt}
+}
+
+// RefundRequest is what a caller asked for; a nil Amount refunds what
+// remains.
+type RefundRequest struct {
 	CallerID string
 	ChargeID string
 	Amount   *int64
 }
 
-// Service runs refunds.
-type Service struct {
-	db        *pgxpool.Pool
-	processor cardprocessor.Processor
-}
-
-// NewService returns a Service that refunds through processor.
-func NewService(db *pgxpool.Pool, processor cardprocessor.Processor) *Service {
-	return &Service{db: db, processor: processor}
-}
-
-// Run drives the refund operation held by l from its recovery point to its
-// final response, for a fresh claim and for a client's takeover; Resume
-// runs it for the reconciler.
-func (s *Service) Run(ctx context.Context, l *idempotency.Lease, req Request) error {
+// Refund drives the refund operation held by l from its recovery point to
+// its final response, for a fresh claim and for a client's takeover, and,
+// through ResumeRefund, for the reconciler.
+func (s *Service) Refund(ctx context.Context, l *idempotency.Lease, req RefundRequest) error {
 	for {
 		switch l.RecoveryPoint() {
 		case idempotency.RecoveryStarted:
 			if err := l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
-				return create(ctx, tx, l.Record(), req)
+				return createRefund(ctx, tx, l.Record(), req)
 			}); err != nil {
 				return err
 			}
@@ -101,12 +108,12 @@ func (s *Service) Run(ctx context.Context, l *idempotency.Lease, req Request) er
 				// from before that rule, or damaged data: a person must look.
 				return fmt.Errorf("charge %s of refund %s has no processor charge id", ch.ID, re.ID)
 			}
-			return effect.Call(ctx, l, "refund",
+			return cardprocessor.Call(ctx, l, "refund",
 				func(ctx context.Context) (cardprocessor.RefundResult, error) {
 					return s.processor.Refund(ctx, re.DownstreamKey, cardprocessor.RefundRequest{Charge: *ch.ProcessorChargeID, Amount: re.Amount})
 				},
 				func(ctx context.Context, tx pgx.Tx, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
-					return finish(ctx, tx, ch, re, answer, refusal)
+					return finishRefund(ctx, tx, ch, re, answer, refusal)
 				})
 		default:
 			return fmt.Errorf("refund: unknown recovery point %q", l.RecoveryPoint())
@@ -114,16 +121,16 @@ func (s *Service) Run(ctx context.Context, l *idempotency.Lease, req Request) er
 	}
 }
 
-// Resume drives a refund nobody is finishing, for the reconciler: past its
-// first phase a refund carries everything it needs in its own row. It is
-// registered under Operation.
-func (s *Service) Resume(ctx context.Context, l *idempotency.Lease) error {
-	return s.Run(ctx, l, Request{CallerID: l.Record().CallerID})
+// ResumeRefund drives a refund nobody is finishing, for the reconciler:
+// past its first phase a refund carries everything it needs in its own
+// row. It is registered under OperationRefund.
+func (s *Service) ResumeRefund(ctx context.Context, l *idempotency.Lease) error {
+	return s.Refund(ctx, l, RefundRequest{CallerID: l.Record().CallerID})
 }
 
-// create is the first phase.
-func create(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Request) (idempotency.Result, error) {
-	ch, err := charges.Get(ctx, tx, req.CallerID, req.ChargeID)
+// createRefund is the first phase.
+func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req RefundRequest) (idempotency.Result, error) {
+	ch, err := get(ctx, tx, req.CallerID, req.ChargeID)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +144,7 @@ func create(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Request)
 	}
 	remaining := ch.Amount - ch.AmountRefunded
 	switch {
-	case ch.Status != charges.StatusSucceeded:
+	case Status(ch.Status) != StatusSucceeded:
 		return nil, problem.New(problem.ChargeNotRefundable, "charge %s is %s; only a succeeded charge can be refunded", ch.ID, ch.Status)
 	case remaining == 0:
 		return nil, problem.New(problem.ChargeNotRefundable, "charge %s is already fully refunded", ch.ID)
@@ -184,11 +191,11 @@ func create(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Request)
 	return RecoveryRefundCreated, nil
 }
 
-// finish is the final phase: record the processor's definite answer.
-func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
+// finishRefund is the final phase: record the processor's definite answer.
+func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
 	if refusal != nil {
 		// Definitely not refunded, whatever kind of "no" the processor
-		// gave (effect.Call lets only a definite one through): give the
+		// gave (cardprocessor.Call lets only a definite one through): give the
 		// reservation back.
 		if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 			return nil, err
@@ -204,19 +211,19 @@ func finish(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, 
 		}
 		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", cardprocessor.RefusalCode(refusal))), nil
 	}
-	succeeded, err := applySucceeded(ctx, tx, ch, re, events.Report{ProcessorID: answer.ID})
+	succeeded, err := refundSucceeded(ctx, tx, ch, re, events.Report{ProcessorID: answer.ID})
 	if err != nil {
 		return nil, err
 	}
-	return Render(succeeded)
+	return refundOf(succeeded).Created()
 }
 
-// List returns up to limit of the caller's refunds of the charge chargeID,
-// oldest first, starting after the refund startingAfter when it is not
-// empty, and whether more exist. An unknown charge is not found.
-func List(ctx context.Context, db dbsqlc.DBTX, callerID, chargeID string, limit int, startingAfter string) (_ []dbsqlc.Refund, _ bool, err error) {
-	defer postgres.Wrap(&err, "refunds.List(%s, %q)", callerID, chargeID)
-	if _, err := charges.Get(ctx, db, callerID, chargeID); err != nil {
+// ListRefunds returns up to limit of the caller's refunds of the charge
+// chargeID, oldest first, starting after the refund startingAfter when it
+// is not empty, and whether more exist. An unknown charge is not found.
+func ListRefunds(ctx context.Context, db dbsqlc.DBTX, callerID, chargeID string, limit int, startingAfter string) (_ []Refund, _ bool, err error) {
+	defer postgres.Wrap(&err, "charges.ListRefunds(%s, %q)", callerID, chargeID)
+	if _, err := get(ctx, db, callerID, chargeID); err != nil {
 		return nil, false, err
 	}
 	p := dbsqlc.ListRefundsOfChargeParams{CallerID: callerID, ChargeID: chargeID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
@@ -237,26 +244,12 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID, chargeID string, limit 
 		return nil, false, err
 	}
 	// One extra row was asked for: its presence is has_more.
-	if len(rows) > limit {
-		return rows[:limit], true, nil
+	hasMore := len(rows) > limit
+	out := make([]Refund, min(len(rows), limit))
+	for i := range out {
+		out[i] = refundOf(rows[i])
 	}
-	return rows, false, nil
-}
-
-// Render is a refund's successful response, as stored and replayed.
-func Render(re dbsqlc.Refund) (*idempotency.Response, error) {
-	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/charges/" + re.ChargeID}}, ToAPI(re))
-}
-
-// ToAPI is the refund as the contract shows it.
-func ToAPI(re dbsqlc.Refund) apigen.Refund {
-	return apigen.Refund{
-		Id:        re.ID,
-		ChargeId:  re.ChargeID,
-		Amount:    re.Amount,
-		Status:    apigen.RefundStatus(re.Status),
-		CreatedAt: re.CreatedAt,
-	}
+	return out, hasMore, nil
 }
 
 // ApplyRefundEvent is the inbox's Applier for refund.succeeded: it records
@@ -264,7 +257,7 @@ func ToAPI(re dbsqlc.Refund) apigen.Refund {
 // reports false for a refund we do not know. Like ApplyChargeEvent it is
 // idempotent and agrees with the refund's own final phase.
 func ApplyRefundEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
-	defer postgres.Wrap(&err, "refunds.ApplyRefundEvent(%s, %q)", callerID, ev.DownstreamKey)
+	defer postgres.Wrap(&err, "charges.ApplyRefundEvent(%s, %q)", callerID, ev.DownstreamKey)
 	r := events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID}
 	re, err := queries.GetRefundByDownstreamKey(ctx, tx, dbsqlc.GetRefundByDownstreamKeyParams{CallerID: callerID, DownstreamKey: ev.DownstreamKey})
 	if postgres.IsNotFound(err) {
@@ -277,13 +270,13 @@ func ApplyRefundEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events
 	if err != nil {
 		return false, err
 	}
-	_, err = applySucceeded(ctx, tx, ch, re, r)
+	_, err = refundSucceeded(ctx, tx, ch, re, r)
 	return err == nil, err
 }
 
-// applySucceeded moves a pending refund to succeeded, with its event,
-// and returns it as it now is; an already succeeded refund is left alone.
-func applySucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, r events.Report) (dbsqlc.Refund, error) {
+// refundSucceeded moves a pending refund to succeeded, with its event, and
+// returns it as it now is; an already succeeded refund is left alone.
+func refundSucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, r events.Report) (dbsqlc.Refund, error) {
 	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return re, err
 	}
@@ -294,12 +287,12 @@ func applySucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.
 	if err := r.Check("refund", cur.ID, cur.Amount, ch.Currency, cur.ProcessorRefundID); err != nil {
 		return cur, err
 	}
-	switch cur.Status {
+	switch Status(cur.Status) {
 	case StatusSucceeded:
 		return cur, nil // recorded already
 	case StatusPending:
 	default:
-		return cur, &events.ContradictionError{Object: "refund", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: StatusSucceeded}
+		return cur, &events.ContradictionError{Object: "refund", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: string(StatusSucceeded)}
 	}
 	if cur, err = queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &r.ProcessorID}); err != nil {
 		return cur, err
