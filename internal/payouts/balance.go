@@ -63,17 +63,38 @@ func RestoreBalance(ctx context.Context, tx pgx.Tx, callerID, currency string, a
 	return queries.RestoreBalance(ctx, tx, dbsqlc.RestoreBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
-// GetBalance returns the caller's balance as the contract shows it.
-func GetBalance(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ apigen.Balance, err error) {
+// Balance is one currency of a caller's balance: what can be paid out
+// (Available), and what refunds and payouts in flight hold (Pending).
+type Balance struct {
+	Currency  string
+	Available int64
+	Pending   int64
+}
+
+// Balances is a caller's balance in every currency it has one in.
+type Balances []Balance
+
+// API is the balance as the contract shows it: one list of available
+// amounts and one of pending, a currency each.
+func (bs Balances) API() apigen.Balance {
+	out := apigen.Balance{Available: []apigen.BalanceAmount{}, Pending: []apigen.BalanceAmount{}}
+	for _, b := range bs {
+		out.Available = append(out.Available, apigen.BalanceAmount{Currency: apigen.Currency(b.Currency), Amount: b.Available})
+		out.Pending = append(out.Pending, apigen.BalanceAmount{Currency: apigen.Currency(b.Currency), Amount: b.Pending})
+	}
+	return out
+}
+
+// GetBalance returns the caller's balance.
+func GetBalance(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ Balances, err error) {
 	defer postgres.Wrap(&err, "GetBalance(%s)", callerID)
 	rows, err := queries.ListBalances(ctx, db, callerID)
 	if err != nil {
-		return apigen.Balance{}, err
+		return nil, err
 	}
-	out := apigen.Balance{Available: []apigen.BalanceAmount{}, Pending: []apigen.BalanceAmount{}}
-	for _, b := range rows {
-		out.Available = append(out.Available, apigen.BalanceAmount{Currency: apigen.Currency(b.Currency), Amount: b.Available})
-		out.Pending = append(out.Pending, apigen.BalanceAmount{Currency: apigen.Currency(b.Currency), Amount: b.Pending})
+	out := make(Balances, len(rows))
+	for i, b := range rows {
+		out[i] = Balance{Currency: b.Currency, Available: b.Available, Pending: b.Pending}
 	}
 	return out, nil
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
-	"github.com/retrysafe/payments/internal/problem"
 )
 
 // CreateOrder is keyed: a local effect, so the whole operation is one
@@ -76,65 +75,3 @@ func (s *Server) CancelOrder(ctx context.Context, req apigen.CancelOrderRequestO
 	}
 	return apigen.CancelOrder200JSONResponse(o.API()), nil
 }
-
-// GetIdempotencyKey shows the caller's own record for a key. Another
-// caller's key with the same value is a different record, invisible here.
-func (s *Server) GetIdempotencyKey(ctx context.Context, req apigen.GetIdempotencyKeyRequestObject) (apigen.GetIdempotencyKeyResponseObject, error) {
-	if err := idempotency.CheckKey(req.Key); err != nil {
-		p := problem.New(problem.InvalidRequest, "the key %v", err)
-		p.Errors = []problem.FieldError{{Field: "key", Message: "the key " + err.Error()}}
-		return nil, p
-	}
-	rec, err := s.keys.Get(ctx, auth.CallerFrom(ctx).ID, req.Key)
-	if err != nil {
-		return nil, err
-	}
-	out := apigen.GetIdempotencyKey200JSONResponse{
-		Key:           rec.Key,
-		Status:        apigen.IdempotencyKeyRecordStatus(rec.Status),
-		RecoveryPoint: string(rec.RecoveryPoint),
-		Attempt:       int(rec.Attempt),
-		RequestMethod: rec.RequestMethod,
-		RequestPath:   rec.RequestPath,
-		LockedUntil:   rec.LockedUntil,
-		CreatedAt:     rec.CreatedAt,
-		ExpiresAt:     rec.CreatedAt.Add(s.cfg.Retention),
-	}
-	if rec.ResponseStatus != nil {
-		status := int(*rec.ResponseStatus)
-		out.ResponseStatus = &status
-	}
-	return out, nil
-}
-
-// page reads the list parameters: limit defaults to 10 (the contract's
-// default, which the validator does not fill in) and no cursor is "".
-func page(limit *int, startingAfter *string) (int, string) {
-	l, s := 10, ""
-	if limit != nil {
-		l = *limit
-	}
-	if startingAfter != nil {
-		s = *startingAfter
-	}
-	return l, s
-}
-
-// keyedRequest returns the keyed request the contract middleware prepared.
-func keyedRequest(ctx context.Context) (idempotency.Request, error) {
-	r, ok := idempotency.RequestFrom(ctx)
-	if !ok { // the spec does not mark this operation keyed: a contract bug
-		return r, problem.New(problem.InternalError, "operation is not declared keyed in the contract")
-	}
-	return r, nil
-}
-
-// replayable writes an idempotency.Response: the first answer and every
-// replay come from the same stored bytes. It satisfies the response
-// interface of every keyed operation.
-type replayable struct{ *idempotency.Response }
-
-func (r replayable) VisitCreateOrderResponse(w http.ResponseWriter) error  { return r.Write(w) }
-func (r replayable) VisitCreateChargeResponse(w http.ResponseWriter) error { return r.Write(w) }
-func (r replayable) VisitCreateRefundResponse(w http.ResponseWriter) error { return r.Write(w) }
-func (r replayable) VisitCreatePayoutResponse(w http.ResponseWriter) error { return r.Write(w) }

@@ -64,12 +64,3 @@ func (s *Server) ListPayouts(ctx context.Context, req apigen.ListPayoutsRequestO
 	}
 	return out, nil
 }
-
-// GetBalance is safe.
-func (s *Server) GetBalance(ctx context.Context, _ apigen.GetBalanceRequestObject) (apigen.GetBalanceResponseObject, error) {
-	b, err := payouts.GetBalance(ctx, s.pool, auth.CallerFrom(ctx).ID)
-	if err != nil {
-		return nil, err
-	}
-	return apigen.GetBalance200JSONResponse(b), nil
-}

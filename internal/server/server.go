@@ -213,3 +213,16 @@ func (s *Server) GetReadyz(ctx context.Context, _ apigen.GetReadyzRequestObject)
 	}
 	return apigen.GetReadyz200JSONResponse{Status: "ok"}, nil
 }
+
+// page reads the list parameters: limit defaults to 10 (the contract's
+// default, which the validator does not fill in) and no cursor is "".
+func page(limit *int, startingAfter *string) (int, string) {
+	l, s := 10, ""
+	if limit != nil {
+		l = *limit
+	}
+	if startingAfter != nil {
+		s = *startingAfter
+	}
+	return l, s
+}
