@@ -2055,7 +2055,8 @@ type BadRequestApplicationProblemPlusJSONResponse Problem
 type ConflictApplicationProblemPlusJSONResponse Problem
 
 type IdempotencyKeyInUseResponseHeaders struct {
-	RetryAfter int
+	IdempotencyOutcome *string
+	RetryAfter         int
 }
 type IdempotencyKeyInUseApplicationProblemPlusJSONResponse struct {
 	Body Problem
@@ -2063,9 +2064,17 @@ type IdempotencyKeyInUseApplicationProblemPlusJSONResponse struct {
 	Headers IdempotencyKeyInUseResponseHeaders
 }
 
-type IdempotencyKeyReusedApplicationProblemPlusJSONResponse Problem
+type IdempotencyKeyReusedResponseHeaders struct {
+	IdempotencyOutcome *string
+}
+type IdempotencyKeyReusedApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers IdempotencyKeyReusedResponseHeaders
+}
 
 type InternalErrorResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 type InternalErrorApplicationProblemPlusJSONResponse struct {
@@ -2083,7 +2092,8 @@ type RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse Problem
 type RequestTimeoutApplicationProblemPlusJSONResponse Problem
 
 type ServiceUnavailableResponseHeaders struct {
-	RetryAfter int
+	IdempotencyOutcome *string
+	RetryAfter         int
 }
 type ServiceUnavailableApplicationProblemPlusJSONResponse struct {
 	Body Problem
@@ -2196,6 +2206,9 @@ func (response GetReadyz503ApplicationProblemPlusJSONResponse) VisitGetReadyzRes
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -2286,6 +2299,9 @@ func (response GetBalance500ApplicationProblemPlusJSONResponse) VisitGetBalanceR
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2305,6 +2321,9 @@ func (response GetBalance503ApplicationProblemPlusJSONResponse) VisitGetBalanceR
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -2428,6 +2447,9 @@ func (response GetCharge500ApplicationProblemPlusJSONResponse) VisitGetChargeRes
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2447,6 +2469,9 @@ func (response GetCharge503ApplicationProblemPlusJSONResponse) VisitGetChargeRes
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -2571,6 +2596,9 @@ func (response ListRefunds500ApplicationProblemPlusJSONResponse) VisitListRefund
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2590,6 +2618,9 @@ func (response ListRefunds503ApplicationProblemPlusJSONResponse) VisitListRefund
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -2607,6 +2638,7 @@ type CreateRefundResponseObject interface {
 }
 
 type CreateRefund201ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	Location           string
 }
@@ -2623,6 +2655,9 @@ func (response CreateRefund201JSONResponse) VisitCreateRefundResponse(w http.Res
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2700,6 +2735,7 @@ func (response CreateRefund408ApplicationProblemPlusJSONResponse) VisitCreateRef
 }
 
 type CreateRefund409ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	RetryAfter         *int
 }
@@ -2716,6 +2752,9 @@ func (response CreateRefund409ApplicationProblemPlusJSONResponse) VisitCreateRef
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2766,10 +2805,13 @@ type CreateRefund422ApplicationProblemPlusJSONResponse struct {
 func (response CreateRefund422ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
@@ -2819,6 +2861,9 @@ func (response CreateRefund500ApplicationProblemPlusJSONResponse) VisitCreateRef
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2838,6 +2883,9 @@ func (response CreateRefund503ApplicationProblemPlusJSONResponse) VisitCreateRef
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -2945,6 +2993,9 @@ func (response ListEvents500ApplicationProblemPlusJSONResponse) VisitListEventsR
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2964,6 +3015,9 @@ func (response ListEvents503ApplicationProblemPlusJSONResponse) VisitListEventsR
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -3087,6 +3141,9 @@ func (response GetIdempotencyKey500ApplicationProblemPlusJSONResponse) VisitGetI
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3106,6 +3163,9 @@ func (response GetIdempotencyKey503ApplicationProblemPlusJSONResponse) VisitGetI
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -3213,6 +3273,9 @@ func (response ListOrders500ApplicationProblemPlusJSONResponse) VisitListOrdersR
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3232,6 +3295,9 @@ func (response ListOrders503ApplicationProblemPlusJSONResponse) VisitListOrdersR
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -3248,6 +3314,7 @@ type CreateOrderResponseObject interface {
 }
 
 type CreateOrder201ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	Location           string
 }
@@ -3264,6 +3331,9 @@ func (response CreateOrder201JSONResponse) VisitCreateOrderResponse(w http.Respo
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3335,6 +3405,9 @@ func (response CreateOrder409ApplicationProblemPlusJSONResponse) VisitCreateOrde
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(409)
 	_, err := buf.WriteTo(w)
@@ -3380,10 +3453,13 @@ type CreateOrder422ApplicationProblemPlusJSONResponse struct {
 func (response CreateOrder422ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
@@ -3433,6 +3509,9 @@ func (response CreateOrder500ApplicationProblemPlusJSONResponse) VisitCreateOrde
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3452,6 +3531,9 @@ func (response CreateOrder503ApplicationProblemPlusJSONResponse) VisitCreateOrde
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -3575,6 +3657,9 @@ func (response GetOrder500ApplicationProblemPlusJSONResponse) VisitGetOrderRespo
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3594,6 +3679,9 @@ func (response GetOrder503ApplicationProblemPlusJSONResponse) VisitGetOrderRespo
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -3733,6 +3821,9 @@ func (response CancelOrder500ApplicationProblemPlusJSONResponse) VisitCancelOrde
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3752,6 +3843,9 @@ func (response CancelOrder503ApplicationProblemPlusJSONResponse) VisitCancelOrde
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -3769,6 +3863,7 @@ type CreateChargeResponseObject interface {
 }
 
 type CreateCharge201ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	Location           string
 }
@@ -3785,6 +3880,9 @@ func (response CreateCharge201JSONResponse) VisitCreateChargeResponse(w http.Res
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3830,6 +3928,7 @@ func (response CreateCharge401ApplicationProblemPlusJSONResponse) VisitCreateCha
 }
 
 type CreateCharge402ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
@@ -3845,6 +3944,9 @@ func (response CreateCharge402ApplicationProblemPlusJSONResponse) VisitCreateCha
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3886,6 +3988,7 @@ func (response CreateCharge408ApplicationProblemPlusJSONResponse) VisitCreateCha
 }
 
 type CreateCharge409ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	RetryAfter         *int
 }
@@ -3902,6 +4005,9 @@ func (response CreateCharge409ApplicationProblemPlusJSONResponse) VisitCreateCha
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3952,10 +4058,13 @@ type CreateCharge422ApplicationProblemPlusJSONResponse struct {
 func (response CreateCharge422ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
@@ -4005,6 +4114,9 @@ func (response CreateCharge500ApplicationProblemPlusJSONResponse) VisitCreateCha
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4024,6 +4136,9 @@ func (response CreateCharge503ApplicationProblemPlusJSONResponse) VisitCreateCha
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -4131,6 +4246,9 @@ func (response ListPayouts500ApplicationProblemPlusJSONResponse) VisitListPayout
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4150,6 +4268,9 @@ func (response ListPayouts503ApplicationProblemPlusJSONResponse) VisitListPayout
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -4166,6 +4287,7 @@ type CreatePayoutResponseObject interface {
 }
 
 type CreatePayout202ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	Location           string
 }
@@ -4182,6 +4304,9 @@ func (response CreatePayout202JSONResponse) VisitCreatePayoutResponse(w http.Res
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4243,6 +4368,7 @@ func (response CreatePayout408ApplicationProblemPlusJSONResponse) VisitCreatePay
 }
 
 type CreatePayout409ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	RetryAfter         *int
 }
@@ -4259,6 +4385,9 @@ func (response CreatePayout409ApplicationProblemPlusJSONResponse) VisitCreatePay
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4309,10 +4438,13 @@ type CreatePayout422ApplicationProblemPlusJSONResponse struct {
 func (response CreatePayout422ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
@@ -4362,6 +4494,9 @@ func (response CreatePayout500ApplicationProblemPlusJSONResponse) VisitCreatePay
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4381,6 +4516,9 @@ func (response CreatePayout503ApplicationProblemPlusJSONResponse) VisitCreatePay
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -4514,6 +4652,9 @@ func (response GetPayout500ApplicationProblemPlusJSONResponse) VisitGetPayoutRes
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4533,6 +4674,9 @@ func (response GetPayout503ApplicationProblemPlusJSONResponse) VisitGetPayoutRes
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -4651,6 +4795,9 @@ func (response ReceiveProcessorWebhook500ApplicationProblemPlusJSONResponse) Vis
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4670,6 +4817,9 @@ func (response ReceiveProcessorWebhook503ApplicationProblemPlusJSONResponse) Vis
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -5288,331 +5438,338 @@ func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params Receiv
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L3rchtHkj/6KhWYPWEA04BAkJREMCZO0LI81o4tayRqPRd42YXuAtFmowruahCEbUX40z7A7r7C2Vc4",
-	"3/+P4if5R2VmVVffQJCibO+M58NYBNDVdcnKe/7y+06klislhcx1Z/J9ZyF4LDL454tYLFcqFzJ/LVYp",
-	"34rYfBoLHWXJKk+U7Ew6YZ6tRcg2CyFZvkg0y4ReKakFSzTLF4LpXGUiZmqdR2opmJozLpngWZqIjGXi",
-	"27XQOdsk+QJ/zZdiKkP35mg7+JPYhgHLaAZsts0Fm6sM/nHK+EwLmTMl4XGVJZeJ5KmbxZA9v1kpLWKW",
-	"q6mcZWqjRWYmlqn15YKFZ1EktB48UzLPVDrAHw8+wz0Ih1PZCTrihi9XqehMOmatnaCjo4VYcrMXQq6X",
-	"ncnf8Yuvg06+XZnf6TxL5GXn3bug87mKOG5VdefOF4KteL4wW2LmHmWC5yI2U1frLBIBE8PLIQsfXR88",
-	"UpmZj/nPxZPPvh0v/3Ry8+ej1eeH13/LwyF7g1tsNnEqzVDuDLiMi52DTU5yf0tYdUem8o5bcsvsOkHH",
-	"nHGSGdoxu+TvXn23Xos8257Nc5HV9+sztWGpkpdm2hue5AFLJNssVCqYFpGSsQ7YTMxVZtafZ9tEXpbp",
-	"itXIajiVO/bijtQx3rXUZSKTpaGVA0ckiczFpcg678zCVzzjS5HTxXu24NmleBE3E00E336kWRKzbhgt",
-	"Ln768X/C3rB0LNHi4vDz1VP9yfH1y2h89dW3TwzhJmYIQ3OdoCP5En9oBrtI4p0nteQ3nwt5mS86k/Hx",
-	"cWCWY/8+MJPPc5GZsf/972eDv/HBd6PBycXXv/+XTtON8A7hT2JbX+JLvhSaKSlYqi6TiKdMrUQGlyhg",
-	"WrF8wXM44cT8bM6SnOX8SjAxn4vIcIJIDNkfhTTPCMbZPBN6EUzlWibfrgW7Elu2ElkxKOty9vbti0/Y",
-	"9ZHhWUkseNqDm6OFjIF6+n1DP/2+eTioMquZireBYUDiWmRbpD280zwv3jKcyqns999sZc5vhv0+O2Nv",
-	"8mwd5WtzdT9NRBoz3CTWff3pM/b05OigF7BkKIbwLjPtRLJYrWepYN+uVS70pM4pJ2zaeSpGhydPnorB",
-	"0Sg+HhwdiqeDWXRyOHj89OSIHz+ZnxyOj6adcMjO2Ixngl3zdC1gVWqd09DBVHJtZpisBIvSxEgH3A+4",
-	"eJrxKBKrHC6Ogs2ScGzV3Wqc4j4TDIfs3C471yKdm5ce/PTjf42Pj6dylSUy52Ynzt48e/ECrgSPzPVh",
-	"3XB0Mx6FP/34X+Ho5snzsBewiGsx0ELqJE+uRcAitZZm6twwGphycRRTiWeB2wArEzriK/Nv4CxLdS3i",
-	"U3gKRSXtH81yybfmuwwZ0Uyw9crwluOD8VT6sxwfH9PAsTf7gAkeLVg4nU47IVMZ/GsaGlank1iwfKNo",
-	"Zr0h+yLROpGXwVSK5SrfBnAUhkMGjMstU2YaxdiBGc6bdSZWKG+UZNqQLk9ZmkihJyw8Go3CqeyGSXFy",
-	"F1die7HEN4bsEat9l8hrniax2W+pchL7luojtRKG6P8ktprNhGXjIPZ4moqMdc9evTCn3ZswLmnq8A3w",
-	"OSFz4ARADuZUzHXOREoCM1JZ7NGLZjO1lrF9AykZH2k2T+SlyIB4WHcp8oWKA5TBXMZTGXGpJLznX998",
-	"+ZKZi907ZZlYm0UbPmPUDs7iZD4XmdE6rPpipsTCo/E4pAW/FkZrMsxlk8hYbczazfS0yK5h75diOTN0",
-	"wGHGZtx+n+csFVznbHzEFmqd6X6fzTO1NKQ1lfMk0zlba8FmWxaLOV+nOevSgFrkuZlj+OKT51+8+vL8",
-	"+ctnf7340/O/Xrx+fv785fmLL1+GvSH7KskXCSpKOC3GpxL5leNpZjqoMTSqb93iNucDqxVOGCiBvQDk",
-	"sjbLmUouWSIHq0xdZkIjP++GR6OTkP2ehSDnByDozWPKbIleL+HCMSMYs2y9QuIUQ9bvn9mbOpU4836f",
-	"jtYcvdl/vRGrPID7yt25kKhYa+JMlnzYLOMyHkixmcpCDuCv11IzfskTOWR/EmJV5epcepLjpx//m23V",
-	"OqOvFypLvsOPp3Ij0tRdW7fjOEMpkArMaRYUYOnelxmFUAfFwPBr81+9Xi55tu1MOh87Dh54LBjUnSux",
-	"7QQd+K4z2UsqdN4FRlITKyy/qFVarTIxF1km4p73tn2lEGgEoJYgWyoUk4rU2Fc9OT4YV9WTBqU8WSZ5",
-	"s3K1VOY+52KpDfvIRL7ODEUC/a74pQjYgfniYDQqKVwHI1rGt2uRbYtVpPAmf650dfGRJb8htXA0CnYr",
-	"iUHnS6NmtymFoINbndBo4g1KYYuC3qAVwmg/p1L4im/VOm9b3Aq+tatbqabFrdTF0dW3T5bjm5N8dig3",
-	"3z3eioPFdfQ0i5vXiIP+fIt8Z16Ddhnc5Y95/Br5lPkrUtLwVPNPvlqlCVqNj1aZmqVi+ftvNJqQPjNo",
-	"kcDla/sFT+cqW4qY1S8UXVbz8hiIrWXAoBOLnCcpnUZlILZc69xoOgcDo9S0q2YBI1M9EubodM7zte5M",
-	"jgzp50meVm49qbx2CrSdizxf6cmjRyu+XRqldEg7YndKP/JWMbgS24EdAjhNs0JT3rKXqrZEJZFPG4lk",
-	"ufMeG2iHL21goj0JQoQHcq/6UuSIe29V8bJ7b5UdApkybNtFVtCoJ3VUvGWzTPArkjd4Xxp2pDJKhZSs",
-	"oDaqFltwzcb2xNncCBkNdzzLlLGL//59Bz7sTDqP+NLo8J2gsxRa80vzKkuGpEFcGkk6Z06pOui8C7wB",
-	"onWWmXU3DmGYvZqztY4DJtZZwC5nq4B9s9oGLFrMjUERB4yv4867r81G6ZzLqOwMaT00Wl2xH/sfFj46",
-	"sI8CRykY1b9kYt6ZdH73qHDnPcJv9aNXOAY+UmevnhpLL5kwzpaOc6jMEhdzfgrzIRJoYPQpc36gPyXa",
-	"qP9TaTToAI50La+k2kg6UPNcjXBYN6wQSuiZ2Wo+FzJO5KVRgmGMRLIQqSLsnTKVgflduZ7azMtOu92U",
-	"6TGjrBZr7bYbNg3+I/ZsIaIrEVvHU6FkTmWU8mRplON+vzCI+n3wYcyTG980IT9dSRG3KpxRAt8FnWdK",
-	"ztMkuoes8G4jinWp8ovIUGxq2LR/JUHDYE1qgjnXFU9imGnEpVnRzBhvZhhjD2divgbvgCb/lNF9c8Hj",
-	"Mv86Ka4CvswMVJrM3vcBFjOQKh94zz/clUAn7EeaIacwB8hzwWIlgMIZT1O1Qfos3FPgseW4UzC/Yq/A",
-	"vITNQgWtdhDGQvtEwdhAChMYnEu9ERnbJGmKe7Xg8lIQUZRdaS/kWy3eiz7qpH+x1iUKOau67BNdk1vG",
-	"GsvNfGcCWEamIqG1iIcMzD7P7eKZgSwWKW8i/zbyqWsKDOf6HorCwIzwECTUtE017tG6UU2uFzyKsGc4",
-	"c5pcC6Y2UmRsoQw/JLbzkQZZJ4bspe+BKVnbNiyTJ0vBUjGn0AmJSRGwTK1lLGLyW5X8657tmgqtpzJf",
-	"cMkOJmwGPi8KweC8uLauA8MSnPvAs5YvRa7Bm2gDFD2QKVxPZarAeBc4p9JTOb8SmikzB2Sa6DYo3cPe",
-	"kL1SaWr2VCtlpmP48YJnSzPtU5aYRac0A2t1g29iyEA/AxeTuXfggUi3bLNIzDaopTCqQaLZRmVXZnwl",
-	"MeLi3j0h8uYsPB4dhgGTCoRjotH095Zi557kRksBtRgMfi8C551cGzXSrx95oZN3dTf7a7HWaNE/GHPI",
-	"cMiqblvlBhujAmgRtzrPuq++fHPOCtUJr4w9FnDClZjAeNzOBNyc7s0EaISHkSONt95sCE8zwePt7o35",
-	"6cf/Lm0Duiqn0qhj4LtsUFZw+kaUFCwAHLILCIdxzWIlBZKiHzD1/WCJ0dk4RFMM0y7LJHRZSbEp3Fbw",
-	"V8lpZchPGsOYp8+NmvZ+dEcjXYDGVxJGkq2luFnBRBl8zVQE8rqkdhyXNXAcjtnh7qCA45MDfPJB5ETD",
-	"Cowu7K/YHOaXDfan4c1aMHEjojX8veDxVM7E5VoGKHHA1TmHeDgx4IlhNoljzX54OKD48Q4HbwDnXZLO",
-	"7HmqxWYhMkEjl3z/ZWbWMPBtTK0hAwF28aXKPzVy6r0Iy6hfcxjFo6mXihS3Ji24rIwcFURlLpsdam96",
-	"MqorPvQQpPRSMb2OFk5zpbNKtIuwhG7BRo0wx5jEeNnBQAM3PMZmNGRLlOMwFaWig067VPH4XKnPjcb/",
-	"XodBTO8iV+oihdF2uQrETSQEKT46+U4w8LOWjufgsDie1zYeoBSzg+99TPTiQa7UAB9+aLubFAScmjk0",
-	"jqoUBneMVmdWx7phbZPKjH7YgRQK+A0mKYCnXj/oAeHVvEBL/PbjMorg05ENOkKAEYOnuKZEs8dHpXM7",
-	"PKifGz1N1v97nSIONcChPuCZmnUvVSZKK68eLUXRtVH4b9lfOumSGB+yLuWiWNJJJKRFFS+aStxnjF3P",
-	"Qd9AbZ19dn7+ys4Dg9fkc+FslfJEDnJxk7Pw6PAgHPbwwtN5nCdLodb5w9x3GquFfOIkRms7y4zRs8EI",
-	"5sFIn9psBAzWBWzOdV71lj5tYAHufXdnAPToA5NKQPdfRuk6NnK4ec0lhmC0R7sUn3joo/CUHYyc1VbE",
-	"i8F6xGwO2D4Ma2ty3ynFdKo2KfCiyAys5vNCVYyUlCKyGmKUKjDpC+4zKZ9Iqyfrjciuk0i8lfyaJ+i1",
-	"uV/8g+xllV2sy2MVfmoIHtmfFRuLPhWzqclSNHitm0eukGjEs/jWwa3Po7wZFZvgtGy+orMHrcOyGuuJ",
-	"tFfuxeUp7k3VbuYDfwDwKeMB7d7VmOd8xjHNcy0zwaMFzaC6mU3DVbayZbDWxRMJ3XfpNKPKwh/G7xOL",
-	"lZAxGKSWIi7NLebmDiYyya1LjzIBiKWjlr7gq5WQ5lr1+y/Ftcim0rqNJ+Q0QO9C2aXj0h8dlbkUrLr5",
-	"qSTjU1mxJXAySV6kYeTAGDIRKch/WCnImUlyzxMJ+aqBdfeqbCrJCZxvkkj0IBVmwMLGyxSyLj6nyQgx",
-	"D2pSS4tLZa4QJJ8Y3XTOk9TwR8jVYXhnyK9EhsdW5Ax02SG8uYHyQtaF3CjnKjIcMc+41MAUHSGad60z",
-	"wbqcpUrn5n0F/wsYN6w44WnyHd5Y+nnv1Gxv+AiM++/CAObYRtwP6Os5V+oLLrck4/T7CWaeiwtQGhqc",
-	"O5SkhYHcJUY8uJHHIyvNNCRXIkWelmi20eFb9ux47t1zpdjSHJUd904Sm+diYNfwYK4csqOKtbslwybA",
-	"feG51WwhPqCN0u5tKPpvc3Ul5FTO1tGVyGG/cGjMIuXRggR9XeMr8YzCjl/L2KZHNaTOawUpUW3cAzKe",
-	"ygKoq6S5wOwMLcCpdKl4bslGoQRxZ/1ED0jObyVf55BM9Z4uy7U/kEfLbwSkiWEo1tI01+yjM/o5uXI/",
-	"FjwTGZuuR6PD6Eps4R/io7KS6dkrb8vv25teS/N8KPXSrivRLgyqMnLlRepSJhpCUf67G42M8rF+9dVX",
-	"A7NLmJGZi+aEHV78wtATzFiwXLG1FuW0Hdzizq6yACQJvV6tVJaL+AsRJ/wcfvNepOEGvFiaES/gtVUi",
-	"yatmOtfMf5F5QdntcOyTg3sHg3cwescdCMONMIARBvDoQ5GIdTyA086wNa5ZWF1eCETStFsV74NR793M",
-	"KMUpxcyIKo38Va0zNsNvA+SAlI9hNnOVGVaUJ6jml5TQ8jBfLXhOyWGGPUssBJBqUx8TUvpu2y6a7xkm",
-	"l7xzB8WzjG/N3ys0muozeY0KDPBnOyHr5DeTkpjJG3qKCATdLBtF/W8r8oea6zs/qe3vHV9Ptoso6pXU",
-	"7BsRwSDlUWvLPJMMM29sSuSOY2sZ4gWasvbBjwx3kmDGJPkpRReluOR5cl1mFYdHJydBZ66yJc8xLPD4",
-	"qFNPlAw6LrXnlh18Zn9X3SwvN4hW0bRVWKTTvEd5Lpar3DC8Fd9CznCGEhoLi/Ka+bj//gF7xTNADTqG",
-	"QqjWPWXd3EsPxSfLqZMHJ/tuLFaoXfC8xFM749H4eHBwMBifnI9Hk8Px5Ojgbx1vxNioY2RqV5j7fU4r",
-	"6JC6fYG8vM4VtoyzEM2F0Non+Cfuhtv2jzSLRZQmhpJV7EruEqnX83kSGZvgAi425BkZXWiTaMFCuU7T",
-	"0Gyi+QfyJkwcrS0vaUhp/XLFv10LlsQBW2VintyImIXR4iLcp4ar9gaXq9ueF0xxANyIFd/qvfKCa28i",
-	"OXWB0cfWVN0lKMgYoSQSraTqLi8M9V9cJ5o3vccK01qtKXGukOLx1aO0rhcUaJh1Budt72OioUIhweqT",
-	"mTAWq7F3416ACQyhXkeRELGhG5U5GqJEfCr2tPwz6Lhfd5AmRWw4RbFQ//t6zrPPciDF1cu6dvmNHi+i",
-	"bamdQ+U+lO5pI+OCr5F9eRnIPI4Ts9E8feUxojlPtai7OazRP2c+d5mv05RYTJ2h3YN6ckUvwuKe3Ghh",
-	"hXPAHDBYLlpMpnIqf6g+/gO4M9Kc/WC+HAwGjP7f/Bn6VBiyHxgdlq58vQS/svnnjh/hLD9BVgI/JLYS",
-	"QzXVOAxYSJ/AIYUsvBRSZEl0QR+HlRF9FvQpcKB9Bm1gXGbcqfwUyoVwXzTFcbFEVq2Lakp0xaDLp21L",
-	"Z2LBrxOjv+3c1XnKr7ZmzmWHjqFUtDaxnoluprZJEGojdZ4JvgTThcIR4fHNTUg31B7AhG3Vml2KHPNs",
-	"cLjTtiTKyuSsm7w2vSK7r+TFndhkHutvsjmta5knqbOuKThudlBGSSoyP8WnPIOM5+Jz8gnUZoEv1yw8",
-	"Gp+EuJiSyU7TqVHMp2lyuch3jTc6CVmXN5fdVzcfU9OytZSJvOzZYrrSsbl9QbWNWwLd9xxSpfPXVBNR",
-	"n7Z1EDptabZGr2TB580ANIlT2nvg547jzxNJYWKjrYqbRAP3J/b1Q5mvl8VSnQF4H5YvvPdF7d5638Gd",
-	"8P4uYlENZFEaE0/W+8jfubLM2S1cK2KnwpPbpQUk695XWEB+UEa1DHfWctXmdhU3NDpsyP7ADk6GJyd7",
-	"qbeu9OqE/re7/up+imppUdU1fpoJI9NusK4UEgMNT4FyOgGGMdUOj0ZeFQ2kLy75Fn3wSuY8kezl289Z",
-	"9+3vR6PRyNjkcBtX6xyvjVxjrelCZBXny/lGMaFXmblvmmono0wlWnMsrvDq6kajcrnTv0+nN6PR1/1/",
-	"uZXI6rpMO51hHdh9CQ0tbzS1YT+d2WudDfeiQDLj1DrfTYdlsoMd+8XILk+khztCJYedGb8wStSFuurU",
-	"dw/UqxmXV4xHUCI/YWHxQIiqtI0kFwUBlO6qFyrL0al/OpXuQYwThyT4UZbR8Pa70+I1pDUsIcm3JA2m",
-	"krg+ir6SNHJOaZueBgGduchwyt+omdVwet67dKo24VRiQnEuUNJrxrVDGcEAvPdIIWIbZmjFEkjZqXwI",
-	"MetSZGkZU8n1FZUns5TnIkOpR3SPUhh32mxFkvfKlkvp+Msn5H1gxZS/Ud6fThqVxE5p6IfjB+hXuy8/",
-	"oHikmhv6tLaYMynAwRt+/y7ESl/4KVR7owOciseXPJGavrZB6ftwEByhYCCogTTzEfYJ3rJJdT7GYK1O",
-	"yGIf0bLKoDQPwoTeNR2Px5aq256qjcgGEdeCvXjzJTsaHzxxCwU/C3JouBHOQZ4mOh8ydDxq3KVEu8em",
-	"kmfC1vXB10YR9FWACCBKDNmHax0b20isM/Ofy9nK/CdazOE/HL7j6zg8nUosb9gKiQ9+s9qGAdsskmgB",
-	"CVxSSVG5QmttropYZ52gczlbdYLONytzWaLF3Pw/B+N9XfED4EM1P8fza9FEN2+UUcccCdqkAENEqCTA",
-	"IeiAbbIkN4zLZgcZ7gKsj2OaDteWMOSlmJpdwhfNyNSLRZpcQ5GDq5JUMhLuRRsxWyh1xYSMIf6PO1Em",
-	"/v19guP9fYIxz3n7ZUdPW/2uJeR/50RD1jmB22V0pUhk0oK3WAQOTNiAuD3ENEpCvLjcqEUWaElt7rlC",
-	"XNOpF+65Zj9b0+Xa22korvOL0LCLeI1BG2EPFcCRzC0pa3zmgcf/NjuMXj5d/vm7g5vX+fG26QRyiq9Z",
-	"skf13Qj8jt2Foe/doo/ICWb4vWFPpZ+gkLJj0F9NXrPSu/Zwm1FQzaNEoqAmsQJ37vNENwU3AODBkI0w",
-	"P9LGrN0Y8QvCuM73LZXuFa7Bu94QUlpwfbFUWaMfW0D+NeQa4JTYXKWp2pyyFdd4uVNza8MkDiF2p3Oe",
-	"GQP3gmNsP1fgIskXYjksNnOmVCq4rO0mLMibUdP+QUaxK+qokKgU5fJtlLykxdQ3kIqxG9ZNpbRYEJHo",
-	"CeMIyQNsCPwyZWwfjGR2Q6oLR0wZdHPxqWwsWjbyQ3KAtIHkDCMVqrkTvRrandNdajfGVZE3BikTzTaZ",
-	"soh0SU5zYyuRUQS5eMmthey33Qrc12JKTef4meCpseu+by5+Xac5Ht4Cfme03FmD6tPqqTf2AmBC4vPb",
-	"SsDhdiWRRm6aerWyLVJZizvZy5cFnCA1t6X9IN+ScvWYblDt0I3UPPpcyAhDCVdCTlh4EDoDBNV3V5pj",
-	"tL4oE0sBsGOQ4QP1l1wycbNKAHYMSx0TTeFiBfk/zyH5zsj5wtfu12lFSloJidyesn1WfA11pCqNjXFG",
-	"zrCIS7IRzOg4KlRvmU+kgH0yJ1+h+oNbTdSSDlC7zNKVxW+4Zg7HqhIUqisMo/0VBtxF3TiDsJheyFbp",
-	"WhPjKCN0sa5F3fLzpYfMIk8l2gOcmsol35or2og6ZQHDSohTtRq5prUfju6x9qsmEEXCQgscrF8Nvglh",
-	"5MpnsBdGVMMUUhVdifgCvOFNJJCkROuuVM0vWw6QUxiGjJeATpN1beIgz52Pfcm3aLMDDRt7HmKxOIRU",
-	"tXckRM2Ne3lr9NYGQy5A8DRvM0jg1cJMvHw/jRaQihzCNSCYRWyjGMj8UWmaypDUSiLUkHVVRj8hszTE",
-	"/7pfuHjlPJGJXogY0BzJ+e3XckZK5olcC40mF7gAK8Rnh+g0rh/rCnbF7KCOhMJDxKMK/LWmew80WSa8",
-	"V1++Od/1fkBuuhVB986vvQW89hFFIJpnhs73izYR6LYGf2DnSBmb9nEounMkbO6JpApzW9LlI8yODlpp",
-	"1mPHrUI5kRcWj88PoXtoRGsJAC0I4wchcktUpyx09ByimQiwhF4GNi2ta+EDLXhabm5pLHgc2osOJ6NF",
-	"zjjA4yH4Hc1DZVPZzW32r40Pwj75SALoNlvLTGiVXqMJCyqjdFSIjL1iv3t7YGwGuyRwh/KKIeJ/u1tb",
-	"Qag9F6CvsI3A6RG1G1Uh8TpdVZhrxczx5F6TpgRRm11ZXGoj4moqV4B+3ZnZfITDM9+CJaf1fJ1aR9OH",
-	"ieV80Mykg8noyYfNTNoZ8IFSl+ITKAyRZpdh+qAnOm5wt0DNw6UhGT4Y3i896Pa0HRsuJ+enS6bohobk",
-	"AIupyCcB/baAzLH/BKMMfw8bUXwByZSQSNmWr2P9F/REJXDqfraHz6EpP8dftccMbsnGgTt6m0MChdSD",
-	"OiSQN9zfIUFgHb+4QwIjhvXJfqGkLVQp4oEUBYTgTinUdR9u9v7BwPsxsoPJwWgyOvzgjKwcQqzljnu7",
-	"BxKjzDR2xYNuS+D8FFRfl8CJrkJjJWxtgmYtgvhhczNXqsoTd6ON3oM1di2g+mk5gmnL2khNgFRFo8hh",
-	"zVoeVhJaAeloqa6t/bk0t8BZC8g1/cRGdmYTYx3GKolq1N60DQZMZT2W3sJli9kVLLfJz/sQDNfRqMdw",
-	"75YNifzjNgZMOf0PyoGJc92fBdtCg1+eB1OZSZOm+frTZ+zk6PgJo6IWhgU2muIyQXPhiV/Ag241xOEG",
-	"jzBUlmK0Bp0rGgFn375+AXUfVwkaAfDjyVSGtxfaYIkXxCbBQwsVdTpSmdCIkBMhcMJiu1oIqbEQLER2",
-	"tNcLIp7Fg9gliEK4EfK03GdDY2HFwiK0TSXE8xD7PsfCI0qyWPJokUgxyATHCDBenFOANY8W1hNoWAeE",
-	"tZI8FSEU6Ia4+S7ICRqTythKqFWK1YVLvvVABmvhvkaGDcDZ1Umh8948MPTjp+USuTo+bDuGbjs8cStu",
-	"YStmWfULMP6CRhSa24FPKiWzdWiL1mIzH4IILUIAhYTaUVFED2uIncXHK76lz0rU5EJy8KMiWcCF5i4I",
-	"QocyGeEovNxhYvF4/o1YCPbkdHIpeb7O8LMKVFdT7X/ZxK5Muh4K9hKcmzWFyjUKamUBmeDagXM2pkib",
-	"Uar52GV5X3+qebJYO1iXI4v1kkvvbtysUo6SC70VibbIZZSk5tl+Nv0VKjJpmRbEJdF6jXmVdZ84wSY3",
-	"7lkdbhdGq2Ev7yXIvJhggzAr8JH399/xnNSSB/PX7eumAxFgj8R1EfNncTQaN2nuVPRZP3rg2UGVAghN",
-	"wy69JLLKi35mzn7XFbGx+tqLC6ko+dJFJNrfdEcp5tsf6ywZuMTVWzU6WwYLW+abyuaStygYeJ1dysz+",
-	"qSFnEoPnqGjQvalU30EumDFnjfTjceyyQwBo1DByCKxR2v9UuvYtmWDErBFB41IW0HeNiTI7ImRe5ju1",
-	"ggOHppk7mJpvZXJjsT7K1uWTx0dHR08PH4/3sjGtknpL4bC34Z+YJ1oMpvMKt8W9TuJTPxPF7FNcJKnE",
-	"TakpK3GdXxydf/f06s/j5cePNy8Por9cd25p5lHPVPnAySkNw985RWVXfkrDxt85Eco/Dpxv4FIhM5ss",
-	"6mgLVOiZWe8H9oGc3KN+tyHcdltyYZmqWlLv9lErfKoBjdljHb4svqf3ocgDvmgN4Xq5wpVkBRRQpF8h",
-	"a6OUmIKNdBU6M/CLqXTfFKBeYGO43nU2UcDmSTiUHCg6KNoLpSriKfYzA+QfS10NNFUJNvJoKQbNmXO3",
-	"3PPbXUZh6dp6J+acKbYGuNGJ1Lu3z6h659RGsiR2ySBtV7DC/qLFxcmnl4eLf31y9fn426+Oxev89l3Z",
-	"pdb4UyLtxk7J2t64ES1Fr533KGWtEHewK58Hc7zbPLjohxIxenEb8rjvE4fCoxB7pmPfnlDdwMSKTNH2",
-	"Hp5uHvcq/N7PVzwaTw5O9vcV7+0TzUTVJ5qJi+O/bA/466eX58vD2b/Jx4sPXN19S9X2z1Gz7fdPdT7K",
-	"fWM/SPm3+R550fGVcNICptL4odyQdP3u74akSf3ybsivMF/9LLpqufyRoZpUxJeQiod7W4hLkFwNm2m1",
-	"1tuaXzvZF7MFjx38y0wIWfR2OC2BsaOjrXz9qZaluh+QVSCS6yYT4izd8K1mNJ2ffvzvsiTWfC7SLeWu",
-	"Vd5WEnNtm+/eHHi7UT8BwI6M1lmSb98A4hP2LASEp7N1UwbPmSxDyhk62QuDKxyyFzk5R+eJKxJGoOtc",
-	"SC6h9ukTsVSQ2jlhob7CiJRRQULWpR+H8Cf2+3U/uUzVTNx4P6IPKJcE4azMflnwKg/QCbGWEjlXFp+K",
-	"Y9ceajv3iozros7TanGdBjhJveRpaovwEX/PHG+/j26Qfj9g/T65Pfp9rAzTuWEZJQPX/IquqXkEEBT7",
-	"fYof2Daj+cKFduAl0F47iRakHEL/mwFQLOAG+HmohsKoX2K2Bff8S5FvVHalrRXo5UeWi00Ik4wDYp5N",
-	"pSSMWnAEYVmegmpWCb2lcpGmOLUhe37DozzdDmCsPvaA7nsdeCO1tMlv+cbowQnCm18CA5uU+3liiRU2",
-	"gSbc+aYZWbiEJKd+IbGK1ku6bASVm2c8wsLemcoXbMHTa6FhZ373O3ZWgkczH2Kib/jo+iB0+xTxjFAZ",
-	"fIw6zpDqKO0YQiFhOJXN18YnevrhVLpGueXr0+8juff7xRVi5xvFYnOL8DuNNfQIyYmuq5m6mUxlSNeq",
-	"fM3oXrn7VL1hvVM/8QsSlPUmySMol1wyNZ8Pp/LMXmzMXdZC6MD1qIUQQ5omsag0DnGQhTZ3gm5J4ITo",
-	"VFJRhaqngk9csxeRauq17sEoHIUVE6pWOjCVDmt7U2wemVAbxarti/WQnfk4fRZhwkPx4+bNB9hiOHyE",
-	"ifXfhUGBN+qmVMg0W8LVDR/RPz3kXxcGSvRUepB9OO8k1yx07ojBG+vnDy2kOTX46jEpRMyksnO1VO43",
-	"Z4lSrrXQBakXlw74isbOYeZXtrjPz5QC3xrK2PBm4B1WyMRNLqQ2NI+AJTjGD7Xf/cCWgkuzuz+whdo4",
-	"blWDMalCmgBv+4GF5r9mmNeCx/qURLe24nwI35jx5pkQ6XaID8OW8TTdeizFDEafm/E+UdRdGmBzDWu8",
-	"9rv4YtsxAGOk3wGr62I8CDg95UgBoU8oM9J+GrBwPBohUh8QkgTltjpdh54B/m6vTrDw7VAHNFoYAgj/",
-	"wEL4h1kHFuxquDio4YCbwGzFS8jy4rJ+TfC9UIoQeG2s/FxTMl3ddSsn0BoGD40EMInRK38slliHRYbW",
-	"JcU6AqAi7AoDEsQtbGC/MCv8QpmTgZSKXVBuO5eL/aU1KvWJxMoetUwiTCEnJlbGXabWUVpYLBOv5nyX",
-	"iygWmdHaivwn7cBgESXFyxN3pSFkmQIx3rKFpxVcWc6ijOsFU679lQPA2biarhKAjDnN1QrIccdhZGuJ",
-	"W/aNmhUn842amUM5g3L9ARXQ20e6nJwsvdupz8pb6PRFHRmQLFV2hYjUUL1BPhPDm8xEKgQZjkdjdkZJ",
-	"PGE7WVqFwgxhJXwCAvWW3fYMJpI549E4PGUrlabIGT9XqFAUdUhNN7fkh/+Bhf7fZkNfSOyeb4sgq377",
-	"wrQwpp2ZNJZaAQZxJkjf06fMPUZxksL6KgdLEKHqd7+DceqA5ShtzE9ek0lSOCyJ+wT12wp6h0coRe0N",
-	"+6OQAoCazcnMM6EXsL0r85J+P1WXScTT4gGjDnH29u2LT9j1EUPlkKc9dyVRJ3QIR25urmU8lKBM5QDW",
-	"B+j4KM1bO6q//vQZe3pydNCbTCWr7ciE7dtc3agKjJ2xmesR78qBsPonMNfqTZ4lK0EKrrZNHAKYI5Ez",
-	"9IYA6GnrAjYD+8Q5aZjmPpMMh3ZjQMmBNiTmzQc//fhfu7tJs244uhmPwp9+/K9wdPPkOemakDSsxUAb",
-	"pQAwRGEPJDPsZovlRhxYBha9meu4ZaQy2sEDm4hMmk4mVsKSvzany1MzKvZ0sZrZCNfyJ7FFeteRWmHV",
-	"fmGbTpANW1aLimuz3jr0LoXlUPPETBv2xHz7lWUTsCqvrQywJGr+ZR+oBNkn7M1nZ4Px8WP7eb+PCSjG",
-	"PoQDNvZhvjBGJTE6Yx9IJeF2QDXuTMVbczuQM4LezDRkuQRGOUwuZTJPIi5zo2bmQq94BJCLS3Ut4t6Q",
-	"vRYD0FkM0cPDEEkYJBLsEopXW4xix/ZoAaSBmZ9xd6umxkA0A2MFHvdR5IoGe0UzPVb00qNjHI/Dpvab",
-	"tq8eGMYW7UwnKTBXLI1wtiGkTdrjpNk6/+UQza+Mb8royxZC2Z25tSGtwUZHi0a1hccglc/X3dlP//Gf",
-	"bMUzXXQjNp9AYof52pd4P/3Hf5pzhk7F/b77fReQ5lErSaQWWX7KNgsFq8a/UWRtCDje1dz14FX4pxii",
-	"Pq6TfI06xg+F0vYDLfj/bdG+SRkoDKKm/nc/4K1jrb2d2Q/GKikGK5o8AzMIsJOUkpcBm/G41Kne3Xjk",
-	"AL32l9n20N7LXD9tSqfpWoKjMnQdVJpi+8NXEnOQerGa3mZOFm+yUifwqNu/890mUse3jccNiyEyb3xD",
-	"GZIIrYwEPJtQTYVLOGncIWhd2wBkuMd7nCFA8IC1+rl+f7bNMYvR/KPfhyvqTKe10XnNH7gTqDg9Q9T4",
-	"wTmkkD7yNSfzMBQJ7+iDyH6An+2et9GEDalVy1ph+z1eXWlo2+9bldn55MrGQL/f/PqiyUattPkHxiE1",
-	"NB6UqpAJGTq1LgjDiy6VFL3iBYY7QGKX9jucA79w0OWlxuacRSrLsJ1lGwYksLAJmyc32DsXcfWtNmX7",
-	"Rw2ZezUurajsnYlLLotqH1sTqElW8UzYvjmlDpcsTa6EjSBqAJWIvNwq1gVQ1R70szfyQ2g9yNYpsGLo",
-	"vY4tHqcyXoPIKibURcqH/otcs7CWnmk01Ma8S0rLbcq9hJmY5cip9JqEJqX+pawbHoN5b87qjPX7Xi+b",
-	"wjCk2Dk49pr76wRFw2NAW4U42tH4JOy5jv5cFl1Evc7kiSZTr63RT/3aB5W2R0Zu21a13DVdAJLEStTG",
-	"bkTDncYSjePXQtPFOoXSn+jqEjpd+2itPNXKWaw6N4qYJ28ITwfC+4bWkXhdVTpAjTqz0UV/bHU1TMiZ",
-	"b46JIdoCCP3XlWuLt6/S4VhTJz9MQLPNg61DvQHCwJy51QpFbrSqqQxffPL8i1dfnj9/+eyvF396/teL",
-	"18/Pn788f/HlS0NzkBRhvQaFS8YVUp+y8I/Pz6fy0fVBtXuyfvT9ldi+C5leqI1Gkf2RZmFRphoWiAq2",
-	"QNfcyI0QK2wJJHJrYCAFVMEVSMlaa6HLAAv9fgOL6/dtx1tSSmJkLoaaYxZxiTgsFA0LKPEO2jtFSpJL",
-	"bcjeKH++Fp+FjAho/oMlMoZ5G3IARzxYjjYWB7+l9oM2k6HsCckVIiBwTb2WA2oJCEf27VqsCbWLIhGZ",
-	"gICqtnCfsCek8VY7Stds2sCycwBWrByIR5AAEY2mNxiz2AvddnovSr+tOmPbAxPBcTAIJmj9Ujo8LaJo",
-	"Joh5ysiZ7Cmb+2T0FYI5XfBrwbK17AXQ1+todMJalIwAuVZgeNIY/3NIzoDj0RH6zilamrVwj7oHouTp",
-	"N9JqyD5TUq0rnZSmskvZmT3cpFUmtJC5nx9mGA9T8zmpdes0Zd8kuTE5pzLUqRAr9gdm6Fgtu6OALRPZ",
-	"jfjK6KdasP/z/7PxvxO99Hqha9dJcH4E9IouRVs2z1mucmOuxoLHIOaMZRaLRk2huGxma2br2DAsrQiB",
-	"A/g/v3Td1sydSeYJmC2WBsEZ6Azq8OjmJixJi6J7HJaYsDMHZQ4i1AreQuaCfDQyzl6bqhlAFUDAUYkk",
-	"CX/ampBO87BBo8QxXcgxCmzej8VAT2KNNNvvEyChUS0qAISVrMd+v8gYMmyHIIkTiXiEZpr/AujEp+DU",
-	"gRWZL79ZbeHL//P/HY9GeAu2QhL8oJeF5HB956niuR7i9J65idMMG9MjVezrk2XMxUkZLxEmR5CJCIfY",
-	"gJxIL38R27dSoiE6sGwgDrodUcbQhCrLWRdYai/Ahhe2C2AvwIQi8/YuKkrmo5UyPyFHbkBwd6wL3see",
-	"60zvjN0lzes8WRrmuFzZ6b3+9Bk7PDw8YS71CU7w7fkzSweoaRbhKYs8Zqj+lgo21m2vXAuYFoIas1GR",
-	"XIjdsHjP7hKl6VM929vXL+gS1gqqsDzMr/LCTwLwepRLvZit9BqyolDuTnVwlGdBXeFvqYe7QyFcRWUY",
-	"JHJgGPeQ/Rt6KDyRYMiTlLj5nNrVUg9oc3PwV+FpSYvX4FSHBjCl3ghw0ACjgGNHHAB6rDCWWzCSAeEf",
-	"2OPGsDxA6io4jZmPJmkWHo2OQxbWi7YcW5YsPDMfhQ5yDsUy+Zs4WuWu4wC0BwW/ajf85Pnnz8+fs6Lc",
-	"xRAS3zZ1Z6O5PA1ZrQkwCiHuuaDA0ip6HOzuLww9NnEo1m1uJ3za0BgYMvLq3YFR8i5nyeVarSt9BG1j",
-	"arQUWvwgpLBwSXC4ItWCsFHNmRBAIF1JEFjorOZUy0Hh1W74/ZQS9aadCTsImP/n+J2LiQNXyexWOF0q",
-	"3Z6yFwPzrgAYw5Ojk0NnqFWSlwy7LLsaQJi1RDgwA0pJr6+mkgKczEP2hWsfh1sWqeWKA24ceLsT6fzd",
-	"6ZZ1wzOPIZm5grM00yL/w9vzTwdPgRuYz3unFlkRSMNqtvCjQg0kpx11AQQypmgBpCLscJQseXalgQTJ",
-	"BK+4b04r/qCuBTy0itRUYgKPJY1Wxc/qeIeUmWE7mdtiB8RgLLVaY11zQaYyVxhDA8ugd+p7gywJ2YKc",
-	"TGi1ziIz778MCJV68CIOvdx4h9ltAf0DlgDe4FRiiht2V7dAhAjxfzB+ylKRo28wTi4To7qFA0NAF8jO",
-	"h2FvglEbSBVQVooP2VmaTuUc0O4zcDKZqwfgTZnaaIyUnIHHY2CIMVPp4Dn8aEDN421aW5pEQmrh5aqd",
-	"rXi0EIPxcNQJOuss9WrENpvNkMPXQ5VdPqJn9aPPXzx7/vLNc3jmndeuup71dvbqRSfoXItMY7LbaHiA",
-	"z6iVkHyVdCadw+FoeAj1OPkCcglt1ov596VobFBHOTpjw0VqicRgq6zI2ZQBSsJn5+evIJkwWojoCpSu",
-	"oocz+rTkVKosWgidY5qS46BkgzneaRjMTER8Tc53v/XvLEvEPN0yvuGYIVNLj5mADTIHN00lu8Q2VMFk",
-	"DTovJ5hexJ1J548i/4w2p0CRgk0bj0Y7WmU2tMi0GdoddbV/q0kCFG3pNOntP0+hs9+7oHN0eNA2qlvA",
-	"I7plSKsQJ9XnSn0ORct+xmln8vevA69J+efJtQBLAqBLO0En55e6M/l7B0mo83XQKWUIdSYds/kwJiVU",
-	"7U1lQpZIwOgWMfQ6na9TdAd1q+Tg+kCT8ADWNZXOUiRvaqp4bJMyIa630q5zf57x+TyJMMKYoF6WRPwD",
-	"Eddr3JJfGW29xg6bClUXuyUPRF1B53h0ePsY1I3+ba2NfjNhmikn96bM64NHs6KraiN1+s1Vy31QS/1H",
-	"E41KrhOStoHqpFZjo4OpTM2Ms4Y2pwRSf02NTLFsmxXVHBS7XRlGCbFmpV3NAPrh7EgYUyIv6wY7rrCu",
-	"RcABud07NdIUEjeMCYbZODXEmqn0FjpkhZEMTcP8PCdIK4TslJmRzrUdKvcjnaDP191jVFw1wz7ltQJL",
-	"nrONWqcxRHfijG+s4+Hhb+fHDq/h/a6n12z370UlFbZerUDbv/va64fr/Rixrmo/3vuy26W09Sy2jXzM",
-	"FR/tccXfVpprH41Pbn+o2lH/wfjJ6PYxXlCExyEqvBcXcnznjyIvgaB5jIcu4K2ch7jBo+9d1dO7Vi70",
-	"mm6jD7jtUrCdZ7tA+VKyQPx1jeQof9zykqmkXxUtdjfAToqIlueULpqAbgVAOUvnp05iSPHh1f72gcvm",
-	"IV/xw9/UZwuHK/NeF7Xcl8IrBWxrx1vrTFGuqJXrNMXyv5b6w9saWdT7w1Z70TnZX9TY7c0VaNtamIIt",
-	"BQWesMcV+5i7nkL3ZiOjo9sfeqnyTxVV1/0z8x1bwujxHIvV0spzDD3ZhBkQME3zKH5CFPKCZE0Lu3pE",
-	"ikcr2/o80bk15FHXqTQNcDzML8EscTSn+SCzAg7lFd+3syhkdj5DHLJX/NK6fNaZVtnAKB7xxBVZTiUU",
-	"WFISH0UPi65XUEO6u/qSSXEDGL8+h7TF/T6bZD8XlzRnQA31O3elAuie2XkXfN/WDCyJHbyP31sYNgoj",
-	"qkVM0MEa8JwKybLkcpFjQgo0VOr6VIAyJqEHnJcAuoxw71j8btyl7NE9yqkTs5hv1yLbdgLrpimfbcdn",
-	"qV4Hx/HxcRVOwO/neDb4Gx98NxqcXHz9+6aejl+/r8TComRPUUQ98faOSm2yzatth8ebN6xJ6Hzt1zZD",
-	"ve3ecsgr2W6QRUXRdgEqUJRt/yaffo3yyZxlQ429J6rsJx9CVAWdldI71GesNqLQtw90YOt0WuuQANsC",
-	"MgwUNLI2BvgQk8aNeRpSqyRXD4negIb+gl3tGiViBAsGpSjtkL2xCfHmBQlP3XjUI2XJY3HqKm7NRLdk",
-	"VmMqnHdVYocqJK6FZOSeNw9ka+hlQfUs6RYBOr0UF8iNstk2zkAXcq6ySOidhjdVHdmoXaX6yIiwanUJ",
-	"QJDXwjgJhrUSqGn5HHMNrRT1pAlUgCWyoewLc568ui+KBLeXeLl6ruZMyy7m40xlY75bz+W6UaepLFuv",
-	"MMoBE7VpL0iCSyh+K1oCRJjg/SXlXtqw6Hh0QBkfNIoj2SF7A8GfU1ZrEEHhnfZAkg1znoRteZQTR9Dm",
-	"HIoQWgtR28lMJSvliPovagTQpMXR7YuTGHNgcZHYpUIXyX/rNN2aVzicF3pt6zsbE0FL+1laXXOTY8pO",
-	"MS92XK3o7lAEKOAwJTVKgaYPUIXWOsVdaZ4TDJzMEwldpTDbx6Wc+MWRLiR8ijuzI4cTnAHlCGGRH4qX",
-	"CSnYbuERzgMScemIsBQOyoKM9jpkzxYiuhKxn9BMSYSQ10wQHUXYuqae+p1p76yflpuXdVCtAtn4sYq3",
-	"+2tU2EBvnQLaqO9c3rONbSfoQNFMZ/L9O5Rfhnc3DlZ4bkVhxtmHfW0OFKI9zfmG7r7v3r17V1MyD+7n",
-	"FvnldMu7KZJtDo0q8wTRZmT6bZwyQGK3BVPE5FzhTRPSqhHQrk8WBfnN7Bte0rYoeqqg7tw98S7o2Hh6",
-	"W7dB5I32wnZD33aPFhc//fg/YS8gTx+Ww3scgMzL4VSSyWhjES5YT4tOIBrfyN58i48QX6uNH8tTaiCl",
-	"Ai8HIXUKKqhaUu9+1VbA6One2vw5AVzDYyc7LqqfE1flYc0w1SU+5AGmEYIfilkQr45+fKaELs1WCGyL",
-	"09x5RrBv9ROtifESVpu9+EejkyLHgQbDxADvbR440C3oujDAQKp84A0AcELNAOe1XSrXIBFVJ9oKuFKv",
-	"+Yb9asVRdxt21jB4RREuXjQTRgA56CtbsFHkm3uSncUi5Q06bOtuVwojjM6Dc917u5szEQn8qgkjvbTd",
-	"XzglbKdwtVvbhrrudva1cw+Nj0cjso2Qix8cnZy0yXGmpAMvrFNx6+5ZPYHeUnhn9908nMGABhhEnnt+",
-	"P/lne0Y0CMAv0d1KldYuFVyfMkB+AmggDlrJbEs5sNb8aMsOM+KT33YxqvRq9NNzV08F9e9OMZxAaVJF",
-	"ObUpkihbGm0y1FRbasHMLO9kxhAeQ6HpQ0MXvyhuwnSbvLvV3mo2gJyVfW8b6AGn2GgvuRk+jMmEyTt1",
-	"S6m330qGjYSJ/RDtRIscY/RrONokeZcrxdQ8F4iEtOHaTLS1gaLLjAcaPGUEQudSBj+Youddhrqu94Yu",
-	"R67w6pD95So16leFvcICGnKOtF5uJdNtvWex5wTf0b0YtbGDPRyJr/g2VTz23ZZHB8f7qGSu4AKyeM/N",
-	"DMDfOt7D51npdQ3tS/6JnbUktxriiTuctGXvnctmQICbWyKBwC4sFI7f/GlCZb6AGY9lMmVkeO8zG9ID",
-	"3MWwCj8fDtlzjjCLkjrFJ7m56zYr39wHD0GIcW35r7w0lttUFnhdXe7/FFnTTN30KJOVXgIgfpolc+An",
-	"UNaXzBGCDQaFtOulmUXcFoIE7BjDeLBC4UPFAZ/jIT1YGFA6kNYdcT/8SXPYjyGqEwiLNNGAU9L1CaMX",
-	"sGQohl5oFZqw2wBrc3gQI8xT6ZHbjtCguM4vxn+Kn8w/O/jmK33y7efLo9U/RmzwlkSW8d86Rf+KSgrM",
-	"7c6eagLMbRktBIcN2/3432aH0cunyz9/d3DzOj/eFrtQcAGgt1/tChoIhlZQ62nxPgFSuLC3x0eRxn/e",
-	"iOg/c4BTWD5q5SV9cFvKX3OFf6vQfAOF/5VaMkByAFGBhl2/b9hcv9+AurohYHHAWfBKfAEjo+heHpS7",
-	"kWe2v3i3VSe2XodqY/GphIxd6hpfg04BkeD3HS86jveCBnQWkMaQ228kJOAdChlBWhC9MSSAhYwQu3Z3",
-	"hwd1n+oLLCQCAcnoIftCcIkgw6ngGeAfArQpRlxyFamUAKPMOOZ3pIqeNnuHS4hUC7WRRp2oGLLlOmoE",
-	"HoHIi9Eg/M77GOO1KLhbtQ6gqBng0PVGrAp5qhsK0VU2lTORKkRrrqQgoUWWbxQVZccoh9eJXlireLXO",
-	"VkqL3gfK4qyEcd5H/lFfRdtqvuRkOvPwjxpCL9RV3ojrW8TO6G/lbvHFbw5Hpd9AK5q98AWrrekpg7TS",
-	"+37SsQgo9eb3k86rL9+cV3vg36XNW7Vb/mQ8OvDCMsWuIiZ70fq/usvoyjB2KcTMFJsJh5Jqc5LLsDnY",
-	"2bF+FuOdZ3F0RJ2bd5yF+w2exUF0Mj+ajcXgCT+MB0fi6XxwMnvMB+P4OHoqDuYj/mS271mQilH0obrf",
-	"iZy8zo/kx+PNX8Tj7Vt+EO06EZyJOxL/EO7gLazawYYPtsXOEHQGeeVvKVe/Ro3khdQrEeWlvNqqLuCp",
-	"Kr56sn8OVp0wKq/4SBNuJMe6IHA1JXnA+n2CSSVMxBpQK6KnTmU33AvjFFvxhh5s608//s+0E/YCthJZ",
-	"JGQ+EDJSsYidZQnYAFw7YAKmxSV0GOh6eEUsfIStVf6f8adhwDgDhE36BDC/CUYVs3kJNxXgw2MB7zv1",
-	"4XqoABYSqPBr2p8uJ8wKBijOUNM0lYRswezUlRS9qqG6pxwBwxVYjbNbr0iqtgVVd/bFchngyLP2cfHY",
-	"LgGl/t63Zl+zWvI1jDOVd06+PmWhtbhCBE6yqjD0sjBaGcI9fBAvy5e4Tw/oZYF92O1lwZ/8Yl4WPPEd",
-	"XpaWKpd/oAzsI0yT2aGuHE8OxpXiIbHOOhWx69UONakHfqaM85PsX8B0MBk9aSxgqnD4jWJCr4xmoWzm",
-	"ZJSpRGsu8443vYYzLaZHBY1lD4hhPnurKnCXbneAkNv0NwfIz+QAUZbFWa2CPtilUDRmZts+F9wyOfI0",
-	"UBUyQXsUNdfnjtURAywKhAyRzgQwv6kMIZBgQXtsb01IjyXPnL4lh7nfH7Jb0pLPbTODLLYeCNCEpvL2",
-	"lhuQ27tH4w0/KXkq61nJsGoVb4uCba+jwUERFMXepCRHgjIC31SWUH+9bytYvrfny0FcX1xDGag92gr+",
-	"43kJvrYJTtyDD29PGQXO8ItljDY4nN+Hod4x1RPW7mV6VnW7B8v8/JXKkztJjzbLFi8DNA4kQKIPmBZq",
-	"X/FzZYbuetr97mdOnnyfXMi7BPZfyLeaMgp+y0T436FUPCOoYNIC9lIsQEq70Ao51L63Qby7YSmQ/tiO",
-	"asB+RlADK9l+LkyDn5WFo8XyYPz7N5fkrxal4C53+X6Vn0AePkZBjQk8ws59Zkn3HbrVcoGRgRcUGAVo",
-	"CGhl7AzoAqcssPnMlWUOS12ICJoYgLBb2UlT40Njn+AcsDlPuXNhtaMiYkPxMtRayZgoPw+LkKrZAsKu",
-	"h9DZZiotGqSmfCtqRNYroV9DCisAhZuTpv4KZKPRfKEdLWwTTWRiy/iKBhD4FSbOdm0+am4zrqfSNtG0",
-	"O4Po6M74q9hB0FdKZAlPzQW3CWK23HWC0KVky4B5ZnH7N4nURXMFlA+XIie5cNJstMCE/pFZuz23h2Tv",
-	"AZNqA5W3lAHdY6F9T/gr5/37KK7PKBv/n1r3s1f1DvKCGGK79ueCqB+C8+PQhdv9I6yesk6rXCEMIISY",
-	"CKB6V4fTL+VUFm3PhAdm4kMUOHYDvCukRFkAuakly1JurJdSa9MgDc+jjFjQdskjRHn4s61Xky5sb5/5",
-	"OrWl91O5WfAcclFc/5Q1BHF+JUgB56X8/0Z0gACRyAn3k+eMV6ECrKzA7JxIZTFUxBwMKfhkdvin//hP",
-	"6kUScbs9LFMbKH0mY7/rNINeAdlgpe5UMsb6/XY4AoiX8hy7PMwEClhqgOjhUvh9aWFMMGj8sP3pVI6H",
-	"rgCFJlesoMjEsHXdroSTlxofXYnt6VQeDllos1CKQbD7TlC6E1JsXNcwlwjc2nsY5t7efxjIaN7Q9BZ7",
-	"g0G7w6K5PZdbaJIb7MRzkBG1EyiN+JFtMWZUM9dmjJqxNPc6cn3G+n1DUC69zCMpbJGTprWew5c8kQ0l",
-	"++V9Jxx1RMwsHo5UmvKVhgYMuYI9w9szKRiNQ0eK74I3QQT9oHgT49AI7yy+IDzCOPSmCRj89DnraiEq",
-	"LQcsPL7ljVgEZcjbLEw7pK89y4jYuWLYXsWa91kcGFYGGBZG5RYbam3tAUrUW5FNPJ5sGLZTTlihsxCz",
-	"9oulcfb7w0GUj90WiV0m1wLgHctAEV3KqML2I8c3N7aRT88HjCid847OYKeVC1RtVtsKLJHkuwAlimjP",
-	"h8CTcLiQvyCehO2hUUuPM+RuraaC5I9G456fA9eK/4hH9gk9CCrQPOVX2+p7vAw78zKA+K3zT0ohMKrc",
-	"Pi/HN6ECh2G09uW5X+wzMKBa3hnzAs/51xEJ+eeBBvWQNMpaqdUj9w6kGIFWjaSwnYEUw/v+mYMo4/si",
-	"Q/iCt3xnoYV7Elle1AT9UHo46PiSuTPpXOIAF8UArhD/vFG+z7ZwsInWa5ENIQ1I5wjDfod85aIWf+zh",
-	"Rnjti+I74UXwLB7EPlctlUM7oNNS4qX7nlmYuztuXcM7mnbPqKJJ7XXGGrCJBqgirLPI2Di/0i19CDiD",
-	"ZoLqVhTLU2IcXGMfpURW1Uk0FZ3jUDcqkxX2pnOj+DqjrlXVDFDF27v6ntQgv1jbrzl3X02lMcHABvRU",
-	"17KnAZRYxsH4Qu31gzDKd/8r4HB+Q3r5eZFeavZRfaudouDFG5yhBNHB+v7Wh/W2Fvx1rImv+cAZZuTW",
-	"PcEhsPvh9q44QzA5gBmyDz8obku+yITw8qP+9+G3dK3bAcrMkqVgqZjnTEnoiYdQLLanHjheerdDvtQN",
-	"8QL9Yx9bvNywgLkY0ZwaHHut+Hdz+TLEChjcOxwhJbb+sFAmXTLNC6vvSqzQ6kvkZc9CnbTjnJz6OfJO",
-	"xBabA54kJApbtAn+YrYSmVbyN5iU32BS/lEDVMgcGgJUO9outMCk2OYwexTR0E/LVTSAQw2ApAjeuGdV",
-	"DdTQuLIa6ql0954GH6hg5hVtysO1J6AV7qyYod9U6mTKdTFU/kJZDk31L6Wz2lH/slIXR1ffPlmOb07y",
-	"2aHcfPd4Kw4W19HTLP7HKoM52F0GczA5GFFFblNSQp5Icr90ZvwiFzq/UFe7fGi797WSd/YeSBxIo7dX",
-	"ohAl/FaK8nOVoqwc89i7AVdbYP+NAKT9oklAC7wdBPi7hjh7bMblFeMRwFAYVdH2q+NXQk+lLvSPmG+1",
-	"TQ0DNtHvp0peDsisLFS9fn9iW1Cigg6IUjyKxMpwmLyWyjVmZ/Cl0XSr3I370Wi8DRNWRKUxTqOnsij0",
-	"OGXcj3J+o2bYhZrrq2rs0rotIE47FxkBY6Sp2lDo/5VKUxb+8fk584Tfo+/xHxdJ/C5k3YWSam3YEQSf",
-	"SjZEj0EFPqOZh4hdYtPGnJsGtHnQ7+yMQnwD5T48cn9bvw6Eou+bmgD9E7g5wm/UzMtT+EbN9k1RwOkE",
-	"VB48S3InSYjG8CvcfMoBmErz3iRvqCQah+2R8wmbdjjRx7QDD087G3JoTDvU9XsqXYKCQlOY54ynqSHp",
-	"tgC6jQRjsIdKjsYhKxUTTWX3NvdXD8ydJGcF8JpHwf0+1xBlNjtO6+j3zU2aSug0Dedd1CmZF0NOIHa3",
-	"sGrSOW2nhjteicFXou1TOU9uRIEVY6fi1YrQTdZMbSRsUOI33IOchIBx1/LdvMTvWgV983sufl+E7+1V",
-	"agnPj8OJ24SHagHR0iWhGTp1F+Anz8FadLV6Fbs5aEQmTbG1BzlnT8veS8hUMIP6V8OQJTEY9sx1MXEq",
-	"GKTdQoaSbRRaSU6iPqPYrGJL18/rL2pYNzxRX+ZMpGrDvhOZag89o6Lw6yhMa2oeukPNumPwFVd6p+Dr",
-	"+L0W8mvTKe9ajkak0dbVu2Ay9opT833k1XcvT8N0oX2iqkV5WgBYVdjrwtcikAPDiHLIUK7fxnR/oR4I",
-	"NGlsfWB1jpXC1gcTBkLD0xUqgsJP0rlbSwPvVTvI59fa2uDnDs00SJ02TPhGZtwUh2kasxJOLXwfx6PR",
-	"iK11BdG68V3t0RQ/Juu1At47luI9P5j5vZp/w32/NQjQDlf+4LrLe6Gq/wZW/psX/jcv/Ps6e17xLaR2",
-	"g/PF97rs5/lxJnrVFe97I+5UM2wNDlSOAOhzM/GKAbtWiwvKThJzPbcCkE1hswH8NEzkBfwiyUME5Cyl",
-	"5S/VtVXJwD2FcKmS1X0hzt72tduwN2RfLZJU+EodQZMin/N1GxbxDOzZEl+ekDbZfJeNUgXlFJc8kfvX",
-	"URPa6QcqpHam2AOV2/0qrZCCcB7WEBmWJcVOBu+4NdCY560r1caWiHzCNguVttETunYcQUEOQSq4ztlB",
-	"b8jOZvA2W7/hETQQc0UgjO8mEH6rJf81drxf2at8Fyf/nRwweCdcNflGzBZKXelHjg9D+npj3OC8VtRn",
-	"dESVucpkUhuxJxU59RjVJ1nCBmpeCWpYgPbnSmmdzFIUfBbmbMjOjY4oZIyVRRBqYFKxs1cvjPI0sRGG",
-	"tRERuWFsLuV2KsNXdo6DN8kl1FGKkOFFD9i1yJJ5AviTVI6U8U2/73R+QGcils8lNcUUqRZT2Y0UZJzm",
-	"A8jxMZvMs0QrGbDjwTKR6xyzf3TOlyuWq1RkRv3uEW6XHbLw021UdtUuGGIRr5Fri7jft/PFvQuh2ubc",
-	"/Z3EzE/wtFCItVYg4AoBYUAuaHjcIXDFIk2uhbECXHMRHhkhl4r40mUAhW5eNruTF40VrfwasrPVKgXl",
-	"17URSYweoUU694r8kQzMziY6t/pwGSl9nhq1gzMiWNsouij0yBVRI62P6RyK/BDH1M/mdzXt0qUVo5v1",
-	"OVXuzYAOZ9+IKC9w6ZNIuMj4FIQ+ZCOUtgbiTAgM0CSrX4tIJNfCkeZXuJbOLTC0Yf6H6Xo0OozWMrmx",
-	"kgQ+EcH1AX2nLZXjF2HAoDKQhbogf6o/SNVGZIMIav/EzVR+9sXZs8Gbz87Gx48DBgqkZ6osuKEEu+ta",
-	"RJnIA+tcc4QeMM7CYeh2diozvildpwkLvfd07UA5+z2bdobTDvs9/KwXDtlrYXZe+CD2bhFFcsKS51Bf",
-	"xcKqAXzM8B5qxjd8WzQUtt0FpjJKVXTFulBsyHiqoQux4FAUhjEGw4XSmNFdSISuwdTmfzh48vjo6Ojp",
-	"4eOxOYbj8fET/vTxiXgiIjETMT8c8/mcPx5HccQP5/z4IOLxE/HkCR+J48fz+fHh43gUiafiYPQ0fjpz",
-	"6RHIo4r8iAZG9j4gt+/hb7cI4BNv4W1tSeqaoV8PgOpfEY26QNTy5kIh1BKjxcXJp5eHi399cvX5+Nuv",
-	"jsXrvLUECJ8Q1/nF0fl3T6/+PF5+/Hjz8iD6y/Wu/iV3cEbhgQC72C8gcFdof8dcq2Vnjj1vIa/JMlWX",
-	"/2v9Ub7b0BsMiSVDPmRn+y7oAAstv+tT4Kr2bS3jQXJJfcC995I44Fl01aal4/pK0QLwz4H4io0xGvh5",
-	"r/Zzq193a3KqN2TPEyxR59tKhFQvIDSmc7UqdhpD9ub6F3rzvTzB1zxN4gu6fvWUcVyp304DHmh0AJeH",
-	"qvh+S1oMDcVxMG+tmBtgWJpRZFHuzI1K3Jl0HsElCTpLoTW/NK9crjWg1pBnoHp7AlbqWhawar8yiPQV",
-	"vuWR71vGmRWLuYNbGR4dZC42F7i9cRKjvNEf85gVwkRBsUvqCbIdu6099lva7wYO7amACZTqgxfTEFuh",
-	"JFrVsOx1b9gZ/8V33pvi4YcrTCo20MjdROtEXgZsydO5ypZY6rDJlPmM4mVtuzGV9e1g3bC242Hv1CIT",
-	"mM9E3EjbQNHmylfuBxWEgxIPjAR5hLvR9wsJ/SIe1f+dRq6I1lmSbzuTv39d7ssIUqOQYk5TK1uZnjls",
-	"zVW0hz3TD4nTPTLw70zVcPZtKroVxQy/78wEz0R2tjYa1N+/Br4FiiOyyHVmrv0j4Gc0q3py87WQQtvQ",
-	"Do8T+MtcTaENKbLyxIeFsrcQPM0XDbm+CLaPos/BRqsNmnk+dnSwH8SN906CH6q/0wIA2ZcSEkmu2Ipv",
-	"Cyhrwjau1uftgAIq3m0zy+svt435zcsxVRHTfggCxth3rjqbUHvMVgBAkeE6kq14lnuvsr0+66+ivGzv",
-	"VdpRYykjp+aTN2ZPc3YjJS66vDVDCitl7NFTl9jmInNgDntTtU6f+lTJQrVRNUxCHCjJSFJr1sVDMUQQ",
-	"sLrl+9OP/9O7Y6/QfCG2LmfNmyU1g6tP8q8ANQo+8VIJHbkmdFDuPlZpM+a9wb+29de8kDNI3SS8nRbm",
-	"4Q3nmMe7r9/93wAAAP//",
+	"7L3rchtHkj/6KhXYPWEA04BAkJREMDZO0LI81o4tayRqPZf2sgvdBaLNRhXc1SAI24rwp32A3X2Fs69w",
+	"vv8fxU/yj8rMqq6+AAQpyqPZ8XwYiwC6ui5Zec9f/tiJ1WKppJCF7kx+7MwFT0QO/3yRiMVSFULGm69X",
+	"RawWwnyaCB3n6bJIlexMOt/MecGKuWBa5NciZ0masHVazFkxTzXLxfcroYtPNIu8wQZ/EJsoYFzDg1di",
+	"84n5ZazyhOm5WouEpUUo13Mh4Qc0CIszni5EYh+asEiKdcS6/pvqP2JcJiznMFAo1VLk3Ey8F7AoF8uM",
+	"b0QCIwimC5WLhHGp1yJnasa4ZILnWSpyOzg+pVcLeEiqqUo2bC6yJJRmBDc647NC5IyzIudSp0IWbMbT",
+	"bJWLU1adLM/zFJbLlGSzXC1YWuBeXIt8E8qlSiW8tuBXQl6YT2m6meBatE+TzXnCMr7UIgncVOKc6zlT",
+	"OeOh1AXPstpUCqWuWHUV5m24f7hmlsJUUnmxzNVlLrSOWFerhVBShHKuskQzThMrDFnMuWZSFTSXCYuO",
+	"RieRGWKR6gUv4jmtxZzTmms2S3NdsJUWCZupPJRcqmJerssMMB5HPbOKKBHcHIIWBeM6TYR5wuwFTl/l",
+	"9m1D9rVkwuwmHW0oC8W4eadIvMXChHPB4zkRDxDSKeNTbc7PHCo8rtllei0km4qZyoU5uS43rxpFQSij",
+	"o9FBFJg/j+A/B4fwn/FJNBwOewFbz9N4bnboWjgCXclCrcxbh+ylmScR4oRxhhQaSs032qPXIXt+s1Rm",
+	"lwrFprlaazOtYp6r1eWcRWdxLLQePFOyyFU2wN8OvsBrHQ1D2Qk64oYvlpnoTDpSrDtBR8dzseDmdgu5",
+	"WnQmf6XP7Tvhn0AEnaBT0mIn6HjU0Ak69mA7QcccUOfboFNsluY9ushTedl59y4o2Urx2g7fYCtRka9E",
+	"xIgHAJ3qpZJasBS5Bl1XhXxpy0UgRiSY5gsRyhYeZBfIppsCacj8wz92uBN5eplKnrlZ+EcQyvc9A7PW",
+	"1kOAL1r38EsVc9yq+s6dzwVb8mJutgToOBe8EHCJ1SqPRcDE8HLIokfXB49UbuZj/nPx5Ivvx4s/nNz8",
+	"8Wj55eH1X4poyN7gFptNRAbnzgCZAu0cbHJa7KTKUN5xS26ZHdDj96s0N7RjdsnfveZuvRZFvjkznLC5",
+	"X1+oNcuUvDTTXvO0CFgq2XquMiPSYiUTHdjLnpthUnlZpaumaBuG8uFu6HjXUhepTBeGVg4ckaSyEJci",
+	"77wzC1/ynC9EQfL82Zznl+JF0k40MXz7iWZpwrpRPL/45ef/iXrDyrHE84vDL5dP9WfH1y/j8dU33z8R",
+	"wAM6k46huU7QkXyBPzSDXaTJzpNa8Jsvhbws5p3J+PjYsA9p/z4wky8KkZux//2vZ4O/8MEPo8HJxbe/",
+	"++fOTq4Sb/4gNs0lvuQLoZmSgmXqMo15VjL/gGllBUCRp+ZnM8PZDaNjYjYTseEEsRiy3wtpnhGMs1ku",
+	"9DwI5Uqm36+QlS+N4uAkSpezt29ffMaujwzPShPBsx7cHC0kiph+39BPv28eDurMyigXgWFAKLyA9vBO",
+	"86J8yzCUoez332xkwW+G/T47Y2+KfBUXK3N1P09FljDcJNZ9/fkz9vTk6KAXsHQohk4CpZIlajXNBPt+",
+	"pQqhJ01OOWFh56kYHZ48eSoGR6PkeHB0KJ4OpvHJ4eDx05MjfvxkdnI4Pgo70ZCdsSnPBbvm2UrAqtSq",
+	"oKGDUHJtZpgujYQ1qpHG/YCLpxmPY7Es4OIo2CwJx1bfrdYp7jPBaMjO7bILLbKZeenBLz//1/j4OJTL",
+	"PJUFNztx9ubZixdwJXhsrg/rRqOb8Sj65ef/ikY3T54bNSbmWgy0kDot0msRsFitpJk6qlxmyuVRhBLP",
+	"ArcBViZ0zJfm38BZFupaJKfwFGrgtH80ywXfmO9yZERTwVZLw1uOD8ah9Gc5Pj6mgRNv9gEzig2LwjDs",
+	"RKA+hWEYRobVge5UrBXNrDdkX6Vap/IyCKVYLItNAEdhOGTAuNwwVMnc2IEZzpt1LpYob5Rk2pAuz1iW",
+	"SqEnqCWFshul5cldXInNxQLfGLFHrPFdKq95liZmv40qiWLfUn2slsIQ/R/ERrOpsGwcxB7PMpGz7tmr",
+	"F+a0exNmtUn8BvickAVwAiAHcyrmOuciI4FpLBKPXjSbqpVM7BtK22aWykuRA/Gw7kIUc5UEKIO5TEIZ",
+	"c6kkvOdf33z9kpmL3TtluViZRRs+A6orS9LZTORG67Dqi5kS6ry04NfCaE2GuaxTmai1Wft5aXvlYiEW",
+	"U0MHoN/CuP0+L0AnL9j4iM3VKtf9vjM1Qul0bjbdsETM+CorjFoNA2pRFGaO0YvPnn/16uvz5y+f/fni",
+	"D8//fPH6+fnzl+cvvn5pFOxv0mKeoqKE0zI2BvIrx9PMdFBjaFXfuuVtLgZWK5wwUAKN3syNWUQ2AUvl",
+	"wKqcwM+7oOmz37EI5PwABL15TOVkupijZUYw5vlqicQphqzfP7M3NZQ4836fjhaM0VQzvRbLIoD7yktb",
+	"CUXFSgtdMlGz6dOcy2QgxdozNenXK6kZv+SpHLI/CLGsc3VnuZgnfvn5v9lGrXL6eq7y9Af8OJRrkWXu",
+	"2rodxxlKgVRgTrOkAEv3vswohTooBoZfm//q1WLB801n0vnUcfDAY8Gg7lyJTSfowHedyV5SofMuMJKa",
+	"WGH1RVul1TIXM5HnIul5b9tXCoFGAGoJsqVSMalJjX3Vk+ODcV09aVHK00VatCtXC2XucyEW2rCPXBSr",
+	"3FAk0O+SX4qAHZgvDkajisJ1MKJlfL8S+aZcRQZv8udKVxcfWfAbUgtHo2C3khh0vjZq9jalEHRwqxMa",
+	"TbxFKdyioLdohTDar6kUvuIbtSq2LW4J39rVLVXb4pbq4ujq+yeL8c1JMT2U6x8eb8TB/Dp+mifta8RB",
+	"f71FvgPTHOwyuMuf8uQ18inzV6yk4anmn3y5zFK0Gh8tczXNxOJ332k0IX1msEUCV6/tVzybqXwhEta8",
+	"UHRZzcsTILYtAwadRBQ8zeg0agOxxUoXRtM5GBilZrtqFjAy1WNhjk4XvFjpzuTIkH6RFlnt1pPKa6dA",
+	"2zkviqWePHq05JuFUUqHtCN2p/QjbxWDK7EZ2CGA07QrNNUte6kaS1Sy6YnaYwPt8JUNTLUnQYjwQO7V",
+	"X4occe+tKl92762yQyBThm27yEsa9aSOSjZsmgt+RfIG70vLjtRGqZGSFdTooOWaje2Js5kRMhrueJ4r",
+	"Yxf/9ccOfNiZdB7xhdHhO0FnIbTml+ZVlgxJg7gk57BVqg467wJvgHiV52bdrUMYZq9mbKWTgIlVHrDL",
+	"6TJg3y03AYvnM2NQJAHjq6Tz7luzUbrgMq46Q7YeGq2u3I/9DwsfHdhHgaOUjOqfczHrTDr/9KiMEjzC",
+	"b/WjVzgGPtJkr54aSy+ZMM4WjnOo3BIXc34K8yESaGD0KXN+oD+l4EkOpdGgAzjSlbySai3pQM1zDcJh",
+	"3ahGKJFnZqvZTMgklZdGCYYxUskipIqod8pUDuZ37XpqMy877e2mTI8ZZbVca3e7YdPiP2LP5iK+Eol1",
+	"PJVKZigpwDFh/X5pEPX74MOYpTeViAn66SqKuFXhjBL4Lug8U3KWpfE9ZIV3G1GsS1VcxIZiM8Om/SsJ",
+	"GgZrUxPMuS55msBMYy7NiqbGeDPDGHs4F7MVeAc0+aeM7lsInlT510l5FfBlZqDKZPa+D7CYgVTFwHv+",
+	"4a4EOmE/0Qw5hTlAXgiWKIGxEp5lal0NxJDHluNOwfzKvQLzEjYLFbTGQRgL7TMFYwMpTGBwCnOt0yzD",
+	"vZpzeSmIKKqutBfyrRbvRR9N0r9Y6QqFnNVd9qluyC1jjRVmvlMBLCNXsdBaJEMGZp/ndvHMQJaIjLeR",
+	"/zbyaWoKDOf6HorCwIzwECTUtk0N7sGqkTglwZXZjMe1eWLwZAzJvNUrnmUba+s6To5HsFb5VSovh+wF",
+	"OEqT1JAfDyVEGUVCDgnw2QAPTzVaqGXkEuag2dT64QIjUsFKAhct/AZPFNwUZk0QXQa3QOnyoHtQGKuY",
+	"M23uDv0UXBycJYKDuQ++K62UFPmQvfQ9SRWvgQ0vFenCzGJGISAS9yJguVrJRCTkf6vECTwbPBNah7KY",
+	"c8kOJmaRhQ1m0+zMUZAPxPA25wfxzP5LUWhwi9pICwQ+YTdwe8wYeJSV5wp+JXQ9eKurLKU3ZK9Ulpl7",
+	"hHsComXO84WZ+SkGpDOag3UggJtlyM4oohwdjw4j70TX3MZGV0uQRmZO1hHUOgtz5EZtdzwdHBPtCQgD",
+	"LwOh7fbQU49achZsAGjgIkC7BvBiRe+acYXXYqXRhfFg3DDHIevKfJ39me21ofFWb2H31ddvzlmpKyKP",
+	"sIcHXscK1xuPt3M9N6d7cz0a4WEEZyubMxvCs1zwZLN7Y375+b8r24C+2VAa/ROctS3aGU7fMMKSV4AH",
+	"eg7xP65ZoqQomZqNEPuOv9QoqRzCR0ZKVYUw+uikWJd+Ovir5qV7+MsANC0LkUuePTfK7vsRM410AXpz",
+	"RaRLtpLiZgmrZ/A1UzFoPRXl7bhqx+BwzA53BzMGnxzgkw8ibVtWYCwKf8WUYNLMJ1nPlRZM3Ih4BX/P",
+	"eRLKqbhcyQDlNjiMZ5BVQNx/YthuqstMpDLIHlAUfoebPAAiqug47HmmxXouME8FTahS7n0gVtsyw70H",
+	"KhNC4DhequJzI27fi0KNNjyDUTzifKlIj24zSqq64VFJnYYV2KH2JkxjSeBDD0GTLxXTq3juDAk69FS7",
+	"gFfkFhz1UFVKE2RFYC9DVARDZRqSV6phsZpu1EEfaqZ4cq7Ul8YAe6/DIJZ8USh1kcFouzw34iYWIiGL",
+	"Pv1BMHB7V47n4LA8ntdlKhuzg+99TPTiQaHUAB9+aDcIKcI4NXNomJVImuwnGlfHulFjk6piaIgKDfwG",
+	"c0YgcKIf9IDwal6gY+T24zKq6NORjQFDvBdj2bimVLPHR5VzOzxonhs9Tc6Y9zpFHGqAQ33AMzXrXqhc",
+	"VFZeP1pKatDG4Lplf+mkK0rGkHUpNciSTiohS618UShxnzGVYAbaEBod7Ivz81d2HtbSQsWQLTOeykEh",
+	"bgoWHR0eRMMeXng6j/N0IdSqeJj7TmNtIZ8kTdD5kefpNeaMpJIdjPSpTQ7B2GnAZlwXdef10xYW4N53",
+	"dwZAjz4wqQR0/2WcrRIj0NvXXGEIRre1S/GJhz6KTtnByBmfZfi+N2Gckmtg+zDLQJM3VSkwkzPgRbEZ",
+	"WM1mpSIbKylFbPXXOFPgYSm5z6R6Ilsdi29Efp3G4q3k1zxFJ9r9wlHk51H5xao6Vhk2gFie/Vm5seji",
+	"MpuaLkRLEKF95BqJxjxPbh3cuqCqm1GzWE5rxi/43tAururDnkh75V5cneLeVO1mPvAHABc/HtDuXU14",
+	"waccs25XEtKjaQb1zWwbrraVWwbbungiofsunWZUW/jDuOESsRQyAXPZUsSlucXc3MFUpoX1sFJiBrF0",
+	"VPfnfLkU0lyrfh9SvkNpvfgT8uGg56vqmXLZqI7KXEZc0zhWkvFQ1owSnExalFkxRaXegEG5AeumhecY",
+	"hvThwHrfFXh0wCdfrNNY9CAzacCi1ssUsS4+p8maMQ9qUkvLS1VAxYZaFUY3nfE0g8IFmYSS4Z0h7xhZ",
+	"MBtRMNBlh/DmFsqLWBdS1Zy7a1IpxnCESFUZrMtZpnRh3lfyv4Bxw4pTnqU/4I2ln/dOzfZGj8D18EMU",
+	"wBy3EffH6NI6V+orLjckLPX7SXheiAvQPlp8WJR8hwH6BUayuBHsIysWNSTNImmfVoi/1ZFfdWB5bvtz",
+	"pdjCnLkd906inxdiYNfwYB4rMsjKtbslwybAxeOFVZEh7qON9u9taISEq66EDOV0FV+JAvYLh8bsYB7P",
+	"SWNoqo4V5lN6FlYysWlvLSURWkGq2zY2BJlsVUnWVdJwAnaGpmQoXYqlW7LRTEFuWndY/V68Bzm/lXxV",
+	"QJLce3pmV/5AHi2/EZD+hyF2S9Ncs0/O6Ofwggn7VPBc5CxcjUaH8ZXYwD/EJ1Vt1TN83lbftze9Vub5",
+	"UHqqXVeqXXhb5eSxjNWlTCHOEPnvbrVWqsf6zTffDMwuYaZtIdoTsXj5C0NPMGPBCsVWWlTTsXCLO7vK",
+	"PZAk9Gq5VHkhkq9EkvJz+M17kYYb8GJhRryA19aJpKjb+1wz/0XmBVX/xbFPDu4dDN7B6B13IAw3wgBG",
+	"GMCjD0Ui1oMBbkTD1rhmUX15ERBJ227V3BjGTnAzo9S1DDNe6jTyZ7XK2RS/DZADUp6N2cxlblhRkaK9",
+	"UNFmW2pVMT/PsGeJBR5SrZtjQqrmbdtF8z3DpKF37qB4nvON+XuJ1ldzJq9REwL+bCdkYxlQXofhy8jT",
+	"aCAIadkoKpIbUTzUXN/5yYp/7fgKt11EWYempt+JGAapjtpY5plkmFFlU113HNuWIV6gTWwf/MRwJwn2",
+	"UFqcUrRViktepNdVVnF4dHISdGYqX/ACAxWPjzrNBNig41K2btnBZ/Z39c3ycr5oFW1bhcVX7XtUFGKx",
+	"LAzDW/IN5ILnKKGxYKxo2KH77x+wVzwDVMUTKHDbuqdYkWvTfvHJakrswcm+G4uVhxe8qPDUzng0Ph4c",
+	"HAzGJ+fj0eRwPDk6+EvHGzEx6hjZ7DXmfp/TCjqkt18gL29yhQ3jLEK7I7KGDv6Ju+G2/RPNEhFnqaFk",
+	"lbhSylTq1WyWxsa4uICLDfljRhdap1qwSK6yLDKbaP6BvAkTghvLS1tSlb9e8u9XgqVJwJa5mKU3ImFR",
+	"PL+I9qnNa7zB5WBvz/emgAJuxJJv9F753o03kZy6wCDr1hTsBSjIGIglEq2lYC8uDPVfXKeat73HCtNG",
+	"DTFxroit52kmWP0orQ8HBRpmE8J52/uYaqg8SbGqaCqM6QtF0L0AEzoivYpjIRJDNyp3NEQFFlTEa/ln",
+	"0HG/7iBNCiiQLhfqf9/MZfdZDqQue9n0Lm/V40W0LY1zqN2Hyj1tZVzwNbIvL7OcJ0lqNppnrzxGNOOZ",
+	"Fk1/ifUezJjPXWarLCMW02Ro96CeQtGLsGirMFpY6WUwBwyWixaTUIbyp/rjP4FfJCvYT+bLwWDA6P/N",
+	"n5FPhRH7idFh6drXC3BQm3/u+BHO8jNkJfBDYisIkjCOAhbRJ3BIEYsuhRR5Gl/Qx1FtRJ8FfQ4caJ9B",
+	"WxiXGTeUn0MZGO6Lpsgylj6rVVkliz4d9B1t29KpmPPr1OhvO3d1lvGrjZlz1TNkKBWtTaxTo5upba6H",
+	"Wktd5IIvEEMC4xrR8c1NRDfUHsCEbdSKXYqC0pZguNNtybG1yVl/e2N6ZdZmxR08wZcEznFlc5VXskgz",
+	"Z11TuN7soIzTTJTVamlRm0HOC/El+QQas7DAFAA0gYupmOw0nQbFfJ6ll/Ni13ijk4h1eTucQn3zMTEw",
+	"X0mZysueLZKsHJvbF1TbuCXQfc8hU7p4TbUuzWlbT6PTlqYrdG+WfN4MQJM4pb1HZBPL8WeppHiz0VbF",
+	"TaqB+xP7+qnK16tiqckAvA+rF977onFvve/gTnh/l0GtFrKojIkn633k71xV5uwWrjWxU+PJ26UFJGHf",
+	"V1hAGlRONSp31nLV+nYVNzI6bMT+hR2cDE9O9lJvXUndCf1vd13d/RTVyqLqa/w8F0am3WC9MCR8Gp4C",
+	"ZZICDGOqCR+NvOooyOVc8A0685UseCrZy7dfsu7b341Go1HPws4sVwVeG7nCGuK5yGvOl/O1YkIvc3Pf",
+	"NNXExrlKteZYNOPVS45G1TK2fw/Dm9Ho2/4/30pkTV1mO51hfd99CQ0tbzS1YT+d2WudDfeiQDLj1KrY",
+	"TYdVsoMd+5uRXZFKD0+GSkk7U35hlKgLddVp7h6oV1MurxiPAfpgwqLyAYJ2siHpstCDsof1XOUFOvVP",
+	"Q+kexIBzRIIfZRkNb787LV9DWsMCMp4r0iCUxPUpS9mXRs4pbRPmIDI0EzlO+Ts1tRpOz3uXztQ6CiVm",
+	"VxcCJb1mXDv0GIzke4+UIrZlhlYsgZQN5UOIWZcJTMsIJddXVHbOMl6IHKUe0T1KYdzpGaSW96qWS+X4",
+	"qyfkfWDFlL9R3p9OGlXETmXoh+MH6Fe7Lz+gwKaaGfq0tpgzKcDBG/34LsIKbvgpVPGjA5wKJRY8lZq+",
+	"ttHt+3AQHKFkIKiBtPMR9hneskl9PsZgrU/IYlrRsqpgQw/ChN61HY/Hlurbnqm1yAcx14K9ePM1Oxof",
+	"PHELBT8Lcmi4Ec5BnqW6GDJ0PGrcpVS7x0LJc2HrNeFrowj6KkAM0DOG7KOVToxtJFa5+c/ldGn+E89n",
+	"8B8O3/FVEp2GEss9NkLig98tN5EFdcPaGilqV2ilzVURq7wTdC6ny07Q+W5pLks8n5n/52C8r2p+AHyo",
+	"4ed4fi3a6OaNMuqYI0GbXWCICJUEOAQdsHWeFoZx2TQjw12A9XHM9yE8RiwFC80u4YumZOolIkuvBaQm",
+	"2+pXqN6wL1qL6VypKyZkAokEuBNV4t/fJzje3yeY8IJvv+zoaWvetZT875xoyDoncLuMrhSLXFpQHous",
+	"gpkfkAAAMY2KEC8vN2qRJQrWNvdcKa7p1Ev3XLufre1y7e00FNfFRWTYRbLCoI2whwqgV+aWVDU+88Dj",
+	"f5sexi+fLv74w8HN6+J403YCBcXXLNmj+m4EfsfuwtD3btFH5AQz/N6wp8pPUEjZMeivNq9Z5V17uM0o",
+	"qOZRIlFQm1iBO/dlqtuCGwDcYchGmB9pY9aujfgFYdzk+5ZK9wrX4F1vCSnNub5YqLzVjy0gkRtyDXBK",
+	"bKayTK1P2ZJrvNyZubVRmkQQu9MFz42Be8Extl8ocJEUc7EYlps5VSoTXDZ2Exbkzaht/yA12ZWZ1EhU",
+	"impZPkpe0mKaG0hF9i3rphJpLNFI9YRxhFoCNgR+mSpmE0YyuxHV+yNWELq5eChbi9GN/JAcoIogOcNI",
+	"hXruRK+BYuh0l8aNcegArUHKVLN1rizSYFrQ3NhS5BRBLl9yK0DBbbcC97WcUts5fiF4Zuy6H9uLmldZ",
+	"gYc3h98ZLXfaovps9dQbewGwPvH5TS3gcLuSSCO3Tb1ewBerfIs72Uu8BfwnNbOQDSDf0mqRnG5R7dCN",
+	"1D76TMgYQwlXQk5YdBA5AwTVd1csZLS+OBcLAXBykOED9ahcMnGzTAFODmsuU03hYgX5P88hi8/I+dLX",
+	"7pejxUpaCYncnrJ9lnwFBcFYm2qdYTGXZCOY0XFUKFIzn0gB+2ROvkb1B7eaqBUdoHGZJWvHBK7SRFNh",
+	"GO2vMOAu6tYZROX0IrbMVpoYRxV5jXUtmpqfeG2LY0EXLYHEQrngG3NFW9HELBBcBUmspRSwufbD0T3W",
+	"ftUGjkkYd4GDa2zAciE8YPUM9sL+aplCpuIrkVyAN7yNBNKMaN0Vz0FFe+EmaYjEMGS8BHSarGsTB3nh",
+	"fOwLvkGbHWjY2PMQi8UhpGq8IyVqbt3LW6O3NhhyAYKnfZtBAi/nCJLt30+jBWSigHANCGaR2CgGMn9U",
+	"mkIZkVpJhBqxrsrpJ2SWRvhf9wsXr5ylMtVzwJA+s85vv2Q1VrJI5UpoNLnABVgjPjtEp3X9WKCwK2YH",
+	"BSkUHiIeVeLqtWKBG5qsEt6rr9+c73o/IHLdiox859feAkr8iCIQ7TND5/vFNhHotgZ/YOdIGZv2caje",
+	"cyRs7omxOcvUzsp8x6ODrTTrseOtQrkC9F6G0D2UqZUE4B2EZ4QQuSWqUxY5eo6oyL/QofRSuWlpXQsL",
+	"aUHxCnNLEd6dLjqczFak91B2C5v9a+ODAUEluAgcus1WMhdaZddowoLKKB0VImOv2e9VeHO3JA/f3EvA",
+	"8L7dra0ghKIL0NfYRuD0iMaNqpF4k65qzLVm5nhyr01TgqjNriwu7M1QTeUK0K873VQAPMCS03q2yqyj",
+	"6cPEcj5oZtLBZPTkw2Ym7Qz4QM1M+QmBa3CqyQA90XGDuwVqHi4NyfDB6H7pQben7dhwOTk/XTJFNzIk",
+	"h40gXD4J6LclFJL9Jxhl+HvYiPILSKaERMpt+TrWf0FP1AKn7md7+Bza8nP8VXvM4JZsHLijtzkkUEg9",
+	"qEMCecP9HRKESfI3d0hgxLA52a+UtIUqZTyQooAQ3KmEuu7Dzd4/GHg/RnYwORhNRocfnJFVQ4iN3HFv",
+	"90BiVJnGrnjQbQmcn4Pq6xI40VVorISNTdBsRBA/bG7mUtV54m4U2Xuwxq4Fyj+tRjBtfRypCZCqaBQ5",
+	"LH4rolpCK8A+LdS1tT8X5hY4awG5pp/YyM5sYqzDziVRjdqbtsGAUDZj6Vu4bDm7kuW2+XkfguE6GvUY",
+	"7t2yIZF/3MaAKaf/QTkwca77s2BbaPC358FUZtKmab7+/Bk7OTp+wqiohWGBjaa4TNBeeOIX8KBbDfHV",
+	"wSMMJaoYrUHnikYg4bevX0Ddx1WKRgD8eBLK6PZCGyzxgtgkeGihok7HKhcaMXtiRGCYb5ZzITUWgkXI",
+	"jvZ6QczzZJC4BFEIN0KelvtsaCysRFjEulBCPA97GhRYeERJFgsez1MpBrngGAHGi3MKcPXx3HoCDeuA",
+	"sFZaZCKCSt8IN98FOUFjUjlbCrXMsLpwwTceeGQj3NfKsAEQvT4pdN6bB4Z+/LRaItfE/d2Ojbwddnor",
+	"HuVWaLb6F2D8Ba1wNrcjqNRKZpsYGVuLzXwsI7QIAewTakdFGT1sILGWHy/5hj6rUJMLycGPymQBF5q7",
+	"ICweymSEo/Byh4nF4/m3girYk9PppeTFKsfPauBhbSACVRO7NulmKNhLcG7XFGrXKGiUBeSCawe62poi",
+	"bUap52NX5X3zqfbJYu1gU47MVwsuvbtxs8y4pK58M3QvE5YaJal5tp9Nf4WKTFqmRYNJtV5hXmXTJ05w",
+	"2K171oRRhtEamNp7CTIvJtgizErc6/39d7wgteTB/HX7uulABNgjcd3h/FkcjcZtmjsVfTaPHnh2UKcA",
+	"guWwS6+IrOqin5mz33VFbKy+8eJSKkq+cBGJ7W+6oxTz7Y9Vng5c4uqtGp0tg4Ut801lc8m3KBh4nV3K",
+	"zP6pIWcSg+eoaNC9qVXfQS6YMWeN9ONJ4rJDAHXVMHIIrFHafyhdW55cMGLWCMVxKUswvtZEmR0RMi/z",
+	"nVr8gUPTzB1MzbcyvbGgIVXr8snjo6Ojp4ePx3vZmFZJvaVw2Nvwz8wTWwym8xq3xb1Ok1M/E8XsU1Im",
+	"qSRtqSlLcV1cHJ3/8PTqj+PFp4/XLw/iP113bmnS0sxU+cDJKS3D3zlFZVd+SsvG3zkRyj8OnG/gUiFz",
+	"myzqaAtU6KlZ7wf2gZzco363Jdx2W3Jhlaq2pN7to1b4VAMas8c6fFl8T+9DmQd8sTWE6+UK15IVUECR",
+	"foWsjVJiSjbSVejMwC9C6b4p0cHAxnA9CW2igM2TcHA7UHRQto3KVMwz7FMHEEKWulpoqhZs5PFCDNoz",
+	"526557e7jKLKtfVOzDlTbA1wqxOpd2+fUf3OqbVkaeKSQbZdwRr7i+cXJ59fHs7/9cnVl+PvvzkWr4vb",
+	"d2WXWuNPibQbOyVre+NGbCl67bxHKWuNuINd+TyY473Ng4t+KJFY/PdGHvd94lB4FGLPdOzbE6pbmFiZ",
+	"Kbq9N6ubx70Kv/fzFY/Gk4OT/X3Fe/tEc1H3iebi4vhPmwP++unl+eJw+m/y8fwDV3ffUrX9a9Rs+31x",
+	"nY9y39gPUv5tvkdedvIlwLWAqSx5KDckXb/7uyFpUn97N+Q3mK9+Fl9tufyxoZpMJJeQiod7W4pLkFwt",
+	"m2m11tuamjvZl0DDfgv/MhVCls1NTiuY8+hoq15/qmWp7wdkFYj0us2EOMvW0FEep/PLz/9dlcSaz0S2",
+	"ody12tsqYm7b5rs3B95uNE8AQCjjVZ4WmzeA+IS9KAHh6WzVlsFzJquQcoZO9sLgiobsRUHO0VnqioQR",
+	"MbsQkkuoffpMLBSkdk5YpK8wImVUkIh16ccR/Il9nN1PLjM1FTfej+gDyiVBOCuzXxa8ygN0QqylVM6U",
+	"xafi2I2J2gm+IuO6rPO0WlynBZdSL3iW2SJ8xN8zx9vvoxuk3w9Yv09uj34fK8N0YVhGxcA1v6Jrah4B",
+	"KMZ+n+IHtn1sMXehHXgJtE1P4zkph9DXaAAUC7gBfh6qoTDqg5lvwD3/UhRrlV9pawV6+ZHVYhPCJOOA",
+	"mGdTKQnsFhxBWJanoJpVQs8waA4DUxuy5zc8LrLNAMbqY2/vvtdZOVYLm/xWrI0enCJO+iUwsEm1TyuW",
+	"WGFzbwKwb5uRhUtIiyEDZMBExasFXTbC3C1yHmNh71QVczbn2bXQsDP/9E/srAKPZj7ERN/o0fVB5PYp",
+	"5jmhMvgYdZwh1VHaMYRCoiiU7dfGJ3r6YShdA+Tq9en3kdz7/fIKsfO1Yom5Rfidxhp6xPZE19VU3UxC",
+	"GdG1ql4zulfuPtVvWO/UT/yCBGW9TosYyiUXTM1mw1Ce2YuNuctaCB243sMQYsiyNBG1/igOstDmTtAt",
+	"CZwQDSUVVahmKviEabUQgBmQaeqh78EoHEU1E6pROhBKB9q9LjePTKi1YvW21HrIznycPosw4aH4cfPm",
+	"A2wdHT3CxPofoqAELnVTKmWaLeHqRo/onx6EsAsDpTqUHmQfzjstNIucO2Lwxvr5I4uNTk1+ekwKkTCp",
+	"7Fwtlfs9aOKMay10SerlpQO+orEjnPmVLe7zM6XAt4YyNroZeIcVMXFTCKkNzSNgCY7xU+N3P7GF4NLs",
+	"7k9srtaOWzVgTOqQJsDbfmKR+a8Z5rXgiT4l0a2tOB/CN2a8WS5Ethniw7Bl0HerZClmMPrcjPeZoq7h",
+	"gL9rWOO1350Z28kBGCP9DlhdF+NBwOkpRwoIfUKZkfbTgEXj0QiR+oCQJCi39ek69Azwd3t1gqVvhzrb",
+	"0cIQifgnFsE/zDqwYFfDxUENB9wEZiteQpYXl81rgu+FUoTA5u1+oiu5pmS6uutWTaA1DB46EmASo1f+",
+	"WC6xia8MzVTKdQRARdinBiSIW9jAfmFW+JUyJwMpFbug3HYuF/uGa1TqU4mVPWqRxphCTkysCuBMvda0",
+	"sFgmXs35LhdRInKjtZX5T9qBwSJKipcn7kpDyDIFYrxlC09ruLKcQbs4pspuYhYAZ+1quioAMuY0l0sg",
+	"xx2Hka8kbtl3alqezHdqag7lDMr1B1RAbx/pcnKy9G6nPitvoUEatXZAslT5FUJbQ/UG+UwMbzITqRFk",
+	"NB6N2Rkl8UTbydIqFGYIK+FTEKi37LZnMJHMGY/G0SlbqixDzvilQoWirENqu7kVP/xPLPL/Nhv6Qk4V",
+	"lcID6dX99qVpYUw7M2kstQIM4lyQvqdPmXuM4iSl9VUNliBC1T/9E4zT0v0QpI35yWsySUqHJXGfoHlb",
+	"Qe/wCKWsvWG/F1IAULM5mVku9By2d2le0u9n6jKNeVY+YNQhzt6+ffEZuz5iqBzyrOeuJOqEDuHIzY0w",
+	"oWZYghLKAawPYPZRmm/tlP/682fs6cnRQW8SStbYkQnbt2m+URUYO2NT1/vflQNh9U9grtWbIk+XghRc",
+	"bbtBBDBHImdoMgHQ09YFbAb2iXPSMs19JhkN7caAkgP9TMybD375+b92dwln3Wh0Mx5Fv/z8X9Ho5slz",
+	"0jUhaViLgTZKAWCIwh5IZtjNBsuNOLAMLHoLoI8kqYx28MAmIpOmk4ulsOSvzenyzIyKzWGsZjbCtfxB",
+	"bJDedayWWLVf2qYTZMOW1aLi2q63Dr1LYTnULDXThj0x335j2QSsyutPAyyJ2pHZB2pB9gl788XZYHz8",
+	"2H7e72MCirEP4YCNfVjMjVFJjM7YB1JJuB1QjTtVycbcDuSMoDczDVkugVEO00uZztKYy8KomYXQSx4D",
+	"5OJCXYukN2SvxQB0FkP08DBEEgapBLuE4tUWo9ixPVoAaWDmZ9zdqtAYiGZgrMDjPopc2Uew7BnIypaB",
+	"dIzjcdTWR9W2DwTD2KKd6TQD5oqlEc42hLRJe5w0W+e/HKL5lfN1FX3ZQii7M7c2pDXY6GjRqLbwGKTy",
+	"+bo7++U//pMtea7LLtPmE0jsMF/7Eu+X//hPc87Qgbrfd7/vAtI8aiWp1CIvTtl6rmDV+DeKrDUBx7ua",
+	"ux68Cv8UQ9THdVqsUMf4qVTafqIF/79btG9SBkqDqK0j309469jWnt3sJ2OVlIOVzbuBGQTYkkrJy4BN",
+	"eeLxlqC88cgBettfZtt+ey9z3XUpnaZrCY7K0HVQa3buD19LzEHqxWp6mzlZvslKncCjbv/Od9tIHd82",
+	"Hrcshsi89Q1VSCK0MlLwbEI1FS7hpHWHoAdxC5DhHu9xhgDBAzbq5/r96abALEbzj34frqgznVZG5zV/",
+	"4E6g4vQMUeMH55BC+sjXnMzDUCS8ozMj+wl+tnve1Di5Wy9rhe33eHWtu2+/b1Vm55OrGgP9fvvryyYb",
+	"jdLmnxiH1NBkUKlCJmTozLogDC+6VFL0yhcY7gCJXdrvXA/8wkGXVxrWcxarPMcGm9swIIGFTdgsvQml",
+	"4/BOm7KNqIbMvRqXVlb2TsUll2W1j60J1CSreC5sA55Kz02WpVfCRhA1gErEXm4V6wKoas/oB1MjP4TW",
+	"g3yVASuGnvrYKzKUyQpEVjmhLlI+NHLkmkWN9EyjobbmXVJablvuJczELEeG0mtbmlY6qrJudAzmvTmr",
+	"M9bve01xSsOQYufg2Gtv1BOQeDKGzPHNDcbRjsYnUY8kVCi5LPuaeh3nU02m3raOQc1rH9T6Jxm5bTvy",
+	"ctd0AUgSK1Fb2xoNdxpLNI5fC00X6xRKf+KrS+j87aO18kwrZ7HqwihinrwhPB0I7xtaR+J1VekANerM",
+	"Rhf9sdXVMCFnvjkmhmgLIPRf164t3r5aI2dNLQExAc32SLYO9RYIA3PmVisUhdGqQhm9+Oz5V6++Pn/+",
+	"8tmfL/7w/M8Xr5+fP395/uLrl4bmICnCeg1Kl4wrpD5l0e+fn4fy0fVBvUm0fvTjldi8i5ieq7VGkf2J",
+	"ZlFZphqViAq2QNfcyLUQS2wJJAprYCAF1MEVSMlaaaGrAAv9fguL6/dtD15SShJkLoaaExZziTgsFA0L",
+	"KPEO+kTFSpJLbcjeKH++Fp+FjAho/oMlMoZ5G3IARzxYjjYWB7+lPoY2k6HqCSkUIiBwTS2lA+otCEf2",
+	"/UqsCLWLIhG5gICqtnCfsCek8dYbZzds2sCycwBWrB2IR5AAEY2mNxizMtuU0U6v9NuqM7ZhMREcB4Ng",
+	"gtYvpcPTIsquhJinjJzJnrK5T0ZfIZjTOb8WLF/JXgANwo5GJ2yLkhEg1woMTxrjfw7JGXA8OkLfOUVL",
+	"8y3co+mBqHj6jbQasi+UVKtaJ6VQdik7s4ebtMyFFrLw88MM42FqNiO1bpVl7Lu0MCZnKCOdCbFk/8IM",
+	"HatFdxSwRSq7MV8a/VQL9n/+fzb+d6KXXi9yfT8Jzo+AXtGlaMvmOStUYczVRPAExJyxzBLRqimUl81s",
+	"zXSVGIalFSFwAP/nl65tm7kz6SwFs8XSIDgDnUEdHd3cRBVpUbahwxITduagzEGEWsFbylyQj0bG2WtT",
+	"NwOoAgg4KpEk4U9bE9JpHjZolDqmCzlGgc37sRjoaaKRZvt9AiQ0qkUNgLCW9djvlxlDhu0QJHEqEY/Q",
+	"TPOfAZ34FJw6sCLz5XfLDXz5f/6/49EIb8FGSIIf9LKQHK7vLFO80EOc3jM3cZpha3qkSnx9soq5OKni",
+	"JcLkCDIR4RBbkBPp5S8S+1ZKNEQHlg3EQbcjyhiaUGU56wJL7QXY8MK2E+wFmFBk3t5FRcl8tFTmJ+TI",
+	"DQjujnXB+9hzDfidsbugeZ2nC8McF0s7vdefP2OHh4cnzKU+wQm+PX9m6QA1zTI8ZZHHDNXfUsHGutsr",
+	"1wKmhaDGbFQkF2E3LN6zu0Rp+lTP9vb1C7qEjYIqLA/zq7zwkwC8HtVSL2YrvYasLJS7Ux0c5VlQn/pb",
+	"6uHuUAhXUxkGqRwYxj1k/4YeCk8kGPIkJW42o7631Eza3Bz8VXRa0eI1ONWhAUylNwIcNMAo4NgxB4Ae",
+	"K4zlBoxkQPgH9rg2LA+QukpOY+ajSZpFR6PjiEXNoi3HliWLzsxHkYOcQ7FM/iaOVrnrOAB9RsGv2o0+",
+	"e/7l8/PnrCx3MYTEN23d2WguTyPW6CaMQoh7LiiwtMoeB7sbFUOzThyKddv7Ep+2dBiGjLxmm2GUvItp",
+	"erlSq1ofQdvhGi2FLX4QUli4JDhckWlB2KjmTAggkK4kCCx0VnOq5aDwajf6MaREvbAzYQcB8/8cv3Mx",
+	"ceAqud0Kp0tlm1P2YmDeFQBjeHJ0cugMtVrykmGXVVcDCLMtEQ7MgFLS66uppAAn85B95drH4ZbFarHk",
+	"gBsH3u5UOn93tmHd6MxjSGau4CzNtSj+5e3554OnwA3M571Ti6wIpGE1W/hRqQaS0466AAIZU7QAUhF2",
+	"OEoWPL/SQIJkgtfcN6c1f1DXAh5aRSqUmMBjSWOr4md1vEPKzLAt0W2xA2IwVlqtsa65IKEsFMbQwDLo",
+	"nfreIEtCtiAnF1qt8tjM+08DQqUevEgiLzfeYXZbQP+ApYA3GEpMccM27RaIECH+D8ZPWSYK9A0m6WVq",
+	"VLdoYAjoAtn5MOpNMGoDqQLKSvEhO8uyUM4A7T4HJ5O5egDelKu1xkjJGXg8BoYYc5UNnsOPBtSF3qa1",
+	"ZWkspBZertrZksdzMRgPR52gs8ozr0ZsvV4POXw9VPnlI3pWP/ryxbPnL988h2feeX2vm1lvZ69edILO",
+	"tcg1JruNhgf4jFoKyZdpZ9I5HI6Gh1CPU8whl9BmvZh/X4rWBnWUozM2XKSRSAy2ypKcTTmgJHxxfv4K",
+	"kgnjuYivQOkqm0GjT0uGUuXxXOgC05QcByUbzPFOw2CmIuYrcr77PYSneSpm2YbxNccMmUZ6zARskBm4",
+	"aWrZJbahCiZr0Hk5wfQi6Uw6vxfFF7Q5JYoUbNp4NNrRKrOlRabN0O6oq/1bTRKg6JZOk97+8ww6+70L",
+	"OkeHB9tGdQt4RLcMaRXipPpcqS+haNnPOO1M/vpt4HU7/zK9FmBJAHRpJ+gU/FJ3Jn/tIAl1vg06lQyh",
+	"zqRjNh/GpISqvalMyAoJGN0igV6ns1WG7qBunRxcQ2kSHsC6QuksRfKmZoonNikT4npLjNCCaZPz2SyN",
+	"McKYol6WxvwDEddr3JKPjLZeY4dNhaqL3ZIHoq6gczw6vH0Mamv/ttGPv50wzZTTe1Pm9cGjadlVtZU6",
+	"/eaq1T6olf6jqUYl1wlJ20B10qix0UEoMzPjvKXNKYHUX1MjUyzbZmU1B8Vul4ZRQqxZaVczgH44OxLG",
+	"lMjLusaOK6xrEXBAbvdOjTSFxA1jgmE2TgOxJpTeQoesNJKhaZif5wRphZCdMjXSubFD1X6kE/T5unuM",
+	"iqtm2Ke8UWDJC7ZWqyyB6E6S87V1PDz87fzU4TW83/X0mu3+taykwtarNWj7d996/XC9HyPWVePHe192",
+	"u5RtPYttIx9zxUd7XPG3tebaR+OT2x+qd9R/MH4yun2MFxThcYgK78WFHN/5vSgqIGge46ELeCvnIW7w",
+	"6EdX9fRuKxd6TbfRB9x2KdjOs12ifClZIv66RnKUP255SSjpV2WL3TWwkzKi5TmlyyagGwFQztL5qdME",
+	"Unx4vb994LJ5yFf88Df12dzhyrzXRa32pfBKAbe14210pqhW1MpVlmH535b6w9saWTT7w9Z70TnZX9bY",
+	"7c0VaNu2MAVbCgo8YY8r9il3PYXuzUZGR7c/9FIVnyuqrvtH5ju2hNHjORarZSvPMfRkE2ZAwLTNo/wJ",
+	"UcgLkjVb2NUjUjy2sq0vU11YQx51nVrTAMfD/BLMCkdzmg8yK+BQXvH9dhaFzM5niEP2il9al88q1yof",
+	"GMUjmbgiy1BCgSUl8VH0sOx6BTWku6svmRQ3gPHrc0hb3O+zSfZrcUlzBtRQv3NXKoDumZ13wY/bmoGl",
+	"iYP38XsLw0ZhRLWMCTpYA15QIVmeXs4LTEiBhkpdnwpQxqT0gPMSQJcR7h2L3427kj26Rzl1ahbz/Urk",
+	"m05g3TTVs+34LNXr4Dg+Pq7DCfj9HM8Gf+GDH0aDk4tvf9fW0/Hb95VYWJTsKYqoJ97eUWmbbPNq2+Hx",
+	"9g1rEzrf+rXNUG+7txzySrZbZFFZtF2CCpRl27/Jp49RPpmzbKmx90SV/eRDiKqgs1R6h/qM1UYU+vaB",
+	"DmydztY6JMC2gAwDBY2sjQE+xKRxY55G1CrJ1UOiN6Clv2BXu0aJGMGCQSlKO2RvbEK8eUHKMzce9UhZ",
+	"8EScuopbM9ENmdWYCuddlcShColrIRm5580D+Qp6WVA9S7ZBgE4vxQVyo2y2jTPQhZypPBZ6p+FNVUc2",
+	"alerPjIirF5dAhDkjTBOimGtFGpavsRcQytFPWkCFWCpbCn7wpwnr+6LIsHbS7xcPVd7pmUX83FC2Zrv",
+	"1nO5btRpKs9XS4xywERt2guS4AKK38qWADEmeH9NuZc2LDoeHVDGB43iSHbI3kDw55Q1GkRQeGd7IMmG",
+	"OU+ibXmUE0fQ5hzKENoWoraTCSWr5Ij6L2oF0KTF0e1L0gRzYHGR2KVCl8l/qyzbmFc4nBd67dZ3tiaC",
+	"Vvazsrr2JseUnWJe7Lha2d2hDFDAYUpqlAJNH6AKbesUd6V5TjBwMksldJXCbB+XcuIXR7qQ8CnuzI4c",
+	"TnAGVCOEZX4oXiakYLuFRzgPSMSlI8JSOCgLMtrrkD2bi/hKJH5CMyURQl4zQXSUYeuGeup3pr2zflpt",
+	"XtZBtQpk46cq2eyvUWEDvVUGaKO+c3nPNradoANFM53Jj+9Qfhne3TpY6bkVpRlnH/a1OVCI9jTnW7r7",
+	"vnv37l1DyTy4n1vkb6db3k2R3ObQqDNPEG1Gpt/GKQMkdlswRUzOFd60Ia0aAe36ZFGQ38zeF3DE5rct",
+	"ip7yqds+4TfsK2e790CFe+Jd0LGB+W1tC5HJ2pvfjXwnQDy/+OXn/4l6AbkMsa7eYyVkpw5DSbanDWq4",
+	"qD/tXgph/VY+6ZuOBB1b7yBZnVILTZbAO4jNU5JT3SR791GbE6One5sF54SUDY+d7LjxfnJdnRm2411X",
+	"GJqHvEZQgCivQU47+vG5G/pGt2JpW8DnzjPCj2ueaEMfqIC+WQ5yNDopkyVoMMww8N7moQzdAtMLAwyk",
+	"KgbeAIBL1I6U3tilajETUXWqraSsNK1v2a+tgOxuw85aBq9p1OWLpsJIMoehZSs/ysR1T0Vgich4izK8",
+	"dbdrFRZGecK57r3d7SmNhKLVBrZe2e6vnDa3U0rbrd0G3+529rXzM42PRyMyslAcHBydnGxTCJiSDgWx",
+	"ScVbd88qHPSW0s277+bhDAY0wCD2/Pz7CVLbfKJFkn6Nflsq2XY55fqUAYQUYAxxUG+mG0qmtXbMtjQz",
+	"I4f5bRejTq9G0T13hVlQSO80zAnUONW0XJtribKl1bhDlXdLUZmZ5Z3sIQJ2KE0G6AzjV9dNmN4m7241",
+	"3NotKWeu39uYesApthpeboYPY3thFlDT5Ortt5JhK2FiY0U70TJZGR0kjjZJ3hVKMTUrBEIqrbk2E93a",
+	"idGl2AMNnjJCs3O5hx+/xujdqqbS+IZuWaHwDpJF6GpHmneOvcKSHnLXbOUSSmabZhdlzy2/o58yqnUH",
+	"e7g2X/FNpnjiO1KPDo730e1cCQjkFZ+bGYAHeLyHF7bWfRsaqvwDu49JALZEOHe4jav+RJdfgZA7t8Qm",
+	"ge9YcB6/HdWECo8BxR4Ld6pY9d5nNsgISJBRHRA/GrLnHIEfJfWuTwvDNGydgLkPHqYR49oycnlpbMlQ",
+	"lghiXe7/FHncVN30KLeWXgKwgpqlM2BMUGiYzhAUDgaFRPCFmUWyLSgKaDaGg2HNxIeKTD7HQ3qwwKR0",
+	"sLE7IpH4k/ZAJEOcKZA6WaoBOaXrE0YvYOlQDL1gL7SFtyHf9oAlxrxD6ZHbjmCluC4uxn9Insy+OPju",
+	"G33y/ZeLo+X/jmjlLak14790yo4ataSc291P9ZSc23JsCKAbtvvxv00P45dPF3/84eDmdXG8KXeh5AJA",
+	"bx/tCloIhlbQ6LLxPiFbuLC3R2yRxn/dGO0/cshVWD5q5SV9cFsSYjvmwFah+QagCGrVbYAtAaICLcR+",
+	"37C5fr8FB3ZNUOeA/OAVHQNqR9lPPaj2R89tx/PuVuXaui/qrc5DCTnE1Me+AeYCIsHvhF72QO8FLXgx",
+	"II2h2sBISEBgFDKGRCV6Y0SQDzlhiO3uVw92A1U8WJAGgrbRQ/aV4BJhjzPBc0BkBLBVjAEVKlYZQViZ",
+	"cczvSBU9bfdXVzCy5motjTpRs4irld0IhQKxIKNB2B8YewujzhaXd6NWAZRZA0C7XotlKU91S2m8ykM5",
+	"FZlC/OhaUhSadsVaUZl4gnJ4leq5Na+Xq3yptOh9oLzSWmDpfeQfdXq0ze8r3qozD5GpJRhEfe6NuL5F",
+	"7Iz+Uu1fX/7mcFT5DTTH2QvxsN4sn3Jaa934Jx2LydJsxz/pvPr6zXm9K/9dGs/V+/dPxqMDL1BU7iqi",
+	"xDsG0thl9IkYuxSieIpNhcNttVnSVSAf7DXZPIvxzrM4OqJe0jvOwv0Gz+IgPpkdTcdi8IQfJoMj8XQ2",
+	"OJk+5oNxchw/FQezEX8y3fcsSMUoO2Pd70ROXhdH8tPx+k/i8eYtP4h3nQjOxB2Jfwh3cDvW7WDDB7dF",
+	"8xAGB3nlb0lgH6NG8kLqpYiLSqZvXRfwVBVfPdk/K6xJGLVXfKIJyZJjpRK4mtIiYP0+AbcSSmMDOhbx",
+	"XEPZjfZCXcXmwJEHJPvLz/8TdqJewJYij4UsBkLGKhGJsywBrYBrB5XAtLiEngddD0GJRY+w2cv/M/48",
+	"ChhngPlJnwAKOQG7Yn4xIbkCoHki4H2nPoAQleRCShd+TfvT5YSiwQBXGqqsQklYG8xOXUnRqxuqe8oR",
+	"MFyB1Ti79Yqk6rbo7M5OXS4nHXnWPi4e27eg0nH81nxw1kgHh3FCeed08FMWWYsrQignqwpDdw2jlSEA",
+	"xQfxsnyN+/SAXhbYh91eFvzJ38zLgie+w8uype7mf1FO+BEm7uxQV44nB+NaOZNY5Z2a2PWqmdrUAz93",
+	"x/lJ9i+pOpiMnrSWVNU4/FoxoZdGs1A2lzPOVao1l0XHm17LmZbToxLLqgfEMJ+9VRW4S7c7QMht+psD",
+	"5FdygCjL4qxWQR/sUihac8Vt5w1umRx5GqgumsBGyirwc8fqiAGWJUuGSKcCmF8oIwgkWBgh2+0TEnbJ",
+	"M6dvyaru94fslkTpc9teIU+sBwI0oVDe3gQEso33aAXip0mHspknDatWyaYsIfd6LByU0VXslkpyJKhi",
+	"AoaygkPsfVtDF749gw8SBMQ1FKbao60hUp5XAHXbAM49QPPtSazAGf5mOawtDuf3Yah3TD6FtXu5p3Xd",
+	"7sFyUT9SeXIn6bHNssXLAK0MCSLpAyaq2lf83eWq7nra/e5XTud8n+zMu2QIvJBvNaUm/JbS8PehnTwj",
+	"FGRSJ/bSUEDcuxgNeeZ+tNHAu8FEkCK6HbCB/Yp4DVZE/lpwDb+qLEDT58EEwW++zY8WgOEud/l+Ra1A",
+	"Hj78QoMJPMKmhGZJ9x16qwkEIwMvKOEX0KLQyhgs0OBOWcz2qas4HVYaLBHqMmB8b2UnbT0djaGDc8C+",
+	"Q9WmjPVmkQh7xasochWrpPo8LEKqdlMKGzpC055QWqBLTYlb1GOtVwH2hqRawEA3J02tI8jYo/lCp13Y",
+	"JprIxFYolr0t8CtM5e3aDNnC5oCH0vYHtTuDwO/OiqwZVNAyS+Qpz8wFt5lmtpJ3gqisZBSBnWdbEqxT",
+	"qcu+ESgfLkVBcuGk3fqBCf1vZu323B6SvQdMqjUUFVNOdo9F9j3RR87791Fcn1F9wD+07mev6h3kBTHE",
+	"7dqfi8Z+CM6PQ5f++0+wnst6vwqFCIcQqyLs7V3NW7+WoSw7ugkPp8VHX3DsBnhXRBm3gN/TyLqlJFsv",
+	"N9fmUxqeR6m1oO2Sa4kqA6Ybr9xe2LZFs1VmUQVCuZ7zApJaXGuYFUSDPhIQhPNKRUIr8EGAIOsEacoL",
+	"xusoCFZWYJpPrPIEanQOhhTFMjv8y3/8J7VZibndHparNVR1k9eg6zSDXolGYaVuKBlj/f52pAUIvPIC",
+	"G1hMBQpY6u3oQW74LXdhTDBo/Pj/aSjHQ1cSQ5MrV1CmdNiSdVdUyis9na7E5jSUh0MW2XSWchBsLBRU",
+	"7oQUa9cQzWUUb22rDHPf3loZyGjW0s8X255BJ8eybz+XG+j/G+yEqpAxdUqojPiJ7Z5mVDPXQY36zLS3",
+	"cXIt1Pp9Q1AuT80jKez+k2WNdsqXPJUtaATVfSeIeAQDLR+OVZbxpYbeEoWCPcPbMykZjQN+Su4CpUEE",
+	"/aBQGuPICO88uSCoxSTypgntBehz1tVC1LopWOR/yxuxLMuQt1mYdiBmexY2sXPFsHOMNe/zJDCsDOA5",
+	"jMot1tS128PKaHZZm3g82TBsp5ywUmchZu2Xb+Ps90e6qB67LVu7TK8FIFdWMTC6lJqFnVWOb25sj6Ke",
+	"j4VROecdTc9Oaxeo3od3K2ZGWuzCyijDRh8CKsNBXv4NoTJse5BGnp0hd2s1lSR/NBr3/GS6rdCWeGSf",
+	"0YOgAs0yfrWpv8dL1TMvA/TiJv+kXASjyu3zcnwTKnAYj9u+PPeLfQYGwM47w3ngOX8cIZV/HNRTDySk",
+	"qpVaPXLviIwRaPWQDNsZkTG877dozAOYs+P7gl74Erx6+aHNfRpbptaGalF5OOj4Ir4z6VziABflAA5j",
+	"4LxVUZhugEJSrVciH0Jiki4Qqv4OGdQlzMDYg8TwWjwld4LC4HkySHz2XKn0dmCwlVRQ9z2zUIB33LqW",
+	"d7TtntFp08brjFlhUx9Q11jlsTGWPtItfQikhnaC6tY01FPiQFxjr6lU1vVStDmdB1K3aqU1PqkLo0E7",
+	"63Crzhqgrrg3sADpU375uF9O774KpbHlwJj0dOCqywK0YcbBikM1+OPmuO/+LiCDfkPD+XXRcBoWW3Or",
+	"neriRUCc6Qbxyub+Nof1thY8iKyNQfrgImbkrXuCQ2Cryc1dsZhgcgDFZB9+UGybYp4L4aV+/f1h3HSt",
+	"IwQq6NKFYJmYFUxJaECIcDW2gSG4gnq3w+I0XQMlQso+3oFqdwjmolYz6iadSmZrhnaLiyoMDbgAdrhm",
+	"KvLhYeFeuuQsKO3QK7FEOzSVlz0LB7MdC+bUT/93srrcHPBtIVHYelTwYLOlyLWSv0HJ/AYl81ve1S2x",
+	"N+QyLbG3Hc0ytkDJ2JY+exQa0U+rlUaAHg4wsoiUuWflEdQZudIj6oR1904UH6io6BVtysM1laAV7qwq",
+	"ot/UaomqtUNUIkQJHG01QpWz2lEjtFQXR1ffP1mMb06K6aFc//B4Iw7m1/HTPPnfVSp0sLtU6GByMKKq",
+	"5bZ8iyKV5BDqTPlFIXRxoa52uQd372stpe490EqQRm+v1iFK+K1c59cq11k65rF327RtOQtvBPRHKFs7",
+	"bMEShNyFriHOHptyecV4DFAdRue0XQb5ldCh1KX+kfCNtllvwCb6/UzJywHZp6XO2O9PbONQ1PQBdYvH",
+	"sVgaDlM0stTG7Ay+NCpznbtxP9COt2HCyoA7hqB0KMtimFPG/QDud2qKvcO5vqqHZa0jBULQM5ETeEiW",
+	"qTVlNbxSWcai3z8/Z57we/Qj/uMiTd5FrDtXUq0MO4K4WsUY6TFAKWA08wjxXWxGnHMcgVkA+p2dUYRv",
+	"oLSOR+5v62mCKPt9sy6g6wU3R/idmnopGN+p6b7ZFzidgEqop2nhJAnRGH6Fm0/pDaE0702LlmqrcbQ9",
+	"KWDCwg4n+gg78HDYWZNnJOxQr/ZQutwLhTY1LxjPMkPS23IDbJAb41hUljWOWKXgKpTd2xxyPbCb0oKV",
+	"4HQeBff7XEMA3ew4raPfNzcplNAfHM67rOUyL4Z0R+xJYtWkc9pODXe8ll5QSyQI5Sy9ESWejp2KV09D",
+	"N1kztZawQanfJhHSLQLGXaN+8xK/15gwjLDnUhPKzAR7lbZkHoyjiduEh2rcsaW3RTtO7S50VV6A2enq",
+	"GWsGeNAKA5thQxZyF59W/amQhGEG9a+GIUtiMOyZ6z3jVDDIKIbkK9vetZZ3Rd1hscXIhq6f1xXWsG54",
+	"ornMqcjUmv0gcrU9qo6KwsdRvNfW8nWHmnXHuDKu9E5x5fF7LeRj0ynvWrJHpLGtF3vJZOwVR/cP8eq7",
+	"l/BhJtQ+AeOyhC8APC/sUOJrEciBYUQ5ZCjXb2O6f++dK2j12LDCKi9LhQ0rJgykj6d01CSOn8h0t0YU",
+	"3qt20OHH2pDi1w4WtYivbUj+rVy9LTLUNmYtUlw6UY5HoxFb6RoOeeu7tsd3/HCz1wl67+iO9/xg6rfq",
+	"/g2t/9awxHaQ+QdXgt4LC/83iPnf4gK/xQU+GvfTK76BPHpwB/l+oP18Uc5pUA8O+P6ROxVoWxMI1TWA",
+	"Z11PvMrLrtUrg6rbxtzzjQA8WthsgKyNUnkBv0iLCGFUKzUQC3VtlURwmCHIrWRN74zzAPj6dtQbsm/m",
+	"aSZ8NZMAZZFh+koSi3kOFnaFwU9Iv22/y0Y7g9qVS57K/YvWCaP2A1WtO+PwgWobP0q7qCSchzWNhlWR",
+	"s5PBO24NNOb5DyuFyBUin7D1XGXb6AmdTY6gID0iE1wX7KA3ZGdTeJstlvEIGoi5JhDGdxMIvxXuf4SF",
+	"+3TEdww73MklhHfCle6vxXSu1JV+5Pgw1Aq0RjLOGxWURtlUuSsDJ/0TW5KRm5FRMZglbKDmpaA2E2jI",
+	"LpXW6TRDwWfB6Ybs3CibQiZYxgXBDyYVO3v1wihPExvzWBkRURjG5tKSQxm9snMcvEkvoWhVRAwvesCu",
+	"RZ7OUkANpdqvnK/7fWc8AKYWsXwuqbmqyLQIZTdWkJVbDCB9yWwyz1OtZMCOB4tUrgpMbNIFXyxZoTKR",
+	"Gz2+R2hrdsjSc7hW+dV2wZCIZIVcWyT9vp0v7l0EpU3n7u80YX4SrAWwbDRwAecMCANyisPjDjctEVl6",
+	"LYw54VrC8NgIuUwkly65KXLzshmwvOyraeXXkJ0tlxkov675S2r0CC2ymYeogGRgdjbVhdWHq/j2s8yo",
+	"HZwRwdqG42VVTaGIGml9TBdQUYnos37phAMQkC71Gh2/z6lMcgp0OP1OxEXZTSCNhYvVhyD0IT+isjUQ",
+	"+UIUhjZZ/VrEIr0WjjS/wbV0bgEPjop/CVej0WG8kumNlSTwiQiuD+g7bakcv4gCBmWYLNIl+VOxR6bW",
+	"Ih/EUGgpbkL5xVdnzwZvvjgbHz8OGCiQnqky54YS7K5rEeeiCKy7zxF6wDiLhpHb2VDmfF25ThMWee/p",
+	"2oEK9jsWdoZhh/0OftaLhuy1MDsv/NYDbhFlusSCF1DMxqK6JX3M8B5qxtd8Uzamtj0hQhlnKr5iXajs",
+	"ZDzT0M1acKjAw6iH4UJZwugupEI3wIWLfzl48vjo6Ojp4eOxOYbj8fET/vTxiXgiYjEVCT8c89mMPx7H",
+	"ScwPZ/z4IObJE/HkCR+J48ez2fHh42QUi6fiYPQ0eTp1CRvIo8qMjRZG9j7QxO8RAbC47RNv4duayTQ1",
+	"Q79mAtW/Mj52gVjz7VVZqCXG84uTzy8P5//65OrL8fffHIvXxdZ6K3xCXBcXR+c/PL3643jx6eP1y4P4",
+	"T9e7us7cwauFBwLsYr8QxV0bMjjmWq/xc+x5A5lWlqm61Gbr2PL9j95gSCw58iE723dBB1ho9V2fA1e1",
+	"b9syHqS7NAfcey+JA57FV9u0dFxfJX4Bjj4QX4kxRgM/pdd+bvXrbkNO9YbseYp4AHxTi9nqOQTrdKGW",
+	"5U5jEoG5/qXefC+X8jXP0uSCrl8zGx5X6jdBgQdaPcnVoWpO5IoWQ0NxHMxbK2YrGJZmFFmUOzOjEncm",
+	"nUdwSYLOQmjNL80rFysNEEHkGajfnoBVes0FrN5lDmKPpZN65DupcWblYu7gn4ZHB7mLFgZub5zEqG70",
+	"pzxhpTBRUBCUeYJsx25rj/1W9ruFQ3sqYAq4COAONcRWKolWNay671t2xn/xnfemfPjhirfKDTRyN9U6",
+	"lZcBW/BspvIFVnGsc2U+owjett0IZXM7WDdq7HjUO7UwEOYzkbTSNlC0ufK1+0HV96DEAyNBHuFu9P1i",
+	"S38Tj+rfp5Er4lWeFpvO5K/fVrtpgtQopZjT1KpWpmcOW3MV7WHP9EPidI8M/DtTN5x9m4puRTnDHztT",
+	"wXORn62MBvXXb4FvgeKILHKVm2v/CPgZzaqZbn0tpNA2RsSTFP4yV1NoQ4qsOvFhqezNBc+KeUv2MbZI",
+	"QNHnwL7VGs08H/E72A9PyHsnYT0132nRluxLCfalUGzJNyUAOSFS12sYd+Aule+2ue7Nl2OrVXw5Jk9i",
+	"IhLh7Rj7zpXCE0SS2QpAgzJcR7IlzwvvVbZDa/NVlCnuvUo7aqzkCDV88sbsac+3pFRKl0lnSGGpjD16",
+	"6lLtXIgPzGFvqtbp05wqWag2PIdpkQMlGUlqzbp4KIYIAta0fH/5+X96d+zwWszFxmXRebOkFn7NSf4Z",
+	"cF3BJ16pDiTXhA6qPeNqzeG8N/jXtvmaF3IKyaQEbrSFeXjDOebx7tt3/zcAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

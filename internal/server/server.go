@@ -110,7 +110,7 @@ func New(d Deps) (http.Handler, error) {
 	e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
 		AllowOrigins:  []string{"*"},
 		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key", requestid.Header},
-		ExposeHeaders: []string{"Idempotent-Replayed", "Retry-After", "Location", requestid.Header},
+		ExposeHeaders: []string{"Idempotent-Replayed", outcomeHeader, "Retry-After", "Location", requestid.Header},
 	}))
 	e.Use(s.contract)
 
@@ -133,9 +133,24 @@ func New(d Deps) (http.Handler, error) {
 
 func decodeJSON(b []byte, v any) error { return json.Unmarshal(b, v) }
 
+// outcomeHeader tells the client what the idempotency layer did with its
+// key: the claim's outcome (new, replayed, resumed, taken_over,
+// in_progress, mismatch, dead), the same word as the request log and the
+// payments_idempotency_outcomes_total metric. A client, or the demo page,
+// can then show a takeover or a resumption that the status alone hides
+// (a 201 is a 201 whoever finished the work).
+//
+// It is set by observe on the way out and is never part of a stored
+// response (it is not in the idempotency layer's allow-list of stored
+// headers), so a replay says "replayed", not what the first answer said.
+// An answer given before the claim (a 400, 401, 404, 429...) has none: it
+// left the key untouched.
+const outcomeHeader = "Idempotency-Outcome"
+
 // observe is the outermost middleware but Recover: it names the request
 // (X-Request-Id, the client's if it sent a sane one, else a new one, and
-// returned either way), and once the answer is written it counts it
+// returned either way), tells a keyed request's client what its claim
+// found (outcomeHeader), and once the answer is written it counts it
 // (metrics) and logs one line: the request id, the caller, the route, the
 // status, the duration, and what the idempotency layer did with its key.
 //
@@ -151,6 +166,14 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		c.Response().Header().Set(requestid.Header, id)
 		ctx, outcome := idempotency.WithOutcome(requestid.With(req.Context(), id))
 		c.SetRequest(req.WithContext(ctx))
+		// Just before the status line is written, whoever writes it (a
+		// handler, a replay, the error handler): by then the claim, if
+		// the request reached it, has recorded its outcome.
+		c.Response().Before(func() {
+			if o := outcome(); o != "" {
+				c.Response().Header().Set(outcomeHeader, o)
+			}
+		})
 
 		if err := next(c); err != nil {
 			c.Error(err) // write the response now, so the status below is final
