@@ -23,7 +23,6 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/retrysafe/payments/api"
-	"github.com/retrysafe/payments/docs"
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/charges"
@@ -119,8 +118,8 @@ func New(d Deps) (http.Handler, error) {
 	if d.Demo != nil {
 		s.registerDemo(e, d.Demo)
 	}
-	// The project's docs, as written, for the demo page's links.
-	e.GET("/guide/*", echo.WrapHandler(http.StripPrefix("/guide/", http.FileServerFS(docs.Files))))
+	// The project's docs, rendered, for the demo page's links (guide.go).
+	s.registerGuide(e)
 	// Prometheus scrapes this; like /healthz it needs no API key (see
 	// the contract middleware), and shows no tenant's data.
 	e.GET("/metrics", echo.WrapHandler(metrics.Handler()))
