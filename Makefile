@@ -89,7 +89,9 @@ staticcheck:
 gosec:
 	go tool gosec -quiet -exclude-generated -exclude-dir=cmd/bench ./...
 
-# Run the commands of the docs' sh blocks, so the walkthroughs cannot rot.
+# Run the commands of the docs' sh blocks, and the README's session against
+# a fresh demo (its outputs compared with the README's), so the walkthroughs
+# cannot rot; check the docs' links and the tests they name.
 check-docs:
 	bash scripts/check-docs.sh
 
