@@ -103,11 +103,14 @@ check-docs:
 model:
 	bash scripts/check-model.sh
 
-# For a fork: rename the Go module everywhere, `make rename MODULE=example.com/you/payments`.
+# For a fork: rename the Go module everywhere, and the name the project goes
+# by (its database, metric prefix, image and the fake processor's
+# User-Agent; NAME defaults to the module's last element):
+# `make rename MODULE=example.com/you/shop [NAME=shop]` (docs/forking.md).
 rename:
 	@test -n "$(MODULE)" || \
-		(echo "MODULE is not set: use 'make rename MODULE=example.com/you/payments'" >&2; exit 1)
-	bash scripts/rename-module.sh "$(MODULE)"
+		(echo "MODULE is not set: use 'make rename MODULE=example.com/you/shop [NAME=shop]'" >&2; exit 1)
+	bash scripts/rename-module.sh "$(MODULE)" $(NAME)
 
 # Rename a temporary copy of the tree and build, vet and test it (needs PostgreSQL).
 check-rename:
