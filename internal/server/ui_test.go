@@ -86,11 +86,13 @@ func newTab(t *testing.T, url string, width, height int) context.Context {
 			if err != nil {
 				return
 			}
-			if m.Type == chromedp.ConsoleError && m.Source == "network" && strings.Contains(m.URL, "/v1/") {
+			if m.Type == chromedp.ConsoleError && m.Source == "network" && pageCall(m.URL) {
 				// Chromium logs every API answer with an error status
-				// (a 409, a 422, a 503) as a failed load. Those answers
-				// are what the demo shows in its timeline, not faults of
-				// the page; any other failed load is.
+				// (a 409, a 422, a 503) as a failed load, and every
+				// call the demo's crash cut off (the page's polls of
+				// /healthz and /demo too). Those are what the demo
+				// shows, not faults of the page; any other failed load
+				// (an asset of the page) is.
 				continue
 			}
 			if m.Type == chromedp.ConsoleError || m.IsException() {
@@ -111,6 +113,12 @@ func newTab(t *testing.T, url string, width, height int) context.Context {
 		t.Fatal(err)
 	}
 	return ctx
+}
+
+// pageCall says whether url is one the page's script calls (the API, the
+// demo's endpoints, the health check), rather than an asset of the page.
+func pageCall(url string) bool {
+	return strings.Contains(url, "/v1/") || strings.Contains(url, "/demo/") || strings.HasSuffix(url, "/healthz")
 }
 
 // waitPage waits until the JavaScript condition holds on the page. A poll
