@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak
+.PHONY: run test npm-tools axe-core docs-ui check check-fast check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak
 
 # Run the demo on :8080 against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -51,6 +51,21 @@ lint-spec: npm-tools
 
 # What CI runs (.ci/run): the static checks, then the tests.
 check: check-static test
+
+# The quick check, between edits: generated-code drift, vet, staticcheck
+# and gosec over the whole module, then the tests of the packages changed
+# since BASE (main by default; committed, uncommitted and untracked files
+# alike, see scripts/changed-packages.sh). No npm, no model, no renamed
+# copy, no other package's tests: `make check` is still the gate.
+BASE = main
+check-fast: check-generated vet staticcheck gosec
+	@pkgs=$$(bash scripts/changed-packages.sh $(BASE)); \
+	if [ -z "$$pkgs" ]; then \
+		echo "check-fast: no Go package changed since $(BASE)"; \
+	else \
+		echo "check-fast: go test -race -count=1" $$pkgs; \
+		go test -race -count=1 $$pkgs; \
+	fi
 
 # Everything but the tests: generated-code and Redoc drift, the spec's
 # lint, vet, staticcheck, gosec, the docs' commands, the lease protocol's
