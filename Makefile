@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test npm-tools axe-core docs-ui check check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak soak-failover ha ha-stop
+.PHONY: run test npm-tools axe-core docs-ui check check-fast check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak soak-failover ha ha-stop
 
 # Run the demo on :8080 against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -52,6 +52,21 @@ lint-spec: npm-tools
 # What CI runs (.ci/run): the static checks, then the tests.
 check: check-static test
 
+# The quick check, between edits: generated-code drift, vet, staticcheck
+# and gosec over the whole module, then the tests of the packages changed
+# since BASE (main by default; committed, uncommitted and untracked files
+# alike, see scripts/changed-packages.sh). No npm, no model, no renamed
+# copy, no other package's tests: `make check` is still the gate.
+BASE = main
+check-fast: check-generated vet staticcheck gosec
+	@pkgs=$$(bash scripts/changed-packages.sh $(BASE)); \
+	if [ -z "$$pkgs" ]; then \
+		echo "check-fast: no Go package changed since $(BASE)"; \
+	else \
+		echo "check-fast: go test -race -count=1" $$pkgs; \
+		go test -race -count=1 $$pkgs; \
+	fi
+
 # Everything but the tests: generated-code and Redoc drift, the spec's
 # lint, vet, staticcheck, gosec, the docs' commands, the lease protocol's
 # model, and a renamed copy of the module (which runs the tests of that
@@ -89,7 +104,9 @@ staticcheck:
 gosec:
 	go tool gosec -quiet -exclude-generated -exclude-dir=cmd/bench ./...
 
-# Run the commands of the docs' sh blocks, so the walkthroughs cannot rot.
+# Run the commands of the docs' sh blocks, and the README's session against
+# a fresh demo (its outputs compared with the README's), so the walkthroughs
+# cannot rot; check the docs' links and the tests they name.
 check-docs:
 	bash scripts/check-docs.sh
 
@@ -101,11 +118,14 @@ check-docs:
 model:
 	bash scripts/check-model.sh
 
-# For a fork: rename the Go module everywhere, `make rename MODULE=example.com/you/payments`.
+# For a fork: rename the Go module everywhere, and the name the project goes
+# by (its database, metric prefix, image and the fake processor's
+# User-Agent; NAME defaults to the module's last element):
+# `make rename MODULE=example.com/you/shop [NAME=shop]` (docs/forking.md).
 rename:
 	@test -n "$(MODULE)" || \
-		(echo "MODULE is not set: use 'make rename MODULE=example.com/you/payments'" >&2; exit 1)
-	bash scripts/rename-module.sh "$(MODULE)"
+		(echo "MODULE is not set: use 'make rename MODULE=example.com/you/shop [NAME=shop]'" >&2; exit 1)
+	bash scripts/rename-module.sh "$(MODULE)" $(NAME)
 
 # Rename a temporary copy of the tree and build, vet and test it (needs PostgreSQL).
 check-rename:

@@ -2,7 +2,9 @@
 # Run the commands of the docs' ```sh blocks (make check-docs), so that a
 # walkthrough that names a file, a query or a test fails CI the day it stops
 # being true. Each block runs in its own bash, at the repository root, with
-# -euo pipefail.
+# -euo pipefail. Then run the README's session against a fresh demo and
+# compare what it answers with what the README shows (check-readme.sh),
+# and check the docs' links and the tests they name.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,4 +54,5 @@ for name in $(grep -oh '`\(Test\|Fuzz\)[A-Za-z0-9_]*`' README.md docs/*.md | tr 
   fi
 done
 [[ $missing -eq 0 ]] || exit 1
+bash scripts/check-readme.sh
 echo "check-docs: OK"

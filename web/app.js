@@ -4,11 +4,27 @@
 
 const API_KEYS = { acme: "sk_test_acme", globex: "sk_test_globex" };
 
-// The retry policy of the Go client (package client): the same key on every
-// attempt, retries only of what may succeed later, Retry-After honoured,
-// otherwise full jitter, and a cap on attempts.
-const POLICY = { maxAttempts: 6, baseMs: 250, capMs: 4000 };
+// The retry policy of the Go client (client.DefaultPolicy and package
+// retry), the same numbers: the same key on every attempt; retries only of
+// what may succeed later (a lost connection, 409 in progress, 429, 502,
+// 503, 504); Retry-After honoured, unless it asks for more than 5 minutes;
+// otherwise full jitter, random(0, min(5s, 100ms·2^retry)); at most 5
+// attempts; and a retry budget shared by every call of the page: each
+// first try earns a tenth of a retry, each retry spends one, at most 10
+// saved up. During an outage the retries stop instead of piling on.
+const POLICY = { maxAttempts: 5, baseMs: 100, capMs: 5000, maxRetryAfterMs: 5 * 60 * 1000 };
 const RETRYABLE = new Set([429, 502, 503, 504]);
+
+// budget is retry.Budget, in thousandths of a token as there.
+const budget = {
+  tokens: 10 * 1000, earn: 100, max: 10 * 1000,
+  earnOne() { this.tokens = Math.min(this.max, this.tokens + this.earn); },
+  spend() {
+    if (this.tokens < 1000) return false;
+    this.tokens -= 1000;
+    return true;
+  },
+};
 
 const $ = (id) => document.getElementById(id);
 const store = window.localStorage;
@@ -28,33 +44,73 @@ function save() {
   store.setItem("demo.last", JSON.stringify(state.last));
 }
 
-// The key field. A key is kept (across a reload, too) until its operation
-// has a final answer; the next operation then gets a fresh one.
-function newKey() {
+// --- keys: one per operation ------------------------------------------------
+//
+// Each kind of operation (order, charge, refund, payout) has its own key
+// field. A key belongs to the first request sent under it, and is kept,
+// across a reload too, until that operation has a final answer; the next
+// operation of the kind then gets a fresh one. So a charge still waiting
+// for its answer (after a crash, say) keeps its key, and a payout started
+// meanwhile has its own: a key never names two operations.
+
+const OPS = ["order", "charge", "refund", "payout"];
+
+// slot is what the page remembers of a kind's key: the key, the request
+// first sent under it, and whether that request has its final answer.
+function slot(op) {
+  return JSON.parse(store.getItem("demo.op." + op) || "null") || { key: "", request: null, final: false };
+}
+
+function setSlot(op, s) {
+  store.setItem("demo.op." + op, JSON.stringify(s));
+}
+
+function newKey(op) {
   const key = crypto.randomUUID();
-  $("idempotency-key").value = key;
-  store.setItem("demo.key", key);
-  store.removeItem("demo.keyFinal");
+  $(op + "-key").value = key;
+  setSlot(op, { key, request: null, final: false });
   return key;
 }
 
-function keyForNextOperation() {
-  const field = $("idempotency-key");
-  if (!field.value || store.getItem("demo.keyFinal") === field.value) {
-    return newKey();
+const sameRequest = (a, b) => a.method === b.method && a.path === b.path && JSON.stringify(a.body) === JSON.stringify(b.body);
+
+// keyFor is the key the next request of kind op goes out under: the
+// field's key, unless its operation is over (a final answer) or was
+// another request (a different operation), in which case a fresh one.
+function keyFor(op, request) {
+  const field = $(op + "-key");
+  const s = slot(op);
+  if (field.value && field.value === s.key) {
+    if (s.final) {
+      newKey(op);
+    } else if (s.request && !sameRequest(s.request, request)) {
+      say(`The ${op} under key ${s.key} has no final answer yet. This ${op} is another operation, so it gets a key of its own; the server's reconciler finishes the first one.`);
+      newKey(op);
+    }
+  } else if (!field.value) {
+    newKey(op);
   }
-  store.setItem("demo.key", field.value);
-  return field.value;
+  const key = field.value;
+  const now = slot(op);
+  if (now.key !== key) setSlot(op, { key, request, final: false }); // a key typed in by hand
+  else if (!now.request) setSlot(op, { ...now, request });
+  return key;
 }
 
+// markFinal records that the operation under key has its final answer, so
+// that its kind's next operation gets a fresh key.
 function markFinal(key) {
-  store.setItem("demo.keyFinal", key);
+  for (const op of OPS) {
+    const s = slot(op);
+    if (s.key === key) setSlot(op, { ...s, final: true });
+  }
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-function jitter(attempt) {
-  return Math.random() * Math.min(POLICY.capMs, POLICY.baseMs * 2 ** attempt);
+// jitter is retry.FullJitter for retry number n (0 for the first retry).
+function jitter(n) {
+  return Math.random() * Math.min(POLICY.capMs, POLICY.baseMs * 2 ** n);
 }
 
 function retryAfterMs(res) {
@@ -64,7 +120,9 @@ function retryAfterMs(res) {
   return Number.isFinite(s) ? s * 1000 : Math.max(0, Date.parse(v) - Date.now());
 }
 
-// send makes one attempt and records it in the timeline.
+// send makes one attempt. Its row is in the timeline before the request
+// leaves, so an attempt that never gets an answer (the server was killed
+// under it) is still there, marked "connection lost".
 async function send(method, path, { key, body } = {}) {
   const headers = { Authorization: "Bearer " + API_KEYS[state.caller] };
   if (key) {
@@ -87,21 +145,26 @@ async function send(method, path, { key, body } = {}) {
 }
 
 function retryable(res, json) {
-  if (!res) return true; // a network error: the request may or may not have run
+  if (!res) return true; // the connection was lost: the request may or may not have run
   if (res.status === 409) return json && json.code === "idempotency_key_in_use";
   return RETRYABLE.has(res.status);
 }
 
 // call is one logical operation: attempts with the same key until a final
-// answer or the attempts run out.
+// answer, or until the policy says stop (attempts, budget, a Retry-After
+// too long to wait). Each row says what came next.
 async function call(method, path, { key, body } = {}) {
+  budget.earnOne();
   let out;
-  for (let attempt = 0; attempt < POLICY.maxAttempts; attempt++) {
+  for (let attempt = 1; ; attempt++) {
     out = await send(method, path, { key, body });
     if (!retryable(out.res, out.json)) break;
-    if (attempt === POLICY.maxAttempts - 1) break;
-    const wait = (out.res && retryAfterMs(out.res)) ?? jitter(attempt);
-    setBackoff(out.row, wait);
+    const hint = out.res ? retryAfterMs(out.res) : null;
+    if (attempt >= POLICY.maxAttempts) { setNext(out.row, `none: ${POLICY.maxAttempts} attempts made`); break; }
+    if (hint !== null && hint > POLICY.maxRetryAfterMs) { setNext(out.row, "none: Retry-After is over 5 minutes"); break; }
+    if (!budget.spend()) { setNext(out.row, "none: the retry budget is spent"); break; }
+    const wait = hint ?? jitter(attempt - 1);
+    setNext(out.row, `${(wait / 1000).toFixed(1)}s`);
     await sleep(wait);
   }
   if (key && out.res && !retryable(out.res, out.json)) markFinal(key);
@@ -111,9 +174,20 @@ async function call(method, path, { key, body } = {}) {
 
 // --- the timeline ---------------------------------------------------------
 
+// What Idempotency-Outcome says, in the timeline's words.
+const OUTCOMES = {
+  new: "new",
+  replayed: "replayed",
+  resumed: "resumed",
+  taken_over: "taken over",
+  in_progress: "in flight",
+  mismatch: "other request",
+  dead: "set aside",
+};
+
 function addAttempt(method, path, key) {
   const tr = document.createElement("tr");
-  const cells = [new Date().toLocaleTimeString(), `${method} ${path}`, "…", "", "", "", key || ""];
+  const cells = [new Date().toLocaleTimeString(), `${method} ${path}`, "sending…", "", "", "", key || ""];
   for (const c of cells) {
     const td = document.createElement("td");
     td.textContent = c;
@@ -125,22 +199,24 @@ function addAttempt(method, path, key) {
 }
 
 function fillAttempt(tr, res, json, err) {
-  const [, , status, replayed, retryAfter] = tr.children;
+  const [, , status, outcome, retryAfter] = tr.children;
   if (!res) {
-    status.innerHTML = `<span class="badge bad">network error</span>`;
-    status.title = String(err);
+    status.innerHTML = `<span class="badge bad">connection lost</span>`;
+    status.title = `No answer: ${err}. The request may or may not have reached the server; a retry with the same key is safe either way.`;
+    outcome.textContent = "unknown";
     return;
   }
   const cls = res.ok ? "ok" : RETRYABLE.has(res.status) || res.status === 409 ? "warn" : "bad";
   const code = json && json.code ? ` ${json.code}` : "";
   status.innerHTML = `<span class="badge ${cls}"></span>`;
   status.firstChild.textContent = `${res.status}${code}`;
-  replayed.textContent = res.headers.get("Idempotent-Replayed") === "true" ? "replayed" : "";
+  const o = res.headers.get("Idempotency-Outcome");
+  outcome.textContent = o ? OUTCOMES[o] || o : "";
   retryAfter.textContent = res.headers.get("Retry-After") || "";
 }
 
-function setBackoff(tr, ms) {
-  tr.children[5].textContent = `${(ms / 1000).toFixed(1)}s`;
+function setNext(tr, text) {
+  tr.children[5].textContent = text;
 }
 
 // --- operations -----------------------------------------------------------
@@ -151,8 +227,8 @@ function orderBody() {
   return body;
 }
 
-async function operation(method, path, body) {
-  const key = keyForNextOperation();
+async function operation(op, method, path, body) {
+  const key = keyFor(op, { method, path, body });
   state.last = { method, path, body, key };
   save();
   const out = await call(method, path, { key, body });
@@ -177,20 +253,20 @@ function showIds() {
 
 $("order-form").addEventListener("submit", (e) => {
   e.preventDefault();
-  operation("POST", "/v1/orders", orderBody());
+  operation("order", "POST", "/v1/orders", orderBody());
 });
 
 $("charge-form").addEventListener("submit", (e) => {
   e.preventDefault();
   if (!state.orderId) return say("Create an order first.");
-  operation("POST", `/v1/orders/${state.orderId}/charges`, { payment_method: $("payment-method").value });
+  operation("charge", "POST", `/v1/orders/${state.orderId}/charges`, { payment_method: $("payment-method").value });
 });
 
 $("refund-form").addEventListener("submit", (e) => {
   e.preventDefault();
   if (!state.chargeId) return say("Charge an order first.");
   const amount = $("refund-amount").value;
-  operation("POST", `/v1/charges/${state.chargeId}/refunds`, amount ? { amount: Number(amount) } : {});
+  operation("refund", "POST", `/v1/charges/${state.chargeId}/refunds`, amount ? { amount: Number(amount) } : {});
 });
 
 // A payout is answered 202 Accepted (the payout as accepted, pending): a
@@ -200,7 +276,7 @@ $("refund-form").addEventListener("submit", (e) => {
 $("payout-form").addEventListener("submit", async (e) => {
   e.preventDefault();
   const body = { amount: Number($("payout-amount").value), currency: $("currency").value, destination: $("destination").value };
-  const out = await operation("POST", "/v1/payouts", body);
+  const out = await operation("payout", "POST", "/v1/payouts", body);
   if (!out.res || out.res.status !== 202) {
     showPayout(null, out.json && out.json.code);
     return;
@@ -239,7 +315,9 @@ async function followPayout(location, po) {
   refreshSoon();
 }
 
-$("new-key").addEventListener("click", () => newKey());
+for (const op of OPS) {
+  $(op + "-new-key").addEventListener("click", () => newKey(op));
+}
 
 function say(text) {
   $("break-result").textContent = text;
@@ -269,10 +347,14 @@ $("send-five").addEventListener("click", async () => {
     path = `/v1/orders/${state.orderId}/charges`;
     body = { payment_method: $("payment-method").value };
   }
-  const key = newKey();
+  const key = newKey(what);
+  setSlot(what, { key, request: { method: "POST", path, body }, final: false });
   state.last = { method: "POST", path, body, key };
   save();
-  const outs = await Promise.all(Array.from({ length: 5 }, () => send("POST", path, { key, body })));
+  const outs = await Promise.all(Array.from({ length: 5 }, () => {
+    budget.earnOne(); // five first tries
+    return send("POST", path, { key, body });
+  }));
   markFinal(key);
   const replayed = (o) => o.res && o.res.headers.get("Idempotent-Replayed") === "true";
   const first = outs.filter((o) => o.res && (o.res.status === 201 || o.res.status === 402) && !replayed(o)).length;
@@ -312,13 +394,28 @@ $("apply-chaos").addEventListener("click", async () => {
   $("demo-hint").textContent = out ? `Processor chaos set: ${JSON.stringify(out)}` : "Could not set the chaos.";
 });
 
+// armed is the crash point armed from this page, until the server that
+// was armed dies there (its successor starts unarmed).
+let armed = "";
+
 $("arm-crash").addEventListener("click", async () => {
   const point = $("crash-point").value;
   const out = await demo("PUT", "/demo/crash", { point });
+  armed = out ? point : "";
   $("demo-hint").textContent = out
     ? `Armed: the next charge kills the server ${point.replaceAll("_", " ")}. Watch it go away and come back.`
     : "Could not arm the crash.";
 });
+
+// crashed tells the story once the armed crash has happened.
+function crashed(at) {
+  if (!armed) return;
+  $("demo-hint").textContent = `The server was killed ${armed.replaceAll("_", " ")} and started again at ${at.toLocaleTimeString()}. ` +
+    `The attempt it killed is marked "connection lost". The retries find the key's record where the dead server left it: ` +
+    `409 while its lease has not lapsed; then a retry takes the charge over and resumes it from its recovery point ` +
+    `(or the server's reconciler gets there first, and the retry gets its answer, replayed). The ledger shows one effect.`;
+  armed = "";
+}
 
 // --- the panels -------------------------------------------------------------
 
@@ -328,8 +425,10 @@ const POINTS = {
   "": ["started", "finished"],
 };
 
+// The key record panel shows the record of the last operation sent.
 async function refreshRecord() {
-  const key = $("idempotency-key").value;
+  const key = state.last && state.last.key;
+  $("record-key").textContent = key || "none yet";
   const dl = $("record");
   if (!key || !store.getItem("demo.sent." + key)) {
     // Never sent: the server has no record (asking would only log a 404).
@@ -431,7 +530,10 @@ async function checkServer() {
     const res = await fetch("/healthz", { cache: "no-store" });
     if (demoMode && res.ok) {
       const info = await demo("GET", "/demo/crash");
-      if (info && startedAt && info.started_at !== startedAt) restartedAt = new Date();
+      if (info && startedAt && info.started_at !== startedAt) {
+        restartedAt = new Date();
+        crashed(restartedAt);
+      }
       if (info) startedAt = info.started_at;
     }
     const restarted = restartedAt && Date.now() - restartedAt < 15000
@@ -465,12 +567,14 @@ $("caller").addEventListener("change", () => {
   state.last = null;
   save();
   showIds();
-  newKey();
+  OPS.forEach(newKey);
   refreshPanels();
 });
-$("idempotency-key").value = store.getItem("demo.key") || "";
-if (!$("idempotency-key").value) newKey();
-$("idempotency-key").addEventListener("change", () => store.setItem("demo.key", $("idempotency-key").value));
+for (const op of OPS) {
+  const s = slot(op);
+  if (s.key && !s.final) $(op + "-key").value = s.key; // still pending: kept
+  else newKey(op);
+}
 showIds();
 await detectDemo();
 await checkServer();

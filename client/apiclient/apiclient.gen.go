@@ -3997,7 +3997,8 @@ func (r GetHealthzResponse) ContentType() string {
 
 // GetReadyzResponse503Headers the declared response headers of an HTTP 503 response for GetReadyz
 type GetReadyzResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type GetReadyzResponse struct {
@@ -4069,12 +4070,14 @@ type GetBalanceResponse429Headers struct {
 
 // GetBalanceResponse500Headers the declared response headers of an HTTP 500 response for GetBalance
 type GetBalanceResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // GetBalanceResponse503Headers the declared response headers of an HTTP 503 response for GetBalance
 type GetBalanceResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type GetBalanceResponse struct {
@@ -4173,12 +4176,14 @@ type GetChargeResponse429Headers struct {
 
 // GetChargeResponse500Headers the declared response headers of an HTTP 500 response for GetCharge
 type GetChargeResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // GetChargeResponse503Headers the declared response headers of an HTTP 503 response for GetCharge
 type GetChargeResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type GetChargeResponse struct {
@@ -4291,12 +4296,14 @@ type ListRefundsResponse429Headers struct {
 
 // ListRefundsResponse500Headers the declared response headers of an HTTP 500 response for ListRefunds
 type ListRefundsResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // ListRefundsResponse503Headers the declared response headers of an HTTP 503 response for ListRefunds
 type ListRefundsResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type ListRefundsResponse struct {
@@ -4399,6 +4406,7 @@ func (r ListRefundsResponse) ContentType() string {
 
 // CreateRefundResponse201Headers the declared response headers of an HTTP 201 response for CreateRefund
 type CreateRefundResponse201Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	Location           string
 }
@@ -4410,8 +4418,14 @@ type CreateRefundResponse401Headers struct {
 
 // CreateRefundResponse409Headers the declared response headers of an HTTP 409 response for CreateRefund
 type CreateRefundResponse409Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	RetryAfter         *string
+}
+
+// CreateRefundResponse422Headers the declared response headers of an HTTP 422 response for CreateRefund
+type CreateRefundResponse422Headers struct {
+	IdempotencyOutcome *string
 }
 
 // CreateRefundResponse429Headers the declared response headers of an HTTP 429 response for CreateRefund
@@ -4421,12 +4435,14 @@ type CreateRefundResponse429Headers struct {
 
 // CreateRefundResponse500Headers the declared response headers of an HTTP 500 response for CreateRefund
 type CreateRefundResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // CreateRefundResponse503Headers the declared response headers of an HTTP 503 response for CreateRefund
 type CreateRefundResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type CreateRefundResponse struct {
@@ -4464,6 +4480,8 @@ type CreateRefundResponse struct {
 	Headers401 *CreateRefundResponse401Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreateRefundResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateRefundResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *CreateRefundResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -4578,12 +4596,14 @@ type ListEventsResponse429Headers struct {
 
 // ListEventsResponse500Headers the declared response headers of an HTTP 500 response for ListEvents
 type ListEventsResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // ListEventsResponse503Headers the declared response headers of an HTTP 503 response for ListEvents
 type ListEventsResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type ListEventsResponse struct {
@@ -4689,12 +4709,14 @@ type GetIdempotencyKeyResponse429Headers struct {
 
 // GetIdempotencyKeyResponse500Headers the declared response headers of an HTTP 500 response for GetIdempotencyKey
 type GetIdempotencyKeyResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // GetIdempotencyKeyResponse503Headers the declared response headers of an HTTP 503 response for GetIdempotencyKey
 type GetIdempotencyKeyResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type GetIdempotencyKeyResponse struct {
@@ -4807,12 +4829,14 @@ type ListOrdersResponse429Headers struct {
 
 // ListOrdersResponse500Headers the declared response headers of an HTTP 500 response for ListOrders
 type ListOrdersResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // ListOrdersResponse503Headers the declared response headers of an HTTP 503 response for ListOrders
 type ListOrdersResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type ListOrdersResponse struct {
@@ -4908,6 +4932,7 @@ func (r ListOrdersResponse) ContentType() string {
 
 // CreateOrderResponse201Headers the declared response headers of an HTTP 201 response for CreateOrder
 type CreateOrderResponse201Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	Location           string
 }
@@ -4919,7 +4944,13 @@ type CreateOrderResponse401Headers struct {
 
 // CreateOrderResponse409Headers the declared response headers of an HTTP 409 response for CreateOrder
 type CreateOrderResponse409Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
+}
+
+// CreateOrderResponse422Headers the declared response headers of an HTTP 422 response for CreateOrder
+type CreateOrderResponse422Headers struct {
+	IdempotencyOutcome *string
 }
 
 // CreateOrderResponse429Headers the declared response headers of an HTTP 429 response for CreateOrder
@@ -4929,12 +4960,14 @@ type CreateOrderResponse429Headers struct {
 
 // CreateOrderResponse500Headers the declared response headers of an HTTP 500 response for CreateOrder
 type CreateOrderResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // CreateOrderResponse503Headers the declared response headers of an HTTP 503 response for CreateOrder
 type CreateOrderResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type CreateOrderResponse struct {
@@ -4970,6 +5003,8 @@ type CreateOrderResponse struct {
 	Headers401 *CreateOrderResponse401Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreateOrderResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateOrderResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *CreateOrderResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -5079,12 +5114,14 @@ type GetOrderResponse429Headers struct {
 
 // GetOrderResponse500Headers the declared response headers of an HTTP 500 response for GetOrder
 type GetOrderResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // GetOrderResponse503Headers the declared response headers of an HTTP 503 response for GetOrder
 type GetOrderResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type GetOrderResponse struct {
@@ -5197,12 +5234,14 @@ type CancelOrderResponse429Headers struct {
 
 // CancelOrderResponse500Headers the declared response headers of an HTTP 500 response for CancelOrder
 type CancelOrderResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // CancelOrderResponse503Headers the declared response headers of an HTTP 503 response for CancelOrder
 type CancelOrderResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type CancelOrderResponse struct {
@@ -5312,6 +5351,7 @@ func (r CancelOrderResponse) ContentType() string {
 
 // CreateChargeResponse201Headers the declared response headers of an HTTP 201 response for CreateCharge
 type CreateChargeResponse201Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	Location           string
 }
@@ -5323,13 +5363,20 @@ type CreateChargeResponse401Headers struct {
 
 // CreateChargeResponse402Headers the declared response headers of an HTTP 402 response for CreateCharge
 type CreateChargeResponse402Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // CreateChargeResponse409Headers the declared response headers of an HTTP 409 response for CreateCharge
 type CreateChargeResponse409Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	RetryAfter         *string
+}
+
+// CreateChargeResponse422Headers the declared response headers of an HTTP 422 response for CreateCharge
+type CreateChargeResponse422Headers struct {
+	IdempotencyOutcome *string
 }
 
 // CreateChargeResponse429Headers the declared response headers of an HTTP 429 response for CreateCharge
@@ -5339,12 +5386,14 @@ type CreateChargeResponse429Headers struct {
 
 // CreateChargeResponse500Headers the declared response headers of an HTTP 500 response for CreateCharge
 type CreateChargeResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // CreateChargeResponse503Headers the declared response headers of an HTTP 503 response for CreateCharge
 type CreateChargeResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type CreateChargeResponse struct {
@@ -5386,6 +5435,8 @@ type CreateChargeResponse struct {
 	Headers402 *CreateChargeResponse402Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreateChargeResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateChargeResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *CreateChargeResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -5505,12 +5556,14 @@ type ListPayoutsResponse429Headers struct {
 
 // ListPayoutsResponse500Headers the declared response headers of an HTTP 500 response for ListPayouts
 type ListPayoutsResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // ListPayoutsResponse503Headers the declared response headers of an HTTP 503 response for ListPayouts
 type ListPayoutsResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type ListPayoutsResponse struct {
@@ -5606,6 +5659,7 @@ func (r ListPayoutsResponse) ContentType() string {
 
 // CreatePayoutResponse202Headers the declared response headers of an HTTP 202 response for CreatePayout
 type CreatePayoutResponse202Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	Location           string
 }
@@ -5617,8 +5671,14 @@ type CreatePayoutResponse401Headers struct {
 
 // CreatePayoutResponse409Headers the declared response headers of an HTTP 409 response for CreatePayout
 type CreatePayoutResponse409Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	RetryAfter         *string
+}
+
+// CreatePayoutResponse422Headers the declared response headers of an HTTP 422 response for CreatePayout
+type CreatePayoutResponse422Headers struct {
+	IdempotencyOutcome *string
 }
 
 // CreatePayoutResponse429Headers the declared response headers of an HTTP 429 response for CreatePayout
@@ -5628,12 +5688,14 @@ type CreatePayoutResponse429Headers struct {
 
 // CreatePayoutResponse500Headers the declared response headers of an HTTP 500 response for CreatePayout
 type CreatePayoutResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // CreatePayoutResponse503Headers the declared response headers of an HTTP 503 response for CreatePayout
 type CreatePayoutResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type CreatePayoutResponse struct {
@@ -5669,6 +5731,8 @@ type CreatePayoutResponse struct {
 	Headers401 *CreatePayoutResponse401Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreatePayoutResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreatePayoutResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *CreatePayoutResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -5783,12 +5847,14 @@ type GetPayoutResponse429Headers struct {
 
 // GetPayoutResponse500Headers the declared response headers of an HTTP 500 response for GetPayout
 type GetPayoutResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // GetPayoutResponse503Headers the declared response headers of an HTTP 503 response for GetPayout
 type GetPayoutResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type GetPayoutResponse struct {
@@ -5893,12 +5959,14 @@ func (r GetPayoutResponse) ContentType() string {
 
 // ReceiveProcessorWebhookResponse500Headers the declared response headers of an HTTP 500 response for ReceiveProcessorWebhook
 type ReceiveProcessorWebhookResponse500Headers struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
 // ReceiveProcessorWebhookResponse503Headers the declared response headers of an HTTP 503 response for ReceiveProcessorWebhook
 type ReceiveProcessorWebhookResponse503Headers struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 
 type ReceiveProcessorWebhookResponse struct {
@@ -6640,6 +6708,13 @@ func ParseGetReadyzResponse(rsp *http.Response) (*GetReadyzResponse, error) {
 	switch {
 	case rsp.StatusCode == 503:
 		var headers GetReadyzResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -6734,6 +6809,13 @@ func ParseGetBalanceResponse(rsp *http.Response) (*GetBalanceResponse, error) {
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetBalanceResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -6744,6 +6826,13 @@ func ParseGetBalanceResponse(rsp *http.Response) (*GetBalanceResponse, error) {
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetBalanceResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -6852,6 +6941,13 @@ func ParseGetChargeResponse(rsp *http.Response) (*GetChargeResponse, error) {
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetChargeResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -6862,6 +6958,13 @@ func ParseGetChargeResponse(rsp *http.Response) (*GetChargeResponse, error) {
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetChargeResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -6970,6 +7073,13 @@ func ParseListRefundsResponse(rsp *http.Response) (*ListRefundsResponse, error) 
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers ListRefundsResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -6980,6 +7090,13 @@ func ParseListRefundsResponse(rsp *http.Response) (*ListRefundsResponse, error) 
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListRefundsResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7103,6 +7220,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 	switch {
 	case rsp.StatusCode == 201:
 		var headers CreateRefundResponse201Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -7130,6 +7254,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 		response.Headers401 = &headers
 	case rsp.StatusCode == 409:
 		var headers CreateRefundResponse409Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -7145,6 +7276,16 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateRefundResponse422Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 429:
 		var headers CreateRefundResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -7157,6 +7298,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers CreateRefundResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -7167,6 +7315,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreateRefundResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7268,6 +7423,13 @@ func ParseListEventsResponse(rsp *http.Response) (*ListEventsResponse, error) {
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers ListEventsResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -7278,6 +7440,13 @@ func ParseListEventsResponse(rsp *http.Response) (*ListEventsResponse, error) {
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListEventsResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7386,6 +7555,13 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetIdempotencyKeyResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -7396,6 +7572,13 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetIdempotencyKeyResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7497,6 +7680,13 @@ func ParseListOrdersResponse(rsp *http.Response) (*ListOrdersResponse, error) {
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers ListOrdersResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -7507,6 +7697,13 @@ func ParseListOrdersResponse(rsp *http.Response) (*ListOrdersResponse, error) {
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListOrdersResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7623,6 +7820,13 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 	switch {
 	case rsp.StatusCode == 201:
 		var headers CreateOrderResponse201Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -7650,6 +7854,13 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 		response.Headers401 = &headers
 	case rsp.StatusCode == 409:
 		var headers CreateOrderResponse409Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7658,6 +7869,16 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 			headers.RetryAfter = value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateOrderResponse422Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 429:
 		var headers CreateOrderResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -7670,6 +7891,13 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers CreateOrderResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -7680,6 +7908,13 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreateOrderResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7788,6 +8023,13 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetOrderResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -7798,6 +8040,13 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetOrderResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7913,6 +8162,13 @@ func ParseCancelOrderResponse(rsp *http.Response) (*CancelOrderResponse, error) 
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers CancelOrderResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -7923,6 +8179,13 @@ func ParseCancelOrderResponse(rsp *http.Response) (*CancelOrderResponse, error) 
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers CancelOrderResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8053,6 +8316,13 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 	switch {
 	case rsp.StatusCode == 201:
 		var headers CreateChargeResponse201Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -8080,6 +8350,13 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 		response.Headers401 = &headers
 	case rsp.StatusCode == 402:
 		var headers CreateChargeResponse402Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -8090,6 +8367,13 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 		response.Headers402 = &headers
 	case rsp.StatusCode == 409:
 		var headers CreateChargeResponse409Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -8105,6 +8389,16 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateChargeResponse422Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 429:
 		var headers CreateChargeResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -8117,6 +8411,13 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers CreateChargeResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -8127,6 +8428,13 @@ func ParseCreateChargeResponse(rsp *http.Response) (*CreateChargeResponse, error
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreateChargeResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8228,6 +8536,13 @@ func ParseListPayoutsResponse(rsp *http.Response) (*ListPayoutsResponse, error) 
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers ListPayoutsResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -8238,6 +8553,13 @@ func ParseListPayoutsResponse(rsp *http.Response) (*ListPayoutsResponse, error) 
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListPayoutsResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8354,6 +8676,13 @@ func ParseCreatePayoutResponse(rsp *http.Response) (*CreatePayoutResponse, error
 	switch {
 	case rsp.StatusCode == 202:
 		var headers CreatePayoutResponse202Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -8381,6 +8710,13 @@ func ParseCreatePayoutResponse(rsp *http.Response) (*CreatePayoutResponse, error
 		response.Headers401 = &headers
 	case rsp.StatusCode == 409:
 		var headers CreatePayoutResponse409Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -8396,6 +8732,16 @@ func ParseCreatePayoutResponse(rsp *http.Response) (*CreatePayoutResponse, error
 			headers.RetryAfter = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreatePayoutResponse422Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 429:
 		var headers CreatePayoutResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -8408,6 +8754,13 @@ func ParseCreatePayoutResponse(rsp *http.Response) (*CreatePayoutResponse, error
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers CreatePayoutResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -8418,6 +8771,13 @@ func ParseCreatePayoutResponse(rsp *http.Response) (*CreatePayoutResponse, error
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreatePayoutResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8536,6 +8896,13 @@ func ParseGetPayoutResponse(rsp *http.Response) (*GetPayoutResponse, error) {
 		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetPayoutResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -8546,6 +8913,13 @@ func ParseGetPayoutResponse(rsp *http.Response) (*GetPayoutResponse, error) {
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetPayoutResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8634,6 +9008,13 @@ func ParseReceiveProcessorWebhookResponse(rsp *http.Response) (*ReceiveProcessor
 	switch {
 	case rsp.StatusCode == 500:
 		var headers ReceiveProcessorWebhookResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -8644,6 +9025,13 @@ func ParseReceiveProcessorWebhookResponse(rsp *http.Response) (*ReceiveProcessor
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers ReceiveProcessorWebhookResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {

@@ -307,6 +307,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	// finish. ctx is canceled by the signal, so requests get a base context
 	// detached from it.
 	srv := newHTTPServer(cfg, handler, context.WithoutCancel(ctx))
+	if cfg.DemoMode {
+		// Every answer closes its connection, so a browser never sends a
+		// request on a kept-alive one. When the demo kills this server
+		// mid-request, Chromium resends a request that died on a reused
+		// connection, silently, to the restarted server: the page would
+		// see that copy's 409, never the attempt the crash killed. On a
+		// fresh connection the attempt fails where the page can see it.
+		srv.SetKeepAlivesEnabled(false)
+	}
 	log.Info("listening", "addr", ln.Addr().String())
 
 	serveErr := make(chan error, 1)

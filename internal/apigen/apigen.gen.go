@@ -2055,7 +2055,8 @@ type BadRequestApplicationProblemPlusJSONResponse Problem
 type ConflictApplicationProblemPlusJSONResponse Problem
 
 type IdempotencyKeyInUseResponseHeaders struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 type IdempotencyKeyInUseApplicationProblemPlusJSONResponse struct {
 	Body Problem
@@ -2063,9 +2064,17 @@ type IdempotencyKeyInUseApplicationProblemPlusJSONResponse struct {
 	Headers IdempotencyKeyInUseResponseHeaders
 }
 
-type IdempotencyKeyReusedApplicationProblemPlusJSONResponse Problem
+type IdempotencyKeyReusedResponseHeaders struct {
+	IdempotencyOutcome *string
+}
+type IdempotencyKeyReusedApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers IdempotencyKeyReusedResponseHeaders
+}
 
 type InternalErrorResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 type InternalErrorApplicationProblemPlusJSONResponse struct {
@@ -2083,7 +2092,8 @@ type RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse Problem
 type RequestTimeoutApplicationProblemPlusJSONResponse Problem
 
 type ServiceUnavailableResponseHeaders struct {
-	RetryAfter string
+	IdempotencyOutcome *string
+	RetryAfter         string
 }
 type ServiceUnavailableApplicationProblemPlusJSONResponse struct {
 	Body Problem
@@ -2196,6 +2206,9 @@ func (response GetReadyz503ApplicationProblemPlusJSONResponse) VisitGetReadyzRes
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -2286,6 +2299,9 @@ func (response GetBalance500ApplicationProblemPlusJSONResponse) VisitGetBalanceR
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2305,6 +2321,9 @@ func (response GetBalance503ApplicationProblemPlusJSONResponse) VisitGetBalanceR
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -2428,6 +2447,9 @@ func (response GetCharge500ApplicationProblemPlusJSONResponse) VisitGetChargeRes
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2447,6 +2469,9 @@ func (response GetCharge503ApplicationProblemPlusJSONResponse) VisitGetChargeRes
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -2571,6 +2596,9 @@ func (response ListRefunds500ApplicationProblemPlusJSONResponse) VisitListRefund
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2590,6 +2618,9 @@ func (response ListRefunds503ApplicationProblemPlusJSONResponse) VisitListRefund
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -2607,6 +2638,7 @@ type CreateRefundResponseObject interface {
 }
 
 type CreateRefund201ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	Location           string
 }
@@ -2623,6 +2655,9 @@ func (response CreateRefund201JSONResponse) VisitCreateRefundResponse(w http.Res
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2700,6 +2735,7 @@ func (response CreateRefund408ApplicationProblemPlusJSONResponse) VisitCreateRef
 }
 
 type CreateRefund409ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	RetryAfter         *string
 }
@@ -2716,6 +2752,9 @@ func (response CreateRefund409ApplicationProblemPlusJSONResponse) VisitCreateRef
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2766,10 +2805,13 @@ type CreateRefund422ApplicationProblemPlusJSONResponse struct {
 func (response CreateRefund422ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
@@ -2819,6 +2861,9 @@ func (response CreateRefund500ApplicationProblemPlusJSONResponse) VisitCreateRef
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2838,6 +2883,9 @@ func (response CreateRefund503ApplicationProblemPlusJSONResponse) VisitCreateRef
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -2945,6 +2993,9 @@ func (response ListEvents500ApplicationProblemPlusJSONResponse) VisitListEventsR
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -2964,6 +3015,9 @@ func (response ListEvents503ApplicationProblemPlusJSONResponse) VisitListEventsR
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -3087,6 +3141,9 @@ func (response GetIdempotencyKey500ApplicationProblemPlusJSONResponse) VisitGetI
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3106,6 +3163,9 @@ func (response GetIdempotencyKey503ApplicationProblemPlusJSONResponse) VisitGetI
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -3213,6 +3273,9 @@ func (response ListOrders500ApplicationProblemPlusJSONResponse) VisitListOrdersR
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3232,6 +3295,9 @@ func (response ListOrders503ApplicationProblemPlusJSONResponse) VisitListOrdersR
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -3248,6 +3314,7 @@ type CreateOrderResponseObject interface {
 }
 
 type CreateOrder201ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	Location           string
 }
@@ -3264,6 +3331,9 @@ func (response CreateOrder201JSONResponse) VisitCreateOrderResponse(w http.Respo
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3335,6 +3405,9 @@ func (response CreateOrder409ApplicationProblemPlusJSONResponse) VisitCreateOrde
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(409)
 	_, err := buf.WriteTo(w)
@@ -3380,10 +3453,13 @@ type CreateOrder422ApplicationProblemPlusJSONResponse struct {
 func (response CreateOrder422ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
@@ -3433,6 +3509,9 @@ func (response CreateOrder500ApplicationProblemPlusJSONResponse) VisitCreateOrde
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3452,6 +3531,9 @@ func (response CreateOrder503ApplicationProblemPlusJSONResponse) VisitCreateOrde
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -3575,6 +3657,9 @@ func (response GetOrder500ApplicationProblemPlusJSONResponse) VisitGetOrderRespo
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3594,6 +3679,9 @@ func (response GetOrder503ApplicationProblemPlusJSONResponse) VisitGetOrderRespo
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -3733,6 +3821,9 @@ func (response CancelOrder500ApplicationProblemPlusJSONResponse) VisitCancelOrde
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3752,6 +3843,9 @@ func (response CancelOrder503ApplicationProblemPlusJSONResponse) VisitCancelOrde
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -3769,6 +3863,7 @@ type CreateChargeResponseObject interface {
 }
 
 type CreateCharge201ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	Location           string
 }
@@ -3785,6 +3880,9 @@ func (response CreateCharge201JSONResponse) VisitCreateChargeResponse(w http.Res
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3830,6 +3928,7 @@ func (response CreateCharge401ApplicationProblemPlusJSONResponse) VisitCreateCha
 }
 
 type CreateCharge402ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 }
 
@@ -3845,6 +3944,9 @@ func (response CreateCharge402ApplicationProblemPlusJSONResponse) VisitCreateCha
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3886,6 +3988,7 @@ func (response CreateCharge408ApplicationProblemPlusJSONResponse) VisitCreateCha
 }
 
 type CreateCharge409ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	RetryAfter         *string
 }
@@ -3902,6 +4005,9 @@ func (response CreateCharge409ApplicationProblemPlusJSONResponse) VisitCreateCha
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -3952,10 +4058,13 @@ type CreateCharge422ApplicationProblemPlusJSONResponse struct {
 func (response CreateCharge422ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
@@ -4005,6 +4114,9 @@ func (response CreateCharge500ApplicationProblemPlusJSONResponse) VisitCreateCha
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4024,6 +4136,9 @@ func (response CreateCharge503ApplicationProblemPlusJSONResponse) VisitCreateCha
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -4131,6 +4246,9 @@ func (response ListPayouts500ApplicationProblemPlusJSONResponse) VisitListPayout
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4150,6 +4268,9 @@ func (response ListPayouts503ApplicationProblemPlusJSONResponse) VisitListPayout
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -4166,6 +4287,7 @@ type CreatePayoutResponseObject interface {
 }
 
 type CreatePayout202ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	Location           string
 }
@@ -4182,6 +4304,9 @@ func (response CreatePayout202JSONResponse) VisitCreatePayoutResponse(w http.Res
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4243,6 +4368,7 @@ func (response CreatePayout408ApplicationProblemPlusJSONResponse) VisitCreatePay
 }
 
 type CreatePayout409ResponseHeaders struct {
+	IdempotencyOutcome *string
 	IdempotentReplayed *string
 	RetryAfter         *string
 }
@@ -4259,6 +4385,9 @@ func (response CreatePayout409ApplicationProblemPlusJSONResponse) VisitCreatePay
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4309,10 +4438,13 @@ type CreatePayout422ApplicationProblemPlusJSONResponse struct {
 func (response CreatePayout422ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
@@ -4362,6 +4494,9 @@ func (response CreatePayout500ApplicationProblemPlusJSONResponse) VisitCreatePay
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4381,6 +4516,9 @@ func (response CreatePayout503ApplicationProblemPlusJSONResponse) VisitCreatePay
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -4514,6 +4652,9 @@ func (response GetPayout500ApplicationProblemPlusJSONResponse) VisitGetPayoutRes
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4533,6 +4674,9 @@ func (response GetPayout503ApplicationProblemPlusJSONResponse) VisitGetPayoutRes
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -4651,6 +4795,9 @@ func (response ReceiveProcessorWebhook500ApplicationProblemPlusJSONResponse) Vis
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	if response.Headers.IdempotentReplayed != nil {
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
@@ -4670,6 +4817,9 @@ func (response ReceiveProcessorWebhook503ApplicationProblemPlusJSONResponse) Vis
 		return err
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
 	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
@@ -5288,334 +5438,342 @@ func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params Receiv
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L3rchtHkj/6KhXYPWEA04AAkJREMCZO0LI81o4tayRqPTOGl13oLhBtNqrgrgZB2FaEP+0D7O4rnH2F",
-	"8/3/KH6Sf1RmVnX1BRdSlO3d8XwYiwC6ui5Zec9f/tCK1GKppJC5bo1/aM0Fj0UG/3wRi8VS5ULmr8Uy",
-	"5RsRm09joaMsWeaJkq1xK8yzlQjZei4ky+eJZpnQSyW1YIlm+VwwnatMxEyt8kgtBFMzxiUTPEsTkbFM",
-	"fLcSOmfrJJ/jr/lCTGTo3hxten8WmzBgGc2ATTe5YDOVwT/OGJ9qIXOmJDyusuQqkTx1s+iz57dLpUXM",
-	"cjWR00yttcjMxDK1upqz8DyKhNa9Z0rmmUp7+OPeZ7gHYX8iW0FL3PLFMhWtccustRW0dDQXC272QsjV",
-	"ojX+Gr/4Jmjlm6X5nc6zRF613r0LWp+riONWVXfuYi7YkudzsyVm7lEmeC5iM3W1yiIRMNG/6rPw0c3w",
-	"kcrMfMx/Lp989t1o8efT278cLz8/uvl7HvbZG9xis4kTaYZyZ8BlXOwcbHKS+1vCqjsykXfckj2zawUt",
-	"c8ZJZmjH7JK/e/Xdei3ybHM+y0VW36/P1JqlSl6Zaa95krOpmKnMLDbPNom8KhMRq9FQn73+9Bk7HQ4H",
-	"jKepWuuJFEk+Fxlbz1UqmBaRkrFmKjMU+tnFxatezA2JAVlrkd2IjPF0zTfmL/PL0nMBm65yxidymanb",
-	"DUskm2XKUOaMJTlb8A08xDgzgwZMKxalibl0TM/VKo0ZjyKxzNlU5fP+RO44o7tS7ehOh/AuaC15xhci",
-	"Jy7wbM6zK/EibqbgCL79SLMkZu0wml/+/NN/h51+aQLR/PLo8+VT/cnJzctodP3Vd0/MLUrMEOYCtIKW",
-	"5Av8oRnsMol3znjBbz8X8iqft8ajk5OgtUik/XtoJp/nIjNj/9vX572/8973g97p5Td/+OdW0/X0iOTP",
-	"YlNf4ku+EJopKViqrpKIp0wtRQY3Gs4wn/McKDAxP4Ojzvm1YGI2E5FhS5Hosz8JaZ4RjLNZJvQ8mMiV",
-	"TL5bCXYtNmwpsmJQ1ubs7dsXn7CbY8NAk1jwtAPXGKjHUHe3a+i72zUPB1XOOVXxJjDcUNyIbIN3AxkM",
-	"z4u39CdyIrvdNxuZ89t+t8vO2Zs8W0X5yvCRTxORxgw3ibXNpXl6ejzsBCzpiz68y0w7kSxWq2kq2Hcr",
-	"lQs9rrPtMZu0norB0emTp6J3PIhPesdH4mlvGp0e9R4/PT3mJ09mp0ej40kr7LNzNuWZYDc8XQlYlVrl",
-	"NHQwkVybGSZLUdwasx9JHphtwqsDt0XBZkk4tupuNU7xkAmGfXZhl51rkc7MS4c///Sfo5MTc+ETmXOz",
-	"E+dvnr14AVeCR+b6sHY4uB0Nwp9/+s9wcPvkedgJWMS16GkhdZInNyJgkVpJM3VuuB5MuTiKicSzwG2A",
-	"lQkd8aX5N3C+hboR8Rk8hXKb9o9mabiO4XDIKKeCrZaGoZwMRxPpz3J0ckIDx97sAyZ4NGfhZDJphYYt",
-	"mn9NwoAlUiexYPla0cw6ffZFonUir4KJFItlvgngKAy7DhiXG6aA0bqxAzOcN+tMLFH4Kcm0IV2esjSR",
-	"Qo9ZeDwYhBPZDpPi5C6vxeZygW8M2SNW+y6RNzxNYrPfUuWkg1iqj9RSGKL/s9hoNhVWpoAM5mkqMtY+",
-	"f/XCnHZnzLikqcM3wOeEzIETADmYUzHXORMpSe9IZbFHL5pN1UrG9g2k8Xyk2SyRVyID4mHthcjnKg5Q",
-	"IeAynsiISyXhPf/y5suXzFzszhnLxMos2vAZowNxFiezmciMCmR1KTMlFh6PRiEt+LUwKpxhLutExmpt",
-	"1m6mRyItEwuxmBo64DBjM263y3OWCq5zNjpmc7XKdLdrBNrCkNZEzpJM52ylBZtuWCxmfJXmrE0DapHn",
-	"Zo7hi0+ef/Hqy4vnL5/97fLPz/92+fr5xfOXFy++fBl2+uyrJJ8nqLXhtIzsRH7leJqZDqovjbpku7jN",
-	"ec+qqGMGGmknACVBm+VMJJcskb1lpq4yoZGft8PjwWnI/sBCUDp6oHWYx5TZEr1awIVjicxFlq2WSJyi",
-	"z7rdc3tTJxJn3u3S0ZqjN/uv12KZB3BfuTsXEhUrTZzJkg+bZlzGPSnWE1nIAfz1SmrGr3gi++zPQiyr",
-	"XJ1LT3L8/NN/sY1aZfT1XGXJ9/jxRK5Fmrpr63YcZygFUoE5zYICLN37MqMQ6qAYGH5t/qtXiwXPNq1x",
-	"62PHwQOPBYM6di02raAF37XGB0mF1rvASGpiheUXbZVWy0zMRJaJuOO97VApBBoBqCXIlgrFpCI1DlVP",
-	"ToajqnrSYCEkiyRvVq4WytznXCy0YR+ZyFeZoUig3yW/EgEbmi+Gg0FJ4RoOaBnfrUS2KVaRwpv8udLV",
-	"xUcW/DZZGHtmOBjAtOkvN2lzF65EBrP+0uj825RCMAisTmjMggalcIu10KAVwmi/pFL4im/UKt+2uCV8",
-	"a1e3VE2LW6rL4+vvnixGt6f59Eiuv3+8EcP5TfQ0i5vXiIP+cot8Z16DRiLc5Y95/Br5lPkrUtLwVPNP",
-	"vlymCZqwj5aZmqZi8YdvNdqzPjPYIoHL1/YLns5UthAxq18ouqzm5TEQ25YBg1Yscp6kdBqVgdhipY1l",
-	"yIY9o9RsV80CRn6DSJij0znPV7o1Pjaknyd5Wrn1pPLaKdB2zvN8qcePHi35ZmGU0j7tiN0p/chbRe9a",
-	"bHp2COA0zQpNecteqtoSlUQ+bSSS5c4HbKAdvrSBifYkCBEeyL3qS5EjHrxVxcvuvVV2CGTKsG2XWUGj",
-	"ntRR8YZNM8GvSd7gfWnYkcooFVKygtqoWmzONRvZE2czI2Q03PEsU8Yu/vqHFnzYGrce8YXR4VtBayG0",
-	"5lfmVZYMSYO4MpJ0xpxSNWy9C7wBolWWmXU3DmGYvZqxlY4DJlZZwK6my4B9u9wELJrPjEERB4yv4ta7",
-	"b8xG6ZzLqOyZ2XpotLpiPw4/LHy0Zx8FjlIwqn/OxKw1bv3To8K3+Ai/1Y9e4Rj4SJ29emosvWTMOFs4",
-	"zqEyS1zM+SnMh0iggdGnzPmB/pRoo/5PpNGgAzjSlbyWai3pQM1zNcJh7bBCKKFnZqvZTMg4kVdGCYYx",
-	"EslCpIqwc8ZUBuZ35XpqMy877e2mTIcZZbVYa3u7YdPk33o2F9G1iK1jrFAyJzJKebIwynG3WxhE3S74",
-	"MGbJrW+akNOwpIhbFc4oge+C1jMlZ2kS3UNWeLcRxbpU+WVkKDY1bNq/kqBhsCY1wZzrkicxzDTi0qxo",
-	"aow3M4yxhzMxW4F3QJN/yui+ueBxmX+dFlcBX2YGKk3m4PsAi+lJlfe85x/uSqBH+CPNkFOYA+S5YLES",
-	"QOHo0ET6LNxT4D7muFMwv2KvwLyEzUIFrXYQxkL7RMHYQApjGJxLvRYZWydpins15/JKEFGUXWkv5Fst",
-	"3os+6qR/udIlCjmvxg8SXZNbxhrLzXynAlhGpiKhtYj7DMw+z+3imYEsFilvIv9t5FPXFBjO9T0UhZ4Z",
-	"4SFIqGmbatxj60Y1uV7wKMKO4cxpciOYWkuRsbky/JDYzkcaZJ1AIzPJWZzEQDSzRCZ6zhKJsYqZWDvX",
-	"OwWQaLI8MUa3MUYTF+BBF0OfvSy8OmUDnmm+0RMJ8Siur81SwIA261tpMVulYzY0fH9UOO4LKzjlSA2c",
-	"wklmWXYhLFKrNJ7IlC+1YG33PcuEFGttJrmeJ6mAf6jsWp8xzqKM67mRBHYk87CGg0gkGw5Kk5hITozX",
-	"UiVHd7JmCoIPwJjRNVG6650++1th+aPfo7RhEwmbEMBu+ivDG91nr1Samr3SSpklJZrNebZIhdZnuPvp",
-	"hl2JXDu/AHhP0CfgRQy9k9hGsPTrR16o513dE/9arDQa/Q/GPzIcsqr+VhnGmgOhxFv9a+1XX765YIV2",
-	"hbfK7gv46Up8YjTazifcnO7NJ2iEhxE1jYzBbAhPM8Hjze6N+fmn/yptA3ozJ9JobODebNBncPpG2hQ3",
-	"Gny2c4jocc1iJYmH+AFe31VmbrbkEHAx7KAsttCrJcW68GzBXyW/liE/aWxnnj43mtz70R2NdAlKYUle",
-	"SbaS4nYJE2XwNVMRiPSSZnJSVtJxOGaHu4OOjk/28MkHESUNKzDqsr9ic5hfNpiobD1XWjBxK6IV/D3n",
-	"8UROxdVKBsj5wRs6g/g9uXjHhvmAZALHrx/ODijevcMHXLA7J8DZ81SL9VxkgkYuhQfKzKxh4H1MrSFj",
-	"Anbxpco/VSv5fgzNaGgzGMWjqZeKdLsmRbmsrxwXRGUumx3qYHoy2i0+9BCk9FIxvYrmTrmls0q0C8KE",
-	"bsFG0zDHmMR42cGGA089hm80ZHeUQzUlHQHv+Cu+SRWPL5T63BgF73UYxPQuc6UuUxhtlzdB3EZCkG6k",
-	"k+8FA1ds6XiGR8XxvLYhA6WYHfzgY6IX93KlevjwQ5vmsKRE49Q8dQl1DaPlmNWxdljbpDKj77cg5QN+",
-	"g8kL4MzXD3pAeDUv0Vjff1xzrtnTgY1LQgwS46u4pkSzx8elczsa1s+NniYHwXudIg7Vw6E+4JmadS9U",
-	"Jkorrx4tBdq1sQn27C+ddEmM91mbclQs6SQS0riKF00k7jOGt2egb0whiA0ZOXYeGN8mtwxny5QnspeL",
-	"25yFx0fDsN/BC0/ncZEshFrlD3Pfaawt5GONHJ5lxi5yer4+swkLzGriXOdVh+rTBhbg3nd3BkCPPjCp",
-	"BHT/ZZSuYiOHm9dcYghGe7RL8YmHPgrPPFPICymDgYkJH7B9GPnW5OFTiulUrVPgRZEZWM1mhaoYKSlF",
-	"ZDXEKFVg9RfcZ1w+ka3Orjciu0ki8VbyG56gY+d+IRIyqVV2uSqPVbiyIb5kf1ZsLLpdzKYmC9Hg2G4e",
-	"uUKiEc/ivYNbt0h5Myo2wVnZ+kR/EBqmZTXWE2mv3IvLUzyYqt3Me/4A4HbGA9q9qzHP+ZRjWupKZoJH",
-	"c5pBdTObhqts5ZbBti6eSOi+S6cZVRb+MK6hWCyFjMEgtRRxZW4xN3cwkUluvX7kJiGWjlr6nC+XQppr",
-	"1e2+FOBnsJ7lccmTUXHRWJ+HozKXpVU3P5VkfCIrtoRzKrlMjRwYQyYiBSkSSwVpNUnuOSshvzawHmGV",
-	"TST5ifN1EokOZMv0WNh4mULWxuc0GSHmQU1qaXGpzBWC/BSjm854khr+CJ4dhneGMlfI8NiInIEu24c3",
-	"N1BeyNqQPuU8PYYj5hmXGpiiI0TzrlUmWJuzVOncvK/gfwHjhhUnPE2+xxtLP++cme0NH4Fx/30YwBy3",
-	"EfcD+noulPqCyw3JOP1+gpnn4hKUhgbnDuVxYax3gUERbuTxwEozDfmXSJFnFe9bg0+47NnxPMAXSrGF",
-	"OSo77p0kNs9Fz67hwVw5ZEcVa3dLhk2A+8Jzq9liTrRR2r0NRRdvrq6FnMjpKroWOewXDo2Jpjya+27Z",
-	"ksZX4hmFHb+Ssc2gakj114rxHdwDkqLKAqitpLnA7BwtwIl02XpuyUahBHFn/UQPSM5vJV/lkG/1ni7L",
-	"lT+QR8tvMHMco7WWprlmH53Tz+EFY/ax4JnI2GQ1GBxF12ID/xAflZVMz155W37fwfRamudDqZd2XYl2",
-	"kVKVkSsvUlcy0RCt8t/daGSUj/Wrr77qmV3CpM1cNOf08OIXhp5gxoLliq20KGf24Ba3dmbQA0no1XKp",
-	"slzEX4g44Rfwm/ciDTfg5cKMeAmvrRJJXjXTuWb+i8wLym6HE58c3DsYvIPRO+5AGG6EHozQg0cfikSs",
-	"4wGcdoatcc3C6vJCIJKm3ap4H4x672ZGWVApJk9UaQSiK1P8NkAOSCkbZjOXmWFFeYJqfkkJLQ/z1Zzn",
-	"lD9m2LPEWgGp1vUxIetv33bRfM8x/+SdOyieZXxj/l6i0VSfyWtUYIA/2wlZJ7+ZlMRk39BTRCAaZdko",
-	"6n8bkT/UXN/5eW9ft3w92S6iqK9S029FBIOUR60t81wyTM6xWZM7jm3LEC/QlLUPfmS4kwQzJsnPKGwo",
-	"xRXPk5syqzg6Pj0NWjOVLXiOYYHHx616LmXQctk/e3bwmf1ddbO89CFaRdNWYR1P8x7luVgsc8PwlnwD",
-	"acUZSmgsOMpr5uPh+wfsFc8ANeg4YMmOPaXIKmWQ4pPl7Mrh6aEbixV1lzwv8dTWaDA66Q2HvdHpxWgw",
-	"PhqNj4d/b3kjxkYdI1O7wtzvc1pBi9TtS+Tlda6wYZyFaC6E1j7BP3E33LZ/pFksojQxlKxiVyKYSL2a",
-	"zZLI2ASXcLEhFcnoQutECxbKVZqGZhPNP5A3YW5pbXlJQ9brl0v+3UqwJA7YMhOz5FbELIzml+EhZV61",
-	"N7h03u2pwxQHwI1Y8o0+KHW49iaSU5cYfdyazbsABRkjlESilWzexaWh/subRPOm91hhWquNJc4VUmJA",
-	"9Sit6wUFGiamwXnb+5hoCOYnWKAyFcZiNfZu3AFTTbJQr6JIiNjQjcocDVGuPhWnWv4ZtNyvW0iTIjac",
-	"olio/309LdpnOZAF6yVmuxRIjxfRttTOoXIfSve0kXHB18i+vCRlHseJ2WievvIY0YynWtTdHNbonzGf",
-	"u8xWaUosps7Q7kE9uaIXYf1PbrSwwjlgDhgsFy3GEzmRP1Yf/xHcGWnOfjRf9no9Rv9v/gx9KgzZj4wO",
-	"S1e+XoBf2fxzx49wlp8gK4EfEluJoeBqFAYspE/gkEIWXgkpsiS6pI/Dyog+C/oUONAhgzYwLjPuRH4K",
-	"FUW4L5riuFjlq1ZFwSW6YtDls21Lp2LObxKjv+3c1VnKrzdmzmWHjqFUtDax5IluprZJEGotdZ4JvgDT",
-	"hcIR4cntbUg31B7AmG3Uil2JnIUng6MQhzvblmdZmZx1k9emVyQAlry4Y3xJ4PxNNu11JfMkddY1BcfN",
-	"DsooSUVR+JTklRlkPBefk0+gNgt8uWbh8eg0xMWUTHaaTo1iPk2Tq3m+a7zBacjavBkmoLr5mL2WraRM",
-	"5FXH1tuVjs3tC6pt3BLooeeQKp2/prKJ+rStg9BpS9MVeiULPm8GoEmc0d4DP3ccf5ZIChMbbVXcJhq4",
-	"P7GvH8t8vSyW6gzA+7B84b0vavfW+w7uhPd3EYtqIIvSmHiy3kf+zpVlzm7hWhE7FZ68XVpAPu99hQXk",
-	"B2VU7nBnLVet96u4odFhQ/ZHNjztn54epN666qxT+t/uEq37KaqlRVXX+GkmjEy7xdJTKDU0PAUq7gQY",
-	"xlRePBh4hTZnFv4AfPBK5jyR7OXbz1n77R8Gg8HA2ORwG5erHK+NXGE56lxkFefLxVoxoZeZuW+ayiuj",
-	"TCVac6y/8ErvBoNyRdS/TSa3g8E33X/eS2R1XWY7nWGp2H0JDS1vNLVhP53Za50N96JAMuPUKt9Nh2Wy",
-	"gx371cguT6SHk0JVia0pvzRK1KW6btV3D9SrKZfXjEdQRT9mYfFAiKq0jSQXNQPgUuZMz1WWo1P/bCLd",
-	"gxgnDknwoyyj4e13Z8VrSGtYQI5uSRpMJHF9FH0laeSc0jY9DQI6M5HhlL9VU6vhdLx36VStw4nEfOBc",
-	"oKTXjGuHioIBeO+RQsQ2zNCKJZCyE/kQYtalyNIyJpLra6pgxtxqlHpE9yiFcacxzbtTtlxKx18+Ie8D",
-	"K6b8jfL+dNKoJHZKQz8cP0C/2n35AcUj1czQp7XFnEkBDt7wh3chFgPDT6EgHB3gVF++4InU9LUNSt+H",
-	"g+AIBQNBDaSZj7BP8JaNq/MxBmt1QjYznZZVBqt5ECb0rul4PLZU3fZUrUXWi7gW7MWbL9nxaPjELRT8",
-	"LMih4UY4B3ma6LzP0PGocZcS7R6bSJ4JW/oHXxtF0FcBIkAxMWQfrnRsbCOxysx/rqZL859oPoP/cPiO",
-	"r+LwbCIRcWgjJD747XITBmw9T6I5JHBJJUXlCq20uSpilbWC1tV02Qpa3y7NZYnmM/P/HIz3VcUPgA/V",
-	"/BzPb0QT3bxRRh1zJGiTAgwRoZIAh6ADts6S3DAumx1kuAuwPo5pOlxbwpBXYmJ2CV80JVMvFmlyIyAR",
-	"2BZSKhkJ96K1mM6VumZCxhD/x50oE//hPsHR4T7BmOd8+2VHT1v9riXkf+dEQ9Y5gdtldKVIZNLiu1iQ",
-	"DkzYgLg9xDRKQry43KhFFoBK29xzhbimUy/cc81+tqbLdbDTUNzkl6FhF/EKgzbCHirgJ5lbUtb4zAOP",
-	"/3V6FL18uvjL98Pb1/nJpukEcoqvWbJH9d0I/Jbdhb7v3aKPyAlm+L1hT6WfoJCyY9BfTV6z0rsOcJtR",
-	"UM2jRKKgJrECd+7zRDcFNwADwpCNMD/SxqxdG/ELwrjO9y2VHhSuwbveEFKac325UFmjH1tA/jXkGuCU",
-	"2EylqVqfsSXXeLlTc2vDJA4hdqdznhkD95JjbD9X4CLJ52LRLzZzqlQquKztJizIm1HT/kFGsSvqqJCo",
-	"FOUKb5S8pMXUN5DqtRvWTdW2WBCR6DHjiNoDbAj8MmX4H4xktkMqHUfYGXRz8YlsrGs28kNyQL2B5Awj",
-	"Faq5E50aOp/TXWo3xhWaNwYpE83WmbKgeklOc2NLkVEEuXjJ3lr3fbcC97WYUtM5fiZ4auy6H5rrY1dp",
-	"joc3h98ZLXfaoPps9dQbewFqBvH5TSXgsF9JpJGbpl6tbItUtsWd7OXLApSQmtnqf5BvSbl6TDeoduhG",
-	"ah59JmSEoYRrIccsHIbOAEH13ZXmGK0vysRCADIZZPgY0QfInbfLBJDJsCYy0RQuVpD/8xyS74ycL3zt",
-	"fp1WpKSVkMjtKdtnyVdQaqrS2Bhn5AyLuCQbwYyOo0L1lvlECtgnc/IVqh/uNVFLOkDtMktXOb/mmjmo",
-	"q0pQqK4wDA5XGHAXdeMMwmJ6IVumK02MowzixdoWmMvPl+4zC06VaA+TaiIXfGOuaCMwlcUUK4FS1Wrk",
-	"mtZ+NLjH2q+bcBYJLi1wyH81hCdEmiufwUEwUg1TSFV0LeJL8IY3kUCSEq27UjW/sjlATmEYMl4COk3W",
-	"9sp2rY99wTdoswMNG3seYrE4hFS1dyREzY17uTd6a4MhlyB4mrcZJPBybiZevp9GC0hFDuEaEMwitlEM",
-	"ZP6oNE1kSGolEWrI2iqjn5BZGuJ/3S9cvBKLv0UMgI/k/PZrOSMl80SuhEaTC1yAFeKzQ7Qa1491Bbti",
-	"dlBHQuEh4lEFRFvTvQeaLBPeqy/fXOx6P4A77UX8vfNr94DtPqIIRPPM0Pl+uU0Euq3BH9g5UsamfRyK",
-	"7hwJm3tibM4itbM039FguJVmPXa8VSgn8tJC9vkhdA+waCUBwwUr3iFEbonqjIWOnkM0EwG50MvApqW1",
-	"LcKgxVfLzS2NBY9De9HhZLTIGQcEPcTHo3mobCLbuc3+tfFB2Ccow6f3odtsJTOhVXqDJiyojNJRITL2",
-	"iv3u7YGxGeySwB3KK4aI/+1ubQXR+FyAvsI2AqdH1G5UhcTrdFVhrhUzx5N7TZoSRG12ZXGptYirqVwB",
-	"+nWnZvMRMc98C5ac1rNVah1NHyaW80Ezk4bjwZMPm5m0M+ADpS7FJ1AYIs0uw/RBT3Tc4G6BmodLQzJ8",
-	"MLxfetD+tB0bLifnp0umaIeG5ACuqcgnAf22QNWx/wSjDH8PG1F8AcmUkEi5LV/H+i/oiUrg1P3sAJ9D",
-	"U36Ov2qPGezJxoE7us8hgULqQR0SyBvu75AgsI5f3SGBEcP6ZL9Q0haqFPFAigJCcKcU6roPN3v/YOD9",
-	"GNlwPByMB0cfnJGVQ4i13HFv90BilJnGrnjQvgTOT0H1dQmc6Co0VsLGJmjWIogfNjdzqao8cTcg6T1Y",
-	"Y9tirp+VI5i2rI3UBEhVNIoc1qzlYSWhFcDpFurG2p8LcwuctYBc009sZOc2MdbBsJKoRu1N22DARNZj",
-	"6Vu4bDG7guU2+XkfguE6GvUY7t2yIZF/7GPAlNP/oByYONf9WbAtNPj1eTCVmTRpmtAk5PjkCaOiFoYF",
-	"NpriMkFz4YlfwINuNYTqBo8wVJZitAadKxoxad++fgF1H9cJGgHw4/FEhvsLbbDEC2KT4KGFijodqUxo",
-	"RMiJEDhhvlnOhdRYCBYiOzroBRHP4l7sEkQh3Ah5Wu6zvrGwYlwSlPJBPA/h8XMsPKIkiwWP5okUvUxw",
-	"jADjxTkD5PNobj2BhnVAWCvJUxFCgW6Im++CnKAxqYwthVqmWF244BsPh7AW7mtk2ICtXZ0UOu/NA30/",
-	"floukatDyG6H2d2OYLwV2nArZln1CzD+gkYUmv3AJ5WS2Tq0xdZiMx+CCC1CwI2E2lFRRA9roJ7Fx0u+",
-	"oc9K1ORCcvCjIlnAheYuCUKHMhnhKLzcYWLxeP6NWAj25HRyJXm+yvCzClRXU+1/2cSuTLoeCvYSnJs1",
-	"hco1CmplAZng2uF3NqZIm1Gq+dhleV9/qnmyWDtYlyPz1YJL727cLlOOkgu9FYm2yGWUpObZfjb9FSoy",
-	"aZkWxCXReoV5lXWfOCErN+5ZHZEXRqvBMx8kyLyYYIMwKyCUD/ff8ZzUkgfz1x3qpgMRYI/EdT3zZ3E8",
-	"GDVp7lT0WT964NlBlQIITcMuvSSyyot+Zs5+1xWxsfraiwupKPnCRSS2v+mOUsy3P1ZZ0nOJq3s1OlsG",
-	"C1vmm8rmkm9RMPA6u5SZw1NDziUGz1HRoHtTqb6DXDBjzhrpx+PYZYcATqhh5BBYo7T/iXQdXjLBiFkj",
-	"gsaVLKDvGhNldkTIvMx3al0HDk0zdzA138rk1mJ9lK3LJ4+Pj4+fHj0eHWRjWiV1T+Gwt+GfmCe2GEwX",
-	"FW6Le53EZ34mitmnuEhSiZtSU5biJr88vvj+6fVfRouPH69fDqO/3rT29PuoZ6p84OSUhuHvnKKyKz+l",
-	"YePvnAjlHwfON3CpkJlNFnW0BSr01Kz3A/tATu9Rv9sQbtuXXFimqi2pd4eoFT7VgMbssQ5fFt/T+1Dk",
-	"AV9uDeF6ucKVZIWii2ISCWRtlBJTsJG2QmcGfgGdFPGbAtQLbAzX3s4mCtg8CYeSA0UHRQeiVEU8xZZn",
-	"gPxjqauBpirBRh4tRK85c27PPd/vMgpL19Y7MedMsTXAjU6kzr19RtU7p9aSJbFLBtl2BSvsL5pfnn56",
-	"dTT/lyfXn4++++pEvM7378outcafEmk3Dq6abG/ciC1Fr633KGWtEHewK58Hc7y3eXDRDyVi9OI25HHf",
-	"Jw6FRyEOTMfen1DdwMSKTNHtbT7dPO5V+H2Yr3gwGg9PD/cVH+wTzUTVJ5qJy5O/bob89dOri8XR9F/l",
-	"4/kHru7eU7X9S9Rs+y1WnY/y0NgPUv4+3yMvmsISTlrAVBo/lBuSrt/93ZA0qV/fDfkV5qufR9dbLn9k",
-	"qCYV8RWk4uHeFuISJFfDZlqtdV+zbif7YjbnsYN/mQohi/YPZyUwdnS0la8/1bJU9wOyCkRy02RCnGMX",
-	"ZZrOzz/9V1kSaz4T6YZy1ypvK4m5bZvv3hx4u1E/AcCOjFZZkm/eAOITtjUEhKfzVVMGz7ksQ8oZOjkI",
-	"gyvssxc5OUdniSsSRqDrXEguofbpE7FQkNo5ZqG+xoiUUUFC1qYfh/AntgR2P7lK1VTcej+iDyiXBOGs",
-	"zH5Z8CoP0AmxlhI5UxafimNjH+pM94qM66LO02pxrQY4Sb3gaWqL8BF/zxxvt4tukG43YN0uuT26XawM",
-	"07lhGSUD1/yKrql5BBAUu12KH9hOpPnchXbgJYkkLzEqh9AipwcUC7gBfh6qoTBqqZhtwD3/UuTQtMNa",
-	"gV5+ZLnYhDDJOCDm2VRKwqjFhh1QlqegmlVC+6lcpClOrc+e3/IoTzc9GKuLbaK7XpPeSC1s8lu+Nnpw",
-	"gvDmV8DAxuWWn1hihX2iCXe+aUYWLiHJ+wyQAWMVrRZ02QgqN894hIW9U5XP2ZynN0LDzvzTP7HzEjya",
-	"+RATfcNHN8PQ7VPEM0Jl8DHqOEOqo7RjCIWE4UQ2Xxuf6OmHE+l66ZavT7eL5N7tFleIXawVi80twu80",
-	"1tAjJCe6rqbqdjyRIV2r8jWje+XuU/WGdc78xC9IUNbrJI+gXHLB1GzWn8hze7Exd1kLoQPXxhZCDGma",
-	"xKLSOMRBFtrcCbolgROiE0lFFaqeCj5mWi0EYAakmtqxezAKx2HFhKqVDkykw9peF5tHJtRasWqHY91n",
-	"5z5On0WY8FD8uHnzELsQh48wsf77MCjwRt2UCplmS7ja4SP6p4f868JAiZ5ID7IP553kmoXOHdF7Y/38",
-	"oYU0px5gHSaFiJlUdq6Wyv3mLFHKtRa6IPXi0gFf0dhczPzKFvf5mVLgW0MZG972vMMKmbjNhdSG5hGw",
-	"BMf4sfa7H9lCcGl290c2V2vHrWowJlVIE+BtP7LQ/NcM81rwWJ+R6NZWnPfhGzPeLBMi3fTxYdgynqYb",
-	"j6WYwehzM94nihpQA2yuYY03fqNf7EwGYIz0O2B1bYwHAaenHCkg9DFlRtpPAxaOBgNE6gNCkqDcVqfr",
-	"0DPA3+3VCRa+HWqSRgtDAOEfWQj/MOvAgl0NFwc1HHATmK14CVleXNavCb4XShECr9OVn2tKpqu7buUE",
-	"WsPgoZEAJjF65Y/FEuuwyNC6pFhHAFSEXWFAgriF9ewXZoVfKHMykFKxC8pt53KxBbVGpT6RWNmjFkmE",
-	"KeTExMq4y9RSSwuLZeLVnO9yEcUiM1pbkf+kHRgsoqR4eeKuNIQsUyDGPVt4VsGVpfZcDNN3oE7fAuCs",
-	"XU1XCUDGnOZyCeS44zCylcQt+1ZNi5P5Vk3NoZxDuX6PCujtI21OTpbOfuqz8haaclFHBiRLlV0jIjVU",
-	"b5DPxPAmM5EKQYajwYidUxJPuJ0srUJhhrASPgGBume3PYOJZM5oMArP2FKlKXLGzxUqFEUdUtPNLfnh",
-	"f2Sh/7fZ0BcSG+zbIsiq374wLYxpZyaNpVaAQZwJ0vf0GXOPUZyksL7KwRJEqPqnf4Jx6oDlKG3MT16T",
-	"SVI4LIn7BPXbCnqHRyhF7Q37k5ACgJrNycwyoeewvUvzkm43VVdJxNPiAaMOcfb27YtP2M0xQ+WQpx13",
-	"JVEndAhHbm6uqzyUoExkD9YH6Pgozbc2XX/96TP29PR42BlPJKvtyJgd2n/dqAqMnbOpayPvyoGw+icw",
-	"1+pNniVLQQqutk0cApgjkTP0hgDoaesCNgP7xDlumOYhkwz7dmNAyYE2JObNw59/+s/dDadZOxzcjgbh",
-	"zz/9Zzi4ffKcdE1IGtaip41SABiisAeSGXazwXIjDiwDi97MddwwUhnt4IFNRCZNJxNLYclfm9PlqRkV",
-	"e7pYzWyAa/mz2CC960gtsWq/sE3HyIYtq0XFtVlv7XuXwnKoWWKmDXtivv3KsglYlddWBlgSNf+yD1SC",
-	"7GP25rPz3ujksf2828UEFGMfwgEb+zCfG6OSGJ2xD6SScDugGneq4o25HcgZQW9mGrJcAqMcJlcymSUR",
-	"l9DIMRd6ySOAXFyoGxF3+uy16IHOYogeHoZIQi+RYJdQvNpiFDu2RwsgDQwaUrpbNTEGohkYK/C4jyJX",
-	"NNgrmumxopceHeNoFDZ16LR99cAwtmhnOkmBuWJphLMNIW3SHifNtmgNieZXxtdl9GULoezO3NqQ1mCj",
-	"o0Wj2sJjkMrn6+7s53//D7bkmS4aFptPILHDfO1LvJ///T/MOUMz427X/b4NSPOolSRSiyw/Y+u5glXj",
-	"3yiy1gQc72ruOvAq/FP0UR/XSb5CHePHQmn7kRb8/27RvkkZKAyipv53P+KtY1vbP7MfjVVSDFb0gQZm",
-	"EGAnKSWvAjblcamZvbvxyAE6219mO0h7L3Mttymdpm0JjsrQdVDpm+0PX0nMQerFanqbOVm8yUqdwKNu",
-	"/863m0gd3zYaNSyGyLzxDWVIIrQyEvBsQjUVwfcRmXa7UEPW7dp+s23ud6ZFXm0NaqqJ1/XiONucEJzK",
-	"qPqYcQOCMtzWSNdeeUyXLLc72L80Z3vYJVVn1e1ONzkmTpp/dLvAFZy1tjJqtvkDNx91tWcIVN+7gKzV",
-	"R76yZh6GuuQdrRfZj/Cz3fOm3rjtaiUtnLh3OJUWuN2u1dKdG7Bsf3S7za8v+nrUqql/ZByyUeNeqfCZ",
-	"wKhT6/Uw7O9KSdEpXmAYEuSSab/vOrAoh5ZearfOWaSyDDtoboOdBK45ZrPkFpskI5S/VeBsy6o+c6/G",
-	"pRXFxFNxxWVRYGTLEDWJR54J26qn1FSTpcm1sEFLDTgWkZfOxdqA49qBLvtGZAmte9kqBe4PHeGxq+RE",
-	"xiuQksWE2ngDoOUj1yysZYQapbgx1ZMygZvSPWEmcDEn0utLmpRaprJ2eAIeBXNW56zb9drnFLYohevB",
-	"l9jc0ieg+29sp5PbWwzdHY9Oww4JxYnksmhc6vVLTzRZl9t6C9UhU4NKpyWjKtjuuNz1eQCSxOLXxgZI",
-	"/Z32GY3jl1/TxTqDaqPo+ioDy8oDiOWpVs5I1rnR/TwRRxA+kFFgaB2J1xXCA7qps1RdwMkWdMOEnMXo",
-	"mBgCPICe8bpybfH2VZoqa2oeiDlvtl+x9eE3oCaYM7eKqMiNIjeR4YtPnn/x6suL5y+f/e3yz8//dvn6",
-	"+cXzlxcvvnxpaA7yMKyjovACudrtMxb+6fnFRD66GVYbNutHP1yLzbvQ8Pq1Ri3hI83CojI2LEAcbE2w",
-	"uZFrIZbYhUjk1qZBCqjiOZBet9JClzEdut0GFtft2ia7pAfFyFwMNccs4tQ0nAJwAeX6QUcpIxoJKJW9",
-	"Uf58LSQM2S3QbwircgzzNuQAvn8wVm34D35LHQ9t8kTZ+ZIrBF3gmto7B9SFEI7su5VYEVAYBT8yATFc",
-	"bRFGYU9Iya42sa6Z0YFl54DlWDkQjyABlRqtfbCfZbopAqxetbnVoGxHYiI4DjbIGA1uysCnRRT9CzE1",
-	"GjmTPWVzn4yKRMiqc34jWLaSnQBaiR0PTtkWZSNArhUYnjTC/xyR/+FkcIzuegrQZlu4R93pUQouGGnV",
-	"Z58pqVaV5k0T2XYaFWzSMhNayNxPSTOMh6nZjDTJVZqyb5PcWLkTGepUiCX7IzN0rBbtQcAWiWxHfGlU",
-	"Yi3Y//n/2ejfiF46ndB1CCUEQcKWRS+mrdTnLFe5sZBjwWMQc8YYjEWjplBcNrM101VsGJZWBPoB/J9f",
-	"uQZv5s4kswQsJUuD4H90Nnx4fHsblqRF0bAOq1rYuUNPBxFqBW8hc0E+Ghlnr03V8qCiI+CoRJIEeW2t",
-	"Vqd52DhV4pgupDUFNtXIwq4nsUaa7XYJA9GoFhXMw0qiZbdbJCkZtkMoyIlECEQzzX8GQOQz8CPBisyX",
-	"3y438OX/+f9OBgO8BRshCfHQS3xyUMKzVPFc93F6z9zEaYaNGZkq9vXJMszjuAzRCJMjlEZEYGwAa6SX",
-	"v4jtWym3EX1mNvYHDZYoSWlMxeysDSy1E2CPDdt4sBNgDpN5exsVJfPRUpmfkO84IIQ91gaHZ8c1w3f2",
-	"9YLmdZEsDHNcLO30Xn/6jB0dHZ0yl20FJ/j24pmlA9Q0i4iYBTszVL+naI61txfLBUwLQb3gqC4vxAZc",
-	"vOPsInSpUQnd29cv6BLWariwIs0vLMNPAnC0lKvLmC0u67OiNu9OpXeU2kGN6PeU4N2h9q6iMvQS2TOM",
-	"u8/+FZ0inkgw5ElK3GxGHXKp7bS5Ofir8KykxWvw40PPmVI7BjhoQG7AsSMOmEBWGMsN2OXQVADY49qw",
-	"PAAHKziNmY8maRYeD05CFtbrxBxbliw8Nx+FDuUOxTK5uDg6AlyTA+hICq7cdvjJ88+fXzxnRYWNISS+",
-	"aWoIR3N5GrJa32EUQtzzeoGlVbRV2N3SGNp64lCs3dzB+KyhFzEkAdYbEqPkXUyTq5VaVVoX2l7YaCls",
-	"cb2QwsIlIfCKVAuCYzVnQpiEdCVBYKF/nFP5CEV02+EPE8oNnLTGbBgw/8/ROxeGB66S2a1wulS6OWMv",
-	"euZdATCGJ8enR85Qq+RLGXZZdjWAMNsSVMGkKyW9Vp5KCvBr99kXrmMdblmkFksOUHXgYE+kc7GnG9YO",
-	"zz2GZOYK/tlMi/yPby8+7T0FbmA+75xZMEcgDavZwo8KNZD8hNR4EMiYAhSQ/bDDUbLg2bUGEiQTvOK+",
-	"Oav4g9qIAWzVqInEjCFLGFvVPqvhHVEqiG2dbqsrEPSx1NvNvEvIicwVBu3ALuic+b4gS0C2AigTWq2y",
-	"yMz6rz2Cwe69iEMvGd+BhNsOAgFLAOBwIjGnDtu5W+RD7CkwHD1lqcjRGRknV4lR3MKeIZ9LZOb9sDPG",
-	"MBHkJigrw/vsPE0ncgbw+hm4mMzFA7SoTK01hmbOwd/RM6SYqbT3HH7Uo271No8uTSIhtfCS486XPJqL",
-	"3qg/aAWtVZZ6RWnr9brP4eu+yq4e0bP60ecvnj1/+eY5PPPO649dT7M7f/WiFbRuRKYxu27QH+Izaikk",
-	"XyatceuoP+gfQQFQPofkRZtmY/59JRo74lFS0MjwkFrmMlgqS3I1ZQDL8NnFxSvIXozmIroGlatoGo0e",
-	"LTmRKovmQueYF+X4J1lgjnMa9jIVEV+Rt9/vNTzNEjFLN4yvOabk1PJxxmCBzMBJU0lnsR1cMDuEzsuJ",
-	"pRdxa9z6k8g/o80pYKtg00aDwY7enA09OW1KeEtdH97bkhBMt7S29Pafp9BK8F3QOj4abhvVLeAR3TKk",
-	"VQjM6gulPocqaT/FtTX++pvA64r+eXIjwI4ArNRW0Mr5lW6Nv24hCbW+CVqllKTWuGU2H8akDK6DqUzI",
-	"EgkYzSKG5qqzVYrOoHaVHFzjaRIdwLom0tmJ5EtNFY9tFigEEpcYEgbDJuOzWRJhSDNBrSyJ+Acirte4",
-	"Jb8x2nqNLT0VKi52Sx6IuoLWyeBo/xjU/v5trW9/M2GaKSf3psyb4aNp0ca1kTr9bq7lxqulhqeJRhXX",
-	"CUnbsXVcK+rRwUSmZsZZQ19VQsW/oc6pWCfOivIRChYvDaOE4LbSrkgBvXB2JAxikY91jS1eWNtC7oDc",
-	"7pwZaQqZIsYAw/SfGkTORHoL7bPCRIYuZX5iFeQxQjrM1Ejn2g6VG6CO0ePr7jGqrZphY/RaRSfP2Vqt",
-	"0hhiO3HG19bt8PC382MHEPF+19Pr7vt1UbqFvV4rWPrvvvEa8Ho/RnCt2o8Pvux2KduaJNvOQeaKDw64",
-	"4m8r3byPR6f7H6q28H8wfjLYP8YLiu84CIf34kKO7/xJ5CXUNY/x0AXcy3mIGzz6wZVZvdvKhV7TbfQR",
-	"vl3Ot/NrF7BiShYQw65zHSWsW14ykfSroqfvGthJEc/yXNJF19GNAOxo6bzUSQw5RbzaUD9w6UPkKX74",
-	"m/ps7oBs3uuilhtheLWH2/r/1lphlEt45SpNsd5wS8Hjvs4Z9Ya01eZ3TvYXRX0HcwXati1MwdaeAk84",
-	"4Ip9zF0To3uzkcHx/odeqvxTReV8/8h8x9ZMejzHgsNs5TmGnmyGDgiYpnkUPyEKeUGyZgu7ekSKx1a2",
-	"9Xmic2vIo65T6VLgeJhf81niaE7zQWYFHMqr9t/OopDZ+Qyxz17xK+vwWWVaZT2jeMRjV9U5kVDRSVmD",
-	"FDss2mxB0eruck8mxS2ACvsc0qIJ+GyS/VJc0pwBdfBv3ZUKoF1n613ww7buY0ns8IT8ZsawURhPLSKC",
-	"DkeB51S5liVX8xzTUaCDU9unApQxCT3gvATQ1oR7x+K3/y6lqx5Qv52YxXy3EtmmFVg3TflsWz5L9VpG",
-	"jk5OqvgFfgPJ897fee/7Qe/08ps/NDWR/OZ9JRZWQXuKIuqJ+1s4bZNtXjE9PN68YU1C5xu/mBoKfA+W",
-	"Q16NeIMsKqrECxSDok78d/n0W5RP5iwbivo9UWU/+RCiKmgtld6hPmN5EwW+fWQFWxi0tfAJwDQgv0BB",
-	"52xjgPcxS92YpyH1ZnIFmOgNaGho2NauMyPGr2BQitH22RubgW9ekPDUjUdNWRY8FmeuxNdMdENmNSbC",
-	"eVcldjBG4kZIRu5580C2guYZVECTbhAR1Etwgcwom2vjDHQhZyqLhN5peFOZk43ZVcqdjAirlrMA5nkt",
-	"iJNgUCuBIprPMdPQSlFPmkDJWSIb6sww48krNKM48PaaMldA1pxn2cZsnIlszHbruEw3am2VZaslRjlg",
-	"ojbpBUlwAdV2RQ+CCDPKv6TMSxsUHQ2GlO9BoziS7bM3EPo5Y7WOFBTe2R5GskHO03BbFuXYEbQ5hyKA",
-	"toWo7WQmkpUyRP0XNSJ20uLo9sVJjBmwuEhsi6GL1L9Vmm7MKxywDL126zsb00BL+1laXXNXZcpNMS92",
-	"XK1oJ1EEKOAwJXVmgS4TUPa2dYq7kjzHGDiZJRLaWGGuj0s48asxXUD4DHdmRwYnOAPK8cEiOxQvE1Kw",
-	"3cJjnAek4dIRYe0d1CEZ7bXPns1FdC1iP52ZUgghq5kwQYqgdU099Vvh3lk/LXdLa6FaBbLxYxVvDteo",
-	"sGPfKgV4U9+5fGDf3FbQgiqd1viHdyi/DO9uHKzw3IrCjLMP+9ocKEQHmvMN7YTfvXv3rqZkDu/nFvn1",
-	"dMu7KZLbHBpV5gmizcj0fZwyQGK3FVrE5FylTxO0qxHQrjEXhfjN7Btesm1R9FRB3bl74l3QsvH0be0N",
-	"kTfaC9sOfds9ml/+/NN/h52APH1Yf+9xADIv+xNJJqONRbhgPS06gWh8I3vzLT6CmK12mixPqYGUCoAe",
-	"xPApqKBqSb37TVsBg6cHa/MXhKgNj53uuKh+RlyVhzXjYpf4kIfQRpCBKGZBvDr68ZkSujS3Ym5bYOjW",
-	"M8KZq59oTYyXwOHsxT8enBY5DjQYJgZ4b/PQiPbA+cIAPanynjcA4Bc1I6rXdqlcgURUnWgr4ErN7Rv2",
-	"aytwu9uw84bBK4pw8aKpMALIYW3Zco0i29yT7CwWKW/QYbfudqUswug8ONeDt7s5D5HQtppA2Uvb/YVT",
-	"wnYKV7u122De3c6+du6h0clgQLYRcvHh8enpNjnOlHRoiXUq3rp7Vk+gtxTe2UM3D2fQowF6keeeP0z+",
-	"2SYVDQLwS3S3Umm3SwTXZwygpgCLiINWMt1QBqw1P7ZlhxnxyfddjCq9Gv30wlVTQcG9UwzHUJhUUU5t",
-	"giTKlkabDDXVLZVgZpZ3MmMIAKLQ9KGDjF8SN2Z6m7zba281G0DOyr63DfSAU2y0l9wMH8ZkwuSduqXU",
-	"OWwl/UbCxAaMdqJFhjH6NRxtkrzLlWJqlguEXlpzbSa6tWOjy4sHGjxjhHrnUgY/mKLnXYa6rveGLkeu",
-	"8OqQ/eXqNBrcFw5UGXNjwUelUjGRdNHOMDN/OBxg5R4kYIM747OLi1e9mOei02evsAiHXCxbWYSS6aaq",
-	"9g1bexW54QE+yFd8kyoe+x7P4+HJIdqcq9SA9N8LMwFw1Y4OcJdW+nJDq5V/YD8vibyGUOQO/27Z8ecS",
-	"IRCMZ08QETiNhe3xG1WNqT4Y8O2xvqaMYu99ZqOBgBEZVqHywz57zhESUlJX+yQ3bMKm85ur5KEdMa4t",
-	"65ZXxuibyAJbrM39nyJXm6rbDiXB0ksAcFCzZAasCOoBkxnCxcGgkLG9MLOIt0UvAefG8CwsbfhQIcTn",
-	"eEgPFkGUDlB2R8gQf9IcMWSIQAVyJk00YKq0fcLoBCzpi74XlYWG8TY22xxZxOD0RHrktiOqKG7yy9Gf",
-	"4yezz4bffqVPv/t8cbz83xFW3JMDM/p7q+i1Ucme2e8nqubO7EuGIehu2O7H/zo9il4+Xfzl++Ht6/xk",
-	"U+xCwQWA3n6zK2ggGFpBrf/G+8RW4cLuD60ijf+ywdR/5NiosHzUykv6YF+2YDM0wFah+QYQAypFaAAB",
-	"AaICbcJu17C5brcBIXZNIOgA0ODVBgO4RtFpPSh3Ts9sL/T2VnXaOiyqTdAnEpJ9CQinhrniYHRsvk/R",
-	"Hb0TNMC6gDSGsgAjIQGbUcgIMorojSEhM2SELra7kz1YClSaYLEUCIFG99kXgksERE4FzwCrEWBYMViT",
-	"q0ilBG5lxjG/I1X0rNmxXELPmqu1NOpExQYuF2AjYgkEbYwGYX9gLCwMD1vE3o1aBVANDdDtei2WhTzV",
-	"DRXsKpvIqUgVIktXspfQmMvXiqq5Y5TDq0TPrUG9XGVLpUXnAyWAViJA7yP/qAekbYtf8k+de8BJDVEb",
-	"6oBvxPUesTP4e7mzffGbo0HpN9A25yAsxGobfUo+rfTpH7csdEq9Uf+49erLNxfVfv13aUlX7ew/Hg2G",
-	"XkSn2FXEj3cMpLbL6AUxJi2E2xSbCofoatOZy3g72IWyfhajnWdxfExdpnechfsNnsUwOp0dT0ei94Qf",
-	"xb1j8XTWO50+5r1RfBI9FcPZgD+ZHnoWpGIUPbPudyKnr/Nj+fFo/VfxePOWD6NdJ4IzcUfiH8IdHI1V",
-	"O9jwwW1hN0SrQV75e7bWb1EjeSH1UkR5KSW3qgt4qoqvnhyevlUnjMorPtKEccmxpAj8S0kesG6XIF0J",
-	"v7EGKotIrxPZDg/CY8W2waEHMfvzT/89aYWdgC1FFgmZ94SMVCxiZ1kCqADXDtGAaXEF3RDaHtARCx9h",
-	"G5j/Z/RpGDDOAA2UPgF8coJ8xURgwngFqPNYwPvOfJwfqp2F3Cv8mvanzQnsggHiNJRDTSRBYjA7dSVF",
-	"p2qoHihHwHAFVuPs1muSqtvisTt7eLnkceRZh7h4bEeDUi/yvYnbrJa3DeNM5J3zts9YaC2uEBGXrCoM",
-	"fTeMVoY4ER/Ey/Il7tMDellgH3Z7WfAnv5qXBU98h5dlS4HM/6Lk7WPMsNmhrpyMh6NK3ZFYZa2K2PXK",
-	"jprUAz/JxvlJDq99Go4HTxprnyocfq2Y0EujWSibdBllKtGay7zlTa/hTIvpUS1k2QNimM/Bqgrcpf0O",
-	"EHKb/u4A+YUcIMqyOKtV0Ae7FIrGpG7bk4NbJkeeBipgJlSQolz7wrE6YoBFbZEh0qkA5jeRIQQSLNqP",
-	"7QMKmbXkmdN70p+73T7bk9F8YRsvZLH1QIAmNJH724NAWvABTUL8fOaJrEcEYdUq3hS13l73hWERT8U+",
-	"qiRHgjJ030SW4IK9bysgwPtT7SAlQNxABak92gpw5EUJ97YJ+tyDOt+ebQqc4VdLNm1wOL8PQ71jliis",
-	"3UsSrep2D5Y0+huVJ3eSHtssW7wM0OSQsIw+YEapfcUvlVS662n3u1847/J90ijvEth/Id9qyij4PRPh",
-	"f4ZS8YwwhkkLOEixACntQivkUPvBBvHuBsNA+uN2QAT2C+IhWMn2S8Eh/KIsHC2WB+Pfv7skf7MAB3e5",
-	"y/crGgXy8OENakzgEXYZNEu679BbLRcYGXhBAW+AhoBWxs6AjnXKIqJPXUVnv9QxiTCNAUF7KztpatJo",
-	"7BOcAzYSKndZrHZ/RFgpXkZpKxkT5edhEVI1W0DYoRG68EykBZLUlG9FTdM6JdhsyH4FhHFz0tSYgWw0",
-	"mi+0zoVtoomMbQVg0TkCv8Kc27ZNZc1tsvZE2oafdmcQVt0ZfxU7CHpgiSzhqbngNkHMVsqOEfOUbBkw",
-	"zyzg/zqRuujKgPLhSuQkF06bjRaY0P9m1m7P7SHZe8CkWkPRLiVPd1ho3xP+xnn/IYrrM0rk/4fW/exV",
-	"vYO8IIa4XftzQdQPwflx6MLt/hEWXlmnVa4QQRBCTIRsvasb65dyIosWbcLDQfHRDRy7Ad4VUqIs4OPU",
-	"kmUpN9ZLqbVpkIbnUUYsaLvkEaIU/unGK2cXtinQbJXaqv2JXM95DrkorvHKCoI4vxGQgYtS6UAjsECA",
-	"EOYEGcpzxqsoA1ZWYHZOpLIYimmGfQo+mR3++d//g5qYRNxuD8vUGqqmydhvO82gU6A9WKk7kYyxbnc7",
-	"kgHES3mO7SGmAgUsNWv0IC38HrowJhg0ftj+bCJHfVe7QpMrVlBkYtiScFf9yUsdk67F5mwij/ostFko",
-	"xSDYtico3Qkp1q7dmEsE3tonGea+vVcykNGsoUEvNhWD1oxFI34uN9DQN9gJBSEj6kNQGvEj25vMqGau",
-	"Pxl1cWlukuQalHW7hqBceplHUthbJ01r/ZGveCIbqv3L+04A7Ai2WTwcqTTlSw2dG3IFe4a3Z1wwGges",
-	"FN8FqoII+kGhKkahEd5ZfElQhnHoTRPA++lz1tZCVHoVWFx9yxuxfsqQt1mYdiBhB1YgsQvFsC+LNe+z",
-	"ODCsDOAvjMot1tSG28OiqPcwG3s82TBsp5ywQmchZu3XWePsD0eSKB+7rS+7Sm4EIEOWMSbalFGFfUtO",
-	"bm9tB6COjzVROucdLcXOKheo2lh3KyZFku/CoiiiPR8CisJBSv6KUBS2+UYtPc6Qu7WaCpI/How6fg7c",
-	"VuhIPLJP6EFQgWYpv95U3+Nl2JmXATpwnX9SCoFR5Q55Ob4JFTgMo21fnvvFIQMDIOad4TLwnH8bkZB/",
-	"HFRRD4SjrJVaPfLgQIoRaNVICtsZSDG87x85iDK6L6iEL3jLdxbazSeR5UVNqBGlh4OWL5lb49YVDnBZ",
-	"DOBq+C8a5ft0AwebaL0SWR/SgHSOCO53yFcuyvhHHuSE1/covhPUBM/iXuxz1VIltcNILSVeuu+ZRci7",
-	"49Y1vKNp94wqmtReZ6wBm2iAKsIqi4yN8xvd0odAQmgmqHZFsTwjxsE1NmBKZFWdRFPROQ51ozJZYW86",
-	"N4qvM+q2qpoBqngHF+6TGuRBIpTK1d1XE2lMMLABPdW17GkAJZZxML5Qe/0gjPLd/wgknd9BYn5ZkJia",
-	"fVTfaqcoePEGZyhBdLC+v/Vhva0Ffx1r4ms+5oYZeeue4BDYNnFzV4gimBwgFNmHHxTyJZ9nQnj5Ub8W",
-	"9EtgcSGt8Yk+INdQClOqwZCkDsxJ3t+DFQP2aSNcTHtoyGLU2Y8bUzfJCwiRQ6zyctcD5qJFM+qRnEhm",
-	"S2x28/syTgssbYdLpMTgHxYPpU1GemH/XYsl2n+JvOpYvJTtYClnfra8E7bF5oBPCcnDlm+C55gtRaaV",
-	"/B1r5Xesld8znGpRLuQrDVGuHW0ftmCt2OY0B1Ti0E/LpTiAgw2AqAgeeWBpDhTiuNoc6ul0954KH6jq",
-	"5hVtysO1R6AV7iy7od9Uim3KxTVUQ0OpEk1FNKWz2lFEs1SXx9ffPVmMbk/z6ZFcf/94I4bzm+hpFv/v",
-	"qqUZ7q6lGY6HAyrrbcpsyBNJPpzWlF/mQueX6nqXI273vlaS194DzgNpdH85C1HC7/Usv1Q9y9Ixj4Mb",
-	"gG3LDngDmoLXpGALvB5kCbQNcXbYlMtrxiPAsjBapu2Xx6+FduqGeSLmG23zy4BNdLupklc9sk0LLbHb",
-	"HdsWmKjlAywVjyKxNBwmr+WDjdg5fGmU5Cp3435IG2/DmBWhbQz26IksqkXOGPdDpd+qKfbA5vq6GgC1",
-	"vg8I9s5ERugaqEuBp/eVSlMW/un5BfOE36Mf8B+XSfwuZO25kmpl2BFEsEpGRYdBGT+jmYcIgGJzz5yv",
-	"BwwBUA3tjEJ8AyVQPHJ/W+cQxLPvm98A/Ru4OcJv1dRLdvhWTQ/Nc8DpBFRjPE1yJ0mIxvAr3HxKJJhI",
-	"894kbyhHGoXbw+9jNmlxoo9JCx6etNbkFZm0qOf4RLosB4X2NM+NVmxIelsU3oaTMWJEdUujkJUqkiay",
-	"vc+H1gFLKclZgd7mUXC3yzWEqs2O0zq6XXOTJhI6XcN5F8VOaL9awMvcqkkXtJ1oDVQC+ZWQ/UTOkltR",
-	"AM7YqXgFJ3STNVNrCRuU+A3/ILEhYNw1nDcv8btmQdf+jksCKHIA7FXaEuMfhWO3CQ/VgmJLl4Zm6NZd",
-	"gKMcvAJFwV/F5A4akVFTbC1CHt6zsgsU0h3MoP7VsMZakvfZM9dFxalgkLsLaU62UWklw4n6nKJTZEPX",
-	"z+tvalg3PFFf5lSkas2+F5naHr9GReG3Ud3W1Lx0h5p1xwgurvROEdzRey3kt6ZT3rWmjUhjW1fxgsnY",
-	"K07N/5FX373GDXOODgnNFjVuAQBeYa8NX4tADgwjyj5Dub6P6f5KPRho0th6weocS4WtF8YMhIanK1QE",
-	"hZ/pc7eWCt6rdpDPb7W1wi8d32mQOtsw6RuZcVMwp2nMSky28H2cDAYDttIVRO3Gd20PyfiBXa8V8cEB",
-	"Ge/53tTvFf077vze+MF2uPQH113eC9X9d7D03x34vzvwf0U/0Su+gdRy8Nv4DpvDnEbOuq968X1Hxp1q",
-	"lq2tgnoVAI2ux14xYtsqgEHZv2Ju9kYAsipsNoCvhom8hF8keYiAoKWygIW6sdoceLYQrlWyuhvFmeq+",
-	"Yhx2+uwrChQ76UnQqMgifbWIRTwDU7jE0sekiDazAaOPQTnHFU/k4XXchLb6gQq5nRX3QOV+v0kDpiCc",
-	"h7Vh+mUhs1M2OBYNNOY5+kq1uSUiH6Ms2EJP6BVyBMXaPIeikJwNzxhnyMJd38gDpMhEnk9hirboxLsF",
-	"cAOqomPU+p/bMO0fuq3/0l76u0QS7uTlwdvj6t7XYjpX6lo/chwbEu0bgxMXtfJDo4iqzNVQk26KjbfI",
-	"c8iokspeASDhpaDWCmjkLpXWyTRFEWkB2frswmhgQsZYAwXxDCYVO3/1wmhoYxvGWBlhkhsW6JKDJzJ8",
-	"ZefYe5NcQcWnCBmyhIDdiCyZJYCUSYVTGV93u86wABwpEg5cUudPkWoxke1IQW5s3suTBUBvLXmWaCUD",
-	"dtJbJHKVCywly/liyXKViszo+B1CGLNDFs7Atcqut4uQWMQr5O8i7nbtfHHvQqgLunB/JzHzU1EtaGOt",
-	"aQn4W0BskJ8bHndYYbFIkxthTA3XBoVHRhymIr5yGUqhm5fNQ+VF90gr6frsfLlMQcN2DU8So3Fokc48",
-	"OAIkA7Ozic6tulzGdJ+lRkHhjAjWdsMuSlJyRdRI62M6h3JERFz16w5c9b10CdDoy31ONYZToMPptyLK",
-	"CwT9JBIu/D4B9QBSHkpbA8EshDBokuqvRSSSG+FI8ytcS2sPYG6Y/3GyGgyOopVMbq3MgU9EcDOk77Sl",
-	"cvwiDBjUMLJQF+RPlRKpWousF0GVoridyM++OH/We/PZ+ejkccBA1fTsoTk3lGB3XYsoE3lgPXiO0APG",
-	"WdgP3c5OZMbXpes0ZqH3nrYdKGd/YJNWf9Jif4CfdcI+ey3Mzgsfbt8tosiAWPAcKsFYWLWyTxjeQ834",
-	"mm+Krsm2D8JERqmKrlkbyiJR7sZiJjiUr2Egw3ChNGZ0FxKha4C6+R+HTx4fHx8/PXo8MsdwMjp5wp8+",
-	"PhVPRCSmIuZHIz6b8cejKI740YyfDCMePxFPnvCBOHk8m50cPY4HkXgqhoOn8dOpy8FAHlUkYTQwsveB",
-	"430Pp77FKh97C9/WQKWuQ/qVC6goFiGvS8RXby5pQn0yml+efnp1NP+XJ9efj7776kS8zrcWK+ET4ia/",
-	"PL74/un1X0aLjx+vXw6jv97s6rRyB48XHgiwi8OiDndtQuCYa7VAzrHnDSRPWabqMpWt08v3TXqDIbFk",
-	"yIfsbN8FLWCh5Xd9ClzVvm3LeJDBUh/w4L0kDngeXW/T53F9pZAEOAFBfMXGbA38vFz7udXE2zU51emz",
-	"5wkW0/NNJQyr5xB/07laFjuNeQHm+hd6873czTc8TeJLun715HZcqd/4Ax5o9DKXh6o4mEtaDA3FcTBv",
-	"rZiAYFiaUWRR7syMStwatx7BJQlaC6E1vzKvXKw04OuQD6F6ewJW6q8WsGpnNQgnFg7sge/AxpkVi7mD",
-	"7xoe7WUuABi4vXESo7zRH/OYFcJEQVlO6gmyHbutPfZb2u8GDu2pgAmACoCr1BBboSRa1bDs2m/YGf/F",
-	"d96b4uGHK6EqNtDI3UTrRF4FbMHTmcoWWJSxzpT5jIJy23ZjIuvbwdphbcfDzpnFUDCfibiRtoGizZWv",
-	"3A8qXQclHhgJ8gh3o+8Xd/pVfK//M41cEa2yJN+0xl9/U+4gCVKjkGJOUytbmZ45bM1VtIc90w+J0z3S",
-	"8+9M1XD2bSq6FcUMf2hNBc9Edr4yGtTX3wDfAsURWeQqM9f+EfAzmlU9g/pGSKFt/IjHCfxlrqbQhhRZ",
-	"eeL9QtmbC57m84aEYmwLgKLPAVyrNZp5Psp1cBgYj/dOAkqqv9NCFdmXEmZKrtiSbwrQbUJhrlYS7gAt",
-	"Kt5t09frL8f2ovhyzIfE3CICqzH2nasjJ3whsxUApWS4jmRLnuXeq2xX0vqrKPnbe5V21FhK+6l5743Z",
-	"05xCSdmRLjnOkMJSGXv0zGXPufAfmMPeVK3Tpz5VslBt6A4zHXtKMpLUmrXxUAwRBKxu+f7803937tjV",
-	"NJ+LjUuM82ZJbevqk/wbgKKC97xU7EeuCR2U+6RVGqJ5b/Cvbf01L+QU8kMJGWgL8/CGc8zj3Tfv/m8A",
-	"AAD//w==",
+	"7L3rchtHkj/6KhXYPWEQ04AAkJREMCZO0LI81o4tayRqPRd42YXuAtFmowru6iYI24rwp32A3X2Fs69w",
+	"vv8fxU/yj8rMqq6+AAQpyvbMeD6MRQBdXZesvOcvv+9EarlSUshcdybfdxaCxyKDf76IxXKlciGjzZdF",
+	"HqmlMJ/GQkdZssoTJTuTzlcLnrN8IZgW2bXIWJzEbJ3kC5YvEs0y8W0hdP6RZqE3WP+PYhMGjGt48Eps",
+	"PjK/jFQWM71QaxGzJJ/K9UJI+AENwqKUJ0sR24cmLJRiHbKu/6b6jxiXMcs4DDSVaiUybiZ+ELAwE6uU",
+	"b0QMIwimc5WJmHGp1yJjas64ZIJnaSIyOzg+pYslPCTVTMUbthBpPJVmBDc64/NcZIyzPONSJ0LmbM6T",
+	"tMjEKatOlmdZAstlSrJ5ppYsyXEvrkW2mcqVSiS8NudXQl6YT2m6qeBatE+TLXjMUr7SIg7cVKKM6wVT",
+	"GeNTqXOeprWp5EpdseoqzNtw/3DNLIGpJPJilanLTGgdsq5WS6GkmMqFSmPNOE0sN2Sx4JpJldNcJiw8",
+	"Gp6EZohlopc8jxa0FnNOa67ZPMl0zgotYjZX2VRyqfJFuS4zwHgcHphVhLHg5hC0yBnXSSzME2YvcPoq",
+	"s28bsC8lE2Y36WinMleMm3eK2FssTDgTPFoQ8QAhnTI+0+b8zKHC45pdJtdCspmYq0yYk+ty86phGExl",
+	"eDQchYH58wj+MzqE/4xPwsFgcBCw9SKJFmaHroUj0ELmqjBvHbCXZp5EiBPGGVLoVGq+0R69Dtjzm5Uy",
+	"u5QrNsvUWptp5YtMFZcLFp5FkdC6/0zJPFNpH3/b/wyvdTiYyk7QETd8uUpFZ9KRYt0JOjpaiCU3t1vI",
+	"YtmZ/I0+t++EfwIRdIJOSYudoONRQyfo2IPtBB1zQJ2vg06+WZn36DxL5GXn3bugZCv5azt8g62EeVaI",
+	"kBEPADrVKyW1YAlyDbquCvnSlotAjEgwzZdiKlt4kF0gm21ypCHzD//Y4U5kyWUieepm4R/BVL7vGZi1",
+	"th4CfNG6h5+riONW1XfufCHYiucLsyVAx5nguYBLrIosEgETg8sBCx9djx6pzMzH/OfiyWffjpd/PLn5",
+	"09Hq88Prv+bhgL3BLTabiAzOnQEyBdo52OQk30mVU3nHLblldkCP3xZJZmjH7JK/e83dei3ybHNmOGFz",
+	"vz5Ta5YqeWmmveZJbm92Zp5J5GWViJpybMBef/qMnYxGQ8bTVK31VIoE2NZ6oVIjFyMlY82QPX12fv6q",
+	"H/PcSgKSmjxdmzuuhfll5bmAzYrcMO1Vpm42LAExYShzbnjPkm/gIcaZGTRgWrEoNRJHG1FapDHjUSRW",
+	"OZupfDGYygfkHOM7HcK7oLPiGV+KnJSLZwueXYoXcTsFR/DtR5olMeuG0eLipx//NzwYVCYQLS4OP189",
+	"1Z8cX7+MxldffftEAEPqTDrmAnSCjuRL/KEZ7CKJd854yW8+F/IyX3Qm4+Njw8uk/XtkJp/nIjNj/8ff",
+	"zvp/5f3vhv2Ti69/96+dnSwu2vxRbJpLfMmXQjMlBUvVZRLxtJREcIYkjfIsMT+DozZcl4n5XESGLUVi",
+	"wP4gpHlGMM7mmdCLYCoLmXxboFxZGS3GibcuZ2/fvviEXR8ZBprEgqcHcI2Begx193qGvns983BQ55xG",
+	"0wkMN0RJCncDGQzPy7cMpnIqe703G5nzm0Gvx87YmzwrorwwfOTTRKQxw01iXXNpnp4cjQ4ClgzEwInD",
+	"RLJYFbNUsG8LlQs9abLtCZt2norh4cmTp6J/NIyP+0eH4ml/Fp0c9h8/PTnix0/mJ4fjo2knHLAzNuOZ",
+	"YNc8LQSsShU5DR1MJddmhslKlLfG7EeSB2ab8OrAbVGwWRKOrb5brVPcZ4LhgJ3bZedapHPz0tFPP/73",
+	"+PjYXPhE5tzsxNmbZy9ewJXgkbk+rBsOb8bD8Kcf/zsc3jx5bnSqiGvR10LqJE+uRcAiVUgzddT/zJTL",
+	"o5hKPAvcBliZ0BFfmX8D51uqaxGfwlNoDtD+0SwN1zEcDhnlTLBiZRjK8Wg8lf4sx8fHNHDszT5gRsti",
+	"4XQ67YSgy02n02kYsESCIpevFc3sYMC+SLRO5GUwlWK5yjcBHIVh1wHjcsNQP3RjB2Y4b9aZWKHwU5Jp",
+	"Q7o8ZWkihZ6gyjaV3TApT+7iSmwulvjGkD1ije8Sec3TJDb7bfRa1EEs1UdqJQzR/1FsNJsJK1NABvM0",
+	"FRnrnr16YU77YMKsaovfAJ8TMgdOAORgTsVc50ykJL2NeeTRi2YzVcjYvqE0tOaJvBQZEA/rLkW+UHGA",
+	"CgGX8VRGXCoJ7/m3N1++ZOZiH5yyTBRm0YbPgB7N4mQ+F5lRgawuZaaECjgt+LUwKpxhLutExmpt1n5e",
+	"GoKZWIrlzNABKNswbq/HczAQcjY+YgtVZLrXc3bPVDoDgM02LBZzXqS50fFhQC3y3MwxfPHJ8y9efXn+",
+	"/OWzv1z88flfLl4/P3/+8vzFly+Ntv9Vki8S1NpwWkZ2Ir9yPM1MB9WXVl2yW97mvG9V1AkDjdQo8dzY",
+	"aGSgsET2rf4L/LwLZgf7HQtB6eiD1mEeUxnZUeZoWSJzkWXFColTDFivd2Zv6lTizHs9OlqwjI2ysBar",
+	"PID7ykvDDUVFoYUumajZ9FnGZdyXYu3ZvfTrQmrGL3kiB+yPQqzqXN2ZUeaJn378H7ZRRUZfL1SWfIcf",
+	"T+VapKm7tm7HcYZSIBWY0ywpwNK9LzNKoQ6KgeHX5r+6WC55tulMOh87Dh54LBjUsSux6QQd+K4z2Usq",
+	"dN4FRlITK6y+aKu0WmViLrJMxAfe2/aVQqARgFqCbKlUTGpSY1/15Hg0rqsnLRZCskzyduVqqcx9zsVS",
+	"G/aRibzIDEUC/a74pQjYyHwxGg4rCtdoSMv4thDZplxFCm/y50pXFx9Z8ptkaeyZ0XAI06a/3KTNXbgU",
+	"Gcz6S6Pzb1MKwSCwOqExC1qUwi3WQotWCKP9nErhK75RRb5tcSv41q5updoWt1IXR1ffPlmOb07y2aFc",
+	"f/d4I0aL6+hpFrevEQf9+Rb5DvwEYCTCXf6Yx6+RT5m/IiUNTzX/5KtVmqAJ+2iVqVkqlr/7RqM96zOD",
+	"LRK4em2/4OlcZUsRs+aFostqXh4DsW0ZMOjEIudJSqdRG4gtC20sQzbqG6Vmu2oWMPIbRMIcnc55XujO",
+	"5MiQfp7kae3Wk8prp0DbucjzlZ48erTim6VRSge0I3an9CNvFf0rsenbIYDTtCs01S17qRpLVLLpFttj",
+	"A+3wlQ1MtCdBiPBA7tVfihxx760qX3bvrbJDIFOGbbvIShr1pI6KN2yWCX5F8gbvS8uO1EapkZIV1Ogt",
+	"5pqN7YmzuREyGu54liljF//t+w582Jl0HvGl0eE7QWcptOaX5lWWDEmDuCRPtVWqRp13gTdAVGSZWXfr",
+	"EIbZqzkrdBwwUWQBu5ytAvbNahOwaDE3BkUcMF7EnXdfm43SOZdR1TOz9dBodeV+7H9Y+GjfPgocpWRU",
+	"/5qJeWfS+ZdHZcjiEX6rH73CMfCRJnv11Fh6yYRxtnScQ2WWuJjzU5gPkUADo0+Z8wP9KQG39lQaDTqA",
+	"Iy3klVRrSQdqnmsQDuuGNUIJPTNbzedCxom8NEowjJFIFiJVhAenTGVgfteupzbzstPebsocMKOslmvt",
+	"bjds2vxbzxYiuhKxdYyVSuZUUrRlwnq90iDq9cCHMU9uKuEbdBpWFHGrwhkl8F3QeabkPE2ie8gK7zai",
+	"WJcqv4gMxaaGTftXEjQM1qYmmHNd8SSGmUZcmhXNjPFmhjH2cCbmBXgHNPmnjO6bCx5X+ddJeRXwZWag",
+	"ymT2vg+wmL5Ued97/uGuBHqEP9IMOYU5QJ4LFiuBgRtwaFajQuQ+5rhTML9yr8C8hM1CBa1xEMZC+0TB",
+	"2EAKExicYm7rJE1xrxZcXgoiiqor7YV8q8V70UeT9C8KXaGQs3r8INENuWWssdzMdyaAZWQqElqLeMDA",
+	"7PPcLp4ZyGKR8jby30Y+TU2B4VzfQ1HomxEegoTatqnBPVg1LKgkuDKbwcE2TwyejLGdOdw6iC2bR+aJ",
+	"TPSCkZk/F2vnZK+ENI2hbkY2dmfiYjnoTRiwt7rgabqx9rOTDnisa5VdJfJyApddrSWYslKskaPDYqZy",
+	"vUhSCAGaX+sBe4ERF/x5nJhbQIFXEdN7DwIYEXcDlq7ZzLn/1uC8mEpwDMNPuqOhXdzBhEllvSsRlyw3",
+	"1jdn2txRfCd4UjiLBQevArjItFLSrPelkVjksao6JxjEFyHUxrVZNfoGzGYUWsyLdMJGRqSNy5gEGvcp",
+	"RyLnEuNDOOUIwg6wtgH7S+k5QL9J5RTwRQF4BtzOfaSJIQQgtnJ+JTTGoo1WXe4/UBBSjxel1lV2NWCv",
+	"VJqaNeE+gNRa8GyZCq1PkSzSDbsUuXa+CfDgDNgZRc7D4+Fh6L12zW0MuFiBoCu9I1PZOgmjoMHcrbgA",
+	"n0d7okXfy7Rou5j01KOW3Awb6Oq7SNeuAbyY2LtmyOK1KDR6Rx6M0WY4ZN1OqHNWs702BaDVEdl99eWb",
+	"c1aqoch+7OGBQ7PCUMfj7QzVzeneDJVGeBiZ3MpBzYbwNBM83uzemJ9+/J/KNqDbdyqNagt+4BbFD6dv",
+	"xPJLp7+Bc3sBoU+uWaykQA7sR8J9n6LhE5JDZMrwlqp8R/efFOvSBQh/1RyAD38ZgKZlLjLJ0+dGj34/",
+	"YqaRLkAlr2gLkhVS3Kxg9Qy+ZioChaqiFx5XTSQcjtnh7mAh4ZN9fPJBBHnLCoyx4q+YEmmaeTPrhdKC",
+	"iRsRFfD3gsdTOROXhQxQGoMveg7ZE+RgN0IVJS1lXJXJBAFlG+zwwJfSwqlP7HmqxXohMB8HrbMyOPOB",
+	"WG3LDPceqEx8geN4qfJPVSHfj90aRXsOo3jE+VKRit5m71TVzqOSOg0rsEPtTZjGSMGHHoImXyqmi2jh",
+	"bBQ69ES7WFroFhweoBmRxMiKwBSHgAtG4TQk6VQjbj6/I0PjFd+kisfnSn1ubLv3OgxiyRe5UhcpjLbL",
+	"KSRuIiFichYk3wkGHvXK8YwOy+N5XabsMTv43sdEL+7nSvXx4Yf2sMCSEo1TQ/XQU/k+0rg61g0bm1QV",
+	"QwNUaOA3mIMCMRn9oAeEV/MCfS63H5dROZ8ObXgZQskYJsc1JZo9Pqqc2+GoeW70NPl53usUcag+DvUB",
+	"z9Sse6kyUVl5/WgpX0IbW+6W/aWTrigZA9alVCNLOomEbLzyRVOJ+4xZCnPQhmaQiwCJVXYeaE2Rd42z",
+	"VcoT2c/FTc7Co8NRODjAC0/ncZ4shSryh7nvNNYW8rEGLM+y5FqQucdGQ31q806cRcR1XveLP21hAe59",
+	"d2cA9OgDk0pA919GaREbgd6+5gpDMLqtXYpPPPRReMpKK9jLDDiYME55O7B9mMCgyVGrFFjGKfCiyAys",
+	"5vNSkY2UlCKy+muUKnDelNxnUj2RrT7LNyK7TiLxVvJrnqB/7n6RLnIhqeyiqI5VRiQgTGh/Vm4ses/M",
+	"piZL0RKfaB+5RqIRz+JbB7ferepm1CyW05rxC249tIur+rAn0l65F1enuDdVu5n3/QEgeoAHtHtXY57z",
+	"Gcfs4kJCGjjNoL6ZbcPVtnLLYFsXTyR036XTjGoLfxgPXyxWQsZgLluKuDS3mJs7mMgkF85XAzkfxNJR",
+	"3V/w1UpIc616PUhtt/6nXm9CPiF0k9a8UdbJ5KjMJds1jWMlGZ/KmlHiHIYu4Sav1FUwKKtg3ST3fM6Q",
+	"Jh1Yx77KppLc/fk6icQBJD31Wdh6mULWxec0WTPmQU1qaXmpcqhMUUVudNM5T1Io0JDxVDK8M5SARBbM",
+	"RuQMdNkBvLmF8kLWhSw4V9YyqRSdOEKk6hPW5SxVOjfvK/lfwLhhxQlPk+/wxtLPD07N9oaPwPXwXRjA",
+	"HLcR96/RpXWu1BdcbkhY6veT8DwXF6B9tPiwKK8PY/9LDJJxI9iHVixqyMdF0j6tEH9rjKDqwPIiAudK",
+	"saU5czvunUQ/z0XfruHBPFZkkJVrd0uGTYCLx3OrImOOvNH+vQ0NkXDVlZBTOSuiK5HDfuHQmHjMo4Xz",
+	"3ddVxwrzKT0LhYxtRl1L6YdWkEW3jQ1BklxVknWVNJyAnaEpOZUue9Mt2WimIDetO6x+L96DnN9KXuSQ",
+	"f/eentnCH8ij5TdYSYDRe0vTXLOPzujn8IIJ+1jwTGRsWgyHh9GV2MA/xEdVbdUzfN5W37c3vVbm+VB6",
+	"ql1Xol3kXGXksYzUpUw0RC/9d7daK9Vj/eqrr/pmlzCJNxftOV68/IWhJ5ixYLlihRbVTC/c4s7Oigog",
+	"CV2sVirLRfyFiBN+Dr95L9JwA14szYgX8No6keR1e59r5r/IvKDqvzj2ycG9g8E7GL3jDoThRujDCH14",
+	"9KFIxHowwI1o2BrXLKwvLwQiadutmhvD2AluZpQVl2IyTZ1GIFo2w28D5ICUwmM2c5UZVpQnaC9UtNmW",
+	"mlxM/dMYKeRXhi2tm2NCFuht20XzPcN8pHfuoHiW8Y35e4XWV3Mmr1ETAv5sJ2RjGVBGiCHL0NNoIB5r",
+	"2SgqkhuRP9Rc3/l5kH/r+Aq3XURZb6dm34gIBqmO2ljmmWSYrGWzaHcc25YhXqBNbB/8yHAnCfZQkp9S",
+	"vFWKS54n11VWcXh0chJ05ipb8hwDFY+POs3c2qDjssFu2cFn9nf1zfLSyWgVbVuFdV3te5TnYrnKDcNb",
+	"8Q2kmWcoobEALW/YofvvH7BXPANUxePAJgi07ilWHtuMYnyymm07Otl3Y7HC8oLnFZ7aGQ/Hx/3RqD8+",
+	"OR8PJ4fjydHorx1vxNioY2Sz15j7fU4r6JDefoG8vMkVNoyzEO2O0Bo6+Cfuhtv2jzSLRZQmhpJV7EpG",
+	"E6mL+TyJjHFxARcbUtOMLrROtGChLNI0NJto/oG8CXONG8tLWrKgv1zxbwvBkjhgq0zMkxsRszBaXIT7",
+	"lP013uDSu7enklNAATdixTd6r1TyxptITl1gkHVrdvcSFGQMxBKJ1rK7lxeG+i+uE83b3mOFaaNWmjhX",
+	"yDAhpX6U1oeDAg0TFeG87X1MNCRnJFiwNBM2jSE+AJtPslAXUSREbOhGZY6GqHaDipUt/ww67tcdpEkB",
+	"heDlQv3vm2nyPsuBrGgvUd+lxHq8iLalcQ61+1C5p62MC75G9uUlrfM4TsxG8/SVx4jmPNWi6S+x3gNK",
+	"BCLuMi/SlFhMk6Hdg3pyRS/CerDcaGGll8EcMFguWkymcip/qD/+A/hF0pz9YL7s9/uM/t/8GfpUGLIf",
+	"GB2Wrn29BAe1+eeOH+EsP0FWAj8ktoJgEOMwYCF9AocUsvBSSJEl0QV9HNZG9FnQp8CB9hm0hXGZcafy",
+	"U6gww33RFFnGqm9VlAW46NNB39G2LZ2JBb9OjP62c1fnKb/amDlXPUOGUtHaxBI4upna5nqotdR5JvgS",
+	"sTIwrhEe39yEdEPtAUzYRhXsUuSUtgTDnW7Lu61NzvrbG9MrE0Ir7uAJviRwjiubBl3IPEmddU3herOD",
+	"MkpSURbCJXltBhnPxefkE2jMwgJwAKAGLqZistN0GhTzaZpcLvJd4w1PQtbl7bAR9c3H/MCskDKRlwe2",
+	"/rJybG5fUG3jlkD3PYdU6fw1ldE0p209jU5bmhXo3iz5vBmAJnFKe48ILpbjzxNJ8WajrYqbRAP3J/b1",
+	"Q5WvV8VSkwF4H1YvvPdF495638Gd8P4ug1otZFEZE0/W+8jfuarM2S1ca2KnxpO3SwvI776vsIA0qIzK",
+	"X+6s5ar17SpuaHTYkP2ejU4GJyd7qbeuWu+E/re7ZO9+implUfU1fpoJI9NusBQZkisNT4EKTAGGMZWb",
+	"D4de4dWphcMAZ76SOU8ke/n2c9Z9+7vhcDg8sPA6qyLHayMLLE9eiKzmfDlfKyb0KjP3TVO5bZSpRGuO",
+	"9TheKeZwWK2Q+4/p9GY4/Lr3r7cSWVOX2U5nWDp4X0JDyxtNbdhPZ/ZaZ8O9KJDMOFXku+mwSnawY78Y",
+	"2eWJ9HBzqEq1M+MXRom6UFed5u6BejXj8orxCFAVJiwsHyAIKxuSLmtIKHtYL1SWo1P/dCrdgxhwDknw",
+	"oyyj4e13p+VrSGtYQip0RRpMJXF9ylL2pZFzStuEOYgMzUWGU/5GzayGc+C9S6dqHdq061ygpNeMa4eS",
+	"g5F875FSxLbM0IolkLJT+RBi1mUC0zKmkusrqmjHpHSUekT3KIVxp7EW4KBquVSOv3pC3gdWTPkb5f3p",
+	"pFFF7FSGfjh+gH61+/IDCmyquaFPa4s5kwIcvOH370IsDoefAkAAOsCpXmLJE6npaxvdvg8HwRFKBoIa",
+	"SDsfYZ/gLZvU52MM1vqEbKUBLasKXvQgTOhd2/F4bKm+7alai6wfcS3YizdfsqPx6IlbKPhZkEPDjXAO",
+	"8jTR+YCh41HjLiXaPTaVPBO2FBS+NoqgrwJEgGpjyD4sdGxsI1Fk5j+Xs5X5T7SYw384fMeLODydSkSg",
+	"2giJD36z2oQWvA7LdqSoXaFCm6siiqwTdC5nq07Q+WZlLku0mJv/52C8FzU/AD7U8HM8vxZtdPNGGXXM",
+	"kaDNLjBEhEoCHIIO2DpLcsO4bJqR4S7A+jjm+xDuJFaZTc0u4YtmZOrFIk2uBaQm28JarDyhF63FbKHU",
+	"FRMyhkQC3Ikq8e/vExzv7xOMec63X3b0tDXvWkL+d040ZJ0TuF1GV4pEJi3ejwVtwcwPSACAmEZFiJeX",
+	"G7XIEmBrm3uuFNd06qV7rt3P1na59nYaiuv8IjTsIi4waCPsoQKelrklVY3PPPD432eH0cunyz99N7p5",
+	"nR9v2k4gp/iaJXtU343A79hdGPjeLfqInGCG3xv2VPkJCik7Bv3V5jWrvGsPtxkF1TxKJApqEytw5z5P",
+	"dFtwAzBBDNkI8yOo/lob8QvCuMn3LZXuFa7Bu94SUlpwfbFUWasfW0AiN+Qa4JTYXKWpWp+yFddUoWdu",
+	"bZjEIcTudM4zY+BecIzt5wpcJPlCLAflZs6USgWXjd2EBXkzats/SE12ZSY1EpWiWvGPkpe0mOYGUv1+",
+	"y7qp+hpLNBI9YRxRnIANgV+mCgeFkcxuSFACCEOEbi4+la117kZ+SA4oSJCcYaRCPXfioIHW6HSXxo1x",
+	"wAOtQcpEs3WmLMhiktPc2EpkFEEuX3Ir9sFttwL3tZxS2zl+Jnhq7Lrv2+ulizTHw1vA74yWO2tRfbZ6",
+	"6o29AIWW+PymFnC4XUmkkdumXi/gi1S2xZ3sJd4CtJSaWzQIkG9JtUhOt6h26EZqH30uZIShhCshJywc",
+	"hc4AQfXdFQsZrS/KxFIAUh1k+BjRB0iuN6sEkOqw5jLRFC5WkP/zHLL4jJwvfe1+OVqkpJWQyO0p22fF",
+	"C6g1VmlsjDNyhkVcko1gRsdRoUgNSk4F7JM5+RrVj241USs6QOMyS9aOfVyliabCMNxfYcBd1K0zCMvp",
+	"hWyVFpoYRxXUjXUtUJufeG2LY0EXLTHKpnLJN+aKtgKVWYy5CkhZSylgc+2Hw3us/aoNd5Pg8wKHBNlA",
+	"/ELkweoZ7AUr1jKFVEVXIr4Ab3gbCSQp0bornoNi+dxN0hBJWS5Op8m6NnGQ587HvuQbtNmBho09D7FY",
+	"HEKqxjsSoubWvbw1emuDIRcgeNq3GSTwaoFg4P79NFpAKnII14BgFrGNYiDzR6VpKkNSK4lQQ9ZVGf2E",
+	"zNIQ/+t+4eKViBAAWNln1vntl6xGSuaJLIRGkwtcgDXis0N0WtePBQq7YnZQkELhIeJRJWRfK+a5ockq",
+	"4b368s35rvcD2NetCNB3fu0t4MuPKALRPjN0vl9sE4Fua/AHdo6UsWkfh+o9R8LmngAmgkvtrMx3PBxt",
+	"pVmPHW8VyhVA+zKE7gFYFRIwfRDBAELklqhOWejoOaQi/1xPpZfKTUvrWsRJi7eXm1uKMPZ00eFktiLa",
+	"T2U3t9m/Nj4I+wSwCvQ+dJsVMhNapddowoLKKB0VImOv2e9VGHe3JA/H3UvA8L7dra0gOqML0NfYRuD0",
+	"iMaNqpF4k65qzLVm5nhyr01TgqjNriwu7EFRTeUK0K87M5uPCIrmW7DktJ4XqXU0fZhYzgfNTBpNhk8+",
+	"bGbSzoAP1MyUnxC4BqeaDNATHTe4W6Dm4dKQDB8M75cedHvajg2Xk/PTJVN0Q0Ny2PDC5ZOAfluiLNl/",
+	"glGGv4eNKL+AZEpIpNyWr2P9F/RELXDqfraHz6EtP8dftccMbsnGgTt6m0MChdSDOiSQN9zfIUGYJL+4",
+	"QwIjhs3JfqGkLVQp44EUBYTgTiXUdR9u9v7BwPsxstFkNJwMDz84I6uGEBu5497ugcSoMo1d8aDbEjg/",
+	"BdXXJXCiq9BYCRuboNmIIH7Y3MyVqvPE3QC192CNXYvBf1qNYNr6OFITIFXRKHJY/JaHtYRWgH1aqmtr",
+	"fy7NLXDWAnJNP7GRndnEWAfLS6IatTdtgwFT2Yylb+Gy5exKltvm530Ihuto1GO4d8uGRP5xGwOmnP4H",
+	"5cDEue7Pgm2hwS/Pg6nMpE3ThKYxR8dPGBW1MCyw0RSXCdoLT/wCHnSrIXQ7eIShRBWjNehc0YhR/Pb1",
+	"C6j7uErQCIAfT6YyvL3QBku8IDYJHlqoqNORyoRGzJ4IERgWm9VCSI2FYCGyo71eEPEs7scuQRTCjZCn",
+	"5T4bGAsrxiVBKR/E87BdQo6FR5RkseTRIpGinwmOEWC8OKeAhB8trCfQsA4IayV5KkKo9A1x812QEzQm",
+	"lbGVUKsUqwuXfOPhUjbCfa0MG7DW65NC5715YODHT6slck1I4e2wy9sRrbdCXW6FZqt/AcZf0ApnczuC",
+	"Sq1ktomRsbXYzMcyQosQcEShdlSU0cMGyGv58Ypv6LMKNbmQHPyoTBZwobkLwuKhTEY4Ci93mFg8nn8r",
+	"qII9OZ1cSp4XGX5WAw9rAxGomti1STdDwV6Cc7umULtGQaMsIBNcOzzX1hRpM0o9H7sq75tPtU8Waweb",
+	"cmRRLLn07sbNKuWSug/O0b1MWGqUpObZfjb9FSoyaZkWDSbRusC8yqZPnJC2W/esidAMozXguvcSZF5M",
+	"sEWYlZDa+/vveE5qyYP56/Z104EIsEfiuuD5szgajts0dyr6bB498OygTgEEy2GXXhFZ1UU/M2e/64rY",
+	"WH3jxaVUlHzpIhLb33RHKebbH0WW9F3i6q0anS2DhS3zTWVzybcoGHidXcrM/qkhZxKD56ho0L2pVd9B",
+	"LpgxZ43043HsskMAjtUwcgisUdr/VLqOP5lgxKwRiuNSlmB8rYkyOyJkXuY7tTIEh6aZO5iab2VyY0FD",
+	"qtblk8dHR0dPDx+P97IxrZJ6S+Gwt+GfmCe2GEznNW6Le53Ep34mitmnuExSidtSU1biOr84Ov/u6dWf",
+	"xsuPH69fjqI/X3du6f/SzFT5wMkpLcPfOUVlV35Ky8bfORHKPw6cb+BSITObLOpoC1TomVnvB/aBnNyj",
+	"frcl3HZbcmGVqrak3u2jVvhUAxqzxzp8WXxP70OZB3yxNYTr5QrXkhXKrppJJJC1UUpMyUa6Cp0Z+AV0",
+	"1sRvSnQwsDFcu0ObKGDzJBzcDhQdlB2pUhXxFFvgAYSQpa4WmqoFG3m0FP32zLlb7vntLqOwcm29E3PO",
+	"FFsD3OpEOri3z6h+59RasiR2ySDbrmCN/UWLi5NPLw8X//bk6vPxt18di9f57buyS63xp0TajcMfJ9sb",
+	"N2JL0WvnPUpZa8Qd7MrnwRzvbR5c9EOJ2GK+N/K47xOHwqMQe6Zj355Q3cLEykzR7W1f3TzuVfi9n694",
+	"OJ6MTvb3Fe/tE81E3SeaiYvjP29G/PXTy/Pl4ezf5ePFB67uvqVq++eo2fZb7jof5b6xH6T823yPvGwS",
+	"TIBrAVNp/FBuSLp+93dD0qR+eTfkV5ivfhZdbbn8kaGaVMSXkIqHe1uKS5BcLZtptdbbmrc72RezBY8d",
+	"/MtMCFn2TTmtYM6jo616/amWpb4fkFUgkus2E+IMu2rTdH768X+qkljzuUg3lLtWe1tFzG3bfPfmwNuN",
+	"5gkACGVUZEm+eQOIT9jmEhCezoq2DJ4zWYWUM3SyFwZXOGAvcnKOzhNXJIyI2bmQXELt0ydiqSC1c8JC",
+	"fYURKaOChKxLPw7hT2wR7X5ymaqZuPF+RB9QLgnCWZn9suBVHqATYi0lcq4sPhXHRk/UqfAVGddlnafV",
+	"4jotuJR6ydPUFuEj/p453l4P3SC9XsB6PXJ79HpYGaZzwzIqBq75FV1T8whAMfZ6FD+wnWnzhQvtwEsS",
+	"SV5iVA6hZVIfKBZwA/w8VENh1GIz24B7/qXIoVmMtQK9/MhqsQlhknFAzLOplAR2C44gLMtTUM0qoR0Z",
+	"9IOBqQ3Y8xse5emmD2P1sG14z2vaHKmlTX7L10YPThAn/RIY2KTaAhZLrLBvOAHYt83IwiUk+YABMmCs",
+	"omJJl40wd/OMR1jYO1P5gi14ei007My//As7q8CjmQ8x0Td8dD0K3T5FPCNUBh+jjjOkOko7hlBIGE5l",
+	"+7XxiZ5+OJWut3L1+vR6SO69XnmF2PlasdjcIvxOYw09Ynui62qmbiZTGdK1ql4zulfuPtVv2MGpn/gF",
+	"Ccp6neQRlEsumZrPB1N5Zi825i5rIXTg2hpDiCFNk1jU+qM4yEKbO0G3JHBCdCqpqEI1U8EnTKulAMyA",
+	"VFN7fg9G4SismVCN0oGpdKDd63LzyIRaK1bveK0H7MzH6bMIEx6KHzdvHmFX6vARJtZ/FwYlcKmbUinT",
+	"bAlXN3xE//QghF0YKNFT6UH24byTXLPQuSP6b6yfP7TY6NTk54BJIWImlZ2rpXK/B02Ucq2FLkm9vHTA",
+	"VzQ2mzO/ssV9fqYU+NZQxoY3fe+wQiZuciG1oXkELMExfmj87ge2FFya3f2BLdTacasGjEkd0gR42w8s",
+	"NP81w7wWPNanJLq1FecD+MaMN8+ESDcDfBi2DNpvlSzFDEafm/E+UdSQHPB3DWu89hs/Y6c6AGOk3wGr",
+	"62I8CDg95UgBoU8oM9J+GrBwPBwiUh8QkgTltj5dh54B/m6vTrD07VDTPFoYIhH/wEL4h1kHFuxquDio",
+	"4YCbwGzFS8jy4rJ5TfC9UIoQ2Lzdj3Ql15RMV3fdqgm0hsFDRwJMYvTKH8slNvGVoZlKuY4AqAj71IAE",
+	"cQvr2y/MCr9Q5mQgpWIXlNvO5WJLco1KfSKxskctkwhTyImJVQGcNTIbLSyWiVdzvstFFIvMaG1l/pN2",
+	"YLCIkuLlibvSELJMgRhv2cLTGq4s9YBjquwmZgFw1q6mqwIgY05ztQJy3HEYWSFxy75Rs/JkvlEzcyhn",
+	"UK7fpwJ6+0iXk5Pl4Hbqs/IWGqRRawckS5VdIbQ1VG+Qz8TwJjORGkGG4+GYnVEST7idLK1CYYawEj4B",
+	"gXrLbnsGE8mc8XAcnrKVSlPkjJ8rVCjKOqS2m1vxw//AQv9vs6Ev5ExRKTyQXt1vX5oWxrQzk8ZSK8Ag",
+	"zgTpe/qUuccoTlJaX9VgCSJU/cu/wDgtjRVB2pifvCaTpHRYEvcJmrcV9A6PULxGeX8QUgBQszmZeSb0",
+	"ArZ3ZV7S66XqMol4Wj5g1CHO3r598Qm7PmKoHPL0wF1J1AkdwpGbG2FCzbEEZSr7sD6A2UdpvrUJ/+tP",
+	"n7GnJ0ejg8lUssaOTNi+/fiNqsDYGZuZ7ccX23IgrP4JzLV6k2fJSpCCq203iADmSOQMTSYAetq6gM3A",
+	"PnFOWqa5zyTDgd0YUHKwO2Si2einH/97dwNy1g2HN+Nh+NOP/x0Ob548J10Tkoa16GujFACGKOyBZIbd",
+	"bLDciAPLwKK3AHpHkspoBw9sIjJpOplYCUv+2pwuT82o2BzGamZDXMsfxQbpXUdqhVX7pW06QTZsWS0q",
+	"ru1668C7FJZDzRMzbdgT8+1Xlk3Aqrz+NMCSqB2ZfaAWZJ+wN5+d9cfHj+3nvR4moBj7EA7Y2If5whiV",
+	"xOiMfSCVhNsB1bgzFW/M7UDOCHoz05DlEhjlMLmUyTyJuMyNmpkLveIRQC4u1bWIDwbsteiDzmKIHh6G",
+	"SEI/kWCXULzaYhQ7tkcLIA0Muni6WzU1BqIZGCvwuI8iV/YRLHsGsrJlIB3jeBy2tWi17QPBMLZoZzpJ",
+	"gbliaYSzDSFt0h4nzdb5LwdofmV8XUVfthDK7sytDWkNNjpaNKotPAapfL7uzn76z/9iK57psoG1+QQS",
+	"O8zXvsT76T//y5wzNLfu9dzvu4A0j1pJIrXI8lO2XihYNf6NImtNwPGu5u4AXoV/igHq4zrJC9QxfiiV",
+	"th9owf/vFu2blIHSIGrryPcD3jq2tR04+8FYJeVgZV9wYAYBtqRS8jJgMx57vCUobzxygIPtL7Mdxb2X",
+	"uSa7lE7TtQRHZeg6qPVR94evJeYg9WI1vc2cLN9kpU7gUbd/57ttpI5vG49bFkNk3vqGKiQRWhkJeDah",
+	"morg+4hMez2oIev1CIjIiFCvfzHyamtQU028bhbH2XaJ4FRG1ceMGxCU4bZOyvbKY7pktd3B7Utztodd",
+	"Un1Wvd5sk2PipPlHrwdcwVlrhVGzzR+4+airPUOg+v45ZK0+8pU18zDUJe9oBsl+gJ/tnjc1YO7WK2nh",
+	"xL3D8ToNm2Po9ayW7tyAVfuj12t/fdnXo1FN/QPjkI0a9yuFzwRGnVqvh2F/l0qKg/IFhiFBLpn2+/AD",
+	"i3Jo6ZX2+5xFKsuwp+c22EngmhM2T26wgTNC+VsFzva+GjD3alxaWUw8E5dclgVGtgxRk3jkmbA9fypt",
+	"PlmaXAkbtNSAYxF56VysCziuB0YlmRmRJbTuZ0UK3H+eJhG1p5zKuAApWU6oizcAekdyzcJGRqhRiltT",
+	"PSkTuC3d07Yg53IqvU6pSaWJK+uGx+BRMGd1xno9rw9PaYtSuB58ie29gQK6/8Z2Or65wdDd0fgkPCCh",
+	"OJVclq1Uvf75iSbrcluToiZkalBr2WRUBdsEmLs+D0CSWPza2klpsNM+o3H88mu6WKdQbRRdXWZgWXkA",
+	"sTzVyhnJOje6nyfiCMIHMgoMrSPxukJ4QDd1lqoLONmCbpiQsxgdE0OAB9AzXteuLd6+Wu9oTV0IMefN",
+	"tmW2PvwW1ARz5lYRFblR5KYyfPHJ8y9efXn+/OWzv1z88flfLl4/P3/+8vzFly8NzUEehnVUlF4gV7t9",
+	"ysI/PD+fykfXo3pfav3o+yuxeRcaXr/WqCV8pFlYVsaGJYiDrQk2N3ItxAq7EInc2jRIAXU8B9LrCi10",
+	"FdOh12thcb2ebftLelCMzMVQc8wiTl3gKQAXUK4ftKYyopGAUtkb5c/XQsKQ3QL9hrAqxzBvQw7g+wdj",
+	"1Yb/4LfUOtEmT1SdL7lC0AWuqYt1QO0M4ci+LURBQGEU/MgExHC1RRiFPSElu96ru2FGB5adA5Zj7UA8",
+	"ggRUarT2wX6W6aYMsHrV5laDsj2SieA42CATNLgpA58WUTZCxNRo5Ez2lM19MioSIasu+LVgWSEPAuhJ",
+	"djQ8YVuUjQC5VmB40hj/c0j+h+PhEbrrKUCbbeEeTadHJbhgpNWAfaakKmrNm6ay6zQq2KRVJrSQuZ+S",
+	"ZhgPU/M5aZJFmrJvktxYuVMZ6lSIFfs9M3Sslt1hwJaJ7EZ8ZVRiLdj/+f/Z+D+IXg4OQtdqlBAECVsW",
+	"vZi2Up+zXOXGQo4Fj0HMGWMwFq2aQnnZzNbMitgwLK0I9AP4P790neLMnUnmCVhKlgbB/+hs+PDo5ias",
+	"SIuy8x1WtbAzh54OItQK3lLmgnw0Ms5em7rlQUVHwFGJJAny2lqtTvOwcarEMV1IawpsqpGFXU9ijTTb",
+	"6xEGolEtapiHtUTLXq9MUjJsh1CQE4kQiGaa/wqAyKfgR4IVmS+/WW3gy//z/x0Ph3gLNkIS4qGX+OSg",
+	"hOep4rke4PSeuYnTDFszMlXs65NVmMdJFaIRJkcojYjA2ALWSC9/Edu3Um4j+sxs7A8aLFGS0oSK2VkX",
+	"WOpBgD02bAfDgwBzmMzbu6gomY9WyvyEfMcBIeyxLjg8D1zPf2dfL2le58nSMMflyk7v9afP2OHh4Qlz",
+	"2VZwgm/Pn1k6QE2zjIhZsDND9bcUzbHu9mK5gGkhqBcc1eWF2ICLHzi7CF1qVEL39vULuoSNGi6sSPML",
+	"y/CTABwt1eoyZovLBqyszbtT6R2ldlBr/FtK8O5Qe1dTGfqJ7BvGPWD/jk4RTyQY8iQlbj6nVrvUv9rc",
+	"HPxVeFrR4jX48aHnTKUdAxw0IDfg2BEHTCArjOUG7HJoKgDscW1YHoCDlZzGzEeTNAuPhschC5t1Yo4t",
+	"SxaemY9Ch3KHYplcXBwdAa7JAbQ2BVduN/zk+efPz5+zssLGEBLftDWEo7k8DVmjgTEKIe55vcDSKtsq",
+	"7O6NDP1BcSjWbW+FfNrS1BiSAJudjVHyLmfJZaGKWutC21QbLYUtrhdSWLgkBF6RakFwrOZMCJOQriQI",
+	"LPSPcyofoYhuN/x+SrmB086EjQLm/zl+58LwwFUyuxVOl0o3p+xF37wrAMbw5Ojk0BlqtXwpwy6rrgYQ",
+	"ZluCKph0paTXylNJAX7tAfvCdazDLYvUcsUBqg4c7Il0LvZ0w7rhmceQzFzBP5tpkf/+7fmn/afADczn",
+	"B6cWzBFIw2q28KNSDSQ/ITUeBDKmAAVkP+xwlCx5dqWBBMkEr7lvTmv+oC5iAFs1aioxY8gSxla1z2p4",
+	"h5QKYnuw2+oKBH2s9HYz7xJyKnOFQTuwCw5OfV+QJSBbAZQJrYosMrP+c59gsPsv4tBLxncg4baDQMAS",
+	"ADicSsypw77wFvkQewqMxk9ZKnJ0RsbJZWIUt7BvyOcCmfkgPJhgmAhyE5SV4QN2lqZTOQd4/QxcTObi",
+	"AVpUptYaQzNn4O/oG1LMVNp/Dj/qU9t7m0eXJpGQWnjJcWcrHi1EfzwYdoJOkaVeUdp6vR5w+HqgsstH",
+	"9Kx+9PmLZ89fvnkOz7zzGm030+zOXr3oBJ1rkWnMrhsORviMWgnJV0ln0jkcDAeHUACULyB50abZmH9f",
+	"itaOeJQUNDY8pJG5DJbKilxNGcAyfHZ+/gqyF6OFiK5A5Sq7T6NHS06lyqKF0DnmRTn+SRaY45yGvcxE",
+	"xAvy9vtNi2dZIubphvE1x5ScRj7OBCyQOThpaukstoMLZofQeTmx9CLuTDp/EPlntDklbBVs2ng43NGb",
+	"s6Unp00J76ir/XtbEoLpltaW3v7zFFoJvgs6R4ejbaO6BTyiW4a0CoFZfa7U51Al7ae4diZ/+zrw2qt/",
+	"nlwLsCMAK7UTdHJ+qTuTv3WQhDpfB51KSlJn0jGbD2NSBtfeVCZkhQSMZhFDc9V5kaIzqFsnB9fBmkQH",
+	"sK6pdHYi+VJTxWObBQqBxBWGhMGwyfh8nkQY0kxQK0si/oGI6zVuya+Mtl5jS0+FiovdkgeirqBzPDy8",
+	"fQzqo/+20gd/O2GaKSf3pszr0aNZ2ca1lTr9bq7VxquVhqeJRhXXCUnbsXXSKOrRwVSmZsZZS19VQsW/",
+	"ps6pWCfOyvIRChavDKOE4LbSrkgBvXB2JAxikY91jS1eWNdC7oDcPjg10hQyRYwBhuk/DYicqfQWOmCl",
+	"iQxdyvzEKshjhHSYmZHOjR2qNkCdoMfX3WNUWzXDxuiNik6es7Uq0hhiO3HG19bt8PC382MHEPF+19Pr",
+	"7vu3snQLe73WsPTffe014PV+jOBajR/vfdntUrY1Sbadg8wVH+5xxd/WunkfjU9uf6jewv/B+Mnw9jFe",
+	"UHzHQTi8FxdyfOcPIq+grnmMhy7grZyHuMGj712Z1butXOg13UYf4dvlfDu/dgkrpmQJMew611HCuuUl",
+	"U0m/Knv6roGdlPEszyVddh3dCMCOls5LncSQU8TrDfUDlz5EnuKHv6nPFg7I5r0uarURhld7uK3/b6MV",
+	"RrWEVxZpivWGWwoeb+uc0WxIW29+52R/WdS3N1egbdvCFGztKfCEPa7Yx9w1Mbo3Gxke3f7QS5V/qqic",
+	"75+Z79iaSY/nWHCYrTzH0JPN0AEB0zaP8idEIS9I1mxhV49I8djKtj5PdG4NedR1al0KHA/zaz4rHM1p",
+	"PsisgEN51f7bWRQyO58hDtgrfmkdPkWmVdY3ikc8cVWdUwkVnZQ1SLHDss0WFK3uLvdkUtwAqLDPIS2a",
+	"gM8m2c/FJc0ZUAf/zl2pANp1dt4F32/rPpbEDk/Ib2YMG4Xx1DIi6HAUeE6Va1lyucgxHQU6OHV9KkAZ",
+	"k9ADzksAbU24dyx+++9Kuuoe9duJWcy3hcg2ncC6aapn2/FZqtcycnx8XMcv8BtInvX/yvvfDfsnF1//",
+	"rq2J5NfvK7GwCtpTFFFPvL2F0zbZ5hXTw+PtG9YmdL72i6mhwHdvOeTViLfIorJKvEQxKOvEf5NPv0b5",
+	"ZM6ypajfE1X2kw8hqoLOSukd6jOWN1Hg20dWsIVBWwufAEwD8gsUdM42BvgAs9SNeRpSbyZXgInegJaG",
+	"hl3tOjNi/AoGpRjtgL2xGfjmBQlP3XjUlGXJY3HqSnzNRDdkVmMinHdVYgdjJK6FZOSeNw9kBTTPoAKa",
+	"dIOIoF6CC2RG2VwbZ6ALOVdZJPROw5vKnGzMrlbuZERYvZwFMM8bQZwEg1oJFNF8jpmGVop60gRKzhLZ",
+	"UmeGGU9eoRnFgbfXlLkCsvY8yy5m40xla7bbgct0o9ZWWVasMMoBE7VJL0iCS6i2K3sQRJhR/iVlXtqg",
+	"6Hg4onwPGsWR7IC9gdDPKWt0pKDwzvYwkg1ynoTbsignjqDNOZQBtC1EbSczlaySIeq/qBWxkxZHty9O",
+	"YsyAxUViWwxdpv4Vaboxr3DAMvTare9sTQOt7Gdlde1dlSk3xbzYcbWynUQZoIDDlNSZBbpMQNnb1inu",
+	"SvKcYOBknkhoY4W5Pi7hxK/GdAHhU9yZHRmc4AyoxgfL7FC8TEjBdguPcB6QhktHhLV3UIdktNcBe7YQ",
+	"0ZWI/XRmSiGErGbCBCmD1g311G+Fe2f9tNotrYNqFcjGj1W82V+jwo59RQrwpr5zec++uZ2gA1U6ncn3",
+	"71B+Gd7dOljpuRWlGWcf9rU5UIj2NOdb2gm/e/fuXUPJHN3PLfLL6ZZ3UyS3OTTqzBNEm5Hpt3HKAInd",
+	"VmgRk3OVPm3QrkZAu8ZcFOI3s/cFHLH5bYuip3zqtk/4HQLL2e49UO6eeBd0bGB+W59EZLL25ndD3wkQ",
+	"LS5++vF/w4OAXIZYyO+xErJTB1NJtqcNarioP+1eAmH9Vj7pm46EVVtvWVmdUgtNlkg/CAZUklPdJHv3",
+	"qzYnhk/3NgvOCZobHjvZceP91Lo6M2wH2K4wNA/qjbAHUV6DnHb043M39I1uBe+2CNOdZwRY1zzRhj5Q",
+	"QZmzHORoeFImS9BgmGHgvc2DNboFFxgG6EuV970BAAipHZq9sUvVUiai6kRbSVnpkt+yX1sR4N2GnbUM",
+	"XtOoyxfNhJFkDrTL1n2UaeueisBikfIWZXjrbtfqK4zyhHPde7vbExoJtqsN3b2y3V84bW6nlLZbuw0v",
+	"3u3sa+dnGh8Ph2RkoTgYHZ2cbFMImJIOdrFJxVt3zyoc9JbSzbvv5uEM+jRAP/L8/PsJUtvtokWSfol+",
+	"W6oRdxnl+pQBZhWAGnFQb2YbSqW1dsy2NDMjh/ltF6NOr0bRPXdlWVC57zTMCVQ41bRcm2mJsqXVuEOV",
+	"d0tJmZnlnewhQpIoTQZoRePX1k2Y3ibvbjXc2i0pZ67f25h6wCm2Gl5uhg9je2EWUNPkOthvJYNWwsRO",
+	"jnaiZaoyOkgcbZK8y5Viap4LxHBac20murX1o0uwBxo8ZQSf53IPf/0ao3ermkrjG7plucI7SBahqxxp",
+	"cag4mGfM1gWvmUrFVNKNPcVagdFoiLWEkBIODpbPzs9f9WOei4MBe4VlQeT02cprlEw3df1x1LlVIxzt",
+	"4RV9xTep4rHvgz0aHe+jFrraEUhIPjcTAOfxeA8Hbq1TODR/+Sf2PJPsbAmO7vA4V12RLjUD4YFuCWsC",
+	"y7JAQn7rrAlVLAPiPlb8VHH1vc9sfBJQK8M6eH84YM85glRK6rOf5Ibf2AIDc5U8/CXGtZUB8tKYoVNZ",
+	"op11uf9TZI8zdXNAabn0EoBA1CyZA0+DCsVkjgB2MCjkkC/NLOJt8VRA3jHMD4stPlRQ8zke0oPFNKWD",
+	"uN0RxMSftMcwGWJigcBKEw0oL12fMA4ClgzEwIsTQwt7Gy1uj3ViuHwqPXLbEecU1/nF+I/xk/lno2++",
+	"0ifffr48Wv1jBDpvycoZ/7VTdv+o5fPc7rmqZ/Pclp5DYOKw3Y//fXYYvXy6/NN3o5vX+fGm3IWSCwC9",
+	"/WpX0EIwtIJGR5D3ifbChb092Is0/vOGd/+Zo7XC8lErL+mD2/IX28EKtgrNN4BhUCuLA1AKEBVoXPZ6",
+	"hs31ei2YtWuCZQfICK9aGeA+yt7vQbWXe2a7s3e36uXW81Fvyz6VkH5M0DwNFBgH7GMzkMp+7QdBC9AM",
+	"SGMoVDASEtAihYwgx4neGBJWREZ4Z7t764PJQcUSFt2BMHH0gH0huESI5lTwDNAjARgWw0e5ilRKcFtm",
+	"HPM7UkVP213dFTyvhVpLo07UjOlqSThiqEAYyWgQ9gfGVMOAtcUQ3qgigPpsAJPXa7Eq5aluqalX2VTO",
+	"RKoQ67qWT4VWYb5WVF8eoxwuEr2wlvmqyFZKi4MPlJJai0m9j/yjrpS2UX/F0XXmQTm1xJGoJ78R17eI",
+	"neFfq732y98cDiu/gUY+e6Ez1hv7UzqsvQ8XcB86k44Fc/H6Srps11dfvjn3Pl9xo3zcoUme3fUL62gb",
+	"D0dejKncVUS0dwykscvoTjEmLQQAFZsJhzFrE6yrCEDYF7N5FuOdZ3F0RH2vd5yF+w2exSg6mR/NxqL/",
+	"hB/G/SPxdN4/mT3m/XF8HD0Vo/mQP5ntexakYpRdvO53Iiev8yP58Xj9Z/F485aPol0ngjNxR+Ifwh08",
+	"lnU72PDBbYFAxM9BXvlb/tivUSN5IfVKRHklSbiuC3iqiq+e7J9Q1iSM2is+0oS6ybHICfxLSR6wXo9A",
+	"ZglRsgFzi9izU9kN90KIxUbGoQd6+9OP/zvthAcBW4ksEjLvCxmpWMTOsgSYA64dxgLT4hL6M3Q96CUW",
+	"PsLGNP/P+NMwYJwBPil9AojpBEKLqcmEOgvg67GA9536yENUzQvZYPg17U+XE/wGAwxsKNCaSgLpYHbq",
+	"SoqDuqG6pxwBwxVYjbNbr0iqbgvs7uwq5tLZkWft4+KxPRYq3dFvTSVnjUxyGGcq75xJfspCa3GFiAFl",
+	"VWHoBGK0MkSu+CBeli9xnx7QywL7sNvLgj/5xbwseOI7vCxbSnb+gdLJjzDnZ4e6cjwZjWuVUKLIOjWx",
+	"6xVCtakHftqP85PsX401mgyftFZj1Tj8WjGhV0azUDYNNMpUojWXecebXsuZltOj6syqB8Qwn71VFbhL",
+	"tztAyG36mwPkZ3KAKMvirFZBH+xSKFrTzG2XEG6ZHHkaqKSacErKAvJzx+qIAZbVToZIZwKY31SGEEiw",
+	"+EO2Mynk+pJnTt+SkN3rDdgtOdbnthVEFlsPBGhCU3l7wxJIVN6jbYmfYT2VzYggrFrFm7L63OsHMSoD",
+	"s9jZleRIUAUTnMoKgLH3bQ2W+PbkP8gtENdQ02qPtgZleV5B4m0DY/fA17fnvwJn+MXSX1sczu/DUO+Y",
+	"twpr99JW67rdg6Wx/krlyZ2kxzbLFi8DtF0kdKUPmONqX/F3l+a662n3u585E/R9EjvvkiHwQr7VlJrw",
+	"W0rD34d28ozgk0md2EtDAXHvYjTkmfveRgPvhjBBiuh2rAf2M0I9WBH5cyE9/KyyAE2fBxMEv/k2f7XY",
+	"DXe5y/erhwXy8JEbGkzgETZQNEu679BbTSAYGXhBidyAFoVWxmCBZnzKgr3PXLHqoNIMiuCaARx8Kztp",
+	"6z9pDB2cA/ZIqjaQrDe2RMQsXgWgq1gl1edhEVK1m1LYfBIaDE2lxcjUlLhF/eAOKojgkI8L4OnmpKnn",
+	"BBl7NF/oCgzbRBOZ2OLGsikGfoVZwF2bXJvb9PGptL1M7c4gYryzImsGFbT3ElnCU3PBbaaZLQKeIJwr",
+	"GUVg59leButE6rLhBMqHS5GTXDhpt35gQv/IrN2e20Oy94BJtYZ6ZErnPmChfU/4K+f9+yiuz6i04J9a",
+	"97NX9Q7yghjidu3PRWM/BOfHoUv//UdYCma9X7lCcESIVRFo965Gs1/KqSy7zwkP4sUHbnDsBnhXSBm3",
+	"AP3TyLqlJFsvN9fmUxqeR6m1oO2Sa4mKCmYbr1Jf2H5H8yK1gARTuV7wHJJaXE+ZAqJBvxL8hPNKMUMr",
+	"ZkKA6OyEhspzxusAClZWYJpPpLIYyntGA4pimR3+6T//i/qzRNxuD8vUGgrCyWvQdZrBQQlkYaXuVDLG",
+	"er3tIA0QeOU5dr6YCRSw1IfSQ+vw2wPDmGDQ+PH/06kcD1w1DU2uXEGZ0mGr3V09Kq80g7oSm9OpPByw",
+	"0KazlINgR6KgciekWLtOai6jeGsLaJj79jbQQEbzlt7D2C8Nuk5ifwZVGOVzA72Kg50oFzKiFguVET+y",
+	"bdeMauZar1GDmvb+T673Wq9nCMrlqXkkhW2D0rTR+vmSJ7IFyKC674Qtjzii5cORSlO+0tCUIlewZ3h7",
+	"JiWjcZhR8V1QOIigHxSFYxwa4Z3FF4TSGIfeNKEvAX3OulqIWhsG2zLA8kas6DLkbRamHf7ZnjVR7Fwx",
+	"bDljzfssDgwrA2QPo3KLNXUY92A2mu3ZJh5PNgzbKSes1FmIWfuV3zj7/UEyqsduK94uk2sBoJdV+Iwu",
+	"pWZhS5bjmxvb3OjAh9GonPOObmmntQtU7xm8FW4jyXfBbJRhow+BsuHQMn9BlA3bV6SRZ2fI3VpNJckf",
+	"DccHfjLdVlRMPLJP6EFQgeYpv9rU3+Ol6pmXAfBxk39SLoJR5fZ5Ob4JFTiMx21fnvvFPgMD1uedkUDw",
+	"nH8dIZV/HsBUD1+kqpVaPXLviIwRaPWQDNsZkTG877dozAOYs+P74mX4Erx6+aElfxJZptYGiFF5OOj4",
+	"Ir4z6VziABflAA6e4LxVUZhtgEISrQuRDSAxSeeIcn+HDOoSoWDsoWl4vaHiO6Fo8Czuxz57rhSJOxzZ",
+	"Siqo+55ZFME7bl3LO9p2z+i0SeN1xqywqQ+oaxRZZIylX+mWPgTIQztBdWsa6ilxIK6xSVUi63op2pzO",
+	"A6lbtdIan9S50aCddbhVZw1QV9wbk4D0KQ/toVKJ776aSmPLgTHp6cBVlwVow4yDFYdq8K+b4777u0Ab",
+	"+g1I5+cF0mlYbM2tdqqLFwFxphvEK5v72xzW21rwILI2BunjkpiRt+4JDoE9Kjd3hXGCyQGKk334QWFx",
+	"8kUmhJf69UvB4wQWhNOaw+iVct27MFscTFtqd53kg1vwdMBiboXU6Y4MWYwPbsfWaToJSpiVffwE1RYT",
+	"zMWv5tSQOpHMVg/tFhxVLBtY2g4nTUVSPCxmTJfcBqVFeiVWaJEm8vLAYspsB5Q59QsBnNQuNwe8XEge",
+	"tjIVfNlsJTKt5G94NL/h0fyWvPXhAnjIoFoCeDuadWzBo7EthfaoVqKfVsuVAL0cYGwRqXPP8iUoVnL1",
+	"S9SJ6+6dMD5QZdIr2pSHa2pBK9xZmkS/qRUkVQuQqM6IskDaCo0qZ7Wj0GilLo6uvn2yHN+c5LNDuf7u",
+	"8UaMFtfR0yz+x6o3Gu2uNxpNRkMqfW5L2sgTSV6lzoxf5ELnF+pql49x977W8vLeA/IEafT2kh+ihN9q",
+	"fn6ump+VYx57t23blvjwBjQFr7XEFixDSIDoGuI8YDMurxiPAO/DqKu2yyG/EtqpG+aJmG+0TZ0DNtHr",
+	"pUpe9snILdXNXm9iG5eiuQDQXTyKxMpwmLyR6jZmZ/Cl0bbr3I370Xq8DRNWRu0xjqWnsqyoOWXcjwJ/",
+	"o2bYuZzrq3ps13pjII49FxkhkKAuBU7sVypNWfiH5+fME36Pvsd/XCTxu5B1F0qqwrAjCM5VrJMDBlAH",
+	"jGYeIkiMTatz3iewKEA1tDMK8Q2UG/LI/W3dVRCqv2/qBnTd4OYIv1EzL4/jGzXbN4UDpxNQHfYsyZ0k",
+	"IRrDr3DzKUdiKs17k7ylZGscbs8smLBphxN9TDvw8LSzJvfKtEOd4qfSJXAoNMx5brRiQ9LbEgxspByD",
+	"YVTbNQ5ZpWprKru3efUOwORKclYi3HkU3OtxDVF4s+O0jl7P3KSphP7kcN5lQRgawhZdNLdq0jltJ1oD",
+	"tRyFWjbCVM6TG1GC8tipeEU5dJM1U2sJG5T4bRohZyNg3IKIgMXr9zoThhEeuPyGMr3BXqUt6QvjcOI2",
+	"4aEah2zprdGOk7sL3ZWDe6EsiqzZ7kErDG2KDWHI53xadcpCJocZ1L8a1lhL8gF75nrfOBUM0pIhg8u2",
+	"l60lb1F3WvSubOj6eV1pDeuGJ5rLnIlUrdl3IlPbQ/OoKPw6KgDbWs7uULPuGJzGld4pOD1+r4X82nTK",
+	"u9b9EWls6wVfMhl7xdFzRLz67nWAmE61T9S5rAMMABQMO6T4WgRyYBhRDhjK9duY7t975wxaPTbMsMrL",
+	"SmHDjAkD6eMpHTWJ42dD3a0RhveqHXT4a22I8XNHnFrE17ZOAq1cvS281DZmLdxcOlGOh8MhK3QNB731",
+	"XduDRH7M2utEvXeIyHu+P/Nbhf/WLeDWiMZ2kPsHV4LeC4v/N4j730IKv4UU/hE8V6/4BvL4wZPku5D2",
+	"c2M5f0M9ruC7Vu5UIG6tJ9T0AB52PfEqP7tWJQ2qHh/DIjYC8HBhswEyN0zkBfwiyUOEca3UYCzVtdUv",
+	"wdeGILuSNR07znngq+rhwYB9RTFwJ4YJ0BZ5ra9fsYhnYJxXZMOEVON2NmAUO6idueSJ3L9onjByP1DV",
+	"vLMrH6i28ldpUpWE87BW1aAqrXbKBseigcY812OlELpC5BOUBVvoCf1UjqBYl+dQgZOz0SnjDFm46z+6",
+	"hxSZyrMZTNFW+Hi3AG5AXXSMO3+//fL+mSEG6FzvGNu4k98Jb48DGViL2UKpK/3IcWyoamgNl5w3aj2N",
+	"RqsyV7BOSi72XSNfJqOyNXsFgIRXghpioLW8UlonsxRFpIXRG7Bzo4EJGWPBGURYmFTs7NULo6FNbGCl",
+	"MMIkNyzQJVBPZfjKzrH/JrmE8loRMmQJAbsWWTJPAN+UqtQyvu71nIUC6F8kHLikDrIi1WIqu5GC/OG8",
+	"nydLAExb8SzRSgbsuL9MZJELrNvL+XLFcpWKzBgLB4QLZ4cs3ZNrlV1tFyGxiAvk7yLu9ex8ce9CKMI6",
+	"d38nMfPTdS3UZqPVDHiAQGyQ5x0edwhvsUiTa2FsFte8hkdGHKYivnTJV6Gbl83V5WXzUCvpBuxstUpB",
+	"w3ZtahKjcWiRzj3sByQDs7OJzq26XEXin6dGQeGMCNZ2VS/rf3JF1EjrYzqH2k/EyfWLPBzUgXRJ4uhd",
+	"fk4FnTOgw9k3IsrLvgdJJFxCwBTUA0jCqGwNhNcQL6JNqr8WkUiuhSPNr3AtnVtgjsP899NiODyMCpnc",
+	"WJkDn4jgekTfaUvl+EUYMCgYZaEuyZ/KUlK1Flk/gpJQcTOVn31x9qz/5rOz8fHjgIGq6dlDC24owe66",
+	"FlEm8sD6FB2hB4yzcBC6nZ3KjK8r12nCQu89XTtQzn7Hpp3BtMN+Bz87CAfstTA7L/wmCW4RZU7GkudQ",
+	"dsfCurl+zPAeasbXfFN237bdK6YySlV0xbpQg4pyNxZzwaFWEEMrhgulMaO7kAjdgEHOfz968vjo6Ojp",
+	"4eOxOYbj8fET/vTxiXgiIjETMT8c8/mcPx5HccQP5/x4FPH4iXjyhA/F8eP5/PjwcTyMxFMxGj6Nn85c",
+	"VgjyqDItpIWRvQ+I8nuEGSzC/MRb+La2N00d0q/uQEWxDMJdICp+e/0Y6pPR4uLk08vDxb89ufp8/O1X",
+	"x+J1vrUyDJ8Q1/nF0fl3T6/+NF5+/Hj9chT9+XpXf5w7uM7wQIBd7BcHuWvrCMdc69WIjj1vIJ3LMlWX",
+	"hG29Z76T0xsMiSVDPmRn+y7oAAutvutT4Kr2bVvGg5ya5oB77yVxwLPoaps+j+urBEnAmwjiKzZma+Cn",
+	"HNvPrSbebcipgwF7niByAd/UAsN6ARFBnatVudOYqWCuf6k338tvfc3TJL6g69fM28eV+u1a4IFWd3V1",
+	"qJqnuqLF0FAcB/PWiikRhqUZRRblztyoxJ1J5xFckqCzFFrzS/PKZaEBzIh8CPXbE7BKV7yA1fvhQYCz",
+	"9IQPfU84zqxczB2c4PBoP3MhycDtjZMY1Y3+mMesFCYKSpdST5Dt2G3tsd/KfrdwaE8FTADBAXyuhthK",
+	"JdGqhtUYQcvO+C++896UDz9cmVm5gUbuJlon8jJgS57OVbbEepN1psxnFCbcthtT2dwO1g0bOx4enFrA",
+	"CvOZiFtpGyjaXPna/SCcAFDigZEgj3A3+n4BrF/E9/r3aeSKqMiSfNOZ/O3rat9PkBqlFHOaWtXK9Mxh",
+	"a66iPeyZfkic7pG+f2fqhrNvU9GtKGf4fWcmeCays8JoUH/7GvgWKI7IIovMXPtHwM9oVs2c7mshhbaB",
+	"KB4n8Je5mkIbUmTViQ9KZW8heJovWlKcsZkDij4HS67WaOb52OTBfshH3jsJlar5TosLZV9KADW5Yiu+",
+	"KaHSCTu7Xm25AyGqfLdNqG++HJvC4ssxQxOznQgZyNh3rmifwJzMVgBuleE6kq14lnuvsr1km6+idHTv",
+	"VdpRYyURqeG9N2ZPe1In5Wu6dD1DCitl7NFTl8/n4ohgDntTtU6f5lTJQrUxQMy97CvJSFJr1sVDMUQQ",
+	"sKbl+9OP/3twx160+UJsXKqeN0tqNtic5F8AgRa855U6RnJN6KDa3a7Wxs57g39tm695IWeQsUowTFuY",
+	"hzecYx7vvn73fwMAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

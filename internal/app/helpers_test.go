@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -348,16 +347,7 @@ func (ts *testServer) blockOrderInserts(t *testing.T) (release func()) {
 // and are inside their effect transaction.
 func (ts *testServer) waitForBlockedOrderInsert(t *testing.T, n int) {
 	t.Helper()
-	waitFor(t, 10*time.Second, fmt.Sprintf("%d order inserts waiting on the lock", n), func() bool {
-		var waiting int
-		err := ts.db.QueryRow(context.Background(), `
-			SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO orders%'`).Scan(&waiting)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return waiting >= n
-	})
+	waitForInsertsWaiting(t, ts.db, n)
 }
 
 // waitFor polls cond until it holds, failing the test after timeout. It
@@ -383,3 +373,7 @@ func keyStatus(t testing.TB, db *pgxpool.Pool, key string) string {
 	}
 	return status
 }
+
+// outcomeHeader is the contract's header that says what the idempotency
+// layer did with a keyed request.
+const outcomeHeader = "Idempotency-Outcome"

@@ -1,7 +1,14 @@
 // Package idempotency makes a state-changing request safe to retry.
 //
 // It follows Brandur Leach's "Implementing Stripe-like idempotency keys in
-// Postgres" and the IETF Idempotency-Key draft. A keyed request goes through:
+// Postgres" and the IETF Idempotency-Key draft. docs/from-the-article.md
+// maps the article's words to this code (locked_at is the lease, the
+// completer the reconciler, the reaper the sweeper, staged jobs the
+// outbox) and says where this code departs from it, and why: READ
+// COMMITTED with fencing, row locks and constraints instead of
+// SERIALIZABLE, 422 for a reused key, a resumable 503 instead of a stored
+// 500 after the first phase, dead letters instead of deletion, and a
+// lease on the database's clock. A keyed request goes through:
 //
 //  1. Claim. One atomic statement inserts the (caller, key) record, or finds
 //     the existing one. Whoever inserted it owns the operation; nobody ever
@@ -26,7 +33,9 @@
 // up mid-request cannot leave the effect done but its response unrecorded.
 //
 // The database clock is the only clock: leases are set and compared with
-// now() in SQL, so clock skew between replicas cannot break them.
+// now() in SQL, so clock skew between replicas cannot break them
+// (TestClockSkewCannotBreakALease runs the database ten minutes ahead of
+// the replicas).
 //
 // Replays from memory: a completed record never changes until the sweeper
 // deletes it, so a Store with CacheReplays on keeps recent completed

@@ -76,7 +76,7 @@ const (
 const (
 	OutcomeNew        = "new"         // the first request with this key: it runs the operation
 	OutcomeReplayed   = "replayed"    // the stored response, replayed
-	OutcomeInProgress = "in_progress" // a live owner holds the key: 409 with Retry-After
+	OutcomeInProgress = "in_progress" // a lease on the key has not lapsed (its holder working, or dead): 409 with Retry-After
 	OutcomeMismatch   = "mismatch"    // the key was used for another request: 422
 	OutcomeResumed    = "resumed"     // nobody held it (released after a transient failure): resumed at once
 	OutcomeTakenOver  = "taken_over"  // its owner's lease ran out (a crash, a stall): taken over and resumed

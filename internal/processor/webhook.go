@@ -203,7 +203,7 @@ func (d *deliverer) send(body []byte) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", "retrysafe-fake-processor")
+	req.Header.Set("User-Agent", "payments-fake-processor")
 	req.Header.Set(SignatureHeader, sign(d.secret, d.now(), body))
 	res, err := d.client.Do(req)
 	if err != nil {

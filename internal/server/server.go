@@ -23,7 +23,6 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/retrysafe/payments/api"
-	"github.com/retrysafe/payments/docs"
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/charges"
@@ -110,7 +109,7 @@ func New(d Deps) (http.Handler, error) {
 	e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
 		AllowOrigins:  []string{"*"},
 		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key", requestIDHeader},
-		ExposeHeaders: []string{"Idempotent-Replayed", "Retry-After", "Location", requestIDHeader},
+		ExposeHeaders: []string{"Idempotent-Replayed", outcomeHeader, "Retry-After", "Location", requestIDHeader},
 	}))
 	e.Use(s.contract)
 
@@ -119,8 +118,8 @@ func New(d Deps) (http.Handler, error) {
 	if d.Demo != nil {
 		s.registerDemo(e, d.Demo)
 	}
-	// The project's docs, as written, for the demo page's links.
-	e.GET("/guide/*", echo.WrapHandler(http.StripPrefix("/guide/", http.FileServerFS(docs.Files))))
+	// The project's docs, rendered, for the demo page's links (guide.go).
+	s.registerGuide(e)
 	// Prometheus scrapes this; like /healthz it needs no API key (see
 	// the contract middleware), and shows no tenant's data.
 	e.GET("/metrics", echo.WrapHandler(metrics.Handler()))
@@ -133,9 +132,24 @@ func New(d Deps) (http.Handler, error) {
 
 func decodeJSON(b []byte, v any) error { return json.Unmarshal(b, v) }
 
+// outcomeHeader tells the client what the idempotency layer did with its
+// key: the claim's outcome (new, replayed, resumed, taken_over,
+// in_progress, mismatch, dead), the same word as the request log and the
+// payments_idempotency_outcomes_total metric. A client, or the demo page,
+// can then show a takeover or a resumption that the status alone hides
+// (a 201 is a 201 whoever finished the work).
+//
+// It is set by observe on the way out and is never part of a stored
+// response (it is not in the idempotency layer's allow-list of stored
+// headers), so a replay says "replayed", not what the first answer said.
+// An answer given before the claim (a 400, 401, 404, 429...) has none: it
+// left the key untouched.
+const outcomeHeader = "Idempotency-Outcome"
+
 // observe is the outermost middleware but Recover: it names the request
 // (X-Request-Id, the client's if it sent a sane one, else a new one, and
-// returned either way), and once the answer is written it counts it
+// returned either way), tells a keyed request's client what its claim
+// found (outcomeHeader), and once the answer is written it counts it
 // (metrics) and logs one line: the request id, the caller, the route, the
 // status, the duration, and what the idempotency layer did with its key.
 //
@@ -151,6 +165,14 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		c.Response().Header().Set(requestIDHeader, id)
 		ctx, outcome := idempotency.WithOutcome(withRequestID(req.Context(), id))
 		c.SetRequest(req.WithContext(ctx))
+		// Just before the status line is written, whoever writes it (a
+		// handler, a replay, the error handler): by then the claim, if
+		// the request reached it, has recorded its outcome.
+		c.Response().Before(func() {
+			if o := outcome(); o != "" {
+				c.Response().Header().Set(outcomeHeader, o)
+			}
+		})
 
 		if err := next(c); err != nil {
 			c.Error(err) // write the response now, so the status below is final

@@ -1,0 +1,248 @@
+package server
+
+import (
+	"bytes"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+	"unicode"
+
+	"github.com/labstack/echo/v4"
+	"github.com/yuin/goldmark"
+	"github.com/yuin/goldmark/ast"
+	"github.com/yuin/goldmark/extension"
+	"github.com/yuin/goldmark/parser"
+	"github.com/yuin/goldmark/text"
+	"github.com/yuin/goldmark/util"
+
+	"github.com/retrysafe/payments/docs"
+)
+
+// The guide: the repository's docs (docs.Files), rendered to HTML at
+// /guide/<name>, so that the demo page can link a panel to the section
+// that explains it and the reader can follow the docs' own links.
+//
+// The docs are written for the repository, and read on a code host or in
+// a checkout, so the rendering keeps them as they are and fixes only what
+// a server must:
+//
+//   - headings get the ids a code host gives them (githubIDs), so a link
+//     such as design.md#retries lands on the same section here;
+//   - a link to another doc, design.md#retries, becomes the rendered
+//     page, design#retries;
+//   - a link to a file this server does not serve (../internal/...) is
+//     dropped, keeping its text, which names the file: the source is in
+//     the repository, not in the binary. The contract, which the server
+//     does serve, is linked at /openapi.yaml.
+//
+// /guide/design.md redirects to /guide/design: the Markdown itself is in
+// the repository, and a second copy of it here would be a page whose
+// relative links cannot work.
+
+// guidePage is one rendered doc.
+type guidePage struct {
+	Name  string // design, for design.md
+	Title string // its first heading
+	Body  template.HTML
+}
+
+// renderedGuide renders every doc once per process; the docs are embedded,
+// so the result cannot change.
+var renderedGuide = sync.OnceValues(func() (map[string]guidePage, error) {
+	return renderGuide(docs.Files)
+})
+
+func renderGuide(files fs.FS) (map[string]guidePage, error) {
+	names, err := fs.Glob(files, "*.md")
+	if err != nil {
+		return nil, err
+	}
+	known := map[string]bool{}
+	for _, n := range names {
+		known[n] = true
+	}
+	md := goldmark.New(
+		goldmark.WithExtensions(extension.GFM),
+		goldmark.WithParserOptions(
+			parser.WithAutoHeadingID(),
+			parser.WithASTTransformers(util.Prioritized(guideLinks{known: known}, 100)),
+		),
+	)
+	pages := map[string]guidePage{}
+	for _, n := range names {
+		src, err := fs.ReadFile(files, n)
+		if err != nil {
+			return nil, err
+		}
+		doc := md.Parser().Parse(text.NewReader(src), parser.WithContext(parser.NewContext(parser.WithIDs(newGitHubIDs()))))
+		var buf bytes.Buffer
+		if err := md.Renderer().Render(&buf, src, doc); err != nil {
+			return nil, fmt.Errorf("render %s: %w", n, err)
+		}
+		name := strings.TrimSuffix(n, ".md")
+		pages[name] = guidePage{Name: name, Title: firstHeading(doc, src, name), Body: template.HTML(buf.String())} // #nosec G203 -- our own docs, rendered by goldmark, which leaves raw HTML out
+	}
+	return pages, nil
+}
+
+func firstHeading(doc ast.Node, src []byte, fallback string) string {
+	for n := doc.FirstChild(); n != nil; n = n.NextSibling() {
+		if h, ok := n.(*ast.Heading); ok && h.Level == 1 {
+			return plainText(h, src)
+		}
+	}
+	return fallback
+}
+
+// plainText is the text of n and its descendants, without markup.
+func plainText(n ast.Node, src []byte) string {
+	var b strings.Builder
+	_ = ast.Walk(n, func(c ast.Node, entering bool) (ast.WalkStatus, error) {
+		if entering {
+			switch t := c.(type) {
+			case *ast.Text:
+				b.Write(t.Segment.Value(src))
+			case *ast.String:
+				b.Write(t.Value)
+			}
+		}
+		return ast.WalkContinue, nil
+	})
+	return b.String()
+}
+
+// guideLinks rewrites the docs' relative links for the rendered guide (see
+// the top of this file).
+type guideLinks struct{ known map[string]bool }
+
+func (g guideLinks) Transform(doc *ast.Document, _ text.Reader, _ parser.Context) {
+	var links []*ast.Link
+	_ = ast.Walk(doc, func(n ast.Node, entering bool) (ast.WalkStatus, error) {
+		if l, ok := n.(*ast.Link); ok && entering {
+			links = append(links, l)
+		}
+		return ast.WalkContinue, nil
+	})
+	for _, l := range links {
+		dest := string(l.Destination)
+		if dest == "" || strings.HasPrefix(dest, "#") || strings.Contains(dest, ":") {
+			continue // a section of this page, or a public page elsewhere
+		}
+		file, fragment, _ := strings.Cut(dest, "#")
+		if fragment != "" {
+			fragment = "#" + fragment
+		}
+		switch target := path.Clean(file); {
+		case g.known[target]:
+			l.Destination = []byte(strings.TrimSuffix(target, ".md") + fragment)
+		case target == "../api/openapi.yaml":
+			l.Destination = []byte("/openapi.yaml" + fragment)
+		default:
+			// A file of the repository: keep the text, drop the link.
+			parent := l.Parent()
+			for c := l.FirstChild(); c != nil; {
+				next := c.NextSibling()
+				parent.InsertBefore(parent, l, c)
+				c = next
+			}
+			parent.RemoveChild(parent, l)
+		}
+	}
+}
+
+// githubIDs gives headings the ids GitHub gives them, so that one link
+// (design.md#charges-started--charge_created--finished) works both on the
+// code host and in the guide: lower case; letters, digits, '-' and '_'
+// kept, each space a '-', everything else dropped; a repeated id gets -1,
+// -2, ... goldmark's own ids differ (it turns '_' into '-').
+type githubIDs struct{ used map[string]bool }
+
+func newGitHubIDs() *githubIDs { return &githubIDs{used: map[string]bool{}} }
+
+func (g *githubIDs) Generate(value []byte, _ ast.NodeKind) []byte {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(string(value))) {
+		switch {
+		case unicode.IsLetter(r), unicode.IsDigit(r), unicode.Is(unicode.Mn, r), r == '-', r == '_':
+			b.WriteRune(r)
+		case r == ' ':
+			b.WriteByte('-')
+		}
+	}
+	id := b.String()
+	for i := 1; g.used[id]; i++ {
+		id = fmt.Sprintf("%s-%d", b.String(), i)
+	}
+	g.used[id] = true
+	return []byte(id)
+}
+
+func (g *githubIDs) Put(value []byte) { g.used[string(value)] = true }
+
+var guideTemplate = template.Must(template.New("guide").Parse(`<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{.Page.Title}}</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="/style.css">
+</head>
+<body class="guide">
+<header>
+<nav aria-label="Guide"><a href="/">The demo</a> · <a href="/guide/">The guide</a> · <a href="/docs/">The API reference</a></nav>
+</header>
+<main>
+{{if .Index}}<h1>The guide</h1>
+<p>The documentation of this repository, as written there. File names in code (<code>internal/idempotency/store.go</code>) are files of the repository; this server does not serve the source.</p>
+<ul>{{range .Index}}<li><a href="{{.Name}}">{{.Title}}</a></li>{{end}}</ul>
+{{else}}{{.Page.Body}}{{end}}
+</main>
+</body>
+</html>
+`))
+
+func (s *Server) registerGuide(e *echo.Echo) {
+	render := func(c echo.Context, data any) error {
+		var buf bytes.Buffer
+		if err := guideTemplate.Execute(&buf, data); err != nil {
+			return err
+		}
+		return c.HTMLBlob(http.StatusOK, buf.Bytes())
+	}
+	e.GET("/guide", func(c echo.Context) error { return c.Redirect(http.StatusMovedPermanently, "/guide/") })
+	e.GET("/guide/", func(c echo.Context) error {
+		pages, err := renderedGuide()
+		if err != nil {
+			return err
+		}
+		index := make([]guidePage, 0, len(pages))
+		for _, p := range pages {
+			index = append(index, p)
+		}
+		slices.SortFunc(index, func(a, b guidePage) int { return strings.Compare(a.Name, b.Name) })
+		return render(c, map[string]any{"Page": guidePage{Title: "The guide"}, "Index": index})
+	})
+	e.GET("/guide/:page", func(c echo.Context) error {
+		pages, err := renderedGuide()
+		if err != nil {
+			return err
+		}
+		name := c.Param("page")
+		if md, ok := strings.CutSuffix(name, ".md"); ok {
+			if _, ok := pages[md]; ok {
+				return c.Redirect(http.StatusMovedPermanently, "/guide/"+md)
+			}
+		}
+		p, ok := pages[name]
+		if !ok {
+			return echo.ErrNotFound
+		}
+		return render(c, map[string]any{"Page": p})
+	})
+}

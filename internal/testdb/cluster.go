@@ -1,0 +1,172 @@
+package testdb
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+)
+
+// Cluster is a PostgreSQL server of a test's own: initdb'd into a
+// temporary directory, on its own port. A test that must do to the server
+// what the suite's shared one cannot have done to it uses one: the soak
+// restarts it as a crash would, and the clock test runs it with its clock
+// moved (WithClock).
+type Cluster struct {
+	bin  string // the directory of initdb, pg_ctl and postgres
+	dir  string // the data directory, which also holds the socket and the log
+	port string
+	// as runs the server's commands as a user PostgreSQL accepts: it
+	// refuses to run as root, so under root (CI, containers) they run as
+	// the postgres user. Then the wrapper (faketime), if any.
+	as []string
+}
+
+// ClusterOption changes how NewCluster starts the server.
+type ClusterOption func(*clusterOptions)
+
+type clusterOptions struct{ faketime string }
+
+// WithClock starts the server under libfaketime (see FaketimeLib), with
+// its clock moved by offset, a faketime spec such as "+10m": every
+// now() the database computes is that far from the machine's clock, and
+// from the clock of every other process of the test.
+func WithClock(offset string) ClusterOption {
+	return func(o *clusterOptions) { o.faketime = offset }
+}
+
+// NewCluster initialises and starts a PostgreSQL from the binaries in bin
+// (see PGBin), stopped when t ends. Its database is empty: the caller
+// migrates it.
+func NewCluster(t testing.TB, bin string, opts ...ClusterOption) *Cluster {
+	t.Helper()
+	var o clusterOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	c := &Cluster{bin: bin, port: freePort(t)}
+	dir, err := os.MkdirTemp("", "test-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.dir = dir
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatalf("running as root, a test's PostgreSQL needs the postgres user to run as: %v", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+		c.as = []string{"runuser", "-u", "postgres", "--"}
+	}
+	c.run(t, "initdb", "-D", dir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync")
+	if o.faketime != "" {
+		lib := FaketimeLib()
+		if lib == "" {
+			t.Fatal("WithClock needs libfaketime (apt-get install faketime)")
+		}
+		// The library itself, not the faketime command: the command
+		// waits for the server pg_ctl leaves running, so pg_ctl start
+		// would never return. pg_ctl starts the server, which forks a
+		// process per connection: each inherits the LD_PRELOAD.
+		c.as = append(c.as, "env", "LD_PRELOAD="+lib, "FAKETIME="+o.faketime)
+	}
+	// Stopped before its directory is removed, even if it never finished
+	// starting.
+	t.Cleanup(func() {
+		if t.Failed() {
+			if b, err := os.ReadFile(c.log()); err == nil {
+				t.Logf("the test's PostgreSQL log:\n%s", b)
+			}
+		}
+		_ = c.command("pg_ctl", "-D", dir, "-m", "immediate", "stop").Run()
+	})
+	c.run(t, "pg_ctl", "-D", dir, "-l", c.log(), "-w", "-t", "60",
+		"-o", fmt.Sprintf("-p %s -k %s -c listen_addresses=127.0.0.1 -c max_connections=200", c.port, dir), "start")
+	return c
+}
+
+// URL is the cluster's postgres database.
+func (c *Cluster) URL() string {
+	return "postgres://postgres@127.0.0.1:" + c.port + "/postgres?sslmode=disable"
+}
+
+// Restart stops the server the way a crash does (immediate: no checkpoint,
+// every backend killed at once) and starts it again, waiting until it
+// accepts connections, after it has replayed its WAL.
+func (c *Cluster) Restart() error {
+	return c.command("pg_ctl", "-D", c.dir, "-l", c.log(), "-m", "immediate", "-w", "-t", "60", "restart").Run()
+}
+
+func (c *Cluster) log() string { return filepath.Join(c.dir, "server.log") }
+
+func (c *Cluster) run(t testing.TB, name string, args ...string) {
+	t.Helper()
+	if out, err := c.command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", name, err, out)
+	}
+}
+
+func (c *Cluster) command(name string, args ...string) *exec.Cmd {
+	argv := append(slices.Clone(c.as), filepath.Join(c.bin, name))
+	cmd := exec.Command(argv[0], append(argv[1:], args...)...) // #nosec G204 -- a test helper: PostgreSQL's own binaries (PGBin), with arguments built here
+	cmd.Dir = c.dir // a directory the postgres user may enter
+	return cmd
+}
+
+// PGBin finds PostgreSQL's server binaries: SOAK_PG_BIN, else pg_ctl's
+// directory on PATH, else the newest /usr/lib/postgresql/*/bin (Debian's
+// layout); "" if there are none.
+func PGBin() string {
+	if dir := os.Getenv("SOAK_PG_BIN"); dir != "" {
+		return dir
+	}
+	if p, err := exec.LookPath("pg_ctl"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			return filepath.Dir(real)
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	slices.SortFunc(dirs, func(a, b string) int { return versionOf(a) - versionOf(b) })
+	if len(dirs) > 0 {
+		return dirs[len(dirs)-1]
+	}
+	return ""
+}
+
+// FaketimeLib finds libfaketime (Debian's faketime package installs it
+// under /usr/lib/<arch>/faketime); "" if it is not here.
+func FaketimeLib() string {
+	for _, pattern := range []string{"/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1", "/usr/local/lib/faketime/libfaketime.so.1"} {
+		if found, _ := filepath.Glob(pattern); len(found) > 0 {
+			return found[0]
+		}
+	}
+	return ""
+}
+
+// versionOf reads 15 from /usr/lib/postgresql/15/bin.
+func versionOf(bin string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(bin)))
+	return v
+}
+
+// freePort is a TCP port nobody listens on now.
+func freePort(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
