@@ -2,8 +2,9 @@
 # Print the Go packages a change touched (make check-fast), one a line,
 # as ./paths: every package with a file changed since the merge base with
 # BASE (default main), committed or not, and untracked files too. The
-# embedded web/, docs/ and api/ have no tests of their own: the tests of
-# internal/server serve and check them, so a change there lists it. A
+# embedded web/, docs/ and api/ have no tests of their own: internal/server
+# serves them and internal/app's end-to-end tests check them (the contract,
+# the demo page, the guide's links), so a change there lists both. A
 # change to db/ (migrations, queries) lists nothing: it can reach every
 # package, and only make test says it did not.
 set -euo pipefail
@@ -17,7 +18,7 @@ since=$(git merge-base "$base" HEAD 2>/dev/null || git rev-parse HEAD)
   git ls-files --others --exclude-standard
 } | sort -u | while IFS= read -r f; do
   case $f in
-    web/* | docs/* | api/*) echo internal/server ;;
+    web/* | docs/* | api/*) printf '%s\n' internal/server internal/app ;;
     *.go) dirname "$f" ;;
   esac
 done | sort -u | while IFS= read -r dir; do
