@@ -141,9 +141,10 @@ bench:
 	go run ./cmd/bench $(BENCH_ARGS)
 
 # Go benchmarks of the hot path through HTTP, with statements per request
-# (docs/benchmarks.md).
+# (docs/benchmarks.md). They live with the end-to-end tests, in
+# internal/app, and run the service that app.New builds.
 bench-go:
-	go test -run='^$$' -bench=. -benchtime=3s ./internal/server/
+	go test -run='^$$' -bench=. -benchtime=3s ./internal/app/
 
 # Sweep 1,000,000 expired records while claiming new keys; reports records/s
 # and the claims' p99 (docs/benchmarks.md).
