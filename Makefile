@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test npm-tools axe-core docs-ui check check-fast check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak soak-failover ha ha-stop
+.PHONY: run test npm-tools axe-core docs-ui check check-fast check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs architecture model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak soak-failover ha ha-stop
 
 # Run the demo on :8080 against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -106,9 +106,18 @@ gosec:
 
 # Run the commands of the docs' sh blocks, and the README's session against
 # a fresh demo (its outputs compared with the README's), so the walkthroughs
-# cannot rot; check the docs' links and the tests they name.
+# cannot rot; check the docs' links and the tests they name, and that the
+# map in docs/architecture.md is the code's (scripts/architecture.sh
+# --check: the import graph, and one owner per query file).
 check-docs:
 	bash scripts/check-docs.sh
+
+# Write the map of the packages into docs/architecture.md, between its
+# markers, from the code: the import graph (from go list) and which package
+# calls each db/queries file. Run it after moving code between packages;
+# make check-docs fails while the doc is stale.
+architecture:
+	bash scripts/architecture.sh --write
 
 # Model-check the lease protocol (model/idempotency.pml) with spin: safety
 # (every assertion, in every reachable state, every statement reached) and

@@ -81,6 +81,14 @@ end='<!-- END scripts/architecture.sh -->'
 doc=docs/architecture.md
 case "${1:-}" in
   --write | --check)
+    # The doc holds each marker once, on a line of its own; without them
+    # there would be nothing to write, and nothing to check.
+    for marker in "$begin" "$end"; do
+      if [[ $(grep -cxF -- "$marker" "$doc") -ne 1 ]]; then
+        echo "architecture: $doc must hold the line '$marker' once" >&2
+        exit 1
+      fi
+    done
     tmp=$(mktemp)
     trap 'rm -f "$tmp"' EXIT
     check_owners

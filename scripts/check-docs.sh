@@ -4,9 +4,14 @@
 # being true. Each block runs in its own bash, at the repository root, with
 # -euo pipefail. Then run the README's session against a fresh demo and
 # compare what it answers with what the README shows (check-readme.sh),
-# and check the docs' links and the tests they name.
+# and check the docs' links and the tests they name. First, check that the
+# map of the packages in docs/architecture.md is the code's, and that each
+# query file has one owner (scripts/architecture.sh --check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "check-docs: docs/architecture.md's map"
+bash scripts/architecture.sh --check
 
 docs=(docs/adding-an-operation.md)
 for doc in "${docs[@]}"; do
