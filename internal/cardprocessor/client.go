@@ -2,8 +2,8 @@
 // the charge, refund and payout operations need (Processor), and a client of the
 // processor's HTTP API that implements it (Client), with the wire types it
 // speaks. The fake processor in internal/processor serves the same API; a
-// fork that uses a real processor implements Processor for it and wires it
-// in cmd/server instead.
+// fork that uses a real processor implements Processor for it and builds
+// it in internal/app (app.New) instead of this Client.
 package cardprocessor
 
 import (
@@ -105,7 +105,7 @@ const (
 )
 
 // SignatureHeader carries the signature of the processor's webhooks (the
-// scheme of package signature).
+// scheme in signature.go).
 const SignatureHeader = "Processor-Signature"
 
 // statusSucceeded is the status of a successful charge on the wire.
@@ -129,9 +129,10 @@ type Client struct {
 var _ Processor = (*Client)(nil)
 
 // NewClient returns a client for the processor at baseURL. Each call is
-// bounded by timeout, which must stay well below the idempotency lease:
-// the whole operation, processor call included, has to finish within the
-// lease.
+// bounded by timeout (PROCESSOR_TIMEOUT). The owner of the operation renews
+// its lease while the call runs, and one run of an operation is bounded by
+// the timeout and a margin (config.Server.MaxRun), so a call that never
+// returns cannot hold its key for ever.
 func NewClient(baseURL string, timeout time.Duration) *Client {
 	return &Client{baseURL: baseURL, http: &http.Client{Timeout: timeout}}
 }

@@ -96,7 +96,7 @@ type Server struct {
 	// means cmd/server starts the fake processor in-process.
 	ProcessorURL string
 	// ProcessorTimeout bounds one call to the processor (PROCESSOR_TIMEOUT).
-	// It must be well below the lease.
+	// The lease is renewed while a call runs; MaxRun bounds the whole run.
 	ProcessorTimeout time.Duration
 	// ProcessorWebhookSecret verifies the processor's webhook signatures
 	// (PROCESSOR_WEBHOOK_SECRET). It must be set when ProcessorURL is, and

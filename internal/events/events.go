@@ -1,5 +1,8 @@
 // Package events is the transactional outbox: Record inserts an event in
-// the transaction of the change it describes.
+// the transaction of the change it describes, and the relay (relay.go)
+// delivers it to the caller's endpoint, at least once. It also holds the
+// inbox of the card processor's events (inbox.go). It owns the events,
+// processor_events and demo_received_events tables.
 package events
 
 import (

@@ -23,8 +23,9 @@ import (
 // each event id in the transaction that applies the event, so a redelivery
 // changes nothing and a crash between "applied" and "recorded" cannot
 // happen. What an event does is its domain's business: each kind of event
-// has an Applier, registered by the package that owns the object (charges,
-// refunds, payouts), so the inbox needs to know none of them.
+// has an Applier, written by the package that owns the object (charges for
+// charges and refunds, payouts for payouts) and registered in internal/app,
+// so the inbox needs to know none of them.
 
 // The processor's event types.
 const (

@@ -105,7 +105,7 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	}
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Timeout)
 	due, err := queries.ClaimUndeliveredEvents(claimCtx, r.pool, dbsqlc.ClaimUndeliveredEventsParams{
-		MaxEvents: int32(r.cfg.Batch), LeaseSeconds: r.cfg.Lease.Seconds(), // #nosec G115 -- the batch is a handful, set in cmd/server
+		MaxEvents: int32(r.cfg.Batch), LeaseSeconds: r.cfg.Lease.Seconds(), // #nosec G115 -- the batch is a handful, set in internal/app
 	})
 	cancel()
 	if err != nil {

@@ -1,5 +1,9 @@
-// Package postgres opens the connection pool, applies the migrations and
-// holds the one transaction helper everything else uses.
+// Package postgres is the storage edge every other package shares: it
+// opens the connection pool, applies the migrations (River's too,
+// river.go), and holds the one transaction helper everything else uses
+// (Transact), how errors are named and classified (errors.go, NotFound,
+// IsTransient), the public ids (ids.go) and the polling loop of the
+// background workers (poll.go).
 package postgres
 
 import (

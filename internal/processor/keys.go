@@ -32,7 +32,8 @@ import (
 //   - A stored answer is kept for Config.KeyRetention (24 hours, as Stripe
 //     keeps its keys), counted from when it was stored; after that the key
 //     is a new request. The payments server derives its downstream keys
-//     from the caller's Idempotency-Key and request (internal/effect), so
+//     from the caller's Idempotency-Key and request
+//     (cardprocessor.DownstreamKey), so
 //     that a retry after a failover that lost its rows sends the same key
 //     again. It must find the first answer still here: a processor must
 //     keep keys for as long as clients retry, which is the server's own

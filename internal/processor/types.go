@@ -242,5 +242,5 @@ func FetchLedger(ctx context.Context, baseURL string) ([]LedgerEntry, error) {
 }
 
 // SignatureHeader carries the signature of a webhook this processor sends
-// (the scheme of package signature).
+// (the scheme in internal/cardprocessor/signature.go).
 const SignatureHeader = "Processor-Signature"

@@ -1,6 +1,6 @@
 // Package server is the HTTP face of the service: the contract middleware,
 // the handlers that implement the generated strict server interface, and the
-// one error handler. It builds nothing but HTTP: cmd/server wires the
+// one error handler. It builds nothing but HTTP: package app builds the
 // domain services it is given (Deps), and runs the background workers.
 package server
 
