@@ -8,8 +8,9 @@
 #
 # What is compared, and what is not:
 #   - the output as shown, line for line, once both sides have their ids
-#     (ord_..., ch_..., po_...), times, UUIDs and paycli's keys replaced by
-#     placeholders: those differ on every run;
+#     (ord_..., ch_..., po_...), times, UUIDs, paycli's keys and downstream
+#     keys (acme-<26 base32 characters>, derived from a key uuidgen made)
+#     replaced by placeholders: those differ on every run;
 #   - "…" in the README stands for anything (a trimmed body, a line left
 #     out of paycli's JSON), as a reader would take it;
 #   - of the response headers, Date, Content-Length, Vary, X-Request-Id and
@@ -127,6 +128,7 @@ normalize() {
     -e 's/[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+(Z|[+-][0-9:]+)/<time>/g' \
     -e 's/\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b/<uuid>/g' \
     -e 's/\bkey=[0-9a-f]{32}\b/key=<key>/g' \
+    -e 's/\b([a-z0-9_]+)-[a-z2-7]{26}\b/\1-<downstream key>/g' \
     -e 's/[[:space:]]+$//'
 }
 
