@@ -143,7 +143,7 @@ bench:
 # Go benchmarks of the hot path through HTTP, with statements per request
 # (docs/benchmarks.md).
 bench-go:
-	go test -run='^$$' -bench=. -benchtime=3s ./internal/server/
+	go test -run='^$$' -bench=. -benchtime=3s ./internal/app/
 
 # Sweep 1,000,000 expired records while claiming new keys; reports records/s
 # and the claims' p99 (docs/benchmarks.md).
