@@ -201,25 +201,49 @@ func TestDemoPageSameKeyDifferentBody(t *testing.T) {
 	}
 }
 
-// Five concurrent identical requests under one key create one order; the
-// timeline shows all five answers.
+// Five concurrent identical requests under one key create one order, and
+// all five converge on its answer: the duplicates wait on the server for
+// the original and get its response, replayed. The timeline shows one new
+// answer and four replays, each marked.
 func TestDemoPageSendFiveAtOnce(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, withDemo)
 	ctx := browser(t, ts.URL, 1280, 1000)
 	click(t, ctx, "send-five")
 	waitPage(t, ctx, `document.getElementById("break-result").textContent.startsWith("5 requests")`)
-	statuses := pageText(t, ctx, attemptStatuses+`.join(",")`)
-	if n := strings.Count(statuses, "201") + strings.Count(statuses, "409"); n != 5 {
-		t.Errorf("statuses %s; want five answers, each a 201 (new or replayed) or a 409", statuses)
-	}
+	wantOneOriginalFourReplays(t, ctx)
 	if n := ts.count(t, "orders"); n != 1 {
 		t.Errorf("%d orders after 5 concurrent requests with one key; want exactly 1", n)
 	}
 }
 
+// wantOneOriginalFourReplays checks the timeline after Send 5 at once: five
+// 201s under one key, one of them new and four replayed, and the page's
+// summary saying so.
+func wantOneOriginalFourReplays(t *testing.T, ctx context.Context) {
+	t.Helper()
+	rows := readAttempts(t, ctx)
+	if len(rows) < 5 {
+		t.Fatalf("%d rows in the timeline; want at least the five", len(rows))
+	}
+	outcomes := map[string]int{}
+	for _, r := range rows[len(rows)-5:] {
+		if r.status != "201" || r.key != rows[len(rows)-1].key {
+			t.Errorf("row %+v; want a 201 under the five's one key", r)
+		}
+		outcomes[r.outcome]++
+	}
+	if outcomes["new"] != 1 || outcomes["replayed"] != 4 {
+		t.Errorf("outcomes %v; want one new and four replayed", outcomes)
+	}
+	if msg := pageText(t, ctx, `document.getElementById("break-result").textContent`); !strings.Contains(msg, "1 ran the") || !strings.Contains(msg, "4 got its replay") || !strings.Contains(msg, "0 were told 409") {
+		t.Errorf("summary %q; want one original, four replays, no 409", msg)
+	}
+}
+
 // After a charge, Send 5 at once charges a fresh order five times at once
-// under one key: one charge exists, and the processor made one.
+// under one key: one charge exists, the processor made one, and the four
+// duplicates got the original's answer, replayed.
 func TestDemoPageSendFiveChargesAtOnce(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, withDemo)
@@ -233,6 +257,7 @@ func TestDemoPageSendFiveChargesAtOnce(t *testing.T) {
 	if msg := pageText(t, ctx, `document.getElementById("break-result").textContent`); !strings.Contains(msg, "One charge exists") {
 		t.Errorf("message %q", msg)
 	}
+	wantOneOriginalFourReplays(t, ctx)
 	var charges, ordersCharged int
 	if err := ts.db.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT order_id) FROM charges`).Scan(&charges, &ordersCharged); err != nil {
 		t.Fatal(err)

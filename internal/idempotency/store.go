@@ -596,7 +596,7 @@ func resumable() *problem.Error {
 
 func dead() *problem.Error {
 	return problem.New(problem.IdempotencyKeyDead,
-		"the operation under this Idempotency-Key failed too often and was set aside for an operator; do not retry it")
+		"the operation under this Idempotency-Key was set aside for an operator (it failed too often, or the processor gave an answer no retry can change); do not retry it")
 }
 
 // cleanupTimeout bounds the writes that wrap up an execution after its

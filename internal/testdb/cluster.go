@@ -119,7 +119,8 @@ func (c *Cluster) run(t testing.TB, name string, args ...string) {
 func (c *Cluster) command(name string, args ...string) *exec.Cmd {
 	argv := append(slices.Clone(c.as), filepath.Join(c.bin, name))
 	cmd := exec.Command(argv[0], append(argv[1:], args...)...) // #nosec G204 -- a test helper: PostgreSQL's own binaries (PGBin), with arguments built here
-	cmd.Dir = c.dir // a directory the postgres user may enter
+	// A directory the postgres user may enter.
+	cmd.Dir = c.dir
 	return cmd
 }
 
