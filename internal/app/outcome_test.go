@@ -86,11 +86,13 @@ func TestIdempotencyOutcomeHeader(t *testing.T) {
 		wg.Wait()
 		outcome(t, second, http.StatusCreated, "taken_over")
 		// The first owner was fenced out: it answers with what the record
-		// says when it finds out (the newer owner's stored response, a
-		// 409 while that owner works, or a 503 to retry), never a second
-		// order. Its own claim was new.
+		// says when it finds out, never a second order: the newer owner's
+		// stored response (replayed, so marked), or, its own claim having
+		// been new, a 409 while that owner works or a 503 to retry.
 		switch first.Status {
-		case http.StatusCreated, http.StatusConflict, http.StatusServiceUnavailable:
+		case http.StatusCreated:
+			outcome(t, first, first.Status, "replayed")
+		case http.StatusConflict, http.StatusServiceUnavailable:
 			outcome(t, first, first.Status, "new")
 		default:
 			t.Errorf("the fenced-out first request: %d %s", first.Status, first.Body)
