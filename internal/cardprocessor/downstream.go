@@ -41,7 +41,7 @@ func DownstreamKey(callerID, idempotencyKey string, fingerprint []byte, generati
 		_ = binary.Write(h, binary.BigEndian, uint64(len(field)))
 		h.Write(field)
 	}
-	_ = binary.Write(h, binary.BigEndian, uint64(generation))
+	_ = binary.Write(h, binary.BigEndian, uint64(generation)) // #nosec G115 -- generation counts up from 0 (NewDownstreamKey)
 	return callerID + "-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(h.Sum(nil)))[:downstreamHashLen]
 }
 
