@@ -1,7 +1,7 @@
 # The two commands a newcomer needs are `make run` and `make test`.
 # Everything else here is for working on the project.
 
-.PHONY: run test npm-tools axe-core docs-ui check check-fast check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs architecture model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak soak-failover ha ha-stop
+.PHONY: run test npm-tools axe-core docs-ui check check-fast check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs check-walkthrough architecture model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak soak-failover ha ha-stop
 
 # Run the demo on :8080 against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -68,10 +68,11 @@ check-fast: check-generated vet staticcheck gosec
 	fi
 
 # Everything but the tests: generated-code and Redoc drift, the spec's
-# lint, vet, staticcheck, gosec, the docs' commands, the lease protocol's
-# model, and a renamed copy of the module (which runs the tests of that
-# copy, so it needs PostgreSQL too).
-check-static: check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs model fuzz-ci check-rename
+# lint, vet, staticcheck, gosec, the docs' commands, the keyed operation
+# of docs/adding-an-operation.md added to a copy of the tree, the lease
+# protocol's model, and a renamed copy of the module (the two copies run
+# tests, so they need PostgreSQL too).
+check-static: check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs check-walkthrough model fuzz-ci check-rename
 
 # Regenerate the committed code: oapi-codegen (api/openapi.yaml ->
 # internal/apigen and client/apiclient), River's migrations (the River in
@@ -111,6 +112,16 @@ gosec:
 # --check: the import graph, and one owner per query file).
 check-docs:
 	bash scripts/check-docs.sh
+
+# Follow the keyed operation of docs/adding-an-operation.md word for word
+# on a temporary copy of the tree: apply the doc's blocks (each names its
+# file in its info string), run its commands, and fail if git status shows
+# a file the doc does not name; then, in the copy, gofmt, go build, vet,
+# staticcheck, gosec, the spec's lint, the map's check, and the tests the
+# change can break (scripts/check-walkthrough.sh says which, and why not
+# all of them). Needs PostgreSQL, and Redocly (hence npm-tools).
+check-walkthrough: npm-tools
+	bash scripts/check-walkthrough.sh
 
 # Write the map of the packages into docs/architecture.md, between its
 # markers, from the code: the import graph (from go list) and which package
