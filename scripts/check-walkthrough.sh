@@ -114,11 +114,11 @@ git ls-files -z --cached --others --exclude-standard |
     if [[ -e $f || -L $f ]]; then printf '%s\0' "$f"; fi
   done |
   xargs -0 -r cp -P --preserve=mode --parents -t "$copy"
-# Redocly, for make lint-spec, from the tree (ignored by git, like all of .cache).
-if [[ -d .cache/npm ]]; then
-  mkdir "$copy/.cache"
-  ln -s "$src/.cache/npm" "$copy/.cache/npm"
-fi
+# Redocly, for make lint-spec, from the tree (ignored by git, like all of
+# .cache). Checked now rather than after minutes of work.
+[[ -x .cache/npm/node_modules/.bin/redocly ]] || fail "Redocly is not installed: run make npm-tools (make check-walkthrough does)"
+mkdir "$copy/.cache"
+ln -s "$src/.cache/npm" "$copy/.cache/npm"
 cd "$copy"
 # git's answers in the copy must not depend on the user's configuration.
 export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
@@ -236,7 +236,6 @@ say "make vet staticcheck gosec"
 make --no-print-directory vet staticcheck gosec
 
 step="running make lint-spec in the copy"
-[[ -x .cache/npm/node_modules/.bin/redocly ]] || fail "Redocly is not installed: run make npm-tools (make check-walkthrough does)"
 say "make lint-spec"
 make --no-print-directory -o npm-tools lint-spec
 
