@@ -152,7 +152,8 @@ type step struct {
 }
 
 // name is a member name as it appears in doc: the bytes between its
-// quotes, and whether they hold an escape. It is unescaped only when two
+// quotes, and whether they hold an escape or a non-ASCII byte (invalid
+// UTF-8 reads as U+FFFD, so such a name needs decoding too). It is unescaped only when two
 // names must be compared exactly, or a pointer built, so that reading a
 // name costs no allocation.
 type name struct {
@@ -408,6 +409,10 @@ func (s *scanner) str() (name, bool) {
 			n.escaped = true
 			s.pos += 2
 			continue
+		default:
+			if s.doc[s.pos] >= utf8.RuneSelf {
+				n.escaped = true // may be invalid UTF-8, which decodes to U+FFFD
+			}
 		case '"':
 			n.end = s.pos
 			s.pos++
@@ -433,6 +438,19 @@ func (s *scanner) str() (name, bool) {
 func unescape(dst, raw []byte) ([]byte, bool) {
 	for i := 0; i < len(raw); {
 		c := raw[i]
+		if c >= utf8.RuneSelf {
+			// encoding/json reads each byte of invalid UTF-8 as U+FFFD, so
+			// "\x9e" and "\x9f" are the same name to the handler and must be
+			// the same name here, or a duplicate would slip past.
+			r, size := utf8.DecodeRune(raw[i:])
+			if r == utf8.RuneError && size == 1 {
+				dst = utf8.AppendRune(dst, unicode.ReplacementChar)
+			} else {
+				dst = append(dst, raw[i:i+size]...)
+			}
+			i += size
+			continue
+		}
 		if c != '\\' {
 			dst = append(dst, c)
 			i++

@@ -27,6 +27,9 @@ func TestCheck(t *testing.T) {
 		{`{"a/b":1,"a/b":2}`, "/a~1b", false},
 		{`{"type":"charge.failed","Type":"charge.succeeded"}`, "/Type", false}, // one struct field to encoding/json
 		{"{\"k\":1,\"\u212a\":2}", "/\u212a", false},                           // the Kelvin sign folds to k, as in encoding/json
+		{"{\"\x9e\":1,\"\x9f\":2}", "/\ufffd", false},                          // invalid UTF-8: both read as U+FFFD
+		{"{\"\\ufffd\":1,\"\xff\":2}", "/\ufffd", false},                       // escaped and raw, the same name
+		{"{\"\u00e9\":1,\"\u00c9\":2}", "/\u00c9", false},                      // valid non-ASCII folds as before
 		{`{"a":{"b":1},"b":{"a":1}}`, "", false},                               // the same names in different objects
 		{`[{"k":1},{"k":2}]`, "", false},
 		{`not json`, "", false},     // left to the caller's decoder
@@ -192,7 +195,7 @@ func FuzzCheck(f *testing.F) {
 // FuzzUnescape: the scanner's own unescaping reads every string exactly as
 // encoding/json does, so that it compares the names the handler will see.
 func FuzzUnescape(f *testing.F) {
-	for _, s := range []string{`a`, `\u0041`, `\ud83d\ude00`, `\ud83d`, `\ud83dx`, `\ud83d\u0041`, `\n\t\/\\\"`, `\x`, `\u12`} {
+	for _, s := range []string{`a`, `\u0041`, `\ud83d\ude00`, `\ud83d`, `\ud83dx`, `\ud83d\u0041`, `\n\t\/\\\"`, `\x`, `\u12`, "\x9e", "a\xffb"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
