@@ -409,10 +409,6 @@ func (s *scanner) str() (name, bool) {
 			n.escaped = true
 			s.pos += 2
 			continue
-		default:
-			if s.doc[s.pos] >= utf8.RuneSelf {
-				n.escaped = true // may be invalid UTF-8, which decodes to U+FFFD
-			}
 		case '"':
 			n.end = s.pos
 			s.pos++
@@ -423,6 +419,10 @@ func (s *scanner) str() (name, bool) {
 				}
 			}
 			return n, true
+		default:
+			if s.doc[s.pos] >= utf8.RuneSelf {
+				n.escaped = true // may be invalid UTF-8, which decodes to U+FFFD
+			}
 		}
 		s.pos++
 	}
