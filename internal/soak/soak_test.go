@@ -216,6 +216,25 @@ func (s *soak) settle(db *pgxpool.Pool, sv *servers) {
 	s.checkAcknowledged(settle, db)
 	s.checkMoney(settle, db, sv.processorURL)
 	s.checkLogs(sv.logs.String())
+	s.checkHistory()
+}
+
+// checkHistory checks every answer of the run against the contract (see
+// history_test.go), and fails the soak on a violation, naming the
+// visualisation of each key that broke it.
+func (s *soak) checkHistory() {
+	s.mu.Lock()
+	history := slices.Clone(s.history)
+	s.mu.Unlock()
+	res, err := checkHistory(history, s.historyDir)
+	s.checked = res
+	if err != nil {
+		s.t.Errorf("history check: %v", err)
+	}
+	if len(res.illegal) > 0 || len(res.undecided) > 0 {
+		s.violation("history: %d keys whose answers no order of the requests explains (%q), %d undecided (%q); visualisations: %s",
+			len(res.illegal), res.illegal, len(res.undecided), res.undecided, strings.Join(res.files, " "))
+	}
 }
 
 // op is one keyed request of a logical operation, and its final answer.
@@ -240,6 +259,12 @@ type soak struct {
 	// attempts is every HTTP attempt of a keyed request, when it was sent
 	// and how it ended.
 	attempts []attempt
+	// history is every keyed request, the final replays included, for the
+	// history check; historyDir is where a failed check writes its
+	// visualisations (empty: a temporary directory, logged).
+	history    []historyOp
+	historyDir string
+	checked    historyResult
 
 	operations, requests, retries, conflicts, unavailable, hangups, violations atomic.Int64
 	payoutsPaid, payoutsFailed                                                 int // once settled
@@ -247,7 +272,12 @@ type soak struct {
 }
 
 func newSoak(t *testing.T, urls []string) *soak {
-	return &soak{t: t, urls: urls, ops: map[string]*op{}, attemptTimeout: 10 * time.Second}
+	s := &soak{t: t, urls: urls, ops: map[string]*op{}, attemptTimeout: 10 * time.Second}
+	if *summary != "" {
+		// A failed history check's visualisations go next to the report.
+		s.historyDir = filepath.Dir(*summary)
+	}
+	return s
 }
 
 // ack is a final answer a client received: the object it names, with what
@@ -306,19 +336,34 @@ type timed struct {
 }
 
 func (tr timed) RoundTrip(req *http.Request) (*http.Response, error) {
+	h := tr.s.record(req)
 	a := attempt{start: time.Now()}
 	res, err := http.DefaultTransport.RoundTrip(req)
-	a.end = time.Now()
 	if err == nil {
-		a.status, a.replayed = res.StatusCode, res.Header.Get("Idempotent-Replayed") == "true"
-		if a.status == http.StatusServiceUnavailable {
-			b, _ := io.ReadAll(res.Body)
-			res.Body.Close()
-			res.Body = io.NopCloser(bytes.NewReader(b))
+		// The whole answer is read here, for the history: an answer whose
+		// body did not arrive is no answer (its outcome unknown), for the
+		// history and for the client alike.
+		var b []byte
+		b, err = io.ReadAll(res.Body)
+		res.Body.Close()
+		res.Body = io.NopCloser(bytes.NewReader(b))
+		if err != nil {
+			res = nil
+		} else if h != nil {
+			tr.s.answered(h, res, b)
+		}
+		if res != nil && res.StatusCode == http.StatusServiceUnavailable {
 			var p struct{ Code string }
 			_ = json.Unmarshal(b, &p)
 			a.code = p.Code
 		}
+	}
+	if err != nil && h != nil {
+		tr.s.answered(h, nil, nil)
+	}
+	a.end = time.Now()
+	if err == nil {
+		a.status, a.replayed = res.StatusCode, res.Header.Get("Idempotent-Replayed") == "true"
 	} else {
 		// The client gave up when its timeout passed. Checking the elapsed
 		// time, not only the context, matters: http.Client cancels a timed
@@ -479,10 +524,10 @@ func (s *soak) finalize(o *op, a answer) {
 }
 
 // final says whether an answer is final: not a transient one (no answer,
-// 409 in progress, 429, 503).
+// or one the project's client retries: 409 in progress, 429, 502, 503,
+// 504). The history check (history_test.go) reads answers the same way.
 func final(a answer) bool {
-	return a.err == nil && a.status != http.StatusServiceUnavailable && a.status != http.StatusTooManyRequests &&
-		(a.status != http.StatusConflict || a.id != string(apiclient.ProblemCodeIdempotencyKeyInUse))
+	return a.err == nil && !retried(a.status, a.id)
 }
 
 // acknowledge records a final answer a client received.
@@ -551,13 +596,22 @@ func (s *soak) checkReplays(ctx context.Context) {
 			req.Header.Set("Authorization", "Bearer sk_test_acme")
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("Idempotency-Key", o.key)
+			h := s.record(req)
+			h.check = true
 			res, err := http.DefaultClient.Do(req)
 			if err != nil {
+				s.answered(h, nil, nil)
 				s.violation("replay of %s on %s: %v", o.key, u, err)
 				continue
 			}
-			b, _ := io.ReadAll(res.Body)
+			b, err := io.ReadAll(res.Body)
 			res.Body.Close()
+			if err != nil {
+				s.answered(h, nil, nil)
+				s.violation("replay of %s on %s: %v", o.key, u, err)
+				continue
+			}
+			s.answered(h, res, b)
 			got := append([]byte(fmt.Sprintf("%d ", res.StatusCode)), b...)
 			switch {
 			case res.Header.Get("Idempotent-Replayed") != "true":
@@ -774,7 +828,7 @@ func (s *soak) report(header string, lines ...string) {
   acknowledged        %d final answers received, %d lost
 `, header, s.operations.Load(), len(s.ops), final, s.requests.Load(), s.retries.Load(), s.conflicts.Load(),
 		s.unavailable.Load(), s.hangups.Load(), s.payoutsPaid, s.payoutsFailed, len(s.acks), s.lost)
-	for _, l := range lines {
+	for _, l := range append(s.checked.lines(), lines...) {
 		text += "  " + l + "\n"
 	}
 	text += fmt.Sprintf("  violations          %d\n", s.violations.Load())
