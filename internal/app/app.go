@@ -67,7 +67,7 @@ type App struct {
 
 // New builds the service over pool. cfg.ProcessorURL must name the card
 // processor (cmd/server starts the fake one in-process when none is
-// configured); cfg.CrashPoints are checked here.
+// configured); cfg.CrashPoints and cfg.StallPoints are checked here.
 func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) (*App, error) {
 	a := &App{cfg: cfg, log: log}
 	// One connection LISTENs for the records duplicates wait on.
@@ -94,6 +94,13 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 			demo = &server.Demo{Crash: crash, ProcessorURL: cfg.ProcessorURL, StartedAt: time.Now()}
 			log.Warn("DEMO_MODE is on: /demo can crash this server and make its processor fail; never in production")
 		}
+	}
+	// After the crash points, which set the store's hooks wholesale.
+	if cfg.StallPoints != "" {
+		if err := installStalls(a.Keys, cfg.StallPoints, cfg.Lease, log); err != nil {
+			return nil, fmt.Errorf("FAULT_STALL_POINTS: %w", err)
+		}
+		log.Warn("FAULT_STALL_POINTS is set: owners stall past their leases on purpose; never in production", "points", cfg.StallPoints)
 	}
 
 	// The operations that move money, each registered under its

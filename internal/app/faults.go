@@ -15,11 +15,13 @@ package app
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
@@ -160,4 +162,42 @@ func (p crashingProcessor) Payout(ctx context.Context, key string, req cardproce
 	res, err := p.Processor.Payout(ctx, key, req)
 	p.crash.Crash(AfterProcessorCall)
 	return res, err
+}
+
+// Stall points are the crash points' other half, for the history check's
+// planted-bug test (internal/soak): named places at which an owner stops
+// for a while, renewing nothing, as if its process were paused (a long GC
+// pause, a frozen VM), so that its lease lapses under it and another
+// request takes the record over; then it carries on, unaware. They are
+// off unless FAULT_STALL_POINTS names points. Never set it in production.
+const (
+	// AfterClaim: a request's claim has just inserted a new record
+	// (attempt 1); nothing has run, and the heartbeat has not started. The
+	// owner stalls for two leases. Only a new record stalls, so that the
+	// request that takes it over does not stall too, and the key moves on.
+	AfterClaim = "after_claim"
+)
+
+// StallPointNames lists every stall point.
+var StallPointNames = []string{AfterClaim}
+
+// installStalls reads FAULT_STALL_POINTS (a comma-separated list of stall
+// points) and makes them reachable through the store's hooks; lease is
+// the store's lease.
+func installStalls(keys *idempotency.Store, list string, lease time.Duration, log *slog.Logger) error {
+	for name := range strings.SplitSeq(list, ",") {
+		switch name = strings.TrimSpace(name); name {
+		case "":
+		case AfterClaim:
+			keys.Hooks.AfterClaim = func(rec idempotency.Record) {
+				if rec.Attempt == 1 {
+					log.Warn("faults: stalling after the claim", "stall_point", AfterClaim, "key_id", rec.ID, "for", 2*lease)
+					time.Sleep(2 * lease) // the fault itself: a pause that outlasts the lease
+				}
+			}
+		default:
+			return fmt.Errorf("unknown stall point %q (known: %s)", name, strings.Join(StallPointNames, ", "))
+		}
+	}
+	return nil
 }

@@ -114,6 +114,10 @@ type Server struct {
 	// (FAULT_CRASH_POINTS, comma-separated; see internal/app, which checks
 	// the names). Off by default; never set in production.
 	CrashPoints string
+	// StallPoints names the test facility's stall points
+	// (FAULT_STALL_POINTS, comma-separated; see internal/app): an owner
+	// stops there past its lease. Off by default; never set in production.
+	StallPoints string
 	// Reconciler runs the reconciler in this process (RECONCILER_ENABLED),
 	// scanning every ReconcilerInterval (RECONCILER_INTERVAL) when idle and
 	// setting aside records past ReconcilerMaxAttempts of its own tries
@@ -213,6 +217,7 @@ func Load(getenv func(string) string) (Server, error) {
 	// the demo.
 	cfg.SeedDemoCallers = r.Bool("SEED_DEMO_CALLERS", cfg.DemoMode)
 	cfg.CrashPoints = r.String("FAULT_CRASH_POINTS", "")
+	cfg.StallPoints = r.String("FAULT_STALL_POINTS", "")
 
 	// No published secret outside the demo: anyone holding the processor's
 	// webhook secret can tell the service that money moved.

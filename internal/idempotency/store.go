@@ -85,6 +85,10 @@ type Hooks struct {
 	// has more than one, after its writes and before its commit: the
 	// effect is recorded but not yet committed.
 	BeforeFinalCommit func(Record)
+	// AfterClaim runs once a request's claim gave it the record (a new
+	// one, or one taken over), before it starts work and before its
+	// heartbeat starts renewing the lease.
+	AfterClaim func(Record)
 }
 
 // StoreConfig tunes a Store.
@@ -322,6 +326,9 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 // MaxRun however long its owner keeps the lease renewed, and on a context
 // the client's cancellation does not reach.
 func (s *Store) run(ctx context.Context, req Request, lease *Lease, h Handler) (*Response, error) {
+	if s.Hooks.AfterClaim != nil {
+		s.Hooks.AfterClaim(lease.record)
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.maxRun)
 	defer cancel()
 	// A retryable failure releases the lease at once, so the client's retry
