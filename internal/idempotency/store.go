@@ -240,7 +240,7 @@ func (l *Lease) writeResult(ctx context.Context, tx dbsqlc.DBTX, result Result) 
 			return err
 		}
 		status := int32(r.Status) // #nosec G115 -- an HTTP status code
-		n, err = q.CompleteIdempotencyKey(ctx, tx, dbsqlc.CompleteIdempotencyKeyParams{
+		n, err = completeRecord(ctx, tx, dbsqlc.CompleteIdempotencyKeyParams{
 			ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: r.Body,
 			CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
 		})

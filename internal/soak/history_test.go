@@ -246,6 +246,7 @@ type historyResult struct {
 	illegal                         []string // the partitions (caller/key) that are not linearizable
 	undecided                       []string // those the checker could not decide in time
 	files                           []string // their visualisations
+	firstIllegal                    []historyOp
 	took                            time.Duration
 	// The time from a key's first request to its first final answer, for
 	// every key that has one.
@@ -304,15 +305,18 @@ func checkHistory(history []historyOp, dir string) (historyResult, error) {
 				Metadata: fmt.Sprintf("%s, sent %s%s", h.replica, h.call.Format("15:04:05.000"), map[bool]string{true: ", final check", false: ""}[h.check]),
 			}
 		}
+		res.finalAnswers = appendFinalAnswer(res.finalAnswers, part)
 		switch porcupine.CheckOperationsTimeout(contract, ops, partitionTimeout) {
 		case porcupine.Ok:
-			res.finalAnswers = appendFinalAnswer(res.finalAnswers, part)
 			continue
 		case porcupine.Unknown:
 			res.undecided = append(res.undecided, name)
 			continue
 		}
 		res.illegal = append(res.illegal, name)
+		if res.firstIllegal == nil {
+			res.firstIllegal = part
+		}
 		_, info := porcupine.CheckOperationsVerbose(contract, ops, partitionTimeout)
 		if dir == "" {
 			var err error
@@ -363,7 +367,16 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	return sorted[max(0, int(math.Ceil(p/100*float64(len(sorted))))-1)]
 }
 
-// historyLines are the report's lines for a history check.
+// String describes a history operation, for a log.
+func (h historyOp) String() string {
+	answer := "no answer"
+	if h.status != 0 {
+		answer = fmt.Sprintf("%s: %d %s body %s replayed %v", h.ret.Format("15:04:05.000"), h.status, h.code, h.body, h.replayed)
+	}
+	return fmt.Sprintf("%s %s on %s, sent %s, fingerprint %s; %s", h.caller, h.key, h.replica, h.call.Format("15:04:05.000"), h.fingerprint, answer)
+}
+
+// lines are the report's lines for a history check.
 func (r historyResult) lines() []string {
 	verdict := "linearizable"
 	if len(r.illegal) > 0 || len(r.undecided) > 0 {
