@@ -16,7 +16,15 @@
 // processor effect per succeeded charge, refund or payout and none without
 // a local record; money conserved, in the ledger and in the balance;
 // nothing left in progress, no job discarded, every event delivered; no
-// panic, 500 or secret in the logs.
+// panic, 500 or secret in the logs. And it checks its history: every keyed
+// request it sent (each attempt, a hung-up client's, the final replays)
+// with when it was sent and answered, and how, is checked with porcupine
+// for linearizability against a model of the contract, one (caller, key)
+// at a time (history_test.go). A key no order of its requests explains
+// fails the soak, and porcupine's drawing of it is written next to the
+// report. The report gives the operations and keys checked, the check's
+// time, and the p99 and maximum time from a key's first request to its
+// first final answer.
 //
 // TestFailoverSoak (make soak-failover) runs the same load and checks
 // against a highly available PostgreSQL: three nodes under Patroni and
@@ -28,6 +36,13 @@
 // 500 or slower than the write timeout, that /readyz said the database was
 // gone, and that the replicas, their background workers and a sweeper
 // carried on without a restart.
+//
+// TestHistoryCheckFindsUnfencedCompletion shows that the history check
+// fails when it must: a short soak on servers built with -tags nofence
+// (internal/idempotency/fence_nofence.go: the completion written without
+// its fence), whose owners stall past their leases on purpose
+// (FAULT_STALL_POINTS), is not linearizable; the same soak on the usual
+// build is.
 //
 // TestAsyncFailoverLosesAcknowledgedWritesButChargesOnce shows what a
 // failover under asynchronous replication loses (acknowledged
