@@ -21,6 +21,7 @@ import (
 	"bytes"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -152,8 +153,8 @@ type step struct {
 }
 
 // name is a member name as it appears in doc: the bytes between its
-// quotes, and whether they hold an escape or a non-ASCII byte (invalid
-// UTF-8 reads as U+FFFD, so such a name needs decoding too). It is unescaped only when two
+// quotes, and whether they hold an escape or invalid UTF-8 (which reads
+// as U+FFFD, so such a name needs decoding too). It is unescaped only when two
 // names must be compared exactly, or a pointer built, so that reading a
 // name costs no allocation.
 type name struct {
@@ -277,11 +278,13 @@ func (s *scanner) object(depth int) {
 		}
 		s.path = append(s.path, step{name: n, index: -1})
 		var text []byte
-		if byHash != nil {
-			s.scratch = s.text(n, s.scratch)
-			text = s.scratch
-		} else {
-			text = s.text(n, nil) // kept in names
+		switch {
+		case !n.escaped:
+			text = s.doc[n.start:n.end]
+		case byHash != nil:
+			text = s.scratch // str decoded it there
+		default:
+			text = bytes.Clone(s.scratch) // kept in names
 		}
 		if seen(text, names, byHash, s) {
 			s.err = &DuplicateNameError{Pointer: s.pointer()}
@@ -421,7 +424,14 @@ func (s *scanner) str() (name, bool) {
 			return n, true
 		default:
 			if s.doc[s.pos] >= utf8.RuneSelf {
-				n.escaped = true // may be invalid UTF-8, which decodes to U+FFFD
+				// Valid UTF-8 is read as it is; an invalid byte reads as
+				// U+FFFD, so such a name must be decoded to be compared.
+				r, size := utf8.DecodeRune(s.doc[s.pos:])
+				if r == utf8.RuneError && size == 1 {
+					n.escaped = true
+				}
+				s.pos += size
+				continue
 			}
 		}
 		s.pos++
@@ -436,6 +446,10 @@ func (s *scanner) str() (name, bool) {
 // does not have. (encoding/json's own decoder would do, but it allocates
 // its state for every string, and a body can hold thousands of names.)
 func unescape(dst, raw []byte) ([]byte, bool) {
+	// One allocation at most for the usual name: escapes only shrink it
+	// (invalid bytes, each read as U+FFFD's three, grow it once more below).
+	dst = slices.Grow(dst, len(raw))
+	grown := false
 	for i := 0; i < len(raw); {
 		c := raw[i]
 		if c >= utf8.RuneSelf {
@@ -444,6 +458,12 @@ func unescape(dst, raw []byte) ([]byte, bool) {
 			// the same name here, or a duplicate would slip past.
 			r, size := utf8.DecodeRune(raw[i:])
 			if r == utf8.RuneError && size == 1 {
+				if !grown {
+					// The rest may all be invalid, three bytes each: grow
+					// once here rather than a little at every append.
+					dst = slices.Grow(dst, 3*(len(raw)-i))
+					grown = true
+				}
 				dst = utf8.AppendRune(dst, unicode.ReplacementChar)
 			} else {
 				dst = append(dst, raw[i:i+size]...)
