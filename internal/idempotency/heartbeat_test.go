@@ -38,7 +38,10 @@ func listeningStore(t *testing.T, lease, wait time.Duration) (*Store, *pgxpool.P
 // writes anything. The new owner's renewals go on.
 func TestRenewalAfterTakeoverIsRefused(t *testing.T) {
 	t.Parallel()
-	s, pool := newStore(t, 1500*time.Millisecond)
+	// A lease long enough that a loaded machine does not lapse the new
+	// owner's before its first renewal (a third of it); the old owner's is
+	// lapsed by hand.
+	s, pool := newStore(t, 3*time.Second)
 	ctx := context.Background()
 	req := testRequest(t, "renewed")
 	old, _, err := s.claim(ctx, req)
@@ -50,6 +53,13 @@ func TestRenewalAfterTakeoverIsRefused(t *testing.T) {
 	if err != nil || newer == nil || newer.record.Attempt != 2 {
 		t.Fatalf("takeover: %+v, %v; want attempt 2", newer, err)
 	}
+	var before time.Time
+	if err := pool.QueryRow(ctx, `SELECT locked_until FROM idempotency_keys WHERE key = 'renewed'`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	// The new owner's heartbeat starts with its claim, as Execute's does.
+	stopNewer := newer.heartbeat(ctx, func() { t.Error("the new owner lost its lease") })
+	defer stopNewer()
 
 	lost := make(chan struct{})
 	stop := old.heartbeat(ctx, func() { close(lost) })
@@ -67,12 +77,6 @@ func TestRenewalAfterTakeoverIsRefused(t *testing.T) {
 	}
 
 	// The new owner renews: its lease ends later after a heartbeat.
-	var before time.Time
-	if err := pool.QueryRow(ctx, `SELECT locked_until FROM idempotency_keys WHERE key = 'renewed'`).Scan(&before); err != nil {
-		t.Fatal(err)
-	}
-	stopNewer := newer.heartbeat(ctx, func() { t.Error("the new owner lost its lease") })
-	defer stopNewer()
 	waitForCondition(t, 10*time.Second, "the new owner's lease to be renewed", func() bool {
 		var now time.Time
 		if err := pool.QueryRow(ctx, `SELECT locked_until FROM idempotency_keys WHERE key = 'renewed'`).Scan(&now); err != nil {
