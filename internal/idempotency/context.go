@@ -37,3 +37,12 @@ func observe(ctx context.Context, operation, outcome string) {
 		*p = outcome
 	}
 }
+
+// retell changes what the request log and Idempotency-Outcome say about a
+// request whose claim was counted already: an owner fenced out of its
+// operation answers with the newer owner's stored response, a replay.
+func retell(ctx context.Context, outcome string) {
+	if p, ok := ctx.Value(outcomeKey{}).(*string); ok {
+		*p = outcome
+	}
+}

@@ -252,3 +252,38 @@ func waitForCondition(t *testing.T, timeout time.Duration, what string, cond fun
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// An owner fenced out after the newer owner finished answers with the
+// newer owner's stored response, and its Idempotency-Outcome says
+// replayed: the request's own claim was new, but the answer it gives is
+// not its own work.
+func TestFencedOutOwnerAnswersWithAReplay(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t, 10*time.Second)
+	req := testRequest(t, "fenced-out")
+	ctx, outcome := WithOutcome(context.Background())
+	old, _, err := s.claim(ctx, req)
+	if err != nil || old == nil || outcome() != "new" {
+		t.Fatalf("claim: %v, outcome %q; want new", err, outcome())
+	}
+	expireLease(t, pool, "fenced-out") // the old owner stalled past its lease
+	newer, _, err := s.claim(context.Background(), req)
+	if err != nil || newer == nil {
+		t.Fatalf("takeover: %v", err)
+	}
+	handler := func(ctx context.Context, l *Lease) error { return l.Phase(ctx, createOrderPhase) }
+	if _, err := s.Drive(context.Background(), newer, handler, time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	resp, err := s.Drive(ctx, old, handler, time.Second)
+	if err != nil || resp == nil || resp.Status != http.StatusCreated || !resp.Replayed {
+		t.Fatalf("the fenced-out owner answered %+v, %v; want the stored 201, replayed", resp, err)
+	}
+	if outcome() != "replayed" {
+		t.Errorf("its outcome says %q; want replayed", outcome())
+	}
+	if n := countOrders(t, pool); n != 1 {
+		t.Errorf("%d orders; want 1", n)
+	}
+}

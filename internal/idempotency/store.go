@@ -384,13 +384,13 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 		// A newer owner holds the record, whatever the handler's error
 		// says about the call it was cut off in. Answer with what became
 		// of the operation.
-		return s.current(lease.record)
+		return s.current(ctx, lease.record)
 	case err == nil:
 		err = fmt.Errorf("idempotency: handler for %s %s returned without a response", rec.RequestMethod, rec.RequestPath)
 	case errors.Is(err, ErrLeaseLost):
 		// This owner was fenced out and its last phase rolled back. Answer
 		// with what became of the operation.
-		return s.current(lease.record)
+		return s.current(ctx, lease.record)
 	case errors.Is(err, ErrSetAside):
 		s.log.ErrorContext(ctx, "keyed operation set aside for an operator (dead)", "err", err,
 			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", lease.record.RecoveryPoint, "attempt", rec.Attempt)
@@ -398,7 +398,7 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 		defer cancel()
 		switch berr := lease.Bury(buryCtx); {
 		case errors.Is(berr, ErrLeaseLost):
-			return s.current(lease.record)
+			return s.current(ctx, lease.record)
 		case berr != nil:
 			// Not set aside: left resumable, and the reconciler meets the
 			// same answer again.
@@ -432,7 +432,7 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 	resp := ProblemResponse(p)
 	if err := s.complete(lease, resp); err != nil {
 		if errors.Is(err, ErrLeaseLost) {
-			return s.current(lease.record)
+			return s.current(ctx, lease.record)
 		}
 		s.release(lease, reconcileAfter)
 		return nil, err
@@ -446,7 +446,10 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 // finished (its response is the answer) or may still be working (409 for
 // as long as its lease says); or the lease may simply have run out with
 // nobody holding it since, and a retry resumes the operation at once.
-func (s *Store) current(rec Record) (*Response, error) {
+//
+// An answer read from the finished record is a replay, and the request's
+// Idempotency-Outcome says so, whatever its own claim found.
+func (s *Store) current(reqCtx context.Context, rec Record) (*Response, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	row, err := queries.GetIdempotencyKeyWithLease(ctx, s.pool, dbsqlc.GetIdempotencyKeyWithLeaseParams{CallerID: rec.CallerID, ID: rec.ID})
@@ -459,6 +462,7 @@ func (s *Store) current(rec Record) (*Response, error) {
 	}
 	switch cur := recordOf(row.IdempotencyKey); {
 	case cur.Status == StatusCompleted:
+		retell(reqCtx, metrics.OutcomeReplayed)
 		return storedResponse(cur)
 	case cur.Status == StatusDead:
 		return nil, dead()
@@ -542,7 +546,10 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		})
 		if postgres.IsNotFound(err) {
 			// Another request (or the reconciler) took it over first.
-			resp, err := s.current(rec)
+			resp, err := s.current(observed, rec)
+			if resp != nil {
+				observe(observed, req.Operation, metrics.OutcomeReplayed)
+			}
 			return nil, resp, err
 		}
 		if err != nil {
