@@ -60,9 +60,13 @@ type Server struct {
 	charges    *charges.Service
 	payouts    *payouts.Service
 	router     routers.Router
+	routes     map[routeKey]*apiRoute // the router's answers, found once (routes.go)
 	validation openapi3filter.Options
-	limits     *rateLimits
-	inbox      *events.Inbox
+	// validationNoBody is validation without the body, which
+	// validateRequest checks from the body decoded once.
+	validationNoBody openapi3filter.Options
+	limits           *rateLimits
+	inbox            *events.Inbox
 }
 
 var _ apigen.StrictServerInterface = (*Server)(nil)
@@ -99,6 +103,9 @@ func New(d Deps) (http.Handler, error) {
 			SkipSettingDefaults: true,
 		},
 	}
+	s.validationNoBody = s.validation
+	s.validationNoBody.ExcludeRequestBody = true
+	s.routes = newAPIRoutes(spec, router)
 
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
