@@ -18,7 +18,24 @@ import (
 //
 // Only the fingerprint is stored, never the raw body.
 func Fingerprint(method, path string, body []byte) ([]byte, error) {
-	canonical, err := CanonicalJSON(body)
+	if len(bytes.TrimSpace(body)) > 0 {
+		if err := ijson.Check(body); err != nil {
+			return nil, err
+		}
+	}
+	doc, err := DecodeJSON(body)
+	if err != nil {
+		return nil, err
+	}
+	return FingerprintOf(method, path, doc)
+}
+
+// FingerprintOf is Fingerprint of a body already decoded by DecodeJSON (and
+// already checked by ijson.Check, which it does not repeat), so that the
+// server parses a request's body once for its validation and its
+// fingerprint. A nil doc is the empty body.
+func FingerprintOf(method, path string, doc *any) ([]byte, error) {
+	canonical, err := canonicalOf(doc)
 	if err != nil {
 		return nil, err
 	}
@@ -30,6 +47,33 @@ func Fingerprint(method, path string, body []byte) ([]byte, error) {
 	h.Write([]byte{0})
 	h.Write(canonical)
 	return h.Sum(nil), nil
+}
+
+// ErrTrailingData is DecodeJSON's error for a body with more after its
+// JSON document.
+var ErrTrailingData = errors.New("unexpected data after the JSON document")
+
+// DecodeJSON decodes body as one JSON document, numbers kept as their
+// literal text (json.Number), as the fingerprint needs them. An empty (or
+// all-space) body is nil, nil. A body whose first document is followed by
+// more data returns that first document and ErrTrailingData: the request
+// validator reads only the first document (as kin-openapi's decoder does),
+// the fingerprint refuses the body. It does not run ijson.Check: callers
+// that do not call it themselves must use Fingerprint.
+func DecodeJSON(body []byte) (*any, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return &v, ErrTrailingData
+	}
+	return &v, nil
 }
 
 // CanonicalJSON re-encodes a JSON document with object keys sorted and
@@ -46,20 +90,24 @@ func CanonicalJSON(body []byte) ([]byte, error) {
 	if err := ijson.Check(body); err != nil {
 		return nil, err
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
+	doc, err := DecodeJSON(body)
+	if err != nil {
 		return nil, err
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, errors.New("unexpected data after the JSON document")
+	return canonicalOf(doc)
+}
+
+// canonicalOf encodes a decoded document in canonical form; nil is the
+// empty body's, empty.
+func canonicalOf(doc *any) ([]byte, error) {
+	if doc == nil {
+		return nil, nil
 	}
 	var out bytes.Buffer
 	enc := json.NewEncoder(&out)
 	enc.SetEscapeHTML(false)
 	// encoding/json writes map keys in sorted order, which is the whole trick.
-	if err := enc.Encode(v); err != nil {
+	if err := enc.Encode(*doc); err != nil {
 		return nil, err
 	}
 	return bytes.TrimSuffix(out.Bytes(), []byte("\n")), nil

@@ -46,19 +46,24 @@ func IsKeyed(class string) bool { return keyedClasses[class] }
 func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		req := c.Request()
-		route, pathParams, err := s.router.FindRoute(req)
-		switch {
-		case errors.Is(err, routers.ErrPathNotFound) && isAPIPath(req.URL.Path):
-			return problem.New(problem.NotFound, "no such resource: %s %s", req.Method, req.URL.Path)
-		case errors.Is(err, routers.ErrPathNotFound):
-			return next(c) // not an API operation: the demo page or the spec
-		case errors.Is(err, routers.ErrMethodNotAllowed):
-			allow := s.allowedMethods(req)
-			c.Response().Header().Set("Allow", strings.Join(allow, ", "))
-			return problem.New(problem.MethodNotAllowed, "%s is not allowed on %s (allowed: %s)", req.Method, req.URL.Path, strings.Join(allow, ", "))
-		case err != nil:
-			return err
+		r, pathParams, ok := s.findRoute(c)
+		if !ok {
+			route, params, err := s.router.FindRoute(req)
+			switch {
+			case errors.Is(err, routers.ErrPathNotFound) && isAPIPath(req.URL.Path):
+				return problem.New(problem.NotFound, "no such resource: %s %s", req.Method, req.URL.Path)
+			case errors.Is(err, routers.ErrPathNotFound):
+				return next(c) // not an API operation: the demo page or the spec
+			case errors.Is(err, routers.ErrMethodNotAllowed):
+				allow := s.allowedMethods(req)
+				c.Response().Header().Set("Allow", strings.Join(allow, ", "))
+				return problem.New(problem.MethodNotAllowed, "%s is not allowed on %s (allowed: %s)", req.Method, req.URL.Path, strings.Join(allow, ", "))
+			case err != nil:
+				return err
+			}
+			r, pathParams = newAPIRoute(route), params
 		}
+		route := r.route
 		op := route.Operation
 		ctx := req.Context()
 
@@ -74,7 +79,7 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		// 1. Authenticate, and take a token from the caller's bucket. A
 		// request over the limit is refused here, before its key is even
 		// parsed: nothing is stored, so its retry runs the operation.
-		if requiresAuth(route) {
+		if r.requiresAuth {
 			caller, err := s.auth.Authenticate(ctx, bearerToken(req))
 			if err != nil {
 				return err
@@ -86,10 +91,9 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 
 		// 2. Parse the Idempotency-Key of keyed operations.
-		class, _ := op.Extensions["x-idempotency"].(string)
-		keyed := keyedClasses[class]
 		var key string
-		if keyed {
+		if r.keyed {
+			var err error
 			if key, err = idempotency.ParseKey(req.Header.Values("Idempotency-Key")); err != nil {
 				return err
 			}
@@ -105,7 +109,7 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		// The processor's webhook has no API key: its signature, over the
 		// raw body, is checked first, before the body is even parsed, so
 		// that an unsigned request costs one HMAC and nothing more.
-		if authn, _ := op.Extensions["x-authentication"].(string); authn == "processor-signature" {
+		if r.signed {
 			if err := cardprocessor.Verify(s.cfg.ProcessorWebhookSecret, req.Header.Get(cardprocessor.SignatureHeader), body, time.Now(), cardprocessor.SignatureTolerance); err != nil {
 				return problem.New(problem.InvalidSignature, "the Processor-Signature header does not verify: %v", err)
 			}
@@ -117,21 +121,26 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		if err := checkJSON(body); err != nil {
 			return err
 		}
-		err = openapi3filter.ValidateRequest(ctx, &openapi3filter.RequestValidationInput{
+		// The body is decoded once, for the validation and the
+		// fingerprint alike (the handler's binding decodes it again into
+		// its generated type).
+		doc, decodeErr := idempotency.DecodeJSON(body)
+		err = s.validateRequest(ctx, &openapi3filter.RequestValidationInput{
 			Request:    req,
 			PathParams: pathParams,
 			Route:      route,
-			Options:    &s.validation,
-		})
+		}, body, doc, decodeErr)
 		if err != nil {
 			return validationProblem(err)
 		}
-		// The validator consumed the body; the handler decodes it again.
+		// The validator may have consumed the body; the handler decodes it
+		// again.
 		req.Body = io.NopCloser(bytes.NewReader(body))
 
-		// 4. Fingerprint the request, for the claim in the handler.
-		if keyed {
-			fp, err := idempotency.Fingerprint(req.Method, req.URL.Path, body)
+		// 4. Fingerprint the request, for the claim in the handler. The
+		// I-JSON check above is the fingerprint's too, not repeated.
+		if r.keyed {
+			fp, err := fingerprint(req, doc, decodeErr)
 			if err != nil { // the validator accepted it as JSON, so this is unexpected
 				return problem.New(problem.InvalidRequest, "the body is not valid JSON: %v", err)
 			}
@@ -147,6 +156,15 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		c.SetRequest(req.WithContext(ctx))
 		return next(c)
 	}
+}
+
+// fingerprint is idempotency.Fingerprint of the request, from its body as
+// contract decoded it (doc, decodeErr).
+func fingerprint(req *http.Request, doc *any, decodeErr error) ([]byte, error) {
+	if decodeErr != nil {
+		return nil, decodeErr
+	}
+	return idempotency.FingerprintOf(req.Method, req.URL.Path, doc)
 }
 
 // checkJSON refuses, with a 400 that names the place, a body nested deeper
@@ -250,6 +268,9 @@ func (s *Server) readBody(req *http.Request, op *openapi3.Operation) ([]byte, er
 		// contract names. JSON is UTF-8 (RFC 8259): another charset is
 		// refused rather than misread.
 		ct := req.Header.Get("Content-Type")
+		if ct == "application/json" { // what nearly every client sends: nothing to parse
+			return body, nil
+		}
 		mt, params, err := mime.ParseMediaType(ct) // lower-cases the type and the parameter names
 		if err != nil || mt != "application/json" {
 			return nil, problem.New(problem.UnsupportedMediaType, "the body must be sent as Content-Type: application/json (got %q)", ct)

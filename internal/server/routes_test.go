@@ -1,0 +1,178 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/labstack/echo/v4"
+
+	"github.com/retrysafe/payments/api"
+	"github.com/retrysafe/payments/internal/apigen"
+	"github.com/retrysafe/payments/internal/idempotency"
+)
+
+func testRoutes(t *testing.T) (*Server, routers.Router) {
+	t.Helper()
+	spec, err := api.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Servers = nil
+	router, err := gorillamux.NewRouter(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{router: router, routes: newAPIRoutes(spec, router), validation: openapi3filter.Options{
+		MultiError:          true,
+		AuthenticationFunc:  openapi3filter.NoopAuthenticationFunc,
+		SkipSettingDefaults: true,
+	}}
+	s.validationNoBody = s.validation
+	s.validationNoBody.ExcludeRequestBody = true
+	return s, router
+}
+
+// Every route the generated code registers with Echo is in the route
+// table, under the operation whose handler it calls, and the table holds
+// nothing else: no request to an operation falls back to matching the
+// spec at request time, and none is validated as another operation.
+func TestEveryEchoRouteNamesItsOperation(t *testing.T) {
+	t.Parallel()
+	s, router := testRoutes(t)
+	e := echo.New()
+	apigen.RegisterHandlers(e, apigen.NewStrictHandler(s, nil))
+	routes := e.Routes()
+	if len(routes) == 0 {
+		t.Fatal("no routes registered")
+	}
+	for _, er := range routes {
+		r, ok := s.routes[routeKey{er.Method, er.Path}]
+		if !ok {
+			t.Errorf("%s %s (%s): not in the route table", er.Method, er.Path, er.Name)
+			continue
+		}
+		id := r.route.Operation.OperationID
+		if want := "." + strings.ToUpper(id[:1]) + id[1:] + "-fm"; !strings.HasSuffix(er.Name, want) {
+			t.Errorf("%s %s: the table says %s, Echo calls %s", er.Method, er.Path, id, er.Name)
+		}
+		// And the router, matching a request to this route, finds the
+		// same route, with the same parameters as Echo's.
+		path := er.Path
+		for _, seg := range strings.Split(er.Path, "/") {
+			if name, ok := strings.CutPrefix(seg, ":"); ok {
+				path = strings.Replace(path, seg, "v_"+name, 1)
+			}
+		}
+		req := httptest.NewRequest(er.Method, path, nil)
+		route, params, err := router.FindRoute(req)
+		if err != nil {
+			t.Errorf("%s %s: %v", er.Method, path, err)
+			continue
+		}
+		if !reflect.DeepEqual(route, r.route) {
+			t.Errorf("%s %s: the router finds %s %s, the table has %s %s", er.Method, path, route.Method, route.Path, r.route.Method, r.route.Path)
+		}
+		c := e.NewContext(req, httptest.NewRecorder())
+		e.Router().Find(er.Method, path, c)
+		_, echoParams, ok := s.findRoute(c)
+		if !ok {
+			t.Errorf("%s %s: findRoute does not answer (Echo matched %s)", er.Method, path, c.Path())
+			continue
+		}
+		if !reflect.DeepEqual(echoParams, params) {
+			t.Errorf("%s %s: parameters %v from Echo, %v from the router", er.Method, path, echoParams, params)
+		}
+	}
+	if len(s.routes) != len(routes) {
+		t.Errorf("the route table has %d routes, Echo %d", len(s.routes), len(routes))
+	}
+}
+
+// What the route table cannot answer it says so, and the router decides
+// as before: a path sent escaped, an empty parameter, a route of Echo's
+// that is not an operation.
+func TestFindRouteLeavesTheRestToTheRouter(t *testing.T) {
+	t.Parallel()
+	s, _ := testRoutes(t)
+	e := echo.New()
+	apigen.RegisterHandlers(e, apigen.NewStrictHandler(s, nil))
+	e.GET("/*", func(echo.Context) error { return nil })
+	for _, target := range []string{"/v1/orders/a%2Fb", "/v1/orders/", "/index.html", "/v1/nope"} {
+		req := httptest.NewRequest(http.MethodGet, target, nil)
+		c := e.NewContext(req, httptest.NewRecorder())
+		e.Router().Find(req.Method, echo.GetPath(req), c)
+		if r, _, ok := s.findRoute(c); ok {
+			t.Errorf("GET %s (Echo: %s): answered with %s", target, c.Path(), r.route.Path)
+		}
+	}
+}
+
+// validateRequest, validating the body from its one decoding, finds what
+// kin-openapi's ValidateRequest finds decoding the body itself: the same
+// problem, field by field, for every body.
+func TestValidateRequestFromTheDecodedBodyAsTheValidator(t *testing.T) {
+	t.Parallel()
+	s, router := testRoutes(t)
+	cases := []struct{ method, path, body string }{
+		{"POST", "/v1/orders", `{"amount":1999,"currency":"usd","description":"Tea"}`},
+		{"POST", "/v1/orders", `{"amount":"1999","currency":"usd"}`},
+		{"POST", "/v1/orders", `{"amount":-1,"currency":"xxx","extra":true,"more":[1]}`},
+		{"POST", "/v1/orders", `{"currency":"usd"}`},
+		{"POST", "/v1/orders", `[]`},
+		{"POST", "/v1/orders", `null`},
+		{"POST", "/v1/orders", `{"amount":1.5e400,"currency":"usd"}`},
+		{"POST", "/v1/orders", `{"amount":1999,"currency":"usd"} {"x":1}`},
+		{"POST", "/v1/orders", `{"amount":1999,"currency":"usd"`},
+		{"POST", "/v1/orders", `  `},
+		{"POST", "/v1/orders", ``},
+		{"POST", "/v1/orders/ord_1/charges", `{"payment_method":"pm_card_visa"}`},
+		{"POST", "/v1/orders/ord_1/charges", `{"payment_method":7}`},
+		{"POST", "/v1/charges/ch_1/refunds", `{"amount":0}`},
+		{"POST", "/v1/payouts", `{"amount":100,"currency":"usd","x":null}`},
+		{"POST", "/webhooks/processor", `{"id":"evt_1"}`},
+	}
+	for _, c := range cases {
+		t.Run(c.method+c.path+" "+c.body, func(t *testing.T) {
+			// The library, as the contract called it before.
+			want := validate(t, router, c.method, c.path, c.body, func(ctx context.Context, in *openapi3filter.RequestValidationInput) error {
+				in.Options = &s.validation
+				return openapi3filter.ValidateRequest(ctx, in)
+			})
+			got := validate(t, router, c.method, c.path, c.body, func(ctx context.Context, in *openapi3filter.RequestValidationInput) error {
+				doc, err := idempotency.DecodeJSON([]byte(c.body))
+				return s.validateRequest(ctx, in, []byte(c.body), doc, err)
+			})
+			if got != want {
+				t.Errorf("validated from the decoded body:\n  %s\nby the validator:\n  %s", got, want)
+			}
+		})
+	}
+}
+
+// validate runs f on a request for method, path and body, as the contract
+// prepares it, and describes the problem it answers ("ok" for none).
+func validate(t *testing.T, router routers.Router, method, path, body string, f func(context.Context, *openapi3filter.RequestValidationInput) error) string {
+	t.Helper()
+	req := httptest.NewRequest(method, path, bytes.NewReader([]byte(body)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "k-1")
+	route, params, err := router.FindRoute(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f(req.Context(), &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route})
+	if err == nil {
+		return "ok"
+	}
+	p := validationProblem(err)
+	return fmt.Sprintf("%s %+v", p.Detail, p.Errors)
+}
