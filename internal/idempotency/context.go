@@ -3,6 +3,8 @@ package idempotency
 import (
 	"context"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/retrysafe/payments/internal/metrics"
 )
 
@@ -30,9 +32,11 @@ func WithOutcome(ctx context.Context) (_ context.Context, outcome func() string)
 	return context.WithValue(ctx, outcomeKey{}, &o), func() string { return o }
 }
 
-// observe counts a claim's outcome and tells the request log about it.
+// observe counts a claim's outcome and tells the request log and ctx's
+// span (the claim's) about it.
 func observe(ctx context.Context, operation, outcome string) {
 	metrics.IdempotencyOutcomes.WithLabelValues(operation, outcome).Inc()
+	trace.SpanFromContext(ctx).SetAttributes(attrOutcome.String(outcome))
 	if p, ok := ctx.Value(outcomeKey{}).(*string); ok {
 		*p = outcome
 	}

@@ -6,8 +6,6 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -104,11 +102,12 @@ func New(d Deps) (http.Handler, error) {
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
 	e.Use(middleware.Recover())
+	e.Use(s.trace)
 	e.Use(s.observe)
 	e.Use(s.boundHeaders)
 	e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
 		AllowOrigins:  []string{"*"},
-		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key", requestIDHeader},
+		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key", requestIDHeader, "traceparent", "tracestate"},
 		ExposeHeaders: []string{"Idempotent-Replayed", outcomeHeader, "Retry-After", "Location", requestIDHeader},
 	}))
 	e.Use(s.contract)
@@ -146,7 +145,7 @@ func decodeJSON(b []byte, v any) error { return json.Unmarshal(b, v) }
 // left the key untouched.
 const outcomeHeader = "Idempotency-Outcome"
 
-// observe is the outermost middleware but Recover: it names the request
+// observe is the outermost middleware but Recover and trace: it names the request
 // (X-Request-Id, the client's if it sent a sane one, else a new one, and
 // returned either way), tells a keyed request's client what its claim
 // found (outcomeHeader), and once the answer is written it counts it
@@ -205,8 +204,7 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 			attrs = append(attrs, slog.String("caller", caller.ID))
 		}
 		if keyed, ok := idempotency.RequestFrom(req.Context()); ok {
-			sum := sha256.Sum256([]byte(keyed.CallerID + "\x00" + keyed.Key))
-			attrs = append(attrs, slog.String("key_hash", hex.EncodeToString(sum[:6])))
+			attrs = append(attrs, slog.String("key_hash", idempotency.KeyHash(keyed.CallerID, keyed.Key)))
 		}
 		if o := outcome(); o != "" {
 			attrs = append(attrs, slog.String("idempotency", o))

@@ -1,0 +1,67 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// tracer makes this package's spans: the claim of a key, and each phase of
+// an operation. It is the global API's, as an instrumentation library's
+// is: the process (cmd/server, through internal/app) decides whether
+// spans go anywhere. Without a provider set, a span costs a context
+// lookup and nothing is recorded.
+var tracer = otel.Tracer("github.com/retrysafe/payments/internal/idempotency")
+
+// The attributes of this package's spans. They never carry an
+// Idempotency-Key in clear: a key is the client's name for an operation
+// and may mean something to it (an order number, a customer's id), and a
+// trace leaves the service for a tracing backend that more people read.
+// KeyHash stands in for it, the same short hash the request log carries.
+const (
+	attrOperation     = attribute.Key("idempotency.operation")
+	attrKeyHash       = attribute.Key("idempotency.key_hash")
+	attrOutcome       = attribute.Key("idempotency.outcome")
+	attrAttempt       = attribute.Key("idempotency.attempt")
+	attrRecoveryPoint = attribute.Key("idempotency.recovery_point")
+	attrReachedPoint  = attribute.Key("idempotency.reached_point")
+	attrReplayCache   = attribute.Key("idempotency.replay_cache")
+)
+
+// KeyHash is a short hash of a caller's Idempotency-Key: enough to find
+// the log lines and spans of one key, not to read the key. The caller's
+// id is hashed with it, so two callers' equal keys do not look alike.
+func KeyHash(callerID, key string) string {
+	sum := sha256.Sum256([]byte(callerID + "\x00" + key))
+	return hex.EncodeToString(sum[:6])
+}
+
+// startClaim starts the span of one claim of req's key.
+func startClaim(ctx context.Context, req Request) (context.Context, trace.Span) {
+	return tracer.Start(ctx, "idempotency.claim", trace.WithAttributes(
+		attrOperation.String(req.Operation), attrKeyHash.String(KeyHash(req.CallerID, req.Key))))
+}
+
+// traceRecord notes on ctx's span where rec stands: its attempt and its
+// recovery point, what a reader of a resumed operation's trace looks for.
+func traceRecord(ctx context.Context, rec Record) {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint)))
+}
+
+// endWithError ends span, marking it failed when err is not nil.
+func endWithError(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "")
+	}
+	span.End()
+}
