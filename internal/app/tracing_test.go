@@ -225,3 +225,201 @@ func TestTraceparentIsContinuedAndLogged(t *testing.T) {
 		t.Errorf("the request's log line names trace %v span %v; want %s %s", line["trace_id"], line["span_id"], id, root.SpanContext().SpanID())
 	}
 }
+
+// root is the request's span: the one whose parent is the client's.
+func (s spanTree) root(t testing.TB) sdktrace.ReadOnlySpan {
+	t.Helper()
+	for _, span := range s {
+		if span.Parent().IsRemote() && span.SpanKind() == trace.SpanKindServer && span.Name() != "fake processor POST /v1/charges" {
+			return span
+		}
+	}
+	t.Fatalf("no request span in the trace: %s", s)
+	return nil
+}
+
+const chargeRoute = "POST /v1/orders/:order_id/charges"
+
+// tracedCharge sends one charge attempt in a trace of its own and returns
+// the answer and the trace's spans, once the request's span has ended.
+func tracedCharge(t *testing.T, ts *testServer, orderID, key, pm string) (response, spanTree) {
+	t.Helper()
+	tp, _, rec := newTrace(t)
+	res := ts.do(t, traced(chargeRequest(orderID, key, pm), tp))
+	return res, waitForSpans(t, rec, chargeRoute)
+}
+
+// The span tree of a new charge: the claim (new, attempt 1), the first
+// phase, the processor call (and, inside it, the fake processor's own
+// span: it continued the trace), then the final phase; all under the
+// request's span.
+func TestTraceOfANewCharge(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	o := ts.newOrder(t, "sk_test_acme", 1500)
+	res, spans := tracedCharge(t, ts, o.ID, "traced-charge", "pm_card_visa")
+	if res.Status != http.StatusCreated {
+		t.Fatalf("charge: %d %s", res.Status, res.Body)
+	}
+	root := spans.root(t)
+	claim, first, call, final := spans.one(t, "idempotency.claim"), spans.one(t, "phase started"),
+		spans.one(t, "processor charges"), spans.one(t, "phase charge_created")
+	for _, s := range []sdktrace.ReadOnlySpan{claim, first, call, final} {
+		wantChild(t, s, root)
+	}
+	wantAttrs(t, claim, map[string]string{"idempotency.outcome": "new", "idempotency.attempt": "1", "idempotency.recovery_point": "started"})
+	wantAttrs(t, first, map[string]string{"idempotency.attempt": "1", "idempotency.reached_point": "charge_created"})
+	wantAttrs(t, final, map[string]string{"idempotency.attempt": "1", "idempotency.reached_point": "finished"})
+	var downstream string
+	if err := ts.db.QueryRow(context.Background(), `SELECT downstream_key FROM charges WHERE order_id = $1`, o.ID).Scan(&downstream); err != nil {
+		t.Fatal(err)
+	}
+	wantAttrs(t, call, map[string]string{"processor.outcome": "definite", "processor.downstream_key": downstream})
+	wantChild(t, spans.one(t, "fake processor POST /v1/charges"), call)
+	// In the order they ran.
+	if !(claim.EndTime().Compare(first.StartTime()) <= 0 && first.EndTime().Compare(call.StartTime()) <= 0 && call.EndTime().Compare(final.StartTime()) <= 0) {
+		t.Errorf("the spans are out of order: %s", spans)
+	}
+}
+
+// A replay is a claim and nothing else: no phase, no processor call.
+func TestTraceOfAReplay(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	o := ts.newOrder(t, "sk_test_acme", 1500)
+	if res, _ := tracedCharge(t, ts, o.ID, "traced-replay", "pm_card_visa"); res.Status != http.StatusCreated {
+		t.Fatalf("charge: %d %s", res.Status, res.Body)
+	}
+	res, spans := tracedCharge(t, ts, o.ID, "traced-replay", "pm_card_visa")
+	if res.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the retry was not replayed: %d %v", res.Status, res.Header)
+	}
+	wantChild(t, spans.one(t, "idempotency.claim"), spans.root(t))
+	wantAttrs(t, spans.one(t, "idempotency.claim"), map[string]string{"idempotency.outcome": "replayed"})
+	for _, s := range spans {
+		if s.Name() != "idempotency.claim" && s.Name() != chargeRoute {
+			t.Errorf("a replay made the span %q; want only the request's and the claim", s.Name())
+		}
+	}
+}
+
+// A charge whose processor call got no definite answer is resumed by the
+// client's retry: the retry's trace has no first phase (it committed in
+// an earlier attempt), but the processor call, under the same downstream
+// key, and the final phase; its claim says resumed, at a later attempt,
+// from charge_created. The failed attempt's trace shows why: its call was
+// uncertain, and it ran no final phase.
+func TestTraceOfAResumedCharge(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	o := ts.newOrder(t, "sk_test_acme", 1500)
+	// pm_card_flaky: the processor fails the first two calls (503).
+	res, spans := tracedCharge(t, ts, o.ID, "traced-resumed", "pm_card_flaky")
+	if res.Status != http.StatusServiceUnavailable {
+		t.Fatalf("first attempt: %d %s; want the flaky card's 503", res.Status, res.Body)
+	}
+	spans.one(t, "phase started")
+	wantAttrs(t, spans.one(t, "processor charges"), map[string]string{"processor.outcome": "uncertain"})
+	if n := len(spans.named("phase charge_created")); n != 0 {
+		t.Errorf("the uncertain attempt ran the final phase: %s", spans)
+	}
+	downstream := attr(spans.one(t, "processor charges"), "processor.downstream_key")
+
+	for attempt := 2; ; attempt++ {
+		res, spans = tracedCharge(t, ts, o.ID, "traced-resumed", "pm_card_flaky")
+		claim := spans.one(t, "idempotency.claim")
+		wantAttrs(t, claim, map[string]string{"idempotency.outcome": "resumed", "idempotency.attempt": fmt.Sprint(attempt),
+			"idempotency.recovery_point": "charge_created"})
+		if n := len(spans.named("phase started")); n != 0 {
+			t.Errorf("attempt %d ran the first phase again: %s", attempt, spans)
+		}
+		wantAttrs(t, spans.one(t, "processor charges"), map[string]string{"processor.downstream_key": downstream})
+		if res.Status == http.StatusCreated {
+			wantAttrs(t, spans.one(t, "phase charge_created"), map[string]string{
+				"idempotency.attempt": fmt.Sprint(attempt), "idempotency.reached_point": "finished"})
+			wantAttrs(t, spans.one(t, "processor charges"), map[string]string{"processor.outcome": "definite"})
+			break
+		}
+		if attempt == 5 {
+			t.Fatalf("attempt %d: %d %s; the flaky card should have passed", attempt, res.Status, res.Body)
+		}
+	}
+}
+
+// In the demo, GET /demo/traces shows a charge's spans, with their
+// parents, timings and attributes, for the page's waterfall.
+func TestDemoTracesShowsACharge(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	o := ts.newOrder(t, "sk_test_acme", 1500)
+	tp, id, rec := newTrace(t)
+	if res := ts.do(t, traced(chargeRequest(o.ID, "demo-traced", "pm_card_visa"), tp)); res.Status != http.StatusCreated {
+		t.Fatalf("charge: %d %s", res.Status, res.Body)
+	}
+	waitForSpans(t, rec, chargeRoute)
+	var got struct {
+		TraceID string `json:"trace_id"`
+		Spans   []struct {
+			Name       string         `json:"name"`
+			SpanID     string         `json:"span_id"`
+			Parent     string         `json:"parent_span_id"`
+			Start      time.Time      `json:"start"`
+			End        time.Time      `json:"end"`
+			Attributes map[string]any `json:"attributes"`
+		} `json:"spans"`
+	}
+	res := ts.get(t, "/demo/traces?trace_id="+id.String())
+	if res.Status != http.StatusOK {
+		t.Fatalf("/demo/traces: %d %s", res.Status, res.Body)
+	}
+	res.decode(t, &got)
+	byName := map[string]string{}
+	ids := map[string]string{}
+	for _, s := range got.Spans {
+		byName[s.Name] = s.Parent
+		ids[s.SpanID] = s.Name
+		if s.Start.IsZero() {
+			t.Errorf("span %q has no start", s.Name)
+		}
+	}
+	for name, parent := range map[string]string{
+		"idempotency.claim": chargeRoute, "phase started": chargeRoute, "processor charges": chargeRoute,
+		"phase charge_created": chargeRoute, "fake processor POST /v1/charges": "processor charges",
+	} {
+		if p, ok := byName[name]; !ok || ids[p] != parent {
+			t.Errorf("/demo/traces: span %q has parent %q; want %q. Got %s", name, ids[p], parent, res.Body)
+		}
+	}
+	for _, q := range []string{"?trace_id=" + hex.EncodeToString(make([]byte, 16)), "?trace_id=nonsense", ""} {
+		if res := ts.get(t, "/demo/traces"+q); res.Status != http.StatusNotFound {
+			t.Errorf("/demo/traces%s: %d; want 404", q, res.Status)
+		}
+	}
+}
+
+// The demo's store is bounded: clients choose their trace ids, so it keeps
+// the latest traces only, and the first spans of each.
+func TestRecentTracesAreBounded(t *testing.T) {
+	t.Parallel()
+	r := NewRecentTraces(2, 3)
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(r))
+	tracer := tp.Tracer("test")
+	var ids []string
+	for range 3 {
+		ctx, root := tracer.Start(context.Background(), "root")
+		for range 5 {
+			_, s := tracer.Start(ctx, "child")
+			s.End()
+		}
+		root.End()
+		ids = append(ids, root.SpanContext().TraceID().String())
+	}
+	if _, ok := r.Trace(ids[0]); ok {
+		t.Errorf("the oldest trace is still kept; want only the last 2")
+	}
+	for _, id := range ids[1:] {
+		if spans, ok := r.Trace(id); !ok || len(spans) != 3 {
+			t.Errorf("trace %s: %d spans, %v; want the first 3", id, len(spans), ok)
+		}
+	}
+}
