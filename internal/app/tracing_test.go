@@ -9,10 +9,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -63,7 +65,18 @@ func (w *traceWatch) recorderOf(s sdktrace.ReadOnlySpan) *tracetest.SpanRecorder
 	return nil
 }
 
-func (w *traceWatch) OnStart(ctx context.Context, s sdktrace.ReadWriteSpan) {}
+// OnStart watches the trace of a span linked to a watched trace (a
+// background job's): its children end before it does, so it is watched
+// from its start.
+func (w *traceWatch) OnStart(ctx context.Context, s sdktrace.ReadWriteSpan) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, l := range s.Links() {
+		if r, ok := w.recorders[l.SpanContext.TraceID()]; ok {
+			w.recorders[s.SpanContext().TraceID()] = r
+		}
+	}
+}
 func (w *traceWatch) OnEnd(s sdktrace.ReadOnlySpan) {
 	if r := w.recorderOf(s); r != nil {
 		r.OnEnd(s)
@@ -87,8 +100,12 @@ func newTrace(t testing.TB) (traceparent string, id trace.TraceID, rec *tracetes
 	watched.mu.Unlock()
 	t.Cleanup(func() {
 		watched.mu.Lock()
-		delete(watched.recorders, id)
-		watched.mu.Unlock()
+		defer watched.mu.Unlock()
+		for k, r := range watched.recorders {
+			if r == rec {
+				delete(watched.recorders, k)
+			}
+		}
 	})
 	return fmt.Sprintf("00-%s-%s-01", id, hex.EncodeToString(span[:])), id, rec
 }
@@ -423,3 +440,45 @@ func TestRecentTracesAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// The demo page draws each attempt's trace beside it: for a flaky card,
+// the first attempt's waterfall has the first phase and an uncertain
+// processor call, and the attempt that succeeds has no first phase (an
+// earlier attempt committed it), a resumed claim, the call and the final
+// phase.
+func TestDemoPageDrawsTheWaterfall(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	ctx := browser(t, ts.URL, 1280, 1000)
+	createOrderOnPage(t, ctx)
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("payment-method"), "pm_card_flaky")); err != nil {
+		t.Fatal(err)
+	}
+	click(t, ctx, "charge")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
+	const waterfalls = `[...document.querySelectorAll("#attempts tbody tr")].filter(r => r.children[1].textContent.endsWith("/charges")).map(r => r.children[7].textContent)`
+	waitPage(t, ctx, waterfalls+`.every(w => w.includes("claim:"))`)
+	got := pageText(t, ctx, waterfalls+`.reverse().join("\n")`)
+	attempts := strings.Split(got, "\n")
+	if len(attempts) < 3 {
+		t.Fatalf("the charge's waterfalls: %q; want three attempts", got)
+	}
+	first, last := attempts[0], attempts[len(attempts)-1]
+	for _, want := range []string{"claim: new, attempt 1", "phase started → charge_created", "processor charges: uncertain"} {
+		if !strings.Contains(first, want) {
+			t.Errorf("the first attempt's waterfall %q lacks %q", first, want)
+		}
+	}
+	for _, want := range []string{"claim: resumed", "processor charges: definite", "fake processor POST /v1/charges", "phase charge_created → finished"} {
+		if !strings.Contains(last, want) {
+			t.Errorf("the last attempt's waterfall %q lacks %q", last, want)
+		}
+	}
+	if strings.Contains(last, "phase started") {
+		t.Errorf("the last attempt's waterfall %q ran the first phase again", last)
+	}
+	if n := pageText(t, ctx, `String(document.querySelector("#attempts tbody tr").querySelectorAll(".waterfall .bar").length)`); n != "4" {
+		t.Errorf("the last attempt's waterfall has %s bars; want 4 (claim, call, the processor's side, final phase)", n)
+	}
+}
+
