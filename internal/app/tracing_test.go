@@ -482,3 +482,35 @@ func TestDemoPageDrawsTheWaterfall(t *testing.T) {
 	}
 }
 
+// A payout's job runs in a trace of its own, linked to the request that
+// accepted the payout (to the phase that enqueued it): the job's span is
+// a root, its processor call a child of it, and the link leads back.
+func TestTraceOfAPayoutJobIsLinkedToItsRequest(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	ts.fund(t, "sk_test_acme", 5000)
+	tp, id, rec := newTrace(t)
+	res := ts.do(t, traced(payoutRequest("sk_test_acme", "traced-payout", `{"amount":1500,"currency":"usd","destination":"ba_test_ok"}`), tp))
+	if res.Status != http.StatusAccepted {
+		t.Fatalf("payout: %d %s", res.Status, res.Body)
+	}
+	var spans spanTree
+	waitFor(t, 20*time.Second, "the payout job's first run, with its processor call", func() bool {
+		spans = rec.Ended()
+		return len(spans.named("payout job")) > 0 && len(spans.named("processor payouts")) > 0 && len(spans.named("POST /v1/payouts")) > 0
+	})
+	phase := spans.one(t, "phase started")
+	if phase.SpanContext().TraceID() != id {
+		t.Fatalf("the payout's phase is in trace %s; want the request's %s", phase.SpanContext().TraceID(), id)
+	}
+	job := spans.named("payout job")[0]
+	if job.SpanContext().TraceID() == id || job.Parent().IsValid() {
+		t.Errorf("the job's span is in trace %s with parent %v; want a root of a trace of its own", job.SpanContext().TraceID(), job.Parent())
+	}
+	if links := job.Links(); len(links) != 1 || links[0].SpanContext.TraceID() != id || links[0].SpanContext.SpanID() != phase.SpanContext().SpanID() {
+		t.Errorf("the job's links %+v; want one, to the request's phase %s", links, phase.SpanContext().SpanID())
+	}
+	call := spans.named("processor payouts")[0]
+	wantChild(t, call, job)
+	wantAttrs(t, call, map[string]string{"processor.downstream_key": ts.payoutDownstreamKey(t, attr(job, "payout.id"))})
+}
