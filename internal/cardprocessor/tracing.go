@@ -22,11 +22,14 @@ var tracer = otel.Tracer("github.com/retrysafe/payments/internal/cardprocessor")
 // Idempotency-Key in clear), and it is what tells a reader that two
 // attempts' calls were one effect.
 func startCall(ctx context.Context, call, downstreamKey string) (context.Context, trace.Span) {
-	attrs := []attribute.KeyValue{attribute.String("processor.call", call)}
-	if downstreamKey != "" {
-		attrs = append(attrs, attribute.String("processor.downstream_key", downstreamKey))
+	ctx, span := tracer.Start(ctx, "processor "+call, trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("processor.call", call))
+		if downstreamKey != "" {
+			span.SetAttributes(attribute.String("processor.downstream_key", downstreamKey))
+		}
 	}
-	return tracer.Start(ctx, "processor "+call, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	return ctx, span
 }
 
 // inject sends the call's trace context to the processor (W3C
@@ -50,6 +53,10 @@ func endCall(span trace.Span, result string) {
 		outcome = "definite"
 	case "refused":
 		outcome = "declined"
+	}
+	if !span.IsRecording() {
+		span.End()
+		return
 	}
 	span.SetAttributes(attribute.String("processor.outcome", outcome))
 	if outcome == "uncertain" || outcome == "rejected" {

@@ -3,8 +3,6 @@ package idempotency
 import (
 	"context"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/retrysafe/payments/internal/metrics"
 )
 
@@ -36,7 +34,7 @@ func WithOutcome(ctx context.Context) (_ context.Context, outcome func() string)
 // span (the claim's) about it.
 func observe(ctx context.Context, operation, outcome string) {
 	metrics.IdempotencyOutcomes.WithLabelValues(operation, outcome).Inc()
-	trace.SpanFromContext(ctx).SetAttributes(attrOutcome.String(outcome))
+	traceOutcome(ctx, outcome)
 	if p, ok := ctx.Value(outcomeKey{}).(*string); ok {
 		*p = outcome
 	}

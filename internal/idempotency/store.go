@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/metrics"
@@ -192,8 +191,7 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 	// One span per phase, named after the recovery point it starts from:
 	// a resumed operation's trace shows which phases this attempt ran, and
 	// which it skipped because an earlier attempt committed them.
-	ctx, span := tracer.Start(ctx, "phase "+string(l.record.RecoveryPoint), trace.WithAttributes(
-		attrAttempt.Int64(int64(l.record.Attempt)), attrRecoveryPoint.String(string(l.record.RecoveryPoint))))
+	ctx, span := startPhase(ctx, l.record)
 	var result Result
 	err := postgres.Transact(ctx, l.store.pool, func(tx pgx.Tx) error {
 		var err error
@@ -221,7 +219,9 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 		l.record.RecoveryPoint = RecoveryFinished
 		l.response = r
 	}
-	span.SetAttributes(attrReachedPoint.String(string(l.record.RecoveryPoint)))
+	if span.IsRecording() {
+		span.SetAttributes(attrReachedPoint.String(string(l.record.RecoveryPoint)))
+	}
 	span.End()
 	if l.store.Hooks.AfterPhase != nil {
 		l.store.Hooks.AfterPhase(l.record)
@@ -306,7 +306,9 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 	if cached, ok := s.replays.get(req.CallerID, req.Key); ok {
 		ctx, span := startClaim(ctx, req)
 		defer span.End()
-		span.SetAttributes(attrReplayCache.Bool(true))
+		if span.IsRecording() {
+			span.SetAttributes(attrReplayCache.Bool(true))
+		}
 		return replayCached(ctx, req, cached)
 	}
 	// From here on, nothing depends on the client staying connected: the
@@ -572,7 +574,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	default:
 		// A live owner holds it: the caller waits, or answers 409 (and
 		// counts the outcome then: waiting may still end in an answer).
-		span.SetAttributes(attrOutcome.String(metrics.OutcomeInProgress))
+		traceOutcome(observed, metrics.OutcomeInProgress)
 		return nil, nil, &busyError{rec: rec, leaseRemaining: row.LeaseRemainingSeconds}
 	}
 }

@@ -42,9 +42,30 @@ func KeyHash(callerID, key string) string {
 }
 
 // startClaim starts the span of one claim of req's key.
+// Its attributes are computed only for a span that records: with tracing
+// off, the claim costs no hash and no allocation for them.
 func startClaim(ctx context.Context, req Request) (context.Context, trace.Span) {
-	return tracer.Start(ctx, "idempotency.claim", trace.WithAttributes(
-		attrOperation.String(req.Operation), attrKeyHash.String(KeyHash(req.CallerID, req.Key))))
+	ctx, span := tracer.Start(ctx, "idempotency.claim")
+	if span.IsRecording() {
+		span.SetAttributes(attrOperation.String(req.Operation), attrKeyHash.String(KeyHash(req.CallerID, req.Key)))
+	}
+	return ctx, span
+}
+
+// startPhase starts the span of one phase of rec's operation.
+func startPhase(ctx context.Context, rec Record) (context.Context, trace.Span) {
+	ctx, span := tracer.Start(ctx, "phase "+string(rec.RecoveryPoint))
+	if span.IsRecording() {
+		span.SetAttributes(attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint)))
+	}
+	return ctx, span
+}
+
+// traceOutcome notes a claim's outcome on ctx's span.
+func traceOutcome(ctx context.Context, outcome string) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attrOutcome.String(outcome))
+	}
 }
 
 // traceRecord notes on ctx's span where rec stands: its attempt and its
