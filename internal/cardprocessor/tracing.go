@@ -22,6 +22,11 @@ var tracer = otel.Tracer("github.com/retrysafe/payments/internal/cardprocessor")
 // Idempotency-Key in clear), and it is what tells a reader that two
 // attempts' calls were one effect.
 func startCall(ctx context.Context, call, downstreamKey string) (context.Context, trace.Span) {
+	// Outside any trace (tracing off, and no client's traceparent) there
+	// is nothing to join: no span, and nothing to send the processor.
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return ctx, trace.SpanFromContext(ctx)
+	}
 	ctx, span := tracer.Start(ctx, "processor "+call, trace.WithSpanKind(trace.SpanKindClient))
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("processor.call", call))

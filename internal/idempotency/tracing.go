@@ -45,6 +45,9 @@ func KeyHash(callerID, key string) string {
 // Its attributes are computed only for a span that records: with tracing
 // off, the claim costs no hash and no allocation for them.
 func startClaim(ctx context.Context, req Request) (context.Context, trace.Span) {
+	if !inTrace(ctx) {
+		return ctx, trace.SpanFromContext(ctx)
+	}
 	ctx, span := tracer.Start(ctx, "idempotency.claim")
 	if span.IsRecording() {
 		span.SetAttributes(attrOperation.String(req.Operation), attrKeyHash.String(KeyHash(req.CallerID, req.Key)))
@@ -54,6 +57,9 @@ func startClaim(ctx context.Context, req Request) (context.Context, trace.Span) 
 
 // startPhase starts the span of one phase of rec's operation.
 func startPhase(ctx context.Context, rec Record) (context.Context, trace.Span) {
+	if !inTrace(ctx) {
+		return ctx, trace.SpanFromContext(ctx)
+	}
 	ctx, span := tracer.Start(ctx, "phase "+string(rec.RecoveryPoint))
 	if span.IsRecording() {
 		span.SetAttributes(attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint)))
@@ -86,3 +92,10 @@ func endWithError(span trace.Span, err error) {
 	}
 	span.End()
 }
+
+// inTrace says whether ctx belongs to a trace, one that a span of this
+// package would join. The request's span (or the reconciler's) is always
+// there when tracing is on; when it is off and the client sent no
+// traceparent, there is no trace, and no span is started at all: the
+// no-op tracer would still allocate a context and a span for each.
+func inTrace(ctx context.Context) bool { return trace.SpanContextFromContext(ctx).IsValid() }
