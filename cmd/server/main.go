@@ -304,6 +304,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	service, err := app.New(cfg, pool, log, app.Options{
 		DemoReceiverURL: fmt.Sprintf("http://127.0.0.1:%d/demo/webhooks/", port),
 		Traces:          tracing.Recent,
+		Tracing:         tracing.Recording(),
 	})
 	if err != nil {
 		return err

@@ -47,6 +47,10 @@ type Options struct {
 	// Traces is the demo's store of recent traces (SetupTracing makes it
 	// in DEMO_MODE), served at GET /demo/traces; nil serves none.
 	Traces *RecentTraces
+	// Tracing says that spans are recorded (Tracing.Recording): the
+	// server then starts a span for every request, not only for those
+	// that carry a traceparent.
+	Tracing bool
 }
 
 // App is the service, built: its HTTP handler, and the background work
@@ -140,7 +144,7 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	}
 	a.Handler, err = server.New(server.Deps{
 		Config: cfg, Pool: pool, Log: log, Keys: a.Keys, Inbox: inbox,
-		Charges: chargeService, Payouts: payouts.NewService(jobs), Demo: demo,
+		Charges: chargeService, Payouts: payouts.NewService(jobs), Demo: demo, Tracing: opts.Tracing,
 	})
 	if err != nil {
 		return nil, err

@@ -130,6 +130,9 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 		// DEMO_MODE (the process's tracing is set up once, for every test).
 		opts2.Traces = testTracing(t).Recent
 	}
+	// Spans are recorded once any test has set tracing up; a test that
+	// traces sends traceparent, which is traced either way.
+	opts2.Tracing = tracingInstalled.Load()
 	service, err := New(cfg, serverPool, log, opts2)
 	if err != nil {
 		t.Fatal(err)

@@ -107,6 +107,9 @@ func SetupTracing(ctx context.Context, demo bool, extra ...sdktrace.SpanProcesso
 	return t, nil
 }
 
+// Recording says whether spans are recorded: a provider is installed.
+func (t *Tracing) Recording() bool { return t != nil && t.provider != nil }
+
 // Shutdown flushes the spans still buffered to the exporter, within ctx.
 func (t *Tracing) Shutdown(ctx context.Context) error {
 	if t == nil || t.provider == nil {

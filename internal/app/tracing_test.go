@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,12 +32,18 @@ var (
 	tracingOnce sync.Once
 	tracing     *Tracing
 	tracingErr  error
-	watched     = &traceWatch{recorders: map[trace.TraceID]*tracetest.SpanRecorder{}}
+	// tracingInstalled is whether the provider is in place, for servers
+	// built by other tests meanwhile.
+	tracingInstalled atomic.Bool
+	watched          = &traceWatch{recorders: map[trace.TraceID]*tracetest.SpanRecorder{}}
 )
 
 func testTracing(t testing.TB) *Tracing {
 	t.Helper()
-	tracingOnce.Do(func() { tracing, tracingErr = SetupTracing(context.Background(), true, watched) })
+	tracingOnce.Do(func() {
+		tracing, tracingErr = SetupTracing(context.Background(), true, watched)
+		tracingInstalled.Store(tracingErr == nil)
+	})
 	if tracingErr != nil {
 		t.Fatal(tracingErr)
 	}

@@ -46,6 +46,10 @@ type Deps struct {
 	// Demo turns on the browser demo's own endpoints (DEMO_MODE); nil, as
 	// everywhere but `make run`, leaves them out.
 	Demo *Demo
+	// Tracing says that spans are recorded (a tracer provider is
+	// installed). Without it, a request that carries no traceparent gets
+	// no span at all: tracing off costs nothing.
+	Tracing bool
 }
 
 // Server implements the API.
@@ -61,6 +65,7 @@ type Server struct {
 	validation openapi3filter.Options
 	limits     *rateLimits
 	inbox      *events.Inbox
+	tracing    bool
 }
 
 var _ apigen.StrictServerInterface = (*Server)(nil)
@@ -89,6 +94,7 @@ func New(d Deps) (http.Handler, error) {
 		router:  router,
 		limits:  newRateLimits(d.Config.RateLimit, d.Config.RateBurst),
 		inbox:   d.Inbox,
+		tracing: d.Tracing,
 		validation: openapi3filter.Options{
 			MultiError: true,
 			// Authentication already happened, in the contract middleware.

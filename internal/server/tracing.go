@@ -26,12 +26,16 @@ var tracer = otel.Tracer("github.com/retrysafe/payments/internal/server")
 // ids, and names must come from a fixed set. It records no header, no
 // query and no body.
 //
-// With tracing off (no provider set), the global tracer is a no-op: the
-// span is the client's span context, if it sent one, carried along so
-// that logs still name the client's trace, and nothing is recorded.
+// With tracing off (no provider set), a request without traceparent is
+// passed straight on. One with it gets the no-op tracer's span: the
+// client's span context, carried along so that logs still name the
+// client's trace, and nothing is recorded.
 func (s *Server) trace(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		req := c.Request()
+		if !s.tracing && req.Header.Get("traceparent") == "" {
+			return next(c) // nothing to record, no trace to carry
+		}
 		ctx := otel.GetTextMapPropagator().Extract(req.Context(), propagation.HeaderCarrier(req.Header))
 		route := c.Path()
 		if route == "" {
