@@ -521,3 +521,36 @@ func TestTraceOfAPayoutJobIsLinkedToItsRequest(t *testing.T) {
 	wantChild(t, call, job)
 	wantAttrs(t, call, map[string]string{"processor.downstream_key": ts.payoutDownstreamKey(t, attr(job, "payout.id"))})
 }
+
+// With tracing on, every request is traced, whether or not its client
+// sent a traceparent: its log line names its trace, which is recorded.
+func TestRequestWithoutTraceparentIsTracedWhenTracingIsOn(t *testing.T) {
+	t.Parallel()
+	tr := testTracing(t)
+	var logs syncBuffer
+	ts := newTestServer(t, func(o *serverOptions) { o.logs = &logs })
+	key := "untraced-" + rand.Text()
+	if res := ts.createOrder(t, key, teaOrder); res.Status != http.StatusCreated {
+		t.Fatalf("create order: %d %s", res.Status, res.Body)
+	}
+	var traceID string
+	sc := bufio.NewScanner(strings.NewReader(logs.String()))
+	for sc.Scan() {
+		var l map[string]any
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l["msg"] == "request" && l["key_hash"] == idempotency.KeyHash("acme", key) {
+			traceID, _ = l["trace_id"].(string)
+		}
+	}
+	if traceID == "" {
+		t.Fatalf("the request's log line names no trace:\n%s", logs.String())
+	}
+	waitFor(t, 5*time.Second, "the request's trace in the store", func() bool {
+		spans, _ := tr.Recent.Trace(traceID)
+		for _, s := range spans {
+			if s.Name == "POST /v1/orders" && s.Parent == "" {
+				return true
+			}
+		}
+		return false
+	})
+}
