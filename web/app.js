@@ -130,6 +130,11 @@ async function send(method, path, { key, body } = {}) {
     store.setItem("demo.sent." + key, "1");
   }
   if (body !== undefined) headers["Content-Type"] = "application/json";
+  // In the demo each attempt is a trace of its own, started here as any
+  // traced client would (W3C traceparent): the server continues it, and
+  // keeps it for the waterfall under the attempt (/demo/traces).
+  const traceId = demoMode ? randomHex(16) : null;
+  if (traceId) headers.traceparent = `00-${traceId}-${randomHex(8)}-01`;
   const row = addAttempt(method, path, key);
   try {
     const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
@@ -137,11 +142,80 @@ async function send(method, path, { key, body } = {}) {
     let json = null;
     try { json = text ? JSON.parse(text) : null; } catch { /* not JSON */ }
     fillAttempt(row, res, json);
+    if (traceId) showTrace(row, traceId);
     return { res, json, row };
   } catch (err) {
     fillAttempt(row, null, null, err);
+    // A crashed server took its spans with it: nothing to draw.
     return { res: null, json: null, row, err };
   }
+}
+
+function randomHex(bytes) {
+  return [...crypto.getRandomValues(new Uint8Array(bytes))].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+// --- the waterfall ----------------------------------------------------------
+
+// What the waterfall draws of an attempt's trace, and in which words: the
+// claim of the key, each phase (a transaction, named after the recovery
+// point it starts from), the processor call and the processor's side of
+// it. The request's own span is the scale. A phase a retry skipped (an
+// earlier attempt committed it) is simply not there.
+function spanLabel(s) {
+  const a = s.attributes || {};
+  if (s.name === "idempotency.claim") return `claim: ${a["idempotency.outcome"] || "?"}, attempt ${a["idempotency.attempt"] ?? "?"}`;
+  if (s.name.startsWith("phase ")) return `${s.name} → ${a["idempotency.reached_point"] || "rolled back"}`;
+  if (s.name.startsWith("processor ")) return `${s.name}: ${a["processor.outcome"] || "?"}`;
+  return s.name;
+}
+
+// showTrace fetches the attempt's trace and draws it in the row's last
+// cell. The request's span ends just after its answer is written, so the
+// trace is asked for again, a few times, until it is there.
+async function showTrace(row, traceId) {
+  let spans = [];
+  for (let i = 0; i < 5; i++) {
+    try {
+      const res = await fetch(`/demo/traces?trace_id=${traceId}`);
+      if (res.ok) {
+        spans = (await res.json()).spans || [];
+        if (spans.some((s) => !s.parent_span_id)) break;
+      }
+    } catch { /* the server restarted: try again */ }
+    await sleep(200);
+  }
+  drawWaterfall(row.children[7], spans);
+}
+
+function drawWaterfall(cell, spans) {
+  cell.textContent = "";
+  if (!spans.length) { cell.textContent = "no trace"; return; }
+  const t = (v) => Date.parse(v);
+  const start = Math.min(...spans.map((s) => t(s.start)));
+  const end = Math.max(...spans.map((s) => t(s.end)));
+  const total = Math.max(end - start, 1);
+  const order = ["idempotency.claim", "phase ", "processor ", "fake processor "];
+  const shown = spans
+    .filter((s) => order.some((p) => s.name.startsWith(p)))
+    .sort((a, b) => t(a.start) - t(b.start));
+  const wf = document.createElement("div");
+  wf.className = "waterfall";
+  wf.dataset.traceId = spans[0] ? spans[0].trace_id || "" : "";
+  for (const s of shown) {
+    const line = document.createElement("div");
+    line.className = "span" + (s.failed ? " failed" : "");
+    const bar = document.createElement("span");
+    bar.className = "bar";
+    bar.style.marginLeft = `${((t(s.start) - start) / total) * 100}%`;
+    bar.style.width = `${Math.max(((t(s.end) - t(s.start)) / total) * 100, 1)}%`;
+    const label = document.createElement("span");
+    label.className = "label";
+    label.textContent = `${spanLabel(s)} (${(t(s.end) - t(s.start)).toFixed(0)} ms)`;
+    line.append(bar, label);
+    wf.append(line);
+  }
+  cell.append(wf);
 }
 
 function retryable(res, json) {
@@ -187,13 +261,13 @@ const OUTCOMES = {
 
 function addAttempt(method, path, key) {
   const tr = document.createElement("tr");
-  const cells = [new Date().toLocaleTimeString(), `${method} ${path}`, "sending…", "", "", "", key || ""];
+  const cells = [new Date().toLocaleTimeString(), `${method} ${path}`, "sending…", "", "", "", key || "", ""];
   for (const c of cells) {
     const td = document.createElement("td");
     td.textContent = c;
     tr.appendChild(td);
   }
-  tr.lastChild.className = "key";
+  tr.children[6].className = "key";
   $("attempts").tBodies[0].prepend(tr);
   return tr;
 }

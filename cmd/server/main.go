@@ -255,6 +255,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}
 	}
 
+	// Tracing first, so that the in-process processor's spans, too, go
+	// where the service's go (nowhere, unless OTEL_EXPORTER_OTLP_ENDPOINT
+	// is set or this is the demo).
+	tracing, err := app.SetupTracing(ctx, cfg.DemoMode)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := tracing.Shutdown(ctx); err != nil {
+			log.Warn("flushing the last spans", "err", err)
+		}
+	}()
+	if tracing.Exporting {
+		log.Info("exporting traces over OTLP")
+	}
+
 	// Listen first: the in-process processor needs our address for its
 	// webhooks. Under the demo's supervisor the socket is inherited (see
 	// runDemo), so that it outlives a crash of this process.
@@ -285,6 +303,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	port := ln.Addr().(*net.TCPAddr).Port
 	service, err := app.New(cfg, pool, log, app.Options{
 		DemoReceiverURL: fmt.Sprintf("http://127.0.0.1:%d/demo/webhooks/", port),
+		Traces:          tracing.Recent,
+		Tracing:         tracing.Recording(),
 	})
 	if err != nil {
 		return err

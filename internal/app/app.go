@@ -44,6 +44,13 @@ type Options struct {
 	// without a webhook endpoint of their own: the server's built-in demo
 	// receiver, /demo/webhooks/, at the address it listens on.
 	DemoReceiverURL string
+	// Traces is the demo's store of recent traces (SetupTracing makes it
+	// in DEMO_MODE), served at GET /demo/traces; nil serves none.
+	Traces *RecentTraces
+	// Tracing says that spans are recorded (Tracing.Recording): the
+	// server then starts a span for every request, not only for those
+	// that carry a traceparent.
+	Tracing bool
 }
 
 // App is the service, built: its HTTP handler, and the background work
@@ -92,6 +99,9 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 		processor = crash.install(a.Keys, processor)
 		if cfg.DemoMode {
 			demo = &server.Demo{Crash: crash, ProcessorURL: cfg.ProcessorURL, StartedAt: time.Now()}
+			if opts.Traces != nil {
+				demo.Traces = opts.Traces.Trace
+			}
 			log.Warn("DEMO_MODE is on: /demo can crash this server and make its processor fail; never in production")
 		}
 	}
@@ -141,7 +151,7 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	}
 	a.Handler, err = server.New(server.Deps{
 		Config: cfg, Pool: pool, Log: log, Keys: a.Keys, Inbox: inbox,
-		Charges: chargeService, Payouts: payouts.NewService(jobs), Demo: demo,
+		Charges: chargeService, Payouts: payouts.NewService(jobs), Demo: demo, Tracing: opts.Tracing,
 	})
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -36,6 +37,15 @@ func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ p
 func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func benchServer(b *testing.B, opts ...func(*serverOptions)) (*testServer, *statementCounter) {
+	// BENCH_TRACING=on measures the cost of tracing: every span recorded
+	// (sampled always) and kept, in the demo's in-memory store, as an
+	// exporter would be handed it. Off (the default) is the service as it
+	// runs without OTEL_EXPORTER_OTLP_ENDPOINT: no provider, no-op spans.
+	// It is per process (the provider is global): run the benchmark once
+	// each way (docs/performance.md).
+	if os.Getenv("BENCH_TRACING") == "on" {
+		testTracing(b)
+	}
 	counter := &statementCounter{}
 	ts := newTestServer(b, append(opts, func(o *serverOptions) {
 		o.pool = func(c *pgxpool.Config) { c.ConnConfig.Tracer = counter }

@@ -124,7 +124,16 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	// which TestMain searches for secrets once every test has run.
 	log := slog.New(server.LogHandler(slog.NewMultiHandler(logHandler, slog.NewJSONHandler(&suiteLogs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	// Built as cmd/server builds it: the same constructor.
-	service, err := New(cfg, serverPool, log, Options{JobPollInterval: 100 * time.Millisecond, DemoReceiverURL: srv.URL + "/demo/webhooks/"})
+	opts2 := Options{JobPollInterval: 100 * time.Millisecond, DemoReceiverURL: srv.URL + "/demo/webhooks/"}
+	if o.demo {
+		// The demo's store of recent traces, as cmd/server makes it in
+		// DEMO_MODE (the process's tracing is set up once, for every test).
+		opts2.Traces = testTracing(t).Recent
+	}
+	// Spans are recorded once any test has set tracing up; a test that
+	// traces sends traceparent, which is traced either way.
+	opts2.Tracing = tracingInstalled.Load()
+	service, err := New(cfg, serverPool, log, opts2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -254,9 +254,13 @@ func (c *Client) post(ctx context.Context, path, downstreamKey string, req any) 
 	// a second attempt hidden from our accounting; without GetBody the body
 	// cannot be rewound, so it is not resent.
 	httpReq.GetBody = nil
+	start := time.Now()
 
-	defer observe(strings.TrimPrefix(path, "/v1/"), time.Now(), &status, &err)
-	res, err := c.http.Do(httpReq)
+	call := strings.TrimPrefix(path, "/v1/")
+	ctx, span := startCall(ctx, call, downstreamKey)
+	inject(ctx, httpReq)
+	defer func() { endCall(span, observe(call, start, status, err)) }()
+	res, err := c.http.Do(httpReq.WithContext(ctx))
 	if err != nil {
 		return 0, nil, nil, &UncertainError{Err: err}
 	}
@@ -271,19 +275,20 @@ func (c *Client) post(ctx context.Context, path, downstreamKey string, req any) 
 // observe counts one call by its result, as the caller will judge it: a
 // 2xx is a success; a 400, 402 or 404 a definite refusal; a 422 a rejected
 // key; anything else (no answer, a 5xx, a 429, a 409) uncertain.
-func observe(call string, start time.Time, status *int, err *error) {
-	result := "uncertain"
+func observe(call string, start time.Time, status int, err error) (result string) {
+	result = "uncertain"
 	switch {
-	case *err != nil:
-	case *status >= 200 && *status < 300:
+	case err != nil:
+	case status >= 200 && status < 300:
 		result = "success"
-	case *status == http.StatusBadRequest || *status == http.StatusPaymentRequired || *status == http.StatusNotFound:
+	case status == http.StatusBadRequest || status == http.StatusPaymentRequired || status == http.StatusNotFound:
 		result = "refused"
-	case *status == http.StatusUnprocessableEntity:
+	case status == http.StatusUnprocessableEntity:
 		result = "rejected"
 	}
 	metrics.ProcessorCalls.WithLabelValues(call, result).Inc()
 	metrics.ProcessorDuration.WithLabelValues(call).Observe(time.Since(start).Seconds())
+	return result
 }
 
 func retryAfter(h http.Header) time.Duration {
@@ -352,8 +357,10 @@ func (c *Client) GetPayout(ctx context.Context, id string) (_ PayoutResult, err 
 		return po, err
 	}
 	status := 0
-	defer func() { observe("get_payout", start, &status, &err) }()
-	res, err := c.http.Do(req)
+	ctx, span := startCall(ctx, "get_payout", "")
+	inject(ctx, req)
+	defer func() { endCall(span, observe("get_payout", start, status, err)) }()
+	res, err := c.http.Do(req.WithContext(ctx))
 	if err != nil {
 		return po, &UncertainError{Err: err}
 	}

@@ -7,6 +7,12 @@
 //
 // Every program reports every invalid variable at once, so that an
 // operator fixes a deployment in one go (see Reader).
+//
+// The OpenTelemetry variables (OTEL_EXPORTER_OTLP_ENDPOINT,
+// OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER and the rest) are not read here:
+// the OpenTelemetry SDK reads them itself, as every program using it does,
+// when internal/app's SetupTracing installs it. The README's table lists
+// them with the others.
 package config
 
 import (

@@ -19,6 +19,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/config"
@@ -138,7 +143,24 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	return len(due), nil
 }
 
-func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow) error {
+// tracer makes the relay's spans; the global API's, as everywhere.
+var tracer = otel.Tracer("github.com/retrysafe/payments/internal/events")
+
+func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow) (err error) {
+	// Each delivery is a trace of its own (a root span), which the
+	// receiver may continue (traceparent): an event is delivered long
+	// after the request that caused it, perhaps many times. (Linking it to
+	// that request would need the request's context stored with the event:
+	// not done yet.)
+	ctx, span := tracer.Start(ctx, "relay delivery", trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("event.id", ev.ID), attribute.String("event.type", ev.Type),
+			attribute.Int("event.delivery_attempt", int(ev.DeliveryAttempts))))
+	defer func() {
+		if err != nil {
+			span.SetStatus(codes.Error, "")
+		}
+		span.End()
+	}()
 	url := r.cfg.DemoURL + ev.CallerID
 	if ev.WebhookUrl != nil {
 		url = *ev.WebhookUrl
@@ -155,6 +177,7 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(SignatureHeader, cardprocessor.Sign([]byte(ev.WebhookSecret), time.Now(), body))
+	otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(req.Header))
 	res, err := r.client.Do(req)
 	if err != nil {
 		return err

@@ -30,9 +30,11 @@ func WithOutcome(ctx context.Context) (_ context.Context, outcome func() string)
 	return context.WithValue(ctx, outcomeKey{}, &o), func() string { return o }
 }
 
-// observe counts a claim's outcome and tells the request log about it.
+// observe counts a claim's outcome and tells the request log and ctx's
+// span (the claim's) about it.
 func observe(ctx context.Context, operation, outcome string) {
 	metrics.IdempotencyOutcomes.WithLabelValues(operation, outcome).Inc()
+	traceOutcome(ctx, outcome)
 	if p, ok := ctx.Value(outcomeKey{}).(*string); ok {
 		*p = outcome
 	}

@@ -22,6 +22,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/postgres"
@@ -160,6 +162,14 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MaxRun)
 	defer cancel()
 	metrics.ReconcilerTakeovers.Inc()
+	// A trace of its own: the phases and the processor call the resumption
+	// makes are its children. (Linking it to the request that started the
+	// operation would need that request's context stored with the record:
+	// not done yet.)
+	ctx, span := tracer.Start(ctx, "reconciler resume", trace.WithNewRoot(), trace.WithAttributes(
+		attrOperation.String(rec.Operation), attrKeyHash.String(KeyHash(rec.CallerID, rec.Key)),
+		attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint))))
+	defer span.End()
 
 	if l.RecoveryPoint() == RecoveryStarted {
 		// The first phase never committed, so nothing happened, locally or

@@ -192,6 +192,10 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 		// would be fenced out anyway).
 		return ErrLeaseLost
 	}
+	// One span per phase, named after the recovery point it starts from:
+	// a resumed operation's trace shows which phases this attempt ran, and
+	// which it skipped because an earlier attempt committed them.
+	ctx, span := startPhase(ctx, l.record)
 	var result Result
 	err := postgres.Transact(ctx, l.store.pool, func(tx pgx.Tx) error {
 		var err error
@@ -207,6 +211,7 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 		return nil
 	})
 	if err != nil {
+		endWithError(span, err)
 		return err
 	}
 	// Only now, after the commit, does the in-memory record move on.
@@ -218,6 +223,10 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 		l.record.RecoveryPoint = RecoveryFinished
 		l.response = r
 	}
+	if span.IsRecording() {
+		span.SetAttributes(attrReachedPoint.String(string(l.record.RecoveryPoint)))
+	}
+	span.End()
 	if l.store.Hooks.AfterPhase != nil {
 		l.store.Hooks.AfterPhase(l.record)
 	}
@@ -299,6 +308,11 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 	// answered from memory, without the claim (see replays.go for why that
 	// is safe); everything else goes to the database.
 	if cached, ok := s.replays.get(req.CallerID, req.Key); ok {
+		ctx, span := startClaim(ctx, req)
+		defer span.End()
+		if span.IsRecording() {
+			span.SetAttributes(attrReplayCache.Bool(true))
+		}
 		return replayCached(ctx, req, cached)
 	}
 	// From here on, nothing depends on the client staying connected: the
@@ -495,8 +509,9 @@ func runHandler(ctx context.Context, h Handler, l *Lease) (err error) {
 func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, error) {
 	// Detached: a claim cut off halfway could commit without this request
 	// learning that it owns the key, leaving it leased to nobody.
-	observed := ctx
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	observed, span := startClaim(ctx, req)
+	defer span.End()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(observed), cleanupTimeout)
 	defer cancel()
 	var row dbsqlc.ClaimIdempotencyKeyRow
 	var err error
@@ -517,6 +532,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		return nil, nil, fmt.Errorf("claim idempotency key: %w", err)
 	}
 	rec := recordFromClaim(row)
+	traceRecord(observed, rec)
 	age := time.Duration(row.AgeSeconds * float64(time.Second))
 	if row.Claimed {
 		observe(observed, req.Operation, metrics.OutcomeNew)
@@ -555,6 +571,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		if err != nil {
 			return nil, nil, fmt.Errorf("take over idempotency key: %w", err)
 		}
+		traceRecord(observed, recordOf(taken)) // the new attempt
 		// A lease given up after a transient failure ends when it is
 		// released, in the same statement that stamps updated_at; one that
 		// ran out was set to end later than its last write, and belonged to
@@ -569,7 +586,9 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		observe(observed, req.Operation, metrics.OutcomeDead)
 		return nil, nil, dead()
 	default:
-		// A live owner holds it: the caller waits, or answers 409.
+		// A live owner holds it: the caller waits, or answers 409 (and
+		// counts the outcome then: waiting may still end in an answer).
+		traceOutcome(observed, metrics.OutcomeInProgress)
 		return nil, nil, &busyError{rec: rec, leaseRemaining: row.LeaseRemainingSeconds}
 	}
 }

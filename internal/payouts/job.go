@@ -26,6 +26,11 @@ import (
 type JobArgs struct {
 	CallerID string `json:"caller_id"`
 	PayoutID string `json:"payout_id"`
+	// Traceparent is the W3C trace context of the request that accepted
+	// the payout (of its phase), or "": each run of the job is a trace of
+	// its own, linked to it (see Work). It is a context, not an order:
+	// nothing but the link depends on it.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // Kind is the job's kind in River's tables.
@@ -78,7 +83,9 @@ func (w *Worker) NextRetry(job *river.Job[JobArgs]) time.Time {
 // processor for the transfer), or from in transit to final (asking where
 // the transfer is). Between steps it snoozes: a snooze is not a failed
 // attempt, so a slow transfer never uses up the job's attempts.
-func (w *Worker) Work(ctx context.Context, job *river.Job[JobArgs]) error {
+func (w *Worker) Work(ctx context.Context, job *river.Job[JobArgs]) (err error) {
+	ctx, span := startJob(ctx, job)
+	defer func() { endJob(span, err) }()
 	po, err := queries.GetPayout(ctx, w.db, dbsqlc.GetPayoutParams{CallerID: job.Args.CallerID, ID: job.Args.PayoutID})
 	if err != nil {
 		return fmt.Errorf("load payout %s: %w", job.Args.PayoutID, err)

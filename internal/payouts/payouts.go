@@ -172,7 +172,7 @@ func (s *Service) Create(ctx context.Context, l *idempotency.Lease, req Request)
 		}
 		// The transactional enqueue: the job row commits with the payout
 		// and the stored 202, or none of them does.
-		if _, err := s.jobs.InsertTx(ctx, tx, JobArgs{CallerID: po.CallerID, PayoutID: po.ID}, nil); err != nil {
+		if _, err := s.jobs.InsertTx(ctx, tx, JobArgs{CallerID: po.CallerID, PayoutID: po.ID, Traceparent: traceparentOf(ctx)}, nil); err != nil {
 			return nil, fmt.Errorf("enqueue payout job: %w", err)
 		}
 		return payoutOf(po).Accepted()

@@ -36,6 +36,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 )
 
 // Config configures a Server. The zero value is usable: no webhooks, no
@@ -189,6 +191,8 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 	mux *http.ServeMux
+	// traced is the mux with chaos latency, in a span (tracedHandler).
+	traced http.Handler
 
 	// chaosMu guards the chaos settings and the random source (a
 	// *rand.Rand is not safe for concurrent use).
@@ -243,6 +247,7 @@ func New(cfg Config) (*Server, error) {
 		s.webhooks = newDeliverer(cfg, s.jitter)
 	}
 	s.routes()
+	s.traced = s.tracedHandler()
 	return s, nil
 }
 
@@ -264,6 +269,36 @@ func (s *Server) routes() {
 // any other work, to every /v1 call (not to /admin or /healthz, which must
 // stay usable to switch chaos off).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.traced.ServeHTTP(w, r)
+}
+
+// traced is serve in a span that continues the caller's trace (its W3C
+// traceparent), as a real processor's would: the payment service's trace
+// of a charge then shows the processor's side of the call, and how long
+// it took there. Only /v1 calls are traced: the demo's polling of
+// /admin and /healthz is not a processor call.
+func (s *Server) tracedHandler() http.Handler {
+	return otelhttp.NewHandler(http.HandlerFunc(s.serve), "processor",
+		otelhttp.WithFilter(func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/v1/") }),
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
+			// The route, never the path: a path carries ids.
+			path := r.URL.Path
+			switch {
+			case path == "/v1/charges" || path == "/v1/refunds" || path == "/v1/payouts" || path == "/v1/ledger":
+			case strings.HasPrefix(path, "/v1/payouts/"):
+				path = "/v1/payouts/{id}"
+			default:
+				path = "/v1/(other)"
+			}
+			method := r.Method
+			if method != http.MethodGet && method != http.MethodPost {
+				method = "OTHER"
+			}
+			return "fake processor " + method + " " + path
+		}))
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if strings.HasPrefix(r.URL.Path, "/v1/") && !s.chaosLatency(r.Context()) {
 		return // the client gave up during the latency; nobody to answer
 	}

@@ -25,6 +25,7 @@ import (
 //	PUT  /demo/crash        arm one: {"point": "after_processor_call"}; "" disarms
 //	GET  /demo/ledger       every effect the processor performed, with its downstream key
 //	GET  /demo/deliveries   what the demo receiver got: ?caller=acme, each event with its delivery count
+//	GET  /demo/traces       the spans of one recent trace: ?trace_id=<32 hex digits> (see TraceSpan)
 type Demo struct {
 	// Crash is the process's crash points, which PUT /demo/crash arms.
 	Crash CrashPoints
@@ -34,6 +35,28 @@ type Demo struct {
 	// StartedAt is when this server process started: the page notices a
 	// restart (after a demo crash) when it changes.
 	StartedAt time.Time
+	// Traces returns the spans this process kept of a recent trace (by
+	// its id, 32 hex digits), for the page's waterfall; nil, or false,
+	// when it has none.
+	Traces func(traceID string) ([]TraceSpan, bool)
+}
+
+// TraceSpan is one span of a trace as GET /demo/traces shows it: enough
+// to draw a waterfall and to read each span's attributes.
+type TraceSpan struct {
+	Name   string `json:"name"`
+	SpanID string `json:"span_id"`
+	// Parent is the parent span's id within the same trace; "" for the
+	// trace's root here (whose parent, if any, is the client's span).
+	Parent     string         `json:"parent_span_id,omitempty"`
+	Start      time.Time      `json:"start"`
+	End        time.Time      `json:"end"`
+	Attributes map[string]any `json:"attributes"`
+	// Failed is a span whose status is an error.
+	Failed bool `json:"failed,omitempty"`
+	// Links are the ids of the traces this span's trace is linked to:
+	// for a background job's trace, the request's that started the work.
+	Links []string `json:"links,omitempty"`
 }
 
 // CrashPoints are the places where the server can be made to kill itself
@@ -96,6 +119,19 @@ func (s *Server) registerDemo(e *echo.Echo, d *Demo) {
 		}
 		s.log.WarnContext(c.Request().Context(), "demo: crash point armed", "point", body.Point)
 		return c.JSON(http.StatusOK, map[string]any{"armed": body.Point, "points": d.Crash.Points()})
+	})
+
+	e.GET("/demo/traces", func(c echo.Context) error {
+		id := c.QueryParam("trace_id")
+		var spans []TraceSpan
+		var ok bool
+		if d.Traces != nil {
+			spans, ok = d.Traces(id)
+		}
+		if !ok {
+			return problem.New(problem.NotFound, "no recent trace with trace_id %.32q is kept here (the demo keeps the latest few hundred)", id)
+		}
+		return c.JSON(http.StatusOK, map[string]any{"trace_id": id, "spans": spans})
 	})
 
 	e.GET("/demo/deliveries", func(c echo.Context) error {

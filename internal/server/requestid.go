@@ -10,6 +10,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // requestIDHeader carries the id, in both directions.
@@ -50,7 +52,8 @@ func requestIDFromClient(sent string) string {
 }
 
 // LogHandler wraps h so that every record logged with a context carrying
-// a request id gets a request_id attribute.
+// a request id gets a request_id attribute, and one carrying a span (a
+// request's, or a client's traceparent) its trace_id and span_id.
 func LogHandler(h slog.Handler) slog.Handler { return logHandler{h} }
 
 type logHandler struct{ slog.Handler }
@@ -58,6 +61,11 @@ type logHandler struct{ slog.Handler }
 func (h logHandler) Handle(ctx context.Context, r slog.Record) error {
 	if id := requestIDFrom(ctx); id != "" {
 		r.AddAttrs(slog.String("request_id", id))
+	}
+	// The trace the line belongs to: the request's span, or a background
+	// job's, so that a line leads to its trace and a trace to its lines.
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		r.AddAttrs(slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
 	}
 	return h.Handler.Handle(ctx, r)
 }

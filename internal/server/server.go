@@ -6,8 +6,6 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -48,6 +46,10 @@ type Deps struct {
 	// Demo turns on the browser demo's own endpoints (DEMO_MODE); nil, as
 	// everywhere but `make run`, leaves them out.
 	Demo *Demo
+	// Tracing says that spans are recorded (a tracer provider is
+	// installed). Without it, a request that carries no traceparent gets
+	// no span at all: tracing off costs nothing.
+	Tracing bool
 }
 
 // Server implements the API.
@@ -67,6 +69,7 @@ type Server struct {
 	validationNoBody openapi3filter.Options
 	limits           *rateLimits
 	inbox            *events.Inbox
+	tracing          bool
 }
 
 var _ apigen.StrictServerInterface = (*Server)(nil)
@@ -95,6 +98,7 @@ func New(d Deps) (http.Handler, error) {
 		router:  router,
 		limits:  newRateLimits(d.Config.RateLimit, d.Config.RateBurst),
 		inbox:   d.Inbox,
+		tracing: d.Tracing,
 		validation: openapi3filter.Options{
 			MultiError: true,
 			// Authentication already happened, in the contract middleware.
@@ -111,11 +115,12 @@ func New(d Deps) (http.Handler, error) {
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
 	e.Use(middleware.Recover())
+	e.Use(s.trace)
 	e.Use(s.observe)
 	e.Use(s.boundHeaders)
 	e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
 		AllowOrigins:  []string{"*"},
-		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key", requestIDHeader},
+		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key", requestIDHeader, "traceparent", "tracestate"},
 		ExposeHeaders: []string{"Idempotent-Replayed", outcomeHeader, "Retry-After", "Location", requestIDHeader},
 	}))
 	e.Use(s.contract)
@@ -153,7 +158,7 @@ func decodeJSON(b []byte, v any) error { return json.Unmarshal(b, v) }
 // left the key untouched.
 const outcomeHeader = "Idempotency-Outcome"
 
-// observe is the outermost middleware but Recover: it names the request
+// observe is the outermost middleware but Recover and trace: it names the request
 // (X-Request-Id, the client's if it sent a sane one, else a new one, and
 // returned either way), tells a keyed request's client what its claim
 // found (outcomeHeader), and once the answer is written it counts it
@@ -212,8 +217,7 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 			attrs = append(attrs, slog.String("caller", caller.ID))
 		}
 		if keyed, ok := idempotency.RequestFrom(req.Context()); ok {
-			sum := sha256.Sum256([]byte(keyed.CallerID + "\x00" + keyed.Key))
-			attrs = append(attrs, slog.String("key_hash", hex.EncodeToString(sum[:6])))
+			attrs = append(attrs, slog.String("key_hash", idempotency.KeyHash(keyed.CallerID, keyed.Key)))
 		}
 		if o := outcome(); o != "" {
 			attrs = append(attrs, slog.String("idempotency", o))

@@ -1,0 +1,101 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// tracer makes this package's spans: the claim of a key, and each phase of
+// an operation. It is the global API's, as an instrumentation library's
+// is: the process (cmd/server, through internal/app) decides whether
+// spans go anywhere. Without a provider set, a span costs a context
+// lookup and nothing is recorded.
+var tracer = otel.Tracer("github.com/retrysafe/payments/internal/idempotency")
+
+// The attributes of this package's spans. They never carry an
+// Idempotency-Key in clear: a key is the client's name for an operation
+// and may mean something to it (an order number, a customer's id), and a
+// trace leaves the service for a tracing backend that more people read.
+// KeyHash stands in for it, the same short hash the request log carries.
+const (
+	attrOperation     = attribute.Key("idempotency.operation")
+	attrKeyHash       = attribute.Key("idempotency.key_hash")
+	attrOutcome       = attribute.Key("idempotency.outcome")
+	attrAttempt       = attribute.Key("idempotency.attempt")
+	attrRecoveryPoint = attribute.Key("idempotency.recovery_point")
+	attrReachedPoint  = attribute.Key("idempotency.reached_point")
+	attrReplayCache   = attribute.Key("idempotency.replay_cache")
+)
+
+// KeyHash is a short hash of a caller's Idempotency-Key: enough to find
+// the log lines and spans of one key, not to read the key. The caller's
+// id is hashed with it, so two callers' equal keys do not look alike.
+func KeyHash(callerID, key string) string {
+	sum := sha256.Sum256([]byte(callerID + "\x00" + key))
+	return hex.EncodeToString(sum[:6])
+}
+
+// startClaim starts the span of one claim of req's key.
+// Its attributes are computed only for a span that records: with tracing
+// off, the claim costs no hash and no allocation for them.
+func startClaim(ctx context.Context, req Request) (context.Context, trace.Span) {
+	if !inTrace(ctx) {
+		return ctx, trace.SpanFromContext(ctx)
+	}
+	ctx, span := tracer.Start(ctx, "idempotency.claim")
+	if span.IsRecording() {
+		span.SetAttributes(attrOperation.String(req.Operation), attrKeyHash.String(KeyHash(req.CallerID, req.Key)))
+	}
+	return ctx, span
+}
+
+// startPhase starts the span of one phase of rec's operation.
+func startPhase(ctx context.Context, rec Record) (context.Context, trace.Span) {
+	if !inTrace(ctx) {
+		return ctx, trace.SpanFromContext(ctx)
+	}
+	ctx, span := tracer.Start(ctx, "phase "+string(rec.RecoveryPoint))
+	if span.IsRecording() {
+		span.SetAttributes(attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint)))
+	}
+	return ctx, span
+}
+
+// traceOutcome notes a claim's outcome on ctx's span.
+func traceOutcome(ctx context.Context, outcome string) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attrOutcome.String(outcome))
+	}
+}
+
+// traceRecord notes on ctx's span where rec stands: its attempt and its
+// recovery point, what a reader of a resumed operation's trace looks for.
+func traceRecord(ctx context.Context, rec Record) {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint)))
+}
+
+// endWithError ends span, marking it failed when err is not nil.
+func endWithError(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "")
+	}
+	span.End()
+}
+
+// inTrace says whether ctx belongs to a trace, one that a span of this
+// package would join. The request's span (or the reconciler's) is always
+// there when tracing is on; when it is off and the client sent no
+// traceparent, there is no trace, and no span is started at all: the
+// no-op tracer would still allocate a context and a span for each.
+func inTrace(ctx context.Context) bool { return trace.SpanContextFromContext(ctx).IsValid() }
