@@ -60,6 +60,12 @@ fi
 cmd=$1
 mkdir -p "$2"
 dir=$(cd "$2" && pwd)
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+# Run from the cluster's directory: Patroni, run as postgres, inherits the
+# working directory (its worker processes change back into it), and the
+# caller's may be closed to postgres (a 0700 temporary copy of the tree,
+# as scripts/check-rename.sh makes), which hangs the bootstrap.
+cd "$dir"
 
 # as runs a command as the user PostgreSQL runs as. setpriv execs the
 # command in place (runuser and su fork), so $! is Patroni's own PID.
@@ -356,11 +362,14 @@ EOF
   if [[ -n ${HA_WATCH_PID:-} ]]; then
     # Stops the cluster when the process that asked for it ends, even if
     # it was killed and its own clean-up never ran.
+    # It runs a copy of this script kept in $dir: the tree it came from
+    # may be gone by then (a temporary copy, deleted by its test).
+    cp "$self" "$dir/ha.sh"
     (
       trap '' HUP
       while kill -0 "$HA_WATCH_PID" 2>/dev/null; do sleep 1; done
       rm -f "$dir/watch.pid"
-      "$0" stop "$dir"
+      bash "$dir/ha.sh" stop "$dir"
     ) </dev/null >>"$dir/watch.log" 2>&1 &
     echo $! >"$dir/watch.pid"
   fi

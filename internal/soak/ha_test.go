@@ -81,7 +81,11 @@ func startHA(t *testing.T, nodes int, sync bool) *haCluster {
 }
 
 func (c *haCluster) command(args ...string) *exec.Cmd {
-	return exec.Command("bash", append([]string{c.script}, args...)...)
+	cmd := exec.Command("bash", append([]string{c.script}, args...)...)
+	// The script leaves etcd, Patroni and a watcher running; should one
+	// of them keep its output open, Wait must not wait for it for ever.
+	cmd.WaitDelay = 10 * time.Second
+	return cmd
 }
 
 // run runs a command of the script and returns its output's last line.
