@@ -1,6 +1,8 @@
 -- name: InsertEvent :exec
-INSERT INTO events (caller_id, id, type, data)
-VALUES (@caller_id, @id, @type, @data);
+-- traceparent is the trace context of the work that wrote the event (NULL
+-- when it is not traced), for the relay's deliveries to link to.
+INSERT INTO events (caller_id, id, type, data, traceparent)
+VALUES (@caller_id, @id, @type, @data, sqlc.narg(traceparent));
 
 -- name: GetEvent :one
 SELECT * FROM events
@@ -32,7 +34,7 @@ SET next_attempt_at = now() + make_interval(secs => @lease_seconds::float8),
     delivery_attempts = e.delivery_attempts + 1
 FROM due, callers c
 WHERE e.caller_id = due.caller_id AND e.id = due.id AND c.id = e.caller_id
-RETURNING e.caller_id, e.id, e.type, e.data, e.created_at, e.delivery_attempts, c.webhook_url, c.webhook_secret;
+RETURNING e.caller_id, e.id, e.type, e.data, e.created_at, e.delivery_attempts, e.traceparent, c.webhook_url, c.webhook_secret;
 
 -- name: MarkEventDelivered :exec
 UPDATE events SET delivered_at = now()

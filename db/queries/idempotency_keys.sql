@@ -23,13 +23,18 @@
 -- one just inserted): with it a replica knows how long a completed record
 -- is certain to outlive the sweeper, without trusting its own clock (see
 -- the replay cache in internal/idempotency).
+--
+-- traceparent is the claiming request's trace context (NULL when it is not
+-- traced), for the reconciler's resumption to link to.
 WITH claimed AS (
     INSERT INTO idempotency_keys AS k (
-        caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until, next_attempt_at
+        caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until, next_attempt_at,
+        traceparent
     ) VALUES (
         @caller_id, @key, @operation, @request_method, @request_path, @request_fingerprint,
         now() + make_interval(secs => @lease_seconds::float8),
-        now() + make_interval(secs => @lease_seconds::float8)
+        now() + make_interval(secs => @lease_seconds::float8),
+        sqlc.narg(traceparent)
     )
     ON CONFLICT (caller_id, key) DO NOTHING
     RETURNING k.*

@@ -23,7 +23,7 @@ SET next_attempt_at = now() + make_interval(secs => $1::float8),
     delivery_attempts = e.delivery_attempts + 1
 FROM due, callers c
 WHERE e.caller_id = due.caller_id AND e.id = due.id AND c.id = e.caller_id
-RETURNING e.caller_id, e.id, e.type, e.data, e.created_at, e.delivery_attempts, c.webhook_url, c.webhook_secret
+RETURNING e.caller_id, e.id, e.type, e.data, e.created_at, e.delivery_attempts, e.traceparent, c.webhook_url, c.webhook_secret
 `
 
 type ClaimUndeliveredEventsParams struct {
@@ -38,6 +38,7 @@ type ClaimUndeliveredEventsRow struct {
 	Data             []byte
 	CreatedAt        time.Time
 	DeliveryAttempts int32
+	Traceparent      *string
 	WebhookUrl       *string
 	WebhookSecret    string
 }
@@ -62,6 +63,7 @@ func (q *Queries) ClaimUndeliveredEvents(ctx context.Context, db DBTX, arg Claim
 			&i.Data,
 			&i.CreatedAt,
 			&i.DeliveryAttempts,
+			&i.Traceparent,
 			&i.WebhookUrl,
 			&i.WebhookSecret,
 		); err != nil {
@@ -76,7 +78,7 @@ func (q *Queries) ClaimUndeliveredEvents(ctx context.Context, db DBTX, arg Claim
 }
 
 const getEvent = `-- name: GetEvent :one
-SELECT caller_id, id, type, data, created_at, delivered_at, delivery_attempts, next_attempt_at FROM events
+SELECT caller_id, id, type, data, created_at, delivered_at, delivery_attempts, next_attempt_at, traceparent FROM events
 WHERE caller_id = $1 AND id = $2
 `
 
@@ -97,28 +99,33 @@ func (q *Queries) GetEvent(ctx context.Context, db DBTX, arg GetEventParams) (Ev
 		&i.DeliveredAt,
 		&i.DeliveryAttempts,
 		&i.NextAttemptAt,
+		&i.Traceparent,
 	)
 	return i, err
 }
 
 const insertEvent = `-- name: InsertEvent :exec
-INSERT INTO events (caller_id, id, type, data)
-VALUES ($1, $2, $3, $4)
+INSERT INTO events (caller_id, id, type, data, traceparent)
+VALUES ($1, $2, $3, $4, $5)
 `
 
 type InsertEventParams struct {
-	CallerID string
-	ID       string
-	Type     string
-	Data     []byte
+	CallerID    string
+	ID          string
+	Type        string
+	Data        []byte
+	Traceparent *string
 }
 
+// traceparent is the trace context of the work that wrote the event (NULL
+// when it is not traced), for the relay's deliveries to link to.
 func (q *Queries) InsertEvent(ctx context.Context, db DBTX, arg InsertEventParams) error {
 	_, err := db.Exec(ctx, insertEvent,
 		arg.CallerID,
 		arg.ID,
 		arg.Type,
 		arg.Data,
+		arg.Traceparent,
 	)
 	return err
 }
@@ -165,7 +172,7 @@ func (q *Queries) ListDemoDeliveries(ctx context.Context, db DBTX, arg ListDemoD
 }
 
 const listEvents = `-- name: ListEvents :many
-SELECT caller_id, id, type, data, created_at, delivered_at, delivery_attempts, next_attempt_at FROM events
+SELECT caller_id, id, type, data, created_at, delivered_at, delivery_attempts, next_attempt_at, traceparent FROM events
 WHERE caller_id = $1
   AND (NOT $2::boolean
        OR (created_at, id) < ($3::timestamptz, $4::text))
@@ -206,6 +213,7 @@ func (q *Queries) ListEvents(ctx context.Context, db DBTX, arg ListEventsParams)
 			&i.DeliveredAt,
 			&i.DeliveryAttempts,
 			&i.NextAttemptAt,
+			&i.Traceparent,
 		); err != nil {
 			return nil, err
 		}

@@ -85,23 +85,25 @@ func (q *Queries) BuryIdempotencyKey(ctx context.Context, db DBTX, arg BuryIdemp
 const claimIdempotencyKey = `-- name: ClaimIdempotencyKey :one
 WITH claimed AS (
     INSERT INTO idempotency_keys AS k (
-        caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until, next_attempt_at
+        caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until, next_attempt_at,
+        traceparent
     ) VALUES (
         $1, $2, $3, $4, $5, $6,
         now() + make_interval(secs => $7::float8),
-        now() + make_interval(secs => $7::float8)
+        now() + make_interval(secs => $7::float8),
+        $8
     )
     ON CONFLICT (caller_id, key) DO NOTHING
-    RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited
+    RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited, k.traceparent
 )
-SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, 0::float8 AS age_seconds, c.caller_id, c.id, c.key, c.status, c.recovery_point, c.attempt, c.locked_until, c.request_method, c.request_path, c.request_fingerprint, c.response_status, c.response_headers, c.response_body, c.created_at, c.updated_at, c.completed_at, c.next_attempt_at, c.reconciler_attempts, c.operation, c.awaited
+SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, 0::float8 AS age_seconds, c.caller_id, c.id, c.key, c.status, c.recovery_point, c.attempt, c.locked_until, c.request_method, c.request_path, c.request_fingerprint, c.response_status, c.response_headers, c.response_body, c.created_at, c.updated_at, c.completed_at, c.next_attempt_at, c.reconciler_attempts, c.operation, c.awaited, c.traceparent
 FROM claimed c
 UNION ALL
 SELECT false AS claimed,
        coalesce(e.locked_until <= now(), false) AS lease_expired,
        coalesce(greatest(extract(epoch FROM e.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
        greatest(extract(epoch FROM now() - e.created_at), 0)::float8 AS age_seconds,
-       e.caller_id, e.id, e.key, e.status, e.recovery_point, e.attempt, e.locked_until, e.request_method, e.request_path, e.request_fingerprint, e.response_status, e.response_headers, e.response_body, e.created_at, e.updated_at, e.completed_at, e.next_attempt_at, e.reconciler_attempts, e.operation, e.awaited
+       e.caller_id, e.id, e.key, e.status, e.recovery_point, e.attempt, e.locked_until, e.request_method, e.request_path, e.request_fingerprint, e.response_status, e.response_headers, e.response_body, e.created_at, e.updated_at, e.completed_at, e.next_attempt_at, e.reconciler_attempts, e.operation, e.awaited, e.traceparent
 FROM idempotency_keys e
 WHERE e.caller_id = $1 AND e.key = $2
 `
@@ -114,6 +116,7 @@ type ClaimIdempotencyKeyParams struct {
 	RequestPath        string
 	RequestFingerprint []byte
 	LeaseSeconds       float64
+	Traceparent        *string
 }
 
 type ClaimIdempotencyKeyRow struct {
@@ -141,6 +144,7 @@ type ClaimIdempotencyKeyRow struct {
 	ReconcilerAttempts    int32
 	Operation             string
 	Awaited               bool
+	Traceparent           *string
 }
 
 // The atomic claim, in one statement. The INSERT ... ON CONFLICT DO NOTHING
@@ -167,6 +171,9 @@ type ClaimIdempotencyKeyRow struct {
 // one just inserted): with it a replica knows how long a completed record
 // is certain to outlive the sweeper, without trusting its own clock (see
 // the replay cache in internal/idempotency).
+//
+// traceparent is the claiming request's trace context (NULL when it is not
+// traced), for the reconciler's resumption to link to.
 func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIdempotencyKeyParams) (ClaimIdempotencyKeyRow, error) {
 	row := db.QueryRow(ctx, claimIdempotencyKey,
 		arg.CallerID,
@@ -176,6 +183,7 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIde
 		arg.RequestPath,
 		arg.RequestFingerprint,
 		arg.LeaseSeconds,
+		arg.Traceparent,
 	)
 	var i ClaimIdempotencyKeyRow
 	err := row.Scan(
@@ -203,6 +211,7 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIde
 		&i.ReconcilerAttempts,
 		&i.Operation,
 		&i.Awaited,
+		&i.Traceparent,
 	)
 	return i, err
 }
@@ -224,7 +233,7 @@ SET attempt             = k.attempt + 1,
     updated_at          = now()
 FROM stale
 WHERE k.caller_id = stale.caller_id AND k.id = stale.id
-RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited
+RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited, k.traceparent
 `
 
 type ClaimStaleIdempotencyKeysParams struct {
@@ -275,6 +284,7 @@ func (q *Queries) ClaimStaleIdempotencyKeys(ctx context.Context, db DBTX, arg Cl
 			&i.ReconcilerAttempts,
 			&i.Operation,
 			&i.Awaited,
+			&i.Traceparent,
 		); err != nil {
 			return nil, err
 		}
@@ -332,7 +342,7 @@ func (q *Queries) CompleteIdempotencyKey(ctx context.Context, db DBTX, arg Compl
 }
 
 const getIdempotencyKey = `-- name: GetIdempotencyKey :one
-SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation, awaited FROM idempotency_keys
+SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation, awaited, traceparent FROM idempotency_keys
 WHERE caller_id = $1 AND key = $2
 `
 
@@ -365,12 +375,13 @@ func (q *Queries) GetIdempotencyKey(ctx context.Context, db DBTX, arg GetIdempot
 		&i.ReconcilerAttempts,
 		&i.Operation,
 		&i.Awaited,
+		&i.Traceparent,
 	)
 	return i, err
 }
 
 const getIdempotencyKeyWithLease = `-- name: GetIdempotencyKeyWithLease :one
-SELECT k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited, coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds
+SELECT k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited, k.traceparent, coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds
 FROM idempotency_keys k
 WHERE k.caller_id = $1 AND k.id = $2
 `
@@ -412,6 +423,7 @@ func (q *Queries) GetIdempotencyKeyWithLease(ctx context.Context, db DBTX, arg G
 		&i.IdempotencyKey.ReconcilerAttempts,
 		&i.IdempotencyKey.Operation,
 		&i.IdempotencyKey.Awaited,
+		&i.IdempotencyKey.Traceparent,
 		&i.LeaseRemainingSeconds,
 	)
 	return i, err
@@ -450,7 +462,7 @@ func (q *Queries) GiveBackIdempotencyKey(ctx context.Context, db DBTX, arg GiveB
 }
 
 const listDeadIdempotencyKeys = `-- name: ListDeadIdempotencyKeys :many
-SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation, awaited FROM idempotency_keys
+SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation, awaited, traceparent FROM idempotency_keys
 WHERE caller_id = $1 AND status = 'dead'
 ORDER BY created_at
 `
@@ -486,6 +498,7 @@ func (q *Queries) ListDeadIdempotencyKeys(ctx context.Context, db DBTX, callerID
 			&i.ReconcilerAttempts,
 			&i.Operation,
 			&i.Awaited,
+			&i.Traceparent,
 		); err != nil {
 			return nil, err
 		}
@@ -617,7 +630,7 @@ WHERE caller_id = $2
   AND attempt = $4
   AND status = 'in_progress'
   AND locked_until <= now()
-RETURNING caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation, awaited
+RETURNING caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation, awaited, traceparent
 `
 
 type TakeOverIdempotencyKeyParams struct {
@@ -664,6 +677,7 @@ func (q *Queries) TakeOverIdempotencyKey(ctx context.Context, db DBTX, arg TakeO
 		&i.ReconcilerAttempts,
 		&i.Operation,
 		&i.Awaited,
+		&i.Traceparent,
 	)
 	return i, err
 }

@@ -111,6 +111,7 @@ type Event struct {
 	DeliveredAt      *time.Time
 	DeliveryAttempts int32
 	NextAttemptAt    time.Time
+	Traceparent      *string
 }
 
 type IdempotencyKey struct {
@@ -134,6 +135,7 @@ type IdempotencyKey struct {
 	ReconcilerAttempts int32
 	Operation          string
 	Awaited            bool
+	Traceparent        *string
 }
 
 type Order struct {
