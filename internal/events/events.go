@@ -50,14 +50,19 @@ func (e Event) API() (apigen.Event, error) {
 }
 
 // Record writes an event. Call it with the transaction that makes the
-// change: the event then commits, or not, with it.
+// change: the event then commits, or not, with it. When ctx's span is
+// recorded, the event keeps its trace context, and each delivery's trace
+// links to it.
 func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map[string]any) (err error) {
 	defer postgres.Wrap(&err, "Record(%s, %s)", callerID, eventType)
 	b, err := json.Marshal(data)
 	if err != nil {
 		return err
 	}
-	return queries.InsertEvent(ctx, tx, dbsqlc.InsertEventParams{CallerID: callerID, ID: postgres.NewID(postgres.PrefixEvent), Type: eventType, Data: b})
+	return queries.InsertEvent(ctx, tx, dbsqlc.InsertEventParams{
+		CallerID: callerID, ID: postgres.NewID(postgres.PrefixEvent), Type: eventType, Data: b,
+		Traceparent: traceparentOf(ctx),
+	})
 }
 
 // List returns up to limit of the caller's events, newest first, after the

@@ -163,12 +163,14 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	defer cancel()
 	metrics.ReconcilerTakeovers.Inc()
 	// A trace of its own: the phases and the processor call the resumption
-	// makes are its children. (Linking it to the request that started the
-	// operation would need that request's context stored with the record:
-	// not done yet.)
-	ctx, span := tracer.Start(ctx, "reconciler resume", trace.WithNewRoot(), trace.WithAttributes(
-		attrOperation.String(rec.Operation), attrKeyHash.String(KeyHash(rec.CallerID, rec.Key)),
-		attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint))))
+	// makes are its children. It may run an hour after the request, which
+	// as its parent would stretch that request's trace over the hour;
+	// instead it links to the request that started the operation (its
+	// traceparent, stored by the claim), when that request was traced.
+	ctx, span := tracer.Start(ctx, "reconciler resume", append(linkTo(rec.Traceparent),
+		trace.WithNewRoot(), trace.WithAttributes(
+			attrOperation.String(rec.Operation), attrKeyHash.String(KeyHash(rec.CallerID, rec.Key)),
+			attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint))))...)
 	defer span.End()
 
 	if l.RecoveryPoint() == RecoveryStarted {

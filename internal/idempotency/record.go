@@ -38,6 +38,10 @@ type Record struct {
 	// The reconciler's schedule, and how many of its own tries it has made.
 	NextAttemptAt      time.Time
 	ReconcilerAttempts int32
+	// Traceparent is the W3C trace context of the request that claimed
+	// the key, when it was traced ("" otherwise): the reconciler's trace
+	// links to it.
+	Traceparent string
 }
 
 // Status is where a record stands.
@@ -58,7 +62,15 @@ func recordOf(r dbsqlc.IdempotencyKey) Record {
 		ResponseStatus: r.ResponseStatus, ResponseHeaders: r.ResponseHeaders, ResponseBody: r.ResponseBody,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
 		NextAttemptAt: r.NextAttemptAt, ReconcilerAttempts: r.ReconcilerAttempts,
+		Traceparent: deref(r.Traceparent),
 	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 func recordFromClaim(r dbsqlc.ClaimIdempotencyKeyRow) Record {
@@ -69,6 +81,7 @@ func recordFromClaim(r dbsqlc.ClaimIdempotencyKeyRow) Record {
 		ResponseStatus: r.ResponseStatus, ResponseHeaders: r.ResponseHeaders, ResponseBody: r.ResponseBody,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
 		NextAttemptAt: r.NextAttemptAt, ReconcilerAttempts: r.ReconcilerAttempts, Operation: r.Operation,
+		Traceparent: r.Traceparent,
 	})
 }
 

@@ -509,6 +509,9 @@ func runHandler(ctx context.Context, h Handler, l *Lease) (err error) {
 func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, error) {
 	// Detached: a claim cut off halfway could commit without this request
 	// learning that it owns the key, leaving it leased to nobody.
+	// The request's own span, not the claim's, is what a later resumption
+	// links to: a reader lands on the whole request.
+	traceparent := traceparentOf(ctx)
 	observed, span := startClaim(ctx, req)
 	defer span.End()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(observed), cleanupTimeout)
@@ -522,7 +525,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	for range 3 {
 		row, err = queries.ClaimIdempotencyKey(ctx, s.pool, dbsqlc.ClaimIdempotencyKeyParams{
 			CallerID: req.CallerID, Key: req.Key, Operation: req.Operation, RequestMethod: req.Method, RequestPath: req.Path,
-			RequestFingerprint: req.Fingerprint, LeaseSeconds: s.lease.Seconds(),
+			RequestFingerprint: req.Fingerprint, LeaseSeconds: s.lease.Seconds(), Traceparent: traceparent,
 		})
 		if !postgres.IsNotFound(err) {
 			break
