@@ -522,6 +522,90 @@ func TestTraceOfAPayoutJobIsLinkedToItsRequest(t *testing.T) {
 	wantAttrs(t, call, map[string]string{"processor.downstream_key": ts.payoutDownstreamKey(t, attr(job, "payout.id"))})
 }
 
+// wantLinkedRoot checks that span is the root of a trace of its own,
+// linked once, to the span want of trace id.
+func wantLinkedRoot(t testing.TB, span, want sdktrace.ReadOnlySpan, id trace.TraceID) {
+	t.Helper()
+	if span.SpanContext().TraceID() == id || span.Parent().IsValid() {
+		t.Errorf("span %q is in trace %s with parent %v; want a root of a trace of its own", span.Name(), span.SpanContext().TraceID(), span.Parent())
+	}
+	if links := span.Links(); len(links) != 1 || links[0].SpanContext.TraceID() != id || links[0].SpanContext.SpanID() != want.SpanContext().SpanID() {
+		t.Errorf("span %q's links %+v; want one, to %q %s of trace %s", span.Name(), links, want.Name(), want.SpanContext().SpanID(), id)
+	}
+}
+
+// The reconciler resumes a charge its client left (the flaky card's 503,
+// and no retry): its trace is its own, and links to the request that
+// claimed the key, whose traceparent the claim stored. Without the link
+// the resumption's spans would not even reach the test's recorder, which
+// follows links from the request's trace.
+func TestTraceOfAReconcilerResumeIsLinkedToItsRequest(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	o := ts.newOrder(t, "sk_test_acme", 1500)
+	tp, id, rec := newTrace(t)
+	res := ts.do(t, traced(chargeRequest(o.ID, "traced-reconciled", "pm_card_flaky"), tp))
+	if res.Status != http.StatusServiceUnavailable {
+		t.Fatalf("charge: %d %s; want the flaky card's 503", res.Status, res.Body)
+	}
+	request := waitForSpans(t, rec, chargeRoute).root(t)
+	var stored string
+	if err := ts.db.QueryRow(context.Background(),
+		`SELECT traceparent FROM idempotency_keys WHERE key = 'traced-reconciled'`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("00-%s-%s-01", id, request.SpanContext().SpanID()); stored != want {
+		t.Errorf("the record's traceparent is %q; want the request span's %q", stored, want)
+	}
+	// The client does not come back: make the record due for the
+	// reconciler now rather than after the grace left for that client.
+	if _, err := ts.db.Exec(context.Background(),
+		`UPDATE idempotency_keys SET next_attempt_at = now() WHERE key = 'traced-reconciled'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := ts.reconciler(t, time.Second).RunOnce(context.Background()); err != nil || n != 1 {
+		t.Fatalf("the reconciler claimed %d records (%v); want 1", n, err)
+	}
+	// RunOnce returns after the resumption's span has ended.
+	spans := spanTree(rec.Ended())
+	resume := spans.one(t, "reconciler resume")
+	wantLinkedRoot(t, resume, request, id)
+	wantAttrs(t, resume, map[string]string{
+		"idempotency.operation": "createCharge", "idempotency.key_hash": idempotency.KeyHash("acme", "traced-reconciled"),
+		"idempotency.recovery_point": "charge_created",
+	})
+	call := spans.named("processor charges")
+	if len(call) != 2 {
+		t.Fatalf("%d processor calls; want the request's and the reconciler's: %s", len(call), spans)
+	}
+	wantChild(t, call[1], resume)
+}
+
+// The relay's deliveries of a charge's events are traces of their own,
+// each linked to the phase that wrote its event, in the request's trace.
+func TestTraceOfARelayDeliveryIsLinkedToItsRequest(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	o := ts.newOrder(t, "sk_test_acme", 1500)
+	tp, id, rec := newTrace(t)
+	if res := ts.do(t, traced(chargeRequest(o.ID, "traced-delivered", "pm_card_visa"), tp)); res.Status != http.StatusCreated {
+		t.Fatalf("charge: %d %s", res.Status, res.Body)
+	}
+	final := waitForSpans(t, rec, chargeRoute).one(t, "phase charge_created")
+	drain(t, ts.db, ts.relay(t))
+	spans := spanTree(rec.Ended())
+	deliveries := spans.named("relay delivery")
+	if len(deliveries) != 2 {
+		t.Fatalf("%d deliveries traced; want 2 (charge.succeeded, order.paid): %s", len(deliveries), spans)
+	}
+	for _, d := range deliveries {
+		wantLinkedRoot(t, d, final, id)
+	}
+	if deliveries[0].SpanContext().TraceID() == deliveries[1].SpanContext().TraceID() {
+		t.Error("two deliveries share a trace; want one each")
+	}
+}
+
 // With tracing on, every request is traced, whether or not its client
 // sent a traceparent: its log line names its trace, which is recorded.
 func TestRequestWithoutTraceparentIsTracedWhenTracingIsOn(t *testing.T) {
