@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5/pgconn"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -579,6 +581,33 @@ func TestTraceOfAReconcilerResumeIsLinkedToItsRequest(t *testing.T) {
 		t.Fatalf("%d processor calls; want the request's and the reconciler's: %s", len(call), spans)
 	}
 	wantChild(t, call[1], resume)
+}
+
+// The stored trace context is bounded by the schema, whatever writes it:
+// the version-00 traceparent the SDK renders (55 characters, lower-case
+// hex), nothing longer or looser.
+func TestStoredTraceparentIsBounded(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	ts.paidCharge(t, 700) // a key record and two events
+	good := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	for _, table := range []string{"idempotency_keys", "events"} {
+		if _, err := ts.db.Exec(context.Background(), `UPDATE `+table+` SET traceparent = $1`, good); err != nil {
+			t.Errorf("%s: a valid traceparent refused: %v", table, err)
+		}
+		for _, bad := range []string{
+			good + "-extra",
+			strings.ToUpper(good),
+			"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+			"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+		} {
+			_, err := ts.db.Exec(context.Background(), `UPDATE `+table+` SET traceparent = $1`, bad)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "23514" { // check_violation
+				t.Errorf("%s: traceparent %q stored (%v); want a check violation", table, bad, err)
+			}
+		}
+	}
 }
 
 // The relay's deliveries of a charge's events are traces of their own,
