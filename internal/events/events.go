@@ -61,7 +61,7 @@ func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map
 	}
 	return queries.InsertEvent(ctx, tx, dbsqlc.InsertEventParams{
 		CallerID: callerID, ID: postgres.NewID(postgres.PrefixEvent), Type: eventType, Data: b,
-		Traceparent: traceparentOf(ctx),
+		Traceparent: postgres.Traceparent(ctx),
 	})
 }
 

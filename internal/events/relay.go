@@ -152,7 +152,7 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 	// after the request that caused it, perhaps many times. It links to
 	// the work that wrote the event (its stored traceparent), when that
 	// was traced.
-	ctx, span := tracer.Start(ctx, "relay delivery", append(linkTo(ev.Traceparent),
+	ctx, span := tracer.Start(ctx, "relay delivery", append(postgres.LinkTo(ev.Traceparent),
 		trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attribute.String("event.id", ev.ID), attribute.String("event.type", ev.Type),
 			attribute.Int("event.delivery_attempt", int(ev.DeliveryAttempts))))...)
@@ -192,36 +192,4 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 
 func (r *Relay) backoff(attempts int32) time.Duration {
 	return retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, int(attempts))
-}
-
-// traceparentOf is the W3C trace context of ctx's span, stored with an
-// event for its deliveries to link to; nil unless the span is one this
-// process records. So with tracing off nothing is stored or computed, and
-// what is stored is the SDK's rendering of its own span, never a client's
-// header. (internal/idempotency keeps the same pair of helpers for its
-// records; neither package imports the other.)
-func traceparentOf(ctx context.Context) *string {
-	if !trace.SpanFromContext(ctx).IsRecording() {
-		return nil
-	}
-	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(ctx, carrier)
-	tp := carrier["traceparent"]
-	if len(tp) != 55 { // "00-" + 32 + "-" + 16 + "-" + 2: what the column's CHECK accepts
-		return nil
-	}
-	return &tp
-}
-
-// linkTo is the start option linking a span to the stored traceparent tp,
-// or nothing when none was stored (or it does not parse).
-func linkTo(tp *string) []trace.SpanStartOption {
-	if tp == nil {
-		return nil
-	}
-	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": *tp})
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		return nil
-	}
-	return []trace.SpanStartOption{trace.WithLinks(trace.LinkFromContext(ctx))}
 }

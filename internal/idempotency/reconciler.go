@@ -167,7 +167,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	// as its parent would stretch that request's trace over the hour;
 	// instead it links to the request that started the operation (its
 	// traceparent, stored by the claim), when that request was traced.
-	ctx, span := tracer.Start(ctx, "reconciler resume", append(linkTo(rec.Traceparent),
+	ctx, span := tracer.Start(ctx, "reconciler resume", append(postgres.LinkTo(&rec.Traceparent),
 		trace.WithNewRoot(), trace.WithAttributes(
 			attrOperation.String(rec.Operation), attrKeyHash.String(KeyHash(rec.CallerID, rec.Key)),
 			attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint))))...)

@@ -511,7 +511,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	// learning that it owns the key, leaving it leased to nobody.
 	// The request's own span, not the claim's, is what a later resumption
 	// links to: a reader lands on the whole request.
-	traceparent := traceparentOf(ctx)
+	traceparent := postgres.Traceparent(ctx)
 	observed, span := startClaim(ctx, req)
 	defer span.End()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(observed), cleanupTimeout)

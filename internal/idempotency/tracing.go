@@ -8,7 +8,6 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -100,39 +99,3 @@ func endWithError(span trace.Span, err error) {
 // traceparent, there is no trace, and no span is started at all: the
 // no-op tracer would still allocate a context and a span for each.
 func inTrace(ctx context.Context) bool { return trace.SpanContextFromContext(ctx).IsValid() }
-
-// traceparentOf is the W3C trace context of ctx's span, stored with a new
-// record so that the reconciler's resumption, long after, can link to the
-// request that started the operation. It is nil unless the span is one
-// this process records: with tracing off (or the request not sampled)
-// nothing is stored and nothing is computed, and what is stored is always
-// the SDK's own rendering of a span context, never a client's header.
-func traceparentOf(ctx context.Context) *string {
-	if !trace.SpanFromContext(ctx).IsRecording() {
-		return nil
-	}
-	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(ctx, carrier)
-	tp := carrier["traceparent"]
-	if len(tp) != traceparentLen {
-		return nil // not the version-00 form the column's CHECK accepts
-	}
-	return &tp
-}
-
-// traceparentLen is the length of a version-00 W3C traceparent:
-// "00-" + 32 hex digits + "-" + 16 hex digits + "-" + 2 hex digits.
-const traceparentLen = 55
-
-// linkTo is the start option linking a span to the stored traceparent tp,
-// or nothing when none was stored (or it does not parse).
-func linkTo(tp string) []trace.SpanStartOption {
-	if tp == "" {
-		return nil
-	}
-	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		return nil
-	}
-	return []trace.SpanStartOption{trace.WithLinks(trace.LinkFromContext(ctx))}
-}
