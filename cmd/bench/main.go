@@ -36,7 +36,14 @@
 // The database is BENCH_DATABASE_URL (default: a payments_bench database on
 // the local PostgreSQL), created, migrated and emptied by the run; the
 // servers and the bare hops open it with the same pool settings (the
-// default's pool_max_conns=20).
+// default's pool_max_conns is the number of workers, -c: a worker waits
+// for its answer before it sends again, so no pool ever needs more, and
+// five pools of 20, the service's own default, would take all of a
+// default PostgreSQL's 100 connections).
+//
+// With -tracing the service records every span and exports it over
+// OTLP/HTTP to a receiver in this process, which counts them (otlp.go);
+// without it the service runs as it does by default, with tracing off.
 package main
 
 import (
@@ -77,6 +84,7 @@ var (
 	serverBin   = flag.String("server", "", "the server binary (default: built by the run)")
 	bareAddr    = flag.String("bare-serve", "", "serve the bare hop on this address and nothing else (the run starts this itself)")
 	bareCache   = flag.Int("bare-cache", 0, "with -bare-serve: keep this many answers for replays (0: none)")
+	tracing     = flag.Bool("tracing", false, "run the service with tracing on: every span sampled and exported over OTLP/HTTP to a receiver in this process (otlp.go)")
 )
 
 var queries = dbsqlc.New()
@@ -263,7 +271,7 @@ func summarize(p phase, lat []time.Duration, elapsed time.Duration, used cpuUsag
 func run(ctx context.Context) error {
 	dbURL := os.Getenv("BENCH_DATABASE_URL")
 	if dbURL == "" {
-		dbURL = "postgres://postgres@127.0.0.1:5432/payments_bench?sslmode=disable&pool_max_conns=20"
+		dbURL = "postgres://postgres@127.0.0.1:5432/payments_bench?sslmode=disable&pool_max_conns=" + strconv.Itoa(*concurrency)
 	}
 	pool, err := postgres.Open(ctx, dbURL, true)
 	if err != nil {
@@ -280,7 +288,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	cpu = newMeter(pool)
-	fmt.Printf("bench: %d workers, %s per phase, database %s\n\n", *concurrency, *duration, postgres.Redact(dbURL))
+	fmt.Printf("bench: %d workers, %s per phase, database %s, service tracing %s\n\n", *concurrency, *duration, postgres.Redact(dbURL), map[bool]string{false: "off", true: "on (every span exported)"}[*tracing])
 
 	// 1. The floor: the service's statements, straight through pgx.
 	body := []byte(`{"amount":1999,"currency":"usd","description":"Tea"}`)
@@ -322,12 +330,21 @@ func run(ctx context.Context) error {
 	// on a replica that has not seen the key. And the bare hop (bare.go),
 	// twice likewise: with the service's default replay cache (10,000
 	// answers) and without.
-	svc, err := startServer(ctx, dbURL)
+	var traceEnv []string
+	if *tracing {
+		receiver, err := startOTLPReceiver()
+		if err != nil {
+			return err
+		}
+		defer receiver.report()
+		traceEnv = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + receiver.url, "OTEL_TRACES_SAMPLER=always_on"}
+	}
+	svc, err := startServer(ctx, dbURL, traceEnv...)
 	if err != nil {
 		return err
 	}
 	defer svc.stop()
-	svcNoCache, err := startServer(ctx, dbURL, "IDEMPOTENCY_REPLAY_CACHE_SIZE=0")
+	svcNoCache, err := startServer(ctx, dbURL, append(traceEnv, "IDEMPOTENCY_REPLAY_CACHE_SIZE=0")...)
 	if err != nil {
 		return err
 	}
@@ -573,13 +590,20 @@ func startServer(ctx context.Context, dbURL string, env ...string) (child, error
 	}
 	return startChild(ctx, dbURL, func(addr string) *exec.Cmd {
 		cmd := exec.CommandContext(ctx, bin)
-		cmd.Env = append(append(os.Environ(), "HTTP_ADDR="+addr, "RECONCILER_ENABLED=false",
+		cmd.Env = append(append(serverEnviron(), "HTTP_ADDR="+addr, "RECONCILER_ENABLED=false",
 			"RELAY_ENABLED=false", "PAYOUT_WORKERS=0", "LOG_FORMAT=json",
 			// The benchmark's callers are the demo callers, and a benchmark
 			// measures the service, not the callers' rate limits: off.
 			"SEED_DEMO_CALLERS=true", "RATE_LIMIT_PER_SECOND=0"), env...)
 		return cmd
 	})
+}
+
+// serverEnviron is this process's environment without the OpenTelemetry
+// variables: the service's tracing is what -tracing says, never what the
+// shell running the bench happened to export.
+func serverEnviron() []string {
+	return slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "OTEL_") })
 }
 
 // startBare runs the bare hop (bare.go): this binary again, in its

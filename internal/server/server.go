@@ -115,7 +115,6 @@ func New(d Deps) (http.Handler, error) {
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
 	e.Use(middleware.Recover())
-	e.Use(s.trace)
 	e.Use(s.observe)
 	e.Use(s.boundHeaders)
 	e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
@@ -158,8 +157,8 @@ func decodeJSON(b []byte, v any) error { return json.Unmarshal(b, v) }
 // left the key untouched.
 const outcomeHeader = "Idempotency-Outcome"
 
-// observe is the outermost middleware but Recover and trace: it names the request
-// (X-Request-Id, the client's if it sent a sane one, else a new one, and
+// observe is the outermost middleware but Recover: it starts the request's
+// span (startSpan), names the request (X-Request-Id, the client's if it sent a sane one, else a new one, and
 // returned either way), tells a keyed request's client what its claim
 // found (outcomeHeader), and once the answer is written it counts it
 // (metrics) and logs one line: the request id, the caller, the route, the
@@ -172,6 +171,9 @@ const outcomeHeader = "Idempotency-Outcome"
 func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
+		if span := s.startSpan(c); span != nil {
+			defer endSpan(c, span) // after the log line, which names the span
+		}
 		req := c.Request()
 		id := requestIDFromClient(req.Header.Get(requestIDHeader))
 		c.Response().Header().Set(requestIDHeader, id)
