@@ -42,6 +42,9 @@ type Record struct {
 	// the key, when it was traced ("" otherwise): the reconciler's trace
 	// links to it.
 	Traceparent string
+	// Awaited is whether a duplicate has marked the record as waited for,
+	// so that its completion notifies (wait.go). Once set it stays set.
+	Awaited bool
 }
 
 // Status is where a record stands.
@@ -62,7 +65,7 @@ func recordOf(r dbsqlc.IdempotencyKey) Record {
 		ResponseStatus: r.ResponseStatus, ResponseHeaders: r.ResponseHeaders, ResponseBody: r.ResponseBody,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
 		NextAttemptAt: r.NextAttemptAt, ReconcilerAttempts: r.ReconcilerAttempts,
-		Traceparent: deref(r.Traceparent),
+		Traceparent: deref(r.Traceparent), Awaited: r.Awaited,
 	}
 }
 
@@ -81,7 +84,7 @@ func recordFromClaim(r dbsqlc.ClaimIdempotencyKeyRow) Record {
 		ResponseStatus: r.ResponseStatus, ResponseHeaders: r.ResponseHeaders, ResponseBody: r.ResponseBody,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
 		NextAttemptAt: r.NextAttemptAt, ReconcilerAttempts: r.ReconcilerAttempts, Operation: r.Operation,
-		Traceparent: r.Traceparent,
+		Traceparent: r.Traceparent, Awaited: r.Awaited,
 	})
 }
 

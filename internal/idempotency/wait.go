@@ -17,14 +17,16 @@ import (
 // response the moment it is stored.
 //
 // Waiting holds no database connection. The waiter registers with the
-// process's Listener, marks the record awaited (from then on the record's
-// completion NOTIFYs, migration 0021), and reads the record again: a
+// process's Listener, marks the record awaited unless the claim found it
+// marked already (from then on the record's completion NOTIFYs, migration
+// 0021), and reads the record again: a
 // completion that committed before the mark is found by that read, one
 // that commits after it is notified. Then it sleeps until it is woken, or
 // until the lease could lapse (an owner that died notifies nobody), or a
 // slow timer (a lost notification), or its deadline; and on each wake it
 // runs the claim again, which answers in every case the claim answers:
-// the stored response, a takeover, a 422, or still busy.
+// the stored response, a takeover, a 422, or still busy; or, when the
+// answer is already in this process's replay cache, answers from there.
 
 // recheckEvery is the slow timer: how long a waiter trusts that a
 // notification will come before it looks for itself.
@@ -41,7 +43,14 @@ func (s *Store) waitForOriginal(ctx context.Context, req Request, h Handler, bus
 	defer func() { metrics.IdempotencyWaitSeconds.Observe(time.Since(started).Seconds()) }()
 	for {
 		wake, stop := s.waiters.watch(busy.rec.CallerID, busy.rec.ID)
-		s.await(ctx, busy.rec)
+		// The mark is one write per record, not per waiter: a record that
+		// was already marked when the claim read it notifies from then on
+		// (the flag is never cleared), and a storm of duplicates of one
+		// key would otherwise queue an UPDATE each on its row, behind the
+		// owner's transaction, each holding a connection meanwhile.
+		if !busy.rec.Awaited {
+			s.await(ctx, busy.rec)
+		}
 		lease, resp, err := s.claim(ctx, req)
 		if lease != nil {
 			stop()
@@ -71,6 +80,13 @@ func (s *Store) waitForOriginal(ctx context.Context, req Request, h Handler, bus
 		stop()
 		if ctx.Err() != nil {
 			return nil, again // the client is gone: nobody to answer
+		}
+		// An owner in this process puts its answer in the replay cache as
+		// soon as it has committed it: a waiter woken then needs no claim.
+		// (Woken before the owner got there, or by an owner on another
+		// replica, it claims, as below.)
+		if cached, ok := s.replays.get(req.CallerID, req.Key); ok {
+			return replayCached(ctx, req, cached)
 		}
 		busy = again
 	}
