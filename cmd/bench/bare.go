@@ -5,14 +5,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"os"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/apigen"
@@ -34,8 +32,9 @@ import (
 // For POST /v1/orders with an Idempotency-Key it runs literally the
 // service's statements (the generated internal/dbsqlc queries, on a
 // pgxpool opened from the same DATABASE_URL, so with the same pool size):
-// the claim; then, in one transaction (postgres.Transact, as the service),
-// the order insert and the fenced completion of the record, storing the
+// the claim; then, in one transaction (postgres.TransactPipelined, as the
+// service's phase: BEGIN with the insert, COMMIT with the completion, three
+// round trips in all), the order insert and the fenced completion of the record, storing the
 // order's JSON (apigen.Order, the service's own body) and its headers. A
 // claim that finds a completed record answers with its stored body. With
 // -bare-cache N it keeps the last N answers in an LRU, as the service's
@@ -139,7 +138,7 @@ func (b *bare) createOrder(w http.ResponseWriter, r *http.Request) {
 
 	var resp []byte
 	var location string
-	err = postgres.Transact(ctx, b.pool, func(tx pgx.Tx) error {
+	err = postgres.TransactPipelined(ctx, b.pool, func(tx *postgres.PipelinedTx) error {
 		o, err := queries.CreateOrder(ctx, tx, dbsqlc.CreateOrderParams{
 			CallerID: bareCaller, ID: postgres.NewID(postgres.PrefixOrder), Amount: in.Amount, Currency: in.Currency, Description: in.Description,
 		})
@@ -154,16 +153,12 @@ func (b *bare) createOrder(w http.ResponseWriter, r *http.Request) {
 		}
 		location = "/v1/orders/" + o.ID
 		status := int32(http.StatusCreated)
-		n, err := queries.CompleteIdempotencyKey(ctx, tx, dbsqlc.CompleteIdempotencyKeyParams{
+		return queries.CompleteIdempotencyKey(ctx, tx.ThenCommit(), dbsqlc.CompleteIdempotencyKeyParams{
 			ResponseStatus:  &status,
 			ResponseHeaders: []byte(`{"Content-Type":["application/json"],"Location":["` + location + `"]}`),
 			ResponseBody:    resp,
 			CallerID:        bareCaller, ID: row.ID, Attempt: row.Attempt,
 		})
-		if err == nil && n != 1 {
-			err = errors.New("lease lost")
-		}
-		return err
 	})
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)

@@ -3,7 +3,8 @@
 //
 //  1. the floor: the statements the service runs for a keyed order create
 //     (the claim; then, in one transaction, the order insert and the
-//     record's completion), and for a replay (the claim finding a completed
+//     record's completion, BEGIN sent with the first and COMMIT with the
+//     second, as the service's phase does), and for a replay (the claim finding a completed
 //     key), issued straight through pgx, with no HTTP;
 //  2. the service over HTTP (the real server binary, its in-process fake
 //     processor answering at once): keyed creates, replays, a storm of
@@ -68,7 +69,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/valyala/fasthttp"
 
@@ -307,21 +307,19 @@ func run(ctx context.Context) error {
 		if !row.Claimed {
 			return fmt.Errorf("key %s was not new", key)
 		}
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// As the service's phase: BEGIN with the insert, the fenced
+		// completion with COMMIT (postgres.TransactPipelined).
+		return postgres.TransactPipelined(ctx, pool, func(tx *postgres.PipelinedTx) error {
 			o, err := queries.CreateOrder(ctx, tx, dbsqlc.CreateOrderParams{CallerID: "acme", ID: postgres.NewID(postgres.PrefixOrder), Amount: 1999, Currency: "usd"})
 			if err != nil {
 				return err
 			}
 			resp, _ := json.Marshal(o)
 			status := int32(201)
-			n, err := queries.CompleteIdempotencyKey(ctx, tx, dbsqlc.CompleteIdempotencyKeyParams{
+			return queries.CompleteIdempotencyKey(ctx, tx.ThenCommit(), dbsqlc.CompleteIdempotencyKeyParams{
 				ResponseStatus: &status, ResponseHeaders: []byte(`{"Content-Type":["application/json"]}`), ResponseBody: resp,
 				CallerID: "acme", ID: row.ID, Attempt: row.Attempt,
 			})
-			if err == nil && n != 1 {
-				err = errors.New("record not completed")
-			}
-			return err
 		})
 	}
 

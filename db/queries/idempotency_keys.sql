@@ -71,40 +71,51 @@ WHERE caller_id = @caller_id
   AND locked_until <= now()
 RETURNING *;
 
--- name: SetRecoveryPoint :execrows
--- Record that a phase finished. Fenced: zero rows means this owner no longer
--- holds the lease (a newer attempt took over, or the lease ran out and
--- anyone may), and the caller must roll back the phase and stop. The lease
--- is checked against clock_timestamp(), the time of this write, not now(),
--- which inside a transaction is the time the transaction began.
-UPDATE idempotency_keys
-SET recovery_point = @recovery_point,
-    updated_at     = now()
-WHERE caller_id = @caller_id
-  AND id = @id
-  AND attempt = @attempt
-  AND status = 'in_progress'
-  AND locked_until > clock_timestamp();
+-- name: SetRecoveryPoint :exec
+-- Record that a phase finished. Fenced: if this owner no longer holds the
+-- lease (a newer attempt took over, or the lease ran out and anyone may),
+-- the statement fails with SQLSTATE RS001 (migration 0023) and the phase
+-- rolls back: it is sent with the phase's COMMIT, so matching no row would
+-- not be enough to stop it. The lease is checked against clock_timestamp(),
+-- the time of this write, not now(), which inside a transaction is the time
+-- the transaction began.
+WITH moved AS (
+    UPDATE idempotency_keys
+    SET recovery_point = @recovery_point,
+        updated_at     = now()
+    WHERE caller_id = @caller_id
+      AND id = @id
+      AND attempt = @attempt
+      AND status = 'in_progress'
+      AND locked_until > clock_timestamp()
+    RETURNING id
+)
+SELECT idempotency_lease_lost() WHERE NOT EXISTS (SELECT 1 FROM moved);
 
--- name: CompleteIdempotencyKey :execrows
--- Store the final response and release the lease. Fenced like SetRecoveryPoint.
--- An owner that finishes after its lease ran out is refused even if nobody
--- took over yet: its work rolls back, and the next owner redoes it from the
--- recovery point. Only a live lease may write.
-UPDATE idempotency_keys
-SET status           = 'completed',
-    recovery_point   = 'finished',
-    response_status  = @response_status,
-    response_headers = @response_headers,
-    response_body    = @response_body,
-    locked_until     = NULL,
-    completed_at     = now(),
-    updated_at       = now()
-WHERE caller_id = @caller_id
-  AND id = @id
-  AND attempt = @attempt
-  AND status = 'in_progress'
-  AND locked_until > clock_timestamp();
+-- name: CompleteIdempotencyKey :exec
+-- Store the final response and release the lease. Fenced like
+-- SetRecoveryPoint, failing with RS001 when the fence is lost. An owner
+-- that finishes after its lease ran out is refused even if nobody took over
+-- yet: its work rolls back, and the next owner redoes it from the recovery
+-- point. Only a live lease may write.
+WITH completed AS (
+    UPDATE idempotency_keys
+    SET status           = 'completed',
+        recovery_point   = 'finished',
+        response_status  = @response_status,
+        response_headers = @response_headers,
+        response_body    = @response_body,
+        locked_until     = NULL,
+        completed_at     = now(),
+        updated_at       = now()
+    WHERE caller_id = @caller_id
+      AND id = @id
+      AND attempt = @attempt
+      AND status = 'in_progress'
+      AND locked_until > clock_timestamp()
+    RETURNING id
+)
+SELECT idempotency_lease_lost() WHERE NOT EXISTS (SELECT 1 FROM completed);
 
 -- name: RenewIdempotencyKeyLease :execrows
 -- The owner's heartbeat: the lease runs for another lease from now. Fenced

@@ -19,22 +19,40 @@ import (
 // Benchmarks of the hot path through HTTP against the real database. Run
 // them with `make bench-go`; docs/benchmarks.md records the figures. Besides
 // time per request they report the SQL statements the server sent per
-// request (statements/op), counted by a pgx tracer on the server's pool:
-// the structural cost that time figures on a shared machine blur.
+// request (statements/op) and the round trips they took (roundtrips/op),
+// counted by a pgx tracer on the server's pool: the structural cost that
+// time figures on a shared machine blur.
 //
-//	keyed create: claim (1) + BEGIN, INSERT order, UPDATE record, COMMIT (4) = 5
-//	replay:       claim (1), which reads the completed record          = 1
+//	keyed create: claim (1) + BEGIN, INSERT order (1 trip) + UPDATE record, COMMIT (1 trip)
+//	              = 5 statements in 3 round trips
+//	replay:       claim (1), which reads the completed record = 1 in 1
 //	auth:         0 (known keys are cached)
+//
+// (A batch is one round trip; the first time a connection meets one of its
+// statements, pgx prepares it on one more, which a long run amortises.)
 
-// statementCounter counts every statement the server's pool sends.
-type statementCounter struct{ n atomic.Int64 }
+// statementCounter counts every statement the server's pool sends, and
+// the round trips: a statement sent alone is one, a batch is one.
+type statementCounter struct{ n, trips atomic.Int64 }
 
 func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	c.n.Add(1)
+	c.trips.Add(1)
 	return ctx
 }
 
 func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.trips.Add(1)
+	return ctx
+}
+
+func (c *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.n.Add(1)
+}
+
+func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func benchServer(b *testing.B, opts ...func(*serverOptions)) (*testServer, *statementCounter) {
 	// BENCH_TRACING=on measures the cost of tracing: every span recorded
@@ -67,15 +85,22 @@ func benchServer(b *testing.B, opts ...func(*serverOptions)) (*testServer, *stat
 	return ts, counter
 }
 
-func report(b *testing.B, counter *statementCounter, before int64) {
-	b.ReportMetric(float64(counter.n.Load()-before)/float64(b.N), "statements/op")
+// counts is what a statementCounter has counted so far.
+type counts struct{ statements, trips int64 }
+
+func (c *statementCounter) load() counts { return counts{c.n.Load(), c.trips.Load()} }
+
+func report(b *testing.B, counter *statementCounter, before counts) {
+	now := counter.load()
+	b.ReportMetric(float64(now.statements-before.statements)/float64(b.N), "statements/op")
+	b.ReportMetric(float64(now.trips-before.trips)/float64(b.N), "roundtrips/op")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 }
 
 // BenchmarkCreateOrderKeyed: a new key per request, one request at a time.
 func BenchmarkCreateOrderKeyed(b *testing.B) {
 	ts, counter := benchServer(b)
-	before := counter.n.Load()
+	before := counter.load()
 	i := 0
 	for b.Loop() {
 		i++
@@ -89,7 +114,7 @@ func BenchmarkCreateOrderKeyed(b *testing.B) {
 // BenchmarkCreateOrderKeyedParallel: new keys from many concurrent clients.
 func BenchmarkCreateOrderKeyedParallel(b *testing.B) {
 	ts, counter := benchServer(b)
-	before := counter.n.Load()
+	before := counter.load()
 	var next atomic.Int64
 	b.SetParallelism(8)
 	b.RunParallel(func(pb *testing.PB) {
@@ -126,7 +151,7 @@ var noReplayCache = withConfig(func(c *config.Server) { c.ReplayCacheSize = 0 })
 
 func benchReplay(b *testing.B, opts ...func(*serverOptions)) {
 	ts, counter := benchServer(b, opts...)
-	before := counter.n.Load()
+	before := counter.load()
 	for b.Loop() {
 		if res := ts.createOrder(b, "warm-up", teaOrder); res.Header.Get("Idempotent-Replayed") != "true" {
 			b.Fatalf("not a replay: %d %s", res.Status, res.Body)
@@ -137,7 +162,7 @@ func benchReplay(b *testing.B, opts ...func(*serverOptions)) {
 
 func benchReplayParallel(b *testing.B, opts ...func(*serverOptions)) {
 	ts, counter := benchServer(b, opts...)
-	before := counter.n.Load()
+	before := counter.load()
 	b.SetParallelism(8)
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

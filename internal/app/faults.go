@@ -38,8 +38,8 @@ const (
 	// AfterProcessorCall: the processor answered (the card is charged, or
 	// refunded); nothing of its answer is recorded.
 	AfterProcessorCall = "after_processor_call"
-	// BeforeFinalCommit: the final phase's writes are done but not
-	// committed.
+	// BeforeFinalCommit: the final phase's own writes are done, and
+	// neither the record's completion nor the commit is sent.
 	BeforeFinalCommit = "before_final_commit"
 )
 

@@ -296,21 +296,25 @@ func (q *Queries) ClaimStaleIdempotencyKeys(ctx context.Context, db DBTX, arg Cl
 	return items, nil
 }
 
-const completeIdempotencyKey = `-- name: CompleteIdempotencyKey :execrows
-UPDATE idempotency_keys
-SET status           = 'completed',
-    recovery_point   = 'finished',
-    response_status  = $1,
-    response_headers = $2,
-    response_body    = $3,
-    locked_until     = NULL,
-    completed_at     = now(),
-    updated_at       = now()
-WHERE caller_id = $4
-  AND id = $5
-  AND attempt = $6
-  AND status = 'in_progress'
-  AND locked_until > clock_timestamp()
+const completeIdempotencyKey = `-- name: CompleteIdempotencyKey :exec
+WITH completed AS (
+    UPDATE idempotency_keys
+    SET status           = 'completed',
+        recovery_point   = 'finished',
+        response_status  = $1,
+        response_headers = $2,
+        response_body    = $3,
+        locked_until     = NULL,
+        completed_at     = now(),
+        updated_at       = now()
+    WHERE caller_id = $4
+      AND id = $5
+      AND attempt = $6
+      AND status = 'in_progress'
+      AND locked_until > clock_timestamp()
+    RETURNING id
+)
+SELECT idempotency_lease_lost() WHERE NOT EXISTS (SELECT 1 FROM completed)
 `
 
 type CompleteIdempotencyKeyParams struct {
@@ -322,12 +326,13 @@ type CompleteIdempotencyKeyParams struct {
 	Attempt         int32
 }
 
-// Store the final response and release the lease. Fenced like SetRecoveryPoint.
-// An owner that finishes after its lease ran out is refused even if nobody
-// took over yet: its work rolls back, and the next owner redoes it from the
-// recovery point. Only a live lease may write.
-func (q *Queries) CompleteIdempotencyKey(ctx context.Context, db DBTX, arg CompleteIdempotencyKeyParams) (int64, error) {
-	result, err := db.Exec(ctx, completeIdempotencyKey,
+// Store the final response and release the lease. Fenced like
+// SetRecoveryPoint, failing with RS001 when the fence is lost. An owner
+// that finishes after its lease ran out is refused even if nobody took over
+// yet: its work rolls back, and the next owner redoes it from the recovery
+// point. Only a live lease may write.
+func (q *Queries) CompleteIdempotencyKey(ctx context.Context, db DBTX, arg CompleteIdempotencyKeyParams) error {
+	_, err := db.Exec(ctx, completeIdempotencyKey,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
@@ -335,10 +340,7 @@ func (q *Queries) CompleteIdempotencyKey(ctx context.Context, db DBTX, arg Compl
 		arg.ID,
 		arg.Attempt,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	return err
 }
 
 const getIdempotencyKey = `-- name: GetIdempotencyKey :one
@@ -583,15 +585,19 @@ func (q *Queries) RenewIdempotencyKeyLease(ctx context.Context, db DBTX, arg Ren
 	return result.RowsAffected(), nil
 }
 
-const setRecoveryPoint = `-- name: SetRecoveryPoint :execrows
-UPDATE idempotency_keys
-SET recovery_point = $1,
-    updated_at     = now()
-WHERE caller_id = $2
-  AND id = $3
-  AND attempt = $4
-  AND status = 'in_progress'
-  AND locked_until > clock_timestamp()
+const setRecoveryPoint = `-- name: SetRecoveryPoint :exec
+WITH moved AS (
+    UPDATE idempotency_keys
+    SET recovery_point = $1,
+        updated_at     = now()
+    WHERE caller_id = $2
+      AND id = $3
+      AND attempt = $4
+      AND status = 'in_progress'
+      AND locked_until > clock_timestamp()
+    RETURNING id
+)
+SELECT idempotency_lease_lost() WHERE NOT EXISTS (SELECT 1 FROM moved)
 `
 
 type SetRecoveryPointParams struct {
@@ -601,22 +607,21 @@ type SetRecoveryPointParams struct {
 	Attempt       int32
 }
 
-// Record that a phase finished. Fenced: zero rows means this owner no longer
-// holds the lease (a newer attempt took over, or the lease ran out and
-// anyone may), and the caller must roll back the phase and stop. The lease
-// is checked against clock_timestamp(), the time of this write, not now(),
-// which inside a transaction is the time the transaction began.
-func (q *Queries) SetRecoveryPoint(ctx context.Context, db DBTX, arg SetRecoveryPointParams) (int64, error) {
-	result, err := db.Exec(ctx, setRecoveryPoint,
+// Record that a phase finished. Fenced: if this owner no longer holds the
+// lease (a newer attempt took over, or the lease ran out and anyone may),
+// the statement fails with SQLSTATE RS001 (migration 0023) and the phase
+// rolls back: it is sent with the phase's COMMIT, so matching no row would
+// not be enough to stop it. The lease is checked against clock_timestamp(),
+// the time of this write, not now(), which inside a transaction is the time
+// the transaction began.
+func (q *Queries) SetRecoveryPoint(ctx context.Context, db DBTX, arg SetRecoveryPointParams) error {
+	_, err := db.Exec(ctx, setRecoveryPoint,
 		arg.RecoveryPoint,
 		arg.CallerID,
 		arg.ID,
 		arg.Attempt,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	return err
 }
 
 const takeOverIdempotencyKey = `-- name: TakeOverIdempotencyKey :one

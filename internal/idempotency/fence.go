@@ -14,6 +14,6 @@ import (
 // It is the one write that the build tag nofence replaces with an unfenced
 // one (fence_nofence.go): a planted bug, for internal/soak to show that
 // its history check catches a fenced-out owner that completes anyway.
-func completeRecord(ctx context.Context, tx dbsqlc.DBTX, arg dbsqlc.CompleteIdempotencyKeyParams) (int64, error) {
+func completeRecord(ctx context.Context, tx dbsqlc.DBTX, arg dbsqlc.CompleteIdempotencyKeyParams) error {
 	return queries.CompleteIdempotencyKey(ctx, tx, arg)
 }

@@ -14,13 +14,13 @@ import (
 // TestHistoryCheckFindsUnfencedCompletion in internal/soak: an owner that
 // stalled past its lease, and was taken over, then overwrites the answer
 // the new owner already gave. Never build a server with this tag.
-func completeRecord(ctx context.Context, tx dbsqlc.DBTX, arg dbsqlc.CompleteIdempotencyKeyParams) (int64, error) {
-	tag, err := tx.Exec(ctx, `
+func completeRecord(ctx context.Context, tx dbsqlc.DBTX, arg dbsqlc.CompleteIdempotencyKeyParams) error {
+	_, err := tx.Exec(ctx, `
 		UPDATE idempotency_keys
 		SET status = 'completed', recovery_point = 'finished',
 		    response_status = $1, response_headers = $2, response_body = $3,
 		    locked_until = NULL, completed_at = now(), updated_at = now()
 		WHERE caller_id = $4 AND id = $5`,
 		arg.ResponseStatus, arg.ResponseHeaders, arg.ResponseBody, arg.CallerID, arg.ID)
-	return tag.RowsAffected(), err
+	return err
 }

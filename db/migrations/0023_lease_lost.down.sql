@@ -1,0 +1,1 @@
+DROP FUNCTION idempotency_lease_lost();

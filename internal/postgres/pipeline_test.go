@@ -1,0 +1,266 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/internal/testdb"
+)
+
+// tripCounter counts what a pool sends: statements, and round trips (a
+// statement sent alone is one, a batch is one).
+type tripCounter struct{ statements, trips atomic.Int64 }
+
+func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.statements.Add(1)
+	c.trips.Add(1)
+	return ctx
+}
+func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.trips.Add(1)
+	return ctx
+}
+func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.statements.Add(1)
+}
+func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func (c *tripCounter) reset() { c.statements.Store(0); c.trips.Store(0) }
+
+// pipelineFixture is a database with a claimed idempotency key, whose
+// record a phase can complete, and a pool that counts its round trips.
+type pipelineFixture struct {
+	pool    *pgxpool.Pool
+	counter *tripCounter
+	key     dbsqlc.ClaimIdempotencyKeyRow
+}
+
+func newPipelineFixture(t *testing.T) *pipelineFixture {
+	t.Helper()
+	counter := &tripCounter{}
+	pool := testdb.Pool(t, testdb.New(t), func(c *pgxpool.Config) {
+		c.ConnConfig.Tracer = counter
+		c.MaxConns = 1 // one connection: the tests see what it was left in
+	})
+	if _, err := pool.Exec(context.Background(), `INSERT INTO callers (id, name, api_key_hash) VALUES ('acme', 'Acme', 'x')`); err != nil {
+		t.Fatal(err)
+	}
+	return &pipelineFixture{pool: pool, counter: counter, key: claim(t, pool, "k1")}
+}
+
+// phase runs a keyed create's phase as the service does: the order insert,
+// then the record's fenced completion under attempt, sent with COMMIT.
+func (f *pipelineFixture) phase(ctx context.Context, orderID string, attempt int32) error {
+	q := dbsqlc.New()
+	return postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
+		if _, err := q.CreateOrder(ctx, tx, dbsqlc.CreateOrderParams{CallerID: "acme", ID: orderID, Amount: 100, Currency: "usd"}); err != nil {
+			return err
+		}
+		status := int32(201)
+		return q.CompleteIdempotencyKey(ctx, tx.ThenCommit(), dbsqlc.CompleteIdempotencyKeyParams{
+			ResponseStatus: &status, ResponseHeaders: []byte(`{}`), ResponseBody: []byte(`{}`),
+			CallerID: "acme", ID: f.key.ID, Attempt: attempt,
+		})
+	})
+}
+
+func (f *pipelineFixture) orders(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// idle says whether the pool's one connection is outside any transaction.
+func (f *pipelineFixture) idle(t *testing.T) bool {
+	t.Helper()
+	conn, err := f.pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	return conn.Conn().PgConn().TxStatus() == 'I'
+}
+
+// A phase's four statements (BEGIN, the insert, the fenced completion,
+// COMMIT) take two round trips, and commit together.
+func TestPipelinedPhaseTakesTwoRoundTrips(t *testing.T) {
+	t.Parallel()
+	f := newPipelineFixture(t)
+	ctx := context.Background()
+	// A first phase on the connection prepares its statements (pgx's
+	// statement cache): run one, then count the next.
+	if err := f.phase(ctx, "ord_1", f.key.Attempt); err != nil {
+		t.Fatal(err)
+	}
+	f.key = claim(t, f.pool, "k2")
+	f.counter.reset()
+	if err := f.phase(ctx, "ord_2", f.key.Attempt); err != nil {
+		t.Fatal(err)
+	}
+	if s, trips := f.counter.statements.Load(), f.counter.trips.Load(); s != 4 || trips != 2 {
+		t.Errorf("a phase sent %d statements in %d round trips, want 4 in 2", s, trips)
+	}
+	if n := f.orders(t); n != 2 {
+		t.Errorf("%d orders committed, want 2", n)
+	}
+	var status string
+	if err := f.pool.QueryRow(ctx, `SELECT status FROM idempotency_keys WHERE id = $1`, f.key.ID).Scan(&status); err != nil || status != "completed" {
+		t.Errorf("record: %q, %v; want completed", status, err)
+	}
+	if !f.idle(t) {
+		t.Error("the connection went back to the pool inside a transaction")
+	}
+}
+
+// The point of the fence raising an error: a completion that has lost its
+// fence is sent with COMMIT, and must stop it. The order inserted before it
+// must not commit, and the error says the lease was lost.
+func TestPipelinedPhaseThatLostItsFenceCommitsNothing(t *testing.T) {
+	t.Parallel()
+	f := newPipelineFixture(t)
+	ctx := context.Background()
+	err := f.phase(ctx, "ord_1", f.key.Attempt+1) // as a fenced-out owner: another attempt's
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "RS001" {
+		t.Fatalf("a completion under a lost fence: %v; want SQLSTATE RS001", err)
+	}
+	if n := f.orders(t); n != 0 {
+		t.Errorf("%d orders committed by a phase whose fence was lost, want 0", n)
+	}
+	if !f.idle(t) {
+		t.Error("the connection went back to the pool inside a transaction")
+	}
+	// The record is untouched, and its owner can still complete it.
+	if err := f.phase(ctx, "ord_2", f.key.Attempt); err != nil {
+		t.Fatalf("the owner's own completion afterwards: %v", err)
+	}
+	if n := f.orders(t); n != 1 {
+		t.Errorf("%d orders, want the owner's 1", n)
+	}
+}
+
+// So does a lease that ran out, with nobody else holding the record.
+func TestPipelinedPhaseAfterItsLeaseRanOutCommitsNothing(t *testing.T) {
+	t.Parallel()
+	f := newPipelineFixture(t)
+	ctx := context.Background()
+	if _, err := f.pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now() - interval '1 second' WHERE id = $1`, f.key.ID); err != nil {
+		t.Fatal(err)
+	}
+	var pgErr *pgconn.PgError
+	if err := f.phase(ctx, "ord_1", f.key.Attempt); !errors.As(err, &pgErr) || pgErr.Code != "RS001" {
+		t.Fatalf("a completion after the lease ran out: %v; want SQLSTATE RS001", err)
+	}
+	if n := f.orders(t); n != 0 {
+		t.Errorf("%d orders committed, want 0", n)
+	}
+}
+
+// A first statement that fails rolls everything back and leaves the
+// connection clean; a transaction that sent nothing sends nothing.
+func TestPipelinedTxFailuresAndNothingToSend(t *testing.T) {
+	t.Parallel()
+	f := newPipelineFixture(t)
+	ctx := context.Background()
+	boom := errors.New("boom")
+	err := postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO orders (caller_id, id, amount, currency) VALUES ('acme', 'ord_1', 100, 'usd')`); err != nil {
+			return err
+		}
+		// The same id again: a unique violation, in the second statement.
+		if _, err := tx.Exec(ctx, `INSERT INTO orders (caller_id, id, amount, currency) VALUES ('acme', 'ord_1', 100, 'usd')`); err == nil {
+			t.Error("a duplicate primary key was accepted")
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("got %v, want fn's error", err)
+	}
+	if n := f.orders(t); n != 0 {
+		t.Errorf("%d orders committed by a failed transaction, want 0", n)
+	}
+	if !f.idle(t) {
+		t.Error("a failed transaction left its connection inside a transaction")
+	}
+
+	f.counter.reset()
+	if err := postgres.TransactPipelined(ctx, f.pool, func(*postgres.PipelinedTx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if trips := f.counter.trips.Load(); trips != 0 {
+		t.Errorf("a transaction with no statement took %d round trips, want 0", trips)
+	}
+}
+
+// Whatever comes first, the transaction is one: a Query, a QueryRow, a
+// savepoint (as River's InsertTx may make), and a plain commit at the end.
+func TestPipelinedTxIsOneTransaction(t *testing.T) {
+	t.Parallel()
+	f := newPipelineFixture(t)
+	ctx := context.Background()
+	err := postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
+		var first, second int64
+		if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&first); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT txid_current()`)
+		if err != nil {
+			return err
+		}
+		second, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		if first != second {
+			t.Errorf("two statements ran in transactions %d and %d, want one", first, second)
+		}
+		nested, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := nested.Exec(ctx, `INSERT INTO orders (caller_id, id, amount, currency) VALUES ('acme', 'ord_nested', 100, 'usd')`); err != nil {
+			return err
+		}
+		if err := nested.Rollback(ctx); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO orders (caller_id, id, amount, currency) VALUES ('acme', 'ord_kept', 100, 'usd')`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	rows, _ := f.pool.Query(ctx, `SELECT id FROM orders ORDER BY id`)
+	ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(ids) != 1 || ids[0] != "ord_kept" {
+		t.Errorf("orders %v (%v), want only ord_kept: the savepoint's insert rolled back, the rest committed", ids, err)
+	}
+	if !f.idle(t) {
+		t.Error("the connection went back to the pool inside a transaction")
+	}
+}
+
+func claim(t *testing.T, pool *pgxpool.Pool, key string) dbsqlc.ClaimIdempotencyKeyRow {
+	t.Helper()
+	row, err := dbsqlc.New().ClaimIdempotencyKey(context.Background(), pool, dbsqlc.ClaimIdempotencyKeyParams{
+		CallerID: "acme", Key: key, Operation: "createOrder", RequestMethod: "POST", RequestPath: "/v1/orders",
+		RequestFingerprint: []byte("fp"), LeaseSeconds: 30,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return row
+}
