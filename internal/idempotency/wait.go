@@ -43,11 +43,10 @@ func (s *Store) waitForOriginal(ctx context.Context, req Request, h Handler, bus
 	defer func() { metrics.IdempotencyWaitSeconds.Observe(time.Since(started).Seconds()) }()
 	for {
 		wake, stop := s.waiters.watch(busy.rec.CallerID, busy.rec.ID)
-		// The mark is one write per record, not per waiter: a record that
-		// was already marked when the claim read it notifies from then on
-		// (the flag is never cleared), and a storm of duplicates of one
-		// key would otherwise queue an UPDATE each on its row, behind the
-		// owner's transaction, each holding a connection meanwhile.
+		// A record that was already marked when the claim read it
+		// notifies from then on (the flag is never cleared): marking it
+		// again would change nothing and cost each waiter of a storm a
+		// round trip and a connection from the pool.
 		if !busy.rec.Awaited {
 			s.await(ctx, busy.rec)
 		}

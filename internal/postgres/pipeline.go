@@ -60,14 +60,28 @@ func TransactPipelined(ctx context.Context, pool *pgxpool.Pool, fn func(tx *Pipe
 // (Query, whose rows would have to be read before the batch ends; CopyFrom,
 // SendBatch, Prepare, a nested Begin, LargeObjects) begins the transaction
 // on its own round trip, as pgx.Conn.Begin does, and goes on from there.
+//
+// A QueryRow that comes first is sent when it is scanned: a statement sent
+// in between (there is none in sqlc's code, which scans at once) would run
+// before it.
 type PipelinedTx struct {
 	conn      *pgxpool.Conn
 	tx        pgx.Tx // pgx's transaction, once BEGIN has been sent; nil before
 	committed bool   // by Commit, or by a statement sent through ThenCommit
-	ended     bool   // committed, rolled back, or Commit was tried
+	ended     bool   // committed, rolled back, or a COMMIT was sent
+	commitErr error  // why a COMMIT sent through ThenCommit did not commit
 }
 
 var _ pgx.Tx = (*PipelinedTx)(nil)
+
+// closed says whether nothing more may be sent: the transaction was ended
+// here, or it ended without us (its BEGIN never ran because the batch that
+// carried it failed first, or a COMMIT that failed ended it). Outside a
+// transaction, a statement would commit on its own; so would the work of a
+// caller that ignored an error and went on.
+func (t *PipelinedTx) closed() bool {
+	return t.ended || (t.tx != nil && t.conn.Conn().PgConn().TxStatus() == 'I')
+}
 
 // send sends b, which starts with BEGIN unless the transaction has begun,
 // and reads its results with read; BEGIN's is read here.
@@ -101,7 +115,7 @@ func (t *PipelinedTx) batch() *pgx.Batch {
 // begun returns pgx's transaction, beginning it on its own round trip if
 // no statement has yet.
 func (t *PipelinedTx) begun(ctx context.Context) (pgx.Tx, error) {
-	if t.ended {
+	if t.closed() {
 		return nil, pgx.ErrTxClosed
 	}
 	if t.tx == nil {
@@ -116,7 +130,7 @@ func (t *PipelinedTx) begun(ctx context.Context) (pgx.Tx, error) {
 
 // Exec runs sql in the transaction.
 func (t *PipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.ended {
+	if t.closed() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
 	if t.tx != nil {
@@ -135,11 +149,11 @@ func (t *PipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn
 // QueryRow runs sql in the transaction; if it is the first statement, it
 // is sent, with BEGIN, when its row is scanned.
 func (t *PipelinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.tx != nil && !t.ended {
+	if t.tx != nil && !t.closed() {
 		return t.tx.QueryRow(ctx, sql, args...)
 	}
 	return pendingRow(func(dest []any) error {
-		if t.ended {
+		if t.closed() {
 			return pgx.ErrTxClosed
 		}
 		if t.tx != nil { // another statement went first meanwhile
@@ -229,7 +243,7 @@ type lastStatement struct{ t *PipelinedTx }
 
 func (l lastStatement) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	t := l.t
-	if t.ended {
+	if t.closed() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
 	b := t.batch()
@@ -245,13 +259,17 @@ func (l lastStatement) Exec(ctx context.Context, sql string, args ...any) (pgcon
 		commit, err = br.Exec()
 		return err
 	})
+	// A COMMIT was sent: whatever its fate, nothing more goes in this
+	// transaction, and Commit reports what happened here.
+	t.ended = true
+	if err == nil && commit.String() == "ROLLBACK" {
+		err = pgx.ErrTxCommitRollback
+	}
 	if err != nil {
+		t.commitErr = err
 		return tag, err
 	}
-	t.committed, t.ended = true, true
-	if commit.String() == "ROLLBACK" {
-		return tag, pgx.ErrTxCommitRollback
-	}
+	t.committed = true
 	return tag, nil
 }
 
@@ -269,7 +287,10 @@ func (t *PipelinedTx) Commit(ctx context.Context) error {
 	if t.committed {
 		return nil
 	}
-	if t.ended {
+	if t.commitErr != nil {
+		return t.commitErr
+	}
+	if t.closed() {
 		return pgx.ErrTxClosed
 	}
 	t.ended = true

@@ -204,6 +204,59 @@ func TestPipelinedTxFailuresAndNothingToSend(t *testing.T) {
 	}
 }
 
+// A caller that ignores an error and goes on sends nothing more: not after
+// a first batch that failed before its BEGIN ran (here, a statement that
+// cannot be prepared), and not after a COMMIT that failed. Outside a
+// transaction its last statement would commit on its own.
+func TestPipelinedTxSendsNothingOnceItIsOver(t *testing.T) {
+	t.Parallel()
+	f := newPipelineFixture(t)
+	ctx := context.Background()
+	insert := `INSERT INTO orders (caller_id, id, amount, currency) VALUES ('acme', $1, 100, 'usd')`
+	err := postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
+		if _, err := tx.Exec(ctx, `SELEC 1`); err == nil {
+			t.Error("a statement that cannot be parsed ran")
+		}
+		// The error ignored: BEGIN never ran, so neither may these.
+		if _, err := tx.Exec(ctx, insert, "ord_after_failure"); err == nil {
+			t.Error("a statement after the failed BEGIN was sent")
+		}
+		_, err := tx.ThenCommit().Exec(ctx, insert, "ord_last")
+		return err
+	})
+	if !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("got %v, want pgx.ErrTxClosed", err)
+	}
+
+	// A COMMIT that fails (a deferred constraint, checked at commit): the
+	// transaction is over, and a later Commit says so rather than succeed.
+	if _, err := f.pool.Exec(ctx, `CREATE TABLE deferred_check (id int PRIMARY KEY DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+		t.Fatal(err)
+	}
+	err = postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO deferred_check VALUES (1), (1)`); err != nil {
+			return err
+		}
+		if _, err := tx.ThenCommit().Exec(ctx, insert, "ord_in_failed_commit"); err == nil {
+			t.Error("a COMMIT that breaks a deferred constraint succeeded")
+		}
+		if _, err := tx.Exec(ctx, insert, "ord_after_commit"); !errors.Is(err, pgx.ErrTxClosed) {
+			t.Errorf("a statement after a failed COMMIT: %v, want pgx.ErrTxClosed", err)
+		}
+		return nil // the error ignored: TransactPipelined's Commit must not report success
+	})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		t.Errorf("got %v, want the COMMIT's unique violation", err)
+	}
+	if n := f.orders(t); n != 0 {
+		t.Errorf("%d orders committed, want 0", n)
+	}
+	if !f.idle(t) {
+		t.Error("the connection went back to the pool inside a transaction")
+	}
+}
+
 // Whatever comes first, the transaction is one: a Query, a QueryRow, a
 // savepoint (as River's InsertTx may make), and a plain commit at the end.
 func TestPipelinedTxIsOneTransaction(t *testing.T) {
