@@ -10,10 +10,10 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/config"
+	"github.com/retrysafe/payments/internal/testdb"
 )
 
 // Benchmarks of the hot path through HTTP against the real database. Run
@@ -30,31 +30,9 @@ import (
 //
 // (A batch is one round trip; the first time a connection meets one of its
 // statements, pgx prepares it on one more, which a long run amortises.)
+// The counter is testdb.Counter, a pgx tracer on the server's pool.
 
-// statementCounter counts every statement the server's pool sends, and
-// the round trips: a statement sent alone is one, a batch is one.
-type statementCounter struct{ n, trips atomic.Int64 }
-
-func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	c.trips.Add(1)
-	return ctx
-}
-
-func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (c *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.trips.Add(1)
-	return ctx
-}
-
-func (c *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
-	c.n.Add(1)
-}
-
-func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
-
-func benchServer(b *testing.B, opts ...func(*serverOptions)) (*testServer, *statementCounter) {
+func benchServer(b *testing.B, opts ...func(*serverOptions)) (*testServer, *testdb.Counter) {
 	// BENCH_TRACING=on measures the cost of tracing: every span recorded
 	// (sampled always) and kept, in the demo's in-memory store, as an
 	// exporter would be handed it. Off (the default) is the service as it
@@ -64,7 +42,7 @@ func benchServer(b *testing.B, opts ...func(*serverOptions)) (*testServer, *stat
 	if os.Getenv("BENCH_TRACING") == "on" {
 		testTracing(b)
 	}
-	counter := &statementCounter{}
+	counter := &testdb.Counter{}
 	ts := newTestServer(b, append(opts, func(o *serverOptions) {
 		o.pool = func(c *pgxpool.Config) { c.ConnConfig.Tracer = counter }
 		// A benchmark measures the service, not the caller's rate limit:
@@ -85,22 +63,17 @@ func benchServer(b *testing.B, opts ...func(*serverOptions)) (*testServer, *stat
 	return ts, counter
 }
 
-// counts is what a statementCounter has counted so far.
-type counts struct{ statements, trips int64 }
-
-func (c *statementCounter) load() counts { return counts{c.n.Load(), c.trips.Load()} }
-
-func report(b *testing.B, counter *statementCounter, before counts) {
-	now := counter.load()
-	b.ReportMetric(float64(now.statements-before.statements)/float64(b.N), "statements/op")
-	b.ReportMetric(float64(now.trips-before.trips)/float64(b.N), "roundtrips/op")
+func report(b *testing.B, counter *testdb.Counter, before testdb.Counts) {
+	now := counter.Load()
+	b.ReportMetric(float64(now.Statements-before.Statements)/float64(b.N), "statements/op")
+	b.ReportMetric(float64(now.RoundTrips-before.RoundTrips)/float64(b.N), "roundtrips/op")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 }
 
 // BenchmarkCreateOrderKeyed: a new key per request, one request at a time.
 func BenchmarkCreateOrderKeyed(b *testing.B) {
 	ts, counter := benchServer(b)
-	before := counter.load()
+	before := counter.Load()
 	i := 0
 	for b.Loop() {
 		i++
@@ -114,7 +87,7 @@ func BenchmarkCreateOrderKeyed(b *testing.B) {
 // BenchmarkCreateOrderKeyedParallel: new keys from many concurrent clients.
 func BenchmarkCreateOrderKeyedParallel(b *testing.B) {
 	ts, counter := benchServer(b)
-	before := counter.load()
+	before := counter.Load()
 	var next atomic.Int64
 	b.SetParallelism(8)
 	b.RunParallel(func(pb *testing.PB) {
@@ -151,7 +124,7 @@ var noReplayCache = withConfig(func(c *config.Server) { c.ReplayCacheSize = 0 })
 
 func benchReplay(b *testing.B, opts ...func(*serverOptions)) {
 	ts, counter := benchServer(b, opts...)
-	before := counter.load()
+	before := counter.Load()
 	for b.Loop() {
 		if res := ts.createOrder(b, "warm-up", teaOrder); res.Header.Get("Idempotent-Replayed") != "true" {
 			b.Fatalf("not a replay: %d %s", res.Status, res.Body)
@@ -162,7 +135,7 @@ func benchReplay(b *testing.B, opts ...func(*serverOptions)) {
 
 func benchReplayParallel(b *testing.B, opts ...func(*serverOptions)) {
 	ts, counter := benchServer(b, opts...)
-	before := counter.load()
+	before := counter.Load()
 	b.SetParallelism(8)
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

@@ -3,7 +3,6 @@ package postgres_test
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -15,38 +14,17 @@ import (
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
-// tripCounter counts what a pool sends: statements, and round trips (a
-// statement sent alone is one, a batch is one).
-type tripCounter struct{ statements, trips atomic.Int64 }
-
-func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.statements.Add(1)
-	c.trips.Add(1)
-	return ctx
-}
-func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.trips.Add(1)
-	return ctx
-}
-func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
-	c.statements.Add(1)
-}
-func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
-
-func (c *tripCounter) reset() { c.statements.Store(0); c.trips.Store(0) }
-
 // pipelineFixture is a database with a claimed idempotency key, whose
 // record a phase can complete, and a pool that counts its round trips.
 type pipelineFixture struct {
 	pool    *pgxpool.Pool
-	counter *tripCounter
+	counter *testdb.Counter
 	key     dbsqlc.ClaimIdempotencyKeyRow
 }
 
 func newPipelineFixture(t *testing.T) *pipelineFixture {
 	t.Helper()
-	counter := &tripCounter{}
+	counter := &testdb.Counter{}
 	pool := testdb.Pool(t, testdb.New(t), func(c *pgxpool.Config) {
 		c.ConnConfig.Tracer = counter
 		c.MaxConns = 1 // one connection: the tests see what it was left in
@@ -105,12 +83,12 @@ func TestPipelinedPhaseTakesTwoRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.key = claim(t, f.pool, "k2")
-	f.counter.reset()
+	f.counter.Reset()
 	if err := f.phase(ctx, "ord_2", f.key.Attempt); err != nil {
 		t.Fatal(err)
 	}
-	if s, trips := f.counter.statements.Load(), f.counter.trips.Load(); s != 4 || trips != 2 {
-		t.Errorf("a phase sent %d statements in %d round trips, want 4 in 2", s, trips)
+	if got := f.counter.Load(); got.Statements != 4 || got.RoundTrips != 2 {
+		t.Errorf("a phase sent %d statements in %d round trips, want 4 in 2", got.Statements, got.RoundTrips)
 	}
 	if n := f.orders(t); n != 2 {
 		t.Errorf("%d orders committed, want 2", n)
@@ -195,11 +173,11 @@ func TestPipelinedTxFailuresAndNothingToSend(t *testing.T) {
 		t.Error("a failed transaction left its connection inside a transaction")
 	}
 
-	f.counter.reset()
+	f.counter.Reset()
 	if err := postgres.TransactPipelined(ctx, f.pool, func(*postgres.PipelinedTx) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if trips := f.counter.trips.Load(); trips != 0 {
+	if trips := f.counter.Load().RoundTrips; trips != 0 {
 		t.Errorf("a transaction with no statement took %d round trips, want 0", trips)
 	}
 }
