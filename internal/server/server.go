@@ -196,10 +196,7 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		// Every label comes from a fixed set: the route templates this
 		// server registered, the methods methodLabel knows, the statuses
 		// it writes.
-		route := c.Path()
-		if route == "" {
-			route = "unmatched"
-		}
+		route := routeLabel(c)
 		method := methodLabel(req.Method)
 		status := c.Response().Status
 		elapsed := time.Since(start)
@@ -227,6 +224,16 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		logRequest(req.Context(), s.log, attrs)
 		return nil
 	}
+}
+
+// routeLabel is the route template Echo matched for c ("unmatched" for
+// none): a name from the fixed set this server registered, never the path,
+// for metric labels, span names and the log line alike.
+func routeLabel(c echo.Context) string {
+	if route := c.Path(); route != "" {
+		return route
+	}
+	return "unmatched"
 }
 
 // logRequest logs the request line as s.log.LogAttrs would, but hands the

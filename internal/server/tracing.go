@@ -42,10 +42,7 @@ func (s *Server) startSpan(c echo.Context) trace.Span {
 		return nil // nothing to record, no trace to carry
 	}
 	ctx := otel.GetTextMapPropagator().Extract(req.Context(), propagation.HeaderCarrier(req.Header))
-	route := c.Path()
-	if route == "" {
-		route = "unmatched"
-	}
+	route := routeLabel(c)
 	if !traced(route) {
 		c.SetRequest(req.WithContext(ctx))
 		return nil
@@ -58,12 +55,8 @@ func (s *Server) startSpan(c echo.Context) trace.Span {
 // endSpan records the answer's status on the request's span and ends it.
 func endSpan(c echo.Context, span trace.Span) {
 	if span.IsRecording() {
-		route := c.Path()
-		if route == "" {
-			route = "unmatched"
-		}
 		status := c.Response().Status
-		span.SetAttributes(semconv.HTTPRequestMethodKey.String(methodLabel(c.Request().Method)), semconv.HTTPRoute(route),
+		span.SetAttributes(semconv.HTTPRequestMethodKey.String(methodLabel(c.Request().Method)), semconv.HTTPRoute(routeLabel(c)),
 			semconv.HTTPResponseStatusCode(status))
 		if status >= 500 {
 			span.SetStatus(codes.Error, "")
