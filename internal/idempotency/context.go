@@ -35,9 +35,7 @@ func WithOutcome(ctx context.Context) (_ context.Context, outcome func() string)
 func observe(ctx context.Context, operation, outcome string) {
 	metrics.IdempotencyOutcomes.WithLabelValues(operation, outcome).Inc()
 	traceOutcome(ctx, outcome)
-	if p, ok := ctx.Value(outcomeKey{}).(*string); ok {
-		*p = outcome
-	}
+	retell(ctx, outcome)
 }
 
 // retell changes what the request log and Idempotency-Outcome say about a

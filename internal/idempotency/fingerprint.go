@@ -18,16 +18,11 @@ import (
 //
 // Only the fingerprint is stored, never the raw body.
 func Fingerprint(method, path string, body []byte) ([]byte, error) {
-	if len(bytes.TrimSpace(body)) > 0 {
-		if err := ijson.Check(body); err != nil {
-			return nil, err
-		}
-	}
-	doc, err := DecodeJSON(body)
+	canonical, err := CanonicalJSON(body)
 	if err != nil {
 		return nil, err
 	}
-	return FingerprintOf(method, path, doc)
+	return fingerprint(method, path, canonical), nil
 }
 
 // FingerprintOf is Fingerprint of a body already decoded by DecodeJSON (and
@@ -39,6 +34,11 @@ func FingerprintOf(method, path string, doc *any) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return fingerprint(method, path, canonical), nil
+}
+
+// fingerprint is the SHA-256 over method, path and a canonical body.
+func fingerprint(method, path string, canonical []byte) []byte {
 	h := sha256.New()
 	// NUL separators keep ("POST", "/a") and ("POS", "T/a") apart.
 	h.Write([]byte(method))
@@ -46,7 +46,7 @@ func FingerprintOf(method, path string, doc *any) ([]byte, error) {
 	h.Write([]byte(path))
 	h.Write([]byte{0})
 	h.Write(canonical)
-	return h.Sum(nil), nil
+	return h.Sum(nil)
 }
 
 // ErrTrailingData is DecodeJSON's error for a body with more after its

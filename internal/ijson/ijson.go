@@ -164,14 +164,14 @@ type name struct {
 
 func (s *scanner) stopped() bool { return s.err != nil || s.bad }
 
-// text is n unescaped: a slice of doc when n has no escape; otherwise
-// decoded into buf's storage (pass nil for a fresh slice).
-func (s *scanner) text(n name, buf []byte) []byte {
+// text is n unescaped: a slice of doc when n has no escape; otherwise a
+// fresh slice.
+func (s *scanner) text(n name) []byte {
 	raw := s.doc[n.start:n.end]
 	if !n.escaped {
 		return raw
 	}
-	out, _ := unescape(buf[:0], raw) // n was checked when it was read
+	out, _ := unescape(nil, raw) // n was checked when it was read
 	return out
 }
 
@@ -183,7 +183,7 @@ func (s *scanner) pointer() string {
 		if st.index >= 0 {
 			b.WriteString(strconv.Itoa(st.index))
 		} else {
-			b.WriteString(pointerEscaper.Replace(string(s.text(st.name, nil))))
+			b.WriteString(pointerEscaper.Replace(string(s.text(st.name))))
 		}
 	}
 	return b.String()

@@ -10,6 +10,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/retrysafe/payments/internal/postgres"
 )
 
 // tracer makes the span of each run of a payout job. The global API's, as
@@ -42,12 +44,7 @@ func startJob(ctx context.Context, job *river.Job[JobArgs]) (context.Context, tr
 			attribute.Int("job.attempt", job.Attempt),
 		),
 	}
-	if job.Args.Traceparent != "" {
-		carrier := propagation.MapCarrier{"traceparent": job.Args.Traceparent}
-		if sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier)); sc.IsValid() {
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
-		}
-	}
+	opts = append(opts, postgres.LinkTo(&job.Args.Traceparent)...)
 	return tracer.Start(ctx, "payout job", opts...)
 }
 

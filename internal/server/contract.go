@@ -141,7 +141,7 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		// I-JSON check above is the fingerprint's too, not repeated.
 		if r.keyed {
 			fp, err := fingerprint(req, doc, decodeErr)
-			if err != nil { // the validator accepted it as JSON, so this is unexpected
+			if err != nil { // data after the JSON document (ErrTrailingData), which the validator does not read
 				return problem.New(problem.InvalidRequest, "the body is not valid JSON: %v", err)
 			}
 			ctx = idempotency.WithRequest(ctx, idempotency.Request{
