@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -11,7 +12,7 @@ import (
 // storedHeaders is the allow-list of response headers kept with a record
 // and replayed. Anything else (Set-Cookie above all, or per-request headers
 // such as Date or a request id) is either unsafe or wrong to repeat.
-var storedHeaders = []string{"Content-Type", "Location", "Content-Encoding"}
+var storedHeaders = [...]string{"Content-Type", "Location", "Content-Encoding"}
 
 // Response is an operation's final HTTP response, as stored and replayed.
 // The first answer and every replay are written from the same stored bytes,
@@ -27,7 +28,7 @@ type Response struct {
 
 // NewResponse returns a Response, keeping only the allow-listed headers.
 func NewResponse(status int, header http.Header, body []byte) *Response {
-	kept := http.Header{}
+	kept := make(http.Header, len(storedHeaders))
 	for _, name := range storedHeaders {
 		if v := header.Values(name); len(v) > 0 {
 			kept[name] = append([]string(nil), v...)
@@ -45,12 +46,9 @@ func JSONResponse(status int, header http.Header, v any) (*Response, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode response: %w", err)
 	}
-	h := header.Clone()
-	if h == nil {
-		h = http.Header{}
-	}
-	h.Set("Content-Type", "application/json")
-	return NewResponse(status, h, body), nil
+	r := NewResponse(status, header, body)
+	r.Header["Content-Type"] = []string{"application/json"}
+	return r, nil
 }
 
 // ProblemResponse returns a Response carrying the problem p.
@@ -80,4 +78,72 @@ func storedResponse(rec Record) (*Response, error) {
 		return nil, fmt.Errorf("idempotency: record %d: stored headers: %w", rec.ID, err)
 	}
 	return &Response{Status: int(*rec.ResponseStatus), Header: header, Body: rec.ResponseBody, Replayed: true}, nil
+}
+
+// encodeHeaders is json.Marshal(h), byte for byte, for the headers stored
+// with every completed record, without the reflection: the names sorted,
+// each with its array of values. Stored headers are the allow-listed few,
+// with plain ASCII values (a content type, a path), which are copied as
+// they are; anything that would need escaping, or more names than the
+// allow-list has, goes through json.Marshal, so the stored bytes are the
+// same either way.
+func encodeHeaders(h http.Header) ([]byte, error) {
+	var buf [len(storedHeaders)]string
+	if len(h) > len(buf) {
+		return json.Marshal(h)
+	}
+	names := buf[:0]
+	n := 2 // {}
+	for name, values := range h {
+		if !plainJSON(name) {
+			return json.Marshal(h)
+		}
+		names = append(names, name)
+		n += len(name) + 6 // "name":[],
+		for _, v := range values {
+			if !plainJSON(v) {
+				return json.Marshal(h)
+			}
+			n += len(v) + 3 // "v",
+		}
+	}
+	slices.Sort(names)
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	for i, name := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = append(b, name...)
+		b = append(b, `":`...)
+		if h[name] == nil {
+			b = append(b, "null"...) // as json.Marshal writes a nil slice
+			continue
+		}
+		b = append(b, '[')
+		for j, v := range h[name] {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, '"')
+			b = append(b, v...)
+			b = append(b, '"')
+		}
+		b = append(b, ']')
+	}
+	return append(b, '}'), nil
+}
+
+// plainJSON says whether json.Marshal writes s as it is between its
+// quotes: printable ASCII, with none of the characters it escapes (the
+// quote and the backslash, and <, > and & for HTML's sake).
+func plainJSON(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
 }

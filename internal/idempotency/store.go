@@ -3,7 +3,6 @@ package idempotency
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -250,7 +249,7 @@ func (l *Lease) writeResult(ctx context.Context, tx dbsqlc.DBTX, result Result) 
 		})
 	case *Response:
 		var headers []byte
-		if headers, err = json.Marshal(r.Header); err != nil {
+		if headers, err = encodeHeaders(r.Header); err != nil {
 			return err
 		}
 		status := int32(r.Status) // #nosec G115 -- an HTTP status code
