@@ -65,6 +65,9 @@ func newAPIRoutes(spec *openapi3.T, router routers.Router) map[routeKey]*apiRout
 			}
 			r := newAPIRoute(route)
 			r.route = withoutSecurity(route)
+			if r.keyed {
+				r.route = withoutKeyParameter(r.route)
+			}
 			out[routeKey{method, echoTemplate(path)}] = r
 		}
 	}
@@ -97,6 +100,51 @@ func withoutSecurity(route *routers.Route) *routers.Route {
 	op.Security = &openapi3.SecurityRequirements{}
 	r.Operation = &op
 	return &r
+}
+
+// withoutKeyParameter is route for the validator without its
+// Idempotency-Key header parameter, when the spec's schema for it accepts
+// every key idempotency.ParseKey accepts: the contract parses the key
+// (step 2) before it validates (step 3), so on a keyed route the
+// validator's check of the header could only ever pass, and costs every
+// keyed request a decode and a schema walk. ParseKey accepts a header of at
+// most 512 characters (255 escaped characters between two quotes), of
+// printable ASCII; a schema that is a plain string of minLength at most 1
+// and maxLength at least 512 can refuse none of them. Any other schema (a
+// pattern, a format, a shorter bound) keeps the parameter, and the
+// validator checks it as before.
+func withoutKeyParameter(route *routers.Route) *routers.Route {
+	op := route.Operation
+	params := make(openapi3.Parameters, 0, len(op.Parameters))
+	for _, p := range op.Parameters {
+		if p.Value != nil && p.Value.In == openapi3.ParameterInHeader &&
+			http.CanonicalHeaderKey(p.Value.Name) == "Idempotency-Key" && impliedByParseKey(p.Value) {
+			continue
+		}
+		params = append(params, p)
+	}
+	if len(params) == len(op.Parameters) {
+		return route
+	}
+	r, o := *route, *op
+	o.Parameters = params
+	r.Operation = &o
+	return &r
+}
+
+// impliedByParseKey says whether the header parameter p can refuse no
+// value that idempotency.ParseKey accepts.
+func impliedByParseKey(p *openapi3.Parameter) bool {
+	if p.Schema == nil || p.Schema.Value == nil || p.Content != nil {
+		return false
+	}
+	sc := p.Schema.Value
+	plain := *sc
+	plain.Type, plain.MinLength, plain.MaxLength = nil, 0, nil
+	plain.Description, plain.Example, plain.Extensions = "", nil, nil
+	return sc.Type.Is(openapi3.TypeString) && sc.MinLength <= 1 &&
+		(sc.MaxLength == nil || *sc.MaxLength >= 2*idempotency.MaxKeyLength+2) &&
+		plain.IsEmpty()
 }
 
 // echoTemplate is the Echo route of an OpenAPI path, as oapi-codegen

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
@@ -79,9 +80,14 @@ func TestEveryEchoRouteNamesItsOperation(t *testing.T) {
 			continue
 		}
 		// The table's route is the router's, but for the validator's
-		// security list (withoutSecurity); whether the caller must
-		// authenticate is read from the spec's.
-		if !reflect.DeepEqual(withoutSecurity(route), r.route) {
+		// security list (withoutSecurity) and, on keyed routes, its
+		// Idempotency-Key parameter (withoutKeyParameter); whether the
+		// caller must authenticate is read from the spec's.
+		want := withoutSecurity(route)
+		if r.keyed {
+			want = withoutKeyParameter(want)
+		}
+		if !reflect.DeepEqual(want, r.route) {
 			t.Errorf("%s %s: the router finds %s %s, the table has %s %s", er.Method, path, route.Method, route.Path, r.route.Method, r.route.Path)
 		}
 		if r.requiresAuth != requiresAuth(route) {
@@ -181,4 +187,67 @@ func validate(t *testing.T, router routers.Router, method, path, body string, f 
 	}
 	p := validationProblem(err)
 	return fmt.Sprintf("%s %+v", p.Detail, p.Errors)
+}
+
+// On keyed routes the validator does not check the Idempotency-Key header
+// again: the contract parsed it before, and the spec's schema for it can
+// refuse no key ParseKey accepts. A schema that could is kept, and the
+// validator checks the header as before.
+func TestValidatorSkipsTheKeyOnlyWhenParseKeyImpliesIt(t *testing.T) {
+	t.Parallel()
+	s, _ := testRoutes(t)
+	hasKey := func(r *apiRoute) bool {
+		for _, p := range r.route.Operation.Parameters {
+			if p.Value != nil && p.Value.Name == "Idempotency-Key" {
+				return true
+			}
+		}
+		return false
+	}
+	keyed := 0
+	for k, r := range s.routes {
+		if r.keyed {
+			keyed++
+			if hasKey(r) {
+				t.Errorf("%s %s: the validator still checks the Idempotency-Key", k.method, k.path)
+			}
+		}
+	}
+	if keyed == 0 {
+		t.Fatal("no keyed route in the table")
+	}
+
+	// The longest header ParseKey accepts: 255 escaped characters in quotes.
+	longest := `"` + strings.Repeat(`\"`, idempotency.MaxKeyLength) + `"`
+	if key, err := idempotency.ParseKey([]string{longest}); err != nil || len(key) != idempotency.MaxKeyLength {
+		t.Fatalf("ParseKey(%d characters) = %d characters, %v", len(longest), len(key), err)
+	}
+	if _, err := idempotency.ParseKey([]string{longest[:len(longest)-1] + `x"`}); err == nil {
+		t.Fatal("ParseKey accepted a 256-character key")
+	}
+	schema := func(edit func(*openapi3.Schema)) *openapi3.Parameter {
+		sc := openapi3.NewStringSchema()
+		sc.MinLength = 1
+		sc.MaxLength = openapi3.Uint64Ptr(uint64(len(longest)))
+		edit(sc)
+		return &openapi3.Parameter{Name: "Idempotency-Key", In: openapi3.ParameterInHeader, Schema: sc.NewRef()}
+	}
+	for _, tc := range []struct {
+		name    string
+		param   *openapi3.Parameter
+		implied bool
+	}{
+		{"the spec's", schema(func(*openapi3.Schema) {}), true},
+		{"no maxLength", schema(func(sc *openapi3.Schema) { sc.MaxLength = nil }), true},
+		{"maxLength one short", schema(func(sc *openapi3.Schema) { sc.MaxLength = openapi3.Uint64Ptr(uint64(len(longest) - 1)) }), false},
+		{"minLength 2", schema(func(sc *openapi3.Schema) { sc.MinLength = 2 }), false},
+		{"a pattern", schema(func(sc *openapi3.Schema) { sc.Pattern = "^[a-z0-9-]+$" }), false},
+		{"a format", schema(func(sc *openapi3.Schema) { sc.Format = "uuid" }), false},
+		{"an enum", schema(func(sc *openapi3.Schema) { sc.Enum = []any{"a"} }), false},
+		{"an integer", schema(func(sc *openapi3.Schema) { sc.Type = &openapi3.Types{openapi3.TypeInteger} }), false},
+	} {
+		if got := impliedByParseKey(tc.param); got != tc.implied {
+			t.Errorf("%s: impliedByParseKey = %v, want %v", tc.name, got, tc.implied)
+		}
+	}
 }
