@@ -86,6 +86,30 @@ func TestRenewalAfterTakeoverIsRefused(t *testing.T) {
 	})
 }
 
+// Once stop returns, the heartbeat sends nothing: an owner that has
+// finished is never told afterwards that its lease was lost (which would
+// make Drive answer with the record instead of its own response), and the
+// lease it let go is not extended. Here the record's lease is lapsed after
+// the stop, so any renewal would find it lost.
+func TestStoppedHeartbeatSendsNothing(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t, 600*time.Millisecond) // a renewal every 200 ms
+	ctx := context.Background()
+	l, _, err := s.claim(ctx, testRequest(t, "stopped"))
+	if err != nil || l == nil {
+		t.Fatalf("claim: %v", err)
+	}
+	stop := l.heartbeat(ctx, func() { t.Error("a stopped heartbeat said the lease was lost") })
+	stop()
+	expireLease(t, pool, "stopped")
+	// Three renewals' worth of time: long enough for a heartbeat that did
+	// not stop to send one, and to hear back.
+	time.Sleep(3 * s.lease / 3)
+	if l.lost.Load() {
+		t.Fatal("the lease was marked lost after the heartbeat stopped")
+	}
+}
+
 // A live owner keeps its lease however long it works (up to MaxRun, three
 // leases here): with a 1.5s lease, an operation that takes two leases is
 // never taken over by the duplicates that ask meanwhile, and completes

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -741,44 +742,59 @@ func (l *Lease) Bury(ctx context.Context) error {
 // MaxRun), and a crashed one stops renewing and loses it within one lease.
 // A renewal is fenced like every other write: when it matches no row, the
 // lease is lost, lost is called, and the heartbeat stops. A renewal that
-// fails for another reason (the database is away) is tried again at the
-// next tick; meanwhile the lease may lapse, and then the next renewal
-// finds it lost.
+// fails for another reason (the database is away) is tried again a third
+// of a lease later; meanwhile the lease may lapse, and then the next
+// renewal finds it lost.
+//
+// Most operations end long before their first renewal is due, so the
+// heartbeat is a timer, not a goroutine: nothing runs, and nothing has to
+// be woken to stop it, unless the work outlasts a third of a lease. Each
+// renewal runs in the timer's own goroutine and, when it is done, sets the
+// timer for the next one, so renewals never overlap, and each is sent at
+// most a third of a lease (plus the previous renewal's time, itself bounded
+// by a third) after the one before: well inside the lease it extended.
 func (l *Lease) heartbeat(ctx context.Context, lost func()) (stop func()) {
 	// The fields that name the lease never change while it is held; read
 	// once, here, they are not shared with the phases that move the record.
 	callerID, id, attempt := l.record.CallerID, l.record.ID, l.record.Attempt
 	every := l.store.lease / 3
-	quit, finished := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(finished)
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			renewCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), every)
-			n, err := queries.RenewIdempotencyKeyLease(renewCtx, l.store.pool, dbsqlc.RenewIdempotencyKeyLeaseParams{
-				CallerID: callerID, ID: id, Attempt: attempt, LeaseSeconds: l.store.lease.Seconds(),
-			})
-			cancel()
-			switch {
-			case err != nil:
-				l.store.log.WarnContext(ctx, "renew idempotency key lease", "err", err, "caller", callerID, "key_id", id)
-			case n == 0:
-				l.lost.Store(true)
-				lost()
-				return
-			}
+	var (
+		// mu is held by a renewal for as long as it runs, and by stop:
+		// once stop returns, no renewal is running and none will start,
+		// so a renewal can never find the record completed after the
+		// owner finished with it and call its lease lost.
+		mu      sync.Mutex
+		stopped bool
+		timer   *time.Timer
+	)
+	renew := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped || ctx.Err() != nil {
+			return
 		}
-	}()
+		renewCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), every)
+		n, err := queries.RenewIdempotencyKeyLease(renewCtx, l.store.pool, dbsqlc.RenewIdempotencyKeyLeaseParams{
+			CallerID: callerID, ID: id, Attempt: attempt, LeaseSeconds: l.store.lease.Seconds(),
+		})
+		cancel()
+		switch {
+		case err != nil:
+			l.store.log.WarnContext(ctx, "renew idempotency key lease", "err", err, "caller", callerID, "key_id", id)
+		case n == 0:
+			l.lost.Store(true)
+			lost()
+			return // no renewal after a lost one
+		}
+		timer.Reset(every)
+	}
+	mu.Lock() // a renewal due at once waits until timer is set
+	timer = time.AfterFunc(every, renew)
+	mu.Unlock()
 	return func() {
-		close(quit)
-		<-finished
+		mu.Lock()
+		stopped = true
+		timer.Stop()
+		mu.Unlock()
 	}
 }
