@@ -228,7 +228,7 @@ func TestValidatorSkipsTheKeyOnlyWhenParseKeyImpliesIt(t *testing.T) {
 	schema := func(edit func(*openapi3.Schema)) *openapi3.Parameter {
 		sc := openapi3.NewStringSchema()
 		sc.MinLength = 1
-		sc.MaxLength = openapi3.Uint64Ptr(uint64(len(longest)))
+		sc.MaxLength = openapi3.Ptr(uint64(len(longest)))
 		edit(sc)
 		return &openapi3.Parameter{Name: "Idempotency-Key", In: openapi3.ParameterInHeader, Schema: sc.NewRef()}
 	}
@@ -239,7 +239,7 @@ func TestValidatorSkipsTheKeyOnlyWhenParseKeyImpliesIt(t *testing.T) {
 	}{
 		{"the spec's", schema(func(*openapi3.Schema) {}), true},
 		{"no maxLength", schema(func(sc *openapi3.Schema) { sc.MaxLength = nil }), true},
-		{"maxLength one short", schema(func(sc *openapi3.Schema) { sc.MaxLength = openapi3.Uint64Ptr(uint64(len(longest) - 1)) }), false},
+		{"maxLength one short", schema(func(sc *openapi3.Schema) { sc.MaxLength = openapi3.Ptr(uint64(len(longest) - 1)) }), false},
 		{"minLength 2", schema(func(sc *openapi3.Schema) { sc.MinLength = 2 }), false},
 		{"a pattern", schema(func(sc *openapi3.Schema) { sc.Pattern = "^[a-z0-9-]+$" }), false},
 		{"a format", schema(func(sc *openapi3.Schema) { sc.Format = "uuid" }), false},
