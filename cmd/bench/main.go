@@ -455,6 +455,10 @@ func run(ctx context.Context) error {
 	// A storm: every worker sends the same new key at once, round after
 	// round; one request per round creates, the others get 409 or the replay.
 	var round atomic.Int64
+	woken0, err := wakeups(base)
+	if err != nil {
+		return err
+	}
 	storm, err := measure(phase{"service: duplicate storm (HTTP)", svc.pid, func(_ int, i int64) error {
 		key := "storm-" + strconv.FormatInt(round.Load(), 10)
 		if i%int64(*concurrency) == 0 {
@@ -467,6 +471,11 @@ func run(ctx context.Context) error {
 		return err
 	}
 	fmt.Println(storm)
+	woken1, err := wakeups(base)
+	if err != nil {
+		return err
+	}
+	fmt.Println(wakeupLine(woken0, woken1))
 	// Charges: each request charges its own fresh order.
 	orders := make(chan string, 100_000)
 	for i := range 20_000 {

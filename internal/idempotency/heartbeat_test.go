@@ -12,6 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/retrysafe/payments/internal/metrics"
 )
 
 // These tests pin down the heartbeat (a live owner keeps its short lease;
@@ -151,9 +154,12 @@ func TestHeartbeatKeepsALiveOwnersLease(t *testing.T) {
 }
 
 // A duplicate that finds the original in progress waits, and is answered
-// with the original's stored response, replayed, once it is stored.
+// with the original's stored response, replayed, once it is stored. It is
+// woken by its record's notification, and counted so (not t.Parallel: the
+// wake-up counter is the process's, and no other test runs meanwhile).
 func TestDuplicateWaitsForTheOriginal(t *testing.T) {
-	t.Parallel()
+	notified := metrics.IdempotencyWaitWakeups.WithLabelValues(metrics.WakeNotified)
+	before := testutil.ToFloat64(notified)
 	s, pool := listeningStore(t, 10*time.Second, 30*time.Second)
 	ctx := context.Background()
 	req := testRequest(t, "waited")
@@ -194,6 +200,9 @@ func TestDuplicateWaitsForTheOriginal(t *testing.T) {
 	first, second := <-original, <-duplicate
 	if first == nil || second == nil || !second.Replayed || second.Status != first.Status || !bytes.Equal(second.Body, first.Body) {
 		t.Fatalf("original %+v, duplicate %+v; want the same stored response, the duplicate's replayed", first, second)
+	}
+	if n := testutil.ToFloat64(notified) - before; n != 1 {
+		t.Errorf("%v wake-ups by notification; want the duplicate's one", n)
 	}
 }
 

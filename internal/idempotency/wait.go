@@ -69,14 +69,24 @@ func (s *Store) waitForOriginal(ctx context.Context, req Request, h Handler, bus
 		// died), on the slow timer, or at the deadline, whichever comes
 		// first; or when woken.
 		lapse := time.Duration(again.leaseRemaining*float64(time.Second)) + 10*time.Millisecond
-		timer := time.NewTimer(min(left, recheckEvery, lapse))
+		after, cause := recheckEvery, metrics.WakeTimer
+		if lapse < after {
+			after, cause = lapse, metrics.WakeLease
+		}
+		if left < after {
+			after, cause = left, metrics.WakeDeadline
+		}
+		timer := time.NewTimer(after)
 		select {
 		case <-wake:
+			cause = metrics.WakeNotified
 		case <-timer.C:
 		case <-ctx.Done():
+			cause = metrics.WakeGone
 		}
 		timer.Stop()
 		stop()
+		metrics.IdempotencyWaitWakeups.WithLabelValues(cause).Inc()
 		if ctx.Err() != nil {
 			return nil, again // the client is gone: nobody to answer
 		}

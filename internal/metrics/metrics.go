@@ -97,6 +97,23 @@ var IdempotencyWaitSeconds = func() prometheus.Histogram {
 	return h
 }()
 
+// Why a waiting duplicate woke up to look at its record again.
+const (
+	WakeNotified = "notified" // its record's NOTIFY, or the listener's reconnection
+	WakeTimer    = "timer"    // the slow timer: a notification lost, or late
+	WakeLease    = "lease"    // the owner's lease could have lapsed (an owner that died notifies no one)
+	WakeDeadline = "deadline" // IDEMPOTENCY_WAIT ran out
+	WakeGone     = "gone"     // the client went away
+)
+
+// IdempotencyWaitWakeups counts a waiting duplicate's wake-ups by cause.
+// Nearly all should be notified: many timer wake-ups mean notifications
+// are lost or late, which costs latency (up to a second each), never
+// correctness.
+var IdempotencyWaitWakeups = counter("payments_idempotency_wait_wakeups_total",
+	"Wake-ups of duplicates waiting for the original request, by cause: notified, timer, lease, deadline, gone.",
+	"cause")
+
 // ReplayCacheHits counts the replays answered from this process's replay
 // cache, without a database round trip (they are also counted as replayed
 // above).
