@@ -89,8 +89,8 @@ func storedResponse(rec Record) (*Response, error) {
 // same either way.
 func encodeHeaders(h http.Header) ([]byte, error) {
 	var buf [len(storedHeaders)]string
-	if len(h) > len(buf) {
-		return json.Marshal(h)
+	if h == nil || len(h) > len(buf) {
+		return json.Marshal(h) // a nil header is null, not {}
 	}
 	names := buf[:0]
 	n := 2 // {}

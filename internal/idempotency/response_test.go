@@ -50,6 +50,9 @@ func TestEncodeHeadersIsJSONMarshal(t *testing.T) {
 
 func TestEncodeHeadersOfAStoredResponse(t *testing.T) {
 	t.Parallel()
+	if got, err := encodeHeaders(nil); err != nil || string(got) != "null" {
+		t.Fatalf("encodeHeaders(nil) = %s, %v; want null, as json.Marshal writes it", got, err)
+	}
 	r, err := JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/orders/ord_1"}, "Set-Cookie": {"a=b"}}, map[string]int{"amount": 1})
 	if err != nil {
 		t.Fatal(err)

@@ -750,9 +750,11 @@ func (l *Lease) Bury(ctx context.Context) error {
 // heartbeat is a timer, not a goroutine: nothing runs, and nothing has to
 // be woken to stop it, unless the work outlasts a third of a lease. Each
 // renewal runs in the timer's own goroutine and, when it is done, sets the
-// timer for the next one, so renewals never overlap, and each is sent at
-// most a third of a lease (plus the previous renewal's time, itself bounded
-// by a third) after the one before: well inside the lease it extended.
+// timer for a third of a lease after it started (at once, if it took that
+// long), so renewals never overlap and start on the ticker's cadence: one
+// renewal is sent a third of a lease after the one before, which the
+// database applied within a third (its timeout), so it lands at least a
+// third of a lease before the lease it extended would lapse.
 func (l *Lease) heartbeat(ctx context.Context, lost func()) (stop func()) {
 	// The fields that name the lease never change while it is held; read
 	// once, here, they are not shared with the phases that move the record.
@@ -773,6 +775,7 @@ func (l *Lease) heartbeat(ctx context.Context, lost func()) (stop func()) {
 		if stopped || ctx.Err() != nil {
 			return
 		}
+		started := time.Now()
 		renewCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), every)
 		n, err := queries.RenewIdempotencyKeyLease(renewCtx, l.store.pool, dbsqlc.RenewIdempotencyKeyLeaseParams{
 			CallerID: callerID, ID: id, Attempt: attempt, LeaseSeconds: l.store.lease.Seconds(),
@@ -786,7 +789,7 @@ func (l *Lease) heartbeat(ctx context.Context, lost func()) (stop func()) {
 			lost()
 			return // no renewal after a lost one
 		}
-		timer.Reset(every)
+		timer.Reset(max(0, every-time.Since(started)))
 	}
 	mu.Lock() // a renewal due at once waits until timer is set
 	timer = time.AfterFunc(every, renew)

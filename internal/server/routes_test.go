@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -249,5 +250,55 @@ func TestValidatorSkipsTheKeyOnlyWhenParseKeyImpliesIt(t *testing.T) {
 		if got := impliedByParseKey(tc.param); got != tc.implied {
 			t.Errorf("%s: impliedByParseKey = %v, want %v", tc.name, got, tc.implied)
 		}
+	}
+}
+
+// The contract hands keyed operations' handlers the document it validated
+// (validatedBody), bound with exact member names where Echo's binder
+// matches them regardless of case. The two agree only while a keyed
+// body's schema allows no member it does not name, at every level: this
+// test fails when a keyed operation's body is opened, so that whoever
+// opens it decides whether validatedBody still holds.
+func TestKeyedBodiesAllowNoUnknownMember(t *testing.T) {
+	t.Parallel()
+	s, _ := testRoutes(t)
+	var closed func(path string, sc *openapi3.SchemaRef) []string
+	closed = func(path string, sc *openapi3.SchemaRef) []string {
+		if sc == nil || sc.Value == nil {
+			return nil
+		}
+		var open []string
+		v := sc.Value
+		if v.Type.Is(openapi3.TypeObject) {
+			if v.AdditionalProperties.Has == nil || *v.AdditionalProperties.Has || v.AdditionalProperties.Schema != nil {
+				open = append(open, path)
+			}
+			for name, p := range v.Properties {
+				open = append(open, closed(path+"/"+name, p)...)
+			}
+		}
+		if v.Items != nil {
+			open = append(open, closed(path+"/items", v.Items)...)
+		}
+		for _, sub := range slices.Concat(v.AllOf, v.AnyOf, v.OneOf) {
+			open = append(open, closed(path, sub)...)
+		}
+		return open
+	}
+	bodies := 0
+	for k, r := range s.routes {
+		rb := r.route.Operation.RequestBody
+		if !r.keyed || rb == nil || rb.Value == nil {
+			continue
+		}
+		for media, mt := range rb.Value.Content {
+			bodies++
+			for _, path := range closed("", mt.Schema) {
+				t.Errorf("%s %s (%s): the object at %q allows members it does not name", k.method, k.path, media, path+"/")
+			}
+		}
+	}
+	if bodies == 0 {
+		t.Fatal("no keyed operation with a body")
 	}
 }
