@@ -138,7 +138,7 @@ func appendCanonical(b []byte, v any) ([]byte, bool) {
 		}
 		return append(b, v...), true
 	case string:
-		if !plainString(v) {
+		if !plainJSON(v, false) {
 			return b, false
 		}
 		b = append(b, '"')
@@ -168,7 +168,7 @@ func appendCanonical(b []byte, v any) ([]byte, bool) {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			if !plainString(name) {
+			if !plainJSON(name, false) {
 				return b, false
 			}
 			b = append(b, '"')
@@ -184,12 +184,16 @@ func appendCanonical(b []byte, v any) ([]byte, bool) {
 	return b, false
 }
 
-// plainString says whether encoding/json, without HTML escaping, writes s
-// as it is between its quotes: printable ASCII other than the quote and
-// the backslash.
-func plainString(s string) bool {
+// plainJSON says whether encoding/json writes s as it is between its
+// quotes: printable ASCII other than the quote and the backslash, and,
+// when it escapes HTML (json.Marshal does, the fingerprint's encoder does
+// not), other than <, > and &.
+func plainJSON(s string, escapeHTML bool) bool {
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\':
+			return false
+		case escapeHTML && (c == '<' || c == '>' || c == '&'):
 			return false
 		}
 	}

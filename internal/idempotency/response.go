@@ -95,13 +95,13 @@ func encodeHeaders(h http.Header) ([]byte, error) {
 	names := buf[:0]
 	n := 2 // {}
 	for name, values := range h {
-		if !plainJSON(name) {
+		if !plainJSON(name, true) {
 			return json.Marshal(h)
 		}
 		names = append(names, name)
 		n += len(name) + 6 // "name":[],
 		for _, v := range values {
-			if !plainJSON(v) {
+			if !plainJSON(v, true) {
 				return json.Marshal(h)
 			}
 			n += len(v) + 3 // "v",
@@ -133,17 +133,4 @@ func encodeHeaders(h http.Header) ([]byte, error) {
 		b = append(b, ']')
 	}
 	return append(b, '}'), nil
-}
-
-// plainJSON says whether json.Marshal writes s as it is between its
-// quotes: printable ASCII, with none of the characters it escapes (the
-// quote and the backslash, and <, > and & for HTML's sake).
-func plainJSON(s string) bool {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
-			return false
-		}
-	}
-	return true
 }
