@@ -29,11 +29,13 @@
 //   - the ratios of requests/s: service / floor (the targets), bare hop /
 //     floor (what the hop costs), service / bare hop (what the service's
 //     own code costs), for creates, cached replays and replays through the
-//     database;
+//     database, each over the whole phases and then round by round (the
+//     median and the range of the rounds' ratios: the run's own noise);
 //   - the growth phase's lines, unless -sizes is empty.
 //
-// The phases that are compared (creates; replays) take turns, so that none
-// meets a bigger table or a busier machine than the others did.
+// The phases that are compared (creates; replays) take turns (-rounds of
+// them, in an order that rotates), so that none meets a bigger table or a
+// busier machine than the others did.
 // The database is BENCH_DATABASE_URL (default: a payments_bench database on
 // the local PostgreSQL), created, migrated and emptied by the run; the
 // servers and the bare hops open it with the same pool settings (the
@@ -55,7 +57,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -80,6 +81,7 @@ import (
 var (
 	concurrency = flag.Int("c", 16, "concurrent workers in every phase")
 	duration    = flag.Duration("d", 10*time.Second, "how long each phase runs")
+	rounds      = flag.Int("rounds", 10, "turns each compared phase's time is cut into (creates; replays)")
 	sizes       = flag.String("sizes", "10000,1000000,10000000", "stored-record counts for the growth phase (empty: skip it)")
 	serverBin   = flag.String("server", "", "the server binary (default: built by the run)")
 	bareAddr    = flag.String("bare-serve", "", "serve the bare hop on this address and nothing else (the run starts this itself)")
@@ -111,7 +113,8 @@ type result struct {
 	elapsed  time.Duration
 	p50, p99 time.Duration
 	cpu      cpuUsage
-	server   bool // whether a server answered (not the floor)
+	server   bool      // whether a server answered (not the floor)
+	turns    []float64 // requests/s in each round, when the phase took turns
 }
 
 func (r result) rps() float64 { return float64(r.n) / r.elapsed.Seconds() }
@@ -181,28 +184,58 @@ func measure(p phase, c int, d time.Duration) (result, error) {
 // figures cover all its turns. Taking turns puts every phase against the
 // same table sizes, the same autovacuum and the same noisy neighbours; run
 // one after the other, the later phase would meet a bigger table and a
-// differently busy machine, and the ratio would measure that too.
+// differently busy machine, and the ratio would measure that too. The
+// order of the turns rotates from round to round, so that no phase always
+// follows the same one and inherits what it left behind (its dirty pages,
+// the autovacuum its writes set off, a checkpoint it brought on); and each
+// phase's rate in each round is kept (result.turns), so that a ratio can be
+// read round by round, each from turns a few seconds apart.
 func alternate(rounds, c int, d time.Duration, phases ...phase) ([]result, error) {
 	lats := make([][]time.Duration, len(phases))
 	elapsed := make([]time.Duration, len(phases))
 	used := make([]cpuUsage, len(phases))
-	for range rounds {
-		for i, p := range phases {
-			lat, e, u, err := turn(p, c, d/time.Duration(rounds))
+	turns := make([][]float64, len(phases))
+	for r := range rounds {
+		for j := range phases {
+			i := (r + j) % len(phases)
+			lat, e, u, err := turn(phases[i], c, d/time.Duration(rounds))
 			if err != nil {
 				return nil, err
 			}
 			lats[i] = append(lats[i], lat...)
 			elapsed[i] += e
 			used[i].add(u)
+			turns[i] = append(turns[i], float64(len(lat))/e.Seconds())
 		}
 	}
 	out := make([]result, len(phases))
 	for i, p := range phases {
 		out[i] = summarize(p, lats[i], elapsed[i], used[i])
+		out[i].turns = turns[i]
 		fmt.Println(out[i])
 	}
 	return out, nil
+}
+
+// ratio is a's rate over b's, over the whole phases, followed by the
+// median and the range of the same ratio taken round by round (a and b
+// from one alternate call): how far one round's figure strays from
+// another's says how much of a difference between runs is noise.
+func ratio(a, b result) string {
+	s := fmt.Sprintf("%.2f", a.rps()/b.rps())
+	if len(a.turns) < 2 || len(a.turns) != len(b.turns) {
+		return s
+	}
+	rs := make([]float64, len(a.turns))
+	for i := range rs {
+		rs[i] = a.turns[i] / b.turns[i]
+	}
+	slices.Sort(rs)
+	median := rs[len(rs)/2]
+	if len(rs)%2 == 0 {
+		median = (rs[len(rs)/2-1] + median) / 2
+	}
+	return fmt.Sprintf("%s   (by round: median %.2f, %.2f-%.2f)", s, median, rs[0], rs[len(rs)-1])
 }
 
 // turn is run1 with the CPU the processes spent meanwhile.
@@ -269,6 +302,9 @@ func summarize(p phase, lat []time.Duration, elapsed time.Duration, used cpuUsag
 }
 
 func run(ctx context.Context) error {
+	if *rounds < 1 {
+		return fmt.Errorf("-rounds must be at least 1, not %d", *rounds)
+	}
 	dbURL := os.Getenv("BENCH_DATABASE_URL")
 	if dbURL == "" {
 		dbURL = "postgres://postgres@127.0.0.1:5432/payments_bench?sslmode=disable&pool_max_conns=" + strconv.Itoa(*concurrency)
@@ -391,8 +427,7 @@ func run(ctx context.Context) error {
 	}
 
 	// Creates: the floor, the service and the bare hop, in turns.
-	const rounds = 4
-	creates, err := alternate(rounds, *concurrency, *duration,
+	creates, err := alternate(*rounds, *concurrency, *duration,
 		phase{"floor: keyed create (SQL)", 0, func(_ int, i int64) error {
 			return create("floor-" + strconv.FormatInt(i, 10))
 		}},
@@ -423,7 +458,7 @@ func run(ctx context.Context) error {
 			return err
 		}
 	}
-	replays, err := alternate(rounds, *concurrency, *duration,
+	replays, err := alternate(*rounds, *concurrency, *duration,
 		phase{"floor: replay (SQL)", 0, func(_ int, _ int64) error {
 			row, err := claim("replay-" + strconv.Itoa(rand.IntN(replayKeys)))
 			if err == nil && (row.Claimed || row.Status != "completed") {
@@ -504,14 +539,14 @@ func run(ctx context.Context) error {
 	cpuTable(slices.Concat(creates, replays, []result{storm, charges})...)
 
 	fmt.Printf("\nratios (one run, same machine, same concurrency):\n")
-	fmt.Printf("  keyed create: service / floor         = %.2f   (target >= 0.80)\n", svcCreate.rps()/floorCreate.rps())
-	fmt.Printf("  keyed create: bare hop / floor        = %.2f\n", bareCreate.rps()/floorCreate.rps())
-	fmt.Printf("  keyed create: service / bare hop      = %.2f\n", svcCreate.rps()/bareCreate.rps())
-	fmt.Printf("  replay:       service / floor         = %.2f   (target >= 0.60)\n", svcReplay.rps()/floorReplay.rps())
-	fmt.Printf("  replay:       service / bare hop      = %.2f\n", svcReplay.rps()/bareReplay.rps())
-	fmt.Printf("  replay, cache off: service / floor    = %.2f\n", svcReplayDB.rps()/floorReplay.rps())
-	fmt.Printf("  replay, cache off: bare hop / floor   = %.2f\n", bareReplayDB.rps()/floorReplay.rps())
-	fmt.Printf("  replay, cache off: service / bare hop = %.2f\n", svcReplayDB.rps()/bareReplayDB.rps())
+	fmt.Printf("  keyed create: service / floor         = %s   target >= 0.80\n", ratio(svcCreate, floorCreate))
+	fmt.Printf("  keyed create: bare hop / floor        = %s\n", ratio(bareCreate, floorCreate))
+	fmt.Printf("  keyed create: service / bare hop      = %s\n", ratio(svcCreate, bareCreate))
+	fmt.Printf("  replay:       service / floor         = %s   target >= 0.60\n", ratio(svcReplay, floorReplay))
+	fmt.Printf("  replay:       service / bare hop      = %s\n", ratio(svcReplay, bareReplay))
+	fmt.Printf("  replay, cache off: service / floor    = %s\n", ratio(svcReplayDB, floorReplay))
+	fmt.Printf("  replay, cache off: bare hop / floor   = %s\n", ratio(bareReplayDB, floorReplay))
+	fmt.Printf("  replay, cache off: service / bare hop = %s\n", ratio(svcReplayDB, bareReplayDB))
 	fmt.Printf("  replay / create (service)             = %.2f\n", svcReplay.rps()/svcCreate.rps())
 
 	// 3. Growth with stored keys.
@@ -638,11 +673,27 @@ func startChild(ctx context.Context, dbURL string, command func(addr string) *ex
 	ln.Close()
 	cmd := command(addr)
 	cmd.Env = append(cmd.Env, "DATABASE_URL="+dbURL)
-	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
-	if err := cmd.Start(); err != nil {
+	// The child's log (a line per request, for the service) goes to a
+	// file, as a server's log goes to a file or to a collector in another
+	// process. Not to a pipe into this process: reading it would be load
+	// generator CPU, charged to the phases of whichever server logs more,
+	// on the same two cores.
+	logFile, err := os.CreateTemp("", "bench-child-*.log")
+	if err != nil {
 		return child{}, err
 	}
-	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	cmd.Stdout, cmd.Stderr = logFile, os.Stderr
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		os.Remove(logFile.Name())
+		return child{}, err
+	}
+	stop := func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		logFile.Close()
+		os.Remove(logFile.Name())
+	}
 	for range 300 {
 		if err := ctx.Err(); err != nil {
 			stop()
