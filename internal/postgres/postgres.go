@@ -48,7 +48,14 @@ func Open(ctx context.Context, databaseURL string, createIfMissing bool) (*pgxpo
 	// would succeed. The server reports both settings on every change
 	// (PostgreSQL 14 and later), so the check costs no round trip; the
 	// request that found out has had a 503 (IsTransient).
-	cfg.AfterRelease = func(c *pgx.Conn) bool { return !ReadOnly(c.PgConn()) }
+	//
+	// The check runs when a connection is acquired (PrepareConn), not when
+	// it is released (AfterRelease): pgxpool runs an AfterRelease hook on a
+	// goroutine of its own, one started and scheduled for every release,
+	// which is two per keyed create; PrepareConn runs inline. Either way
+	// the connection is never handed out again: at acquisition it is closed
+	// and the pool tries the next one (or dials a new one).
+	cfg.PrepareConn = func(_ context.Context, c *pgx.Conn) (bool, error) { return !ReadOnly(c.PgConn()), nil }
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
