@@ -49,15 +49,16 @@ import (
 // headers' decoding on a replay. The body is decoded with encoding/json,
 // which any server must do.
 
-// bareServe runs the bare hop on addr until the process is killed.
-func bareServe(addr string, cacheSize int) error {
+// bareServe runs the bare hop on addr until the process is killed. With
+// spin > 0, every request first keeps a CPU busy that long (-bare-spin).
+func bareServe(addr string, cacheSize int, spin time.Duration) error {
 	ctx := context.Background()
 	pool, err := postgres.Open(ctx, os.Getenv("DATABASE_URL"), false)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	b := &bare{pool: pool}
+	b := &bare{pool: pool, spin: spin}
 	if cacheSize > 0 {
 		if b.cache, err = lru.New[bareKey, *bareAnswer](cacheSize); err != nil {
 			return err
@@ -77,6 +78,18 @@ func bareServe(addr string, cacheSize int) error {
 type bare struct {
 	pool  *pgxpool.Pool
 	cache *lru.Cache[bareKey, *bareAnswer] // nil: every replay is a claim
+	spin  time.Duration
+}
+
+// burn keeps this goroutine's CPU busy for b.spin: with -bare-spin set
+// to the service's extra CPU per request, the bare hop is as slow as the
+// service without doing its work, and what PostgreSQL spends per request
+// behind it shows how much of PostgreSQL's extra behind the service comes
+// from the server's pace alone (fewer commits share a WAL flush, backends
+// idle and wake more often), not from anything the service sends.
+func (b *bare) burn() {
+	for end := time.Now().Add(b.spin); time.Now().Before(end); {
+	}
 }
 
 type bareKey struct{ callerID, key string }
@@ -91,6 +104,9 @@ type bareAnswer struct {
 const bareCaller = "acme"
 
 func (b *bare) createOrder(w http.ResponseWriter, r *http.Request) {
+	if b.spin > 0 {
+		b.burn()
+	}
 	ctx := r.Context()
 	key := r.Header.Get("Idempotency-Key")
 	body, err := io.ReadAll(r.Body)

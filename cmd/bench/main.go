@@ -86,6 +86,7 @@ var (
 	serverBin   = flag.String("server", "", "the server binary (default: built by the run)")
 	bareAddr    = flag.String("bare-serve", "", "serve the bare hop on this address and nothing else (the run starts this itself)")
 	bareCache   = flag.Int("bare-cache", 0, "with -bare-serve: keep this many answers for replays (0: none)")
+	bareSpin    = flag.Duration("bare-spin", 0, "the bare hops spin this long on the CPU before each request's work: an experiment, to see what a slower server costs PostgreSQL (docs/performance.md)")
 	tracing     = flag.Bool("tracing", false, "run the service with tracing on: every span sampled and exported over OTLP/HTTP to a receiver in this process (otlp.go)")
 )
 
@@ -94,7 +95,7 @@ var queries = dbsqlc.New()
 func main() {
 	flag.Parse()
 	if *bareAddr != "" {
-		if err := bareServe(*bareAddr, *bareCache); err != nil {
+		if err := bareServe(*bareAddr, *bareCache, *bareSpin); err != nil {
 			fmt.Fprintln(os.Stderr, "bench -bare-serve:", err)
 			os.Exit(1)
 		}
@@ -656,7 +657,7 @@ func startBare(ctx context.Context, dbURL string, cacheSize int) (child, error) 
 		return child{}, err
 	}
 	return startChild(ctx, dbURL, func(addr string) *exec.Cmd {
-		cmd := exec.CommandContext(ctx, self, "-bare-serve", addr, "-bare-cache", strconv.Itoa(cacheSize))
+		cmd := exec.CommandContext(ctx, self, "-bare-serve", addr, "-bare-cache", strconv.Itoa(cacheSize), "-bare-spin", bareSpin.String())
 		cmd.Env = os.Environ()
 		return cmd
 	})
