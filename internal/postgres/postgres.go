@@ -49,13 +49,16 @@ func Open(ctx context.Context, databaseURL string, createIfMissing bool) (*pgxpo
 	// (PostgreSQL 14 and later), so the check costs no round trip; the
 	// request that found out has had a 503 (IsTransient).
 	//
-	// The check runs when a connection is acquired (PrepareConn), not when
-	// it is released (AfterRelease): pgxpool runs an AfterRelease hook on a
-	// goroutine of its own, one started and scheduled for every release,
-	// which is two per keyed create; PrepareConn runs inline. Either way
-	// the connection is never handed out again: at acquisition it is closed
-	// and the pool tries the next one (or dials a new one).
-	cfg.PrepareConn = func(_ context.Context, c *pgx.Conn) (bool, error) { return !ReadOnly(c.PgConn()), nil }
+	// pgxpool runs this hook on a goroutine of its own for every release.
+	// PrepareConn, which runs inline at acquisition, would save that, but
+	// is not the same: refusing a connection there makes the pool dial
+	// another and refuse it too, as long as new connections reach a
+	// read-only server (one host, or a proxy still pointing at the old
+	// primary), until Acquire gives up with an error that is not a 503;
+	// even reads would fail. Here the connection that found out is
+	// dropped, and the next request gets a fresh one and its own answer
+	// (TestServerReadOnlyForEveryConnectionFailsOnlyWrites).
+	cfg.AfterRelease = func(c *pgx.Conn) bool { return !ReadOnly(c.PgConn()) }
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err

@@ -152,6 +152,42 @@ func TestReadOnlyServerIsTransientAndItsConnectionIsDropped(t *testing.T) {
 	}
 }
 
+// A server that is read-only for every connection, new ones included (one
+// host, or a proxy still sending them to a demoted primary): each write
+// is a transient failure, a 503, and nothing else breaks. Reads still
+// work, and the pool keeps answering. (Refusing read-only connections
+// when they are handed out, instead of dropping the one that found out,
+// would make the pool dial and refuse new ones until Acquire gave up with
+// an error that is no 503, and fail reads too.)
+func TestServerReadOnlyForEveryConnectionFailsOnlyWrites(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.New(t)
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_read_only = on', current_database()); END $$"); err != nil {
+		t.Fatal(err)
+	}
+	admin.Close(ctx)
+	pool, err := postgres.Open(ctx, url+"&pool_max_conns=2", false)
+	if err != nil {
+		t.Fatalf("open a pool on a read-only server: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	for i := range 5 {
+		_, err := pool.Exec(ctx, "CREATE TABLE t (x int)")
+		if !isCode(err, "25006") || !postgres.IsTransient(err) {
+			t.Fatalf("write %d: %v; want a transient read_only_sql_transaction", i, err)
+		}
+		var one int
+		if err := pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+			t.Fatalf("read %d on a read-only server: %d, %v", i, one, err)
+		}
+	}
+}
+
 func isCode(err error, code string) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == code
