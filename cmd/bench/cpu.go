@@ -28,11 +28,13 @@ import (
 //     issued from).
 //
 // A tick is 10 ms (USER_HZ is 100), and each reading is short of the truth
-// by less than a tick. For the server, over a 10 s phase at 2,000
-// requests/s (20,000 requests in four turns), that is under 4 × 10 ms /
-// 20,000 = 2 µs per request; the backends' errors are independent and
-// mostly cancel (about √20 ticks a turn for 20 of them, again about 2 µs
-// per request). Small beside the figures compared, tens to hundreds of µs.
+// by less than a tick, so a turn's figure is off by less than a tick
+// either way. For the server, over a 10 s phase at 2,000 requests/s
+// (20,000 requests in twelve turns), that is under 12 × 10 ms / 20,000 =
+// 6 µs per request at worst, far less in practice (the errors have no
+// sign and mostly cancel); the backends' errors are independent and
+// mostly cancel too (about √20 ticks a turn for 20 of them). Small beside
+// the figures compared, tens to hundreds of µs.
 
 // meter reads the CPU time of the processes a phase involves.
 type meter struct {

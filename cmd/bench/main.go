@@ -33,9 +33,9 @@
 //     median and the range of the rounds' ratios: the run's own noise);
 //   - the growth phase's lines, unless -sizes is empty.
 //
-// The phases that are compared (creates; replays) take turns (-rounds of
-// them, in an order that rotates), so that none meets a bigger table or a
-// busier machine than the others did.
+// The phases that are compared (creates; replays) take turns (rounds of
+// them, in an order that changes from round to round, see alternate), so
+// that none meets a bigger table or a busier machine than the others did.
 // The database is BENCH_DATABASE_URL (default: a payments_bench database on
 // the local PostgreSQL), created, migrated and emptied by the run; the
 // servers and the bare hops open it with the same pool settings (the
@@ -81,7 +81,7 @@ import (
 var (
 	concurrency = flag.Int("c", 16, "concurrent workers in every phase")
 	duration    = flag.Duration("d", 10*time.Second, "how long each phase runs")
-	rounds      = flag.Int("rounds", 10, "turns each compared phase's time is cut into (creates; replays)")
+	rounds      = flag.Int("rounds", 0, "turns each compared phase's time is cut into (0: the smallest multiple of twice the phases compared that is at least 10: 12 for creates, 10 for replays)")
 	sizes       = flag.String("sizes", "10000,1000000,10000000", "stored-record counts for the growth phase (empty: skip it)")
 	serverBin   = flag.String("server", "", "the server binary (default: built by the run)")
 	bareAddr    = flag.String("bare-serve", "", "serve the bare hop on this address and nothing else (the run starts this itself)")
@@ -185,23 +185,37 @@ func measure(p phase, c int, d time.Duration) (result, error) {
 // figures cover all its turns. Taking turns puts every phase against the
 // same table sizes, the same autovacuum and the same noisy neighbours; run
 // one after the other, the later phase would meet a bigger table and a
-// differently busy machine, and the ratio would measure that too. The
-// order of the turns rotates from round to round, so that no phase always
-// follows the same one and inherits what it left behind (its dirty pages,
-// the autovacuum its writes set off, a checkpoint it brought on); and each
-// phase's rate in each round is kept (result.turns), so that a ratio can be
-// read round by round, each from turns a few seconds apart.
+// differently busy machine, and the ratio would measure that too.
+//
+// The order changes from round to round, so that no phase mostly follows
+// the same one and inherits what it left behind (its dirty pages, the
+// autovacuum its writes set off, a checkpoint it brought on): round r runs
+// the phases rotated by r/2, forwards in even rounds and backwards in odd
+// ones. For three phases, six rounds make a balanced (Williams) design:
+// every phase comes first, second and third twice, and follows each of
+// the others twice within a round. For five, ten rounds have every phase
+// in every place twice, and following each of its two neighbours in the
+// list (taken as a circle) four times. Each phase's rate in each round is kept
+// (result.turns), so that a ratio can be read round by round, each from
+// turns a few seconds apart.
 func alternate(rounds, c int, d time.Duration, phases ...phase) ([]result, error) {
-	lats := make([][]time.Duration, len(phases))
-	elapsed := make([]time.Duration, len(phases))
-	used := make([]cpuUsage, len(phases))
-	turns := make([][]float64, len(phases))
+	n := len(phases)
+	lats := make([][]time.Duration, n)
+	elapsed := make([]time.Duration, n)
+	used := make([]cpuUsage, n)
+	turns := make([][]float64, n)
 	for r := range rounds {
-		for j := range phases {
-			i := (r + j) % len(phases)
+		for j := range n {
+			i := (r/2 + j) % n
+			if r%2 == 1 {
+				i = (r/2 + n - 1 - j) % n
+			}
 			lat, e, u, err := turn(phases[i], c, d/time.Duration(rounds))
 			if err != nil {
 				return nil, err
+			}
+			if len(lat) == 0 {
+				return nil, fmt.Errorf("%s: a turn of %s answered nothing", phases[i].name, d/time.Duration(rounds))
 			}
 			lats[i] = append(lats[i], lat...)
 			elapsed[i] += e
@@ -209,13 +223,31 @@ func alternate(rounds, c int, d time.Duration, phases ...phase) ([]result, error
 			turns[i] = append(turns[i], float64(len(lat))/e.Seconds())
 		}
 	}
-	out := make([]result, len(phases))
+	out := make([]result, n)
 	for i, p := range phases {
 		out[i] = summarize(p, lats[i], elapsed[i], used[i])
 		out[i].turns = turns[i]
 		fmt.Println(out[i])
 	}
 	return out, nil
+}
+
+// minTurn is the shortest turn alternate may be asked for: a few hundred
+// requests at the slowest rates, and ten ticks of the CPU clock.
+const minTurn = 100 * time.Millisecond
+
+// roundsFor is how many turns each of n compared phases takes: -rounds,
+// or by default the smallest multiple of 2n (a whole number of alternate's
+// balanced cycles) that is at least 10, and no more than -d allows.
+func roundsFor(n int) int {
+	if *rounds > 0 {
+		return *rounds
+	}
+	r := 2 * n
+	for r < 10 {
+		r += 2 * n
+	}
+	return max(1, min(r, int(*duration/minTurn)))
 }
 
 // ratio is a's rate over b's, over the whole phases, followed by the
@@ -303,8 +335,11 @@ func summarize(p phase, lat []time.Duration, elapsed time.Duration, used cpuUsag
 }
 
 func run(ctx context.Context) error {
-	if *rounds < 1 {
-		return fmt.Errorf("-rounds must be at least 1, not %d", *rounds)
+	if *rounds < 0 {
+		return fmt.Errorf("-rounds must be 0 (the default) or more, not %d", *rounds)
+	}
+	if *rounds > 0 && *duration/time.Duration(*rounds) < minTurn {
+		return fmt.Errorf("-d %s in %d rounds makes turns shorter than %s", *duration, *rounds, minTurn)
 	}
 	dbURL := os.Getenv("BENCH_DATABASE_URL")
 	if dbURL == "" {
@@ -428,7 +463,7 @@ func run(ctx context.Context) error {
 	}
 
 	// Creates: the floor, the service and the bare hop, in turns.
-	creates, err := alternate(*rounds, *concurrency, *duration,
+	creates, err := alternate(roundsFor(3), *concurrency, *duration,
 		phase{"floor: keyed create (SQL)", 0, func(_ int, i int64) error {
 			return create("floor-" + strconv.FormatInt(i, 10))
 		}},
@@ -459,7 +494,7 @@ func run(ctx context.Context) error {
 			return err
 		}
 	}
-	replays, err := alternate(*rounds, *concurrency, *duration,
+	replays, err := alternate(roundsFor(5), *concurrency, *duration,
 		phase{"floor: replay (SQL)", 0, func(_ int, _ int64) error {
 			row, err := claim("replay-" + strconv.Itoa(rand.IntN(replayKeys)))
 			if err == nil && (row.Claimed || row.Status != "completed") {
