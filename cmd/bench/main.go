@@ -181,7 +181,7 @@ func measure(p phase, c int, d time.Duration) (result, error) {
 }
 
 // alternate measures the phases that are compared with each other in
-// turns: each runs for d in all, in rounds turns of d/rounds, and its
+// turns: each runs for d in all, in roundsFor(len(phases)) turns, and its
 // figures cover all its turns. Taking turns puts every phase against the
 // same table sizes, the same autovacuum and the same noisy neighbours; run
 // one after the other, the later phase would meet a bigger table and a
@@ -195,27 +195,28 @@ func measure(p phase, c int, d time.Duration) (result, error) {
 // every phase comes first, second and third twice, and follows each of
 // the others twice within a round. For five, ten rounds have every phase
 // in every place twice, and following each of its two neighbours in the
-// list (taken as a circle) four times. Each phase's rate in each round is kept
-// (result.turns), so that a ratio can be read round by round, each from
-// turns a few seconds apart.
-func alternate(rounds, c int, d time.Duration, phases ...phase) ([]result, error) {
+// list (taken as a circle) four times. Each phase's rate in each round is
+// kept (result.turns), so that a ratio can be read round by round, each
+// from turns a few seconds apart.
+func alternate(c int, d time.Duration, phases ...phase) ([]result, error) {
 	n := len(phases)
+	count := roundsFor(n)
 	lats := make([][]time.Duration, n)
 	elapsed := make([]time.Duration, n)
 	used := make([]cpuUsage, n)
 	turns := make([][]float64, n)
-	for r := range rounds {
+	for r := range count {
 		for j := range n {
 			i := (r/2 + j) % n
 			if r%2 == 1 {
 				i = (r/2 + n - 1 - j) % n
 			}
-			lat, e, u, err := turn(phases[i], c, d/time.Duration(rounds))
+			lat, e, u, err := turn(phases[i], c, d/time.Duration(count))
 			if err != nil {
 				return nil, err
 			}
 			if len(lat) == 0 {
-				return nil, fmt.Errorf("%s: a turn of %s answered nothing", phases[i].name, d/time.Duration(rounds))
+				return nil, fmt.Errorf("%s: a turn of %s answered nothing", phases[i].name, d/time.Duration(count))
 			}
 			lats[i] = append(lats[i], lat...)
 			elapsed[i] += e
@@ -232,8 +233,9 @@ func alternate(rounds, c int, d time.Duration, phases ...phase) ([]result, error
 	return out, nil
 }
 
-// minTurn is the shortest turn alternate may be asked for: a few hundred
-// requests at the slowest rates, and ten ticks of the CPU clock.
+// minTurn is the shortest turn alternate may be asked for: over a hundred
+// requests at the slowest rates measured here, and ten ticks of the CPU
+// clock.
 const minTurn = 100 * time.Millisecond
 
 // roundsFor is how many turns each of n compared phases takes: -rounds,
@@ -463,7 +465,7 @@ func run(ctx context.Context) error {
 	}
 
 	// Creates: the floor, the service and the bare hop, in turns.
-	creates, err := alternate(roundsFor(3), *concurrency, *duration,
+	creates, err := alternate(*concurrency, *duration,
 		phase{"floor: keyed create (SQL)", 0, func(_ int, i int64) error {
 			return create("floor-" + strconv.FormatInt(i, 10))
 		}},
@@ -494,7 +496,7 @@ func run(ctx context.Context) error {
 			return err
 		}
 	}
-	replays, err := alternate(roundsFor(5), *concurrency, *duration,
+	replays, err := alternate(*concurrency, *duration,
 		phase{"floor: replay (SQL)", 0, func(_ int, _ int64) error {
 			row, err := claim("replay-" + strconv.Itoa(rand.IntN(replayKeys)))
 			if err == nil && (row.Claimed || row.Status != "completed") {
