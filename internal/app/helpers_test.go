@@ -55,6 +55,10 @@ type serverOptions struct {
 	config func(*config.Server)
 	wrap   func(http.Handler) http.Handler
 	pool   func(*pgxpool.Config)
+	// noWebhooks: the processor sends no webhooks, so every outcome is
+	// recorded by the operation's own final phase, never first by a
+	// webhook (charges.ApplyChargeEvent: whichever comes first records it).
+	noWebhooks bool
 }
 
 func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
@@ -83,6 +87,9 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
 		// Payouts arrive quickly in tests; ba_test_slow takes ten times as long.
 		PayoutDelay: 300 * time.Millisecond,
+	}
+	if o.noWebhooks {
+		procCfg.WebhookURL = ""
 	}
 	proc, err := processor.New(procCfg)
 	if err != nil {
