@@ -202,8 +202,7 @@ func checkJSON(body []byte) error {
 	err := ijson.Check(body)
 	if err == nil {
 		// Before the targets of errors.As below are declared: they escape
-		// to the heap, five allocations a request that nothing wrong with
-		// its body need not pay.
+		// to the heap, five allocations that a good body need not cost.
 		return nil
 	}
 	var tooDeep *ijson.DepthError
