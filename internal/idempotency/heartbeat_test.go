@@ -31,6 +31,14 @@ func listeningStore(t *testing.T, lease, wait time.Duration) (*Store, *pgxpool.P
 		return pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	t.Cleanup(l.Close)
+	// Listening before the test begins: the wake-up every waiter gets when
+	// the listener's LISTEN takes effect (it may have missed a
+	// notification while connecting) must not land in the test.
+	select {
+	case <-l.listening:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the listener is not listening after 10s")
+	}
 	s.waiters, s.wait = l, wait
 	return s, pool
 }

@@ -31,6 +31,11 @@ type Listener struct {
 
 	stop context.CancelFunc
 	done chan struct{}
+	// listening is closed once the first LISTEN has taken effect and the
+	// waiters registered meanwhile have been woken: from then on, only a
+	// notification or a lost connection wakes anyone (tests wait for it).
+	listening     chan struct{}
+	listeningOnce sync.Once
 }
 
 // recordRef names a record as its notification does: caller and id.
@@ -48,7 +53,8 @@ const listenChannel = "idempotency_keys"
 // Close.
 func NewListener(connect func(context.Context) (*pgx.Conn, error), log *slog.Logger) *Listener {
 	ctx, stop := context.WithCancel(context.Background())
-	l := &Listener{connect: connect, log: log, waiting: map[recordRef]map[chan struct{}]struct{}{}, stop: stop, done: make(chan struct{})}
+	l := &Listener{connect: connect, log: log, waiting: map[recordRef]map[chan struct{}]struct{}{}, stop: stop, done: make(chan struct{}),
+		listening: make(chan struct{})}
 	go l.run(ctx)
 	return l
 }
@@ -132,6 +138,7 @@ func (l *Listener) listen(ctx context.Context) error {
 	// A waiter may have registered while the connection was being made;
 	// what was notified before LISTEN took effect is not received.
 	l.wake(recordRef{}, true)
+	l.listeningOnce.Do(func() { close(l.listening) })
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
