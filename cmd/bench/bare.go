@@ -85,8 +85,8 @@ type bare struct {
 // to the service's extra CPU per request, the bare hop is as slow as the
 // service without doing its work, and what PostgreSQL spends per request
 // behind it shows how much of PostgreSQL's extra behind the service comes
-// from the server's pace alone (fewer commits share a WAL flush, backends
-// idle and wake more often), not from anything the service sends.
+// from the server's pace alone rather than from anything the service
+// sends (docs/performance.md: three runs consistent with that, no proof).
 func (b *bare) burn() {
 	for end := time.Now().Add(b.spin); time.Now().Before(end); {
 	}

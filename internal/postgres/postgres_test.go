@@ -167,10 +167,11 @@ func TestServerReadOnlyForEveryConnectionFailsOnlyWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Exec(ctx, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_read_only = on', current_database()); END $$"); err != nil {
+	_, err = admin.Exec(ctx, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_read_only = on', current_database()); END $$")
+	admin.Close(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	admin.Close(ctx)
 	pool, err := postgres.Open(ctx, url+"&pool_max_conns=2", false)
 	if err != nil {
 		t.Fatalf("open a pool on a read-only server: %v", err)
