@@ -154,8 +154,10 @@ func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) err
 
 // newLogger writes JSON lines, for a log collector, unless format says
 // text or (format unset) stdout is a terminal, where a person reads it.
-// Every line logged with a request's context carries its request id.
-func newLogger(stdout io.Writer, format string) *slog.Logger {
+// Every line logged with a context carrying a request id has it. With a
+// flush interval, lines are written in batches (batchWriter): close
+// writes the last of them, and must run before the process exits.
+func newLogger(stdout io.Writer, format string, flushInterval time.Duration) (log *slog.Logger, close func() error) {
 	if format == "" {
 		format = "json"
 		if f, ok := stdout.(*os.File); ok {
@@ -164,11 +166,20 @@ func newLogger(stdout io.Writer, format string) *slog.Logger {
 			}
 		}
 	}
-	var h slog.Handler = slog.NewJSONHandler(stdout, nil)
-	if format == "text" {
-		h = slog.NewTextHandler(stdout, nil)
+	out, close := stdout, func() error { return nil }
+	var batches *batchWriter
+	if flushInterval > 0 {
+		batches = newBatchWriter(stdout, flushInterval)
+		out, close = batches, batches.Close
 	}
-	return slog.New(server.LogHandler(h))
+	var h slog.Handler = slog.NewJSONHandler(out, nil)
+	if format == "text" {
+		h = slog.NewTextHandler(out, nil)
+	}
+	if batches != nil {
+		h = flushOnWarn{h, batches}
+	}
+	return slog.New(server.LogHandler(h)), close
 }
 
 // newHTTPServer returns the http.Server that serves handler with the
@@ -221,7 +232,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	log := newLogger(stdout, cfg.LogFormat)
+	// Only a serving process batches its log: the other commands print
+	// their output to the same stdout, and a batch written later would
+	// land in the middle of it.
+	flush := cfg.LogFlushInterval
+	if command != "serve" {
+		flush = 0
+	}
+	log, closeLog := newLogger(stdout, cfg.LogFormat, flush)
+	defer func() { _ = closeLog() }()
 	if command == "demo" {
 		return runDemo(ctx, cfg, log, stdout)
 	}

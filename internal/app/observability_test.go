@@ -130,6 +130,11 @@ func TestRequestLogsCarryTheOutcomeAndNoSecrets(t *testing.T) {
 	var o order
 	first.decode(t, &o)
 	ts.do(t, chargeRequest(o.ID, "log-charge-key", "pm_card_visa"))
+	// A 503 (the processor fails the first call with this card): a 5xx is
+	// the server's failure, so its line is a warning, which the process's
+	// log writes at once instead of with a later batch.
+	flaky := ts.newOrder(t, "sk_test_acme", 300)
+	ts.do(t, chargeRequest(flaky.ID, "log-flaky-key", "pm_card_flaky")).wantProblem(t, http.StatusServiceUnavailable, "processor_unavailable")
 	ts.fund(t, "sk_test_acme", 500)
 	ts.do(t, payoutRequest("sk_test_acme", "log-payout-key", `{"amount":100,"currency":"usd"}`))
 	// An id that is not a plain token (quotes and spaces, to forge a
@@ -152,7 +157,17 @@ func TestRequestLogsCarryTheOutcomeAndNoSecrets(t *testing.T) {
 	}
 	byRequest := map[string]map[string]any{}
 	outcomes := map[string]int{}
+	levels := map[string]int{}
 	for _, l := range lines {
+		status, _ := l["status"].(float64)
+		want := "INFO"
+		if status >= 500 {
+			want = "WARN"
+		}
+		if l["level"] != want {
+			t.Errorf("a %v request's line at level %v; want %s", l["status"], l["level"], want)
+		}
+		levels[want]++
 		for _, attr := range []string{"request_id", "method", "route", "status", "duration"} {
 			if l[attr] == nil {
 				t.Errorf("request line without %s: %v", attr, l)
@@ -169,12 +184,15 @@ func TestRequestLogsCarryTheOutcomeAndNoSecrets(t *testing.T) {
 	if l := byRequest["support-ticket-7"]; l == nil || l["route"] != "/v1/orders" || l["status"] != float64(201) || l["idempotency"] != "new" {
 		t.Errorf("the line of request support-ticket-7: %v", l)
 	}
+	if levels["WARN"] != 1 || levels["INFO"] < 5 {
+		t.Errorf("request lines by level %v; want the 503's at WARN and the rest at INFO", levels)
+	}
 	if outcomes["new"] < 3 || outcomes["replayed"] < 1 {
 		t.Errorf("idempotency outcomes logged %v; want the new order, charge and payout, and the replay", outcomes)
 	}
 
 	all := logs.String()
-	for _, secret := range []string{"sk_test_acme", "sk_test_globex", key, "log-charge-key", "log-payout-key", "whsec_", "pm_card_visa"} {
+	for _, secret := range []string{"sk_test_acme", "sk_test_globex", key, "log-charge-key", "log-payout-key", "log-flaky-key", "whsec_", "pm_card_visa"} {
 		if strings.Contains(all, secret) {
 			t.Errorf("the logs contain %q", secret)
 		}

@@ -222,7 +222,13 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		if o := outcome(); o != "" {
 			attrs = append(attrs, slog.String("idempotency", o))
 		}
-		logRequest(req.Context(), s.log, attrs)
+		// A 5xx is the server's failure, not the client's: a warning, which
+		// the process's log writes at once rather than with a later batch.
+		level := slog.LevelInfo
+		if status >= 500 {
+			level = slog.LevelWarn
+		}
+		logRequest(req.Context(), s.log, level, attrs)
 		return nil
 	}
 }
@@ -241,12 +247,12 @@ func routeLabel(c echo.Context) string {
 // record to the handler with no caller (pc 0): slog takes the caller's PC
 // with runtime.Callers for every record (about 3 µs a request), and no
 // handler of ours prints it.
-func logRequest(ctx context.Context, log *slog.Logger, attrs []slog.Attr) {
+func logRequest(ctx context.Context, log *slog.Logger, level slog.Level, attrs []slog.Attr) {
 	h := log.Handler()
-	if !h.Enabled(ctx, slog.LevelInfo) {
+	if !h.Enabled(ctx, level) {
 		return
 	}
-	r := slog.NewRecord(time.Now(), slog.LevelInfo, "request", 0)
+	r := slog.NewRecord(time.Now(), level, "request", 0)
 	r.AddAttrs(attrs...)
 	_ = h.Handle(ctx, r)
 }
