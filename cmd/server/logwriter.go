@@ -18,9 +18,10 @@ import (
 // (docs/performance.md). Batched, a loaded server makes one write for many
 // requests.
 //
-// What it costs: a line reaches the log up to the interval late, and a
-// process killed outright (SIGKILL, a fatal runtime error) loses the lines
-// of its last interval. A warning or an error is written at once, with
+// What it costs: a line reaches the log up to the interval late (its time
+// field still says when it was logged), and a process killed outright
+// (SIGKILL, out of memory, a fatal runtime error) loses the lines still
+// waiting: about its last interval's, more if its output was blocked. A warning or an error is written at once, with
 // every line before it, so the lines that say what went wrong are not the
 // ones that wait; a graceful shutdown writes everything (Close). Nothing
 // the API promises is in the log: a lost line loses no money and no
@@ -70,29 +71,42 @@ func (w *batchWriter) Write(p []byte) (int, error) {
 	first := len(w.buf) == 0
 	w.buf = append(w.buf, p...)
 	full := len(w.buf) >= w.maxBatch
+	if first && !full {
+		// The timer is armed by the batch's first line, and under mu, so
+		// that no line waits longer than the interval even if this
+		// goroutine is paused right after. (A timer still armed for a
+		// batch that filled up and went out early fires on this one a
+		// little sooner, which is harmless.)
+		w.timer.Reset(w.interval)
+	}
 	w.mu.Unlock()
-	switch {
-	case full:
+	if full {
 		if err := w.Flush(); err != nil {
 			return 0, err
 		}
-	case first:
-		// The timer is armed by the batch's first line only, so a line
-		// never waits longer than the interval. (A timer still armed for
-		// a batch that filled up and went out early just fires on this
-		// one a little sooner.)
-		w.timer.Reset(w.interval)
 	}
 	return len(p), nil
 }
 
 // Flush writes the lines gathered so far.
-func (w *batchWriter) Flush() error {
+func (w *batchWriter) Flush() error { return w.flush(false) }
+
+// Close writes what is left; after it, every line is written as it comes.
+func (w *batchWriter) Close() error {
+	w.timer.Stop()
+	return w.flush(true)
+}
+
+// flush writes the batch; with closing, it also sends every later line
+// straight out, in the same step, so that none can go out before the
+// last batch.
+func (w *batchWriter) flush(closing bool) error {
 	w.writing.Lock()
 	defer w.writing.Unlock()
 	w.mu.Lock()
 	batch := w.buf
 	w.buf = w.spare[:0]
+	w.closed = w.closed || closing
 	w.mu.Unlock()
 	if len(batch) == 0 {
 		w.spare = batch
@@ -101,15 +115,6 @@ func (w *batchWriter) Flush() error {
 	_, err := w.out.Write(batch)
 	w.spare = batch[:0]
 	return err
-}
-
-// Close writes what is left; after it, every line is written as it comes.
-func (w *batchWriter) Close() error {
-	w.timer.Stop()
-	w.mu.Lock()
-	w.closed = true
-	w.mu.Unlock()
-	return w.Flush()
 }
 
 // flushOnWarn writes the batch at once after every record at slog.LevelWarn
