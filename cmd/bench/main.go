@@ -153,6 +153,15 @@ func cpuTable(results ...result) {
 		fmt.Printf("  %-*s %7s %9.0f %7.0f %7.0f\n", w, r.name, server, r.perRequest(r.cpu.postgres),
 			r.perRequest(r.cpu.client), r.perRequest(r.cpu.server+r.cpu.postgres+r.cpu.client))
 	}
+
+	fmt.Printf("\nSystem calls per request, server (read and write calls, from /proc/<pid>/io; exact, not sampled):\n")
+	fmt.Printf("  %-*s %7s %7s\n", w, "", "reads", "writes")
+	for _, r := range results {
+		if r.server {
+			fmt.Printf("  %-*s %7.2f %7.2f\n", w, r.name,
+				float64(r.cpu.serverIO.reads)/float64(r.n), float64(r.cpu.serverIO.writes)/float64(r.n))
+		}
+	}
 }
 
 // seq numbers operations across the whole run, so that every phase, and
