@@ -155,9 +155,9 @@ func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) err
 // newLogger writes JSON lines, for a log collector, unless format says
 // text or (format unset) stdout is a terminal, where a person reads it.
 // Every line logged with a context carrying a request id has it. With a
-// flush interval, lines are written in batches (batchWriter): close
+// flush interval, lines are written in batches (batchWriter): closeLog
 // writes the last of them, and must run before the process exits.
-func newLogger(stdout io.Writer, format string, flushInterval time.Duration) (log *slog.Logger, close func() error) {
+func newLogger(stdout io.Writer, format string, flushInterval time.Duration) (log *slog.Logger, closeLog func() error) {
 	if format == "" {
 		format = "json"
 		if f, ok := stdout.(*os.File); ok {
@@ -166,11 +166,11 @@ func newLogger(stdout io.Writer, format string, flushInterval time.Duration) (lo
 			}
 		}
 	}
-	out, close := stdout, func() error { return nil }
+	out, closeLog := stdout, func() error { return nil }
 	var batches *batchWriter
 	if flushInterval > 0 {
 		batches = newBatchWriter(stdout, flushInterval)
-		out, close = batches, batches.Close
+		out, closeLog = batches, batches.Close
 	}
 	var h slog.Handler = slog.NewJSONHandler(out, nil)
 	if format == "text" {
@@ -179,7 +179,7 @@ func newLogger(stdout io.Writer, format string, flushInterval time.Duration) (lo
 	if batches != nil {
 		h = flushOnWarn{h, batches}
 	}
-	return slog.New(server.LogHandler(h)), close
+	return slog.New(server.LogHandler(h)), closeLog
 }
 
 // newHTTPServer returns the http.Server that serves handler with the
