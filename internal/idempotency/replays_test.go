@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/http"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -206,5 +208,45 @@ func TestReplayCacheHoldsOnlyCompletedRecords(t *testing.T) {
 	replay, err := s.Execute(ctx, req, createOrder)
 	if err != nil || !replay.Replayed || !bytes.Equal(replay.Body, first.Body) {
 		t.Fatalf("replay after completion: %+v, %v; want %s", replay, err, first.Body)
+	}
+}
+
+// An entry gives back exactly the answer it was given, whatever happens
+// to that answer afterwards, and no replay of it can change another: its
+// header values are shared, each capped at its length.
+func TestCachedReplayIsTheAnswerItWasGiven(t *testing.T) {
+	t.Parallel()
+	req := Request{CallerID: "acme", Key: "k", Method: "POST", Path: "/v1/orders", Fingerprint: []byte{1, 2, 3}}
+	header := http.Header{
+		"Content-Type": {"application/json"},
+		"Location":     {"/v1/orders/ord_1"},
+		"Link":         {"</a>", "</b>"}, // two values: kept in order
+		"Empty":        nil,              // no value: nothing to write
+	}
+	resp := &Response{Status: http.StatusCreated, Header: header, Body: []byte(`{"id":"ord_1"}`)}
+	e := newCachedReplay(req, resp, time.Now().Add(time.Hour))
+	want := http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/orders/ord_1"}, "Link": {"</a>", "</b>"}}
+
+	// The answer is changed after it was cached, as a buffer reused would be.
+	resp.Body[2] = 'X'
+	header["Location"][0] = "/elsewhere"
+	req.Fingerprint[0] = 9
+
+	a := e.response()
+	if a.Status != http.StatusCreated || !a.Replayed || string(a.Body) != `{"id":"ord_1"}` || !reflect.DeepEqual(a.Header, want) {
+		t.Fatalf("replay %d %v %s (replayed %v); want 201 %v {\"id\":\"ord_1\"}, replayed", a.Status, a.Header, a.Body, a.Replayed, want)
+	}
+	if !bytes.Equal(e.fingerprint(), []byte{1, 2, 3}) || e.method() != "POST" || e.path() != "/v1/orders" {
+		t.Fatalf("first request %x %s %s; want 010203 POST /v1/orders", e.fingerprint(), e.method(), e.path())
+	}
+
+	// One replay's writer appends to its headers and its body.
+	a.Header["Location"] = append(a.Header["Location"], "/v1/orders/ord_2")
+	a.Header["Link"] = append(a.Header["Link"], "</c>")
+	delete(a.Header, "Content-Type")
+	_ = append(a.Body, "tail"...)
+	b := e.response()
+	if string(b.Body) != `{"id":"ord_1"}` || !reflect.DeepEqual(b.Header, want) {
+		t.Fatalf("the next replay %v %s; want %v %s", b.Header, b.Body, want, `{"id":"ord_1"}`)
 	}
 }
