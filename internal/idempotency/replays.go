@@ -63,7 +63,7 @@ type replayKey struct{ callerID, key string }
 // meanwhile. So the bytes are kept in one slice with no pointers in it,
 // which the collector marks without scanning, and the headers in one slice
 // of strings instead of a map of slices: for a created order's answer, 6
-// objects and 634 bytes an entry, where the request's slices and a clone
+// objects and 663 bytes an entry, where the request's slices and a clone
 // of the answer's header map kept 9 objects and 1,002 bytes.
 type cachedReplay struct {
 	// data is, end to end: the first request's fingerprint, method and
@@ -72,8 +72,12 @@ type cachedReplay struct {
 	fpEnd, methodEnd, pathEnd int
 	status                    int
 	// header is the answer's headers as name, value pairs: a name with
-	// two values is there twice.
+	// two values is there twice. noValue names the headers present with
+	// no value (nil for almost every entry): net/http writes nothing for
+	// them, but their presence still stops it adding its own (a sniffed
+	// Content-Type, a Date), so a replay keeps them too.
 	header      []string
+	noValue     []string
 	expires     time.Time // on the monotonic clock
 	expiresWall time.Time // the same instant on the wall clock
 }
@@ -94,6 +98,9 @@ func newCachedReplay(req Request, resp *Response, expires time.Time) *cachedRepl
 	}
 	e.header = make([]string, 0, n)
 	for name, values := range resp.Header {
+		if len(values) == 0 {
+			e.noValue = append(e.noValue, name)
+		}
 		for _, v := range values {
 			e.header = append(e.header, name, v)
 		}
@@ -165,15 +172,15 @@ func (c *replayCache) put(req Request, resp *Response, sent time.Time, age time.
 	c.entries.Add(replayKey{req.CallerID, req.Key}, newCachedReplay(req, resp, expires))
 }
 
-// response is the entry as a replay: a header map of its own, whose
-// value slices are the entry's, capped at their length, so that a writer
-// appending to one header of a replay cannot reach into another's; and
-// the entry's body, shared by every replay of it and only ever read. The
-// map is made for each replay (two small allocations) rather than kept
-// with the entry: most entries are never replayed, and every one of them
-// is walked on every collection.
+// response is the entry as a replay, with a header map of its own: a
+// header with one value gets the entry's slice of it, capped at its
+// length, so that a writer appending to a header of one replay cannot
+// reach into another's; one with several values gets a new slice. The
+// body is the entry's, shared by every replay of it and only ever read.
+// The map is made for each replay rather than kept with the entry: most
+// entries are never replayed, and every one is marked on every collection.
 func (e *cachedReplay) response() *Response {
-	h := make(http.Header, len(e.header)/2)
+	h := make(http.Header, len(e.header)/2+len(e.noValue)) // room for every name, if each has one value
 	for i := 0; i < len(e.header); i += 2 {
 		name := e.header[i]
 		if values, ok := h[name]; ok {
@@ -182,6 +189,8 @@ func (e *cachedReplay) response() *Response {
 		}
 		h[name] = e.header[i+1 : i+2 : i+2]
 	}
-	body := e.data[e.pathEnd:len(e.data):len(e.data)]
-	return &Response{Status: e.status, Header: h, Body: body, Replayed: true}
+	for _, name := range e.noValue {
+		h[name] = nil
+	}
+	return &Response{Status: e.status, Header: h, Body: e.data[e.pathEnd:], Replayed: true}
 }

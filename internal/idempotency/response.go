@@ -16,7 +16,8 @@ var storedHeaders = [...]string{"Content-Type", "Location", "Content-Encoding"}
 
 // Response is an operation's final HTTP response, as stored and replayed.
 // The first answer and every replay are written from the same stored bytes,
-// which is what makes a replay byte-identical.
+// which is what makes a replay byte-identical. A Response is only read once
+// made: the replays of a cached answer share its body and header values.
 type Response struct {
 	Status int
 	Header http.Header
