@@ -896,25 +896,37 @@ func (p *process) start(t *testing.T) {
 		ready = `"msg":"listening"`
 	}
 	listening := make(chan struct{})
+	// What this start printed until it was ready, to say why if it never
+	// is: the shared log mixes every process's lines, and is only read at
+	// the end of a run that got that far.
+	var early syncBuffer
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		once := sync.OnceFunc(func() { close(listening) })
+		isReady := false
 		for sc.Scan() {
 			p.logs.Write(append(sc.Bytes(), '\n'))
+			if isReady {
+				continue
+			}
+			early.Write(append(sc.Bytes(), '\n'))
 			if strings.Contains(sc.Text(), ready) {
-				once()
+				isReady = true
+				close(listening)
 			}
 		}
-		_ = cmd.Wait() // after the last read from its output, as exec asks
+		waitErr := cmd.Wait() // after the last read from its output, as exec asks
+		if !isReady {
+			fmt.Fprintf(&early, "(%v)\n", waitErr)
+		}
 		close(exited)
 	}()
 	select {
 	case <-listening:
 	case <-exited:
-		t.Fatalf("%s exited before it was ready", p.name)
+		t.Fatalf("%s exited before it was ready; it printed:\n%s", p.name, early.String())
 	case <-time.After(30 * time.Second):
-		t.Fatalf("%s did not start listening within 30s", p.name)
+		t.Fatalf("%s did not start listening within 30s; it printed:\n%s", p.name, early.String())
 	}
 }
 
