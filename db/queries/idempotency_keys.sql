@@ -244,3 +244,33 @@ ORDER BY created_at;
 SELECT sqlc.embed(k), coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds
 FROM idempotency_keys k
 WHERE k.caller_id = @caller_id AND k.id = @id;
+
+-- name: FindIdempotencyKey :one
+-- A local operation's first look at its key: the record if there is one,
+-- how much of its lease is left and how old it is (both on the database
+-- clock, as in the claim). A record found here is answered from (replay,
+-- 422, or busy); none means the operation runs.
+SELECT sqlc.embed(k),
+       coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
+       greatest(extract(epoch FROM now() - k.created_at), 0)::float8 AS age_seconds
+FROM idempotency_keys k
+WHERE k.caller_id = @caller_id AND k.key = @key;
+
+-- name: InsertCompletedIdempotencyKey :exec
+-- A local operation's record, written once, completed, in the transaction
+-- that made its effect: no lease, no in-progress state, no later update.
+-- The key's unique index is the only lock: a second request under the same
+-- key waits here until the first one's transaction ends, and then fails
+-- with unique_violation (its own effect rolls back with it) if the first
+-- committed, or goes on if it rolled back. It fails rather than doing
+-- nothing (no ON CONFLICT) because it is sent with the COMMIT
+-- (postgres.TransactPipelined): only an error stops that COMMIT.
+INSERT INTO idempotency_keys (
+    caller_id, key, operation, request_method, request_path, request_fingerprint,
+    status, recovery_point, locked_until, response_status, response_headers, response_body, completed_at,
+    traceparent
+) VALUES (
+    @caller_id, @key, @operation, @request_method, @request_path, @request_fingerprint,
+    'completed', 'finished', NULL, @response_status, @response_headers, @response_body, now(),
+    sqlc.narg(traceparent)
+);

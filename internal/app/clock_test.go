@@ -5,6 +5,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -25,13 +26,13 @@ import (
 // the replicas' (a PostgreSQL of the test's own, started under libfaketime;
 // the replicas are two real server processes on the machine's clock).
 // Ten minutes is far more than any skew between machines, and far more
-// than the lease. Replica A claims a key and dies holding it. Had a
+// than the lease. Replica A claims a charge's key and dies holding it. Had a
 // replica computed a lease, or compared one, on its own clock, the lease
 // would already have lapsed on the database's clock (a second owner let
 // in at once), or would last ten minutes more (a 409 with Retry-After:
 // 600). Instead, replica B answers 409 while A's lease runs, with
 // Retry-After at most the lease, and takes the operation over once the
-// lease lapses on the database's clock; one order is made.
+// lease lapses on the database's clock; one charge is made.
 //
 // Why the database, and not a replica: libfaketime moves a process's clock
 // by intercepting the C library, and Go programs read the clock without
@@ -70,36 +71,46 @@ func TestClockSkewCannotBreakALease(t *testing.T) {
 		"PROCESSOR_TIMEOUT=1s", "SEED_DEMO_CALLERS=true", "RECONCILER_ENABLED=false", "RATE_LIMIT_PER_SECOND=0"}
 	addrA, replicaA := startCommand(t, "cmd/server", nil, env...)
 	addrB, _ := startCommand(t, "cmd/server", nil, env...)
-	order := func(addr string) response {
-		req, err := http.NewRequest("POST", "http://"+addr+"/v1/orders", strings.NewReader(`{"amount":100,"currency":"usd"}`))
+	post := func(addr, path, key, body string) response {
+		req, err := http.NewRequest("POST", "http://"+addr+path, strings.NewReader(body))
 		if err != nil {
 			t.Error(err)
 			return response{}
 		}
 		req.Header.Set("Authorization", "Bearer sk_test_acme")
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", "skewed")
+		req.Header.Set("Idempotency-Key", key)
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return response{} // replica A, killed under its request
 		}
 		defer res.Body.Close()
-		return response{Status: res.StatusCode, Header: res.Header}
+		b, _ := io.ReadAll(res.Body)
+		return response{Status: res.StatusCode, Header: res.Header, Body: b}
+	}
+	var o order
+	if res := post(addrB, "/v1/orders", "skewed-order", `{"amount":100,"currency":"usd"}`); res.Status != http.StatusCreated {
+		t.Fatalf("order: %d %s", res.Status, res.Body)
+	} else {
+		res.decode(t, &o)
+	}
+	charge := func(addr string) response {
+		return post(addr, "/v1/orders/"+o.ID+"/charges", "skewed", `{"payment_method":"pm_card_visa"}`)
 	}
 
-	// Replica A claims the key and is held inside its phase (every order
-	// insert waits on a lock the test keeps); then it dies, as a crash
-	// kills it, leaving its lease to run out on its own.
+	// Replica A claims the charge's key and is held inside its first phase
+	// (every charge insert waits on a lock the test keeps); then it dies,
+	// as a crash kills it, leaving its lease to run out on its own.
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tx.Rollback(ctx) }) // released below; this is for a test that stops early
-	if _, err := tx.Exec(ctx, `LOCK TABLE orders IN SHARE MODE`); err != nil {
+	if _, err := tx.Exec(ctx, `LOCK TABLE charges IN SHARE MODE`); err != nil {
 		t.Fatal(err)
 	}
-	go order(addrA)
-	waitForInsertsWaiting(t, db, 1)
+	go charge(addrA)
+	waitForInsertsWaiting(t, db, "charges", 1)
 	if err := replicaA.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +129,7 @@ func TestClockSkewCannotBreakALease(t *testing.T) {
 	// Replica B, while the dead A's lease runs: in progress, for at most
 	// the lease. Nobody is working (A is dead), but no server can tell
 	// that from a slow A before the lease lapses.
-	res := order(addrB)
+	res := charge(addrB)
 	if res.Status != http.StatusConflict || res.Header.Get(outcomeHeader) != "in_progress" {
 		t.Fatalf("B while A's lease runs: %d %s; want 409 in_progress", res.Status, res.Header.Get(outcomeHeader))
 	}
@@ -139,9 +150,9 @@ func TestClockSkewCannotBreakALease(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		taker = order(addrB)
+		taker = charge(addrB)
 	}()
-	waitFor(t, 30*time.Second, "B's takeover to wait at the order insert", func() bool {
+	waitFor(t, 30*time.Second, "B's takeover to wait at the charge insert", func() bool {
 		var attempt int
 		if err := db.QueryRow(ctx, `SELECT attempt FROM idempotency_keys WHERE key = 'skewed'`).Scan(&attempt); err != nil {
 			t.Fatal(err)
@@ -155,32 +166,26 @@ func TestClockSkewCannotBreakALease(t *testing.T) {
 	if taker.Status != http.StatusCreated || taker.Header.Get(outcomeHeader) != "taken_over" {
 		t.Errorf("B after A's lease lapsed: %d %s; want 201 taken_over", taker.Status, taker.Header.Get(outcomeHeader))
 	}
-	var orders int
-	if err := db.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&orders); err != nil || orders != 1 {
-		t.Errorf("%d orders (%v); want 1", orders, err)
+	var charges int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM charges`).Scan(&charges); err != nil || charges != 1 {
+		t.Errorf("%d charges (%v); want 1", charges, err)
 	}
 }
 
-// waitForInsertsWaiting waits until n order inserts wait on a lock in
-// db's database: n requests have claimed their key and are inside their
-// phase's transaction.
-func waitForInsertsWaiting(t *testing.T, db *pgxpool.Pool, n int) {
+// waitForInsertsWaiting waits until n inserts into table wait on a lock
+// in db's database: n requests are inside a transaction that inserts there.
+func waitForInsertsWaiting(t *testing.T, db *pgxpool.Pool, table string, n int) {
 	t.Helper()
-	waitFor(t, 30*time.Second, "order inserts waiting on the lock", func() bool { return insertsWaiting(t, db) >= n })
-}
-
-// insertsWaiting counts the order inserts waiting on a lock in db's
-// database.
-func insertsWaiting(t *testing.T, db *pgxpool.Pool) int {
-	t.Helper()
-	var waiting int
-	err := db.QueryRow(context.Background(), `
-		SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO orders%'`).Scan(&waiting)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return waiting
+	waitFor(t, 30*time.Second, "inserts into "+table+" waiting on the lock", func() bool {
+		var waiting int
+		err := db.QueryRow(context.Background(), `
+			SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO ' || $1 || ' %'`, table).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return waiting >= n
+	})
 }
 
 // No statement of the idempotency layer takes a time from the server: the

@@ -124,7 +124,7 @@ func TestClientDisconnectStillStoresResponse(t *testing.T) {
 			})
 		}
 	})
-	release := ts.blockOrderInserts(t)
+	release := ts.blockInserts(t, "orders")
 
 	ctx, hangUp := context.WithCancel(context.Background())
 	clientDone := make(chan error, 1)
@@ -132,7 +132,7 @@ func TestClientDisconnectStillStoresResponse(t *testing.T) {
 		_, err := ts.send(t, ctx, ordersRequest("hang-up", teaOrder))
 		clientDone <- err
 	}()
-	ts.waitForBlockedOrderInsert(t, 1)
+	ts.waitForBlockedInserts(t, "orders", 1)
 	hangUp()
 	if err := <-clientDone; !errors.Is(err, context.Canceled) {
 		t.Fatalf("client: %v; want it canceled", err)
@@ -141,7 +141,11 @@ func TestClientDisconnectStillStoresResponse(t *testing.T) {
 	release()         // ... and only now can the order insert proceed.
 
 	// The request finishes in the background; wait for its record.
-	waitFor(t, 10*time.Second, "the hung-up request's record is settled", func() bool { return keyStatus(t, ts.db, "hang-up") != "in_progress" })
+	waitFor(t, 10*time.Second, "the hung-up request's record is written", func() bool {
+		var n int
+		_ = ts.db.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE key = 'hang-up'`).Scan(&n)
+		return n == 1
+	})
 	if status := keyStatus(t, ts.db, "hang-up"); status != "completed" {
 		t.Fatalf("record is %s after the client hung up; want completed", status)
 	}

@@ -147,25 +147,28 @@ func TestKeyReusedForDifferentRequest(t *testing.T) {
 }
 
 // Row: same key, first request still in progress (lease live) → 409 with
-// Retry-After. The first request is held inside its effect transaction by a
-// table lock, so "in progress" is a fact, not a timing accident.
+// Retry-After. The first request, a charge, is held inside its first phase
+// by a table lock, so "in progress" is a fact, not a timing accident. (An
+// order create is never seen in progress: it is one transaction, and a
+// copy waits on the key's unique index; TestLocalDuplicateWaitsOnTheUniqueIndex.)
 func TestInProgressIsConflict(t *testing.T) {
 	t.Parallel()
 	// A duplicate waits for the original up to IDEMPOTENCY_WAIT (see
 	// TestDuplicateGetsTheOriginalsAnswer); with 0 it is answered at once.
 	ts := newTestServer(t, withConfig(func(c *config.Server) { c.IdempotencyWait = 0 }))
-	release := ts.blockOrderInserts(t)
+	o := ts.newOrder(t, "sk_test_acme", 1999)
+	release := ts.blockInserts(t, "charges")
 
 	firstDone := make(chan response, 1)
 	firstErr := make(chan error, 1)
 	go func() {
-		res, err := ts.send(t, context.Background(), ordersRequest("slow", teaOrder))
+		res, err := ts.send(t, context.Background(), chargeRequest(o.ID, "slow", "pm_card_visa"))
 		firstDone <- res
 		firstErr <- err
 	}()
-	ts.waitForBlockedOrderInsert(t, 1)
+	ts.waitForBlockedInserts(t, "charges", 1)
 
-	dup := ts.createOrder(t, "slow", teaOrder)
+	dup := ts.do(t, chargeRequest(o.ID, "slow", "pm_card_visa"))
 	dup.wantProblem(t, http.StatusConflict, "idempotency_key_in_use")
 	// Retry-After is short: the owner renews its lease while it works, and
 	// asking again in a second or two is when it is useful.
@@ -173,7 +176,7 @@ func TestInProgressIsConflict(t *testing.T) {
 		t.Errorf("Retry-After = %q; want 1 or 2 seconds", dup.Header.Get("Retry-After"))
 	}
 	// A different body under the in-progress key is still a misuse: 422.
-	ts.createOrder(t, "slow", `{"amount":1,"currency":"usd"}`).wantProblem(t, http.StatusUnprocessableEntity, "idempotency_key_reused")
+	ts.do(t, chargeRequest(o.ID, "slow", "pm_card_chargeDeclined")).wantProblem(t, http.StatusUnprocessableEntity, "idempotency_key_reused")
 	// The record says so too.
 	var rec struct {
 		Status      string     `json:"status"`
@@ -192,14 +195,16 @@ func TestInProgressIsConflict(t *testing.T) {
 	if first.Status != http.StatusCreated {
 		t.Fatalf("first request: %d %s", first.Status, first.Body)
 	}
-	if replay := ts.createOrder(t, "slow", teaOrder); !bytes.Equal(replay.Body, first.Body) || replay.Header.Get("Idempotent-Replayed") != "true" {
+	if replay := ts.do(t, chargeRequest(o.ID, "slow", "pm_card_visa")); !bytes.Equal(replay.Body, first.Body) || replay.Header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("after completion: %d %s; want the replay of %s", replay.Status, replay.Body, first.Body)
 	}
 }
 
 // Row: same key, in progress but its lease expired (a crash) → take over and
-// resume from the recovery point. The crashed request is a record left at
-// "started" with an expired lease, exactly what a killed process leaves.
+// resume from the recovery point. For an order create that is a record an
+// older version left: it claimed local operations too, and this one's
+// owner died before its only phase committed. Nothing was done, so the
+// retry deletes the record and creates the order.
 func TestExpiredLeaseIsTakenOver(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t)
@@ -221,11 +226,10 @@ func TestExpiredLeaseIsTakenOver(t *testing.T) {
 	var rec struct {
 		Status        string `json:"status"`
 		RecoveryPoint string `json:"recovery_point"`
-		Attempt       int    `json:"attempt"`
 	}
 	ts.get(t, "/v1/idempotency-keys/crashed").decode(t, &rec)
-	if rec.Attempt != 2 || rec.Status != "completed" || rec.RecoveryPoint != "finished" {
-		t.Errorf("record %+v; want completed at finished, attempt 2 (the takeover)", rec)
+	if rec.Status != "completed" || rec.RecoveryPoint != "finished" {
+		t.Errorf("record %+v; want completed at finished", rec)
 	}
 	if n := ts.count(t, "orders"); n != 1 {
 		t.Errorf("%d orders; want exactly 1", n)
@@ -267,8 +271,8 @@ func TestFinalErrorIsStoredAndReplayed(t *testing.T) {
 }
 
 // A transient failure during execution is not final: 503 with Retry-After,
-// nothing stored, the lease released, and the retry under the same key
-// resumes and succeeds once.
+// nothing stored (an order create's record rolls back with its effect),
+// and the retry under the same key runs it and succeeds once.
 func TestTransientErrorIsNotStored(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t)
@@ -287,10 +291,9 @@ func TestTransientErrorIsNotStored(t *testing.T) {
 	if first.Header.Get("Retry-After") == "" {
 		t.Error("503 without Retry-After")
 	}
-	var released bool
-	err = ts.db.QueryRow(ctx, `SELECT status = 'in_progress' AND recovery_point = 'started' AND locked_until <= now() FROM idempotency_keys WHERE key = 'transient'`).Scan(&released)
-	if err != nil || !released {
-		t.Fatalf("after a transient failure the record should be in progress at started with its lease released (%v)", err)
+	// An order create is one transaction: it rolled back, record and all.
+	if n := ts.count(t, "idempotency_keys"); n != 0 {
+		t.Fatalf("after a transient failure %d records are left; want none", n)
 	}
 
 	if _, err := ts.db.Exec(ctx, `DROP TRIGGER flaky ON orders`); err != nil {
@@ -312,7 +315,7 @@ func TestLostDatabaseConnectionIsNotStored(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t)
 	ctx := context.Background()
-	release := ts.blockOrderInserts(t)
+	release := ts.blockInserts(t, "orders")
 	done := make(chan response, 1)
 	sendErr := make(chan error, 1)
 	go func() {
@@ -320,7 +323,7 @@ func TestLostDatabaseConnectionIsNotStored(t *testing.T) {
 		done <- res
 		sendErr <- err
 	}()
-	ts.waitForBlockedOrderInsert(t, 1)
+	ts.waitForBlockedInserts(t, "orders", 1)
 	var terminated bool
 	err := ts.db.QueryRow(ctx, `
 		SELECT bool_and(pg_terminate_backend(pid)) FROM pg_stat_activity

@@ -333,18 +333,19 @@ func (ts *testServer) count(t testing.TB, table string) int {
 	return n
 }
 
-// blockOrderInserts makes every INSERT INTO orders wait, by holding a lock
-// that conflicts with it in an open transaction, until release is called.
-// It is how a test holds a request in the middle of its execution, at a
-// known place, without sleeping.
-func (ts *testServer) blockOrderInserts(t *testing.T) (release func()) {
+// blockInserts makes every INSERT INTO table wait, by holding a lock that
+// conflicts with it in an open transaction, until release is called. It is
+// how a test holds a request in the middle of its execution, at a known
+// place, without sleeping: an order create inside its one transaction, a
+// charge inside its first phase (its record claimed, its lease held).
+func (ts *testServer) blockInserts(t *testing.T, table string) (release func()) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := ts.db.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, "LOCK TABLE orders IN SHARE MODE"); err != nil {
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+table+" IN SHARE MODE"); err != nil {
 		t.Fatal(err)
 	}
 	released := false
@@ -358,12 +359,11 @@ func (ts *testServer) blockOrderInserts(t *testing.T) (release func()) {
 	return release
 }
 
-// waitForBlockedOrderInsert waits until n server connections are waiting
-// on the lock of blockOrderInserts, i.e. n requests have claimed their key
-// and are inside their effect transaction.
-func (ts *testServer) waitForBlockedOrderInsert(t *testing.T, n int) {
+// waitForBlockedInserts waits until n server connections are waiting on
+// the lock of blockInserts(table).
+func (ts *testServer) waitForBlockedInserts(t *testing.T, table string, n int) {
 	t.Helper()
-	waitForInsertsWaiting(t, ts.db, n)
+	waitForInsertsWaiting(t, ts.db, table, n)
 }
 
 // waitFor polls cond until it holds, failing the test after timeout. It

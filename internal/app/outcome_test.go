@@ -51,18 +51,19 @@ func TestIdempotencyOutcomeHeader(t *testing.T) {
 	})
 
 	t.Run("in_progress, then taken_over", func(t *testing.T) {
-		// The first request claims the key and is held inside its phase
-		// (the order insert waits on the test's lock): its lease has not
-		// lapsed, so a copy of it is told so.
-		release := ts.blockOrderInserts(t)
-		const body = `{"amount":300,"currency":"usd"}`
+		// The first request claims the key and is held inside its first
+		// phase (the charge insert waits on the test's lock): its lease has
+		// not lapsed, so a copy of it is told so.
+		o := ts.newOrder(t, "sk_test_acme", 300)
+		release := ts.blockInserts(t, "charges")
+		charge := func() response { return ts.do(t, chargeRequest(o.ID, "outcome-stalled", "pm_card_visa")) }
 		var (
 			wg    sync.WaitGroup
 			first response
 		)
-		wg.Go(func() { first = ts.createOrder(t, "outcome-stalled", body) })
-		ts.waitForBlockedOrderInsert(t, 1)
-		outcome(t, ts.createOrder(t, "outcome-stalled", body), http.StatusConflict, "in_progress")
+		wg.Go(func() { first = charge() })
+		ts.waitForBlockedInserts(t, "charges", 1)
+		outcome(t, charge(), http.StatusConflict, "in_progress")
 
 		// Its lease lapses while it is still held: the database's clock
 		// passes locked_until (moved here to a moment between the claim
@@ -74,7 +75,7 @@ func TestIdempotencyOutcomeHeader(t *testing.T) {
 			t.Fatal(err)
 		}
 		var second response
-		wg.Go(func() { second = ts.createOrder(t, "outcome-stalled", body) })
+		wg.Go(func() { second = charge() })
 		waitFor(t, 10*time.Second, "the second request to take the key over", func() bool {
 			var attempt int
 			if err := ts.db.QueryRow(context.Background(), `SELECT attempt FROM idempotency_keys WHERE key = 'outcome-stalled'`).Scan(&attempt); err != nil {
@@ -86,7 +87,7 @@ func TestIdempotencyOutcomeHeader(t *testing.T) {
 		wg.Wait()
 		outcome(t, second, http.StatusCreated, "taken_over")
 		// The first owner was fenced out: it answers with what the record
-		// says when it finds out, never a second order: the newer owner's
+		// says when it finds out, never a second charge: the newer owner's
 		// stored response (replayed, so marked), or, its own claim having
 		// been new, a 409 while that owner works or a 503 to retry.
 		switch first.Status {
@@ -97,8 +98,8 @@ func TestIdempotencyOutcomeHeader(t *testing.T) {
 		default:
 			t.Errorf("the fenced-out first request: %d %s", first.Status, first.Body)
 		}
-		if n := ts.count(t, "orders"); n != 3 {
-			t.Errorf("%d orders; want 3 (one per key of this test)", n)
+		if n := ts.count(t, "charges"); n != 2 {
+			t.Errorf("%d charges; want 2 (one per charge key of this test)", n)
 		}
 	})
 

@@ -19,20 +19,21 @@ import (
 // sent away with a 409: the answer they get is the original's stored
 // response, replayed, the moment it is stored.
 
-// A duplicate of a request still in progress is answered with that
-// request's answer once it is stored: the same status and bytes, marked as
-// a replay. The original is held inside its effect transaction by a table
-// lock, so "in progress" is a fact, not a timing accident.
+// A duplicate of a charge still in progress is answered with that charge's
+// answer once it is stored: the same status and bytes, marked as a replay.
+// The original is held inside its first phase by a table lock, so "in
+// progress" is a fact, not a timing accident.
 func TestDuplicateGetsTheOriginalsAnswer(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, withConfig(func(c *config.Server) { c.IdempotencyWait = time.Minute }))
-	release := ts.blockOrderInserts(t)
+	o := ts.newOrder(t, "sk_test_acme", 1999)
+	release := ts.blockInserts(t, "charges")
 	original := make(chan response, 1)
-	go func() { original <- ts.createOrder(t, "waited", teaOrder) }()
-	ts.waitForBlockedOrderInsert(t, 1)
+	go func() { original <- ts.do(t, chargeRequest(o.ID, "waited", "pm_card_visa")) }()
+	ts.waitForBlockedInserts(t, "charges", 1)
 
 	duplicate := make(chan response, 1)
-	go func() { duplicate <- ts.createOrder(t, "waited", teaOrder) }()
+	go func() { duplicate <- ts.do(t, chargeRequest(o.ID, "waited", "pm_card_visa")) }()
 	waitFor(t, 10*time.Second, "the duplicate to wait", func() bool {
 		var awaited bool
 		_ = ts.db.QueryRow(context.Background(), `SELECT awaited FROM idempotency_keys WHERE key = 'waited'`).Scan(&awaited)
@@ -49,16 +50,16 @@ func TestDuplicateGetsTheOriginalsAnswer(t *testing.T) {
 		dup.Header.Get("Idempotent-Replayed") != "true" || first.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("original %d %s, duplicate %d %v %s; want the original's answer, replayed", first.Status, first.Body, dup.Status, dup.Header, dup.Body)
 	}
-	if n := ts.count(t, "orders"); n != 1 {
-		t.Fatalf("%d orders; want 1", n)
+	if n := ts.count(t, "charges"); n != 1 {
+		t.Fatalf("%d charges; want 1", n)
 	}
 }
 
-// Two hundred duplicates of one key are all answered by a server whose
+// Two hundred duplicates of one charge are all answered by a server whose
 // pool has ten connections: waiting holds none, so while they wait the
 // server still serves other requests, and once the original is done each
 // gets its answer (or, past its wait, a 409 with a short Retry-After).
-// One order is made.
+// One charge is made.
 func TestTwoHundredDuplicatesWithTenConnections(t *testing.T) {
 	t.Parallel()
 	var inFlight atomic.Int64
@@ -76,17 +77,18 @@ func TestTwoHundredDuplicatesWithTenConnections(t *testing.T) {
 				})
 			}
 		})
-	release := ts.blockOrderInserts(t)
+	o := ts.newOrder(t, "sk_test_acme", 1999)
+	release := ts.blockInserts(t, "charges")
 	original := make(chan response, 1)
-	go func() { original <- ts.createOrder(t, "storm", teaOrder) }()
-	ts.waitForBlockedOrderInsert(t, 1)
+	go func() { original <- ts.do(t, chargeRequest(o.ID, "storm", "pm_card_visa")) }()
+	ts.waitForBlockedInserts(t, "charges", 1)
 
 	const n = 200
 	answers := make([]response, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			res, err := ts.send(t, context.Background(), ordersRequest("storm", teaOrder))
+			res, err := ts.send(t, context.Background(), chargeRequest(o.ID, "storm", "pm_card_visa"))
 			if err != nil {
 				t.Error(err)
 			}
@@ -121,7 +123,7 @@ func TestTwoHundredDuplicatesWithTenConnections(t *testing.T) {
 	if first.Status != http.StatusCreated || replayed+conflicts != n {
 		t.Fatalf("original %d; duplicates %d replayed + %d 409; want 201 and %d answered", first.Status, replayed, conflicts, n)
 	}
-	if c := ts.count(t, "orders"); c != 1 {
-		t.Fatalf("%d orders; want 1", c)
+	if c := ts.count(t, "charges"); c != 1 {
+		t.Fatalf("%d charges; want 1", c)
 	}
 }

@@ -343,6 +343,60 @@ func (q *Queries) CompleteIdempotencyKey(ctx context.Context, db DBTX, arg Compl
 	return err
 }
 
+const findIdempotencyKey = `-- name: FindIdempotencyKey :one
+SELECT k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited, k.traceparent,
+       coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
+       greatest(extract(epoch FROM now() - k.created_at), 0)::float8 AS age_seconds
+FROM idempotency_keys k
+WHERE k.caller_id = $1 AND k.key = $2
+`
+
+type FindIdempotencyKeyParams struct {
+	CallerID string
+	Key      string
+}
+
+type FindIdempotencyKeyRow struct {
+	IdempotencyKey        IdempotencyKey
+	LeaseRemainingSeconds float64
+	AgeSeconds            float64
+}
+
+// A local operation's first look at its key: the record if there is one,
+// how much of its lease is left and how old it is (both on the database
+// clock, as in the claim). A record found here is answered from (replay,
+// 422, or busy); none means the operation runs.
+func (q *Queries) FindIdempotencyKey(ctx context.Context, db DBTX, arg FindIdempotencyKeyParams) (FindIdempotencyKeyRow, error) {
+	row := db.QueryRow(ctx, findIdempotencyKey, arg.CallerID, arg.Key)
+	var i FindIdempotencyKeyRow
+	err := row.Scan(
+		&i.IdempotencyKey.CallerID,
+		&i.IdempotencyKey.ID,
+		&i.IdempotencyKey.Key,
+		&i.IdempotencyKey.Status,
+		&i.IdempotencyKey.RecoveryPoint,
+		&i.IdempotencyKey.Attempt,
+		&i.IdempotencyKey.LockedUntil,
+		&i.IdempotencyKey.RequestMethod,
+		&i.IdempotencyKey.RequestPath,
+		&i.IdempotencyKey.RequestFingerprint,
+		&i.IdempotencyKey.ResponseStatus,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
+		&i.IdempotencyKey.CreatedAt,
+		&i.IdempotencyKey.UpdatedAt,
+		&i.IdempotencyKey.CompletedAt,
+		&i.IdempotencyKey.NextAttemptAt,
+		&i.IdempotencyKey.ReconcilerAttempts,
+		&i.IdempotencyKey.Operation,
+		&i.IdempotencyKey.Awaited,
+		&i.IdempotencyKey.Traceparent,
+		&i.LeaseRemainingSeconds,
+		&i.AgeSeconds,
+	)
+	return i, err
+}
+
 const getIdempotencyKey = `-- name: GetIdempotencyKey :one
 SELECT caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation, awaited, traceparent FROM idempotency_keys
 WHERE caller_id = $1 AND key = $2
@@ -461,6 +515,55 @@ func (q *Queries) GiveBackIdempotencyKey(ctx context.Context, db DBTX, arg GiveB
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const insertCompletedIdempotencyKey = `-- name: InsertCompletedIdempotencyKey :exec
+INSERT INTO idempotency_keys (
+    caller_id, key, operation, request_method, request_path, request_fingerprint,
+    status, recovery_point, locked_until, response_status, response_headers, response_body, completed_at,
+    traceparent
+) VALUES (
+    $1, $2, $3, $4, $5, $6,
+    'completed', 'finished', NULL, $7, $8, $9, now(),
+    $10
+)
+`
+
+type InsertCompletedIdempotencyKeyParams struct {
+	CallerID           string
+	Key                string
+	Operation          string
+	RequestMethod      string
+	RequestPath        string
+	RequestFingerprint []byte
+	ResponseStatus     *int32
+	ResponseHeaders    []byte
+	ResponseBody       []byte
+	Traceparent        *string
+}
+
+// A local operation's record, written once, completed, in the transaction
+// that made its effect: no lease, no in-progress state, no later update.
+// The key's unique index is the only lock: a second request under the same
+// key waits here until the first one's transaction ends, and then fails
+// with unique_violation (its own effect rolls back with it) if the first
+// committed, or goes on if it rolled back. It fails rather than doing
+// nothing (no ON CONFLICT) because it is sent with the COMMIT
+// (postgres.TransactPipelined): only an error stops that COMMIT.
+func (q *Queries) InsertCompletedIdempotencyKey(ctx context.Context, db DBTX, arg InsertCompletedIdempotencyKeyParams) error {
+	_, err := db.Exec(ctx, insertCompletedIdempotencyKey,
+		arg.CallerID,
+		arg.Key,
+		arg.Operation,
+		arg.RequestMethod,
+		arg.RequestPath,
+		arg.RequestFingerprint,
+		arg.ResponseStatus,
+		arg.ResponseHeaders,
+		arg.ResponseBody,
+		arg.Traceparent,
+	)
+	return err
 }
 
 const listDeadIdempotencyKeys = `-- name: ListDeadIdempotencyKeys :many

@@ -8,16 +8,24 @@
 // COMMITTED with fencing, row locks and constraints instead of
 // SERIALIZABLE, 422 for a reused key, a resumable 503 instead of a stored
 // 500 after the first phase, dead letters instead of deletion, and a
-// lease on the database's clock. A keyed request goes through:
+// lease on the database's clock.
+//
+// A local operation, one that touches only this database (an order
+// create), is one transaction: its effect and its record, inserted
+// completed with the answer. There is nothing to claim first and nothing
+// to recover (ExecuteLocal, local.go).
+//
+// An operation with an outside effect (a charge) goes through:
 //
 //  1. Claim. One atomic statement inserts the (caller, key) record, or finds
 //     the existing one. Whoever inserted it owns the operation; nobody ever
 //     owns it through a SELECT-then-INSERT.
 //  2. Decide, for a request that did not insert: a different fingerprint is
 //     a 422; a completed record is replayed byte for byte; a record in
-//     progress under a live lease is a 409 with Retry-After; a record in
-//     progress whose lease expired (its owner crashed) is taken over, which
-//     increments its attempt number.
+//     progress under a live lease is waited for (up to StoreConfig.Wait,
+//     then a 409 with Retry-After); a record in progress whose lease
+//     expired (its owner crashed) is taken over, which increments its
+//     attempt number.
 //  3. Execute, as a chain of atomic phases. Each phase is one transaction
 //     that does its work and ends by recording the next recovery point, or
 //     the final response, on the record. A request that takes over resumes
@@ -25,12 +33,14 @@
 //
 // Fencing: every write after the claim names the attempt it was made under
 // (WHERE ... AND attempt = $n). An owner that stalled past its lease and was
-// taken over finds its writes match no row, rolls its phase back and stops,
-// so it can never overwrite the newer owner's result.
+// taken over finds its writes refused (they raise SQLSTATE RS001), rolls
+// its phase back and stops, so it can never overwrite the newer owner's
+// result.
 //
 // Detachment: the record's writes run on a context detached from the
-// request's cancellation (bounded by the lease instead). A client that hangs
-// up mid-request cannot leave the effect done but its response unrecorded.
+// request's cancellation (bounded by StoreConfig.MaxRun instead). A client
+// that hangs up mid-request cannot leave the effect done but its response
+// unrecorded.
 //
 // The database clock is the only clock: leases are set and compared with
 // now() in SQL, so clock skew between replicas cannot break them

@@ -9,9 +9,9 @@ import "fmt"
 // live in one place whoever drives them, as in rocket-rides' completer,
 // which re-enters the API's own code path.
 //
-// An operation whose effect is one local transaction (createOrder) needs
-// no entry: its record is either completed or never passed started, and a
-// record that never passed started is abandoned, whatever its operation.
+// A local operation (createOrder, run by ExecuteLocal) needs no entry: its
+// record is written completed, with its effect, or not at all. (A record
+// that never passed started, of any operation, is abandoned.)
 //
 // A registered Handler resumes with only what the record and the rows its
 // earlier phases wrote can tell it: the request's body is not stored, so

@@ -314,16 +314,8 @@ func IsRetryable(err error) bool {
 // Response is what the client receives; an error is a problem that was not
 // stored (a conflict on the key, or a transient failure).
 func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response, error) {
-	// A completed record this process has written or replayed lately is
-	// answered from memory, without the claim (see replays.go for why that
-	// is safe); everything else goes to the database.
-	if cached, ok := s.replays.get(req.CallerID, req.Key); ok {
-		ctx, span := startClaim(ctx, req)
-		defer span.End()
-		if span.IsRecording() {
-			span.SetAttributes(attrReplayCache.Bool(true))
-		}
-		return replayCached(ctx, req, cached)
+	if resp, err, ok := s.fromCache(ctx, req); ok {
+		return resp, err
 	}
 	// From here on, nothing depends on the client staying connected: the
 	// claim, every phase and the stored response run on contexts that the
@@ -364,6 +356,24 @@ func (s *Store) run(ctx context.Context, req Request, lease *Lease, h Handler) (
 		s.replays.put(req, resp, lease.claimed, lease.age)
 	}
 	return resp, err
+}
+
+// fromCache answers req from the replay cache, if its key is there (ok):
+// a completed record this process has written or replayed lately is
+// answered from memory, without the database (see replays.go for why that
+// is safe).
+func (s *Store) fromCache(ctx context.Context, req Request) (_ *Response, _ error, ok bool) {
+	cached, ok := s.replays.get(req.CallerID, req.Key)
+	if !ok {
+		return nil, nil, false
+	}
+	ctx, span := startClaim(ctx, req)
+	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(attrReplayCache.Bool(true))
+	}
+	resp, err := replayCached(ctx, req, cached)
+	return resp, err, true
 }
 
 // replayCached answers req from the replay cache, exactly as the claim
@@ -546,7 +556,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	}
 	rec := recordFromClaim(row)
 	traceRecord(observed, rec)
-	age := time.Duration(row.AgeSeconds * float64(time.Second))
+	age := secondsOf(row.AgeSeconds)
 	if row.Claimed {
 		observe(observed, req.Operation, metrics.OutcomeNew)
 		return &Lease{store: s, record: rec, claimed: sent, age: age}, nil, nil
@@ -605,6 +615,9 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		return nil, nil, &busyError{rec: rec, leaseRemaining: row.LeaseRemainingSeconds}
 	}
 }
+
+// secondsOf is a number of seconds the database computed, as a Duration.
+func secondsOf(seconds float64) time.Duration { return time.Duration(seconds * float64(time.Second)) }
 
 // busyError is a record a live owner holds, for leaseRemaining seconds at
 // most unless it renews its lease.

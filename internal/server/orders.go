@@ -13,12 +13,10 @@ import (
 	"github.com/retrysafe/payments/internal/orders"
 )
 
-// CreateOrder is keyed: a local effect, so the whole operation is one
-// atomic phase in which the order insert, the stored response and the
-// record's "completed" commit together. A crash before that commit leaves
-// no order and a record at "started"; whoever takes it over simply runs
-// the phase again. With a single phase there is no other recovery point to
-// switch on (compare a charge, which has three).
+// CreateOrder is keyed, and local: the order's insert and the completed
+// record with its stored answer commit in one transaction
+// (idempotency.Store.ExecuteLocal). A crash before that commit leaves
+// nothing, and the retry simply runs it again.
 func (s *Server) CreateOrder(ctx context.Context, req apigen.CreateOrderRequestObject) (apigen.CreateOrderResponseObject, error) {
 	keyed, err := keyedRequest(ctx)
 	if err != nil {
@@ -27,15 +25,12 @@ func (s *Server) CreateOrder(ctx context.Context, req apigen.CreateOrderRequestO
 	callerID := auth.CallerFrom(ctx).ID
 	n := orders.NewOrder{Amount: req.Body.Amount, Currency: string(req.Body.Currency), Description: req.Body.Description}
 
-	resp, err := s.keys.Execute(ctx, keyed, func(ctx context.Context, l *idempotency.Lease) error {
-		return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
-			o, err := orders.Create(ctx, tx, callerID, n)
-			if err != nil {
-				return nil, err
-			}
-			return idempotency.JSONResponse(http.StatusCreated,
-				http.Header{"Location": {"/v1/orders/" + o.ID}}, o.API())
-		})
+	resp, err := s.keys.ExecuteLocal(ctx, keyed, func(ctx context.Context, tx pgx.Tx) (*idempotency.Response, error) {
+		o, err := orders.Create(ctx, tx, callerID, n)
+		if err != nil {
+			return nil, err
+		}
+		return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/orders/" + o.ID}}, o.API())
 	})
 	if err != nil {
 		return nil, err

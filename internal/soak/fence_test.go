@@ -22,14 +22,17 @@ import (
 // The soak makes takeovers happen on purpose: two replicas, each stalling
 // an owner right after it inserts a record (FAULT_STALL_POINTS=after_claim:
 // two leases without renewing, as a paused process would), and every
-// order sent twice at once, to both replicas. Whichever copy claims the key
-// stalls; the other waits for it (IDEMPOTENCY_WAIT), sees its lease lapse,
-// takes the record over, completes it and answers. Then the stalled owner
-// wakes and tries to complete too. With the fence its write matches no
-// row, its work rolls back, and it answers with the stored response: the
-// history is linearizable. Without it, it overwrites the answer a client
-// already has with another order: two completions, two different answers
-// under one key, and the check must say so and draw the key.
+// charge sent twice at once, to both replicas. Whichever copy claims the
+// key stalls; the other waits for it (IDEMPOTENCY_WAIT), sees its lease
+// lapse, takes the record over, charges the order, completes the record
+// and answers. Then the stalled owner wakes and runs the charge's first
+// phase, which finds the order paid: a final answer, which it tries to
+// store. With the fence that write is refused, its work rolls back, and it
+// answers with the stored response: the history is linearizable. Without
+// it, it overwrites the answer a client already has with another: two
+// completions, two different answers under one key, and the check must
+// say so and draw the key. (Orders cannot show it: an order create is one
+// transaction with its record, and has no lease to lose.)
 func TestHistoryCheckFindsUnfencedCompletion(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -88,8 +91,13 @@ func stalledSoak(t *testing.T, tags string) (historyResult, int) {
 		clients.Go(func() {
 			for i := 0; ctx.Err() == nil; i++ {
 				s.operations.Add(1)
-				o := &op{key: fmt.Sprintf("stall-c%d-%d", n, i), method: "POST", path: "/v1/orders",
-					body: fmt.Sprintf(`{"amount":%d,"currency":"usd"}`, 100+i)}
+				order := s.keyed(ctx, &op{key: fmt.Sprintf("stall-c%d-%d-order", n, i), method: "POST", path: "/v1/orders",
+					body: fmt.Sprintf(`{"amount":%d,"currency":"usd"}`, 100+i)})
+				if order.status != http.StatusCreated {
+					continue
+				}
+				o := &op{key: fmt.Sprintf("stall-c%d-%d", n, i), method: "POST", path: "/v1/orders/" + order.id + "/charges",
+					body: `{"payment_method":"pm_card_visa"}`}
 				dup := *o
 				// Both copies at once, one on each replica, each until it
 				// has a final answer; not bound to ctx, so that every key
