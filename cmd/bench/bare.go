@@ -32,13 +32,14 @@ import (
 // For POST /v1/orders with an Idempotency-Key it runs literally the
 // service's statements (the generated internal/dbsqlc queries, on a
 // pgxpool opened from the same DATABASE_URL, so with the same pool size):
-// the claim; then, in one transaction (postgres.TransactPipelined, as the
-// service's phase: BEGIN with the insert, COMMIT with the completion, three
-// round trips in all), the order insert and the fenced completion of the record, storing the
-// order's JSON (apigen.Order, the service's own body) and its headers. A
-// claim that finds a completed record answers with its stored body. With
-// -bare-cache N it keeps the last N answers in an LRU, as the service's
-// replay cache does, and answers a replay from it without the claim.
+// the key's lookup; then, in one transaction (postgres.TransactPipelined,
+// as the service's: BEGIN with the insert, COMMIT with the record's, three
+// round trips in all), the order insert and the completed record's insert,
+// storing the order's JSON (apigen.Order, the service's own body) and its
+// headers. A lookup that finds a completed record answers with its stored
+// body. With -bare-cache N it keeps the last N answers in an LRU, as the
+// service's replay cache does, and answers a replay from it without the
+// lookup.
 //
 // What it leaves out is everything else the service does: authentication
 // (the caller is always acme; the service's is cached, no statement), the
@@ -131,24 +132,22 @@ func (b *bare) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	row, err := queries.ClaimIdempotencyKey(ctx, b.pool, dbsqlc.ClaimIdempotencyKeyParams{
-		CallerID: bareCaller, Key: key, Operation: "createOrder", RequestMethod: r.Method, RequestPath: r.URL.Path,
-		RequestFingerprint: fp[:], LeaseSeconds: 30,
-	})
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	if !row.Claimed {
-		if row.Status != "completed" || row.ResponseStatus == nil {
+	row, err := queries.FindIdempotencyKey(ctx, b.pool, dbsqlc.FindIdempotencyKeyParams{CallerID: bareCaller, Key: key})
+	switch {
+	case err == nil:
+		k := row.IdempotencyKey
+		if k.Status != "completed" || k.ResponseStatus == nil {
 			http.Error(w, "in progress", http.StatusConflict)
 			return
 		}
-		a := &bareAnswer{fingerprint: row.RequestFingerprint, status: int(*row.ResponseStatus), body: row.ResponseBody}
+		a := &bareAnswer{fingerprint: k.RequestFingerprint, status: int(*k.ResponseStatus), body: k.ResponseBody}
 		if b.cache != nil && bytes.Equal(a.fingerprint, fp[:]) {
 			b.cache.Add(bareKey{bareCaller, key}, a)
 		}
 		b.replay(w, a, fp[:])
+		return
+	case !postgres.IsNotFound(err):
+		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
 
@@ -169,11 +168,11 @@ func (b *bare) createOrder(w http.ResponseWriter, r *http.Request) {
 		}
 		location = "/v1/orders/" + o.ID
 		status := int32(http.StatusCreated)
-		return queries.CompleteIdempotencyKey(ctx, tx.ThenCommit(), dbsqlc.CompleteIdempotencyKeyParams{
-			ResponseStatus:  &status,
+		return queries.InsertCompletedIdempotencyKey(ctx, tx.ThenCommit(), dbsqlc.InsertCompletedIdempotencyKeyParams{
+			CallerID: bareCaller, Key: key, Operation: "createOrder", RequestMethod: r.Method, RequestPath: r.URL.Path,
+			RequestFingerprint: fp[:], ResponseStatus: &status,
 			ResponseHeaders: []byte(`{"Content-Type":["application/json"],"Location":["` + location + `"]}`),
 			ResponseBody:    resp,
-			CallerID:        bareCaller, ID: row.ID, Attempt: row.Attempt,
 		})
 	})
 	if err != nil {

@@ -2,10 +2,10 @@
 // limit, in one run, on one machine, at one concurrency (make bench):
 //
 //  1. the floor: the statements the service runs for a keyed order create
-//     (the claim; then, in one transaction, the order insert and the
-//     record's completion, BEGIN sent with the first and COMMIT with the
-//     second, as the service's phase does), and for a replay (the claim finding a completed
-//     key), issued straight through pgx, with no HTTP;
+//     (the key's lookup; then, in one transaction, the order insert and the
+//     completed record's insert, BEGIN sent with the first and COMMIT with
+//     the second, as the service does), and for a replay (the lookup
+//     finding a completed key), issued straight through pgx, with no HTTP;
 //  2. the service over HTTP (the real server binary, its in-process fake
 //     processor answering at once): keyed creates, replays, a storm of
 //     concurrent duplicates of one key, charges; and replays through a
@@ -21,6 +21,10 @@
 //
 // It prints, in this order:
 //
+//   - what the database wrote per request (dbwork.go: commits, tuples, WAL
+//     records and bytes, read from the log, exact) for a plain order insert,
+//     a keyed create, a replay from the database and a charge, and keyed
+//     create / plain insert;
 //   - a line per phase: requests/s, p50 and p99 latency, requests done;
 //   - a table of CPU per request, in µs, for each phase, by process (from
 //     /proc, so on Linux only; see cpu.go): the server that answered (none
@@ -382,16 +386,16 @@ func run(ctx context.Context) error {
 			RequestFingerprint: fingerprint[:], LeaseSeconds: 30,
 		})
 	}
+	find := func(key string) (dbsqlc.FindIdempotencyKeyRow, error) {
+		return queries.FindIdempotencyKey(ctx, pool, dbsqlc.FindIdempotencyKeyParams{CallerID: "acme", Key: key})
+	}
+	// As the service's order create (idempotency.Store.ExecuteLocal): look
+	// the key up; then, in one transaction, the order and the completed
+	// record, BEGIN sent with the first and COMMIT with the second.
 	create := func(key string) error {
-		row, err := claim(key)
-		if err != nil {
-			return err
+		if _, err := find(key); !postgres.IsNotFound(err) {
+			return fmt.Errorf("key %s was not new (%v)", key, err)
 		}
-		if !row.Claimed {
-			return fmt.Errorf("key %s was not new", key)
-		}
-		// As the service's phase: BEGIN with the insert, the fenced
-		// completion with COMMIT (postgres.TransactPipelined).
 		return postgres.TransactPipelined(ctx, pool, func(tx *postgres.PipelinedTx) error {
 			o, err := queries.CreateOrder(ctx, tx, dbsqlc.CreateOrderParams{CallerID: "acme", ID: postgres.NewID(postgres.PrefixOrder), Amount: 1999, Currency: "usd"})
 			if err != nil {
@@ -399,9 +403,10 @@ func run(ctx context.Context) error {
 			}
 			resp, _ := json.Marshal(o)
 			status := int32(201)
-			return queries.CompleteIdempotencyKey(ctx, tx.ThenCommit(), dbsqlc.CompleteIdempotencyKeyParams{
-				ResponseStatus: &status, ResponseHeaders: []byte(`{"Content-Type":["application/json"]}`), ResponseBody: resp,
-				CallerID: "acme", ID: row.ID, Attempt: row.Attempt,
+			return queries.InsertCompletedIdempotencyKey(ctx, tx.ThenCommit(), dbsqlc.InsertCompletedIdempotencyKeyParams{
+				CallerID: "acme", Key: key, Operation: "createOrder", RequestMethod: "POST", RequestPath: "/v1/orders",
+				RequestFingerprint: fingerprint[:], ResponseStatus: &status,
+				ResponseHeaders: []byte(`{"Content-Type":["application/json"]}`), ResponseBody: resp,
 			})
 		})
 	}
@@ -473,6 +478,58 @@ func run(ctx context.Context) error {
 		return postTo(base, path, key, body, want...)
 	}
 
+	// What the database wrote per request, from its log (dbwork.go), on
+	// servers that have done nothing else yet: no phase's background work
+	// (webhooks, the outbox's deliveries) runs on into the windows.
+	const workN = 1000
+	workOrders := make([]string, workN)
+	for i := range workOrders {
+		b, err := post("/v1/orders", "work-order-"+strconv.Itoa(i), body, 201)
+		if err != nil {
+			return err
+		}
+		var o struct{ ID string }
+		_ = json.Unmarshal(b, &o)
+		workOrders[i] = o.ID
+	}
+	fmt.Printf("\ndatabase work per request (from the WAL: exact; %d requests each, one at a time):\n", workN)
+	var plain, keyed dbWork
+	for _, w := range []struct {
+		name string
+		into *dbWork
+		do   func(i int) error
+	}{
+		{"plain order insert (SQL)", &plain, func(int) error {
+			_, err := queries.CreateOrder(ctx, pool, dbsqlc.CreateOrderParams{CallerID: "acme", ID: postgres.NewID(postgres.PrefixOrder), Amount: 1999, Currency: "usd"})
+			return err
+		}},
+		{"service: keyed create", &keyed, func(i int) error {
+			_, err := post("/v1/orders", "work-"+strconv.Itoa(i), body, 201)
+			return err
+		}},
+		{"service: replay, cache off", nil, func(i int) error {
+			_, err := postTo(baseNoCache, "/v1/orders", "work-"+strconv.Itoa(i), body, 201) // a key the first server made
+			return err
+		}},
+		{"service: charge", nil, func(i int) error {
+			// The order was made before the window, in work's first
+			// pass; the processor's webhooks and the outbox's deliveries
+			// that follow a charge land partly in the window.
+			_, err := post("/v1/orders/"+workOrders[i]+"/charges", "work-charge-"+strconv.Itoa(i), []byte(`{"payment_method":"pm_card_visa"}`), 201)
+			return err
+		}},
+	} {
+		work, err := countWork(ctx, pool, workN, w.do)
+		if err != nil {
+			return fmt.Errorf("%s: %w", w.name, err)
+		}
+		if w.into != nil {
+			*w.into = work
+		}
+		fmt.Printf("  %-28s %s\n", w.name, work)
+	}
+	fmt.Printf("  keyed create / plain insert: %.2f times the WAL records, %.2f times the tuples\n", keyed.records/plain.records, keyed.tuples/plain.tuples)
+
 	// Creates: the floor, the service and the bare hop, in turns.
 	creates, err := alternate(*concurrency, *duration,
 		phase{"floor: keyed create (SQL)", 0, func(_ int, i int64) error {
@@ -507,9 +564,9 @@ func run(ctx context.Context) error {
 	}
 	replays, err := alternate(*concurrency, *duration,
 		phase{"floor: replay (SQL)", 0, func(_ int, _ int64) error {
-			row, err := claim("replay-" + strconv.Itoa(rand.IntN(replayKeys)))
-			if err == nil && (row.Claimed || row.Status != "completed") {
-				err = errors.New("the replay claimed a key")
+			row, err := find("replay-" + strconv.Itoa(rand.IntN(replayKeys)))
+			if err == nil && row.IdempotencyKey.Status != "completed" {
+				err = errors.New("the replay found no completed record")
 			}
 			return err
 		}},
@@ -584,6 +641,7 @@ func run(ctx context.Context) error {
 	fmt.Println(charges)
 
 	cpuTable(slices.Concat(creates, replays, []result{storm, charges})...)
+
 
 	fmt.Printf("\nratios (one run, same machine, same concurrency):\n")
 	fmt.Printf("  keyed create: service / floor         = %s   target >= 0.80\n", ratio(svcCreate, floorCreate))
