@@ -77,8 +77,9 @@ check-static: check-generated check-docs-ui lint-spec vet staticcheck gosec chec
 # Regenerate the committed code: oapi-codegen (api/openapi.yaml ->
 # internal/apigen and client/apiclient), River's migrations (the River in
 # go.mod -> db/migrations/*_river_*, see internal/postgres/river.go) and sqlc
-# (db/ -> internal/dbsqlc). The tools are pinned in go.mod and run with
-# `go tool`.
+# (db/ -> internal/dbsqlc). The tools are pinned in tools/go.mod, apart
+# from the service's own module, and run with
+# `go tool -modfile=tools/go.mod`.
 generate:
 	go generate ./...
 
@@ -93,17 +94,17 @@ check-generated: generate
 vet:
 	go vet ./...
 
-# staticcheck over the whole module (pinned in go.mod, run with `go tool`).
+# staticcheck over the whole module (pinned in tools/go.mod, run with `go tool`).
 staticcheck:
-	go tool staticcheck ./...
+	go tool -modfile=tools/go.mod staticcheck ./...
 
-# The security linter (pinned in go.mod, run with `go tool`): zero
+# The security linter (pinned in tools/go.mod, run with `go tool`): zero
 # findings. Each one is fixed, or excluded where it stands with
 # `#nosec RULE -- why`. Generated code is left out (its input is checked),
 # and so is cmd/bench, a load generator developers run by hand and nothing
 # deploys: it picks keys with math/rand and runs the binaries it builds.
 gosec:
-	go tool gosec -quiet -exclude-generated -exclude-dir=cmd/bench ./...
+	go tool -modfile=tools/go.mod gosec -quiet -exclude-generated -exclude-dir=cmd/bench ./...
 
 # Run the commands of the docs' sh blocks, and the README's session against
 # a fresh demo (its outputs compared with the README's), so the walkthroughs

@@ -10,8 +10,8 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 )
 
-//go:generate go tool oapi-codegen -config oapi-codegen.yaml openapi.yaml
-//go:generate go tool oapi-codegen -config oapi-codegen-client.yaml openapi.yaml
+//go:generate go tool -modfile=../tools/go.mod oapi-codegen -config oapi-codegen.yaml openapi.yaml
+//go:generate go tool -modfile=../tools/go.mod oapi-codegen -config oapi-codegen-client.yaml openapi.yaml
 
 // Spec is api/openapi.yaml.
 //

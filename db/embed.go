@@ -8,7 +8,7 @@ import "embed"
 
 // River's migrations first: sqlc reads them with the others.
 //go:generate go run ../internal/postgres/gen_river.go
-//go:generate go tool sqlc generate -f ../sqlc.yaml
+//go:generate go tool -modfile=../tools/go.mod sqlc generate -f ../sqlc.yaml
 
 // Migrations is the migrations/ directory, for golang-migrate's iofs source.
 //
