@@ -642,7 +642,6 @@ func run(ctx context.Context) error {
 
 	cpuTable(slices.Concat(creates, replays, []result{storm, charges})...)
 
-
 	fmt.Printf("\nratios (one run, same machine, same concurrency):\n")
 	fmt.Printf("  keyed create: service / floor         = %s   target >= 0.80\n", ratio(svcCreate, floorCreate))
 	fmt.Printf("  keyed create: bare hop / floor        = %s\n", ratio(bareCreate, floorCreate))

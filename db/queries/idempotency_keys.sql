@@ -274,3 +274,22 @@ INSERT INTO idempotency_keys (
     'completed', 'finished', NULL, @response_status, @response_headers, @response_body, now(),
     sqlc.narg(traceparent)
 );
+
+-- name: CompleteIdempotencyKeyUnfenced :exec
+-- A PLANTED BUG, never run unless a test asks for it
+-- (FAULT_UNFENCED_COMPLETION, see idempotency.Faults): CompleteIdempotencyKey
+-- without its fence. The record is named by its id alone; neither the
+-- attempt, nor the status, nor a live lease is asked for, so an owner that
+-- stalled past its lease and was taken over overwrites the answer the new
+-- owner gave. internal/soak's TestHistoryCheckFindsUnfencedCompletion shows
+-- that the history check catches it.
+UPDATE idempotency_keys
+SET status           = 'completed',
+    recovery_point   = 'finished',
+    response_status  = @response_status,
+    response_headers = @response_headers,
+    response_body    = @response_body,
+    locked_until     = NULL,
+    completed_at     = now(),
+    updated_at       = now()
+WHERE caller_id = @caller_id AND id = @id;

@@ -74,7 +74,7 @@ type App struct {
 
 // New builds the service over pool. cfg.ProcessorURL must name the card
 // processor (cmd/server starts the fake one in-process when none is
-// configured); cfg.CrashPoints and cfg.StallPoints are checked here.
+// configured); the faults (cfg.CrashPoints, cfg.StallPoints) are checked here.
 func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) (*App, error) {
 	a := &App{cfg: cfg, log: log}
 	// One connection LISTENs for the records duplicates wait on.
@@ -82,21 +82,20 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	a.listener = idempotency.NewListener(func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, connConfig.Copy())
 	}, log.With("component", "listener"))
-	a.Keys = idempotency.NewStore(pool, idempotency.StoreConfig{
-		Lease: cfg.Lease, MaxRun: cfg.MaxRun(), Wait: cfg.IdempotencyWait, Listener: a.listener,
-	}, log)
-	a.Keys.CacheReplays(cfg.ReplayCacheSize, cfg.Retention)
 	var processor cardprocessor.Processor = cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
 
-	// The crash points of the demo and the crash tests, when there are
-	// any: the only code that knows them is here and in faults.go.
+	// The test facility's faults, when any is asked for: the only code that
+	// knows them is here and in faults.go. The store gets none otherwise.
+	var storeFaults idempotency.Faults
+	f := &faults{log: log}
 	var demo *server.Demo
 	if cfg.CrashPoints != "" || cfg.DemoMode {
 		crash, err := ParseCrashPoints(cfg.CrashPoints)
 		if err != nil {
 			return nil, fmt.Errorf("FAULT_CRASH_POINTS: %w", err)
 		}
-		processor = crash.install(a.Keys, processor)
+		f.crash, storeFaults = crash, f
+		processor = crashingProcessor{processor, crash}
 		if cfg.DemoMode {
 			demo = &server.Demo{Crash: crash, ProcessorURL: cfg.ProcessorURL, StartedAt: time.Now()}
 			if opts.Traces != nil {
@@ -105,13 +104,22 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 			log.Warn("DEMO_MODE is on: /demo can crash this server and make its processor fail; never in production")
 		}
 	}
-	// After the crash points, which set the store's hooks wholesale.
 	if cfg.StallPoints != "" {
-		if err := installStalls(a.Keys, cfg.StallPoints, cfg.Lease, log); err != nil {
+		stall, err := parseStalls(cfg.StallPoints, cfg.Lease)
+		if err != nil {
 			return nil, fmt.Errorf("FAULT_STALL_POINTS: %w", err)
 		}
+		f.stall, storeFaults = stall, f
 		log.Warn("FAULT_STALL_POINTS is set: owners stall past their leases on purpose; never in production", "points", cfg.StallPoints)
 	}
+	if cfg.UnfencedCompletion {
+		f.unfenced, storeFaults = true, f
+		log.Warn("FAULT_UNFENCED_COMPLETION is set: completions are written WITHOUT their fence, a planted bug; never in production")
+	}
+	a.Keys = idempotency.NewStore(pool, idempotency.StoreConfig{
+		Lease: cfg.Lease, MaxRun: cfg.MaxRun(), Wait: cfg.IdempotencyWait, Listener: a.listener, Faults: storeFaults,
+	}, log)
+	a.Keys.CacheReplays(cfg.ReplayCacheSize, cfg.Retention)
 
 	// The operations that move money, each registered under its
 	// operationId, so that the reconciler resumes a record with the very

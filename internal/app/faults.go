@@ -9,8 +9,9 @@ package app
 //
 // No operation's code knows about them. They reach it through two seams
 // every operation with an external effect passes: the idempotency store's
-// Hooks (after a phase commits; before a final phase commits) and the
-// card processor (after each call), wrapped here.
+// Faults (after a phase commits; before a final phase commits), which
+// faults below implements, and the card processor (after each call),
+// wrapped here.
 
 import (
 	"context"
@@ -124,19 +125,33 @@ func (c *CrashPoints) Crash(point string) {
 	}
 }
 
-// install makes the crash points reachable: through the store's hooks,
-// and through processor, which it returns wrapped.
-func (c *CrashPoints) install(keys *idempotency.Store, processor cardprocessor.Processor) cardprocessor.Processor {
-	keys.Hooks = idempotency.Hooks{
-		AfterPhase: func(rec idempotency.Record) {
-			if rec.RecoveryPoint == charges.RecoveryChargeCreated {
-				c.Crash(AfterChargeCreated)
-			}
-		},
-		BeforeFinalCommit: func(idempotency.Record) { c.Crash(BeforeFinalCommit) },
-	}
-	return crashingProcessor{processor, c}
+// faults is the store's idempotency.Faults: the crash points, the stall
+// point and the planted bug that the configuration asks for.
+type faults struct {
+	crash    *CrashPoints  // nil: none
+	stall    time.Duration // how long an owner stalls after_claim; 0: never
+	unfenced bool          // FAULT_UNFENCED_COMPLETION: the planted bug
+	log      *slog.Logger
 }
+
+func (f *faults) AfterClaim(rec idempotency.Record) {
+	// Only a new record stalls, so that the request that takes it over
+	// does not stall too, and the key moves on.
+	if f.stall > 0 && rec.Attempt == 1 {
+		f.log.Warn("faults: stalling after the claim", "stall_point", AfterClaim, "key_id", rec.ID, "for", f.stall)
+		time.Sleep(f.stall) // the fault itself: a pause that outlasts the lease
+	}
+}
+
+func (f *faults) AfterPhase(rec idempotency.Record) {
+	if rec.RecoveryPoint == charges.RecoveryChargeCreated {
+		f.crash.Crash(AfterChargeCreated)
+	}
+}
+
+func (f *faults) BeforeFinalCommit(idempotency.Record) { f.crash.Crash(BeforeFinalCommit) }
+
+func (f *faults) Unfenced() bool { return f.unfenced }
 
 // crashingProcessor passes after_processor_call after every call that may
 // move money: the processor has answered, and nothing of its answer is
@@ -173,31 +188,26 @@ func (p crashingProcessor) Payout(ctx context.Context, key string, req cardproce
 const (
 	// AfterClaim: a request's claim has just inserted a new record
 	// (attempt 1); nothing has run, and the heartbeat has not started. The
-	// owner stalls for two leases. Only a new record stalls, so that the
-	// request that takes it over does not stall too, and the key moves on.
+	// owner stalls for two leases.
 	AfterClaim = "after_claim"
 )
 
 // StallPointNames lists every stall point.
 var StallPointNames = []string{AfterClaim}
 
-// installStalls reads FAULT_STALL_POINTS (a comma-separated list of stall
-// points) and makes them reachable through the store's hooks; lease is
-// the store's lease.
-func installStalls(keys *idempotency.Store, list string, lease time.Duration, log *slog.Logger) error {
+// parseStalls reads FAULT_STALL_POINTS (a comma-separated list of stall
+// points) and says how long an owner stalls after its claim: two leases, if
+// after_claim is named.
+func parseStalls(list string, lease time.Duration) (time.Duration, error) {
+	var stall time.Duration
 	for name := range strings.SplitSeq(list, ",") {
 		switch name = strings.TrimSpace(name); name {
 		case "":
 		case AfterClaim:
-			keys.Hooks.AfterClaim = func(rec idempotency.Record) {
-				if rec.Attempt == 1 {
-					log.Warn("faults: stalling after the claim", "stall_point", AfterClaim, "key_id", rec.ID, "for", 2*lease)
-					time.Sleep(2 * lease) // the fault itself: a pause that outlasts the lease
-				}
-			}
+			stall = 2 * lease
 		default:
-			return fmt.Errorf("unknown stall point %q (known: %s)", name, strings.Join(StallPointNames, ", "))
+			return 0, fmt.Errorf("unknown stall point %q (known: %s)", name, strings.Join(StallPointNames, ", "))
 		}
 	}
-	return nil
+	return stall, nil
 }

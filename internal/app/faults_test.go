@@ -1,12 +1,9 @@
 package app
 
 import (
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/retrysafe/payments/internal/idempotency"
 )
 
 // FAULT_CRASH_POINTS names only points that exist: a misspelt one would
@@ -25,11 +22,10 @@ func TestUnknownCrashPointIsRefused(t *testing.T) {
 // FAULT_STALL_POINTS, likewise, names only points that exist.
 func TestUnknownStallPointIsRefused(t *testing.T) {
 	t.Parallel()
-	if err := installStalls(&idempotency.Store{}, "after_claim, nowhere", time.Second, slog.Default()); err == nil || !strings.Contains(err.Error(), "nowhere") {
-		t.Errorf("installStalls: %v; want the unknown point named", err)
+	if _, err := parseStalls("after_claim, nowhere", time.Second); err == nil || !strings.Contains(err.Error(), "nowhere") {
+		t.Errorf("parseStalls: %v; want the unknown point named", err)
 	}
-	keys := &idempotency.Store{}
-	if err := installStalls(keys, " after_claim ", time.Second, slog.Default()); err != nil || keys.Hooks.AfterClaim == nil {
-		t.Errorf("installStalls: %v; want the after_claim hook set", err)
+	if stall, err := parseStalls(" after_claim ", time.Second); err != nil || stall != 2*time.Second {
+		t.Errorf("parseStalls: %s, %v; want a stall of two leases", stall, err)
 	}
 }

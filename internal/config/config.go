@@ -124,6 +124,10 @@ type Server struct {
 	// (FAULT_STALL_POINTS, comma-separated; see internal/app): an owner
 	// stops there past its lease. Off by default; never set in production.
 	StallPoints string
+	// UnfencedCompletion writes every completion without its fence
+	// (FAULT_UNFENCED_COMPLETION): a planted bug, for the test that shows
+	// the history check catches it. Off by default; never set in production.
+	UnfencedCompletion bool
 	// Reconciler runs the reconciler in this process (RECONCILER_ENABLED),
 	// scanning every ReconcilerInterval (RECONCILER_INTERVAL) when idle and
 	// setting aside records past ReconcilerMaxAttempts of its own tries
@@ -235,6 +239,7 @@ func Load(getenv func(string) string) (Server, error) {
 	cfg.LogFlushInterval = r.NonNegativeDuration("LOG_FLUSH_INTERVAL", flush)
 	cfg.CrashPoints = r.String("FAULT_CRASH_POINTS", "")
 	cfg.StallPoints = r.String("FAULT_STALL_POINTS", "")
+	cfg.UnfencedCompletion = r.Bool("FAULT_UNFENCED_COMPLETION", false)
 
 	// No published secret outside the demo: anyone holding the processor's
 	// webhook secret can tell the service that money moved.

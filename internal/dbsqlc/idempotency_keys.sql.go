@@ -343,6 +343,45 @@ func (q *Queries) CompleteIdempotencyKey(ctx context.Context, db DBTX, arg Compl
 	return err
 }
 
+const completeIdempotencyKeyUnfenced = `-- name: CompleteIdempotencyKeyUnfenced :exec
+UPDATE idempotency_keys
+SET status           = 'completed',
+    recovery_point   = 'finished',
+    response_status  = $1,
+    response_headers = $2,
+    response_body    = $3,
+    locked_until     = NULL,
+    completed_at     = now(),
+    updated_at       = now()
+WHERE caller_id = $4 AND id = $5
+`
+
+type CompleteIdempotencyKeyUnfencedParams struct {
+	ResponseStatus  *int32
+	ResponseHeaders []byte
+	ResponseBody    []byte
+	CallerID        string
+	ID              int64
+}
+
+// A PLANTED BUG, never run unless a test asks for it
+// (FAULT_UNFENCED_COMPLETION, see idempotency.Faults): CompleteIdempotencyKey
+// without its fence. The record is named by its id alone; neither the
+// attempt, nor the status, nor a live lease is asked for, so an owner that
+// stalled past its lease and was taken over overwrites the answer the new
+// owner gave. internal/soak's TestHistoryCheckFindsUnfencedCompletion shows
+// that the history check catches it.
+func (q *Queries) CompleteIdempotencyKeyUnfenced(ctx context.Context, db DBTX, arg CompleteIdempotencyKeyUnfencedParams) error {
+	_, err := db.Exec(ctx, completeIdempotencyKeyUnfenced,
+		arg.ResponseStatus,
+		arg.ResponseHeaders,
+		arg.ResponseBody,
+		arg.CallerID,
+		arg.ID,
+	)
+	return err
+}
+
 const findIdempotencyKey = `-- name: FindIdempotencyKey :one
 SELECT k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited, k.traceparent,
        coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,

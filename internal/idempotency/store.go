@@ -69,28 +69,30 @@ type Store struct {
 	waiters *Listener // nil: duplicates do not wait (wait is 0)
 	log     *slog.Logger
 	replays *replayCache // nil: every replay reads the database
-
-	// Hooks are for the demo and the crash tests, which kill the process
-	// at the places they name; production leaves them unset. They are the
-	// only way in: no operation's code has to carry them.
-	Hooks Hooks
+	faults  Faults       // nil in production
 }
 
-// Hooks are called as an operation passes the places they name. Each may
-// be nil.
-type Hooks struct {
+// Faults are the test facility's ways into the engine: the demo and the
+// crash tests kill the process at the places they name, the history check's
+// tests stall an owner past its lease and plant a bug. Production passes
+// none (StoreConfig.Faults is nil), and no operation's code carries them.
+type Faults interface {
+	// AfterClaim runs once a request's claim gave it the record (a new one,
+	// or one taken over), before it starts work and before its heartbeat
+	// starts renewing the lease.
+	AfterClaim(Record)
 	// AfterPhase runs once a phase has committed, with the record as it
 	// now stands (at the recovery point the phase reached).
-	AfterPhase func(Record)
+	AfterPhase(Record)
 	// BeforeFinalCommit runs inside the final phase of an operation that
 	// has more than one, after the phase's own writes and before the
 	// record's completion and the commit, which are sent together: the
 	// effect is written but not committed.
-	BeforeFinalCommit func(Record)
-	// AfterClaim runs once a request's claim gave it the record (a new
-	// one, or one taken over), before it starts work and before its
-	// heartbeat starts renewing the lease.
-	AfterClaim func(Record)
+	BeforeFinalCommit(Record)
+	// Unfenced says whether a completion is written without its fence (a
+	// PLANTED BUG: CompleteIdempotencyKeyUnfenced), for the test that shows
+	// the history check catches it.
+	Unfenced() bool
 }
 
 // StoreConfig tunes a Store.
@@ -117,11 +119,13 @@ type StoreConfig struct {
 	Wait time.Duration
 	// Listener wakes waiting duplicates when their record is notified.
 	Listener *Listener
+	// Faults, for tests and the demo only; nil in production.
+	Faults Faults
 }
 
 // NewStore returns a Store over pool.
 func NewStore(pool *pgxpool.Pool, cfg StoreConfig, log *slog.Logger) *Store {
-	s := &Store{pool: pool, lease: cfg.Lease, maxRun: cfg.MaxRun, wait: cfg.Wait, waiters: cfg.Listener, log: log}
+	s := &Store{pool: pool, lease: cfg.Lease, maxRun: cfg.MaxRun, wait: cfg.Wait, waiters: cfg.Listener, log: log, faults: cfg.Faults}
 	if s.maxRun <= 0 {
 		s.maxRun = 3 * s.lease
 	}
@@ -210,8 +214,8 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 		if result, err = fn(ctx, tx); err != nil {
 			return err
 		}
-		if _, final := result.(*Response); final && l.record.RecoveryPoint != RecoveryStarted && l.store.Hooks.BeforeFinalCommit != nil {
-			l.store.Hooks.BeforeFinalCommit(l.record)
+		if _, final := result.(*Response); final && l.record.RecoveryPoint != RecoveryStarted && l.store.faults != nil {
+			l.store.faults.BeforeFinalCommit(l.record)
 		}
 		return l.writeResult(ctx, tx.ThenCommit(), result)
 	})
@@ -232,8 +236,8 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 		span.SetAttributes(attrReachedPoint.String(string(l.record.RecoveryPoint)))
 	}
 	span.End()
-	if l.store.Hooks.AfterPhase != nil {
-		l.store.Hooks.AfterPhase(l.record)
+	if l.store.faults != nil {
+		l.store.faults.AfterPhase(l.record)
 	}
 	return nil
 }
@@ -254,7 +258,13 @@ func (l *Lease) writeResult(ctx context.Context, tx dbsqlc.DBTX, result Result) 
 			return err
 		}
 		status := int32(r.Status) // #nosec G115 -- an HTTP status code
-		err = completeRecord(ctx, tx, dbsqlc.CompleteIdempotencyKeyParams{
+		if l.store.faults != nil && l.store.faults.Unfenced() {
+			err = queries.CompleteIdempotencyKeyUnfenced(ctx, tx, dbsqlc.CompleteIdempotencyKeyUnfencedParams{
+				ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: r.Body, CallerID: rec.CallerID, ID: rec.ID,
+			})
+			break
+		}
+		err = queries.CompleteIdempotencyKey(ctx, tx, dbsqlc.CompleteIdempotencyKeyParams{
 			ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: r.Body,
 			CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
 		})
@@ -342,8 +352,8 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 // MaxRun however long its owner keeps the lease renewed, and on a context
 // the client's cancellation does not reach.
 func (s *Store) run(ctx context.Context, req Request, lease *Lease, h Handler) (*Response, error) {
-	if s.Hooks.AfterClaim != nil {
-		s.Hooks.AfterClaim(lease.record)
+	if s.faults != nil {
+		s.faults.AfterClaim(lease.record)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.maxRun)
 	defer cancel()

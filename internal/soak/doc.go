@@ -38,11 +38,11 @@
 // carried on without a restart.
 //
 // TestHistoryCheckFindsUnfencedCompletion shows that the history check
-// fails when it must: a short soak on servers built with -tags nofence
-// (internal/idempotency/fence_nofence.go: the completion written without
-// its fence), whose owners stall past their leases on purpose
-// (FAULT_STALL_POINTS), is not linearizable; the same soak on the usual
-// build is.
+// fails when it must: a short soak on servers started with
+// FAULT_UNFENCED_COMPLETION=true (idempotency.Faults: the completion
+// written without its fence), whose owners stall past their leases on
+// purpose (FAULT_STALL_POINTS), is not linearizable; the same soak on
+// servers without it is.
 //
 // TestAsyncFailoverLosesAcknowledgedWritesButChargesOnce shows what a
 // failover under asynchronous replication loses (acknowledged

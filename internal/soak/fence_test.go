@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -15,8 +16,8 @@ import (
 
 // TestHistoryCheckFindsUnfencedCompletion shows that the history check can
 // fail, and on what: the bug the fence exists to stop. It runs a short
-// soak twice, on servers built as usual and on servers built with the tag
-// nofence (internal/idempotency/fence_nofence.go), whose completion is
+// soak twice, on servers as usual and on servers started with
+// FAULT_UNFENCED_COMPLETION=true (idempotency.Faults), whose completion is
 // written without its fence (attempt, status, live lease).
 //
 // The soak makes takeovers happen on purpose: two replicas, each stalling
@@ -36,12 +37,12 @@ import (
 func TestHistoryCheckFindsUnfencedCompletion(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		tags         string
+		unfenced     bool
 		linearizable bool
-	}{{"", true}, {"nofence", false}} {
-		t.Run(fmt.Sprintf("tags=%q", c.tags), func(t *testing.T) {
+	}{{false, true}, {true, false}} {
+		t.Run(fmt.Sprintf("unfenced=%t", c.unfenced), func(t *testing.T) {
 			t.Parallel()
-			res, takeovers := stalledSoak(t, c.tags)
+			res, takeovers := stalledSoak(t, c.unfenced)
 			for _, l := range res.lines() {
 				t.Log(l)
 			}
@@ -71,12 +72,13 @@ func TestHistoryCheckFindsUnfencedCompletion(t *testing.T) {
 }
 
 // stalledSoak runs the load of TestHistoryCheckFindsUnfencedCompletion on
-// servers built with tags, and returns the history check's result and how
+// servers that write their completions unfenced or not, and returns the history check's result and how
 // many records were taken over.
-func stalledSoak(t *testing.T, tags string) (historyResult, int) {
+func stalledSoak(t *testing.T, unfenced bool) (historyResult, int) {
 	dbURL := testdb.New(t)
 	db := testdb.Pool(t, dbURL)
-	sv := startServers(t, dbURL, serversConfig{replicas: 2, tags: tags, env: []string{
+	sv := startServers(t, dbURL, serversConfig{replicas: 2, env: []string{
+		"FAULT_UNFENCED_COMPLETION=" + strconv.FormatBool(unfenced),
 		// A short lease keeps the stall (two leases) short. The reconciler
 		// is off, so that what takes a record over is the waiting copy,
 		// as it is for a client's retry.

@@ -123,14 +123,11 @@ type serversConfig struct {
 	replicas int
 	chaos    bool
 	env      []string
-	// tags are the build tags of the programs (nofence: the planted bug
-	// of fence_test.go).
-	tags string
 }
 
 // startServers builds and starts the processor and the replicas on dbURL.
 func startServers(t *testing.T, dbURL string, cfg serversConfig) *servers {
-	bin := build(t, cfg.tags)
+	bin := build(t)
 	sv := &servers{bin: bin, logs: &syncBuffer{}}
 	procPort, ports := freePort(t), make([]string, cfg.replicas)
 	for i := range ports {
@@ -849,10 +846,10 @@ func (s *soak) report(header string, lines ...string) {
 
 // --- processes -------------------------------------------------------------
 
-func build(t *testing.T, tags string) string {
+func build(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	out, err := exec.Command("go", "build", "-tags", tags, "-o", dir+"/", "github.com/retrysafe/payments/cmd/server", "github.com/retrysafe/payments/cmd/processor",
+	out, err := exec.Command("go", "build", "-o", dir+"/", "github.com/retrysafe/payments/cmd/server", "github.com/retrysafe/payments/cmd/processor",
 		"github.com/retrysafe/payments/cmd/sweeper").CombinedOutput()
 	if err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
