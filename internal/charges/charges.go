@@ -42,8 +42,8 @@ import (
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/ledger"
 	"github.com/retrysafe/payments/internal/orders"
-	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -315,7 +315,7 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 		return cur, err
 	}
 	// The money is the caller's to pay out from now on.
-	if err := payouts.CreditBalance(ctx, tx, ch.CallerID, ch.Currency, ch.Amount); err != nil {
+	if err := ledger.Credit(ctx, tx, ch.CallerID, ch.Currency, ch.Amount); err != nil {
 		return cur, err
 	}
 	if err := orders.MarkPaid(ctx, tx, ch.CallerID, ch.OrderID); err != nil {

@@ -33,8 +33,8 @@ import (
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/ledger"
 	"github.com/retrysafe/payments/internal/orders"
-	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -174,7 +174,7 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Re
 	// The refund also comes out of the balance: money already paid out
 	// cannot be refunded again (the CHECK on balances refuses it, as it
 	// refuses an overdrawing payout).
-	if err := payouts.DebitBalance(ctx, tx, ch.CallerID, ch.Currency, amount, "refund"); err != nil {
+	if err := ledger.Debit(ctx, tx, ch.CallerID, ch.Currency, amount, "refund"); err != nil {
 		return nil, err
 	}
 	// Derived from the request, not the row (cardprocessor.DownstreamKey).
@@ -206,7 +206,7 @@ func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Re
 		if err := queries.ReleaseRefund(ctx, tx, dbsqlc.ReleaseRefundParams{Amount: re.Amount, CallerID: ch.CallerID, ID: ch.ID}); err != nil {
 			return nil, err
 		}
-		if err := payouts.RestoreBalance(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {
+		if err := ledger.Restore(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {
 			return nil, err
 		}
 		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", cardprocessor.RefusalCode(refusal))), nil
@@ -297,7 +297,7 @@ func refundSucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc
 	if cur, err = queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &r.ProcessorID}); err != nil {
 		return cur, err
 	}
-	if err := payouts.SettleBalance(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {
+	if err := ledger.Settle(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {
 		return cur, err
 	}
 	return cur, events.Record(ctx, tx, re.CallerID, events.RefundSucceeded, map[string]any{

@@ -1,17 +1,17 @@
-package payouts
-
-// The balance is what each caller can pay out, per currency, kept in the
-// transactions that move the money (see migration 0020):
+// Package ledger keeps each caller's balance: what it can pay out, per
+// currency, written in the transactions that move the money (see migration
+// 0020), by whichever operation moves it. It owns the balances table.
 //
-//	a charge succeeds          CreditBalance   available += amount
-//	a refund or payout starts  DebitBalance    available -= amount, pending += amount
-//	it succeeds                SettleBalance   pending -= amount
-//	it fails                   RestoreBalance  available += amount, pending -= amount
+//	a charge succeeds          Credit    available += amount
+//	a refund or payout starts  Debit     available -= amount, pending += amount
+//	it succeeds                Settle    pending -= amount
+//	it fails                   Restore   available += amount, pending -= amount
 //
 // The debit is where overdrawing is refused, by the database: the CHECK
 // balance_not_overdrawn (available >= 0) fails the UPDATE, and concurrent
 // debits queue on the balance row's lock, so no interleaving of payouts
 // and refunds can take available below zero.
+package ledger
 
 import (
 	"context"
@@ -27,18 +27,20 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// CreditBalance adds a succeeded charge's amount to the caller's available
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+
+// Credit adds a succeeded charge's amount to the caller's available
 // balance.
-func CreditBalance(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
-	defer postgres.Wrap(&err, "CreditBalance(%s, %s, %d)", callerID, currency, amount)
+func Credit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
+	defer postgres.Wrap(&err, "ledger.Credit(%s, %s, %d)", callerID, currency, amount)
 	return queries.CreditBalance(ctx, tx, dbsqlc.CreditBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
-// DebitBalance takes amount from the available balance into pending, for a
+// Debit takes amount from the available balance into pending, for a
 // refund or payout being created in tx. When the balance does not cover
 // it, it returns a *problem.Error (insufficient_balance) and tx is
 // aborted: the caller returns the problem, and the whole phase rolls back.
-func DebitBalance(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, what string) error {
+func Debit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, what string) error {
 	n, err := queries.DebitBalance(ctx, tx, dbsqlc.DebitBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 	var pgErr *pgconn.PgError
 	if (err == nil && n == 0) || (errors.As(err, &pgErr) && pgErr.ConstraintName == "balance_not_overdrawn") {
@@ -46,20 +48,20 @@ func DebitBalance(ctx context.Context, tx pgx.Tx, callerID, currency string, amo
 		return problem.New(problem.InsufficientBalance, "the %s of %d %s is more than the available balance", what, amount, currency)
 	}
 	if err != nil {
-		return fmt.Errorf("DebitBalance(%s, %s, %d): %w", callerID, currency, amount, err)
+		return fmt.Errorf("ledger.Debit(%s, %s, %d): %w", callerID, currency, amount, err)
 	}
 	return nil
 }
 
-// SettleBalance records that a debited refund or payout succeeded.
-func SettleBalance(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
-	defer postgres.Wrap(&err, "SettleBalance(%s, %s, %d)", callerID, currency, amount)
+// Settle records that a debited refund or payout succeeded.
+func Settle(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
+	defer postgres.Wrap(&err, "ledger.Settle(%s, %s, %d)", callerID, currency, amount)
 	return queries.SettleBalance(ctx, tx, dbsqlc.SettleBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
-// RestoreBalance gives a failed refund's or payout's debit back to available.
-func RestoreBalance(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
-	defer postgres.Wrap(&err, "RestoreBalance(%s, %s, %d)", callerID, currency, amount)
+// Restore gives a failed refund's or payout's debit back to available.
+func Restore(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
+	defer postgres.Wrap(&err, "ledger.Restore(%s, %s, %d)", callerID, currency, amount)
 	return queries.RestoreBalance(ctx, tx, dbsqlc.RestoreBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
@@ -85,9 +87,9 @@ func (bs Balances) API() apigen.Balance {
 	return out
 }
 
-// GetBalance returns the caller's balance.
-func GetBalance(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ Balances, err error) {
-	defer postgres.Wrap(&err, "GetBalance(%s)", callerID)
+// Get returns the caller's balance.
+func Get(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ Balances, err error) {
+	defer postgres.Wrap(&err, "ledger.Get(%s)", callerID)
 	rows, err := queries.ListBalances(ctx, db, callerID)
 	if err != nil {
 		return nil, err

@@ -42,6 +42,7 @@ import (
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/ledger"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -152,7 +153,7 @@ func (s *Service) Create(ctx context.Context, l *idempotency.Lease, req Request)
 		// and replayed like a decline), nothing else was written. Its
 		// failed statement aborts tx; the idempotency layer stores the
 		// problem in a transaction of its own.
-		if err := DebitBalance(ctx, tx, req.CallerID, req.Currency, req.Amount, "payout"); err != nil {
+		if err := ledger.Debit(ctx, tx, req.CallerID, req.Currency, req.Amount, "payout"); err != nil {
 			return nil, err
 		}
 		// Derived from the request, not the row (cardprocessor.DownstreamKey): a
@@ -278,7 +279,7 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 		if cur, err = queries.SetPayoutPaid(ctx, tx, dbsqlc.SetPayoutPaidParams{CallerID: cur.CallerID, ID: cur.ID, ProcessorPayoutID: orNil(o.ProcessorPayoutID)}); err != nil {
 			return cur, err
 		}
-		if err := SettleBalance(ctx, tx, cur.CallerID, cur.Currency, cur.Amount); err != nil {
+		if err := ledger.Settle(ctx, tx, cur.CallerID, cur.Currency, cur.Amount); err != nil {
 			return cur, err
 		}
 		return cur, events.Record(ctx, tx, cur.CallerID, events.PayoutPaid, data)
@@ -291,7 +292,7 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 		return cur, err
 	}
 	// The money did not leave: it is available again.
-	if err := RestoreBalance(ctx, tx, cur.CallerID, cur.Currency, cur.Amount); err != nil {
+	if err := ledger.Restore(ctx, tx, cur.CallerID, cur.Currency, cur.Amount); err != nil {
 		return cur, err
 	}
 	data["failure_code"] = code

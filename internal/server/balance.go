@@ -5,12 +5,12 @@ import (
 
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
-	"github.com/retrysafe/payments/internal/payouts"
+	"github.com/retrysafe/payments/internal/ledger"
 )
 
 // GetBalance is safe.
 func (s *Server) GetBalance(ctx context.Context, _ apigen.GetBalanceRequestObject) (apigen.GetBalanceResponseObject, error) {
-	b, err := payouts.GetBalance(ctx, s.pool, auth.CallerFrom(ctx).ID)
+	b, err := ledger.Get(ctx, s.pool, auth.CallerFrom(ctx).ID)
 	if err != nil {
 		return nil, err
 	}
