@@ -13,17 +13,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/metrics"
-	"github.com/retrysafe/payments/internal/problem"
 )
 
 // Processor moves money. Each call is one attempt under a downstream
@@ -403,60 +399,4 @@ func RefusalCode(err error) string {
 		return refused.Code
 	}
 	return ""
-}
-
-// What an answer means to an operation. Every operation with an external
-// effect makes its processor call through Call, whatever the effect: call
-// under the operation's downstream idempotency key, outside any
-// transaction, then record a definite answer in the operation's final
-// phase. Charges and refunds run it; a new operation that moves money runs
-// it too, and so gets the same rules for free:
-//
-//   - no definite answer (a timeout, a 5xx, a 429) is never recorded: the
-//     client gets a 503 with Retry-After, the record stays at its recovery
-//     point, and the next attempt calls again under the same key, which the
-//     processor collapses into one effect;
-//   - once the processor may have acted, no failure of ours becomes a final
-//     answer (the idempotency layer keeps the record resumable);
-//   - a processor that refuses the downstream key itself (it saw the key
-//     with another request) gives no answer about the money either: the
-//     operation is set aside for a person at once, never recorded as a
-//     decline.
-
-// A FinishFunc is an operation's final phase: it records the processor's
-// definite answer inside tx and returns the operation's final response.
-// refusal is the processor's definite "no" (a *DeclinedError
-// or *RefusedError), or nil when answer is a success.
-type FinishFunc[A any] func(ctx context.Context, tx pgx.Tx, answer A, refusal error) (idempotency.Result, error)
-
-// Call makes the external call of the operation held by l and finishes
-// the operation with its answer. call makes exactly one attempt (retries
-// belong to the API's client and to the reconciler: a loop here would
-// multiply theirs). what names the operation for the client ("charge").
-func Call[A any](ctx context.Context, l *idempotency.Lease, what string,
-	call func(context.Context) (A, error), finish FinishFunc[A]) error {
-	answer, err := call(ctx)
-
-	var uncertain *UncertainError
-	var rejected *RejectedError
-	switch {
-	case errors.As(err, &rejected):
-		// The processor refuses our key itself: no answer about the
-		// customer's money, and no retry can change that.
-		return fmt.Errorf("%w: %w", idempotency.ErrSetAside, err)
-	case errors.As(err, &uncertain):
-		p := problem.New(problem.ProcessorUnavailable,
-			"the card processor did not give a definite answer; retry with the same Idempotency-Key and the %s resumes (it will not happen twice)", what)
-		p.RetryAfter = max(1, int(math.Ceil(uncertain.RetryAfter.Seconds())))
-		return errors.Join(p, err)
-	case err != nil && !IsDefinite(err):
-		// Neither an answer nor a "no": treat it as no answer. (The
-		// idempotency layer keeps any unexpected error after the first
-		// phase resumable, never final; see idempotency.Handler.)
-		return err
-	}
-	refusal := err
-	return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
-		return finish(ctx, tx, answer, refusal)
-	})
 }

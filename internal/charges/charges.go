@@ -11,7 +11,7 @@
 //	                 from the request, so a retry after a lost row sends
 //	                 it again).
 //	charge_created → the processor call with that key, outside any
-//	                 transaction (cardprocessor.Call). No definite answer
+//	                 transaction (callProcessor, call.go). No definite answer
 //	                 (timeout, 5xx, 429): stop here, nothing stored; the
 //	                 next attempt calls again with the same key and the
 //	                 processor collapses the calls into one effect.
@@ -142,7 +142,7 @@ func (s *Service) Charge(ctx context.Context, l *idempotency.Lease, req ChargeRe
 			if err != nil {
 				return fmt.Errorf("load charge of key record %d: %w", rec.ID, err)
 			}
-			return cardprocessor.Call(ctx, l, "charge",
+			return callProcessor(ctx, l, "charge",
 				func(ctx context.Context) (cardprocessor.ChargeResult, error) {
 					return s.processor.Charge(ctx, ch.DownstreamKey, cardprocessor.ChargeRequest{
 						Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod,

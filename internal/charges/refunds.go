@@ -7,7 +7,7 @@
 //	                 take it from the balance (another keeps that from
 //	                 going negative), create the refund row (pending) with
 //	                 its downstream key.
-//	refund_created → the processor call with that key (cardprocessor.Call);
+//	refund_created → the processor call with that key (callProcessor, call.go);
 //	                 no definite answer: stop here, nothing stored.
 //	               → finishRefund (one transaction): the refund succeeded
 //	                 (or was refused, and its reservation given back), the
@@ -108,7 +108,7 @@ func (s *Service) Refund(ctx context.Context, l *idempotency.Lease, req RefundRe
 				// from before that rule, or damaged data: a person must look.
 				return fmt.Errorf("charge %s of refund %s has no processor charge id", ch.ID, re.ID)
 			}
-			return cardprocessor.Call(ctx, l, "refund",
+			return callProcessor(ctx, l, "refund",
 				func(ctx context.Context) (cardprocessor.RefundResult, error) {
 					return s.processor.Refund(ctx, re.DownstreamKey, cardprocessor.RefundRequest{Charge: *ch.ProcessorChargeID, Amount: re.Amount})
 				},
@@ -195,7 +195,7 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Re
 func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
 	if refusal != nil {
 		// Definitely not refunded, whatever kind of "no" the processor
-		// gave (cardprocessor.Call lets only a definite one through): give the
+		// gave (callProcessor lets only a definite one through): give the
 		// reservation back.
 		if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 			return nil, err
