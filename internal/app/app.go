@@ -158,7 +158,7 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 		return nil, err
 	}
 	a.Handler, err = server.New(server.Deps{
-		Config: cfg, Pool: pool, Log: log, Keys: a.Keys, Inbox: inbox,
+		Config: cfg, Pool: pool, Log: log, Keys: a.Keys, Operations: a.Operations, Inbox: inbox,
 		Charges: chargeService, Payouts: payouts.NewService(jobs), Demo: demo, Tracing: opts.Tracing,
 	})
 	if err != nil {
@@ -225,12 +225,15 @@ func (a *App) Reconciler(backoffBase time.Duration) (*idempotency.Reconciler, er
 	}, a.Keys, a.Operations, a.log.With("component", "reconciler"))
 }
 
-// Start runs the background work the configuration turns on: the
-// reconciler, the relay, and the payout jobs. They run until Stop, on a
-// context of their own: the caller's cancellation (a SIGTERM) does not
-// cut off the record they are handling.
+// Start runs the background work: the listener that wakes waiting
+// duplicates, and what the configuration turns on (the reconciler, the
+// relay, the payout jobs). Nothing runs before it: New starts no
+// goroutine, so a New that fails leaves nothing to stop. They run until
+// Stop, on a context of their own: the caller's cancellation (a SIGTERM)
+// does not cut off the record they are handling.
 func (a *App) Start(ctx context.Context) error {
 	ctx, a.stop = context.WithCancel(context.WithoutCancel(ctx))
+	a.running.Go(func() { a.listener.Run(ctx) })
 	for _, w := range a.workers {
 		a.running.Go(func() { w(ctx) })
 	}
@@ -249,7 +252,6 @@ func (a *App) Start(ctx context.Context) error {
 // canceled, and a canceled step runs again later under the same
 // downstream key). Call it before the pool closes.
 func (a *App) Stop(ctx context.Context) error {
-	defer a.listener.Close()
 	if a.stop == nil {
 		return nil
 	}

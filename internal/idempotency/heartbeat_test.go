@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,7 +31,10 @@ func listeningStore(t *testing.T, lease, wait time.Duration) (*Store, *pgxpool.P
 	l := NewListener(func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	t.Cleanup(l.Close)
+	ctx, stop := context.WithCancel(context.Background())
+	var running sync.WaitGroup
+	running.Go(func() { l.Run(ctx) })
+	t.Cleanup(func() { stop(); running.Wait() })
 	// Listening before the test begins: the wake-up every waiter gets when
 	// the listener's LISTEN takes effect (it may have missed a
 	// notification while connecting) must not land in the test.

@@ -29,8 +29,6 @@ type Listener struct {
 	mu      sync.Mutex
 	waiting map[recordRef]map[chan struct{}]struct{}
 
-	stop context.CancelFunc
-	done chan struct{}
 	// listening is closed once the first LISTEN has taken effect and the
 	// waiters registered meanwhile have been woken: from then on, only a
 	// notification or a lost connection wakes anyone (tests wait for it).
@@ -48,21 +46,10 @@ type recordRef struct {
 // the record's "<caller_id>/<id>" as the payload.
 const listenChannel = "idempotency_keys"
 
-// NewListener starts listening on a connection of its own, made with
-// connect (a pool's connection configuration, say), and keeps it up until
-// Close.
+// NewListener returns a Listener that makes its connection with connect (a
+// pool's connection configuration, say). It listens once Run runs.
 func NewListener(connect func(context.Context) (*pgx.Conn, error), log *slog.Logger) *Listener {
-	ctx, stop := context.WithCancel(context.Background())
-	l := &Listener{connect: connect, log: log, waiting: map[recordRef]map[chan struct{}]struct{}{}, stop: stop, done: make(chan struct{}),
-		listening: make(chan struct{})}
-	go l.run(ctx)
-	return l
-}
-
-// Close stops listening and closes the connection.
-func (l *Listener) Close() {
-	l.stop()
-	<-l.done
+	return &Listener{connect: connect, log: log, waiting: map[recordRef]map[chan struct{}]struct{}{}, listening: make(chan struct{})}
 }
 
 // watch registers a waiter for a record: wake receives when the record is
@@ -103,10 +90,10 @@ func (l *Listener) wake(ref recordRef, all bool) {
 	}
 }
 
-// run keeps a connection LISTENing until ctx ends, reconnecting with a
-// growing pause after a failure.
-func (l *Listener) run(ctx context.Context) {
-	defer close(l.done)
+// Run keeps a connection LISTENing until ctx ends, reconnecting with a
+// growing pause after a failure. Until it listens, waiters are woken only
+// by their own timers.
+func (l *Listener) Run(ctx context.Context) {
 	pause := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		err := l.listen(ctx)

@@ -74,6 +74,24 @@ func newAPIRoutes(spec *openapi3.T, router routers.Router) map[routeKey]*apiRout
 	return out
 }
 
+// checkResumable refuses a spec whose keyed-external operation (one with
+// recovery points around an outside effect) has no handler in operations
+// to resume it. Without one, a record left in progress by a crash would
+// wait for the reconciler for ever: the mistake shows at start-up, with the
+// operation's name, rather than at the first crash.
+func checkResumable(spec *openapi3.T, operations *idempotency.Registry) error {
+	for _, item := range spec.Paths.Map() {
+		for _, op := range item.Operations() {
+			if class, _ := op.Extensions["x-idempotency"].(string); class == "keyed-external" {
+				if _, ok := operations.Lookup(op.OperationID); !ok {
+					return fmt.Errorf("operation %s is keyed-external in the spec, but nothing resumes it: register it in internal/app (Operations.Register)", op.OperationID)
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // newAPIRoute reads what the contract middleware needs of route's
 // operation.
 func newAPIRoute(route *routers.Route) *apiRoute {

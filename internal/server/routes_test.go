@@ -302,3 +302,23 @@ func TestKeyedBodiesAllowNoUnknownMember(t *testing.T) {
 		t.Fatal("no keyed operation with a body")
 	}
 }
+
+// Start-up refuses an operation the spec marks keyed-external that nothing
+// can resume, and names it: forgetting Operations.Register would otherwise
+// leave a crashed operation's record in progress for ever.
+func TestKeyedExternalOperationWithoutResumerIsRefused(t *testing.T) {
+	spec, err := api.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume := func(context.Context, *idempotency.Lease) error { return nil }
+	ops := idempotency.NewRegistry()
+	ops.Register("createCharge", resume)
+	if err := checkResumable(spec, ops); err == nil || !strings.Contains(err.Error(), "createRefund") {
+		t.Errorf("createRefund unregistered: %v; want an error naming it", err)
+	}
+	ops.Register("createRefund", resume)
+	if err := checkResumable(spec, ops); err != nil {
+		t.Errorf("every keyed-external operation registered: %v", err)
+	}
+}

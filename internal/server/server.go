@@ -39,7 +39,10 @@ type Deps struct {
 	Pool    *pgxpool.Pool
 	Log     *slog.Logger
 	Keys    *idempotency.Store
-	Charges *charges.Service // charges and refunds
+	// Operations are the operations the reconciler can resume: every one
+	// the spec marks keyed-external must be there (checkResumable).
+	Operations *idempotency.Registry
+	Charges    *charges.Service // charges and refunds
 	Payouts *payouts.Service
 	// Inbox receives the processor's webhooks.
 	Inbox *events.Inbox
@@ -110,6 +113,9 @@ func New(d Deps) (http.Handler, error) {
 	s.validationNoBody = s.validation
 	s.validationNoBody.ExcludeRequestBody = true
 	s.routes = newAPIRoutes(spec, router)
+	if err := checkResumable(spec, d.Operations); err != nil {
+		return nil, err
+	}
 
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
