@@ -35,15 +35,15 @@ import (
 
 // Deps is what the API needs, built by package app.
 type Deps struct {
-	Config  config.Server
-	Pool    *pgxpool.Pool
-	Log     *slog.Logger
-	Keys    *idempotency.Store
+	Config config.Server
+	Pool   *pgxpool.Pool
+	Log    *slog.Logger
+	Keys   *idempotency.Store
 	// Operations are the operations the reconciler can resume: every one
 	// the spec marks keyed-external must be there (checkResumable).
 	Operations *idempotency.Registry
 	Charges    *charges.Service // charges and refunds
-	Payouts *payouts.Service
+	Payouts    *payouts.Service
 	// Inbox receives the processor's webhooks.
 	Inbox *events.Inbox
 	// Demo turns on the browser demo's own endpoints (DEMO_MODE); nil, as
