@@ -51,4 +51,10 @@
 // deletes it, so a Store with CacheReplays on keeps recent completed
 // answers in memory and replays them without the claim, each for less
 // than its record is certain to exist (replays.go).
+//
+// Read it in this order: store.go (the Store and its configuration),
+// local.go (a local operation, one transaction), claim.go (an external
+// operation's claim), run.go (driving it, and what its errors mean),
+// lease.go (phases, fencing, the heartbeat), wait.go (a duplicate waiting
+// for its original), replays.go (the replay cache), reconciler.go.
 package idempotency
