@@ -226,30 +226,18 @@ func ListRefunds(ctx context.Context, db dbsqlc.DBTX, callerID, chargeID string,
 	if _, err := get(ctx, db, callerID, chargeID); err != nil {
 		return nil, false, err
 	}
-	p := dbsqlc.ListRefundsOfChargeParams{CallerID: callerID, ChargeID: chargeID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
-	if startingAfter != "" {
-		cursor, err := queries.GetRefund(ctx, db, dbsqlc.GetRefundParams{CallerID: callerID, ID: startingAfter})
-		if postgres.IsNotFound(err) || (err == nil && cursor.ChargeID != chargeID) {
-			e := problem.New(problem.InvalidRequest, "starting_after names no refund of this charge")
-			e.Errors = []problem.FieldError{{Field: "starting_after", Message: "no such refund of this charge"}}
-			return nil, false, e
-		}
-		if err != nil {
-			return nil, false, err
-		}
-		p.HasCursor, p.CursorCreatedAt, p.CursorID = true, cursor.CreatedAt, cursor.ID
-	}
-	rows, err := queries.ListRefundsOfCharge(ctx, db, p)
-	if err != nil {
-		return nil, false, err
-	}
-	// One extra row was asked for: its presence is has_more.
-	hasMore := len(rows) > limit
-	out := make([]Refund, min(len(rows), limit))
-	for i := range out {
-		out[i] = refundOf(rows[i])
-	}
-	return out, hasMore, nil
+	return postgres.Page(limit, startingAfter, "refund of this charge",
+		func(id string) (postgres.Cursor, error) {
+			re, err := queries.GetRefund(ctx, db, dbsqlc.GetRefundParams{CallerID: callerID, ID: id})
+			if err == nil && re.ChargeID != chargeID {
+				err = pgx.ErrNoRows // another charge's refund is no cursor here
+			}
+			return postgres.Cursor{CreatedAt: re.CreatedAt, ID: re.ID}, err
+		},
+		func(c postgres.Cursor, rowLimit int32) ([]dbsqlc.Refund, error) {
+			return queries.ListRefundsOfCharge(ctx, db, dbsqlc.ListRefundsOfChargeParams{CallerID: callerID, ChargeID: chargeID,
+				RowLimit: rowLimit, HasCursor: c.Set, CursorCreatedAt: c.CreatedAt, CursorID: c.ID})
+		}, refundOf)
 }
 
 // ApplyRefundEvent is the inbox's Applier for refund.succeeded: it records

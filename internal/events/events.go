@@ -16,7 +16,6 @@ import (
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/postgres"
-	"github.com/retrysafe/payments/internal/problem"
 )
 
 // Event types.
@@ -69,28 +68,16 @@ func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map
 // event startingAfter when it is not empty, and whether more exist.
 func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []Event, _ bool, err error) {
 	defer postgres.Wrap(&err, "List(%s)", callerID)
-	p := dbsqlc.ListEventsParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
-	if startingAfter != "" {
-		cursor, err := queries.GetEvent(ctx, db, dbsqlc.GetEventParams{CallerID: callerID, ID: startingAfter})
-		if postgres.IsNotFound(err) {
-			e := problem.New(problem.InvalidRequest, "starting_after names no event of yours")
-			e.Errors = []problem.FieldError{{Field: "starting_after", Message: "no such event"}}
-			return nil, false, e
-		}
-		if err != nil {
-			return nil, false, err
-		}
-		p.HasCursor, p.CursorCreatedAt, p.CursorID = true, cursor.CreatedAt, cursor.ID
-	}
-	rows, err := queries.ListEvents(ctx, db, p)
-	if err != nil {
-		return nil, false, err
-	}
-	hasMore := len(rows) > limit
-	out := make([]Event, min(len(rows), limit))
-	for i := range out {
-		r := rows[i]
-		out[i] = Event{ID: r.ID, CallerID: r.CallerID, Type: r.Type, Data: r.Data, CreatedAt: r.CreatedAt}
-	}
-	return out, hasMore, nil
+	return postgres.Page(limit, startingAfter, "event of yours",
+		func(id string) (postgres.Cursor, error) {
+			ev, err := queries.GetEvent(ctx, db, dbsqlc.GetEventParams{CallerID: callerID, ID: id})
+			return postgres.Cursor{CreatedAt: ev.CreatedAt, ID: ev.ID}, err
+		},
+		func(c postgres.Cursor, rowLimit int32) ([]dbsqlc.Event, error) {
+			return queries.ListEvents(ctx, db, dbsqlc.ListEventsParams{CallerID: callerID, RowLimit: rowLimit,
+				HasCursor: c.Set, CursorCreatedAt: c.CreatedAt, CursorID: c.ID})
+		},
+		func(r dbsqlc.Event) Event {
+			return Event{ID: r.ID, CallerID: r.CallerID, Type: r.Type, Data: r.Data, CreatedAt: r.CreatedAt}
+		})
 }

@@ -96,30 +96,15 @@ func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (_ Order, err
 // after the order startingAfter when it is not empty, and whether more exist.
 func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []Order, _ bool, err error) {
 	defer postgres.Wrap(&err, "orders.List(%s)", callerID)
-	p := dbsqlc.ListOrdersParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
-	if startingAfter != "" {
-		cursor, err := queries.GetOrder(ctx, db, dbsqlc.GetOrderParams{CallerID: callerID, ID: startingAfter})
-		if postgres.IsNotFound(err) {
-			e := problem.New(problem.InvalidRequest, "starting_after names no order of yours")
-			e.Errors = []problem.FieldError{{Field: "starting_after", Message: "no such order"}}
-			return nil, false, e
-		}
-		if err != nil {
-			return nil, false, err
-		}
-		p.HasCursor, p.CursorCreatedAt, p.CursorID = true, cursor.CreatedAt, cursor.ID
-	}
-	rows, err := queries.ListOrders(ctx, db, p)
-	if err != nil {
-		return nil, false, err
-	}
-	// One extra row was asked for: its presence is has_more.
-	hasMore := len(rows) > limit
-	out := make([]Order, min(len(rows), limit))
-	for i := range out {
-		out[i] = orderOf(rows[i])
-	}
-	return out, hasMore, nil
+	return postgres.Page(limit, startingAfter, "order of yours",
+		func(id string) (postgres.Cursor, error) {
+			o, err := queries.GetOrder(ctx, db, dbsqlc.GetOrderParams{CallerID: callerID, ID: id})
+			return postgres.Cursor{CreatedAt: o.CreatedAt, ID: o.ID}, err
+		},
+		func(c postgres.Cursor, rowLimit int32) ([]dbsqlc.Order, error) {
+			return queries.ListOrders(ctx, db, dbsqlc.ListOrdersParams{CallerID: callerID, RowLimit: rowLimit,
+				HasCursor: c.Set, CursorCreatedAt: c.CreatedAt, CursorID: c.ID})
+		}, orderOf)
 }
 
 // Lock reads the caller's order id and locks its row until tx ends. Every

@@ -191,30 +191,15 @@ func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (_ Payout, er
 // the payout startingAfter when it is not empty, and whether more exist.
 func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []Payout, _ bool, err error) {
 	defer postgres.Wrap(&err, "payouts.List(%s)", callerID)
-	p := dbsqlc.ListPayoutsParams{CallerID: callerID, RowLimit: int32(limit) + 1} // #nosec G115 -- limit is 1 to 100, checked against the contract
-	if startingAfter != "" {
-		cursor, err := queries.GetPayout(ctx, db, dbsqlc.GetPayoutParams{CallerID: callerID, ID: startingAfter})
-		if postgres.IsNotFound(err) {
-			e := problem.New(problem.InvalidRequest, "starting_after names no payout of yours")
-			e.Errors = []problem.FieldError{{Field: "starting_after", Message: "no such payout"}}
-			return nil, false, e
-		}
-		if err != nil {
-			return nil, false, err
-		}
-		p.HasCursor, p.CursorCreatedAt, p.CursorID = true, cursor.CreatedAt, cursor.ID
-	}
-	rows, err := queries.ListPayouts(ctx, db, p)
-	if err != nil {
-		return nil, false, err
-	}
-	// One extra row was asked for: its presence is has_more.
-	hasMore := len(rows) > limit
-	out := make([]Payout, min(len(rows), limit))
-	for i := range out {
-		out[i] = payoutOf(rows[i])
-	}
-	return out, hasMore, nil
+	return postgres.Page(limit, startingAfter, "payout of yours",
+		func(id string) (postgres.Cursor, error) {
+			po, err := queries.GetPayout(ctx, db, dbsqlc.GetPayoutParams{CallerID: callerID, ID: id})
+			return postgres.Cursor{CreatedAt: po.CreatedAt, ID: po.ID}, err
+		},
+		func(c postgres.Cursor, rowLimit int32) ([]dbsqlc.Payout, error) {
+			return queries.ListPayouts(ctx, db, dbsqlc.ListPayoutsParams{CallerID: callerID, RowLimit: rowLimit,
+				HasCursor: c.Set, CursorCreatedAt: c.CreatedAt, CursorID: c.ID})
+		}, payoutOf)
 }
 
 // ApplyPayoutEvent is the inbox's Applier for payout.paid and
