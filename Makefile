@@ -12,8 +12,11 @@ run:
 
 # The whole test suite, against a real PostgreSQL (127.0.0.1:5432 by default;
 # set TEST_DATABASE_URL to use another). Each test gets its own database.
+# gotestsum (pinned in tools/go.mod) prints each package as it finishes,
+# then every skipped test with its reason, every failure, and the totals.
+# Under CI=true a test that would skip for a missing tool fails instead.
 test:
-	go test -race -count=1 ./...
+	go tool -modfile=tools/go.mod gotestsum --format pkgname --format-hide-empty-pkg -- -race -count=1 ./...
 
 # Tools from the npm registry, at pinned versions, into .cache/ (ignored by
 # git): axe-core for the browser tests' accessibility check, and Redocly's
