@@ -62,9 +62,9 @@ type replayKey struct{ callerID, key string }
 // more to follow, on every cycle, paid for by the requests that allocate
 // meanwhile. So the bytes are kept in one slice with no pointers in it,
 // which the collector marks without scanning, and the headers in one slice
-// of strings instead of a map of slices: for a created order's answer, 6
-// objects and 663 bytes an entry, where the request's slices and a clone
-// of the answer's header map kept 9 objects and 1,002 bytes.
+// of strings instead of a map of slices: fewer objects and fewer bytes
+// than the request's slices and a clone of the answer's header map
+// (docs/performance.md has the counts).
 type cachedReplay struct {
 	// data is, end to end: the first request's fingerprint, method and
 	// path (the method and path for a 422), then the answer's body.

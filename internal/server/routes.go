@@ -19,8 +19,8 @@ import (
 // sees it, and c.Path() names the route template it matched. Matching the
 // request again against the spec (kin-openapi's gorillamux router: a
 // regular expression per path, and a copy of the route for every request)
-// cost about 6 µs and a dozen allocations per request
-// (docs/performance.md). So the spec's route for each of Echo's templates
+// is work repeated for every request (docs/performance.md has what it
+// cost). So the spec's route for each of Echo's templates
 // is found once, at start-up, by the same router, and looked up by
 // template per request.
 
@@ -111,7 +111,7 @@ func newAPIRoute(route *routers.Route) *apiRoute {
 // before the body is read (requiresAuth, read from the route as the spec
 // has it): a request that reaches the validator has passed, and the
 // validator's own walk of the requirements (its AuthenticationFunc is a
-// no-op) would only cost every request a few microseconds. kin-openapi
+// no-op) would only cost every request time. kin-openapi
 // has no option to skip it; an empty list is one.
 func withoutSecurity(route *routers.Route) *routers.Route {
 	r, op := *route, *route.Operation

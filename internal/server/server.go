@@ -251,8 +251,8 @@ func routeLabel(c echo.Context) string {
 
 // logRequest logs the request line as s.log.LogAttrs would, but hands the
 // record to the handler with no caller (pc 0): slog takes the caller's PC
-// with runtime.Callers for every record (about 3 µs a request), and no
-// handler of ours prints it.
+// with runtime.Callers for every record, and no handler of ours prints
+// it.
 func logRequest(ctx context.Context, log *slog.Logger, level slog.Level, attrs []slog.Attr) {
 	h := log.Handler()
 	if !h.Enabled(ctx, level) {
