@@ -3,6 +3,7 @@ package app
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -470,4 +471,27 @@ func TestIdempotencyKeyRecord(t *testing.T) {
 		}
 	}
 	ts.get(t, "/v1/idempotency-keys/never-used").wantProblem(t, http.StatusNotFound, "not_found")
+}
+
+// A string that is not Unicode text (a lone surrogate escape, invalid
+// UTF-8) is a 400 naming the member, and claims nothing: a decoder would
+// read each as U+FFFD, and these four different bodies would share one
+// fingerprint, the second replayed instead of refused with a 422.
+func TestNotUnicodeIsRefused(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	for _, description := range []string{`"\ud800"`, `"\udfff"`, `"\ud83d\u0041"`, "\"\xff\""} {
+		res := ts.createOrder(t, "not-unicode", `{"amount":100,"currency":"usd","description":`+description+`}`)
+		p := res.wantProblem(t, http.StatusBadRequest, "invalid_request")
+		if !strings.Contains(fmt.Sprint(p["errors"]), "/description") {
+			t.Errorf("%s: %v; want the member named", description, p)
+		}
+	}
+	if n := ts.count(t, "idempotency_keys"); n != 0 {
+		t.Errorf("%d records; want none", n)
+	}
+	// A surrogate pair is one character, and welcome.
+	if res := ts.createOrder(t, "not-unicode", `{"amount":100,"currency":"usd","description":"\ud83d\ude00"}`); res.Status != http.StatusCreated {
+		t.Errorf("a surrogate pair: %d %s", res.Status, res.Body)
+	}
 }

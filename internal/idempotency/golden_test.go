@@ -16,8 +16,10 @@ import (
 // The bodies cover what a canonical form can get wrong: member order and
 // whitespace, nesting, numbers' literal text, escapes that encoding/json
 // rewrites (\u00e9, \/, \u003c) or keeps escaped (U+2028, U+2029, control
-// characters), HTML characters left unescaped, invalid UTF-8 (read as
-// U+FFFD), and the empty body.
+// characters), HTML characters left unescaped, and the empty body. (A body
+// with invalid UTF-8 or a lone surrogate had one here until 2026-12-03,
+// read as U+FFFD; such bodies are refused since, with a 400, before any
+// key is claimed: a retry of one is refused too, never replayed wrong.)
 var fingerprintGoldens = []struct{ method, path, body, hex string }{
 	{"POST", "/v1/orders", `{"amount":1999,"currency":"usd","description":"Two espressos"}`, "30a53982d1d5b032f09f295a0fc8ec6664a416e59cc54e8d66d3796b2a347cde"},
 	{"POST", "/v1/orders", "{\n \"description\": \"Two espressos\", \"currency\":\"usd\",\t\"amount\" : 1999}\n", "30a53982d1d5b032f09f295a0fc8ec6664a416e59cc54e8d66d3796b2a347cde"},
@@ -32,7 +34,6 @@ var fingerprintGoldens = []struct{ method, path, body, hex string }{
 	{"POST", "/v1/x", `{"a":{"y":[1,{"q":2,"p":1}],"x":true},"b":false,"c":null}`, "cb020fe26015ab779369284ae86593ced98f6d256b920e03a70264f798676a57"},
 	{"POST", "/v1/x", `{"n":[0,-0,1.50,2e3,1E+2,-12.5e-3,12345678901234567890123]}`, "538b6c371c5d8d18b07dded68a8ad48b4f4d2bb1724eab6d28adeb2771f74d79"},
 	{"POST", "/v1/x", `{"s":"<&> \u00e9 \/ \u003c \"q\" \\ \n\t\u0001 \u2028\u2029 é 😀 \ud83d\ude00"}`, "bfa726b9132b80b780dc9522b141aea444e9b634c39e835dcfc9ecac8ea0a764"},
-	{"POST", "/v1/x", "{\"bad\":\"\xff\xfe\",\"\xc3\":1}", "05626f24e838aef6f2b081287d235dcdf11bb6ca1699a9622968f0e32b32f59b"},
 	{"POST", "/v1/x", `{"\u0062":1,"a":2}`, "21b6a9c87acea5323a1639053bbed6e219cc555e1d73c35f5278823a8305bb4b"},
 	{"PUT", "/v1/x", `"just a string"`, "1e84a10443554c274a619af1cfd76e7d2125ea0f7f1517b86f99f531dc1a82f5"},
 }

@@ -19,6 +19,7 @@ package ijson
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"slices"
@@ -95,6 +96,17 @@ func (e *ValuesError) Error() string {
 	return fmt.Sprintf("the document holds more than %d values (the one past the limit is at %s)", e.Limit, e.Pointer)
 }
 
+// EncodingError is a string that is not Unicode text: invalid UTF-8, or a
+// \u escape of a lone surrogate (U+D800 to U+DFFF not in a pair). Go's
+// decoder, like most, reads either as U+FFFD, so two different bodies would
+// read, and be fingerprinted, as one; I-JSON (RFC 7493) forbids both.
+// Pointer names the string (or, for a member name, its object).
+type EncodingError struct{ Pointer string }
+
+func (e *EncodingError) Error() string {
+	return fmt.Sprintf("the string at %s is not valid Unicode (invalid UTF-8, or a lone surrogate escape)", e.Pointer)
+}
+
 // MembersError is an object with more than MaxMembers members; Pointer
 // names the object.
 type MembersError struct {
@@ -109,7 +121,8 @@ func (e *MembersError) Error() string {
 // Check reports a *DepthError for a document nested deeper than MaxDepth,
 // a *ValuesError for one with more than MaxValues values, a *MembersError
 // for an object with more than MaxMembers members, a *StringError for a
-// string longer than MaxString, or a *DuplicateNameError for the first
+// string longer than MaxString, an *EncodingError for a string that is not
+// Unicode text, or a *DuplicateNameError for the first
 // object in doc that has a member name twice, whichever the scan meets
 // first. It does not otherwise judge
 // doc: a document that is not JSON is left to the caller's own decoding,
@@ -153,8 +166,7 @@ type step struct {
 }
 
 // name is a member name as it appears in doc: the bytes between its
-// quotes, and whether they hold an escape or invalid UTF-8 (which reads
-// as U+FFFD, so such a name needs decoding too). It is unescaped only when two
+// quotes, and whether they hold an escape. It is unescaped only when two
 // names must be compared exactly, or a pointer built, so that reading a
 // name costs no allocation.
 type name struct {
@@ -395,89 +407,73 @@ func (s *scanner) separator(closing byte) {
 }
 
 // str moves past the string at s.pos and says where its text is. A string
-// with an escape must decode (a name is compared after unescaping), which
-// is checked here, once.
+// with an escape must decode (a name is compared after unescaping), and
+// every string must be Unicode text, which is checked here, once.
 func (s *scanner) str() (name, bool) {
 	s.pos++ // '"'
 	n := name{start: s.pos}
-	ok := true
 	for s.pos < len(s.doc) {
 		if s.pos-n.start > MaxString {
 			// Too long already: no need to find where it ends.
 			s.err = &StringError{Limit: MaxString, Pointer: s.pointer()}
 			return n, false
 		}
-		switch s.doc[s.pos] {
-		case '\\':
+		switch c := s.doc[s.pos]; {
+		case c == '\\':
 			n.escaped = true
 			s.pos += 2
-			continue
-		case '"':
+		case c == '"':
 			n.end = s.pos
 			s.pos++
 			if n.escaped {
-				if s.scratch, ok = unescape(s.scratch[:0], s.doc[n.start:n.end]); !ok {
+				var err error
+				if s.scratch, err = unescape(s.scratch[:0], s.doc[n.start:n.end]); err == errNotUnicode {
+					s.err = &EncodingError{Pointer: s.pointer()}
+					return n, false
+				} else if err != nil {
 					s.bad = true
 					return n, false
 				}
 			}
 			return n, true
-		default:
-			if s.doc[s.pos] >= utf8.RuneSelf {
-				// Valid UTF-8 is read as it is; an invalid byte reads as
-				// U+FFFD, so such a name must be decoded to be compared.
-				r, size := utf8.DecodeRune(s.doc[s.pos:])
-				if r == utf8.RuneError && size == 1 {
-					n.escaped = true
-				}
-				s.pos += size
-				continue
+		case c >= utf8.RuneSelf:
+			r, size := utf8.DecodeRune(s.doc[s.pos:])
+			if r == utf8.RuneError && size == 1 {
+				s.err = &EncodingError{Pointer: s.pointer()}
+				return n, false
 			}
+			s.pos += size
+		default:
+			s.pos++
 		}
-		s.pos++
 	}
 	s.bad = true
 	return n, false
 }
 
+var (
+	errMalformed  = errors.New("ijson: not a JSON string")
+	errNotUnicode = errors.New("ijson: a lone surrogate")
+)
+
 // unescape appends the text of a JSON string's raw contents (between the
-// quotes) to dst, decoding escapes exactly as encoding/json does: a lone or
-// broken surrogate becomes U+FFFD. It reports false for an escape JSON
-// does not have. (encoding/json's own decoder would do, but it allocates
-// its state for every string, and a body can hold thousands of names.)
-func unescape(dst, raw []byte) ([]byte, bool) {
-	// One allocation at most for the usual name: escapes only shrink it
-	// (invalid bytes, each read as U+FFFD's three, grow it once more below).
-	dst = slices.Grow(dst, len(raw))
-	grown := false
+// quotes, valid UTF-8) to dst, decoding escapes exactly as encoding/json
+// does, but for a lone or broken surrogate, which it refuses
+// (errNotUnicode) where encoding/json reads U+FFFD. It returns errMalformed
+// for an escape JSON does not have. (encoding/json's own decoder would do,
+// but it allocates its state for every string, and a body can hold
+// thousands of names.)
+func unescape(dst, raw []byte) ([]byte, error) {
+	dst = slices.Grow(dst, len(raw)) // escapes only shrink it
 	for i := 0; i < len(raw); {
 		c := raw[i]
-		if c >= utf8.RuneSelf {
-			// encoding/json reads each byte of invalid UTF-8 as U+FFFD, so
-			// "\x9e" and "\x9f" are the same name to the handler and must be
-			// the same name here, or a duplicate would slip past.
-			r, size := utf8.DecodeRune(raw[i:])
-			if r == utf8.RuneError && size == 1 {
-				if !grown {
-					// The rest may all be invalid, three bytes each: grow
-					// once here rather than a little at every append.
-					dst = slices.Grow(dst, 3*(len(raw)-i))
-					grown = true
-				}
-				dst = utf8.AppendRune(dst, unicode.ReplacementChar)
-			} else {
-				dst = append(dst, raw[i:i+size]...)
-			}
-			i += size
-			continue
-		}
 		if c != '\\' {
 			dst = append(dst, c)
 			i++
 			continue
 		}
 		if i+1 >= len(raw) {
-			return dst, false
+			return dst, errMalformed
 		}
 		switch e := raw[i+1]; e {
 		case '"', '\\', '/':
@@ -495,29 +491,30 @@ func unescape(dst, raw []byte) ([]byte, bool) {
 		case 'u':
 			r, ok := hex4(raw[i+2:])
 			if !ok {
-				return dst, false
+				return dst, errMalformed
 			}
 			i += 6
 			if utf16.IsSurrogate(r) {
-				if i+1 < len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
-					if r2, ok := hex4(raw[i+2:]); ok {
-						if dec := utf16.DecodeRune(r, r2); dec != unicode.ReplacementChar {
-							dst = utf8.AppendRune(dst, dec)
-							i += 6
-							continue
-						}
-					}
+				if i+1 >= len(raw) || raw[i] != '\\' || raw[i+1] != 'u' {
+					return dst, errNotUnicode
 				}
-				r = unicode.ReplacementChar
+				r2, ok := hex4(raw[i+2:])
+				if !ok {
+					return dst, errMalformed
+				}
+				if r = utf16.DecodeRune(r, r2); r == unicode.ReplacementChar {
+					return dst, errNotUnicode
+				}
+				i += 6
 			}
 			dst = utf8.AppendRune(dst, r)
 			continue
 		default:
-			return dst, false
+			return dst, errMalformed
 		}
 		i += 2
 	}
-	return dst, true
+	return dst, nil
 }
 
 // hex4 reads the four hex digits of a \u escape.

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestCheck(t *testing.T) {
@@ -27,8 +28,6 @@ func TestCheck(t *testing.T) {
 		{`{"a/b":1,"a/b":2}`, "/a~1b", false},
 		{`{"type":"charge.failed","Type":"charge.succeeded"}`, "/Type", false}, // one struct field to encoding/json
 		{"{\"k\":1,\"\u212a\":2}", "/\u212a", false},                           // the Kelvin sign folds to k, as in encoding/json
-		{"{\"\x9e\":1,\"\x9f\":2}", "/\ufffd", false},                          // invalid UTF-8: both read as U+FFFD
-		{"{\"\\ufffd\":1,\"\xff\":2}", "/\ufffd", false},                       // escaped and raw, the same name
 		{"{\"\u00e9\":1,\"\u00c9\":2}", "/\u00c9", false},                      // valid non-ASCII folds as before
 		{`{"a":{"b":1},"b":{"a":1}}`, "", false},                               // the same names in different objects
 		{`[{"k":1},{"k":2}]`, "", false},
@@ -54,6 +53,34 @@ func TestCheck(t *testing.T) {
 			t.Errorf("%s: %v; want too deep at %s", name, err, tc.pointer)
 		case tc.pointer != "" && !tc.depth && (!errors.As(err, &dup) || dup.Pointer != tc.pointer):
 			t.Errorf("%s: %v; want a duplicate at %s", name, err, tc.pointer)
+		}
+	}
+}
+
+// A string that is not Unicode text is refused, where a decoder would read
+// U+FFFD: otherwise different bodies read, and are fingerprinted, as one
+// ("\ud800" and "\udfff" and a raw 0xff byte would all be the same
+// description).
+func TestCheckRefusesWhatIsNotUnicode(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ doc, pointer string }{
+		{`{"description":"\ud83d"}`, "/description"},       // a lone high surrogate
+		{`{"description":"\ude00"}`, "/description"},       // a lone low surrogate
+		{`{"description":"\ud83dx"}`, "/description"},      // a high one, then no escape
+		{`{"description":"\ud83d\u0041"}`, "/description"}, // a high one, then not a low one
+		{"{\"description\":\"\xff\"}", "/description"},     // invalid UTF-8
+		{"{\"description\":\"a\xc3\"}", "/description"},    // a sequence cut short
+		{"[\"ok\",\"\xed\xa0\x80\"]", "/1"},                // a surrogate encoded as UTF-8
+		{"{\"\x9e\":1}", ""},                               // in a member name: its object
+	} {
+		var notUnicode *EncodingError
+		if err := Check([]byte(tc.doc)); !errors.As(err, &notUnicode) || notUnicode.Pointer != tc.pointer {
+			t.Errorf("%q: %v; want not Unicode at %q", tc.doc, err, tc.pointer)
+		}
+	}
+	for _, doc := range []string{`{"description":"\ud83d\ude00"}`, "{\"description\":\"\U0001F600 \u00e9\"}", `{"d":"\uffff"}`} {
+		if err := Check([]byte(doc)); err != nil {
+			t.Errorf("%q: %v; want accepted", doc, err)
 		}
 	}
 }
@@ -193,7 +220,8 @@ func FuzzCheck(f *testing.F) {
 }
 
 // FuzzUnescape: the scanner's own unescaping reads every string exactly as
-// encoding/json does, so that it compares the names the handler will see.
+// encoding/json does, so that it compares the names the handler will see,
+// but for the lone surrogates it refuses.
 func FuzzUnescape(f *testing.F) {
 	for _, s := range []string{`a`, `\u0041`, `\ud83d\ude00`, `\ud83d`, `\ud83dx`, `\ud83d\u0041`, `\n\t\/\\\"`, `\x`, `\u12`, "\x9e", "a\xffb"} {
 		f.Add(s)
@@ -202,12 +230,19 @@ func FuzzUnescape(f *testing.F) {
 		quoted := `"` + raw + `"`
 		var want string
 		wantErr := json.Unmarshal([]byte(quoted), &want)
-		got, ok := unescape(nil, []byte(raw))
-		if wantErr != nil {
-			return // not a JSON string: the scanner stops, the decoder refuses it
+		if wantErr != nil || !utf8.ValidString(raw) {
+			return // not a JSON string, or refused as not Unicode before it is unescaped
 		}
-		if !ok || string(got) != want {
-			t.Fatalf("unescape(%q) = %q, %v; encoding/json reads %q", raw, got, ok, want)
+		got, err := unescape(nil, []byte(raw))
+		if errors.Is(err, errNotUnicode) {
+			// A lone surrogate, which encoding/json reads as U+FFFD.
+			if !strings.ContainsRune(want, utf8.RuneError) {
+				t.Fatalf("unescape(%q) refused a surrogate; encoding/json reads %q", raw, want)
+			}
+			return
+		}
+		if err != nil || string(got) != want {
+			t.Fatalf("unescape(%q) = %q, %v; encoding/json reads %q", raw, got, err, want)
 		}
 	})
 }

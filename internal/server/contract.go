@@ -195,14 +195,14 @@ func fingerprint(req *http.Request, doc *any, decodeErr error) ([]byte, error) {
 
 // checkJSON refuses, with a 400 that names the place, a body nested deeper
 // than ijson.MaxDepth, holding more than ijson.MaxValues values, with an
-// object of more than ijson.MaxMembers members or a string longer than
-// ijson.MaxString bytes, or with a member named twice in one object
-// (I-JSON, RFC 7493).
+// object of more than ijson.MaxMembers members, a string longer than
+// ijson.MaxString bytes or not Unicode text, or with a member named twice
+// in one object (I-JSON, RFC 7493).
 func checkJSON(body []byte) error {
 	err := ijson.Check(body)
 	if err == nil {
 		// Before the targets of errors.As below are declared: they escape
-		// to the heap, five allocations that a good body need not cost.
+		// to the heap, allocations that a good body need not cost.
 		return nil
 	}
 	var tooDeep *ijson.DepthError
@@ -210,7 +210,12 @@ func checkJSON(body []byte) error {
 	var tooMany *ijson.ValuesError
 	var tooLong *ijson.StringError
 	var dup *ijson.DuplicateNameError
+	var notUnicode *ijson.EncodingError
 	switch {
+	case errors.As(err, &notUnicode):
+		p := problem.New(problem.InvalidRequest, "%s: a string must be Unicode text, with no invalid UTF-8 and no lone surrogate escape (I-JSON, RFC 7493)", notUnicode.Pointer)
+		p.Errors = []problem.FieldError{{Field: notUnicode.Pointer, Message: "not valid Unicode"}}
+		return p
 	case errors.As(err, &tooLong):
 		p := problem.New(problem.InvalidRequest, "%s: a string may be at most %d bytes long", tooLong.Pointer, tooLong.Limit)
 		p.Errors = []problem.FieldError{{Field: tooLong.Pointer, Message: fmt.Sprintf("longer than %d bytes", tooLong.Limit)}}
