@@ -247,7 +247,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 	pool, err := postgres.Open(ctx, cfg.DatabaseURL, true)
 	if errors.Is(err, postgres.ErrUnreachable) {
-		return fmt.Errorf("%w\n\nThe service needs PostgreSQL (DATABASE_URL=%s). Start a local one, e.g.\n"+
+		return fmt.Errorf("%w\n\nThe service needs PostgreSQL (DATABASE_URL names %s). Start a local one, e.g.\n"+
 			"  pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start   (Debian)\n"+
 			"or run one in a container:\n"+
 			"  docker compose up -d db", err, postgres.Redact(cfg.DatabaseURL))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/cardprocessor"
@@ -377,5 +380,41 @@ func TestRunListsDeadLetters(t *testing.T) {
 	}
 	if len(events) != 1 || events[0]["event_id"] != "pevt_contra" || events[0]["contradiction"] == nil {
 		t.Errorf("set-aside processor events %v; want the one contradicting event", events)
+	}
+}
+
+// The database's password is never printed, whichever way DATABASE_URL
+// gives it: in the URL's user part, as a password query parameter, or as
+// password= in pgx's key=value form; not at start-up, and not in the error
+// that says the database is not answering.
+func TestDatabasePasswordIsNeverPrinted(t *testing.T) {
+	t.Parallel()
+	c, err := pgconn.ParseConfig(testdb.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const secret = "S3cretPW-never-printed"
+	forms := func(host string, port uint16) []string {
+		return []string{
+			fmt.Sprintf("postgres://%s:%s@%s:%d/%s?sslmode=disable&connect_timeout=2", c.User, secret, host, port, c.Database),
+			fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable&connect_timeout=2&password=%s", c.User, host, port, c.Database, secret),
+			fmt.Sprintf("host=%s port=%d user=%s password=%s dbname=%s sslmode=disable connect_timeout=2", host, port, c.User, secret, c.Database),
+		}
+	}
+	for _, dbURL := range forms(c.Host, c.Port) { // trust auth: the password is not needed, only given
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{"migrate"}, env(map[string]string{"DATABASE_URL": dbURL}), &out); err != nil {
+			t.Fatalf("migrate: %v", err)
+		}
+		if !strings.Contains(out.String(), "database migrated") || strings.Contains(out.String(), secret) {
+			t.Errorf("%s: start-up printed\n%s\nwant the database named, without its password", dbURL, out.String())
+		}
+	}
+	for _, dbURL := range forms("127.0.0.1", 1) { // nothing listens there
+		var out bytes.Buffer
+		err := run(context.Background(), []string{"migrate"}, env(map[string]string{"DATABASE_URL": dbURL}), &out)
+		if err == nil || !strings.Contains(err.Error(), "not answering") || strings.Contains(err.Error()+out.String(), secret) {
+			t.Errorf("%s: %v\n%s\nwant the database not answering, without its password", dbURL, err, out.String())
+		}
 	}
 }

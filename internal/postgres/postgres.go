@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"strings"
 	"syscall"
 
@@ -195,13 +194,17 @@ func isCode(err error, code string) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == code
 }
 
-// Redact returns databaseURL without its password, for logs.
+// Redact names the database that databaseURL points to, for logs and
+// errors: its host, port, database and user as pgx's own parser reads them,
+// and nothing else. A password can be given in the URL's user part, as a
+// password query parameter, or as password= in the key=value form; none of
+// them is printed, whichever was used.
 func Redact(databaseURL string) string {
-	u, err := url.Parse(databaseURL)
+	cfg, err := pgconn.ParseConfig(databaseURL)
 	if err != nil {
-		return "(unparseable DATABASE_URL)"
+		return "(an unparseable DATABASE_URL)"
 	}
-	return u.Redacted()
+	return fmt.Sprintf("host=%s port=%d dbname=%s user=%s", cfg.Host, cfg.Port, cfg.Database, cfg.User)
 }
 
 // NotFound translates the error of a single-row query: a missing row
