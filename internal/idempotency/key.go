@@ -21,7 +21,9 @@ const MaxKeyLength = 255
 //
 // A header given on several lines is rejected rather than joined or
 // truncated: two keys for one request is a client bug, and guessing which
-// one was meant could replay the wrong operation.
+// one was meant could replay the wrong operation. So is a bare value with
+// a comma: "x1, x2" is how HTTP folds two field lines into one, and a key
+// that truly holds a comma can be sent quoted.
 func ParseKey(lines []string) (string, error) {
 	switch len(lines) {
 	case 0:
@@ -41,6 +43,9 @@ func ParseKey(lines []string) (string, error) {
 		if key, err = parseSFString(v); err != nil {
 			return "", err
 		}
+	} else if strings.Contains(v, ",") {
+		return "", problem.New(problem.IdempotencyKeyInvalid,
+			"the Idempotency-Key has a comma, as two keys folded into one field line do; send one key, quoted if it holds a comma")
 	}
 	if err := CheckKey(key); err != nil {
 		return "", problem.New(problem.IdempotencyKeyInvalid, "the Idempotency-Key %v", err)
