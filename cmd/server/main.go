@@ -272,6 +272,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		if err := auth.SeedDemoCallers(ctx, pool); err != nil {
 			return fmt.Errorf("seed demo callers: %w", err)
 		}
+		if !cfg.DemoMode {
+			// Their keys are published: anyone can be acme or globex here.
+			log.Warn("SEED_DEMO_CALLERS is on outside the demo: the demo callers' published API keys work on this server; never in production")
+		}
 	}
 
 	// Tracing first, so that the in-process processor's spans, too, go

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -136,9 +137,14 @@ func getWithKey(t *testing.T, url, apiKey string) int {
 func TestDemoCallersWhenAskedFor(t *testing.T) {
 	t.Parallel()
 	dbURL := testdb.New(t)
-	base, _, _ := startServer(t, map[string]string{"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0", "SEED_DEMO_CALLERS": "true"})
+	var logs syncBuffer
+	base, _, _ := startServer(t, map[string]string{"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0", "SEED_DEMO_CALLERS": "true"}, &logs)
 	if status := getWithKey(t, base+"/v1/orders", "sk_test_globex"); status != http.StatusOK {
 		t.Errorf("demo caller globex with SEED_DEMO_CALLERS=true: %d", status)
+	}
+	// Outside the demo, each start says the published keys work.
+	if !strings.Contains(logs.String(), "SEED_DEMO_CALLERS is on outside the demo") {
+		t.Errorf("no warning at start-up; the server logged:\n%s", logs.String())
 	}
 	// A default server later, on the same database: the keys are in the
 	// table, and still refused.
@@ -192,11 +198,15 @@ func TestCallersAddAndList(t *testing.T) {
 
 // startServer runs the server with vars as its environment until stop is
 // called; done receives what run returned.
-func startServer(t *testing.T, vars map[string]string) (base string, stop func(), done <-chan error) {
+func startServer(t *testing.T, vars map[string]string, logs ...io.Writer) (base string, stop func(), done <-chan error) {
 	t.Helper()
+	var copyTo io.Writer = io.Discard // where the server's log lines are copied
+	if len(logs) > 0 {
+		copyTo = logs[0]
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
-	logs, logWriter := io.Pipe()
+	logged, logWriter := io.Pipe()
 	result := make(chan error, 1)
 	go func() {
 		result <- run(ctx, nil, env(vars), logWriter)
@@ -204,8 +214,9 @@ func startServer(t *testing.T, vars map[string]string) (base string, stop func()
 	}()
 	addr := make(chan string, 1)
 	go func() {
-		sc := bufio.NewScanner(logs)
+		sc := bufio.NewScanner(logged)
 		for sc.Scan() {
+			fmt.Fprintln(copyTo, sc.Text())
 			var line struct{ Msg, Addr string }
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
 				addr <- line.Addr
@@ -417,4 +428,23 @@ func TestDatabasePasswordIsNeverPrinted(t *testing.T) {
 			t.Errorf("%s: %v\n%s\nwant the database not answering, without its password", dbURL, err, out.String())
 		}
 	}
+}
+
+// syncBuffer is a bytes.Buffer that a server's log and a test may use at
+// once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
