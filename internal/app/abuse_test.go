@@ -60,7 +60,7 @@ func TestHostileBodiesAreRefusedCheaply(t *testing.T) {
 				}
 			case strings.HasPrefix(name, "long"):
 				p := res.wantProblem(t, http.StatusBadRequest, "invalid_request")
-				if detail, _ := p["detail"].(string); !strings.Contains(detail, fmt.Sprintf("at most %d bytes", ijson.MaxString)) {
+				if detail, _ := p["detail"].(string); !strings.Contains(detail, fmt.Sprintf("at most %d characters", ijson.MaxString)) {
 					t.Errorf("detail %q does not name the limit", detail)
 				}
 			default:

@@ -3,6 +3,7 @@ package app
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -494,4 +495,30 @@ func TestNotUnicodeIsRefused(t *testing.T) {
 	if res := ts.createOrder(t, "not-unicode", `{"amount":100,"currency":"usd","description":"\ud83d\ude00"}`); res.Status != http.StatusCreated {
 		t.Errorf("a surrogate pair: %d %s", res.Status, res.Body)
 	}
+}
+
+// TestLongestValidBodiesAreAccepted: a limit on the body's form never
+// refuses what the contract allows. The longest description (500
+// characters, four bytes each) is a valid order written raw and written
+// as most JSON encoders write it by default (Python's json.dumps: an
+// escaped surrogate pair per emoji, 6,000 bytes).
+func TestLongestValidBodiesAreAccepted(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	for name, description := range map[string]string{
+		"raw":     strings.Repeat("😀", 500),
+		"escaped": strings.Repeat(`\ud83d\ude00`, 500),
+	} {
+		res := ts.createOrder(t, "longest-"+name, `{"amount":99999999,"currency":"usd","description":"`+description+`"}`)
+		if res.Status != http.StatusCreated {
+			t.Fatalf("%s: %d %s", name, res.Status, res.Body)
+		}
+		var o struct{ Description string }
+		if err := json.Unmarshal(res.Body, &o); err != nil || o.Description != strings.Repeat("😀", 500) {
+			t.Errorf("%s: description %q, %v; want 500 emoji", name, o.Description, err)
+		}
+	}
+	// One more character is over the contract's maxLength: the schema's 400.
+	res := ts.createOrder(t, "longest-over", `{"amount":100,"currency":"usd","description":"`+strings.Repeat(`\ud83d\ude00`, 501)+`"}`)
+	res.wantProblem(t, http.StatusBadRequest, "invalid_request")
 }

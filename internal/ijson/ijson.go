@@ -49,10 +49,14 @@ const MaxValues = 1024
 // them would cost far more to answer than to send.
 const MaxMembers = 100
 
-// MaxString is the longest string, in bytes as written (escapes
-// included), that a document may hold, names included. The API's longest
-// string is a 500-character description; a validator matches patterns over
-// every string it is given, so a 64 KiB one costs milliseconds.
+// MaxString is the longest string a document may hold, names included, in
+// characters as written: a character, or an escape, counts one (so an
+// escaped surrogate pair counts two). The API's longest string is a
+// 500-character description; a validator matches patterns over every
+// string it is given, so a 64 KiB one costs milliseconds. It is counted in
+// characters, not bytes, because a limit of the body's form must never
+// refuse what the contract allows: 500 emoji, escaped as most encoders
+// write them, are 6,000 bytes.
 const MaxString = 4096
 
 // StringError is a string longer than MaxString; Pointer names it (or, for
@@ -63,7 +67,7 @@ type StringError struct {
 }
 
 func (e *StringError) Error() string {
-	return fmt.Sprintf("the string at %s is longer than %d bytes", e.Pointer, e.Limit)
+	return fmt.Sprintf("the string at %s is longer than %d characters", e.Pointer, e.Limit)
 }
 
 // DuplicateNameError names the member that appears twice, by JSON pointer
@@ -412,8 +416,8 @@ func (s *scanner) separator(closing byte) {
 func (s *scanner) str() (name, bool) {
 	s.pos++ // '"'
 	n := name{start: s.pos}
-	for s.pos < len(s.doc) {
-		if s.pos-n.start > MaxString {
+	for chars := 0; s.pos < len(s.doc); chars++ {
+		if chars > MaxString {
 			// Too long already: no need to find where it ends.
 			s.err = &StringError{Limit: MaxString, Pointer: s.pointer()}
 			return n, false
@@ -421,6 +425,9 @@ func (s *scanner) str() (name, bool) {
 		switch c := s.doc[s.pos]; {
 		case c == '\\':
 			n.escaped = true
+			if s.pos+1 < len(s.doc) && s.doc[s.pos+1] == 'u' {
+				s.pos += 4 // its four digits, which unescape checks
+			}
 			s.pos += 2
 		case c == '"':
 			n.end = s.pos

@@ -109,11 +109,25 @@ func TestCheckBoundsValuesMembersAndStrings(t *testing.T) {
 	}
 	long := func(n int) string { return `{"a":["` + strings.Repeat("x", n) + `"]}` }
 	if err := Check([]byte(long(MaxString))); err != nil {
-		t.Errorf("a %d-byte string: %v", MaxString, err)
+		t.Errorf("a %d-character string: %v", MaxString, err)
 	}
 	var tooLong *StringError
 	if err := Check([]byte(long(MaxString + 1))); !errors.As(err, &tooLong) || tooLong.Pointer != "/a/0" {
-		t.Errorf("a %d-byte string: %v; want too long at /a/0", MaxString+1, err)
+		t.Errorf("a %d-character string: %v; want too long at /a/0", MaxString+1, err)
+	}
+	// Characters, however they are written: raw four-byte ones, \u
+	// escapes, escaped surrogate pairs (two each). A byte limit refused
+	// the contract's own longest string written by a common encoder.
+	for _, c := range []struct {
+		char string
+		n    int
+	}{{"😀", MaxString}, {`\u00e9`, MaxString}, {`\ud83d\ude00`, MaxString / 2}, {`\n`, MaxString}} {
+		if err := Check([]byte(`{"a":["` + strings.Repeat(c.char, c.n) + `"]}`)); err != nil {
+			t.Errorf("%d of %s: %v", c.n, c.char, err)
+		}
+		if err := Check([]byte(`{"a":["` + strings.Repeat(c.char, c.n+1) + `"]}`)); !errors.As(err, &tooLong) {
+			t.Errorf("%d of %s: %v; want too long", c.n+1, c.char, err)
+		}
 	}
 	if err := Check([]byte(members(MaxMembers))); err != nil {
 		t.Errorf("%d members: %v", MaxMembers, err)

@@ -196,7 +196,7 @@ func fingerprint(req *http.Request, doc *any, decodeErr error) ([]byte, error) {
 // checkJSON refuses, with a 400 that names the place, a body nested deeper
 // than ijson.MaxDepth, holding more than ijson.MaxValues values, with an
 // object of more than ijson.MaxMembers members, a string longer than
-// ijson.MaxString bytes or not Unicode text, or with a member named twice
+// ijson.MaxString characters or not Unicode text, or with a member named twice
 // in one object (I-JSON, RFC 7493).
 func checkJSON(body []byte) error {
 	err := ijson.Check(body)
@@ -217,8 +217,8 @@ func checkJSON(body []byte) error {
 		p.Errors = []problem.FieldError{{Field: notUnicode.Pointer, Message: "not valid Unicode"}}
 		return p
 	case errors.As(err, &tooLong):
-		p := problem.New(problem.InvalidRequest, "%s: a string may be at most %d bytes long", tooLong.Pointer, tooLong.Limit)
-		p.Errors = []problem.FieldError{{Field: tooLong.Pointer, Message: fmt.Sprintf("longer than %d bytes", tooLong.Limit)}}
+		p := problem.New(problem.InvalidRequest, "%s: a string may be at most %d characters long", tooLong.Pointer, tooLong.Limit)
+		p.Errors = []problem.FieldError{{Field: tooLong.Pointer, Message: fmt.Sprintf("longer than %d characters", tooLong.Limit)}}
 		return p
 	case errors.As(err, &tooMany):
 		p := problem.New(problem.InvalidRequest, "%s: a body may hold at most %d values", tooMany.Pointer, tooMany.Limit)
