@@ -448,3 +448,43 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestTransferEncodingIsRefusedAndCloses: a request with both
+// Transfer-Encoding and Content-Length (the request-smuggling pair) is a
+// 400, and the connection closes, so the request pipelined behind it is
+// never answered.
+func TestTransferEncodingIsRefusedAndCloses(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.New(t)
+	base, _, _ := startServer(t, map[string]string{
+		"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0", "SEED_DEMO_CALLERS": "true",
+	})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"amount":100,"currency":"usd"}`
+	fmt.Fprintf(conn, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk_test_acme\r\n"+
+		"Idempotency-Key: smuggled\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"+
+		"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"+
+		"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", len(body)+10, len(body), body)
+	conn.SetReadDeadline(time.Now().Add(25 * time.Second))
+	r := bufio.NewReader(conn)
+	res, err := http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusBadRequest || !res.Close || !strings.Contains(string(got), "Transfer-Encoding") {
+		t.Errorf("TE+CL: %d, close %v, %s; want a 400 problem and Connection: close", res.StatusCode, res.Close, got)
+	}
+	if rest, err := io.ReadAll(r); len(rest) > 0 || err != nil {
+		t.Errorf("after the refusal: %q, %v; want the connection closed, the pipelined request unanswered", rest, err)
+	}
+	// Nothing was created or claimed.
+	var n int
+	if err := testdb.Pool(t, dbURL).QueryRow(context.Background(), "SELECT (SELECT count(*) FROM orders) + (SELECT count(*) FROM idempotency_keys)").Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d rows, %v; want nothing written", n, err)
+	}
+}

@@ -19,9 +19,22 @@ import (
 // from what a client sent.
 
 // boundHeaders refuses a request with more header lines than the
-// configured limit, before anything reads them.
+// configured limit, before anything reads them, and a request framed by
+// Transfer-Encoding.
+//
+// Sent with a Content-Length too, a Transfer-Encoding is request
+// smuggling's tool: a proxy that frames the body by one and this server by
+// the other disagree on where the next request starts. net/http frames it
+// by Transfer-Encoding and drops the Content-Length before a handler can
+// see it, so the two cannot be told apart here; and a JSON body of at most
+// 64 KiB never needs chunks. So every such request is a 400, and its
+// connection is closed (RFC 9112 §6.1), whatever was pipelined behind it.
 func (s *Server) boundHeaders(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
+		if te := c.Request().TransferEncoding; len(te) > 0 {
+			c.Response().Header().Set(echo.HeaderConnection, "close")
+			return problem.New(problem.InvalidRequest, "a body sent with Transfer-Encoding: %s is refused; send it with a Content-Length", te[0])
+		}
 		lines := 0
 		for _, values := range c.Request().Header {
 			lines += len(values)
