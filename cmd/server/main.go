@@ -35,12 +35,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/net/netutil"
 
 	"github.com/retrysafe/payments/internal/app"
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/processor"
@@ -359,10 +361,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		// fresh connection the attempt fails where the page can see it.
 		srv.SetKeepAlivesEnabled(false)
 	}
+	serveErr := make(chan error, 2)
+	if cfg.MetricsAddr != "" {
+		metricsLn, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("METRICS_ADDR: %w", err)
+		}
+		metricsSrv := &http.Server{Handler: metrics.Handler(), ReadHeaderTimeout: cfg.ReadHeaderTimeout}
+		defer metricsSrv.Close()
+		log.Info("serving metrics", "addr", metricsLn.Addr().String())
+		go func() { serveErr <- metricsSrv.Serve(metricsLn) }()
+	}
 	log.Info("listening", "addr", ln.Addr().String())
-
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	// At most MaxConnections open at once; the rest wait to be accepted.
+	go func() { serveErr <- srv.Serve(netutil.LimitListener(ln, cfg.MaxConnections)) }()
 	// Under the demo's supervisor: say we are serving (so that a crash from
 	// now on is the demo's, not a failure to start), and stop if the
 	// supervisor is gone.

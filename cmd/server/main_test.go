@@ -488,3 +488,112 @@ func TestTransferEncodingIsRefusedAndCloses(t *testing.T) {
 		t.Errorf("%d rows, %v; want nothing written", n, err)
 	}
 }
+
+// TestConnectionsAreCapped: of 5,000 connections attempted at once, each
+// asking for /healthz and then kept alive, the server answers exactly
+// HTTP_MAX_CONNECTIONS and holds the rest unaccepted; when those close,
+// the waiting ones are served.
+func TestConnectionsAreCapped(t *testing.T) {
+	t.Parallel()
+	const limit, attempts = 100, 5000
+	dbURL := testdb.New(t)
+	base, _, _ := startServer(t, map[string]string{
+		"DATABASE_URL": dbURL, "HTTP_ADDR": "127.0.0.1:0", "HTTP_MAX_CONNECTIONS": fmt.Sprint(limit),
+	})
+	addr := strings.TrimPrefix(base, "http://")
+	// All at once: each dial and its request (past the kernel's accept
+	// queue a dial is not completed, and counts as held off).
+	conns := make([]net.Conn, attempts)
+	var wg sync.WaitGroup
+	for i := range conns {
+		wg.Go(func() {
+			conn, err := net.DialTimeout("tcp", addr, 3*time.Second)
+			if err == nil {
+				fmt.Fprint(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+				conns[i] = conn
+			}
+		})
+	}
+	wg.Wait()
+	// An unlimited server answers every one within this; a capped one
+	// never answers the held ones while the first keep their places.
+	deadline := time.Now().Add(3 * time.Second)
+	answeredBy := make([]bool, attempts)
+	for i, conn := range conns {
+		if conn == nil {
+			continue
+		}
+		wg.Go(func() {
+			conn.SetReadDeadline(deadline)
+			if res, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil {
+				res.Body.Close()
+				answeredBy[i] = true
+			}
+		})
+	}
+	wg.Wait()
+	var answered, waiting []net.Conn
+	for i, conn := range conns {
+		if answeredBy[i] {
+			answered = append(answered, conn)
+		} else if conn != nil {
+			waiting = append(waiting, conn)
+		}
+	}
+	t.Cleanup(func() {
+		for _, c := range append(answered, waiting...) {
+			c.Close()
+		}
+	})
+	t.Logf("%d attempted, %d answered, %d held waiting", attempts, len(answered), len(waiting))
+	if len(answered) != limit {
+		t.Fatalf("%d connections answered at once; want exactly HTTP_MAX_CONNECTIONS=%d", len(answered), limit)
+	}
+	// Closing them all frees the places: the server accepts again (the
+	// closed ones in its queue first, each over at its first read).
+	for _, c := range append(answered, waiting...) {
+		c.Close()
+	}
+	res, err := (&http.Client{Timeout: 30 * time.Second}).Get(base + "/healthz")
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("after the first closed: %v, %v; want the server to accept again", res, err)
+	}
+	res.Body.Close()
+}
+
+// TestMetricsOnTheirOwnAddress: with METRICS_ADDR, /metrics is served there
+// and no longer on the API's address.
+func TestMetricsOnTheirOwnAddress(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	base, _, _ := startServer(t, map[string]string{
+		"DATABASE_URL": testdb.New(t), "HTTP_ADDR": "127.0.0.1:0", "METRICS_ADDR": "127.0.0.1:0",
+	}, &logs)
+	var metricsAddr string
+	for line := range strings.SplitSeq(logs.String(), "\n") {
+		var l struct{ Msg, Addr string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "serving metrics" {
+			metricsAddr = l.Addr
+		}
+	}
+	if metricsAddr == "" {
+		t.Fatalf("no \"serving metrics\" line in\n%s", logs.String())
+	}
+	res, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "payments_") {
+		t.Errorf("METRICS_ADDR /metrics: %d; want the service's metrics", res.StatusCode)
+	}
+	res, err = http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode == http.StatusOK {
+		t.Errorf("the API's /metrics: %d; want it gone when METRICS_ADDR is set", res.StatusCode)
+	}
+}

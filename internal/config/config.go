@@ -170,6 +170,18 @@ type Server struct {
 	// (HTTP_MAX_HEADERS; more is a 431 problem).
 	MaxHeaderBytes int
 	MaxHeaders     int
+	// MaxConnections is the most connections the server holds open at
+	// once (HTTP_MAX_CONNECTIONS); past it, new ones wait in the kernel's
+	// queue until one closes. An idle keep-alive connection costs tens of
+	// KiB for IdleTimeout, so without a cap one client could hold
+	// thousands. It is per process, not per address: the load balancer in
+	// front limits each address.
+	MaxConnections int
+	// MetricsAddr, when set, serves /metrics on a listener of its own
+	// (METRICS_ADDR, e.g. 127.0.0.1:9090), and not on HTTPAddr, so that
+	// the business volume the metrics show is not open to whoever can
+	// reach the API. Set it in production.
+	MetricsAddr string
 	// PayoutRescueAfter is how long a payout job may stay running before
 	// River treats it as abandoned (its process died) and runs it again
 	// (PAYOUT_RESCUE_AFTER). It must exceed PayoutJobTimeout, so that a live
@@ -226,6 +238,8 @@ func Load(getenv func(string) string) (Server, error) {
 		RateBurst:              r.Int("RATE_LIMIT_BURST", 200, 1),
 		MaxHeaderBytes:         r.Int("HTTP_MAX_HEADER_BYTES", 16<<10, 1<<10),
 		MaxHeaders:             r.Int("HTTP_MAX_HEADERS", 64, 8),
+		MaxConnections:         r.Int("HTTP_MAX_CONNECTIONS", 1000, 1),
+		MetricsAddr:            r.String("METRICS_ADDR", ""),
 	}
 	// The demo callers' keys are published: seeded by default only for
 	// the demo.

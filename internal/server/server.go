@@ -138,8 +138,11 @@ func New(d Deps) (http.Handler, error) {
 	// The project's docs, rendered, for the demo page's links (guide.go).
 	s.registerGuide(e)
 	// Prometheus scrapes this; like /healthz it needs no API key (see
-	// the contract middleware), and shows no tenant's data.
-	e.GET("/metrics", echo.WrapHandler(metrics.Handler()))
+	// the contract middleware), and shows no tenant's data. With
+	// METRICS_ADDR it is served there instead (cmd/server).
+	if s.cfg.MetricsAddr == "" {
+		e.GET("/metrics", echo.WrapHandler(metrics.Handler()))
+	}
 	e.GET("/openapi.yaml", func(c echo.Context) error {
 		return c.Blob(http.StatusOK, "application/yaml", api.Spec)
 	})
