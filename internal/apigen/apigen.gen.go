@@ -243,6 +243,7 @@ func (e PayoutStatus) Valid() bool {
 const (
 	ProblemCodeCardDeclined                ProblemCode = "card_declined"
 	ProblemCodeChargeNotRefundable         ProblemCode = "charge_not_refundable"
+	ProblemCodeCrossOrigin                 ProblemCode = "cross_origin"
 	ProblemCodeIdempotencyKeyDead          ProblemCode = "idempotency_key_dead"
 	ProblemCodeIdempotencyKeyInUse         ProblemCode = "idempotency_key_in_use"
 	ProblemCodeIdempotencyKeyInvalid       ProblemCode = "idempotency_key_invalid"
@@ -273,6 +274,8 @@ func (e ProblemCode) Valid() bool {
 	case ProblemCodeCardDeclined:
 		return true
 	case ProblemCodeChargeNotRefundable:
+		return true
+	case ProblemCodeCrossOrigin:
 		return true
 	case ProblemCodeIdempotencyKeyDead:
 		return true
@@ -996,6 +999,15 @@ type BadRequest = Problem
 // same identity as a short machine-readable string; branch on it, not on `title` or
 // `detail`, which are for people and may change.
 type Conflict = Problem
+
+// CrossOrigin An RFC 9457 problem details object, sent as `application/problem+json` for every error.
+//
+// `type` is a stable URI per kind of error:
+// `https://payments.example/problems/<code with underscores replaced by hyphens>`, e.g.
+// `https://payments.example/problems/card-declined` for `card_declined`. `code` is the
+// same identity as a short machine-readable string; branch on it, not on `title` or
+// `detail`, which are for people and may change.
+type CrossOrigin = Problem
 
 // IdempotencyKeyInUse An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
@@ -2054,6 +2066,8 @@ type BadRequestApplicationProblemPlusJSONResponse Problem
 
 type ConflictApplicationProblemPlusJSONResponse Problem
 
+type CrossOriginApplicationProblemPlusJSONResponse Problem
+
 type IdempotencyKeyInUseResponseHeaders struct {
 	IdempotencyOutcome *string
 	RetryAfter         string
@@ -2698,6 +2712,22 @@ func (response CreateRefund401ApplicationProblemPlusJSONResponse) VisitCreateRef
 		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
 	}
 	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRefund403ApplicationProblemPlusJSONResponse struct {
+	CrossOriginApplicationProblemPlusJSONResponse
+}
+
+func (response CreateRefund403ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -3378,6 +3408,22 @@ func (response CreateOrder401ApplicationProblemPlusJSONResponse) VisitCreateOrde
 	return err
 }
 
+type CreateOrder403ApplicationProblemPlusJSONResponse struct {
+	CrossOriginApplicationProblemPlusJSONResponse
+}
+
+func (response CreateOrder403ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateOrder408ApplicationProblemPlusJSONResponse struct {
 	RequestTimeoutApplicationProblemPlusJSONResponse
 }
@@ -3745,6 +3791,22 @@ func (response CancelOrder401ApplicationProblemPlusJSONResponse) VisitCancelOrde
 	return err
 }
 
+type CancelOrder403ApplicationProblemPlusJSONResponse struct {
+	CrossOriginApplicationProblemPlusJSONResponse
+}
+
+func (response CancelOrder403ApplicationProblemPlusJSONResponse) VisitCancelOrderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CancelOrder404ApplicationProblemPlusJSONResponse struct {
 	NotFoundApplicationProblemPlusJSONResponse
 }
@@ -3951,6 +4013,22 @@ func (response CreateCharge402ApplicationProblemPlusJSONResponse) VisitCreateCha
 		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
 	}
 	w.WriteHeader(402)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateCharge403ApplicationProblemPlusJSONResponse struct {
+	CrossOriginApplicationProblemPlusJSONResponse
+}
+
+func (response CreateCharge403ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -4351,6 +4429,22 @@ func (response CreatePayout401ApplicationProblemPlusJSONResponse) VisitCreatePay
 	return err
 }
 
+type CreatePayout403ApplicationProblemPlusJSONResponse struct {
+	CrossOriginApplicationProblemPlusJSONResponse
+}
+
+func (response CreatePayout403ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreatePayout408ApplicationProblemPlusJSONResponse struct {
 	RequestTimeoutApplicationProblemPlusJSONResponse
 }
@@ -4716,6 +4810,22 @@ func (response ReceiveProcessorWebhook400ApplicationProblemPlusJSONResponse) Vis
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReceiveProcessorWebhook403ApplicationProblemPlusJSONResponse struct {
+	CrossOriginApplicationProblemPlusJSONResponse
+}
+
+func (response ReceiveProcessorWebhook403ApplicationProblemPlusJSONResponse) VisitReceiveProcessorWebhookResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -5438,342 +5548,346 @@ func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params Receiv
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L3rchtHkj/6KhXYPWEQ04AAkJREMCZO0LI81o4tayRqPRd42YXuAtFmowru6iYI24rwp32A3X2Fs69w",
-	"vv8fxU/yj8rMqq6+AAQpyvbMeD6MRQBdXZesvOcvv+9EarlSUshcdybfdxaCxyKDf76IxXKlciGjzZdF",
-	"HqmlMJ/GQkdZssoTJTuTzlcLnrN8IZgW2bXIWJzEbJ3kC5YvEs0y8W0hdP6RZqE3WP+PYhMGjGt48Eps",
-	"PjK/jFQWM71QaxGzJJ/K9UJI+AENwqKUJ0sR24cmLJRiHbKu/6b6jxiXMcs4DDSVaiUybiZ+ELAwE6uU",
-	"b0QMIwimc5WJmHGp1yJjas64ZIJnaSIyOzg+pYslPCTVTMUbthBpPJVmBDc64/NcZIyzPONSJ0LmbM6T",
-	"tMjEKatOlmdZAstlSrJ5ppYsyXEvrkW2mcqVSiS8NudXQl6YT2m6qeBatE+TLXjMUr7SIg7cVKKM6wVT",
-	"GeNTqXOeprWp5EpdseoqzNtw/3DNLIGpJPJilanLTGgdsq5WS6GkmMqFSmPNOE0sN2Sx4JpJldNcJiw8",
-	"Gp6EZohlopc8jxa0FnNOa67ZPMl0zgotYjZX2VRyqfJFuS4zwHgcHphVhLHg5hC0yBnXSSzME2YvcPoq",
-	"s28bsC8lE2Y36WinMleMm3eK2FssTDgTPFoQ8QAhnTI+0+b8zKHC45pdJtdCspmYq0yYk+ty86phGExl",
-	"eDQchYH58wj+MzqE/4xPwsFgcBCw9SKJFmaHroUj0ELmqjBvHbCXZp5EiBPGGVLoVGq+0R69Dtjzm5Uy",
-	"u5QrNsvUWptp5YtMFZcLFp5FkdC6/0zJPFNpH3/b/wyvdTiYyk7QETd8uUpFZ9KRYt0JOjpaiCU3t1vI",
-	"YtmZ/I0+t++EfwIRdIJOSYudoONRQyfo2IPtBB1zQJ2vg06+WZn36DxL5GXn3bugZCv5azt8g62EeVaI",
-	"kBEPADrVKyW1YAlyDbquCvnSlotAjEgwzZdiKlt4kF0gm21ypCHzD//Y4U5kyWUieepm4R/BVL7vGZi1",
-	"th4CfNG6h5+riONW1XfufCHYiucLsyVAx5nguYBLrIosEgETg8sBCx9djx6pzMzH/OfiyWffjpd/PLn5",
-	"09Hq88Prv+bhgL3BLTabiAzOnQEyBdo52OQk30mVU3nHLblldkCP3xZJZmjH7JK/e83dei3ybHNmOGFz",
-	"vz5Ta5YqeWmmveZJbm92Zp5J5GWViJpybMBef/qMnYxGQ8bTVK31VIoE2NZ6oVIjFyMlY82QPX12fv6q",
-	"H/PcSgKSmjxdmzuuhfll5bmAzYrcMO1Vpm42LAExYShzbnjPkm/gIcaZGTRgWrEoNRJHG1FapDHjUSRW",
-	"OZupfDGYygfkHOM7HcK7oLPiGV+KnJSLZwueXYoXcTsFR/DtR5olMeuG0eLipx//NzwYVCYQLS4OP189",
-	"1Z8cX7+MxldffftEAEPqTDrmAnSCjuRL/KEZ7CKJd854yW8+F/IyX3Qm4+Njw8uk/XtkJp/nIjNj/8ff",
-	"zvp/5f3vhv2Ti69/96+dnSwu2vxRbJpLfMmXQjMlBUvVZRLxtJREcIYkjfIsMT+DozZcl4n5XESGLUVi",
-	"wP4gpHlGMM7mmdCLYCoLmXxboFxZGS3GibcuZ2/fvviEXR8ZBprEgqcHcI2Begx193qGvns983BQ55xG",
-	"0wkMN0RJCncDGQzPy7cMpnIqe703G5nzm0Gvx87YmzwrorwwfOTTRKQxw01iXXNpnp4cjQ4ClgzEwInD",
-	"RLJYFbNUsG8LlQs9abLtCZt2norh4cmTp6J/NIyP+0eH4ml/Fp0c9h8/PTnix0/mJ4fjo2knHLAzNuOZ",
-	"YNc8LQSsShU5DR1MJddmhslKlLfG7EeSB2ab8OrAbVGwWRKOrb5brVPcZ4LhgJ3bZedapHPz0tFPP/73",
-	"+PjYXPhE5tzsxNmbZy9ewJXgkbk+rBsOb8bD8Kcf/zsc3jx5bnSqiGvR10LqJE+uRcAiVUgzddT/zJTL",
-	"o5hKPAvcBliZ0BFfmX8D51uqaxGfwlNoDtD+0SwN1zEcDhnlTLBiZRjK8Wg8lf4sx8fHNHDszT5gRsti",
-	"4XQ67YSgy02n02kYsESCIpevFc3sYMC+SLRO5GUwlWK5yjcBHIVh1wHjcsNQP3RjB2Y4b9aZWKHwU5Jp",
-	"Q7o8ZWkihZ6gyjaV3TApT+7iSmwulvjGkD1ije8Sec3TJDb7bfRa1EEs1UdqJQzR/1FsNJsJK1NABvM0",
-	"FRnrnr16YU77YMKsaovfAJ8TMgdOAORgTsVc50ykJL2NeeTRi2YzVcjYvqE0tOaJvBQZEA/rLkW+UHGA",
-	"CgGX8VRGXCoJ7/m3N1++ZOZiH5yyTBRm0YbPgB7N4mQ+F5lRgawuZaaECjgt+LUwKpxhLutExmpt1n5e",
-	"GoKZWIrlzNABKNswbq/HczAQcjY+YgtVZLrXc3bPVDoDgM02LBZzXqS50fFhQC3y3MwxfPHJ8y9efXn+",
-	"/OWzv1z88flfLl4/P3/+8vzFly+Ntv9Vki8S1NpwWkZ2Ir9yPM1MB9WXVl2yW97mvG9V1AkDjdQo8dzY",
-	"aGSgsET2rf4L/LwLZgf7HQtB6eiD1mEeUxnZUeZoWSJzkWXFColTDFivd2Zv6lTizHs9OlqwjI2ysBar",
-	"PID7ykvDDUVFoYUumajZ9FnGZdyXYu3ZvfTrQmrGL3kiB+yPQqzqXN2ZUeaJn378H7ZRRUZfL1SWfIcf",
-	"T+VapKm7tm7HcYZSIBWY0ywpwNK9LzNKoQ6KgeHX5r+6WC55tulMOh87Dh54LBjUsSux6QQd+K4z2Usq",
-	"dN4FRlITK6y+aKu0WmViLrJMxAfe2/aVQqARgFqCbKlUTGpSY1/15Hg0rqsnLRZCskzyduVqqcx9zsVS",
-	"G/aRibzIDEUC/a74pQjYyHwxGg4rCtdoSMv4thDZplxFCm/y50pXFx9Z8ptkaeyZ0XAI06a/3KTNXbgU",
-	"Gcz6S6Pzb1MKwSCwOqExC1qUwi3WQotWCKP9nErhK75RRb5tcSv41q5updoWt1IXR1ffPlmOb07y2aFc",
-	"f/d4I0aL6+hpFrevEQf9+Rb5DvwEYCTCXf6Yx6+RT5m/IiUNTzX/5KtVmqAJ+2iVqVkqlr/7RqM96zOD",
-	"LRK4em2/4OlcZUsRs+aFostqXh4DsW0ZMOjEIudJSqdRG4gtC20sQzbqG6Vmu2oWMPIbRMIcnc55XujO",
-	"5MiQfp7kae3Wk8prp0DbucjzlZ48erTim6VRSge0I3an9CNvFf0rsenbIYDTtCs01S17qRpLVLLpFttj",
-	"A+3wlQ1MtCdBiPBA7tVfihxx760qX3bvrbJDIFOGbbvIShr1pI6KN2yWCX5F8gbvS8uO1EapkZIV1Ogt",
-	"5pqN7YmzuREyGu54liljF//t+w582Jl0HvGl0eE7QWcptOaX5lWWDEmDuCRPtVWqRp13gTdAVGSZWXfr",
-	"EIbZqzkrdBwwUWQBu5ytAvbNahOwaDE3BkUcMF7EnXdfm43SOZdR1TOz9dBodeV+7H9Y+GjfPgocpWRU",
-	"/5qJeWfS+ZdHZcjiEX6rH73CMfCRJnv11Fh6yYRxtnScQ2WWuJjzU5gPkUADo0+Z8wP9KQG39lQaDTqA",
-	"Iy3klVRrSQdqnmsQDuuGNUIJPTNbzedCxom8NEowjJFIFiJVhAenTGVgfteupzbzstPebsocMKOslmvt",
-	"bjds2vxbzxYiuhKxdYyVSuZUUrRlwnq90iDq9cCHMU9uKuEbdBpWFHGrwhkl8F3QeabkPE2ie8gK7zai",
-	"WJcqv4gMxaaGTftXEjQM1qYmmHNd8SSGmUZcmhXNjPFmhjH2cCbmBXgHNPmnjO6bCx5X+ddJeRXwZWag",
-	"ymT2vg+wmL5Ued97/uGuBHqEP9IMOYU5QJ4LFiuBgRtwaFajQuQ+5rhTML9yr8C8hM1CBa1xEMZC+0TB",
-	"2EAKExicYm7rJE1xrxZcXgoiiqor7YV8q8V70UeT9C8KXaGQs3r8INENuWWssdzMdyaAZWQqElqLeMDA",
-	"7PPcLp4ZyGKR8jby30Y+TU2B4VzfQ1HomxEegoTatqnBPVg1LKgkuDKbwcE2TwyejLGdOdw6iC2bR+aJ",
-	"TPSCkZk/F2vnZK+ENI2hbkY2dmfiYjnoTRiwt7rgabqx9rOTDnisa5VdJfJyApddrSWYslKskaPDYqZy",
-	"vUhSCAGaX+sBe4ERF/x5nJhbQIFXEdN7DwIYEXcDlq7ZzLn/1uC8mEpwDMNPuqOhXdzBhEllvSsRlyw3",
-	"1jdn2txRfCd4UjiLBQevArjItFLSrPelkVjksao6JxjEFyHUxrVZNfoGzGYUWsyLdMJGRqSNy5gEGvcp",
-	"RyLnEuNDOOUIwg6wtgH7S+k5QL9J5RTwRQF4BtzOfaSJIQQgtnJ+JTTGoo1WXe4/UBBSjxel1lV2NWCv",
-	"VJqaNeE+gNRa8GyZCq1PkSzSDbsUuXa+CfDgDNgZRc7D4+Fh6L12zW0MuFiBoCu9I1PZOgmjoMHcrbgA",
-	"n0d7okXfy7Rou5j01KOW3Awb6Oq7SNeuAbyY2LtmyOK1KDR6Rx6M0WY4ZN1OqHNWs702BaDVEdl99eWb",
-	"c1aqoch+7OGBQ7PCUMfj7QzVzeneDJVGeBiZ3MpBzYbwNBM83uzemJ9+/J/KNqDbdyqNagt+4BbFD6dv",
-	"xPJLp7+Bc3sBoU+uWaykQA7sR8J9n6LhE5JDZMrwlqp8R/efFOvSBQh/1RyAD38ZgKZlLjLJ0+dGj34/",
-	"YqaRLkAlr2gLkhVS3Kxg9Qy+ZioChaqiFx5XTSQcjtnh7mAh4ZN9fPJBBHnLCoyx4q+YEmmaeTPrhdKC",
-	"iRsRFfD3gsdTOROXhQxQGoMveg7ZE+RgN0IVJS1lXJXJBAFlG+zwwJfSwqlP7HmqxXohMB8HrbMyOPOB",
-	"WG3LDPceqEx8geN4qfJPVSHfj90aRXsOo3jE+VKRit5m71TVzqOSOg0rsEPtTZjGSMGHHoImXyqmi2jh",
-	"bBQ69ES7WFroFhweoBmRxMiKwBSHgAtG4TQk6VQjbj6/I0PjFd+kisfnSn1ubLv3OgxiyRe5UhcpjLbL",
-	"KSRuIiFichYk3wkGHvXK8YwOy+N5XabsMTv43sdEL+7nSvXx4Yf2sMCSEo1TQ/XQU/k+0rg61g0bm1QV",
-	"QwNUaOA3mIMCMRn9oAeEV/MCfS63H5dROZ8ObXgZQskYJsc1JZo9Pqqc2+GoeW70NPl53usUcag+DvUB",
-	"z9Sse6kyUVl5/WgpX0IbW+6W/aWTrigZA9alVCNLOomEbLzyRVOJ+4xZCnPQhmaQiwCJVXYeaE2Rd42z",
-	"VcoT2c/FTc7Co8NRODjAC0/ncZ4shSryh7nvNNYW8rEGLM+y5FqQucdGQ31q806cRcR1XveLP21hAe59",
-	"d2cA9OgDk0pA919GaREbgd6+5gpDMLqtXYpPPPRReMpKK9jLDDiYME55O7B9mMCgyVGrFFjGKfCiyAys",
-	"5vNSkY2UlCKy+muUKnDelNxnUj2RrT7LNyK7TiLxVvJrnqB/7n6RLnIhqeyiqI5VRiQgTGh/Vm4ses/M",
-	"piZL0RKfaB+5RqIRz+JbB7ferepm1CyW05rxC249tIur+rAn0l65F1enuDdVu5n3/QEgeoAHtHtXY57z",
-	"Gcfs4kJCGjjNoL6ZbcPVtnLLYFsXTyR036XTjGoLfxgPXyxWQsZgLluKuDS3mJs7mMgkF85XAzkfxNJR",
-	"3V/w1UpIc616PUhtt/6nXm9CPiF0k9a8UdbJ5KjMJds1jWMlGZ/KmlHiHIYu4Sav1FUwKKtg3ST3fM6Q",
-	"Jh1Yx77KppLc/fk6icQBJD31Wdh6mULWxec0WTPmQU1qaXmpcqhMUUVudNM5T1Io0JDxVDK8M5SARBbM",
-	"RuQMdNkBvLmF8kLWhSw4V9YyqRSdOEKk6hPW5SxVOjfvK/lfwLhhxQlPk+/wxtLPD07N9oaPwPXwXRjA",
-	"HLcR96/RpXWu1BdcbkhY6veT8DwXF6B9tPiwKK8PY/9LDJJxI9iHVixqyMdF0j6tEH9rjKDqwPIiAudK",
-	"saU5czvunUQ/z0XfruHBPFZkkJVrd0uGTYCLx3OrImOOvNH+vQ0NkXDVlZBTOSuiK5HDfuHQmHjMo4Xz",
-	"3ddVxwrzKT0LhYxtRl1L6YdWkEW3jQ1BklxVknWVNJyAnaEpOZUue9Mt2WimIDetO6x+L96DnN9KXuSQ",
-	"f/eentnCH8ij5TdYSYDRe0vTXLOPzujn8IIJ+1jwTGRsWgyHh9GV2MA/xEdVbdUzfN5W37c3vVbm+VB6",
-	"ql1Xol3kXGXksYzUpUw0RC/9d7daK9Vj/eqrr/pmlzCJNxftOV68/IWhJ5ixYLlihRbVTC/c4s7Oigog",
-	"CV2sVirLRfyFiBN+Dr95L9JwA14szYgX8No6keR1e59r5r/IvKDqvzj2ycG9g8E7GL3jDoThRujDCH14",
-	"9KFIxHowwI1o2BrXLKwvLwQiadutmhvD2AluZpQVl2IyTZ1GIFo2w28D5ICUwmM2c5UZVpQnaC9UtNmW",
-	"mlxM/dMYKeRXhi2tm2NCFuht20XzPcN8pHfuoHiW8Y35e4XWV3Mmr1ETAv5sJ2RjGVBGiCHL0NNoIB5r",
-	"2SgqkhuRP9Rc3/l5kH/r+Aq3XURZb6dm34gIBqmO2ljmmWSYrGWzaHcc25YhXqBNbB/8yHAnCfZQkp9S",
-	"vFWKS54n11VWcXh0chJ05ipb8hwDFY+POs3c2qDjssFu2cFn9nf1zfLSyWgVbVuFdV3te5TnYrnKDcNb",
-	"8Q2kmWcoobEALW/YofvvH7BXPANUxePAJgi07ilWHtuMYnyymm07Otl3Y7HC8oLnFZ7aGQ/Hx/3RqD8+",
-	"OR8PJ4fjydHorx1vxNioY2Sz15j7fU4r6JDefoG8vMkVNoyzEO2O0Bo6+Cfuhtv2jzSLRZQmhpJV7EpG",
-	"E6mL+TyJjHFxARcbUtOMLrROtGChLNI0NJto/oG8CXONG8tLWrKgv1zxbwvBkjhgq0zMkxsRszBaXIT7",
-	"lP013uDSu7enklNAATdixTd6r1TyxptITl1gkHVrdvcSFGQMxBKJ1rK7lxeG+i+uE83b3mOFaaNWmjhX",
-	"yDAhpX6U1oeDAg0TFeG87X1MNCRnJFiwNBM2jSE+AJtPslAXUSREbOhGZY6GqHaDipUt/ww67tcdpEkB",
-	"heDlQv3vm2nyPsuBrGgvUd+lxHq8iLalcQ61+1C5p62MC75G9uUlrfM4TsxG8/SVx4jmPNWi6S+x3gNK",
-	"BCLuMi/SlFhMk6Hdg3pyRS/CerDcaGGll8EcMFguWkymcip/qD/+A/hF0pz9YL7s9/uM/t/8GfpUGLIf",
-	"GB2Wrn29BAe1+eeOH+EsP0FWAj8ktoJgEOMwYCF9AocUsvBSSJEl0QV9HNZG9FnQp8CB9hm0hXGZcafy",
-	"U6gww33RFFnGqm9VlAW46NNB39G2LZ2JBb9OjP62c1fnKb/amDlXPUOGUtHaxBI4upna5nqotdR5JvgS",
-	"sTIwrhEe39yEdEPtAUzYRhXsUuSUtgTDnW7Lu61NzvrbG9MrE0Ir7uAJviRwjiubBl3IPEmddU3herOD",
-	"MkpSURbCJXltBhnPxefkE2jMwgJwAKAGLqZistN0GhTzaZpcLvJd4w1PQtbl7bAR9c3H/MCskDKRlwe2",
-	"/rJybG5fUG3jlkD3PYdU6fw1ldE0p209jU5bmhXo3iz5vBmAJnFKe48ILpbjzxNJ8WajrYqbRAP3J/b1",
-	"Q5WvV8VSkwF4H1YvvPdF495638Gd8P4ug1otZFEZE0/W+8jfuarM2S1ca2KnxpO3SwvI776vsIA0qIzK",
-	"X+6s5ar17SpuaHTYkP2ejU4GJyd7qbeuWu+E/re7ZO9+implUfU1fpoJI9NusBQZkisNT4EKTAGGMZWb",
-	"D4de4dWphcMAZ76SOU8ke/n2c9Z9+7vhcDg8sPA6qyLHayMLLE9eiKzmfDlfKyb0KjP3TVO5bZSpRGuO",
-	"9TheKeZwWK2Q+4/p9GY4/Lr3r7cSWVOX2U5nWDp4X0JDyxtNbdhPZ/ZaZ8O9KJDMOFXku+mwSnawY78Y",
-	"2eWJ9HBzqEq1M+MXRom6UFed5u6BejXj8orxCFAVJiwsHyAIKxuSLmtIKHtYL1SWo1P/dCrdgxhwDknw",
-	"oyyj4e13p+VrSGtYQip0RRpMJXF9ylL2pZFzStuEOYgMzUWGU/5GzayGc+C9S6dqHdq061ygpNeMa4eS",
-	"g5F875FSxLbM0IolkLJT+RBi1mUC0zKmkusrqmjHpHSUekT3KIVxp7EW4KBquVSOv3pC3gdWTPkb5f3p",
-	"pFFF7FSGfjh+gH61+/IDCmyquaFPa4s5kwIcvOH370IsDoefAkAAOsCpXmLJE6npaxvdvg8HwRFKBoIa",
-	"SDsfYZ/gLZvU52MM1vqEbKUBLasKXvQgTOhd2/F4bKm+7alai6wfcS3YizdfsqPx6IlbKPhZkEPDjXAO",
-	"8jTR+YCh41HjLiXaPTaVPBO2FBS+NoqgrwJEgGpjyD4sdGxsI1Fk5j+Xs5X5T7SYw384fMeLODydSkSg",
-	"2giJD36z2oQWvA7LdqSoXaFCm6siiqwTdC5nq07Q+WZlLku0mJv/52C8FzU/AD7U8HM8vxZtdPNGGXXM",
-	"kaDNLjBEhEoCHIIO2DpLcsO4bJqR4S7A+jjm+xDuJFaZTc0u4YtmZOrFIk2uBaQm28JarDyhF63FbKHU",
-	"FRMyhkQC3Ikq8e/vExzv7xOMec63X3b0tDXvWkL+d040ZJ0TuF1GV4pEJi3ejwVtwcwPSACAmEZFiJeX",
-	"G7XIEmBrm3uuFNd06qV7rt3P1na59nYaiuv8IjTsIi4waCPsoQKelrklVY3PPPD432eH0cunyz99N7p5",
-	"nR9v2k4gp/iaJXtU343A79hdGPjeLfqInGCG3xv2VPkJCik7Bv3V5jWrvGsPtxkF1TxKJApqEytw5z5P",
-	"dFtwAzBBDNkI8yOo/lob8QvCuMn3LZXuFa7Bu94SUlpwfbFUWasfW0AiN+Qa4JTYXKWpWp+yFddUoWdu",
-	"bZjEIcTudM4zY+BecIzt5wpcJPlCLAflZs6USgWXjd2EBXkzats/SE12ZSY1EpWiWvGPkpe0mOYGUv1+",
-	"y7qp+hpLNBI9YRxRnIANgV+mCgeFkcxuSFACCEOEbi4+la117kZ+SA4oSJCcYaRCPXfioIHW6HSXxo1x",
-	"wAOtQcpEs3WmLMhiktPc2EpkFEEuX3Ir9sFttwL3tZxS2zl+Jnhq7Lrv2+ulizTHw1vA74yWO2tRfbZ6",
-	"6o29AIWW+PymFnC4XUmkkdumXi/gi1S2xZ3sJd4CtJSaWzQIkG9JtUhOt6h26EZqH30uZIShhCshJywc",
-	"hc4AQfXdFQsZrS/KxFIAUh1k+BjRB0iuN6sEkOqw5jLRFC5WkP/zHLL4jJwvfe1+OVqkpJWQyO0p22fF",
-	"C6g1VmlsjDNyhkVcko1gRsdRoUgNSk4F7JM5+RrVj241USs6QOMyS9aOfVyliabCMNxfYcBd1K0zCMvp",
-	"hWyVFpoYRxXUjXUtUJufeG2LY0EXLTHKpnLJN+aKtgKVWYy5CkhZSylgc+2Hw3us/aoNd5Pg8wKHBNlA",
-	"/ELkweoZ7AUr1jKFVEVXIr4Ab3gbCSQp0bornoNi+dxN0hBJWS5Op8m6NnGQ587HvuQbtNmBho09D7FY",
-	"HEKqxjsSoubWvbw1emuDIRcgeNq3GSTwaoFg4P79NFpAKnII14BgFrGNYiDzR6VpKkNSK4lQQ9ZVGf2E",
-	"zNIQ/+t+4eKViBAAWNln1vntl6xGSuaJLIRGkwtcgDXis0N0WtePBQq7YnZQkELhIeJRJWRfK+a5ockq",
-	"4b368s35rvcD2NetCNB3fu0t4MuPKALRPjN0vl9sE4Fua/AHdo6UsWkfh+o9R8LmngAmgkvtrMx3PBxt",
-	"pVmPHW8VyhVA+zKE7gFYFRIwfRDBAELklqhOWejoOaQi/1xPpZfKTUvrWsRJi7eXm1uKMPZ00eFktiLa",
-	"T2U3t9m/Nj4I+wSwCvQ+dJsVMhNapddowoLKKB0VImOv2e9VGHe3JA/H3UvA8L7dra0gOqML0NfYRuD0",
-	"iMaNqpF4k65qzLVm5nhyr01TgqjNriwu7EFRTeUK0K87M5uPCIrmW7DktJ4XqXU0fZhYzgfNTBpNhk8+",
-	"bGbSzoAP1MyUnxC4BqeaDNATHTe4W6Dm4dKQDB8M75cedHvajg2Xk/PTJVN0Q0Ny2PDC5ZOAfluiLNl/",
-	"glGGv4eNKL+AZEpIpNyWr2P9F/RELXDqfraHz6EtP8dftccMbsnGgTt6m0MChdSDOiSQN9zfIUGYJL+4",
-	"QwIjhs3JfqGkLVQp44EUBYTgTiXUdR9u9v7BwPsxstFkNJwMDz84I6uGEBu5497ugcSoMo1d8aDbEjg/",
-	"BdXXJXCiq9BYCRuboNmIIH7Y3MyVqvPE3QC192CNXYvBf1qNYNr6OFITIFXRKHJY/JaHtYRWgH1aqmtr",
-	"fy7NLXDWAnJNP7GRndnEWAfLS6IatTdtgwFT2Yylb+Gy5exKltvm530Ihuto1GO4d8uGRP5xGwOmnP4H",
-	"5cDEue7Pgm2hwS/Pg6nMpE3ThKYxR8dPGBW1MCyw0RSXCdoLT/wCHnSrIXQ7eIShRBWjNehc0YhR/Pb1",
-	"C6j7uErQCIAfT6YyvL3QBku8IDYJHlqoqNORyoRGzJ4IERgWm9VCSI2FYCGyo71eEPEs7scuQRTCjZCn",
-	"5T4bGAsrxiVBKR/E87BdQo6FR5RkseTRIpGinwmOEWC8OKeAhB8trCfQsA4IayV5KkKo9A1x812QEzQm",
-	"lbGVUKsUqwuXfOPhUjbCfa0MG7DW65NC5715YODHT6slck1I4e2wy9sRrbdCXW6FZqt/AcZf0ApnczuC",
-	"Sq1ktomRsbXYzMcyQosQcEShdlSU0cMGyGv58Ypv6LMKNbmQHPyoTBZwobkLwuKhTEY4Ci93mFg8nn8r",
-	"qII9OZ1cSp4XGX5WAw9rAxGomti1STdDwV6Cc7umULtGQaMsIBNcOzzX1hRpM0o9H7sq75tPtU8Waweb",
-	"cmRRLLn07sbNKuWSug/O0b1MWGqUpObZfjb9FSoyaZkWDSbRusC8yqZPnJC2W/esidAMozXguvcSZF5M",
-	"sEWYlZDa+/vveE5qyYP56/Z104EIsEfiuuD5szgajts0dyr6bB498OygTgEEy2GXXhFZ1UU/M2e/64rY",
-	"WH3jxaVUlHzpIhLb33RHKebbH0WW9F3i6q0anS2DhS3zTWVzybcoGHidXcrM/qkhZxKD56ho0L2pVd9B",
-	"LpgxZ43043HsskMAjtUwcgisUdr/VLqOP5lgxKwRiuNSlmB8rYkyOyJkXuY7tTIEh6aZO5iab2VyY0FD",
-	"qtblk8dHR0dPDx+P97IxrZJ6S+Gwt+GfmCe2GEznNW6Le53Ep34mitmnuExSidtSU1biOr84Ov/u6dWf",
-	"xsuPH69fjqI/X3du6f/SzFT5wMkpLcPfOUVlV35Ky8bfORHKPw6cb+BSITObLOpoC1TomVnvB/aBnNyj",
-	"frcl3HZbcmGVqrak3u2jVvhUAxqzxzp8WXxP70OZB3yxNYTr5QrXkhXKrppJJJC1UUpMyUa6Cp0Z+AV0",
-	"1sRvSnQwsDFcu0ObKGDzJBzcDhQdlB2pUhXxFFvgAYSQpa4WmqoFG3m0FP32zLlb7vntLqOwcm29E3PO",
-	"FFsD3OpEOri3z6h+59RasiR2ySDbrmCN/UWLi5NPLw8X//bk6vPxt18di9f57buyS63xp0TajcMfJ9sb",
-	"N2JL0WvnPUpZa8Qd7MrnwRzvbR5c9EOJ2GK+N/K47xOHwqMQe6Zj355Q3cLEykzR7W1f3TzuVfi9n694",
-	"OJ6MTvb3Fe/tE81E3SeaiYvjP29G/PXTy/Pl4ezf5ePFB67uvqVq++eo2fZb7jof5b6xH6T823yPvGwS",
-	"TIBrAVNp/FBuSLp+93dD0qR+eTfkV5ivfhZdbbn8kaGaVMSXkIqHe1uKS5BcLZtptdbbmrc72RezBY8d",
-	"/MtMCFn2TTmtYM6jo616/amWpb4fkFUgkus2E+IMu2rTdH768X+qkljzuUg3lLtWe1tFzG3bfPfmwNuN",
-	"5gkACGVUZEm+eQOIT9jmEhCezoq2DJ4zWYWUM3SyFwZXOGAvcnKOzhNXJIyI2bmQXELt0ydiqSC1c8JC",
-	"fYURKaOChKxLPw7hT2wR7X5ymaqZuPF+RB9QLgnCWZn9suBVHqATYi0lcq4sPhXHRk/UqfAVGddlnafV",
-	"4jotuJR6ydPUFuEj/p453l4P3SC9XsB6PXJ79HpYGaZzwzIqBq75FV1T8whAMfZ6FD+wnWnzhQvtwEsS",
-	"SV5iVA6hZVIfKBZwA/w8VENh1GIz24B7/qXIoVmMtQK9/MhqsQlhknFAzLOplAR2C44gLMtTUM0qoR0Z",
-	"9IOBqQ3Y8xse5emmD2P1sG14z2vaHKmlTX7L10YPThAn/RIY2KTaAhZLrLBvOAHYt83IwiUk+YABMmCs",
-	"omJJl40wd/OMR1jYO1P5gi14ei007My//As7q8CjmQ8x0Td8dD0K3T5FPCNUBh+jjjOkOko7hlBIGE5l",
-	"+7XxiZ5+OJWut3L1+vR6SO69XnmF2PlasdjcIvxOYw09Ynui62qmbiZTGdK1ql4zulfuPtVv2MGpn/gF",
-	"Ccp6neQRlEsumZrPB1N5Zi825i5rIXTg2hpDiCFNk1jU+qM4yEKbO0G3JHBCdCqpqEI1U8EnTKulAMyA",
-	"VFN7fg9G4SismVCN0oGpdKDd63LzyIRaK1bveK0H7MzH6bMIEx6KHzdvHmFX6vARJtZ/FwYlcKmbUinT",
-	"bAlXN3xE//QghF0YKNFT6UH24byTXLPQuSP6b6yfP7TY6NTk54BJIWImlZ2rpXK/B02Ucq2FLkm9vHTA",
-	"VzQ2mzO/ssV9fqYU+NZQxoY3fe+wQiZuciG1oXkELMExfmj87ge2FFya3f2BLdTacasGjEkd0gR42w8s",
-	"NP81w7wWPNanJLq1FecD+MaMN8+ESDcDfBi2DNpvlSzFDEafm/E+UdSQHPB3DWu89hs/Y6c6AGOk3wGr",
-	"62I8CDg95UgBoU8oM9J+GrBwPBwiUh8QkgTltj5dh54B/m6vTrD07VDTPFoYIhH/wEL4h1kHFuxquDio",
-	"4YCbwGzFS8jy4rJ5TfC9UIoQ2Lzdj3Ql15RMV3fdqgm0hsFDRwJMYvTKH8slNvGVoZlKuY4AqAj71IAE",
-	"cQvr2y/MCr9Q5mQgpWIXlNvO5WJLco1KfSKxskctkwhTyImJVQGcNTIbLSyWiVdzvstFFIvMaG1l/pN2",
-	"YLCIkuLlibvSELJMgRhv2cLTGq4s9YBjquwmZgFw1q6mqwIgY05ztQJy3HEYWSFxy75Rs/JkvlEzcyhn",
-	"UK7fpwJ6+0iXk5Pl4Hbqs/IWGqRRawckS5VdIbQ1VG+Qz8TwJjORGkGG4+GYnVEST7idLK1CYYawEj4B",
-	"gXrLbnsGE8mc8XAcnrKVSlPkjJ8rVCjKOqS2m1vxw//AQv9vs6Ev5ExRKTyQXt1vX5oWxrQzk8ZSK8Ag",
-	"zgTpe/qUuccoTlJaX9VgCSJU/cu/wDgtjRVB2pifvCaTpHRYEvcJmrcV9A6PULxGeX8QUgBQszmZeSb0",
-	"ArZ3ZV7S66XqMol4Wj5g1CHO3r598Qm7PmKoHPL0wF1J1AkdwpGbG2FCzbEEZSr7sD6A2UdpvrUJ/+tP",
-	"n7GnJ0ejg8lUssaOTNi+/fiNqsDYGZuZ7ccX23IgrP4JzLV6k2fJSpCCq203iADmSOQMTSYAetq6gM3A",
-	"PnFOWqa5zyTDgd0YUHKwO2Si2einH/97dwNy1g2HN+Nh+NOP/x0Ob548J10Tkoa16GujFACGKOyBZIbd",
-	"bLDciAPLwKK3AHpHkspoBw9sIjJpOplYCUv+2pwuT82o2BzGamZDXMsfxQbpXUdqhVX7pW06QTZsWS0q",
-	"ru1668C7FJZDzRMzbdgT8+1Xlk3Aqrz+NMCSqB2ZfaAWZJ+wN5+d9cfHj+3nvR4moBj7EA7Y2If5whiV",
-	"xOiMfSCVhNsB1bgzFW/M7UDOCHoz05DlEhjlMLmUyTyJuMyNmpkLveIRQC4u1bWIDwbsteiDzmKIHh6G",
-	"SEI/kWCXULzaYhQ7tkcLIA0Muni6WzU1BqIZGCvwuI8iV/YRLHsGsrJlIB3jeBy2tWi17QPBMLZoZzpJ",
-	"gbliaYSzDSFt0h4nzdb5LwdofmV8XUVfthDK7sytDWkNNjpaNKotPAapfL7uzn76z/9iK57psoG1+QQS",
-	"O8zXvsT76T//y5wzNLfu9dzvu4A0j1pJIrXI8lO2XihYNf6NImtNwPGu5u4AXoV/igHq4zrJC9QxfiiV",
-	"th9owf/vFu2blIHSIGrryPcD3jq2tR04+8FYJeVgZV9wYAYBtqRS8jJgMx57vCUobzxygIPtL7Mdxb2X",
-	"uSa7lE7TtQRHZeg6qPVR94evJeYg9WI1vc2cLN9kpU7gUbd/57ttpI5vG49bFkNk3vqGKiQRWhkJeDah",
-	"morg+4hMez2oIev1CIjIiFCvfzHyamtQU028bhbH2XaJ4FRG1ceMGxCU4bZOyvbKY7pktd3B7Utztodd",
-	"Un1Wvd5sk2PipPlHrwdcwVlrhVGzzR+4+airPUOg+v45ZK0+8pU18zDUJe9oBsl+gJ/tnjc1YO7WK2nh",
-	"xL3D8ToNm2Po9ayW7tyAVfuj12t/fdnXo1FN/QPjkI0a9yuFzwRGnVqvh2F/l0qKg/IFhiFBLpn2+/AD",
-	"i3Jo6ZX2+5xFKsuwp+c22EngmhM2T26wgTNC+VsFzva+GjD3alxaWUw8E5dclgVGtgxRk3jkmbA9fypt",
-	"PlmaXAkbtNSAYxF56VysCziuB0YlmRmRJbTuZ0UK3H+eJhG1p5zKuAApWU6oizcAekdyzcJGRqhRiltT",
-	"PSkTuC3d07Yg53IqvU6pSaWJK+uGx+BRMGd1xno9rw9PaYtSuB58ie29gQK6/8Z2Or65wdDd0fgkPCCh",
-	"OJVclq1Uvf75iSbrcluToiZkalBr2WRUBdsEmLs+D0CSWPza2klpsNM+o3H88mu6WKdQbRRdXWZgWXkA",
-	"sTzVyhnJOje6nyfiCMIHMgoMrSPxukJ4QDd1lqoLONmCbpiQsxgdE0OAB9AzXteuLd6+Wu9oTV0IMefN",
-	"tmW2PvwW1ARz5lYRFblR5KYyfPHJ8y9efXn+/OWzv1z88flfLl4/P3/+8vzFly8NzUEehnVUlF4gV7t9",
-	"ysI/PD+fykfXo3pfav3o+yuxeRcaXr/WqCV8pFlYVsaGJYiDrQk2N3ItxAq7EInc2jRIAXU8B9LrCi10",
-	"FdOh12thcb2ebftLelCMzMVQc8wiTl3gKQAXUK4ftKYyopGAUtkb5c/XQsKQ3QL9hrAqxzBvQw7g+wdj",
-	"1Yb/4LfUOtEmT1SdL7lC0AWuqYt1QO0M4ci+LURBQGEU/MgExHC1RRiFPSElu96ru2FGB5adA5Zj7UA8",
-	"ggRUarT2wX6W6aYMsHrV5laDsj2SieA42CATNLgpA58WUTZCxNRo5Ez2lM19MioSIasu+LVgWSEPAuhJ",
-	"djQ8YVuUjQC5VmB40hj/c0j+h+PhEbrrKUCbbeEeTadHJbhgpNWAfaakKmrNm6ay6zQq2KRVJrSQuZ+S",
-	"ZhgPU/M5aZJFmrJvktxYuVMZ6lSIFfs9M3Sslt1hwJaJ7EZ8ZVRiLdj/+f/Z+D+IXg4OQtdqlBAECVsW",
-	"vZi2Up+zXOXGQo4Fj0HMGWMwFq2aQnnZzNbMitgwLK0I9AP4P790neLMnUnmCVhKlgbB/+hs+PDo5ias",
-	"SIuy8x1WtbAzh54OItQK3lLmgnw0Ms5em7rlQUVHwFGJJAny2lqtTvOwcarEMV1IawpsqpGFXU9ijTTb",
-	"6xEGolEtapiHtUTLXq9MUjJsh1CQE4kQiGaa/wqAyKfgR4IVmS+/WW3gy//z/x0Ph3gLNkIS4qGX+OSg",
-	"hOep4rke4PSeuYnTDFszMlXs65NVmMdJFaIRJkcojYjA2ALWSC9/Edu3Um4j+sxs7A8aLFGS0oSK2VkX",
-	"WOpBgD02bAfDgwBzmMzbu6gomY9WyvyEfMcBIeyxLjg8D1zPf2dfL2le58nSMMflyk7v9afP2OHh4Qlz",
-	"2VZwgm/Pn1k6QE2zjIhZsDND9bcUzbHu9mK5gGkhqBcc1eWF2ICLHzi7CF1qVEL39vULuoSNGi6sSPML",
-	"y/CTABwt1eoyZovLBqyszbtT6R2ldlBr/FtK8O5Qe1dTGfqJ7BvGPWD/jk4RTyQY8iQlbj6nVrvUv9rc",
-	"HPxVeFrR4jX48aHnTKUdAxw0IDfg2BEHTCArjOUG7HJoKgDscW1YHoCDlZzGzEeTNAuPhschC5t1Yo4t",
-	"SxaemY9Ch3KHYplcXBwdAa7JAbQ2BVduN/zk+efPz5+zssLGEBLftDWEo7k8DVmjgTEKIe55vcDSKtsq",
-	"7O6NDP1BcSjWbW+FfNrS1BiSAJudjVHyLmfJZaGKWutC21QbLYUtrhdSWLgkBF6RakFwrOZMCJOQriQI",
-	"LPSPcyofoYhuN/x+SrmB086EjQLm/zl+58LwwFUyuxVOl0o3p+xF37wrAMbw5Ojk0BlqtXwpwy6rrgYQ",
-	"ZluCKph0paTXylNJAX7tAfvCdazDLYvUcsUBqg4c7Il0LvZ0w7rhmceQzFzBP5tpkf/+7fmn/afADczn",
-	"B6cWzBFIw2q28KNSDSQ/ITUeBDKmAAVkP+xwlCx5dqWBBMkEr7lvTmv+oC5iAFs1aioxY8gSxla1z2p4",
-	"h5QKYnuw2+oKBH2s9HYz7xJyKnOFQTuwCw5OfV+QJSBbAZQJrYosMrP+c59gsPsv4tBLxncg4baDQMAS",
-	"ADicSsypw77wFvkQewqMxk9ZKnJ0RsbJZWIUt7BvyOcCmfkgPJhgmAhyE5SV4QN2lqZTOQd4/QxcTObi",
-	"AVpUptYaQzNn4O/oG1LMVNp/Dj/qU9t7m0eXJpGQWnjJcWcrHi1EfzwYdoJOkaVeUdp6vR5w+HqgsstH",
-	"9Kx+9PmLZ89fvnkOz7zzGm030+zOXr3oBJ1rkWnMrhsORviMWgnJV0ln0jkcDAeHUACULyB50abZmH9f",
-	"itaOeJQUNDY8pJG5DJbKilxNGcAyfHZ+/gqyF6OFiK5A5Sq7T6NHS06lyqKF0DnmRTn+SRaY45yGvcxE",
-	"xAvy9vtNi2dZIubphvE1x5ScRj7OBCyQOThpaukstoMLZofQeTmx9CLuTDp/EPlntDklbBVs2ng43NGb",
-	"s6Unp00J76ir/XtbEoLpltaW3v7zFFoJvgs6R4ejbaO6BTyiW4a0CoFZfa7U51Al7ae4diZ/+zrw2qt/",
-	"nlwLsCMAK7UTdHJ+qTuTv3WQhDpfB51KSlJn0jGbD2NSBtfeVCZkhQSMZhFDc9V5kaIzqFsnB9fBmkQH",
-	"sK6pdHYi+VJTxWObBQqBxBWGhMGwyfh8nkQY0kxQK0si/oGI6zVuya+Mtl5jS0+FiovdkgeirqBzPDy8",
-	"fQzqo/+20gd/O2GaKSf3pszr0aNZ2ca1lTr9bq7VxquVhqeJRhXXCUnbsXXSKOrRwVSmZsZZS19VQsW/",
-	"ps6pWCfOyvIRChavDKOE4LbSrkgBvXB2JAxikY91jS1eWNdC7oDcPjg10hQyRYwBhuk/DYicqfQWOmCl",
-	"iQxdyvzEKshjhHSYmZHOjR2qNkCdoMfX3WNUWzXDxuiNik6es7Uq0hhiO3HG19bt8PC382MHEPF+19Pr",
-	"7vu3snQLe73WsPTffe014PV+jOBajR/vfdntUrY1Sbadg8wVH+5xxd/WunkfjU9uf6jewv/B+Mnw9jFe",
-	"UHzHQTi8FxdyfOcPIq+grnmMhy7grZyHuMGj712Z1butXOg13UYf4dvlfDu/dgkrpmQJMew611HCuuUl",
-	"U0m/Knv6roGdlPEszyVddh3dCMCOls5LncSQU8TrDfUDlz5EnuKHv6nPFg7I5r0uarURhld7uK3/b6MV",
-	"RrWEVxZpivWGWwoeb+uc0WxIW29+52R/WdS3N1egbdvCFGztKfCEPa7Yx9w1Mbo3Gxke3f7QS5V/qqic",
-	"75+Z79iaSY/nWHCYrTzH0JPN0AEB0zaP8idEIS9I1mxhV49I8djKtj5PdG4NedR1al0KHA/zaz4rHM1p",
-	"PsisgEN51f7bWRQyO58hDtgrfmkdPkWmVdY3ikc8cVWdUwkVnZQ1SLHDss0WFK3uLvdkUtwAqLDPIS2a",
-	"gM8m2c/FJc0ZUAf/zl2pANp1dt4F32/rPpbEDk/Ib2YMG4Xx1DIi6HAUeE6Va1lyucgxHQU6OHV9KkAZ",
-	"k9ADzksAbU24dyx+++9Kuuoe9duJWcy3hcg2ncC6aapn2/FZqtcycnx8XMcv8BtInvX/yvvfDfsnF1//",
-	"rq2J5NfvK7GwCtpTFFFPvL2F0zbZ5hXTw+PtG9YmdL72i6mhwHdvOeTViLfIorJKvEQxKOvEf5NPv0b5",
-	"ZM6ypajfE1X2kw8hqoLOSukd6jOWN1Hg20dWsIVBWwufAEwD8gsUdM42BvgAs9SNeRpSbyZXgInegJaG",
-	"hl3tOjNi/AoGpRjtgL2xGfjmBQlP3XjUlGXJY3HqSnzNRDdkVmMinHdVYgdjJK6FZOSeNw9kBTTPoAKa",
-	"dIOIoF6CC2RG2VwbZ6ALOVdZJPROw5vKnGzMrlbuZERYvZwFMM8bQZwEg1oJFNF8jpmGVop60gRKzhLZ",
-	"UmeGGU9eoRnFgbfXlLkCsvY8yy5m40xla7bbgct0o9ZWWVasMMoBE7VJL0iCS6i2K3sQRJhR/iVlXtqg",
-	"6Hg4onwPGsWR7IC9gdDPKWt0pKDwzvYwkg1ynoTbsignjqDNOZQBtC1EbSczlaySIeq/qBWxkxZHty9O",
-	"YsyAxUViWwxdpv4Vaboxr3DAMvTare9sTQOt7Gdlde1dlSk3xbzYcbWynUQZoIDDlNSZBbpMQNnb1inu",
-	"SvKcYOBknkhoY4W5Pi7hxK/GdAHhU9yZHRmc4AyoxgfL7FC8TEjBdguPcB6QhktHhLV3UIdktNcBe7YQ",
-	"0ZWI/XRmSiGErGbCBCmD1g311G+Fe2f9tNotrYNqFcjGj1W82V+jwo59RQrwpr5zec++uZ2gA1U6ncn3",
-	"71B+Gd7dOljpuRWlGWcf9rU5UIj2NOdb2gm/e/fuXUPJHN3PLfLL6ZZ3UyS3OTTqzBNEm5Hpt3HKAInd",
-	"VmgRk3OVPm3QrkZAu8ZcFOI3s/cFHLH5bYuip3zqtk/4HQLL2e49UO6eeBd0bGB+W59EZLL25ndD3wkQ",
-	"LS5++vF/w4OAXIZYyO+xErJTB1NJtqcNarioP+1eAmH9Vj7pm46EVVtvWVmdUgtNlkg/CAZUklPdJHv3",
-	"qzYnhk/3NgvOCZobHjvZceP91Lo6M2wH2K4wNA/qjbAHUV6DnHb043M39I1uBe+2CNOdZwRY1zzRhj5Q",
-	"QZmzHORoeFImS9BgmGHgvc2DNboFFxgG6EuV970BAAipHZq9sUvVUiai6kRbSVnpkt+yX1sR4N2GnbUM",
-	"XtOoyxfNhJFkDrTL1n2UaeueisBikfIWZXjrbtfqK4zyhHPde7vbExoJtqsN3b2y3V84bW6nlLZbuw0v",
-	"3u3sa+dnGh8Ph2RkoTgYHZ2cbFMImJIOdrFJxVt3zyoc9JbSzbvv5uEM+jRAP/L8/PsJUtvtokWSfol+",
-	"W6oRdxnl+pQBZhWAGnFQb2YbSqW1dsy2NDMjh/ltF6NOr0bRPXdlWVC57zTMCVQ41bRcm2mJsqXVuEOV",
-	"d0tJmZnlnewhQpIoTQZoRePX1k2Y3ibvbjXc2i0pZ67f25h6wCm2Gl5uhg9je2EWUNPkOthvJYNWwsRO",
-	"jnaiZaoyOkgcbZK8y5Viap4LxHBac20murX1o0uwBxo8ZQSf53IPf/0ao3ermkrjG7plucI7SBahqxxp",
-	"cag4mGfM1gWvmUrFVNKNPcVagdFoiLWEkBIODpbPzs9f9WOei4MBe4VlQeT02cprlEw3df1x1LlVIxzt",
-	"4RV9xTep4rHvgz0aHe+jFrraEUhIPjcTAOfxeA8Hbq1TODR/+Sf2PJPsbAmO7vA4V12RLjUD4YFuCWsC",
-	"y7JAQn7rrAlVLAPiPlb8VHH1vc9sfBJQK8M6eH84YM85glRK6rOf5Ibf2AIDc5U8/CXGtZUB8tKYoVNZ",
-	"op11uf9TZI8zdXNAabn0EoBA1CyZA0+DCsVkjgB2MCjkkC/NLOJt8VRA3jHMD4stPlRQ8zke0oPFNKWD",
-	"uN0RxMSftMcwGWJigcBKEw0oL12fMA4ClgzEwIsTQwt7Gy1uj3ViuHwqPXLbEecU1/nF+I/xk/lno2++",
-	"0ifffr48Wv1jBDpvycoZ/7VTdv+o5fPc7rmqZ/Pclp5DYOKw3Y//fXYYvXy6/NN3o5vX+fGm3IWSCwC9",
-	"/WpX0EIwtIJGR5D3ifbChb092Is0/vOGd/+Zo7XC8lErL+mD2/IX28EKtgrNN4BhUCuLA1AKEBVoXPZ6",
-	"hs31ei2YtWuCZQfICK9aGeA+yt7vQbWXe2a7s3e36uXW81Fvyz6VkH5M0DwNFBgH7GMzkMp+7QdBC9AM",
-	"SGMoVDASEtAihYwgx4neGBJWREZ4Z7t764PJQcUSFt2BMHH0gH0huESI5lTwDNAjARgWw0e5ilRKcFtm",
-	"HPM7UkVP213dFTyvhVpLo07UjOlqSThiqEAYyWgQ9gfGVMOAtcUQ3qgigPpsAJPXa7Eq5aluqalX2VTO",
-	"RKoQ67qWT4VWYb5WVF8eoxwuEr2wlvmqyFZKi4MPlJJai0m9j/yjrpS2UX/F0XXmQTm1xJGoJ78R17eI",
-	"neFfq732y98cDiu/gUY+e6Ez1hv7UzqsvQ8XcB86k44Fc/H6Srps11dfvjn3Pl9xo3zcoUme3fUL62gb",
-	"D0dejKncVUS0dwykscvoTjEmLQQAFZsJhzFrE6yrCEDYF7N5FuOdZ3F0RH2vd5yF+w2exSg6mR/NxqL/",
-	"hB/G/SPxdN4/mT3m/XF8HD0Vo/mQP5ntexakYpRdvO53Iiev8yP58Xj9Z/F485aPol0ngjNxR+Ifwh08",
-	"lnU72PDBbYFAxM9BXvlb/tivUSN5IfVKRHklSbiuC3iqiq+e7J9Q1iSM2is+0oS6ybHICfxLSR6wXo9A",
-	"ZglRsgFzi9izU9kN90KIxUbGoQd6+9OP/zvthAcBW4ksEjLvCxmpWMTOsgSYA64dxgLT4hL6M3Q96CUW",
-	"PsLGNP/P+NMwYJwBPil9AojpBEKLqcmEOgvg67GA9536yENUzQvZYPg17U+XE/wGAwxsKNCaSgLpYHbq",
-	"SoqDuqG6pxwBwxVYjbNbr0iqbgvs7uwq5tLZkWft4+KxPRYq3dFvTSVnjUxyGGcq75xJfspCa3GFiAFl",
-	"VWHoBGK0MkSu+CBeli9xnx7QywL7sNvLgj/5xbwseOI7vCxbSnb+gdLJjzDnZ4e6cjwZjWuVUKLIOjWx",
-	"6xVCtakHftqP85PsX401mgyftFZj1Tj8WjGhV0azUDYNNMpUojWXecebXsuZltOj6syqB8Qwn71VFbhL",
-	"tztAyG36mwPkZ3KAKMvirFZBH+xSKFrTzG2XEG6ZHHkaqKSacErKAvJzx+qIAZbVToZIZwKY31SGEEiw",
-	"+EO2Mynk+pJnTt+SkN3rDdgtOdbnthVEFlsPBGhCU3l7wxJIVN6jbYmfYT2VzYggrFrFm7L63OsHMSoD",
-	"s9jZleRIUAUTnMoKgLH3bQ2W+PbkP8gtENdQ02qPtgZleV5B4m0DY/fA17fnvwJn+MXSX1sczu/DUO+Y",
-	"twpr99JW67rdg6Wx/krlyZ2kxzbLFi8DtF0kdKUPmONqX/F3l+a662n3u585E/R9EjvvkiHwQr7VlJrw",
-	"W0rD34d28ozgk0md2EtDAXHvYjTkmfveRgPvhjBBiuh2rAf2M0I9WBH5cyE9/KyyAE2fBxMEv/k2f7XY",
-	"DXe5y/erhwXy8JEbGkzgETZQNEu679BbTSAYGXhBidyAFoVWxmCBZnzKgr3PXLHqoNIMiuCaARx8Kztp",
-	"6z9pDB2cA/ZIqjaQrDe2RMQsXgWgq1gl1edhEVK1m1LYfBIaDE2lxcjUlLhF/eAOKojgkI8L4OnmpKnn",
-	"BBl7NF/oCgzbRBOZ2OLGsikGfoVZwF2bXJvb9PGptL1M7c4gYryzImsGFbT3ElnCU3PBbaaZLQKeIJwr",
-	"GUVg59leButE6rLhBMqHS5GTXDhpt35gQv/IrN2e20Oy94BJtYZ6ZErnPmChfU/4K+f9+yiuz6i04J9a",
-	"97NX9Q7yghjidu3PRWM/BOfHoUv//UdYCma9X7lCcESIVRFo965Gs1/KqSy7zwkP4sUHbnDsBnhXSBm3",
-	"AP3TyLqlJFsvN9fmUxqeR6m1oO2Sa4mKCmYbr1Jf2H5H8yK1gARTuV7wHJJaXE+ZAqJBvxL8hPNKMUMr",
-	"ZkKA6OyEhspzxusAClZWYJpPpLIYyntGA4pimR3+6T//i/qzRNxuD8vUGgrCyWvQdZrBQQlkYaXuVDLG",
-	"er3tIA0QeOU5dr6YCRSw1IfSQ+vw2wPDmGDQ+PH/06kcD1w1DU2uXEGZ0mGr3V09Kq80g7oSm9OpPByw",
-	"0KazlINgR6KgciekWLtOai6jeGsLaJj79jbQQEbzlt7D2C8Nuk5ifwZVGOVzA72Kg50oFzKiFguVET+y",
-	"bdeMauZar1GDmvb+T673Wq9nCMrlqXkkhW2D0rTR+vmSJ7IFyKC674Qtjzii5cORSlO+0tCUIlewZ3h7",
-	"JiWjcZhR8V1QOIigHxSFYxwa4Z3FF4TSGIfeNKEvAX3OulqIWhsG2zLA8kas6DLkbRamHf7ZnjVR7Fwx",
-	"bDljzfssDgwrA2QPo3KLNXUY92A2mu3ZJh5PNgzbKSes1FmIWfuV3zj7/UEyqsduK94uk2sBoJdV+Iwu",
-	"pWZhS5bjmxvb3OjAh9GonPOObmmntQtU7xm8FW4jyXfBbJRhow+BsuHQMn9BlA3bV6SRZ2fI3VpNJckf",
-	"DccHfjLdVlRMPLJP6EFQgeYpv9rU3+Ol6pmXAfBxk39SLoJR5fZ5Ob4JFTiMx21fnvvFPgMD1uedkUDw",
-	"nH8dIZV/HsBUD1+kqpVaPXLviIwRaPWQDNsZkTG877dozAOYs+P74mX4Erx6+aElfxJZptYGiFF5OOj4",
-	"Ir4z6VziABflAA6e4LxVUZhtgEISrQuRDSAxSeeIcn+HDOoSoWDsoWl4vaHiO6Fo8Czuxz57rhSJOxzZ",
-	"Siqo+55ZFME7bl3LO9p2z+i0SeN1xqywqQ+oaxRZZIylX+mWPgTIQztBdWsa6ilxIK6xSVUi63op2pzO",
-	"A6lbtdIan9S50aCddbhVZw1QV9wbk4D0KQ/toVKJ776aSmPLgTHp6cBVlwVow4yDFYdq8K+b4777u0Ab",
-	"+g1I5+cF0mlYbM2tdqqLFwFxphvEK5v72xzW21rwILI2BunjkpiRt+4JDoE9Kjd3hXGCyQGKk334QWFx",
-	"8kUmhJf69UvB4wQWhNOaw+iVct27MFscTFtqd53kg1vwdMBiboXU6Y4MWYwPbsfWaToJSpiVffwE1RYT",
-	"zMWv5tSQOpHMVg/tFhxVLBtY2g4nTUVSPCxmTJfcBqVFeiVWaJEm8vLAYspsB5Q59QsBnNQuNwe8XEge",
-	"tjIVfNlsJTKt5G94NL/h0fyWvPXhAnjIoFoCeDuadWzBo7EthfaoVqKfVsuVAL0cYGwRqXPP8iUoVnL1",
-	"S9SJ6+6dMD5QZdIr2pSHa2pBK9xZmkS/qRUkVQuQqM6IskDaCo0qZ7Wj0GilLo6uvn2yHN+c5LNDuf7u",
-	"8UaMFtfR0yz+x6o3Gu2uNxpNRkMqfW5L2sgTSV6lzoxf5ELnF+pql49x977W8vLeA/IEafT2kh+ihN9q",
-	"fn6ump+VYx57t23blvjwBjQFr7XEFixDSIDoGuI8YDMurxiPAO/DqKu2yyG/EtqpG+aJmG+0TZ0DNtHr",
-	"pUpe9snILdXNXm9iG5eiuQDQXTyKxMpwmLyR6jZmZ/Cl0bbr3I370Xq8DRNWRu0xjqWnsqyoOWXcjwJ/",
-	"o2bYuZzrq3ps13pjII49FxkhkKAuBU7sVypNWfiH5+fME36Pvsd/XCTxu5B1F0qqwrAjCM5VrJMDBlAH",
-	"jGYeIkiMTatz3iewKEA1tDMK8Q2UG/LI/W3dVRCqv2/qBnTd4OYIv1EzL4/jGzXbN4UDpxNQHfYsyZ0k",
-	"IRrDr3DzKUdiKs17k7ylZGscbs8smLBphxN9TDvw8LSzJvfKtEOd4qfSJXAoNMx5brRiQ9LbEgxspByD",
-	"YVTbNQ5ZpWprKru3efUOwORKclYi3HkU3OtxDVF4s+O0jl7P3KSphP7kcN5lQRgawhZdNLdq0jltJ1oD",
-	"tRyFWjbCVM6TG1GC8tipeEU5dJM1U2sJG5T4bRohZyNg3IKIgMXr9zoThhEeuPyGMr3BXqUt6QvjcOI2",
-	"4aEah2zprdGOk7sL3ZWDe6EsiqzZ7kErDG2KDWHI53xadcpCJocZ1L8a1lhL8gF75nrfOBUM0pIhg8u2",
-	"l60lb1F3WvSubOj6eV1pDeuGJ5rLnIlUrdl3IlPbQ/OoKPw6KgDbWs7uULPuGJzGld4pOD1+r4X82nTK",
-	"u9b9EWls6wVfMhl7xdFzRLz67nWAmE61T9S5rAMMABQMO6T4WgRyYBhRDhjK9duY7t975wxaPTbMsMrL",
-	"SmHDjAkD6eMpHTWJ42dD3a0RhveqHXT4a22I8XNHnFrE17ZOAq1cvS281DZmLdxcOlGOh8MhK3QNB731",
-	"XduDRH7M2utEvXeIyHu+P/Nbhf/WLeDWiMZ2kPsHV4LeC4v/N4j730IKv4UU/hE8V6/4BvL4wZPku5D2",
-	"c2M5f0M9ruC7Vu5UIG6tJ9T0AB52PfEqP7tWJQ2qHh/DIjYC8HBhswEyN0zkBfwiyUOEca3UYCzVtdUv",
-	"wdeGILuSNR07znngq+rhwYB9RTFwJ4YJ0BZ5ra9fsYhnYJxXZMOEVON2NmAUO6idueSJ3L9onjByP1DV",
-	"vLMrH6i28ldpUpWE87BW1aAqrXbKBseigcY812OlELpC5BOUBVvoCf1UjqBYl+dQgZOz0SnjDFm46z+6",
-	"hxSZyrMZTNFW+Hi3AG5AXXSMO3+//fL+mSEG6FzvGNu4k98Jb48DGViL2UKpK/3IcWyoamgNl5w3aj2N",
-	"RqsyV7BOSi72XSNfJqOyNXsFgIRXghpioLW8UlonsxRFpIXRG7Bzo4EJGWPBGURYmFTs7NULo6FNbGCl",
-	"MMIkNyzQJVBPZfjKzrH/JrmE8loRMmQJAbsWWTJPAN+UqtQyvu71nIUC6F8kHLikDrIi1WIqu5GC/OG8",
-	"nydLAExb8SzRSgbsuL9MZJELrNvL+XLFcpWKzBgLB4QLZ4cs3ZNrlV1tFyGxiAvk7yLu9ex8ce9CKMI6",
-	"d38nMfPTdS3UZqPVDHiAQGyQ5x0edwhvsUiTa2FsFte8hkdGHKYivnTJV6Gbl83V5WXzUCvpBuxstUpB",
-	"w3ZtahKjcWiRzj3sByQDs7OJzq26XEXin6dGQeGMCNZ2VS/rf3JF1EjrYzqH2k/EyfWLPBzUgXRJ4uhd",
-	"fk4FnTOgw9k3IsrLvgdJJFxCwBTUA0jCqGwNhNcQL6JNqr8WkUiuhSPNr3AtnVtgjsP899NiODyMCpnc",
-	"WJkDn4jgekTfaUvl+EUYMCgYZaEuyZ/KUlK1Flk/gpJQcTOVn31x9qz/5rOz8fHjgIGq6dlDC24owe66",
-	"FlEm8sD6FB2hB4yzcBC6nZ3KjK8r12nCQu89XTtQzn7Hpp3BtMN+Bz87CAfstTA7L/wmCW4RZU7GkudQ",
-	"dsfCurl+zPAeasbXfFN237bdK6YySlV0xbpQg4pyNxZzwaFWEEMrhgulMaO7kAjdgEHOfz968vjo6Ojp",
-	"4eOxOYbj8fET/vTxiXgiIjETMT8c8/mcPx5HccQP5/x4FPH4iXjyhA/F8eP5/PjwcTyMxFMxGj6Nn85c",
-	"VgjyqDItpIWRvQ+I8nuEGSzC/MRb+La2N00d0q/uQEWxDMJdICp+e/0Y6pPR4uLk08vDxb89ufp8/O1X",
-	"x+J1vrUyDJ8Q1/nF0fl3T6/+NF5+/Hj9chT9+XpXf5w7uM7wQIBd7BcHuWvrCMdc69WIjj1vIJ3LMlWX",
-	"hG29Z76T0xsMiSVDPmRn+y7oAAutvutT4Kr2bVvGg5ya5oB77yVxwLPoaps+j+urBEnAmwjiKzZma+Cn",
-	"HNvPrSbebcipgwF7niByAd/UAsN6ARFBnatVudOYqWCuf6k338tvfc3TJL6g69fM28eV+u1a4IFWd3V1",
-	"qJqnuqLF0FAcB/PWiikRhqUZRRblztyoxJ1J5xFckqCzFFrzS/PKZaEBzIh8CPXbE7BKV7yA1fvhQYCz",
-	"9IQPfU84zqxczB2c4PBoP3MhycDtjZMY1Y3+mMesFCYKSpdST5Dt2G3tsd/KfrdwaE8FTADBAXyuhthK",
-	"JdGqhtUYQcvO+C++896UDz9cmVm5gUbuJlon8jJgS57OVbbEepN1psxnFCbcthtT2dwO1g0bOx4enFrA",
-	"CvOZiFtpGyjaXPna/SCcAFDigZEgj3A3+n4BrF/E9/r3aeSKqMiSfNOZ/O3rat9PkBqlFHOaWtXK9Mxh",
-	"a66iPeyZfkic7pG+f2fqhrNvU9GtKGf4fWcmeCays8JoUH/7GvgWKI7IIovMXPtHwM9oVs2c7mshhbaB",
-	"KB4n8Je5mkIbUmTViQ9KZW8heJovWlKcsZkDij4HS67WaOb52OTBfshH3jsJlar5TosLZV9KADW5Yiu+",
-	"KaHSCTu7Xm25AyGqfLdNqG++HJvC4ssxQxOznQgZyNh3rmifwJzMVgBuleE6kq14lnuvsr1km6+idHTv",
-	"VdpRYyURqeG9N2ZPe1In5Wu6dD1DCitl7NFTl8/n4ohgDntTtU6f5lTJQrUxQMy97CvJSFJr1sVDMUQQ",
-	"sKbl+9OP/3twx160+UJsXKqeN0tqNtic5F8AgRa855U6RnJN6KDa3a7Wxs57g39tm695IWeQsUowTFuY",
-	"hzecYx7vvn73fwMAAP//",
+	"7L3rchtHkj/6KhXYPWEQ04AAkJREMCZO0LI81o4saSRqPZf2sgvdBaLNRhXc1SAI24rwp32A3X2Fs69w",
+	"vv8fxU/yj8rMqq6+AAQlyvbMeD6MRQBdXZesvOcvv+/EarFUUshCdybfd+aCJyKHfz5LxGKpCiHjzctV",
+	"EauFMJ8mQsd5uixSJTuTzldzXrBiLpgW+bXIWZImbJ0Wc1bMU81y8e1K6OITzSJvsP4fxSYKGNfw4JXY",
+	"fGJ+Gas8YXqu1iJhaRHK9VxI+AENwuKMpwuR2IcmLJJiHbGu/6b6jxiXCcs5DBRKtRQ5NxM/CFiUi2XG",
+	"NyKBEQTThcpFwrjUa5EzNWNcMsHzLBW5HRyf0qsFPCTVVCUbNhdZEkozghud8VkhcsZZkXOpUyELNuNp",
+	"tsrFKatOlud5CstlSrJZrhYsLXAvrkW+CeVSpRJeW/ArIS/MpzTdTHAt2qfJ5jxhGV9qkQRuKnHO9Zyp",
+	"nPFQ6oJnWW0qhVJXrLoK8zbcP1wzS2EqqbxY5uoyF1pHrKvVQigpQjlXWaIZp4kVhizmXDOpCprLhEVH",
+	"w5PIDLFI9YIX8ZzWYs5pzTWbpbku2EqLhM1UHkouVTEv12UGGI+jA7OKKBHcHIIWBeM6TYR5wuwFTl/l",
+	"9m0D9lIyYXaTjjaUhWLcvFMk3mJhwrng8ZyIBwjplPGpNudnDhUe1+wyvRaSTcVM5cKcXJebVw2jIJTR",
+	"0XAUBebPI/jP6BD+Mz6JBoPBQcDW8zSemx26Fo5AV7JQK/PWAXth5kmEOGGcIYWGUvON9uh1wJ7eLJXZ",
+	"pUKxaa7W2kyrmOdqdTln0VkcC637T5QscpX18bf9L/BaR4NQdoKOuOGLZSY6k44U607Q0fFcLLi53UKu",
+	"Fp3J3+hz+074JxBBJ+iUtNgJOh41dIKOPdhO0DEH1Pk66BSbpXmPLvJUXnbevQtKtlK8tsM32EpU5CsR",
+	"MeIBQKd6qaQWLEWuQddVIV/achGIEQmm+UKEsoUH2QWy6aZAGjL/8I8d7kSeXqaSZ24W/hGE8kPPwKy1",
+	"9RDgi9Y9fK5ijltV37nzuWBLXszNlgAd54IXAi6xWuWxCJgYXA5Y9OB69EDlZj7mPxePvvh2vPjjyc2f",
+	"jpbPD6//WkQD9ga32GwiMjh3BsgUaOdgk9NiJ1WG8o5bcsvsgB6/XaW5oR2zS/7uNXfrtSjyzZnhhM39",
+	"+kKtWabkpZn2mqeFvdm5eSaVl1UiasqxAXv9+RN2MhoNGc8ytdahFCmwrfVcZUYuxkommiF7+uL8/FU/",
+	"4YWVBCQ1ebY2d1wL88vKcwGbrgrDtJe5utmwFMSEocyZ4T0LvoGHGGdm0IBpxeLMSBxtROkqSxiPY7Es",
+	"2FQV80Eo75FzjO90CO+CzpLnfCEKUi6ezHl+KZ4l7RQcw7efaJYmrBvF84uffvzf6GBQmUA8vzh8vnys",
+	"Pzu+fhGPr7769pEAhtSZdMwF6AQdyRf4QzPYRZrsnPGC3zwX8rKYdybj42PDy6T9e2QmXxQiN2P/x9/O",
+	"+n/l/e+G/ZOLr3/3r52dLC7e/FFsmkt8wRdCMyUFy9RlGvOslERwhiSNijw1P4OjNlyXidlMxIYtxWLA",
+	"/iCkeUYwzma50PMglCuZfrtCubI0WowTb13O3r599hm7PjIMNE0Ezw7gGgP1GOru9Qx993rm4aDOOY2m",
+	"ExhuiJIU7gYyGF6UbxmEMpS93puNLPjNoNdjZ+xNka/iYmX4yOepyBKGm8S65tI8PjkaHQQsHYiBE4ep",
+	"ZIlaTTPBvl2pQuhJk21PWNh5LIaHJ48ei/7RMDnuHx2Kx/1pfHLYf/j45IgfP5qdHI6Pwk40YGdsynPB",
+	"rnm2ErAqtSpo6CCUXJsZpktR3hqzH2kRmG3CqwO3RcFmSTi2+m61TnGfCUYDdm6XXWiRzcxLRz/9+N/j",
+	"42Nz4VNZcLMTZ2+ePHsGV4LH5vqwbjS8GQ+jn37872h48+ip0alirkVfC6nTIr0WAYvVSpqpo/5nplwe",
+	"RSjxLHAbYGVCx3xp/g2cb6GuRXIKT6E5QPtHszRcx3A4ZJRTwVZLw1COR+NQ+rMcHx/TwIk3+4AZLYtF",
+	"YRh2ItDlwjAMo4ClEhS5Yq1oZgcD9mWqdSovg1CKxbLYBHAUhl0HjMsNQ/3QjR2Y4bxZ52KJwk9Jpg3p",
+	"8oxlqRR6gipbKLtRWp7cxZXYXCzwjRF7wBrfpfKaZ2li9tvotaiDWKqP1VIYov+j2Gg2FVamgAzmWSZy",
+	"1j179cyc9sGEWdUWvwE+J2QBnADIwZyKuc65yEh6G/PIoxfNpmolE/uG0tCapfJS5EA8rLsQxVwlASoE",
+	"XCahjLlUEt7zb29evmDmYh+cslyszKINnwE9miXpbCZyowJZXcpMCRVwWvBrYVQ4w1zWqUzU2qz9vDQE",
+	"c7EQi6mhA1C2YdxejxdgIBRsfMTmapXrXs/ZPaF0BgCbblgiZnyVFUbHhwG1KAozx+jZZ0+/fPXy/OmL",
+	"J3+5+OPTv1y8fnr+9MX5s5cvjLb/VVrMU9TacFpGdiK/cjzNTAfVl1Zdslve5qJvVdQJA43UKPHc2Ghk",
+	"oLBU9q3+C/y8C2YH+x2LQOnog9ZhHlM52VHmaFkqC5HnqyUSpxiwXu/M3tRQ4sx7PTpasIyNsrAWyyKA",
+	"+8pLww1FxUoLXTJRs+nTnMukL8Xas3vp1yupGb/kqRywPwqxrHN1Z0aZJ3768X/YRq1y+nqu8vQ7/DiU",
+	"a5Fl7tq6HccZSoFUYE6zpABL977MKIU6KAaGX5v/6tViwfNNZ9L51HHwwGPBoI5diU0n6MB3ncleUqHz",
+	"LjCSmlhh9UVbpdUyFzOR5yI58N62rxQCjQDUEmRLpWJSkxr7qifHo3FdPWmxENJFWrQrVwtl7nMhFtqw",
+	"j1wUq9xQJNDvkl+KgI3MF6PhsKJwjYa0jG9XIt+Uq8jgTf5c6eriIwt+ky6MPTMaDmHa9JebtLkLlyKH",
+	"Wb80Ov82pRAMAqsTGrOgRSncYi20aIUw2s+pFL7iG7Uqti1uCd/a1S1V2+KW6uLo6ttHi/HNSTE9lOvv",
+	"Hm7EaH4dP86T9jXioD/fIt+BnwCMRLjLn/LkNfIp81espOGp5p98ucxSNGEfLHM1zcTid99otGd9ZrBF",
+	"Alev7Zc8m6l8IRLWvFB0Wc3LEyC2LQMGnUQUPM3oNGoDscVKG8uQjfpGqdmumgWM/AaxMEenC16sdGdy",
+	"ZEi/SIusdutJ5bVToO2cF8VSTx48WPLNwiilA9oRu1P6gbeK/pXY9O0QwGnaFZrqlr1QjSUq2XSL7bGB",
+	"dvjKBqbakyBEeCD36i9Fjrj3VpUve++tskMgU4Ztu8hLGvWkjko2bJoLfkXyBu9Ly47URqmRkhXU6C3m",
+	"mo3tibOZETIa7nieK2MX/+37DnzYmXQe8IXR4TtBZyG05pfmVZYMSYO4JE+1VapGnXeBN0C8ynOz7tYh",
+	"DLNXM7bSScDEKg/Y5XQZsG+Wm4DF85kxKJKA8VXSefe12ShdcBlXPTNbD41WV+7H/oeFj/bto8BRSkb1",
+	"r7mYdSadf3lQhiwe4Lf6wSscAx9psldPjaWXTBhnC8c5VG6Jizk/hfkQCTQw+pQ5P9CfUnBrh9Jo0AEc",
+	"6UpeSbWWdKDmuQbhsG5UI5TIM7PVbCZkkspLowTDGKlkEVJFdHDKVA7md+16ajMvO+3tpswBM8pqudbu",
+	"dsOmzb/1ZC7iK5FYx1ipZIaSoi0T1uuVBlGvBz6MWXpTCd+g07CiiFsVziiB74LOEyVnWRq/h6zwbiOK",
+	"damKi9hQbGbYtH8lQcNgbWqCOdclTxOYacylWdHUGG9mGGMP52K2Au+AJv+U0X0LwZMq/zoprwK+zAxU",
+	"mcze9wEW05eq6HvP39+VQI/wJ5ohpzAHyAvBEiUwcAMOzWpUiNzHHHcK5lfuFZiXsFmooDUOwlhonykY",
+	"G0hhAoNTzG2dZhnu1ZzLS2GJIldavwQH/AfRRWzGuUBPvk8PZwy+6eM3jlrBKOXWScogAjFbaVE768Py",
+	"rJ+0DUMP3eXM/ency1mfuVWAbgJ+Z1qe0fbR4iOzDGffjfzdigJjjoOBHr0Rcf9zUcTz/pu0EOi+wcOJ",
+	"iFW6MJdUjPwdbMGvhGaaz8TEvpTLjZFAMZdgnkoWg7caprFOtWB6iX7t5WqapXqOLJosdcMy2AtlLP1L",
+	"iBwmYEPjRDTLUl2IJJTkB0D/wSeaRU9evn5zcfb8+cuvnn528fL1sz88e/EmAp8XULq549YPCIzefAOU",
+	"bV3lWsgklNbBT14msMfNL8niRTJB6q06gp/Jt1p8EBU3GffFSosqPdeiX6luaF2pZrowt20qQODlKhba",
+	"TJqB08JzGnpODJaIjLcx723Mr6nnMpzrB6i5fTPC/VyK5jY1ZB+rBrWVBEd8M7Td5kfEk4kO0BuSFpAZ",
+	"YR6ZpTLVc0bEORNrFyKqBOTXPAUinqmc8gNKWh6wt3rFs2xjvT9Ot8FjXav8KpWXExBVai2BLKVYoz4C",
+	"iwnlep5mEMA2v9YD9gzjhfjzJDU8nNIGRELvPQhgRNwNWLom1iCyGWxkaq6ztOkJ3dHQLu5gYhgCufJi",
+	"Llkhsoxxpo2EwXcST0oEB58YOHi1UtKs94XRt8jfWnWtMYiOQ6CYa7Nq9GyZzVhpMVtlEzYyrGNcRtTw",
+	"omYcidxwoDKjAtkQrG3A/lL6vdDrVzkFfFEAfi23c59oEmcBKF0FcD7IpDA2Ybn/QEFIPV6Oha4K2wF7",
+	"pbLMrAn3AXSuOc8XmdD6FMki27BLUWjHwsH/OGBnlPcRHQ8PI++1hltiBsNqCWpa6dsLZeskjHkBc7fK",
+	"Dnjs2tOE+l6eUNvFpKcetGQW2TBt38Vpdw3gRXTfNQNurwUI3ftktLkgOV61cuuc1WyvTWBpdaN3X718",
+	"c85KIwrZjz08cMdXGOp4vJ2hujm9N0OlEe5Ho2zloGZDeJYLnmx2b8xPP/5PZRswaBFKY5hBFKPFbMHp",
+	"G6XyhbM+IDRTUQyQA/t5HL5H3PAJySGuanhLVTtF57UU69KBDX/V3Nf3fxmApmUhcsmzp8YK/DBippEu",
+	"wKCsaAuSraS4WcLqGXzNVAzmQEXTPa4a+Dgcs8Pdwb7HJ/v45L0I8pYVGFPbXzGlgTWzvtZzpQUTNyJe",
+	"wd9znoRyKi5XMkBpDJGUGeT+UHjICFWUtJQvWKbCBJQrsyN+VEoLpz6xp5kW67nAbDL0LZShxY/Ealtm",
+	"uPdAZdoWHMcLVXyuVvLD2K0xE2cwikecLxQZmG3WelXtPCqp07ACO9TehGlMbHzoPmjyhWJ6Fc+dhU2H",
+	"nmoXCY7cgqMDNILTBFkROJIgXIgxZA0pZtV4sc/vyNB4xTeZ4sm5Us95fvlhRgax5ItCqYsMRtvl0hQ3",
+	"sRAJubrS7wSDeFDleEaemfy6TDhldvC9j4le3C+U6uPD9+0fhCWlGqeG6mHViITVsW7U2KSqGBqgQgO/",
+	"wQwqiCjqez0gvJoX6DG8/biMyvl4aM1WSITAJA9cU6rZw6PKuR2OmudGT5OX8oNOEYfq41Af8UzNuhcq",
+	"F5WV14+Wsn20seVu2V866Zr3oUuJcpZ0Ugm5pOWLQon7jDk24CUw1pOZwhfn56/sPNCaIt8wZ8uMp7Jf",
+	"iJuCRUeHo2hwgBeezuM8XQi1Ku7nvtNYW8jHGrA8z9NrQeYeGw31qc2achYR10U9qvO4hQW4992dAdCj",
+	"90wqAd1/GWerxAj09jVXGILRbe1SfOKhj6JTVlrBXl7LwYRx8jbB9mH6jaYwg1JgGWfAi2IzsJrNSkU2",
+	"VlKK2OqvcabAeVNyn0n1RLZ63N+I/DqNxVvJr3mK3uX3i9OSC0nlF6vqWGU8DYLc9mflxqLv12xquhAt",
+	"0bX2kWskGvM8uXVw692qbkbNYjmtGb/glEa7uKoPeyLtlXtxdYp7U7Wbed8fAGJfeEC7dzXhBZ9yzI1f",
+	"SShioBnUN7NtuNpWbhls6+KJhN536TSj2sLvx8OXiKWQCZjLliIuzS3m5g6mMi2E89VAxhKxdFT353y5",
+	"FNJcq14PCjOs/6nXm5BPCN2kNW+UdTI5KnOpok3jWEnGQ1kzSpzD0KWLFZWqIAZFQaybFl7EBJL8AxuW",
+	"UnkoKVhVrNNYHEDKXp9FrZcpYl18TpM1Yx7UpJaWl6qAuiq1KoxuOuNpBuVFMgklwztD6XNkwWxEwUCX",
+	"HcCbWygvYl3I4XRFWZNKyZQjRKqdYl3OMqUL876S/wWMG1ac8iz9Dm8s/fzg1Gxv9ABcD99FAcxxG3H/",
+	"Gl1a50p9yeWGhKX+MAnPC3EB2keLD8tGaSA6tMAQLzeCfWjFooZsciTt0wrxt8YIqg4sLyJwrhRbmDO3",
+	"495J9PNC9O0a7s1jRQZZuXa3ZNgEuHi8sCoyVngY7d/b0AgJV10JGcrpKr4SBewXDo1p8zyeO999XXWs",
+	"MJ/Ss7CSic0HbSlc0gpyQLexIUjxrEqyrpKGE7AzNCVD6XKP3ZJtvMu5w+r34gPI+a3kqwKyRz/QM7vy",
+	"B/Jo+Q3GCzH3xNI01+yTM/o5vGDCPhU8FzkLV8PhYXwlNvAP8UlVW/UMn7fV9+1Nr5V53peeateVapf3",
+	"oXLyWMbqUqYaYu/+u1utleqxfvXVV32zS5iCXoj2DEVe/sLQE8xYsEKxlRbVPEXc4s7OeiAgCb1aLlVe",
+	"iORLkaT8HH7zQaThBrxYmBEv4LV1Iinq9j7XzH+ReUHVf3Hsk4N7B4N3MHrHHQjDjdCHEfrw6H2RiPVg",
+	"gBvRsDWuWVRfXgRE0rZbNTeGsRPczCinM8NUsDqNQLRsit8GyAEpAc1s5jI3rKhI0V6oaLMtFeWYuKox",
+	"UsivDFtaN8eEHObbtovme4bZdO/cQfE85xvz9xKtr+ZMXqMmBPzZTsjGMqAIFkOWkafRVNIGUJHciOK+",
+	"5vrOz+L9W8dXuO0iympRNf1GxDBIddTGMs8kw1RDmwO+49i2DPEMbWL74CeGO0mwh9LilOKtUlzyIr2u",
+	"sorDo5OToDNT+YIXGKh4eNRpZoYHHZfLeMsOPrG/q2+WlwxJq2jbKqxKbN+johCLZWEY3pJvoEgiRwmN",
+	"5ZNFww7df/+AveIZoCqeBDZBoHVPsW7e5sPjk9Vc8dHJvhuL9cEXvKjw1M54OD7uj0b98cn5eDg5HE+O",
+	"Rn/teCMmRh0jm73G3N/ntIIO6e0XyMubXGHDOIvQ7oisoYN/4m64bf9Es0TEWWooWSWu4DmVejWbpbEx",
+	"Li7gYkNipUs4iuQqyyKzieYfyJswU76xvLQlh//lkn+7EixNArbMxSy9EQmL4vlFtE/RauMNrjhheyEE",
+	"BRRwI5Z8o/cqhGi8ieTUBQZZt9YmLEBBxkAskWitNmFxYaj/4jrVvO09Vpg2Kv2Jc0UME1LqR2l9OCjQ",
+	"MM0Wztvex1RDckaK5XZTYdMYkgOw+SSL9CqOhUgM3ajc0RBVHlGpveWfQcf9uoM0KQDGoFyo/32zyMNn",
+	"OZDT75WZuIRujxfRtjTOoXYfKve0lXHB18i+vJILniSp2WievfIY0YxnWjT9JdZ7QIlAxF1mqywjFtNk",
+	"aO9BPYWiF2E1Y2G0sNLLYA4YLBctJqEM5Q/1x38Av0hWsB/Ml/1+n9H/mz8jnwoj9gOjw9K1rxfgoDb/",
+	"3PEjnOVnyErgh8RWEMpkHAUsok/gkCIWXQop8jS+oI+j2og+C/ocONA+g7YwLjNuKD+H+kjcF02RZcQs",
+	"UKuyfBx9Oug72ralUzHn16nR33bu6izjVxsz56pnyFAqWptYwEk3U9tcD7WWusgFXyDSC8Y1ouObm4hu",
+	"qD2ACduoFbsUBaUtwXCn27LGa5Oz/vbG9Mp05oo7eIIvCZzjyibxr2SRZs66pnC92UEZp5koyzjTojaD",
+	"nBfiOfkEGrOw8DEAB4OLqZjsNJ0GxXyepZfzYtd4w5OIdXk76El98zE/MF9JmcrLA1s9XDk2ty+otnFL",
+	"oPueQ6Z08ZqKwJrTtp5Gpy1NV+jeLPm8GYAmcUp7j/hDluPPUknxZqOtiptUA/cn9vVDla9XxVKTAXgf",
+	"Vi+890Xj3nrfwZ3w/i6DWi1kURkTT9b7yN+5qszZLVxrYqfGk7dLC6hOeF9hAWlQORVv3VnLVevbVdzI",
+	"6LAR+z0bnQxOTvZSb12t6Qn9b3fB6fspqpVF1df4eS6MTLvBQnpIrjQ8BeqHBRjGBJYwHHplg6cWzAWc",
+	"+UoWPJXsxdvnrPv2d8PhcHhgwaGWqwKvjVxhcf1c5DXny/laMaGXublvmorF41ylWnOsJvMKiYfDan3n",
+	"f4ThzXD4de9fbyWypi6znc6w8PV9CQ0tbzS1YT+d2WudDe9FgWTGqVWxmw6rZAc79ouRXZFKD/WJaqw7",
+	"U35hlKgLddVp7h6oV1MurxiPARNkwqLyAQJgsyHpsgKKsof1XOUFOvVPQ+kexIBzRIIfZRkNb787LV9D",
+	"WgMWgVSkQSiJ61OWsi+NnFPaJsxBZGgmcpzyN2pqNZwD7106U+vIpl0XAiW9Zlw7jCeM5HuPlCK2ZYZW",
+	"LIGUDeV9iFmXCUzLCCXXV4THgEnpKPWI7lEK405jLcBB1XKpHH/1hLwPrJjyN8r700mjitipDH1//AD9",
+	"au/LDyiwqWaGPq0t5kwKcPBG37+LENoAfgrwFugAp3qJBU+lpq9tdPt9OAiOUDIQ1EDa+Qj7DG/ZpD4f",
+	"Y7DWJ2QrDWhZVeite2FC79qOx2NL9W3P1Frk/ZhrwZ69ecmOxqNHbqHgZ0EODTfCOcizVBcDho5HjbuU",
+	"avdYKHkubCEzfG0UQV8FiKEWy5B9tNKJsY3EKjf/uZwuzX/i+Qz+w+E7vkqi01AiftpGSHzwm+UmsjVp",
+	"WLYjRe0KrbS5KmKVd4LO5XTZCTrfLM1liecz8/8cjPdVzQ+ADzX8HE+vRRvdvFFGHXMkaLMLDBGhkgCH",
+	"oAO2ztPCMC6bZmS4C7A+jvk+hJqKNZKh2SV80ZRMvURk6bWA1GRbFo6VJ/SitZjOlbpiQiaQSIA7USX+",
+	"/X2C4/19ggkv+PbLjp625l1Lyf/OiYascwK3y+hKscilRauykEOY+QEJABDTqAjx8nKjFlnCw21zz5Xi",
+	"mk69dM+1+9naLtfeTkNxXVxEhl0kKwzaCHuogAZnbklV4zMPPPz36WH84vHiT9+Nbl4Xx5u2EygovmbJ",
+	"HtV3I/A7dhcGvneLPiInmOH3hj1VfoJCyo5Bf7V5zSrv2sNtRkE1jxKJgtrECty556luC264GldhfgTV",
+	"X2so8DXCuMn3LZXuFa7Bu94SUppzfbFQeasfW0AiN+Qa4JTYTGWZWp+yJddUoWdubZQmEcTudMFzY+Be",
+	"cIztFwpcJMVcLAblZk6VygSXjd2EBXkzats/SE12ZSY1EpWiileBkpe0mOYGEvpEy7oJOwBLNFI9YRwx",
+	"yIANgV+mCmaGkcxuREAYCKKFbi4eylaUBiM/JAcML0jOMFKhnjtx0MAadbpL48Y42IzWIGWq2TpXFiI0",
+	"LWhubClyiiCXL7kVueO2W4H7Wk6p7Ry/EDwzdt337dX+q6zAw5vD74yWO21RfbZ66o29AIWW+PymFnC4",
+	"XUmkkdumXi/gi1W+xZ3sJd4CMJqaWSwTkG9ptUhOt6h26EZqH30mZIyhhCshJywaRc4AQfXdFQsZrS/O",
+	"xUIAziJk+BjRBzjEN8sUcBax5jLVFC5WkP/zFLL4jJwvfe1+OVqspJWQyO0p22fJV1BrrDKoOidnWMwl",
+	"2QhmdBwVitSg5FTAPpmTr1H96FYTtaIDNC6zZO3I3VWaaCoMw/0VBtxF3TqDqJxexJbZShPjqEISsq6F",
+	"GfQTr21xLOiiJcJeKBd8Y65oK8yeRUisQOy1lAI21344fI+1X7WhxhL4Y+BwTBt4dYibWT2DvUDxWqaQ",
+	"qfhKJBfgDW8jgTQjWnfFc1AsX7hJGiIpy8XpNFnXJg7ywvnYF3yDNjvQsLHnIRaLQ0jVeEdK1Ny6l7dG",
+	"b20w5AIET/s2gwRezhHK3r+fRgvIRAHhGhDMIrFRDGT+qDSFMiK1kgg1Yl2V00/ILI3wv+4XLl6JCAGA",
+	"9H5mnd9+yWqsZJHKlSAYD3AB1ojPDtFpXT8WKOyK2UFBCoWHiEeVgJOtiP2GJquE9+rlm/Nd7weoulvx",
+	"y+/82lugwx9QBKJ9Zuh8v9gmAt3W4A/sHClj0z4O1XuOhM09AUwEl9pZme94ONpKsx473iqUK+0YyhC6",
+	"B7+2koBIhQgGECK3RHXKIkfPERX5FzqUXio3La1r8VItWmRhbik2YaCLDieztR9DKLuFzf618UHYJ4BV",
+	"oPeh22wlc6FVdo0mLKiM0lEhMvaa/V5tQuCW5HUh8BIwvG93ayuILeoC9DW2ETg9onGjaiTepKsac62Z",
+	"OZ7ca9OUIGqzK4sLO6hUU7kC9OtOzeYj/qf5Fiw5rWerzDqaPk4s56NmJo0mw0cfNzNpZ8AHambKTwhc",
+	"g1NNBuiJjhvcLVBzf2lIhg9G75cedHvajg2Xk/PTJVN0I0Ny2K7F5ZOAfltihNl/glGGv4eNKL+AZEpI",
+	"pNyWr2P9F/RELXDqfraHz6EtP8dftccMbsnGgTt6m0MChdS9OiSQN7y/Q4IwSX5xhwRGDJuT/VJJW6hS",
+	"xgMpCgjBnUqo63242YcHA9+PkY0mo+FkePjRGVk1hNjIHfd2DyRGlWnsigfdlsD5Oai+LoETXYXGStjY",
+	"BM1GBPHj5mYuVZ0n7oZXfg/W2LUdJE6rEUxbH0dqAqQqGkUOi9+KqJbQCrBPC3Vt7c+FuQXOWkCu6Sc2",
+	"sjObGOtApUlUo/ambTAglM1Y+hYuW86uZLltft77YLiORj2Ge7dsSOQftzFgyum/Vw5MnOv9WbAtNPjl",
+	"eTCVmbRpmtDy6Oj4EaOiFoYFNpriMkF74YlfwINuNWw8AB5hKFHFaA06VzQibL99/QzqPq5SNALgx5NQ",
+	"RrcX2mCJF8QmwUMLFXU6VrnQiNkTIwLDfLOcC6mxECxCdrTXC2KeJ/3EJYhCuBHytNxnA2NhJbgkKOWD",
+	"eB42+yiw8IiSLBY8nqdS9HPBMQKMF+cU+jjEc+sJNKwDwlppkQH+Zigj3HwX5ASNSeVsKdQyw+rCBd94",
+	"qKqNcF8rw4ZOAfVJofPePDDw46fVErkmIPZ20PDteOxboS63QrPVvwDjL2iFs7kdQaVWMtvEyNhabFZD",
+	"mvWhjdBABFBcQhx1wcQGYnH58ZJv6LMKcbkIHfyozB1wkboLguahxEY4GS+VmDg+kkMrxoI9SJ1eSl6s",
+	"cvyshiXWhilQtbhrk25Ghr1853bFoXargkaVQC64duDErRnTZpR6enZV/Defap8slhI2xcp8teDSuyo3",
+	"y4xLaqU5Q28zQatRzppnCtpsWCjQpGVacJhU6xWmWTZd5AQb37pnTbhxGK2BPb+XXPNChC2yrcSH39+d",
+	"xwvSUu7Nfbev1w4kgj0S19LRn8XRcNymyFMNaPPogYUHdQoglA679IoEqy76iTn7XVfEhu4bLy6FpOQL",
+	"F6DY/qY7CjXfHFnlad/lsd6q4NmqWNgy33I2l3yLvoHX2WXQ7J8pciYxlo56B92bWjEepIYZ69YIQ54k",
+	"LlkE0FkNX4c4G1UBhNK1ryrhoRGZ41KW2HyteTM7AmZeIjz15QT/ppk7WJ5vZXpjMUSqxuajh0dHR48P",
+	"H473MjmtznpLHbG34Z+ZJ7bYT+c1bot7nSanfmKK2aekzFlJ2jJVluK6uDg6/+7x1Z/Gi08frl+M4j9f",
+	"d25pZtRMXPnIuSotw985Y2VXukrLxt85L8o/Dpxv4DIjc5s76mgLNOqpWe9HdomcvEc5b0v07bZcwypV",
+	"bcnE20et8KkGFGiPdfiy+D2dEWVa8MXWiK6XOlzLXShbxKaxIPB+VWMjXYW+DfwC2sTiNyVYGJgcrnen",
+	"zRuwaRMOfQdqEMr2apmKeYb9HAFRyFJXC03VYo88Xoh+eyLdLff8dg9SVLm23ok534otCW71KR28twup",
+	"fufUWrI0cbkh265gjf3F84uTzy8P5//26Or5+NuvjsXr4vZd2aXW+FMi7cbBkZMpjhuxpQa28wGVrTXi",
+	"Dnal92DK9zaHLrqlRGIh4Btp3e8TlsKjEHtmZ9+eX93CxMrE0e09jN083qsOfD/X8XA8GZ3s7zre20Wa",
+	"i7qLNBcXx3/ejPjrx5fni8Ppv8uH849c7H1LEffPUcLt9492Lst9Q0FI+be5InnZ8Zrw1wKmsuS+vJJ0",
+	"/d7fK0mT+uW9kl9h+vpZfLXl8seGajKRXEJmHu5tKS5BcrVsptVaW0gWcLsxycGTfQmb88ShwUyFkGUb",
+	"ldMKBD363arXn0pb6vsBSQYivW4zIc6wRTxN56cf/6cqiTWfiWxDqWy1t1XE3LbNd28OvN1ongBgUsar",
+	"PC02bwAACnu2AuDT2aotoedMVhHmDJ3sBckVDdizgnyls9TVDCOAdiEkl1AK9ZlYKMj0nLBIX2GAyqgg",
+	"EevSjyP4E/udu59cZmoqbrwf0QeUWoLoVma/LJaVh++E0EupnCkLV8Wxaxm13XxFxnVZ9mm1uE4LTKVe",
+	"8CyzNfkIx2eOt9dDN0ivF7Bej9wevR4WiunCsIyKgWt+RdfUPALIjL0ehRNsm+Vi7iI98JJUktMYlUPo",
+	"/9UHigUYAT8t1VAY9YvNN+CtfyEK6B1jrUAvXbJae0IQZRwA9GxmJWHfgiMIq/QUFLdK6K0H7WFgagP2",
+	"9IbHRbbpw1g97IHf8zqQx2phc+GKtdGDU4RNvwQGNqn2M8aKK2yCT3j2bTOy6AlpMWAAFJioeLWgy0YQ",
+	"vEXOY6zznapizuY8uxYaduZf/oWdVdDSzIeY9xs9uB5Fbp9inhNIgw9ZxxlSHWUhQ2QkikLZfm18oqcf",
+	"htI1Cq9en14Pyb3XK68QO18rlphbhN9pLKlHqE90XU3VzSSUEV2r6jWje+XuU/2GHZz6eWCQr6zXaRFD",
+	"9eSCqdlsEMoze7ExlVkLoQPXoxsiDlmWJqLWLsUhGNpUCrolgROioaQaC9XMDJ8wrRYCIAQyLbDzroeq",
+	"cBTVTKhGJUEoHYb3utw8MqHWitXbt+sBO/Nh+yzghAfqx82bR9hiPXqAefbfRUGJY+qmVMo0W9HVjR7Q",
+	"Pz1EYRcVSnUoPQQ/nHdaaBY5d0T/jfXz22ZutufPAZNCJF5LN0vlfkuaOONaC12SennpgK9o7JxofmVr",
+	"/fzEKfCtoYyNbvreYUVM3BRCakPziF+CY/zQ+N0PbCG4NLv7A5urteNWDVSTOsIJ8LYfWGT+a4Z5LXii",
+	"T0l0ayvOB/CNGW+WC5FtBvgwbBl04ypZihmMPjfjfaaouz7A8RrWeO13Mce2i4DNSL8DVtfFeBBwekqZ",
+	"AkKfUKKk/TRg0Xg4ROA+ICQJym19ug5MA/zdXtlg6duhDpC0MAQm/oFF8A+zDqzf1XBxUMMBN4HZiheQ",
+	"9MVl85rge6EyIbBpvJ/oSuopma7uulXzaQ2DhwYFmNPoVUOWS2zCLUNvlXIdAVARtq0BCeIW1rdfmBV+",
+	"qczJQIbFLmS3ncvF/voalfpUYqGPWqQxZpQTE6viOWtkNlpYaBOvBH2XiygRudHaynQo7bBhETTFSxt3",
+	"lSJkmQIx3rKFpzWYWWoJx1TZXMzi4axdiVcFT8ac5nIJ5LjjMPKVxC37Rk3Lk/lGTc2hnEH1fp/q6e0j",
+	"XU5OloPbqc/KW+iXRp0ekCxVfoVI11DMQT4Tw5vMRGoEGY2HY3ZGOT3RdrK0CoUZwkr4FATqLbvtGUwk",
+	"c8bDcXTKlirLkDM+V6hQlGVJbTe34of/gUX+32ZDn8mposp4IL263740LYxpZyaNlVcASZwL0vf0KXOP",
+	"UZyktL6qwRIErPqXf4FxWvosgrQxP3lNJknpsCTuEzRvK+gdHqF4ffP+IKQA3GZzMrNc6Dls79K8pNfL",
+	"1GUa86x8wKhDnL19++wzdn3EUDnk2YG7kqgTOsAjNzeCiJphRUoo+7A+QN1Had6o0EE/A+u+/vwJe3xy",
+	"NDqYhJI1dmTCwr3qdsKOURUYO2NTs/34YlsdhMVAgblWb4o8XQrX3JSaQwQwRyJn6DkBSNTWBWwG9olz",
+	"0jLNfSYZDezGgJKDzSJTzUY//fjfu7vps240vBkPo59+/O9oePPoKemakEOsRV8bpQAgRWEPJDPsZoPV",
+	"RxxYBtbABdBKklRGO3hg85JJ08nFUljy1+Z0eWZGxV4xVjMb4lr+KDZI7zpWSyziL23TCbJhy2pRcW3X",
+	"WwfepXCNh1MzbdgT8+1Xlk3Aqrx2NcCSqDuZfaAWZJ+wN1+c9cfHD+3nvR4moBj7EA7Y2IfF3BiVxOiM",
+	"fSCVhNsBxblTlWzM7UDOCHoz05D0EhjlML2U6SyNuSyMmlkIveQxIDAu1LVIDgbsteiDzmKIHh6GSEI/",
+	"lWCXULzaQhY7tkcLIA0Mmnq6WxUaA9EMjAV53AeVK9sKli0EWdlBkI5xPI7aOrbaboJgGFvwM51mwFyx",
+	"UsLZhpBFaY+TZuv8lwM0v3K+roIxW0Rld+bWhrQGGx0tGtUWLYNUPl93Zz/953+xJc912Y3dfAKJHeZr",
+	"X+L99J//Zc4ZOrX3eu73XQCeR60klVrkxSlbzxWsGv9GkbUmHHlXgncAr8I/xQD1cZ0WK9QxfiiVth9o",
+	"wf/vFu2blIHSIGpr0PcD3jq2tbc9+8FYJeVgZZN7YAYBdqhS8jJgU554vCUobzw1rt7+Mtse33uZ67lL",
+	"6TRdS3BUla4DZ95hpo0/fC0xB6kXi+ttImX5Jit1Ao+6/TvfbSN1fNt43LIYIvPWN1QRitDKSMGzCcVV",
+	"hOZHZNrrQUlZr0e4REaEeu2MkVdbg5pK5HWzVs52TwSnMqo+ZtyAkA23NVa2Vx6zJ6vdD25fmrM97JLq",
+	"s+r1ppsC8yjNP3o94ArOWlsZNdv8gZuPutoTxK3vn0MS6wNfWTMPQ5nyjt6Q7Af42e55Uz/mbr2wFk7c",
+	"Oxyv8bA5hl7PaunODVi1P3q99teXbT4axdU/QH98LpN+pQ6asKkz6/Uw7O9SSXFQvsAwJMgl02yKLjwQ",
+	"n4ZFOfB022yHzJlY5Tm2+NyGQglcc8Jm6Q32c0Zkf6vA2VZYA+ZejUsra4un4pLLst7IViVqEo88F7YF",
+	"UKXrJ8vSK2GDlhpgLWIvnYt1Adb1wKgkUyOyhNb9fJUB959laUzdKkOZrEBKlhPq4g2AVpJcQxlXNSPU",
+	"KMWtqZ6UGNyW7mk7knMZSq9xalrp6cq60TF4FMxZnbFez2vLU9qiFK4HX2J7q6CA7r+xnY5vbjB0dzQ+",
+	"iQ5IKIaSy7KzKsA6uxAgWpfbehY1EVSDWgcnoyrYnsDctX0AksRa2NbGSoOd9hmN41dj08U6heKj+Ooy",
+	"B8vKw4vlmVbOSNaF0f08EUeIPpBRYGgdidfVxQPYqbNUXcDJ1nfDhJzF6JgY4j2AnvG6dm3x9tVaSWtq",
+	"Sog5b7ZLs/Xht4AomDO3iqgojCIXyujZZ0+/fPXy/OmLJ3+5+OPTv1y8fnr+9MX5s5cvDM1BHoZ1VJRe",
+	"IFfKfcqiPzw9D+WD61G9TbV+8P2V2LyLDK9fa9QSPtEsKgtloxLTwZYImxu5FmKJTYlEYW0apIA6vAPp",
+	"dSstdBXioddrYXG9nu0CTHpQgszFUHPCYk5N4SkAF1CuH3SqMqKRcFPZG+XP1yLEkN0C7YewSMcwb0MO",
+	"4PsHY9WG/+C31EnRJk9UnS+FQgwGrqmpdUDdDeHIvl2JFeGGUfAjFxDD1RZwFPaElOx66+6GGR1Ydg7Q",
+	"jrUD8QgSQKrR2gf7WWabMsDqFZ9bDcq2TCaC42CDTNDgpoR8WkTZFxFTo5Ez2VM298moSAS0OufXguUr",
+	"eRBAi7Kj4QnbomwEyLUCw5PG+J9D8j8cD4/QXU8B2nwL92g6PSrBBSOtBuwLJdWq1ssplF2nUcEmLXOh",
+	"hSz8lDTDeJiazUiTXGUZ+yYtjJUbykhnQizZ75mhY7XoDgO2SGU35kujEmvB/s//z8b/QfRycBC5zqME",
+	"KEhQs+jFtIX7nBWqMBZyIngCYs4Yg4lo1RTKy2a2ZrpKDMPSijBAgP/zS9c4ztyZdJaCpWRpEPyPzoaP",
+	"jm5uooq0KBvhYZELO3Ng6iBCreAtZS7IRyPj7LWpWx5UgwQclUiSELCt1eo0DxunSh3ThbSmwKYaWRT2",
+	"NNFIs70eQSIa1aIGgVhLtOz1yiQlw3YIFDmViIhopvmvgI98Cn4kWJH58pvlBr78P//f8XCIt2AjJAEg",
+	"eolPDll4lile6AFO74mbOM2wNSNTJb4+WUV9nFQRG2FyBNqIgIwt2I308meJfSvlNqLPzMb+oN8SJSlN",
+	"qLaddYGlHgTYcsM2NDwIMIfJvL2LipL5aKnMT8h3HBDgHuuCw/NgwD5TQErOvl7QvM7ThWGOi6Wd3uvP",
+	"n7DDw8MT5rKt4ATfnj+xdICaZhkRs9hnhupvqaFj3e21cwHTQlBrOCrTi7AfFz9wdhG61Kii7u3rZ3QJ",
+	"GyVdWKDm15nhJwE4WqrFZszWmg1YWap3p0o8Su2gTvm3VOTdoRSvpjL0U9k3jHvA/h2dIp5IMORJStxs",
+	"Rp13qZ21uTn4q+i0osVr8ONDC5pKdwY4aABywLFjDhBBVhjLDdjl0GMA2OPasDzACis5jZmPJmkWHQ2P",
+	"IxY168QcW5YsOjMfRQ70DsUyubg4OgJczwPodAqu3G702dPnT8+fsrLCxhAS37T1h6O5PI5Yo58xCiHu",
+	"eb3A0iq7LOxulQztQnEo1m3vjHza0uMYkgCbjY5R8i6m6eVKrWqdDG2PbbQUtrheSGHhkgB5RaYFobOa",
+	"MyGIQrqSILDQP86pfIQiut3o+5ByA8POhI0C5v85fufC8MBVcrsVTpfKNqfsWd+8KwDG8Ojo5NAZarV8",
+	"KcMuq64GEGZbgiqYdKWk19lTSQF+7QH70jWwwy2L1WLJAbkOHOypdC72bMO60ZnHkMxcwT+ba1H8/u35",
+	"5/3HwA3M5wenFtsRSMNqtvCjUg0kPyH1IQQypgAFZD/scJQseH6lgQTJBK+5b05r/qAuQgJbNSqUmDFk",
+	"CWOr2mc1vENKBbEt2W11BWJAVlq9mXcJGcpCYdAO7IKDU98XZAnIVgDlQqtVHptZ/7lPqNj9Z0nkJeM7",
+	"zHDbUCBgKeAdhhJz6rBNvAVCxBYDo/FjlokCnZFJepkaxS3qG/K5QGY+iA4mGCaC3ARlZfiAnWVZKGeA",
+	"tp+Di8lcPACPytVaY2jmDPwdfUOKucr6T+FHfeqCb/PosjQWUgsvOe5syeO56I8Hw07QWeWZV5S2Xq8H",
+	"HL4eqPzyAT2rHzx/9uTpizdP4Zl3Xt/tZprd2atnnaBzLXKN2XXDwQifUUsh+TLtTDqHg+HgEAqAijkk",
+	"L9o0G/PvS9HaII+SgsaGhzQyl8FSWZKrKQeUhi/Oz19B9mI8F/EVqFxlM2r0aMlQqjyeC11gXpTjn2SB",
+	"Oc5p2MtUxHxF3n6/h/E0T8Us2zC+5piS08jHmYAFMgMnTS2dxTZ0wewQOi8nlp4lnUnnD6L4gjanRLGC",
+	"TRsPhztadba06LQp4R11tX+rSwI03dLp0tt/nkFnwXdB5+hwtG1Ut4AHdMuQViEwq8+Veg5V0n6Ka2fy",
+	"t68Dr9v68/RagB0B0KmdoFPwS92Z/K2DJNT5OuhUUpI6k47ZfBiTMrj2pjIhKyRgNIsEeq3OVhk6g7p1",
+	"cnANrUl0AOsKpbMTyZeaKZ7YLFAIJC4xJAyGTc5nszTGkGaKWlka849EXK9xS35ltPUaO3wqVFzsltwT",
+	"dQWd4+Hh7WNQW/23lbb42wnTTDl9b8q8Hj2Yll1dW6nTb+5a7cNa6X+aalRxnZC0DVwnjaIeHYQyMzPO",
+	"W9qsEkj+NTVSxTpxVpaPULB4aRglBLeVdkUK6IWzI2EQi3ysa+z4wroWgQfk9sGpkaaQKWIMMEz/aSDm",
+	"hNJb6ICVJjI0LfMTqyCPEdJhpkY6N3ao2g91gh5fd49RbdUM+6Q3Kjp5wdZqlSUQ20lyvrZuh/u/nZ86",
+	"gIgPu55es9+/laVb2Pq1Bq3/7muvH6/3Y8Taavx478tul7KtZ7JtJGSu+HCPK/621tz7aHxy+0P1jv73",
+	"xk+Gt4/xjOI7DsLhg7iQ4zt/EEUFhM1jPHQBb+U8xA0efO/KrN5t5UKv6Tb6gN8u59v5tUuUMSVLxGHX",
+	"yI4S1i0vCSX9qmzxuwZ2UsazPJd02YR0IwBKWjovdZpAThGv99cPXPoQeYrv/6Y+mTtcmw+6qNW+GF7t",
+	"4bZ2wI3OGNUSXrnKMqw33FLweFsjjWZ/2novPCf7y6K+vbkCbdsWpmBrT4En7HHFPuWup9F7s5Hh0e0P",
+	"vVDF54rK+f6Z+Y6tmfR4jgWH2cpzDD3ZDB0QMG3zKH9CFPKMZM0WdvWAFI+tbOt5qgtryKOuU2ta4HiY",
+	"X/NZ4WhO80FmBRzKq/bfzqKQ2fkMccBe8Uvr8FnlWuV9o3gkE1fVGUqo6KSsQYodll23oGh1d7knk+IG",
+	"MIZ9DmnRBHw2yX4uLmnOgBr6d+5KBdC9s/Mu+H5bM7I0cXhCfm9j2CiMp5YRQYejwAuqXMvTy3mB6SjQ",
+	"0KnrUwHKmJQecF4C6HLCvWPxu4FX0lX3qN9OzWK+XYl80wmsm6Z6th2fpXodJMfHx3X8Ar+f5Fn/r7z/",
+	"3bB/cvH179p6Sn79oRILq6A9RRH1xNs7Om2TbV4xPTzevmFtQudrv5gaCnz3lkNejXiLLCqrxEsUg7JO",
+	"/Df59GuUT+YsW4r6PVFlP/kYoiroLJXeoT5jeRMFvn1kBVsYtLXwCcA0IL9AQSNtY4APMEvdmKcRtWpy",
+	"BZjoDWjpb9jVrlEjxq9gUIrRDtgbm4FvXpDyzI1HPVoWPBGnrsTXTHRDZjUmwnlXJXEwRuJaSEbuefNA",
+	"voJeGlRAk20QINRLcIHMKJtr4wx0IWcqj4XeaXhTmZON2dXKnYwIq5ezAAR6I4iTYlArhSKa55hpaKWo",
+	"J02g5CyVLXVmmPHkFZpRHHh7TZkrIGvPs+xiNk4oW7PdDlymG3W6yvPVEqMcMFGb9IIkuIBqu7IlQYwZ",
+	"5S8p89IGRcfDEeV70CiOZAfsDYR+TlmjQQWFd7aHkWyQ8yTalkU5cQRtzqEMoG0hajuZULJKhqj/olbE",
+	"Tloc3b4kTTADFheJXTJ0mfq3yrKNeYUDlqHXbn1naxpoZT8rq2tvsky5KebFjquV3SXKAAUcpqRGLdB0",
+	"Asretk5xV5LnBAMns1RCVyvM9XEJJ341pgsIn+LO7MjgBGdANT5YZofiZUIKtlt4hPOANFw6Iqy9gzok",
+	"o70O2JO5iK9E4qczUwohZDUTJkgZtG6op35n3Dvrp9XmaR1Uq0A2fqqSzf4aFTbwW2UAb+o7l/dso9sJ",
+	"OlCl05l8/w7ll+HdrYOVnltRmnH2YV+bA4VoT3O+pbvwu3fv3jWUzNH7uUV+Od3yborkNodGnXmCaDMy",
+	"/TZOGSCx2wotYnKu0qcN2tUIaNeni0L8Zva+gCM2v21R9JRP3fYJv2FgOdu9ByrcE++Cjg3Mb2ubiEzW",
+	"3vxu5DsB4vnFTz/+b3QQkMsQC/k9VkJ26iCUZHvaoIaL+tPupRDWb+WTvulIWLX1DpbVKbXQZIn0g2BA",
+	"JTnVTbJ3P6s5sYeu/SRXWr9ENO33MkGGj/c2Jc4J3RseO9nBJfx0vDoDbQflrjBBDx6O8ApRxoNsdzTn",
+	"c0T0p24F/Lao1J0nBHLXpIKGDlFBprNc52h4UiZY0GCYleC9zYNCugVLGAboS1X0vQEAPKkd3b2xS9Xy",
+	"J7oJqbbStdJov2W/toLIuw07axm8poWXL5oKI/0c0JetFSlT3T21giUi4y0K9NbdrtVkGIUL57r3drcn",
+	"QRLUVxsifGW7v3Qa4E7Jbrd2G8a829nXzjc1Ph4OyTBDETI6OjnZpkQwJR1UY5OKt+6eVVLoLaVreN/N",
+	"wxn0aYB+7MUG9hO+tmFGi/R9ib5eqit3Wej6lAHOFQAhcVCJphtKv7W2z7bUNCO7+W0Xo06vRjk+d6Vc",
+	"UO3vtNIJVEXVNGObnYnyqNUgRDV5SxmameWdbChCnyjNDOhm49fjTZjeJiNvNfbarS9n4r+3AXaPU2w1",
+	"1twM78dew8yhppl2sN9KBq2Eic0g7UTL9GZ0qjjaJHlXKMXUrBCI+7Tm2kx0a/dIl5QPNHjKCHLP5Sv+",
+	"+rVM71Y1Fc03dMsKhXeQrEhXbdLihHHQ0JjhC542lYlQ0o09xfqC0WiI9YeQRg5OmS/Oz1/1E16IgwF7",
+	"haVE5CjaymuUzDZ1nXPUuVWLHO2h3b3im0zxxPfbHo2O91ElXb0JJDGfmwmAw3m8h9O31mwc+sf8E3ur",
+	"SXa2BFR3eKmr7kuXzoGQQreEQoFlWfAhv/vWhKqcAaUfq4SqWPzeZzamCUiXUR3wPxqwpxyBLSW16k8L",
+	"w29sUYK5Sh5mE+PaygB5aUzXUJYIaV3u/xTZ41TdHFAqL70EYBM1S2fA06CqMZ0h6B0MCnnnCzOLZFsM",
+	"FtB6DPPDAo2PFQh9iod0b3FQ6WBxdwQ+8SftcU+GOFogsLJUAzJM1yeMg4ClAzHwYsvQBd9GmNvjoxhi",
+	"D6VHbjtio+K6uBj/MXk0+2L0zVf65Nvni6PlP0Zw9JZMnvFfO2XHkFoO0O3ernoG0G0pPQRADtv98N+n",
+	"h/GLx4s/fTe6eV0cb8pdKLkA0NuvdgUtBEMraHQR+ZAIMVzY2wPESOM/b0j4nznCKywftfKSPrgt57Ed",
+	"4GCr0HwDuAe1UjoAsgBRgcZlr2fYXK/XgnO7Jih3gJnwKpwBIqRsHx9U28HntsF7d6tebj0f9c7uoYSU",
+	"ZYLzaSDHODAgm7VUtnw/CFrAaUAaQ3GDkZCAMClkDHlR9MaI8CVywkjb3Z4fTA4qsLCIEISjowfsS8El",
+	"wjpngueAOAlgshhyKlSsMoLoMuOY35EqetruHq9ggM3VWhp1omZMV8vIEXcFQk9Gg7A/MKYaBrkt7vBG",
+	"rQKo6QYAer0Wy1Ke6pY6fJWHcioyhfjYtRwstAqLtaKa9ATl8CrVc2uZL1f5Umlx8JHSWGtxrA+Rf9TY",
+	"0vb6rzi6zjz4p5bYE7X1N+L6FrEz/Gu1XX/5m8Nh5TfQ/GcvRMdO0MlUfCWSC+irblNo7X24gPvQmXQs",
+	"AIzXmtJlyL56+ebc+3zJjfJxh8Z6dtcvrKNtPBx5calyVxEF3zGQxi6jO8WYtBA0VGwqHC6tTcquogZh",
+	"a83mWYx3nsXREbXO3nEW7jd4FqP4ZHY0HYv+I36Y9I/E41n/ZPqQ98fJcfxYjGZD/mi671mQilF2/nq/",
+	"Ezl5XRzJT8frP4uHm7d8FO86EZyJOxL/EO7gsazbwYYPbgseIuYO8srfcs5+jRrJM6mXIi4qicV1XcBT",
+	"VXz1ZP8ktCZh1F7xiSakTo6FUeBfSouA9XoETEsolA1oXMSrDWU32gtVFnshRx5Q7k8//m/YiQ4CthR5",
+	"LGTRFzJWiUicZQnQCFw7XAamxSX0dOh6cE0seoDNbP6f8edRwDgDTFP6BFDWCbgW05kJqRYA2xMB7zv1",
+	"0YqoAhgyyPBr2p8uJ8gOBrjZUNQVSgL2YHbqSoqDuqG6pxwBwxVYjbNbr0iqbgsG7+xE5lLgkWft4+Kx",
+	"fRkqDdZvTT9njexzGCeUd84+P2WRtbgixI2yqjB0DzFaGaJdfBQvy0vcp3v0ssA+7Pay4E9+MS8LnvgO",
+	"L8uWMp9/oBT0I8wT2qGuHE9G41r1lFjlnZrY9Yqn2tQDP1XI+Un2r+AaTYaPWiu4ahx+rZjQS6NZKJs6",
+	"Gucq1ZrLouNNr+VMy+lRRWfVA2KYz96qCtyl2x0g5Db9zQHyMzlAlGVxVqugD3YpFK2p6bazCLdMjjwN",
+	"VIZN2CZl0fm5Y3XEAMsKKUOkUwHML5QRBBIsZpHtZgr5weSZ07ckcfd6A3ZLXva5bR+RJ9YDAZpQKG9v",
+	"cgLJzXu0OvGzskPZjAjCqlWyKSvWvR4SozIwi91gSY4EVQDCUFZAj71va1DGtycMQm6BuIY6WHu0NfjL",
+	"8wp6bxuAuwfYvj1nFjjDL5Yy2+Jw/hCGesdcV1i7l+pa1+3uLfX1VypP7iQ9tlm2eBmgVSMhMn3EvFj7",
+	"ir+71NhdT7vf/R1kj35IMuhdsgqeybea0hl+S4P4+9BonhBMM6kge2k1oCK4uA558763EcS7IVmQ8rod",
+	"U4L9jJASVqz+XIgSP6v8QHPp3oTHb/7QXy1GxF3u8vvV3QJ5+AgRDSbwABs1miW979BbzSYYGXhBiRCB",
+	"VohWxsiBpn/KgspPXVHsoNJ0imChAYR8Kztp63NpjCOcA/ZiqjaqrDfQRGQuXgW6q1gy1edhEVK1m1/Y",
+	"5BIaGYXSYnFqSvaivnMHFeRxyOEFkHZz0tTbggxEmi90H4ZtoolMbBFl2XwDv8LM4a5NyC1synkobc9U",
+	"uzOITO8sz5oRBm3ERJ7yzFxwm51mi40nCBtLhhTYhrZnwjqVumxsgfLhUhQkF07aLSaY0D8ya7fndp/s",
+	"PWBSraHumVLAD1hk3xP9zLz/ZymY2kNePKEShn9qfdFe7zvIGGKi2zVGF/X9GNIChy7jBJ9gyZn1shUK",
+	"gRshJkaA4rua4L6UoSw74wkPfsYHlXAsCvhdRJm9AEvUyO6lZF4vB9jmbRo+SSm8oCGTC4uKF6YbD0VA",
+	"2F5Ms1VmwRJCuZ7zApJnXL+bFUSdfiXYDueVoolWPIcAkeMJqZUXjNfBHax8wXSiWOUJlBGNBhQtMzv8",
+	"03/+F/WOibndHparNRSrk3ei67SJgxJkw0rqUDLGer3tABIQ4OUFduWYChTK1CPTQxLxWxfDmGAE+XkG",
+	"p6EcD1zVDk2uXEGZOmIr8V2tLK80qroSm9NQHg5YZNNmykGwW1JQuRNSrF2XN5e5vLU9Ncx9e4tqIKNZ",
+	"S19k7OUGHTGxd4RaGYV1A32Ug50IHDKm9g+VET+xLeGMOufawlHznPbeVK4vXK9nCMrlw3kkhS2NsqzR",
+	"lvqSp7IFZKG674R7jxin5cOxyjK+1NAwo1CwZ3h7JiWjcXhWyV0QQoig7xUhZBwZgZ8nF4QgmUTeNKFn",
+	"An3OulqIWosI287A8kasHDPkbRamHTbbnrVX7FwxbIdjXQJ5EhhWBqgjRk0Xa+p+7kGANFvHTTyebBi2",
+	"U2hYqecQs/ar0nH2+wN4VI/dVtZdptcCADmr0B5dSgHDdjHHNze28dKBD/FROecdndxOaxeo3s94KxRI",
+	"WuyCACnDUx8DAcQhef6CCCC250kjn8+Qu7W0SpI/Go4P/KS9rYideGSf0YOgAs0yfrWpv8dLCTQvA1Dm",
+	"Jv+knAejyu3zcnwTKnAY99u+PPeLfQYGHNI7o5TgOf86Qjf/PGCuHvZJVSu1euTekR8j0OqhH7Yz8mN4",
+	"329Rn3swgcfvi8vhS/Dq5f+DkCJPY8vU2oA3Kg8HHV/EdyadSxzgohzAwSCctyoK0w1QSKr1SuQDSIDS",
+	"BSLw3yFTu0RCGHuoHV7fquROaB08T/qJz54rxegO47aScuq+Zxbh8I5b1/KOtt0zOm3aeJ0xK2yKBeoa",
+	"qzw2xtKvdEvvA0yinaC6NQ31lDgQ19hAK5V1vRRtTue11K1aaY1P6sJo0M463KqzBqgr7o19QPqUhypR",
+	"qfh3X4XS2HJgTHo6cNVlAdow42DFoRr86+a47/5hkZB+A/n5eUF+GlZec6uduuNFWpy5B3HR5v42h/W2",
+	"FryOrI2p+pgpZuSte4JDYM/NzV0hpmBygDBlH75XyJ5ingvhpaX9UtA9gQUVtSY0erJcNzLMZAdzmNp3",
+	"p8XgFqwfsLJb4X66I0MW44PbcX+ajoUSAmYf30K1ZQZzcbIZNdhOJbOVTbuFTRVnB5a2w7FTkS73i2fT",
+	"JVdDacVeiSVasam8PLB4N9vBbk79IgUn6cvNAc8YkoetmgX/N1uKXCv5G1bOb1g5vyWJfbygHzKolqDf",
+	"juYjW7BybIukPSqp6KfVUipAYwdYXkQe3bO0CgqpXG0VdRa7e2ePj1Q19Yo25f6adNAKd5ZN0W9qxVLV",
+	"4iiqgaJsk7YiqMpZ7SiCWqqLo6tvHy3GNyfF9FCuv3u4EaP5dfw4T/6xaqFGu2uhRpPRkMqy25JDilSS",
+	"J6oz5ReF0MWFutrll9y9r7X8vw+AY0Eavb0ciSjht3qkn6seaemYx95t6LYlS7wBTcFrlbEFZxGSJrqG",
+	"OA/YlMsrxmPAIjHqqu3ayK+EduqGeSLhG21T9IBN9HqZkpd9MnJLdbPXm9hGrGguAKwYj2OxNBymaKTU",
+	"jdkZfGm07Tp3436EH2/DhJWRfox96VCW1T6njPuR42/UFDuxc31VjwdbDw7EvmciJ3QU1KXA8f1KZRmL",
+	"/vD0nHnC78H3+I+LNHkXse5cSbUy7AgCehXr5IABDAOjmUcIYGPT95zHCiwKUA3tjCJ8A+WTPHB/WxcX",
+	"hPffN90Duohwc4TfqKmX+/GNmu6b9oHTCahGfJoWTpIQjeFXuPmUVxFK8960aCknG0fbsxEmLOxwoo+w",
+	"Aw+HnTW5V8IOdb4PpUv6UGiY88JoxYaktyUl2Og6BtCo7mwcsUpFWSi7t3kCD8DkSgtWou95FNzrcQ2R",
+	"e7PjtI5ez9ykUEK/dTjvslgNDWGLfFpYNemcthOtgVpeQy2DIZSz9EaUgEF2Kl7BEN1kzdRawgalfttJ",
+	"yPMIGLcAJ2Dx+r3bhGGEBy4nokyJsFdpS8rDOJq4TbivRihbeoW0Y/juQp7l4F4oCzZrtnvQCpGbYYMb",
+	"8lOfVh25kP1hBvWvhjXW0mLAnrhePk4Fg/RnyPqy7XJrCV/UbRe9Kxu6fl6XXcO64YnmMqciU2v2ncjV",
+	"9nA+Kgq/jurEtha6O9SsOwa0caV3CmiPP2ghvzad8q41iUQa23rbl0zGXnH0HBGvvnuNIqZg7ROpLmsU",
+	"AwAsw44vvhaBHBhGlAOGcv02pvv33gmEVo8NQKzyslTYAGTCQPp4SkdN4vgZVHdr7OG9agcd/iM1+Pi5",
+	"o1QtIm9bZ4RWSdAWkmobsxbWLh0vx8PhkK10Dde99V3bA0t+bNzrxr13WMl7vj/126X/1v3g1ijIdtD+",
+	"e1ecPqi3wG+Q/b+FIX4LQ/wjeLte8Q3UC4D3yXc77ef6cj6KeizCd8fcqXjdWlyoHQLc7XriVaV2rRob",
+	"VL1EhkVsBOD7wmYDBHCUygv4RVpECEtbqfVYqGurk4J/DkGDJWs6g5zDwVfvo4MB+4ri5k4ME0Av8lpf",
+	"J2Mxz8Ggr8iGCanT7WzAKINQo3PJU7l/QT9h/n6kin5ni95T3eev0gwrCed+LbFBVVrtlA2ORQONee7K",
+	"SpF2hcgnKAu20BP6thxBsS4voNKnYKNTxhmycNeDdQ8pEsqzKUzRVhJ5twBuQF10jDu/HpPiN/iD/eEP",
+	"6FzvGA+5k68Kb48DQFiL6VypK/3AcWyonmgNsZw3akqNRqtyV0xPSi72kSP/J6PyOHsFgISXghp8oIW9",
+	"VFqn0wxFpIUFHLBzo4EJmWBhG0RlmFTs7NUzo6FNbDBmZYRJYVigS9QOZfTKzrH/Jr2EMl4RMWQJAbsW",
+	"eTpLAa+VquFyvu71nIUCaGYkHLikLroi0yKU3VhBnnLRL9IFAMAteZ5qJQN23F+kclUIrA8s+GLJCpWJ",
+	"3BgLB4RzZ4csXZprlV9tFyGJSFbI30XS69n54t5FUOx17v5OE+anBVvo0EbrHPAagdggbz087hDrEpGl",
+	"18LYLK4ZD4+NOMxEcukStiI3L5sTzMsGqlbSDdjZcpmBhu3a7qRG49Aim3m4FEgGZmdTXVh1udpZYJYZ",
+	"BYUzIljbWb6sMyoUUSOtj+kCakwR99cvJnEwDNIlo6NH+ikVjk6BDqffiLgo+ziksXBJBCGoB5C4Udka",
+	"CMkhlkWbVH8tYpFeC0eaX+FaOrfANkfF78PVcHgYr2R6Y2UOfCKC6xF9py2V4xdRwKAwlUW6JH8qf8nU",
+	"WuT9GEpPxU0ov/jy7En/zRdn4+OHAQNV07OH5txQgt11LeJcFIH1QzpCDxhn0SByOxvKnK8r12nCIu89",
+	"XTtQwX7Hws4g7LDfwc8OogF7LczOC7/pg1tEmcex4AWU97Gobq4fM7yHmvE135QdyG03jlDGmYqvWBdq",
+	"XVHuJmImONQkYjjGcKEsYXQXUqEbsM7F70ePHh4dHT0+fDg2x3A8Pn7EHz88EY9ELKYi4YdjPpvxh+M4",
+	"ifnhjB+PYp48Eo8e8aE4fjibHR8+TIaxeCxGw8fJ46nLJEEeVaaStDCyDwGF/oDQhEXMn3gL39bGp6lD",
+	"+lUkqCiWgbsLRPlvr1NDfTKeX5x8fnk4/7dHV8/H3351LF4XWyvQ8AlxXVwcnX/3+OpP48WnD9cvRvGf",
+	"r3f1+7mD6wwPBNjFfrGTu7bCcMy1XvXo2PMGUsAsU3WJ29Z75js5vcGQWHLkQ3a274IOsNDquz4Hrmrf",
+	"tmU8yMNpDrj3XhIHPIuvtunzuL5KYAW8iSC+EmO2Bn6asv3cauLdhpw6GLCnKSIk8E0tmKznEEXUhVqW",
+	"O43ZDeb6l3rze/mtr3mWJhd0/Zq5/rhSv/0MPNDqrq4OVfNUV7QYGorjYN5aMY3CsDSjyKLcmRmVuDPp",
+	"PIBLEnQWQmt+aV65WGkAWiIfQv32BKzS5S9g9f5+EBQtPeFD3xOOMysXcwcnODzaz10YM3B74yRGdaM/",
+	"5QkrhYmCEqnME2Q7dlt77Ley3y0c2lMBU0CKAJ+rIbZSSbSqYTVG0LIz/ovvvDflw/dXzlZuoJG7qdap",
+	"vAzYgmczlS+wRmWdK/MZhRa37UYom9vBulFjx6ODUwuMYT4TSSttA0WbK1+7H4RHAEo8MBLkEe5G/3xB",
+	"r1/EX/v3aRiLeJWnxaYz+dvX1d6nIGlKyee0u6pl6pnQ1sRFG9ozF5Gg3SN9/57VjW3fDqObVM7w+85U",
+	"8FzkZyujdf3ta+B1oGwiW13lhlU8AB5Is2rmjl8LKbQNXvEkhb/MdRbakC+rTnxQKohzwbNi3pJKjQ0t",
+	"UFw6aHa1RtPQx2cP9kNl8t5JiFnNd1rMKvtSAs8pFFvyTQkXT/jh9UrQHehV5btt4n7z5dgYF1+OmaCY",
+	"VUWoRcYmdIACBDRltgIwtQynkmzJ88J7le2n23wVpb17r9KOGisJTw2PvzGV2pNHKS/UpQUaUlgqY8Oe",
+	"urxBF3sEE9qbqnUUNadKVq2NG2KOZ19JRtJdsy4eiiGCgDWt5Z9+/N+DO/bjLeZi41ICvVlSw8XmJP8C",
+	"iLrgca/US5I7QwfVDn+1Vn7eG/xr23zNMzmFzFiCiNrCPLzhHPN49/W7/xsAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

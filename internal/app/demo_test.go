@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/cardprocessor"
+	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/testdb"
@@ -213,4 +214,70 @@ func TestDemoSupervisorRestartsAfterEveryCrash(t *testing.T) {
 	if res := ts.get(t, "/v1/orders"); res.Status != http.StatusOK {
 		t.Fatalf("after six crashes: %d %s", res.Status, res.Body)
 	}
+}
+
+// TestCrossOriginPagesAreRefused: a page of another origin, open in the
+// same browser, can neither arm a crash nor spend the demo's published key,
+// nor read the demo's ledger: each is a 403 that changes nothing. The demo
+// page's own requests (same-origin) and clients that are not browsers (no
+// Sec-Fetch-Site, no Origin) pass. No CORS header is sent unless
+// CORS_ALLOWED_ORIGINS names an origin.
+func TestCrossOriginPagesAreRefused(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	foreign := func(r request, headers ...string) request {
+		r.header = http.Header{}
+		for i := 0; i < len(headers); i += 2 {
+			r.header.Set(headers[i], headers[i+1])
+		}
+		return r
+	}
+	for _, h := range [][]string{
+		{"Sec-Fetch-Site", "cross-site", "Origin", "https://evil.example"},
+		{"Origin", "https://evil.example"}, // an older browser: no Sec-Fetch-Site
+	} {
+		for _, r := range []request{
+			{method: "PUT", path: "/demo/crash", body: `{"point":"after_processor_call"}`},
+			{method: "GET", path: "/demo/ledger"},
+			{method: "POST", path: "/v1/orders", apiKey: "sk_test_acme", body: teaOrder},
+		} {
+			r = foreign(r, h...)
+			r.header.Set("Idempotency-Key", "from-evil")
+			res := ts.do(t, r)
+			res.wantProblem(t, http.StatusForbidden, "cross_origin")
+			if res.Header.Get("Access-Control-Allow-Origin") != "" {
+				t.Errorf("%s %s: Access-Control-Allow-Origin %q; want no CORS", r.method, r.path, res.Header.Get("Access-Control-Allow-Origin"))
+			}
+		}
+	}
+	var crash struct{ Armed string }
+	ts.do(t, request{method: "GET", path: "/demo/crash"}).decode(t, &crash)
+	if crash.Armed != "" {
+		t.Errorf("armed %q by a foreign page; want nothing armed", crash.Armed)
+	}
+	if n := ts.count(t, "orders") + ts.count(t, "idempotency_keys"); n != 0 {
+		t.Errorf("%d rows written by a foreign page; want none", n)
+	}
+	// The demo page itself: same-origin.
+	r := foreign(request{method: "POST", path: "/v1/orders", apiKey: "sk_test_acme", body: teaOrder}, "Sec-Fetch-Site", "same-origin")
+	r.header.Set("Idempotency-Key", "from-the-demo-page")
+	if res := ts.do(t, r); res.Status != http.StatusCreated {
+		t.Errorf("same-origin create: %d %s", res.Status, res.Body)
+	}
+}
+
+// TestAllowedOriginGetsCORS: an origin named in CORS_ALLOWED_ORIGINS may
+// call the API from its pages, and is told so by CORS; others still not.
+func TestAllowedOriginGetsCORS(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withConfig(func(c *config.Server) { c.CORSAllowedOrigins = []string{"https://shop.example"} }))
+	r := request{method: "POST", path: "/v1/orders", apiKey: "sk_test_acme", body: teaOrder, header: http.Header{
+		"Origin": {"https://shop.example"}, "Sec-Fetch-Site": {"cross-site"}, "Idempotency-Key": {"from-the-shop"},
+	}}
+	res := ts.do(t, r)
+	if res.Status != http.StatusCreated || res.Header.Get("Access-Control-Allow-Origin") != "https://shop.example" {
+		t.Errorf("allowed origin: %d, Access-Control-Allow-Origin %q; want 201 and the origin", res.Status, res.Header.Get("Access-Control-Allow-Origin"))
+	}
+	r.header.Set("Origin", "https://evil.example")
+	ts.do(t, r).wantProblem(t, http.StatusForbidden, "cross_origin")
 }

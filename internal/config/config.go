@@ -46,8 +46,14 @@ const DemoProcessorWebhookSecret = "whsec_test_processor" // #nosec G101 -- publ
 type Server struct {
 	// DatabaseURL is the PostgreSQL connection string (DATABASE_URL).
 	DatabaseURL string
-	// HTTPAddr is the listen address (HTTP_ADDR).
+	// HTTPAddr is the listen address (HTTP_ADDR): every interface's port
+	// 8080, or only loopback's in DEMO_MODE.
 	HTTPAddr string
+	// CORSAllowedOrigins are the browser origins, other than the server's
+	// own, whose pages may call the API (CORS_ALLOWED_ORIGINS, separated
+	// by commas, e.g. https://shop.example). None by default: a browser
+	// page of any other origin is refused (403) before it can spend a key.
+	CORSAllowedOrigins []string
 	// The HTTP server's timeouts, so that a slow or idle client cannot hold
 	// a connection for ever:
 	//   - ReadHeaderTimeout (HTTP_READ_HEADER_TIMEOUT): the request line and
@@ -207,7 +213,6 @@ func Load(getenv func(string) string) (Server, error) {
 	r := NewReader(getenv)
 	cfg := Server{
 		DatabaseURL:       r.String("DATABASE_URL", DefaultDatabaseURL),
-		HTTPAddr:          r.String("HTTP_ADDR", ":8080"),
 		ReadHeaderTimeout: r.Duration("HTTP_READ_HEADER_TIMEOUT", 5*time.Second),
 		ReadTimeout:       r.Duration("HTTP_READ_TIMEOUT", 10*time.Second),
 		WriteTimeout:      r.Duration("HTTP_WRITE_TIMEOUT", 60*time.Second),
@@ -240,6 +245,18 @@ func Load(getenv func(string) string) (Server, error) {
 		MaxHeaders:             r.Int("HTTP_MAX_HEADERS", 64, 8),
 		MaxConnections:         r.Int("HTTP_MAX_CONNECTIONS", 1000, 1),
 		MetricsAddr:            r.String("METRICS_ADDR", ""),
+	}
+	// The demo crashes and moves money for whoever reaches it: it listens
+	// on loopback unless told otherwise.
+	addr := ":8080"
+	if cfg.DemoMode {
+		addr = "127.0.0.1:8080"
+	}
+	cfg.HTTPAddr = r.String("HTTP_ADDR", addr)
+	for o := range strings.SplitSeq(r.String("CORS_ALLOWED_ORIGINS", ""), ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			cfg.CORSAllowedOrigins = append(cfg.CORSAllowedOrigins, o)
+		}
 	}
 	// The demo callers' keys are published: seeded by default only for
 	// the demo.

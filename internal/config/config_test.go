@@ -26,6 +26,23 @@ func TestDefaultsAreValid(t *testing.T) {
 	if _, err := LoadSweeper(env(nil)); err != nil {
 		t.Errorf("sweeper defaults: %v", err)
 	}
+	if cfg.HTTPAddr != ":8080" || len(cfg.CORSAllowedOrigins) != 0 {
+		t.Errorf("HTTPAddr %q, CORS %v; want :8080 and no CORS", cfg.HTTPAddr, cfg.CORSAllowedOrigins)
+	}
+}
+
+// The demo crashes and moves money on request: it listens on loopback
+// unless HTTP_ADDR says otherwise.
+func TestDemoListensOnLoopback(t *testing.T) {
+	t.Parallel()
+	cfg, err := Load(env(map[string]string{"DEMO_MODE": "true"}))
+	if err != nil || cfg.HTTPAddr != "127.0.0.1:8080" {
+		t.Errorf("demo HTTPAddr %q, %v; want 127.0.0.1:8080", cfg.HTTPAddr, err)
+	}
+	cfg, err = Load(env(map[string]string{"DEMO_MODE": "true", "HTTP_ADDR": ":9000", "CORS_ALLOWED_ORIGINS": "https://a.example, https://b.example"}))
+	if err != nil || cfg.HTTPAddr != ":9000" || len(cfg.CORSAllowedOrigins) != 2 || cfg.CORSAllowedOrigins[1] != "https://b.example" {
+		t.Errorf("HTTPAddr %q, CORS %q, %v; want what was set", cfg.HTTPAddr, cfg.CORSAllowedOrigins, err)
+	}
 }
 
 // Every invalid variable is reported at once, each by name.

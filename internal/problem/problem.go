@@ -39,6 +39,7 @@ const (
 	RateLimited           Code = "rate_limited"
 	RequestTimeout        Code = "request_timeout"
 	UnsupportedMediaType  Code = "unsupported_media_type"
+	CrossOrigin           Code = "cross_origin"
 	NotFound              Code = "not_found"
 	MethodNotAllowed      Code = "method_not_allowed"
 	OrderNotCancelable    Code = "order_not_cancelable"
@@ -71,6 +72,7 @@ var kinds = map[Code]struct {
 	RateLimited:           {http.StatusTooManyRequests, "Too many requests"},
 	RequestTimeout:        {http.StatusRequestTimeout, "Request timeout"},
 	UnsupportedMediaType:  {http.StatusUnsupportedMediaType, "Unsupported media type"},
+	CrossOrigin:           {http.StatusForbidden, "Cross-origin request refused"},
 	NotFound:              {http.StatusNotFound, "Not found"},
 	MethodNotAllowed:      {http.StatusMethodNotAllowed, "Method not allowed"},
 	OrderNotCancelable:    {http.StatusConflict, "Order not cancelable"},

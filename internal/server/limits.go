@@ -1,8 +1,10 @@
 package server
 
 import (
+	"fmt"
 	"math"
 	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/labstack/echo/v4"
@@ -44,6 +46,37 @@ func (s *Server) boundHeaders(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		return next(c)
 	}
+}
+
+// sameOrigin refuses, with a 403 and before anything is read, a request a
+// browser sent from a page of another origin than the server's own (or
+// than allowed, CORS_ALLOWED_ORIGINS): any state-changing one, and any
+// under /demo/. An API key is no defence against such a page: the demo's
+// keys are published, and the demo's own endpoints take none. Go's
+// http.CrossOriginProtection tells them apart by Sec-Fetch-Site, or Origin
+// against Host; a client that is not a browser sends neither, and passes.
+func sameOrigin(allowed []string) (echo.MiddlewareFunc, error) {
+	protect := http.NewCrossOriginProtection()
+	for _, o := range allowed {
+		if err := protect.AddTrustedOrigin(o); err != nil {
+			return nil, fmt.Errorf("CORS_ALLOWED_ORIGINS: %w", err)
+		}
+	}
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			req := c.Request()
+			if strings.HasPrefix(req.URL.Path, "/demo/") {
+				// Even a read: the demo's GETs show every caller's data.
+				asWrite := *req
+				asWrite.Method = http.MethodPost
+				req = &asWrite
+			}
+			if err := protect.Check(req); err != nil {
+				return problem.New(problem.CrossOrigin, "a browser page of another origin may not send this request (%v)", err)
+			}
+			return next(c)
+		}
+	}, nil
 }
 
 // rateLimits gives each caller a token bucket: rate requests a second, in

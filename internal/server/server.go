@@ -123,11 +123,18 @@ func New(d Deps) (http.Handler, error) {
 	e.Use(middleware.Recover())
 	e.Use(s.observe)
 	e.Use(s.boundHeaders)
-	e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
-		AllowOrigins:  []string{"*"},
-		AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key", requestIDHeader, "traceparent", "tracestate"},
-		ExposeHeaders: []string{"Idempotent-Replayed", outcomeHeader, "Retry-After", "Location", requestIDHeader},
-	}))
+	refuseCrossOrigin, err := sameOrigin(d.Config.CORSAllowedOrigins)
+	if err != nil {
+		return nil, err
+	}
+	e.Use(refuseCrossOrigin)
+	if origins := d.Config.CORSAllowedOrigins; len(origins) > 0 {
+		e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
+			AllowOrigins:  origins,
+			AllowHeaders:  []string{"Authorization", "Content-Type", "Idempotency-Key", requestIDHeader, "traceparent", "tracestate"},
+			ExposeHeaders: []string{"Idempotent-Replayed", outcomeHeader, "Retry-After", "Location", requestIDHeader},
+		}))
+	}
 	e.Use(s.contract)
 
 	apigen.RegisterHandlers(e, apigen.NewStrictHandler(s, nil))
