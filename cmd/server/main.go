@@ -268,7 +268,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	case "dead-letters":
 		return listDeadLetters(ctx, pool, stdout)
 	case "callers":
-		return runCallers(ctx, pool, args[1:], stdout)
+		return runCallers(ctx, pool, args[1:], cfg.WebhookAllowPrivate, stdout)
 	}
 	if cfg.SeedDemoCallers {
 		if err := auth.SeedDemoCallers(ctx, pool); err != nil {

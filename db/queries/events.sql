@@ -34,7 +34,19 @@ SET next_attempt_at = now() + make_interval(secs => @lease_seconds::float8),
     delivery_attempts = e.delivery_attempts + 1
 FROM due, callers c
 WHERE e.caller_id = due.caller_id AND e.id = due.id AND c.id = e.caller_id
-RETURNING e.caller_id, e.id, e.type, e.data, e.created_at, e.delivery_attempts, e.traceparent, c.webhook_url, c.webhook_secret;
+RETURNING e.caller_id, e.id, e.type, e.data, e.created_at, e.delivery_attempts, e.traceparent, c.webhook_url, c.webhook_secret,
+    coalesce(CASE WHEN c.previous_webhook_secret_until > now() THEN c.previous_webhook_secret END, '')::text AS previous_webhook_secret;
+
+-- name: ParkEvent :exec
+-- An event of a caller with no webhook URL is not pushed: it waits, never
+-- due, for the caller to pull it (GET /v1/events) or to set a URL
+-- (UnparkCallerEvents). The claim's attempt is given back.
+UPDATE events SET next_attempt_at = 'infinity', delivery_attempts = delivery_attempts - 1
+WHERE caller_id = @caller_id AND id = @id AND delivered_at IS NULL;
+
+-- name: UnparkCallerEvents :exec
+UPDATE events SET next_attempt_at = now()
+WHERE caller_id = @caller_id AND delivered_at IS NULL AND next_attempt_at = 'infinity';
 
 -- name: MarkEventDelivered :exec
 UPDATE events SET delivered_at = now()
@@ -67,4 +79,4 @@ LIMIT @row_limit;
 -- undelivered events are a small set, found through events_undelivered.
 SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag
 FROM events
-WHERE delivered_at IS NULL;
+WHERE delivered_at IS NULL AND next_attempt_at < 'infinity';

@@ -38,10 +38,23 @@ WHERE (caller_id, id) IN (
     FOR UPDATE SKIP LOCKED
 );
 
+-- name: SweepDemoReceivedEvents :execrows
+-- What the demo's receiver got, kept as long as the events themselves.
+DELETE FROM demo_received_events
+WHERE (caller_id, event_id) IN (
+    SELECT caller_id, event_id FROM demo_received_events
+    WHERE received_at < now() - make_interval(secs => @retention_seconds::float8)
+    ORDER BY received_at
+    LIMIT @batch
+    FOR UPDATE SKIP LOCKED
+);
+
 -- name: CountSweepableEvents :one
-SELECT count(*) FROM events
-WHERE delivered_at IS NOT NULL
-  AND delivered_at < now() - make_interval(secs => @retention_seconds::float8);
+SELECT ((SELECT count(*) FROM events
+        WHERE delivered_at IS NOT NULL
+          AND delivered_at < now() - make_interval(secs => @retention_seconds::float8))
+     + (SELECT count(*) FROM demo_received_events
+        WHERE received_at < now() - make_interval(secs => @retention_seconds::float8)))::bigint;
 
 -- name: SweepProcessorEvents :execrows
 DELETE FROM processor_events

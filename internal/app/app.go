@@ -154,7 +154,11 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	inbox.Handle(events.ProcessorPayoutPaid, payouts.ApplyPayoutEvent)
 	inbox.Handle(events.ProcessorPayoutFailed, payouts.ApplyPayoutEvent)
 
-	if err := a.addWorkers(pool, opts.DemoReceiverURL); err != nil {
+	demoReceiver := opts.DemoReceiverURL
+	if !cfg.DemoMode {
+		demoReceiver = "" // it exists only in the demo (internal/server)
+	}
+	if err := a.addWorkers(pool, demoReceiver); err != nil {
 		return nil, err
 	}
 	a.Handler, err = server.New(server.Deps{
@@ -168,8 +172,9 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 }
 
 // addWorkers builds the background workers the configuration turns on:
-// the reconciler, and the outbox relay (delivering to the built-in demo
-// receiver at DemoReceiverURL for callers without their own endpoint).
+// the reconciler, and the outbox relay (delivering, in the demo, to the
+// built-in demo receiver at DemoReceiverURL for callers without their own
+// endpoint).
 func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
 	cfg := a.cfg
 	if cfg.Reconciler {
@@ -186,12 +191,13 @@ func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
 			Interval: cfg.RelayInterval,
 			// The batch is delivered one event after another within the
 			// lease: 5 × 5s < 30s.
-			Batch:       5,
-			Lease:       30 * time.Second,
-			Timeout:     5 * time.Second,
-			DemoURL:     demoReceiverURL,
-			BackoffBase: time.Second,
-			BackoffCap:  time.Hour,
+			Batch:        5,
+			Lease:        30 * time.Second,
+			Timeout:      5 * time.Second,
+			DemoURL:      demoReceiverURL,
+			AllowPrivate: cfg.WebhookAllowPrivate,
+			BackoffBase:  time.Second,
+			BackoffCap:   time.Hour,
 		}, pool, a.log.With("component", "relay"))
 		if err != nil {
 			return err

@@ -42,7 +42,7 @@ func (ts *testServer) scrape(t *testing.T) map[string]float64 {
 // sample before and after its own flow and wants at least its own part.
 func TestMetricsShowWhatTheIdempotencyLayerDid(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t)
+	ts := newTestServer(t, withDemo) // whose receiver the relay delivers to
 	before := ts.scrape(t)
 
 	// new, replayed, mismatch; a flaky charge's 503s (retry hints, the

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/retrysafe/payments/internal/config"
 )
 
 // Every answer to a keyed request that reached the claim says what the
@@ -118,7 +120,8 @@ func TestIdempotencyOutcomeHeader(t *testing.T) {
 		}
 	})
 
-	t.Run("browsers may read it", func(t *testing.T) {
+	t.Run("browsers of an allowed origin may read it", func(t *testing.T) {
+		ts := newTestServer(t, withConfig(func(c *config.Server) { c.CORSAllowedOrigins = []string{"http://elsewhere.test"} }))
 		req, err := http.NewRequest("GET", ts.URL+"/healthz", nil)
 		if err != nil {
 			t.Fatal(err)

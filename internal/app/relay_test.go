@@ -21,9 +21,14 @@ import (
 func (ts *testServer) relay(t *testing.T) *events.Relay {
 	t.Helper()
 	cfg := ts.cfg
+	demoURL := "" // the demo receiver exists in the demo only
+	if cfg.DemoMode {
+		demoURL = ts.URL + "/demo/webhooks/"
+	}
 	r, err := events.NewRelay(events.RelayConfig{
-		Interval: time.Second, Batch: 10, Lease: 60 * time.Second, Timeout: 5 * time.Second, DemoURL: ts.URL + "/demo/webhooks/",
-		BackoffBase: time.Millisecond, BackoffCap: time.Millisecond,
+		Interval: time.Second, Batch: 10, Lease: 60 * time.Second, Timeout: 5 * time.Second, DemoURL: demoURL,
+		AllowPrivate: true, // the tests' endpoints are on loopback
+		BackoffBase:  time.Millisecond, BackoffCap: time.Millisecond,
 	}, testdb.Pool(t, cfg.DatabaseURL), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +66,7 @@ func drain(t *testing.T, db *pgxpool.Pool, r *events.Relay) {
 // the receiver's deduplication on the event id.
 func TestRelayDeliversEveryEventAtLeastOnce(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t)
+	ts := newTestServer(t, withDemo)
 	ts.paidCharge(t, 700) // charge.succeeded and order.paid
 	r := ts.relay(t)
 	drain(t, ts.db, r)
@@ -96,7 +101,7 @@ func TestRelayDeliversEveryEventAtLeastOnce(t *testing.T) {
 // a bad signature is refused by the receiver.
 func TestRelayRetriesAFailingEndpoint(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t)
+	ts := newTestServer(t, withDemo)
 	var secret string
 	if err := ts.db.QueryRow(context.Background(), `SELECT webhook_secret FROM callers WHERE id = 'acme'`).Scan(&secret); err != nil {
 		t.Fatal(err)

@@ -618,7 +618,7 @@ func TestTraceOfARelayDeliveryIsLinkedToItsRequest(t *testing.T) {
 	// reach the server before the charge's final phase commits and record
 	// the outcome first (as designed), and then the events are the
 	// webhook's work, linked to the webhook request's trace, not this one.
-	ts := newTestServer(t, func(o *serverOptions) { o.noWebhooks = true })
+	ts := newTestServer(t, withDemo, func(o *serverOptions) { o.noWebhooks = true }) // the demo's receiver takes the deliveries
 	o := ts.newOrder(t, "sk_test_acme", 1500)
 	tp, id, rec := newTrace(t)
 	if res := ts.do(t, traced(chargeRequest(o.ID, "traced-delivered", "pm_card_visa"), tp)); res.Status != http.StatusCreated {

@@ -26,6 +26,9 @@ type Caller struct {
 	ID        string
 	Name      string
 	CreatedAt time.Time
+	// WebhookURL is where its events are pushed, "" for none (set by
+	// ListCallers only).
+	WebhookURL string
 }
 
 // HashKey is how an API key is stored and looked up: SHA-256 of the key.
@@ -142,25 +145,24 @@ var ErrCallerExists = errors.New("auth: a caller with this id exists")
 // processor, so it is short, lower-case and plain.
 var callerID = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
 
-// CreateCaller creates the caller id (named name) with a fresh API key, and
-// returns the key. The key is shown this once: only its hash is stored.
-func CreateCaller(ctx context.Context, db dbsqlc.DBTX, id, name string) (apiKey string, err error) {
+// CreateCaller creates the caller id (named name, its events pushed to
+// webhookURL, or, if nil, kept for it to pull) with a fresh API key, and
+// returns the key and the secret its events are signed with. The key is
+// shown this once: only its hash is stored.
+func CreateCaller(ctx context.Context, db dbsqlc.DBTX, id, name string, webhookURL *string) (apiKey, webhookSecret string, err error) {
 	if !callerID.MatchString(id) {
-		return "", fmt.Errorf("caller id %q: want 1 to 32 lower-case letters, digits or _, starting with a letter", id)
+		return "", "", fmt.Errorf("caller id %q: want 1 to 32 lower-case letters, digits or _, starting with a letter", id)
 	}
 	if name == "" {
 		name = id
 	}
 	// 256 bits from the operating system's generator, in base32.
 	apiKey = "sk_live_" + strings.ToLower(rand.Text()+rand.Text())
-	n, err := queries.CreateCaller(ctx, db, dbsqlc.CreateCallerParams{ID: id, Name: name, ApiKeyHash: HashKey(apiKey)})
-	switch {
-	case err != nil:
-		return "", err
-	case n == 0:
-		return "", fmt.Errorf("%w: %s", ErrCallerExists, id)
+	webhookSecret, err = queries.CreateCaller(ctx, db, dbsqlc.CreateCallerParams{ID: id, Name: name, ApiKeyHash: HashKey(apiKey), WebhookUrl: webhookURL})
+	if postgres.IsNotFound(err) {
+		return "", "", fmt.Errorf("%w: %s", ErrCallerExists, id)
 	}
-	return apiKey, nil
+	return apiKey, webhookSecret, err
 }
 
 // ListCallers returns every caller, by id (never a key: only its hash is
@@ -173,6 +175,9 @@ func ListCallers(ctx context.Context, db dbsqlc.DBTX) ([]Caller, error) {
 	out := make([]Caller, len(rows))
 	for i, r := range rows {
 		out[i] = Caller{ID: r.ID, Name: r.Name, CreatedAt: r.CreatedAt}
+		if r.WebhookUrl != nil {
+			out[i].WebhookURL = *r.WebhookUrl
+		}
 	}
 	return out, nil
 }

@@ -37,10 +37,16 @@ var (
 // maxSignatureHeader bounds the work a hostile header can cause.
 const maxSignatureHeader = 1024
 
-// Sign returns the signature header value for body sent at t.
-func Sign(secret []byte, t time.Time, body []byte) string {
+// Sign returns the signature header value for body sent at t: a v1
+// signature by secret, and one by each of more (an old secret, while it is
+// being rotated out).
+func Sign(secret []byte, t time.Time, body []byte, more ...[]byte) string {
 	ts := strconv.FormatInt(t.Unix(), 10)
-	return "t=" + ts + ",v1=" + hex.EncodeToString(mac(secret, ts, body))
+	header := "t=" + ts
+	for _, secret := range append([][]byte{secret}, more...) {
+		header += ",v1=" + hex.EncodeToString(mac(secret, ts, body))
+	}
+	return header
 }
 
 func mac(secret []byte, ts string, body []byte) []byte {

@@ -183,6 +183,11 @@ type Server struct {
 	// thousands. It is per process, not per address: the load balancer in
 	// front limits each address.
 	MaxConnections int
+	// WebhookAllowPrivate lets a caller's webhook endpoint be a loopback
+	// or private address (WEBHOOK_ALLOW_PRIVATE; on in DEMO_MODE, and for
+	// tests). Off, such an endpoint is refused when it is set and when
+	// the relay connects: the relay must not be a way into the network.
+	WebhookAllowPrivate bool
 	// MetricsAddr, when set, serves /metrics on a listener of its own
 	// (METRICS_ADDR, e.g. 127.0.0.1:9090), and not on HTTPAddr, so that
 	// the business volume the metrics show is not open to whoever can
@@ -258,6 +263,7 @@ func Load(getenv func(string) string) (Server, error) {
 			cfg.CORSAllowedOrigins = append(cfg.CORSAllowedOrigins, o)
 		}
 	}
+	cfg.WebhookAllowPrivate = r.Bool("WEBHOOK_ALLOW_PRIVATE", cfg.DemoMode)
 	// The demo callers' keys are published: seeded by default only for
 	// the demo.
 	cfg.SeedDemoCallers = r.Bool("SEED_DEMO_CALLERS", cfg.DemoMode)

@@ -7,32 +7,39 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 )
 
-const createCaller = `-- name: CreateCaller :execrows
-INSERT INTO callers (id, name, api_key_hash)
-VALUES ($1, $2, $3)
+const createCaller = `-- name: CreateCaller :one
+INSERT INTO callers (id, name, api_key_hash, webhook_url)
+VALUES ($1, $2, $3, $4)
 ON CONFLICT (id) DO NOTHING
+RETURNING webhook_secret
 `
 
 type CreateCallerParams struct {
 	ID         string
 	Name       string
 	ApiKeyHash []byte
+	WebhookUrl *string
 }
 
-// A new caller (server callers add). An existing id is left alone: zero
-// rows, and the command says so, rather than replacing that caller's key.
-func (q *Queries) CreateCaller(ctx context.Context, db DBTX, arg CreateCallerParams) (int64, error) {
-	result, err := db.Exec(ctx, createCaller, arg.ID, arg.Name, arg.ApiKeyHash)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// A new caller (server callers add). An existing id is left alone: no
+// row, and the command says so, rather than replacing that caller's key.
+func (q *Queries) CreateCaller(ctx context.Context, db DBTX, arg CreateCallerParams) (string, error) {
+	row := db.QueryRow(ctx, createCaller,
+		arg.ID,
+		arg.Name,
+		arg.ApiKeyHash,
+		arg.WebhookUrl,
+	)
+	var webhook_secret string
+	err := row.Scan(&webhook_secret)
+	return webhook_secret, err
 }
 
 const getCallerByAPIKeyHash = `-- name: GetCallerByAPIKeyHash :one
-SELECT id, name, api_key_hash, created_at, webhook_url, webhook_secret FROM callers WHERE api_key_hash = $1
+SELECT id, name, api_key_hash, created_at, webhook_url, webhook_secret, previous_webhook_secret, previous_webhook_secret_until FROM callers WHERE api_key_hash = $1
 `
 
 func (q *Queries) GetCallerByAPIKeyHash(ctx context.Context, db DBTX, apiKeyHash []byte) (Caller, error) {
@@ -45,6 +52,8 @@ func (q *Queries) GetCallerByAPIKeyHash(ctx context.Context, db DBTX, apiKeyHash
 		&i.CreatedAt,
 		&i.WebhookUrl,
 		&i.WebhookSecret,
+		&i.PreviousWebhookSecret,
+		&i.PreviousWebhookSecretUntil,
 	)
 	return i, err
 }
@@ -61,7 +70,7 @@ func (q *Queries) GetCallerWebhookSecret(ctx context.Context, db DBTX, id string
 }
 
 const listCallers = `-- name: ListCallers :many
-SELECT id, name, api_key_hash, created_at, webhook_url, webhook_secret FROM callers ORDER BY id
+SELECT id, name, api_key_hash, created_at, webhook_url, webhook_secret, previous_webhook_secret, previous_webhook_secret_until FROM callers ORDER BY id
 `
 
 func (q *Queries) ListCallers(ctx context.Context, db DBTX) ([]Caller, error) {
@@ -80,6 +89,8 @@ func (q *Queries) ListCallers(ctx context.Context, db DBTX) ([]Caller, error) {
 			&i.CreatedAt,
 			&i.WebhookUrl,
 			&i.WebhookSecret,
+			&i.PreviousWebhookSecret,
+			&i.PreviousWebhookSecretUntil,
 		); err != nil {
 			return nil, err
 		}
@@ -89,6 +100,49 @@ func (q *Queries) ListCallers(ctx context.Context, db DBTX) ([]Caller, error) {
 		return nil, err
 	}
 	return items, nil
+}
+
+const rotateCallerWebhookSecret = `-- name: RotateCallerWebhookSecret :one
+UPDATE callers
+SET previous_webhook_secret = webhook_secret,
+    previous_webhook_secret_until = now() + make_interval(secs => $1::float8),
+    webhook_secret = $2
+WHERE id = $3
+RETURNING previous_webhook_secret_until::timestamptz
+`
+
+type RotateCallerWebhookSecretParams struct {
+	OverlapSeconds float64
+	WebhookSecret  string
+	ID             string
+}
+
+// A new secret; the one it replaces goes on signing beside it for the
+// overlap.
+func (q *Queries) RotateCallerWebhookSecret(ctx context.Context, db DBTX, arg RotateCallerWebhookSecretParams) (time.Time, error) {
+	row := db.QueryRow(ctx, rotateCallerWebhookSecret, arg.OverlapSeconds, arg.WebhookSecret, arg.ID)
+	var previous_webhook_secret_until time.Time
+	err := row.Scan(&previous_webhook_secret_until)
+	return previous_webhook_secret_until, err
+}
+
+const setCallerWebhookURL = `-- name: SetCallerWebhookURL :one
+UPDATE callers SET webhook_url = $1
+WHERE id = $2
+RETURNING webhook_secret
+`
+
+type SetCallerWebhookURLParams struct {
+	WebhookUrl *string
+	ID         string
+}
+
+// Where the caller's events are pushed; NULL: nowhere (it pulls them).
+func (q *Queries) SetCallerWebhookURL(ctx context.Context, db DBTX, arg SetCallerWebhookURLParams) (string, error) {
+	row := db.QueryRow(ctx, setCallerWebhookURL, arg.WebhookUrl, arg.ID)
+	var webhook_secret string
+	err := row.Scan(&webhook_secret)
+	return webhook_secret, err
 }
 
 const upsertCaller = `-- name: UpsertCaller :exec

@@ -23,7 +23,8 @@ SET next_attempt_at = now() + make_interval(secs => $1::float8),
     delivery_attempts = e.delivery_attempts + 1
 FROM due, callers c
 WHERE e.caller_id = due.caller_id AND e.id = due.id AND c.id = e.caller_id
-RETURNING e.caller_id, e.id, e.type, e.data, e.created_at, e.delivery_attempts, e.traceparent, c.webhook_url, c.webhook_secret
+RETURNING e.caller_id, e.id, e.type, e.data, e.created_at, e.delivery_attempts, e.traceparent, c.webhook_url, c.webhook_secret,
+    coalesce(CASE WHEN c.previous_webhook_secret_until > now() THEN c.previous_webhook_secret END, '')::text AS previous_webhook_secret
 `
 
 type ClaimUndeliveredEventsParams struct {
@@ -32,15 +33,16 @@ type ClaimUndeliveredEventsParams struct {
 }
 
 type ClaimUndeliveredEventsRow struct {
-	CallerID         string
-	ID               string
-	Type             string
-	Data             []byte
-	CreatedAt        time.Time
-	DeliveryAttempts int32
-	Traceparent      *string
-	WebhookUrl       *string
-	WebhookSecret    string
+	CallerID              string
+	ID                    string
+	Type                  string
+	Data                  []byte
+	CreatedAt             time.Time
+	DeliveryAttempts      int32
+	Traceparent           *string
+	WebhookUrl            *string
+	WebhookSecret         string
+	PreviousWebhookSecret string
 }
 
 // The relay's claim: due, undelivered events, with their caller's endpoint.
@@ -66,6 +68,7 @@ func (q *Queries) ClaimUndeliveredEvents(ctx context.Context, db DBTX, arg Claim
 			&i.Traceparent,
 			&i.WebhookUrl,
 			&i.WebhookSecret,
+			&i.PreviousWebhookSecret,
 		); err != nil {
 			return nil, err
 		}
@@ -243,7 +246,7 @@ func (q *Queries) MarkEventDelivered(ctx context.Context, db DBTX, arg MarkEvent
 const outboxLagSeconds = `-- name: OutboxLagSeconds :one
 SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag
 FROM events
-WHERE delivered_at IS NULL
+WHERE delivered_at IS NULL AND next_attempt_at < 'infinity'
 `
 
 // The age of the oldest undelivered event, for the relay's lag gauge (0
@@ -254,6 +257,24 @@ func (q *Queries) OutboxLagSeconds(ctx context.Context, db DBTX) (float64, error
 	var lag float64
 	err := row.Scan(&lag)
 	return lag, err
+}
+
+const parkEvent = `-- name: ParkEvent :exec
+UPDATE events SET next_attempt_at = 'infinity', delivery_attempts = delivery_attempts - 1
+WHERE caller_id = $1 AND id = $2 AND delivered_at IS NULL
+`
+
+type ParkEventParams struct {
+	CallerID string
+	ID       string
+}
+
+// An event of a caller with no webhook URL is not pushed: it waits, never
+// due, for the caller to pull it (GET /v1/events) or to set a URL
+// (UnparkCallerEvents). The claim's attempt is given back.
+func (q *Queries) ParkEvent(ctx context.Context, db DBTX, arg ParkEventParams) error {
+	_, err := db.Exec(ctx, parkEvent, arg.CallerID, arg.ID)
+	return err
 }
 
 const recordDemoDelivery = `-- name: RecordDemoDelivery :one
@@ -291,5 +312,15 @@ type RetryEventAfterParams struct {
 
 func (q *Queries) RetryEventAfter(ctx context.Context, db DBTX, arg RetryEventAfterParams) error {
 	_, err := db.Exec(ctx, retryEventAfter, arg.DelaySeconds, arg.CallerID, arg.ID)
+	return err
+}
+
+const unparkCallerEvents = `-- name: UnparkCallerEvents :exec
+UPDATE events SET next_attempt_at = now()
+WHERE caller_id = $1 AND delivered_at IS NULL AND next_attempt_at = 'infinity'
+`
+
+func (q *Queries) UnparkCallerEvents(ctx context.Context, db DBTX, callerID string) error {
+	_, err := db.Exec(ctx, unparkCallerEvents, callerID)
 	return err
 }

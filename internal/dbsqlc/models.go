@@ -69,12 +69,14 @@ type Balance struct {
 }
 
 type Caller struct {
-	ID            string
-	Name          string
-	ApiKeyHash    []byte
-	CreatedAt     time.Time
-	WebhookUrl    *string
-	WebhookSecret string
+	ID                         string
+	Name                       string
+	ApiKeyHash                 []byte
+	CreatedAt                  time.Time
+	WebhookUrl                 *string
+	WebhookSecret              string
+	PreviousWebhookSecret      *string
+	PreviousWebhookSecretUntil *time.Time
 }
 
 type Charge struct {
@@ -110,7 +112,7 @@ type Event struct {
 	CreatedAt        time.Time
 	DeliveredAt      *time.Time
 	DeliveryAttempts int32
-	NextAttemptAt    time.Time
+	NextAttemptAt    pgtype.Timestamptz
 	Traceparent      *string
 }
 

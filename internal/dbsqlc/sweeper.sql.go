@@ -25,16 +25,18 @@ func (q *Queries) CountStaleInProgressKeys(ctx context.Context, db DBTX, retenti
 }
 
 const countSweepableEvents = `-- name: CountSweepableEvents :one
-SELECT count(*) FROM events
-WHERE delivered_at IS NOT NULL
-  AND delivered_at < now() - make_interval(secs => $1::float8)
+SELECT ((SELECT count(*) FROM events
+        WHERE delivered_at IS NOT NULL
+          AND delivered_at < now() - make_interval(secs => $1::float8))
+     + (SELECT count(*) FROM demo_received_events
+        WHERE received_at < now() - make_interval(secs => $1::float8)))::bigint
 `
 
 func (q *Queries) CountSweepableEvents(ctx context.Context, db DBTX, retentionSeconds float64) (int64, error) {
 	row := db.QueryRow(ctx, countSweepableEvents, retentionSeconds)
-	var count int64
-	err := row.Scan(&count)
-	return count, err
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
 }
 
 const countSweepableIdempotencyKeys = `-- name: CountSweepableIdempotencyKeys :one
@@ -83,6 +85,31 @@ type SweepDeliveredEventsParams struct {
 
 func (q *Queries) SweepDeliveredEvents(ctx context.Context, db DBTX, arg SweepDeliveredEventsParams) (int64, error) {
 	result, err := db.Exec(ctx, sweepDeliveredEvents, arg.RetentionSeconds, arg.Batch)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const sweepDemoReceivedEvents = `-- name: SweepDemoReceivedEvents :execrows
+DELETE FROM demo_received_events
+WHERE (caller_id, event_id) IN (
+    SELECT caller_id, event_id FROM demo_received_events
+    WHERE received_at < now() - make_interval(secs => $1::float8)
+    ORDER BY received_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+type SweepDemoReceivedEventsParams struct {
+	RetentionSeconds float64
+	Batch            int32
+}
+
+// What the demo's receiver got, kept as long as the events themselves.
+func (q *Queries) SweepDemoReceivedEvents(ctx context.Context, db DBTX, arg SweepDemoReceivedEventsParams) (int64, error) {
+	result, err := db.Exec(ctx, sweepDemoReceivedEvents, arg.RetentionSeconds, arg.Batch)
 	if err != nil {
 		return 0, err
 	}

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"time"
 
@@ -49,9 +50,12 @@ type RelayConfig struct {
 	// Timeout bounds one delivery.
 	Timeout time.Duration
 	// DemoURL is the built-in demo receiver's base URL (the caller id is
-	// appended), for callers without a webhook URL; empty leaves their
-	// events undelivered.
+	// appended), for callers without a webhook URL: in DEMO_MODE only.
+	// Empty, their events are not pushed: they wait to be pulled.
 	DemoURL string
+	// AllowPrivate lets endpoints be loopback or private addresses (the
+	// demo, tests); otherwise the relay refuses to connect to them.
+	AllowPrivate bool
 	// BackoffBase and BackoffCap shape the delay before a retry: full
 	// jitter, random(0, min(cap, base·2^attempts)).
 	BackoffBase, BackoffCap time.Duration
@@ -82,7 +86,13 @@ func NewRelay(cfg RelayConfig, pool *pgxpool.Pool, log *slog.Logger) (*Relay, er
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, pool: pool, client: &http.Client{Timeout: cfg.Timeout}, log: log}, nil
+	// No proxy: the address checked must be the endpoint's own.
+	dialer := &net.Dialer{Timeout: cfg.Timeout}
+	if !cfg.AllowPrivate {
+		dialer.Control = publicOnly
+	}
+	client := &http.Client{Timeout: cfg.Timeout, Transport: &http.Transport{DialContext: dialer.DialContext}}
+	return &Relay{cfg: cfg, pool: pool, client: client, log: log}, nil
 }
 
 // Run delivers until ctx is done.
@@ -117,6 +127,13 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	for _, ev := range due {
+		if ev.WebhookUrl == nil && r.cfg.DemoURL == "" {
+			// Nowhere to push it: it waits to be pulled.
+			if err := queries.ParkEvent(ctx, r.pool, dbsqlc.ParkEventParams{CallerID: ev.CallerID, ID: ev.ID}); err != nil {
+				return len(due), err
+			}
+			continue
+		}
 		if err := r.deliver(ctx, ev); err != nil {
 			metrics.RelayDeliveries.WithLabelValues("failed").Inc()
 			delay := r.backoff(ev.DeliveryAttempts)
@@ -165,8 +182,6 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 	url := r.cfg.DemoURL + ev.CallerID
 	if ev.WebhookUrl != nil {
 		url = *ev.WebhookUrl
-	} else if r.cfg.DemoURL == "" {
-		return fmt.Errorf("caller %s has no webhook endpoint", ev.CallerID)
 	}
 	body, err := json.Marshal(Delivery{ID: ev.ID, Type: ev.Type, CreatedAt: ev.CreatedAt, Data: ev.Data})
 	if err != nil {
@@ -177,7 +192,13 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(SignatureHeader, cardprocessor.Sign([]byte(ev.WebhookSecret), time.Now(), body))
+	// Signed by the previous secret too while a rotation overlaps: the
+	// receiver accepts any signature it can verify.
+	var previous [][]byte
+	if ev.PreviousWebhookSecret != "" {
+		previous = append(previous, []byte(ev.PreviousWebhookSecret))
+	}
+	req.Header.Set(SignatureHeader, cardprocessor.Sign([]byte(ev.WebhookSecret), time.Now(), body, previous...))
 	otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(req.Header))
 	res, err := r.client.Do(req)
 	if err != nil {

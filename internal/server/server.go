@@ -138,8 +138,8 @@ func New(d Deps) (http.Handler, error) {
 	e.Use(s.contract)
 
 	apigen.RegisterHandlers(e, apigen.NewStrictHandler(s, nil))
-	e.POST("/demo/webhooks/:caller", s.demoReceiver)
 	if d.Demo != nil {
+		e.POST("/demo/webhooks/:caller", s.demoReceiver)
 		s.registerDemo(e, d.Demo)
 	}
 	// The project's docs, rendered, for the demo page's links (guide.go).

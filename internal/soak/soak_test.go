@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,6 +160,8 @@ func startServers(t *testing.T, dbURL string, cfg serversConfig) *servers {
 			// logged before its kill, not lose the last batch with it.
 			"LOG_FLUSH_INTERVAL=0",
 			"PROCESSOR_WEBHOOK_SECRET=" + webhookSecret, "SEED_DEMO_CALLERS=true",
+			// The callers' endpoint below is on loopback.
+			"WEBHOOK_ALLOW_PRIVATE=true",
 			// A load test: the callers' rate limits are off, so that the
 			// soak measures the service, not the limit.
 			"RATE_LIMIT_PER_SECOND=0",
@@ -172,6 +175,18 @@ func startServers(t *testing.T, dbURL string, cfg serversConfig) *servers {
 		}
 		sv.replicas[i].start(t)
 		sv.urls = append(sv.urls, "http://127.0.0.1:"+p)
+	}
+	// The callers' webhook endpoint, which acknowledges every delivery:
+	// outside the demo nothing is pushed to a caller without one.
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(receiver.Close)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(context.Background(), `UPDATE callers SET webhook_url = $1`, receiver.URL); err != nil {
+		t.Fatal(err)
 	}
 	return sv
 }

@@ -1,7 +1,7 @@
 // Package sweeper keeps the retention promises: it deletes completed
 // idempotency records past their window (after which a reused key is a new
-// operation), delivered outbox events and processed webhook event ids past
-// theirs. It deletes in bounded batches (no long locks, no table scans) and
+// operation), delivered outbox events (and what the demo's receiver got)
+// and processed webhook event ids past theirs. It deletes in bounded batches (no long locks, no table scans) and
 // is safe with several sweepers at once. It never deletes an in-progress
 // record, whose external effect may be unresolved: those are counted and
 // left to the reconciler.
@@ -106,6 +106,11 @@ func (s *Sweeper) Sweep(ctx context.Context) (Report, error) {
 			ctx, cancel := stmt()
 			defer cancel()
 			return queries.SweepDeliveredEvents(ctx, s.pool, dbsqlc.SweepDeliveredEventsParams{RetentionSeconds: events, Batch: batch})
+		}},
+		{&r.Events, func() (int64, error) {
+			ctx, cancel := stmt()
+			defer cancel()
+			return queries.SweepDemoReceivedEvents(ctx, s.pool, dbsqlc.SweepDemoReceivedEventsParams{RetentionSeconds: events, Batch: batch})
 		}},
 		{&r.WebhookEvents, func() (int64, error) {
 			ctx, cancel := stmt()

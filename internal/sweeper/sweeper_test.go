@@ -106,6 +106,10 @@ func TestSweepDeletesExactlyWhatExpired(t *testing.T) {
 		  ('acme', 'evt_new', 'order.paid', '{}', now(), now()),
 		  ('acme', 'evt_undelivered', 'order.paid', '{}', now() - interval '30 hours', NULL)`)
 	exec(t, pool, `
+		INSERT INTO demo_received_events (caller_id, event_id, type, received_at) VALUES
+		  ('acme', 'evt_old', 'order.paid', now() - interval '25 hours'),
+		  ('acme', 'evt_new', 'order.paid', now())`)
+	exec(t, pool, `
 		INSERT INTO processor_events (caller_id, event_id, type, received_at) VALUES
 		  ('acme', 'pevt_old', 'charge.succeeded', now() - interval '25 hours'),
 		  ('acme', 'pevt_new', 'charge.succeeded', now())`)
@@ -114,18 +118,18 @@ func TestSweepDeletesExactlyWhatExpired(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dry.Keys != 5 || dry.Events != 1 || dry.WebhookEvents != 1 || keysLeft(t, pool, "expired-") != 5 {
-		t.Fatalf("dry run %+v; want counts 5/1/1 and nothing deleted", dry)
+	if dry.Keys != 5 || dry.Events != 2 || dry.WebhookEvents != 1 || keysLeft(t, pool, "expired-") != 5 {
+		t.Fatalf("dry run %+v; want counts 5/2/1 (an event and what the demo received of it) and nothing deleted", dry)
 	}
 
 	r, err := newSweeper(t, config(2), pool).Sweep(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Keys != 5 || r.Events != 1 || r.WebhookEvents != 1 || r.StaleInProgress != 2 {
-		t.Errorf("report %+v; want 5 keys, 1 event, 1 webhook id deleted and 2 stale in-progress found", r)
+	if r.Keys != 5 || r.Events != 2 || r.WebhookEvents != 1 || r.StaleInProgress != 2 {
+		t.Errorf("report %+v; want 5 keys, 1 event and its demo receipt, 1 webhook id deleted and 2 stale in-progress found", r)
 	}
-	if r.Batches < 3+1+1 { // 5 keys in batches of 2: 2, 2, 1
+	if r.Batches < 3+1+1+1 { // 5 keys in batches of 2: 2, 2, 1
 		t.Errorf("%d batches; want the keys deleted in bounded batches", r.Batches)
 	}
 	for prefix, want := range map[string]int{"expired-": 0, "edge-": 3, "recent-": 2, "stuck-": 2, "dead-": 1} {
@@ -133,12 +137,12 @@ func TestSweepDeletesExactlyWhatExpired(t *testing.T) {
 			t.Errorf("%s records left: %d, want %d", prefix, got, want)
 		}
 	}
-	var events, hooks int
-	if err := pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM processor_events)`).Scan(&events, &hooks); err != nil {
+	var events, hooks, receipts int
+	if err := pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM processor_events), (SELECT count(*) FROM demo_received_events)`).Scan(&events, &hooks, &receipts); err != nil {
 		t.Fatal(err)
 	}
-	if events != 2 || hooks != 1 {
-		t.Errorf("%d events and %d webhook ids left; want 2 (the new and the undelivered) and 1", events, hooks)
+	if events != 2 || hooks != 1 || receipts != 1 {
+		t.Errorf("%d events, %d webhook ids, %d demo receipts left; want 2 (the new and the undelivered), 1 and 1", events, hooks, receipts)
 	}
 }
 
