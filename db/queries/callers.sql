@@ -18,21 +18,5 @@ VALUES (@id, @name, @api_key_hash, sqlc.narg(webhook_url))
 ON CONFLICT (id) DO NOTHING
 RETURNING webhook_secret;
 
--- name: SetCallerWebhookURL :one
--- Where the caller's events are pushed; NULL: nowhere (it pulls them).
-UPDATE callers SET webhook_url = sqlc.narg(webhook_url)
-WHERE id = @id
-RETURNING webhook_secret;
-
--- name: RotateCallerWebhookSecret :one
--- A new secret; the one it replaces goes on signing beside it for the
--- overlap.
-UPDATE callers
-SET previous_webhook_secret = webhook_secret,
-    previous_webhook_secret_until = now() + make_interval(secs => @overlap_seconds::float8),
-    webhook_secret = @webhook_secret
-WHERE id = @id
-RETURNING previous_webhook_secret_until::timestamptz;
-
 -- name: GetCallerWebhookSecret :one
 SELECT webhook_secret FROM callers WHERE id = @id;

@@ -80,3 +80,19 @@ LIMIT @row_limit;
 SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS lag
 FROM events
 WHERE delivered_at IS NULL AND next_attempt_at < 'infinity';
+
+-- name: SetCallerWebhookURL :one
+-- Where the caller's events are pushed; NULL: nowhere (it pulls them).
+UPDATE callers SET webhook_url = sqlc.narg(webhook_url)
+WHERE id = @id
+RETURNING webhook_secret;
+
+-- name: RotateCallerWebhookSecret :one
+-- A new secret; the one it replaces goes on signing beside it for the
+-- overlap.
+UPDATE callers
+SET previous_webhook_secret = webhook_secret,
+    previous_webhook_secret_until = now() + make_interval(secs => @overlap_seconds::float8),
+    webhook_secret = @webhook_secret
+WHERE id = @id
+RETURNING previous_webhook_secret_until::timestamptz;

@@ -7,7 +7,6 @@ package dbsqlc
 
 import (
 	"context"
-	"time"
 )
 
 const createCaller = `-- name: CreateCaller :one
@@ -100,49 +99,6 @@ func (q *Queries) ListCallers(ctx context.Context, db DBTX) ([]Caller, error) {
 		return nil, err
 	}
 	return items, nil
-}
-
-const rotateCallerWebhookSecret = `-- name: RotateCallerWebhookSecret :one
-UPDATE callers
-SET previous_webhook_secret = webhook_secret,
-    previous_webhook_secret_until = now() + make_interval(secs => $1::float8),
-    webhook_secret = $2
-WHERE id = $3
-RETURNING previous_webhook_secret_until::timestamptz
-`
-
-type RotateCallerWebhookSecretParams struct {
-	OverlapSeconds float64
-	WebhookSecret  string
-	ID             string
-}
-
-// A new secret; the one it replaces goes on signing beside it for the
-// overlap.
-func (q *Queries) RotateCallerWebhookSecret(ctx context.Context, db DBTX, arg RotateCallerWebhookSecretParams) (time.Time, error) {
-	row := db.QueryRow(ctx, rotateCallerWebhookSecret, arg.OverlapSeconds, arg.WebhookSecret, arg.ID)
-	var previous_webhook_secret_until time.Time
-	err := row.Scan(&previous_webhook_secret_until)
-	return previous_webhook_secret_until, err
-}
-
-const setCallerWebhookURL = `-- name: SetCallerWebhookURL :one
-UPDATE callers SET webhook_url = $1
-WHERE id = $2
-RETURNING webhook_secret
-`
-
-type SetCallerWebhookURLParams struct {
-	WebhookUrl *string
-	ID         string
-}
-
-// Where the caller's events are pushed; NULL: nowhere (it pulls them).
-func (q *Queries) SetCallerWebhookURL(ctx context.Context, db DBTX, arg SetCallerWebhookURLParams) (string, error) {
-	row := db.QueryRow(ctx, setCallerWebhookURL, arg.WebhookUrl, arg.ID)
-	var webhook_secret string
-	err := row.Scan(&webhook_secret)
-	return webhook_secret, err
 }
 
 const upsertCaller = `-- name: UpsertCaller :exec
