@@ -149,10 +149,6 @@ type Server struct {
 	// LogFormat is how logs are written (LOG_FORMAT): json, text, or
 	// empty for text on a terminal and JSON otherwise.
 	LogFormat string
-	// LogFlushInterval is how long a log line may wait to be written with
-	// others (LOG_FLUSH_INTERVAL); 0 writes every line as it is logged.
-	// Warnings and errors are written at once either way.
-	LogFlushInterval time.Duration
 	// PayoutWorkers is how many payout jobs this process runs at once
 	// (PAYOUT_WORKERS); 0 makes it only enqueue them, for a replica that
 	// serves the API while others do the jobs.
@@ -267,13 +263,6 @@ func Load(getenv func(string) string) (Server, error) {
 	// The demo callers' keys are published: seeded by default only for
 	// the demo.
 	cfg.SeedDemoCallers = r.Bool("SEED_DEMO_CALLERS", cfg.DemoMode)
-	// The demo kills its server on purpose, and a line waiting in a batch
-	// would die with it: there, every line is written as it is logged.
-	flush := 20 * time.Millisecond
-	if cfg.DemoMode {
-		flush = 0
-	}
-	cfg.LogFlushInterval = r.NonNegativeDuration("LOG_FLUSH_INTERVAL", flush)
 	cfg.CrashPoints = r.String("FAULT_CRASH_POINTS", "")
 	cfg.StallPoints = r.String("FAULT_STALL_POINTS", "")
 	cfg.UnfencedCompletion = r.Bool("FAULT_UNFENCED_COMPLETION", false)

@@ -155,10 +155,6 @@ func startServers(t *testing.T, dbURL string, cfg serversConfig) *servers {
 			"DATABASE_URL=" + dbURL, "HTTP_ADDR=127.0.0.1:" + p, "PROCESSOR_URL=" + sv.processorURL,
 			"IDEMPOTENCY_LEASE=3s", "PROCESSOR_TIMEOUT=1s", "RECONCILER_INTERVAL=200ms", "RELAY_INTERVAL=500ms",
 			"PAYOUT_RESCUE_AFTER=7s", "LOG_FORMAT=json",
-			// Every line written as it is logged: the replicas are killed
-			// every few seconds, and checkLogs must see each line a replica
-			// logged before its kill, not lose the last batch with it.
-			"LOG_FLUSH_INTERVAL=0",
 			"PROCESSOR_WEBHOOK_SECRET=" + webhookSecret, "SEED_DEMO_CALLERS=true",
 			// The callers' endpoint below is on loopback.
 			"WEBHOOK_ALLOW_PRIVATE=true",
