@@ -91,7 +91,11 @@ func NewRelay(cfg RelayConfig, pool *pgxpool.Pool, log *slog.Logger) (*Relay, er
 	if !cfg.AllowPrivate {
 		dialer.Control = publicOnly
 	}
-	client := &http.Client{Timeout: cfg.Timeout, Transport: &http.Transport{DialContext: dialer.DialContext}}
+	client := &http.Client{Timeout: cfg.Timeout, Transport: &http.Transport{DialContext: dialer.DialContext},
+		// A redirect is not an acknowledgement: the event is delivered
+		// to the URL the caller set, or retried.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 	return &Relay{cfg: cfg, pool: pool, client: client, log: log}, nil
 }
 

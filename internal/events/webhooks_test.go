@@ -141,3 +141,26 @@ func TestRotatedSecretSignsBesideTheNewOne(t *testing.T) {
 		t.Errorf("verified by the old secret %d, by the new %d; want both", byOld.Load(), byNew.Load())
 	}
 }
+
+// TestRelayDoesNotFollowRedirects: an endpoint that redirects (perhaps to
+// an address it may not name itself) has not acknowledged the event: the
+// relay does not follow, and retries later.
+func TestRelayDoesNotFollowRedirects(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	var followed atomic.Int32
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { followed.Add(1) }))
+	t.Cleanup(target.Close)
+	endpoint := httptest.NewServer(http.RedirectHandler(target.URL, http.StatusTemporaryRedirect))
+	t.Cleanup(endpoint.Close)
+	setWebhookURL(t, pool, "acme", endpoint.URL)
+	recordEvent(t, pool, "acme", "order.paid", map[string]any{"id": "ord_1"})
+	if _, err := newRelay(t, pool, goodConfig()).RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for id, ev := range outbox(t, pool) {
+		if ev.delivered || followed.Load() != 0 {
+			t.Errorf("%s: delivered %v, redirect followed %d times; want neither", id, ev.delivered, followed.Load())
+		}
+	}
+}
