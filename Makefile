@@ -3,12 +3,12 @@
 
 .PHONY: run test npm-tools axe-core docs-ui check check-fast check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs check-walkthrough architecture model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak soak-failover ha ha-stop
 
-# Run the demo on :8080 against the local PostgreSQL (the database is
+# Run the demo on 127.0.0.1:8080 (PORT=8081 for another port) against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
 # fake processor, and DEMO_MODE's /demo endpoints, with the server restarted
 # whenever the demo crashes it. DEMO_MODE is for this command only.
 run:
-	go run ./cmd/server demo
+	$(if $(PORT),HTTP_ADDR=127.0.0.1:$(PORT)) go run ./cmd/server demo
 
 # The whole test suite, against a real PostgreSQL (127.0.0.1:5432 by default;
 # set TEST_DATABASE_URL to use another). Each test gets its own database.

@@ -64,7 +64,7 @@ func stopWhenOrphaned(ctx context.Context, stop func()) {
 // fd when the supervisor passed one, or a new one on addr.
 func listen(addr, fd string) (net.Listener, error) {
 	if fd == "" {
-		return net.Listen("tcp", addr)
+		return listenTCP(addr)
 	}
 	n, err := strconv.Atoi(fd)
 	if err != nil || n < 3 {
@@ -73,6 +73,24 @@ func listen(addr, fd string) (net.Listener, error) {
 	f := os.NewFile(uintptr(n), "listener")
 	defer f.Close() // FileListener dups it
 	return net.FileListener(f)
+}
+
+// listenTCP listens on addr, and says how to pick another if it is taken.
+func listenTCP(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("%w\n\n%s is taken: pick another with HTTP_ADDR (HTTP_ADDR=127.0.0.1:8081), or `make run PORT=8081`", err, addr)
+	}
+	return ln, err
+}
+
+// openURL is where a person opens the server at addr in a browser.
+func openURL(addr net.Addr) string {
+	host, port, _ := net.SplitHostPort(addr.String())
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/"
 }
 
 // runDemo is `server demo`, what `make run` starts. The browser demo's
@@ -91,7 +109,7 @@ func listen(addr, fd string) (net.Listener, error) {
 //
 // On SIGINT or SIGTERM it stops the server gracefully and returns.
 func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io.Writer) error {
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	ln, err := listenTCP(cfg.HTTPAddr)
 	if err != nil {
 		return err
 	}
@@ -126,7 +144,7 @@ func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io
 	if err != nil {
 		return err
 	}
-	log.Info("demo: listening; the server runs as a child process and is restarted when it dies",
+	log.Info("demo: open "+openURL(ln.Addr())+" in a browser; the server runs as a child process, restarted when it dies",
 		"addr", ln.Addr().String(), "processor", processorURL)
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()

@@ -356,7 +356,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		log.Info("serving metrics", "addr", metricsLn.Addr().String())
 		go func() { serveErr <- metricsSrv.Serve(metricsLn) }()
 	}
-	log.Info("listening", "addr", ln.Addr().String())
+	log.Info("listening", "addr", ln.Addr().String(), "url", openURL(ln.Addr()))
 	// At most MaxConnections open at once; the rest wait to be accepted.
 	go func() { serveErr <- srv.Serve(netutil.LimitListener(ln, cfg.MaxConnections)) }()
 	// Under the demo's supervisor: say we are serving (so that a crash from

@@ -597,3 +597,22 @@ func TestMetricsOnTheirOwnAddress(t *testing.T) {
 		t.Errorf("the API's /metrics: %d; want it gone when METRICS_ADDR is set", res.StatusCode)
 	}
 }
+
+// TestTakenPortSaysHowToPickAnother: a busy port names the settings that
+// pick another, for the server and for `make run`'s demo.
+func TestTakenPortSaysHowToPickAnother(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	for _, command := range []string{"serve", "demo"} {
+		err := run(context.Background(), []string{command}, env(map[string]string{
+			"DATABASE_URL": testdb.New(t), "HTTP_ADDR": taken.Addr().String(),
+		}), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "HTTP_ADDR") || !strings.Contains(err.Error(), "make run PORT=") {
+			t.Errorf("%s on a taken port: %v; want the settings that pick another", command, err)
+		}
+	}
+}

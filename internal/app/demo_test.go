@@ -281,3 +281,28 @@ func TestAllowedOriginGetsCORS(t *testing.T) {
 	r.header.Set("Origin", "https://evil.example")
 	ts.do(t, r).wantProblem(t, http.StatusForbidden, "cross_origin")
 }
+
+// TestPollingIsQuiet: the demo page's polling and the health checks,
+// answered, log at debug, so that a terminal with the demo open shows the
+// requests that matter; a request of the API still logs its line.
+func TestPollingIsQuiet(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	ts := newTestServer(t, withDemo, func(o *serverOptions) { o.logs = &logs })
+	for _, path := range []string{"/healthz", "/readyz", "/demo/ledger", "/demo/crash", "/demo/chaos"} {
+		if res := ts.do(t, request{method: "GET", path: path}); res.Status != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", path, res.Status, res.Body)
+		}
+	}
+	ts.createOrder(t, "quiet", teaOrder)
+	var routes []string
+	for line := range strings.Lines(logs.String()) {
+		var l struct{ Msg, Route string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "request" {
+			routes = append(routes, l.Route)
+		}
+	}
+	if len(routes) != 1 || routes[0] != "/v1/orders" {
+		t.Errorf("request lines for %q; want only POST /v1/orders's", routes)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -238,11 +239,15 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		if o := outcome(); o != "" {
 			attrs = append(attrs, slog.String("idempotency", o))
 		}
-		// A 5xx is the server's failure, not the client's: a warning, which
-		// the process's log writes at once rather than with a later batch.
+		// A 5xx is the server's failure, not the client's: a warning. The
+		// demo page's polling and the health checks, answered, are debug:
+		// with the demo open they would be most of the terminal.
 		level := slog.LevelInfo
-		if status >= 500 {
+		switch {
+		case status >= 500:
 			level = slog.LevelWarn
+		case status < 400 && method == http.MethodGet && (strings.HasPrefix(route, "/demo/") || route == "/healthz" || route == "/readyz"):
+			level = slog.LevelDebug
 		}
 		logRequest(req.Context(), s.log, level, attrs)
 		return nil
