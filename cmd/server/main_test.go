@@ -579,13 +579,16 @@ func TestMetricsOnTheirOwnAddress(t *testing.T) {
 	if metricsAddr == "" {
 		t.Fatalf("no \"serving metrics\" line in\n%s", logs.String())
 	}
+	if status := getWithKey(t, base+"/healthz", ""); status != http.StatusOK {
+		t.Fatalf("healthz: %d", status)
+	}
 	res, err := http.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(res.Body)
 	res.Body.Close()
-	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "payments_") {
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), `_http_requests_total{method="GET",route="/healthz",status="200"}`) {
 		t.Errorf("METRICS_ADDR /metrics: %d; want the service's metrics", res.StatusCode)
 	}
 	res, err = http.Get(base + "/metrics")
