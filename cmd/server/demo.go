@@ -144,7 +144,7 @@ func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io
 	if err != nil {
 		return err
 	}
-	log.Info("demo: open "+openURL(ln.Addr())+" in a browser; the server runs as a child process, restarted when it dies",
+	log.Info("demo: listening; open "+openURL(ln.Addr())+" in a browser (the server runs as a child process, restarted when it dies)",
 		"addr", ln.Addr().String(), "processor", processorURL)
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
