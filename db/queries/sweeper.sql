@@ -38,6 +38,19 @@ WHERE (caller_id, id) IN (
     FOR UPDATE SKIP LOCKED
 );
 
+-- name: SweepParkedEvents :execrows
+-- The events of a caller with no webhook URL, which it pulls: kept as long
+-- as delivered ones (found through events_undelivered).
+DELETE FROM events
+WHERE (caller_id, id) IN (
+    SELECT caller_id, id FROM events
+    WHERE delivered_at IS NULL AND next_attempt_at = 'infinity'
+      AND created_at < now() - make_interval(secs => @retention_seconds::float8)
+    ORDER BY created_at
+    LIMIT @batch
+    FOR UPDATE SKIP LOCKED
+);
+
 -- name: SweepDemoReceivedEvents :execrows
 -- What the demo's receiver got, kept as long as the events themselves.
 DELETE FROM demo_received_events
@@ -53,6 +66,9 @@ WHERE (caller_id, event_id) IN (
 SELECT ((SELECT count(*) FROM events
         WHERE delivered_at IS NOT NULL
           AND delivered_at < now() - make_interval(secs => @retention_seconds::float8))
+     + (SELECT count(*) FROM events
+        WHERE delivered_at IS NULL AND next_attempt_at = 'infinity'
+          AND created_at < now() - make_interval(secs => @retention_seconds::float8))
      + (SELECT count(*) FROM demo_received_events
         WHERE received_at < now() - make_interval(secs => @retention_seconds::float8)))::bigint;
 

@@ -28,6 +28,9 @@ const countSweepableEvents = `-- name: CountSweepableEvents :one
 SELECT ((SELECT count(*) FROM events
         WHERE delivered_at IS NOT NULL
           AND delivered_at < now() - make_interval(secs => $1::float8))
+     + (SELECT count(*) FROM events
+        WHERE delivered_at IS NULL AND next_attempt_at = 'infinity'
+          AND created_at < now() - make_interval(secs => $1::float8))
      + (SELECT count(*) FROM demo_received_events
         WHERE received_at < now() - make_interval(secs => $1::float8)))::bigint
 `
@@ -140,6 +143,33 @@ type SweepIdempotencyKeysParams struct {
 // here: their external effect may be unresolved.
 func (q *Queries) SweepIdempotencyKeys(ctx context.Context, db DBTX, arg SweepIdempotencyKeysParams) (int64, error) {
 	result, err := db.Exec(ctx, sweepIdempotencyKeys, arg.RetentionSeconds, arg.Batch)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const sweepParkedEvents = `-- name: SweepParkedEvents :execrows
+DELETE FROM events
+WHERE (caller_id, id) IN (
+    SELECT caller_id, id FROM events
+    WHERE delivered_at IS NULL AND next_attempt_at = 'infinity'
+      AND created_at < now() - make_interval(secs => $1::float8)
+    ORDER BY created_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+type SweepParkedEventsParams struct {
+	RetentionSeconds float64
+	Batch            int32
+}
+
+// The events of a caller with no webhook URL, which it pulls: kept as long
+// as delivered ones (found through events_undelivered).
+func (q *Queries) SweepParkedEvents(ctx context.Context, db DBTX, arg SweepParkedEventsParams) (int64, error) {
+	result, err := db.Exec(ctx, sweepParkedEvents, arg.RetentionSeconds, arg.Batch)
 	if err != nil {
 		return 0, err
 	}

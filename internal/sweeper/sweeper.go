@@ -1,7 +1,8 @@
 // Package sweeper keeps the retention promises: it deletes completed
 // idempotency records past their window (after which a reused key is a new
-// operation), delivered outbox events (and what the demo's receiver got)
-// and processed webhook event ids past theirs. It deletes in bounded batches (no long locks, no table scans) and
+// operation), outbox events delivered (or, for a caller without a webhook,
+// left to be pulled) and what the demo's receiver got, and processed
+// webhook event ids past theirs. It deletes in bounded batches (no long locks, no table scans) and
 // is safe with several sweepers at once. It never deletes an in-progress
 // record, whose external effect may be unresolved: those are counted and
 // left to the reconciler.
@@ -23,7 +24,8 @@ var queries = dbsqlc.New() // stateless: every query takes its connection or tra
 type Config struct {
 	// KeyRetention is IDEMPOTENCY_KEY_RETENTION, shared with the server.
 	KeyRetention time.Duration
-	// EventRetention is how long delivered outbox events are kept.
+	// EventRetention is how long outbox events are kept once delivered
+	// (or, with nowhere to push them, once written).
 	EventRetention time.Duration
 	// WebhookRetention is how long processed webhook event ids are kept;
 	// it must exceed how long the processor may redeliver an event.
@@ -106,6 +108,11 @@ func (s *Sweeper) Sweep(ctx context.Context) (Report, error) {
 			ctx, cancel := stmt()
 			defer cancel()
 			return queries.SweepDeliveredEvents(ctx, s.pool, dbsqlc.SweepDeliveredEventsParams{RetentionSeconds: events, Batch: batch})
+		}},
+		{&r.Events, func() (int64, error) {
+			ctx, cancel := stmt()
+			defer cancel()
+			return queries.SweepParkedEvents(ctx, s.pool, dbsqlc.SweepParkedEventsParams{RetentionSeconds: events, Batch: batch})
 		}},
 		{&r.Events, func() (int64, error) {
 			ctx, cancel := stmt()

@@ -105,6 +105,11 @@ func TestSweepDeletesExactlyWhatExpired(t *testing.T) {
 		  ('acme', 'evt_old', 'order.paid', '{}', now() - interval '30 hours', now() - interval '25 hours'),
 		  ('acme', 'evt_new', 'order.paid', '{}', now(), now()),
 		  ('acme', 'evt_undelivered', 'order.paid', '{}', now() - interval '30 hours', NULL)`)
+	// A pull-only caller's events (parked: nowhere to push them), old and new.
+	exec(t, pool, `
+		INSERT INTO events (caller_id, id, type, data, created_at, next_attempt_at) VALUES
+		  ('globex', 'evt_parked_old', 'order.paid', '{}', now() - interval '25 hours', 'infinity'),
+		  ('globex', 'evt_parked_new', 'order.paid', '{}', now(), 'infinity')`)
 	exec(t, pool, `
 		INSERT INTO demo_received_events (caller_id, event_id, type, received_at) VALUES
 		  ('acme', 'evt_old', 'order.paid', now() - interval '25 hours'),
@@ -118,18 +123,18 @@ func TestSweepDeletesExactlyWhatExpired(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dry.Keys != 5 || dry.Events != 2 || dry.WebhookEvents != 1 || keysLeft(t, pool, "expired-") != 5 {
-		t.Fatalf("dry run %+v; want counts 5/2/1 (an event and what the demo received of it) and nothing deleted", dry)
+	if dry.Keys != 5 || dry.Events != 3 || dry.WebhookEvents != 1 || keysLeft(t, pool, "expired-") != 5 {
+		t.Fatalf("dry run %+v; want counts 5/3/1 (a delivered event, a parked one, a demo receipt) and nothing deleted", dry)
 	}
 
 	r, err := newSweeper(t, config(2), pool).Sweep(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Keys != 5 || r.Events != 2 || r.WebhookEvents != 1 || r.StaleInProgress != 2 {
-		t.Errorf("report %+v; want 5 keys, 1 event and its demo receipt, 1 webhook id deleted and 2 stale in-progress found", r)
+	if r.Keys != 5 || r.Events != 3 || r.WebhookEvents != 1 || r.StaleInProgress != 2 {
+		t.Errorf("report %+v; want 5 keys, a delivered and a parked event and a demo receipt, 1 webhook id deleted and 2 stale in-progress found", r)
 	}
-	if r.Batches < 3+1+1+1 { // 5 keys in batches of 2: 2, 2, 1
+	if r.Batches < 3+1+1+1+1 { // 5 keys in batches of 2: 2, 2, 1
 		t.Errorf("%d batches; want the keys deleted in bounded batches", r.Batches)
 	}
 	for prefix, want := range map[string]int{"expired-": 0, "edge-": 3, "recent-": 2, "stuck-": 2, "dead-": 1} {
@@ -141,8 +146,8 @@ func TestSweepDeletesExactlyWhatExpired(t *testing.T) {
 	if err := pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM processor_events), (SELECT count(*) FROM demo_received_events)`).Scan(&events, &hooks, &receipts); err != nil {
 		t.Fatal(err)
 	}
-	if events != 2 || hooks != 1 || receipts != 1 {
-		t.Errorf("%d events, %d webhook ids, %d demo receipts left; want 2 (the new and the undelivered), 1 and 1", events, hooks, receipts)
+	if events != 3 || hooks != 1 || receipts != 1 {
+		t.Errorf("%d events, %d webhook ids, %d demo receipts left; want 3 (the new, the undelivered, the new parked), 1 and 1", events, hooks, receipts)
 	}
 }
 
