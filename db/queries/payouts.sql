@@ -1,6 +1,6 @@
 -- name: CreatePayout :one
-INSERT INTO payouts (caller_id, id, idempotency_key_id, amount, currency, destination, downstream_key)
-VALUES (@caller_id, @id, @idempotency_key_id, @amount, @currency, @destination, @downstream_key)
+INSERT INTO payouts (caller_id, id, amount, currency, destination, downstream_key)
+VALUES (@caller_id, @id, @amount, @currency, @destination, @downstream_key)
 RETURNING *;
 
 -- name: GetPayout :one

@@ -9,9 +9,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"path"
@@ -38,72 +36,6 @@ func (e ChargeStatus) Valid() bool {
 	case ChargeStatusPending:
 		return true
 	case ChargeStatusSucceeded:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for CreateChargeRequestPaymentMethod.
-const (
-	PmCardChargeDeclined    CreateChargeRequestPaymentMethod = "pm_card_chargeDeclined"
-	PmCardFlaky             CreateChargeRequestPaymentMethod = "pm_card_flaky"
-	PmCardInFlight          CreateChargeRequestPaymentMethod = "pm_card_inFlight"
-	PmCardInsufficientFunds CreateChargeRequestPaymentMethod = "pm_card_insufficientFunds"
-	PmCardLostResponse      CreateChargeRequestPaymentMethod = "pm_card_lostResponse"
-	PmCardMastercard        CreateChargeRequestPaymentMethod = "pm_card_mastercard"
-	PmCardRateLimited       CreateChargeRequestPaymentMethod = "pm_card_rateLimited"
-	PmCardTimeout           CreateChargeRequestPaymentMethod = "pm_card_timeout"
-	PmCardVisa              CreateChargeRequestPaymentMethod = "pm_card_visa"
-)
-
-// Valid indicates whether the value is a known member of the CreateChargeRequestPaymentMethod enum.
-func (e CreateChargeRequestPaymentMethod) Valid() bool {
-	switch e {
-	case PmCardChargeDeclined:
-		return true
-	case PmCardFlaky:
-		return true
-	case PmCardInFlight:
-		return true
-	case PmCardInsufficientFunds:
-		return true
-	case PmCardLostResponse:
-		return true
-	case PmCardMastercard:
-		return true
-	case PmCardRateLimited:
-		return true
-	case PmCardTimeout:
-		return true
-	case PmCardVisa:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for CreatePayoutRequestDestination.
-const (
-	BaTestClosed   CreatePayoutRequestDestination = "ba_test_closed"
-	BaTestFlaky    CreatePayoutRequestDestination = "ba_test_flaky"
-	BaTestInFlight CreatePayoutRequestDestination = "ba_test_inFlight"
-	BaTestOk       CreatePayoutRequestDestination = "ba_test_ok"
-	BaTestSlow     CreatePayoutRequestDestination = "ba_test_slow"
-)
-
-// Valid indicates whether the value is a known member of the CreatePayoutRequestDestination enum.
-func (e CreatePayoutRequestDestination) Valid() bool {
-	switch e {
-	case BaTestClosed:
-		return true
-	case BaTestFlaky:
-		return true
-	case BaTestInFlight:
-		return true
-	case BaTestOk:
-		return true
-	case BaTestSlow:
 		return true
 	default:
 		return false
@@ -448,122 +380,6 @@ type Charge struct {
 //
 // Example: succeeded
 type ChargeStatus string
-
-// CreateChargeRequest A charge of the order's full amount.
-type CreateChargeRequest struct {
-	// PaymentMethod The payment method to charge. The test processor knows these:
-	//
-	// | payment method | result |
-	// | --- | --- |
-	// | `pm_card_visa` | succeeds |
-	// | `pm_card_mastercard` | succeeds |
-	// | `pm_card_chargeDeclined` | declined: `402`, `decline_code` `generic_decline` |
-	// | `pm_card_insufficientFunds` | declined: `402`, `decline_code` `insufficient_funds` |
-	//
-	// Fault methods, for trying out retries and recovery:
-	//
-	// | payment method | behaviour |
-	// | --- | --- |
-	// | `pm_card_flaky` | the processor fails the first attempts for a downstream key with a `5xx`, then succeeds: you get `503` first; retry with the same key |
-	// | `pm_card_timeout` | the processor does not answer in time: `503`, outcome unknown until a retry or the reconciler resumes it |
-	// | `pm_card_rateLimited` | the processor answers `429` with `Retry-After`: `503` |
-	// | `pm_card_inFlight` | the processor answers `409` (a request with the same downstream key still running) to the first attempt: `503`, never a decline; retry with the same key |
-	// | `pm_card_lostResponse` | the processor charges the card but its answer is lost: `503`; the resumed attempt finds the one existing charge |
-	//
-	//
-	// Example: pm_card_visa
-	PaymentMethod CreateChargeRequestPaymentMethod `json:"payment_method"`
-}
-
-// CreateChargeRequestPaymentMethod The payment method to charge. The test processor knows these:
-//
-// | payment method | result |
-// | --- | --- |
-// | `pm_card_visa` | succeeds |
-// | `pm_card_mastercard` | succeeds |
-// | `pm_card_chargeDeclined` | declined: `402`, `decline_code` `generic_decline` |
-// | `pm_card_insufficientFunds` | declined: `402`, `decline_code` `insufficient_funds` |
-//
-// Fault methods, for trying out retries and recovery:
-//
-// | payment method | behaviour |
-// | --- | --- |
-// | `pm_card_flaky` | the processor fails the first attempts for a downstream key with a `5xx`, then succeeds: you get `503` first; retry with the same key |
-// | `pm_card_timeout` | the processor does not answer in time: `503`, outcome unknown until a retry or the reconciler resumes it |
-// | `pm_card_rateLimited` | the processor answers `429` with `Retry-After`: `503` |
-// | `pm_card_inFlight` | the processor answers `409` (a request with the same downstream key still running) to the first attempt: `503`, never a decline; retry with the same key |
-// | `pm_card_lostResponse` | the processor charges the card but its answer is lost: `503`; the resumed attempt finds the one existing charge |
-//
-// Example: pm_card_visa
-type CreateChargeRequestPaymentMethod string
-
-// CreateOrderRequest A new order.
-type CreateOrderRequest struct {
-	// Amount The amount owed, in the currency's minor unit (`1999` = 19.99).
-	//
-	// Example: 1999
-	Amount int64 `json:"amount"`
-
-	// Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
-	// are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
-	// whole yen for `jpy`, which has none).
-	//
-	//
-	// Example: usd
-	Currency Currency `json:"currency"`
-
-	// Description Free text for your own reference, up to 500 characters; it may not contain NUL (U+0000). Never put card numbers here.
-	//
-	// Example: Two espressos and a croissant
-	Description *string `json:"description,omitempty"`
-}
-
-// CreatePayoutRequest A payout from your available balance.
-type CreatePayoutRequest struct {
-	// Amount The amount to pay out, in the currency's minor unit.
-	//
-	// Example: 1500
-	Amount int64 `json:"amount"`
-
-	// Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
-	// are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
-	// whole yen for `jpy`, which has none).
-	//
-	//
-	// Example: usd
-	Currency Currency `json:"currency"`
-
-	// Destination A test bank account: `ba_test_ok` (the default) is paid after a short delay;
-	// `ba_test_closed` fails with `account_closed`; `ba_test_flaky` makes the processor
-	// answer `503` to the first requests for the transfer (the job retries); `ba_test_slow`
-	// takes ten times as long to arrive; `ba_test_inFlight` makes the processor answer `409`
-	// (a request with the same downstream key still running) to the first request (the job
-	// asks again later; the payout never fails for it).
-	//
-	//
-	// Example: ba_test_ok
-	Destination *CreatePayoutRequestDestination `json:"destination,omitempty"`
-}
-
-// CreatePayoutRequestDestination A test bank account: `ba_test_ok` (the default) is paid after a short delay;
-// `ba_test_closed` fails with `account_closed`; `ba_test_flaky` makes the processor
-// answer `503` to the first requests for the transfer (the job retries); `ba_test_slow`
-// takes ten times as long to arrive; `ba_test_inFlight` makes the processor answer `409`
-// (a request with the same downstream key still running) to the first request (the job
-// asks again later; the payout never fails for it).
-//
-// Example: ba_test_ok
-type CreatePayoutRequestDestination string
-
-// CreateRefundRequest A refund of a succeeded charge. Send `{}` to refund everything that remains refundable.
-type CreateRefundRequest struct {
-	// Amount The amount to refund, in the charge currency's minor unit. Default: everything that
-	// remains refundable on the charge.
-	//
-	//
-	// Example: 500
-	Amount *int64 `json:"amount,omitempty"`
-}
 
 // Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
 // are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
@@ -970,9 +786,6 @@ type WebhookAck struct {
 // ChargeId defines model for ChargeId.
 type ChargeId = string
 
-// IdempotencyKey defines model for IdempotencyKey.
-type IdempotencyKey = string
-
 // Limit defines model for Limit.
 type Limit = int
 
@@ -1008,24 +821,6 @@ type Conflict = Problem
 // same identity as a short machine-readable string; branch on it, not on `title` or
 // `detail`, which are for people and may change.
 type CrossOrigin = Problem
-
-// IdempotencyKeyInUse An RFC 9457 problem details object, sent as `application/problem+json` for every error.
-//
-// `type` is a stable URI per kind of error:
-// `https://payments.example/problems/<code with underscores replaced by hyphens>`, e.g.
-// `https://payments.example/problems/card-declined` for `card_declined`. `code` is the
-// same identity as a short machine-readable string; branch on it, not on `title` or
-// `detail`, which are for people and may change.
-type IdempotencyKeyInUse = Problem
-
-// IdempotencyKeyReused An RFC 9457 problem details object, sent as `application/problem+json` for every error.
-//
-// `type` is a stable URI per kind of error:
-// `https://payments.example/problems/<code with underscores replaced by hyphens>`, e.g.
-// `https://payments.example/problems/card-declined` for `card_declined`. `code` is the
-// same identity as a short machine-readable string; branch on it, not on `title` or
-// `detail`, which are for people and may change.
-type IdempotencyKeyReused = Problem
 
 // InternalError An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
@@ -1118,36 +913,6 @@ type ListRefundsParams struct {
 	StartingAfter *string `form:"starting_after,omitempty" json:"starting_after,omitempty"`
 }
 
-// CreateRefundParams defines parameters for CreateRefund.
-type CreateRefundParams struct {
-	// IdempotencyKey Names one logical operation, so that retries of it take effect once. Generate a fresh,
-	// unique key per operation (a UUID v4 is ideal) and send the **same** key, with the same
-	// body, on every retry of that operation.
-	//
-	// **Syntax.** A Structured Field string (RFC 8941), i.e. the key in double quotes:
-	// `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`. A bare value without quotes,
-	// as Stripe clients send it, is accepted too and names the **same** key:
-	// `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`. The key itself is 1–255
-	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive, counted after the Structured
-	// Field quotes and escapes are removed; the header value itself may therefore be up to 512
-	// characters (255 escaped characters, each `\"` or `\\`, inside two quotes). Missing,
-	// empty, too long, any other character, or the header repeated on several lines: `400`
-	// (`idempotency_key_missing` / `idempotency_key_invalid`), not stored.
-	//
-	// **Scope.** Keys belong to the caller (API key): another caller's identical key is an
-	// unrelated record. The key is bound to the request's fingerprint (method, path and
-	// canonical JSON body); reusing it for a different request is a `422`.
-	//
-	// **Retention window.** The server remembers a key for **at least 24 hours** from its
-	// first use by default (server setting `IDEMPOTENCY_KEY_RETENTION`). Within the window a
-	// retry with the key replays the stored outcome (`Idempotent-Replayed: true`), waits for
-	// an in-progress one (`409` + `Retry-After`), or resumes an interrupted one. **After the
-	// window** the record is swept, and a request that reuses the key is a brand-new
-	// operation that runs again. Keep every retry of an operation — your retry horizon —
-	// well inside the window, and never reuse a key for another operation.
-	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
-}
-
 // ListEventsParams defines parameters for ListEvents.
 type ListEventsParams struct {
 	// Limit The most items to return in one page, 1 to 100.
@@ -1170,66 +935,6 @@ type ListOrdersParams struct {
 	StartingAfter *string `form:"starting_after,omitempty" json:"starting_after,omitempty"`
 }
 
-// CreateOrderParams defines parameters for CreateOrder.
-type CreateOrderParams struct {
-	// IdempotencyKey Names one logical operation, so that retries of it take effect once. Generate a fresh,
-	// unique key per operation (a UUID v4 is ideal) and send the **same** key, with the same
-	// body, on every retry of that operation.
-	//
-	// **Syntax.** A Structured Field string (RFC 8941), i.e. the key in double quotes:
-	// `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`. A bare value without quotes,
-	// as Stripe clients send it, is accepted too and names the **same** key:
-	// `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`. The key itself is 1–255
-	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive, counted after the Structured
-	// Field quotes and escapes are removed; the header value itself may therefore be up to 512
-	// characters (255 escaped characters, each `\"` or `\\`, inside two quotes). Missing,
-	// empty, too long, any other character, or the header repeated on several lines: `400`
-	// (`idempotency_key_missing` / `idempotency_key_invalid`), not stored.
-	//
-	// **Scope.** Keys belong to the caller (API key): another caller's identical key is an
-	// unrelated record. The key is bound to the request's fingerprint (method, path and
-	// canonical JSON body); reusing it for a different request is a `422`.
-	//
-	// **Retention window.** The server remembers a key for **at least 24 hours** from its
-	// first use by default (server setting `IDEMPOTENCY_KEY_RETENTION`). Within the window a
-	// retry with the key replays the stored outcome (`Idempotent-Replayed: true`), waits for
-	// an in-progress one (`409` + `Retry-After`), or resumes an interrupted one. **After the
-	// window** the record is swept, and a request that reuses the key is a brand-new
-	// operation that runs again. Keep every retry of an operation — your retry horizon —
-	// well inside the window, and never reuse a key for another operation.
-	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
-}
-
-// CreateChargeParams defines parameters for CreateCharge.
-type CreateChargeParams struct {
-	// IdempotencyKey Names one logical operation, so that retries of it take effect once. Generate a fresh,
-	// unique key per operation (a UUID v4 is ideal) and send the **same** key, with the same
-	// body, on every retry of that operation.
-	//
-	// **Syntax.** A Structured Field string (RFC 8941), i.e. the key in double quotes:
-	// `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`. A bare value without quotes,
-	// as Stripe clients send it, is accepted too and names the **same** key:
-	// `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`. The key itself is 1–255
-	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive, counted after the Structured
-	// Field quotes and escapes are removed; the header value itself may therefore be up to 512
-	// characters (255 escaped characters, each `\"` or `\\`, inside two quotes). Missing,
-	// empty, too long, any other character, or the header repeated on several lines: `400`
-	// (`idempotency_key_missing` / `idempotency_key_invalid`), not stored.
-	//
-	// **Scope.** Keys belong to the caller (API key): another caller's identical key is an
-	// unrelated record. The key is bound to the request's fingerprint (method, path and
-	// canonical JSON body); reusing it for a different request is a `422`.
-	//
-	// **Retention window.** The server remembers a key for **at least 24 hours** from its
-	// first use by default (server setting `IDEMPOTENCY_KEY_RETENTION`). Within the window a
-	// retry with the key replays the stored outcome (`Idempotent-Replayed: true`), waits for
-	// an in-progress one (`409` + `Retry-After`), or resumes an interrupted one. **After the
-	// window** the record is swept, and a request that reuses the key is a brand-new
-	// operation that runs again. Keep every retry of an operation — your retry horizon —
-	// well inside the window, and never reuse a key for another operation.
-	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
-}
-
 // ListPayoutsParams defines parameters for ListPayouts.
 type ListPayoutsParams struct {
 	// Limit The most items to return in one page, 1 to 100.
@@ -1238,36 +943,6 @@ type ListPayoutsParams struct {
 	// StartingAfter A payout id. The page starts with the payout right after it (newest first). An id
 	// that does not name one of your payouts is a `400`.
 	StartingAfter *string `form:"starting_after,omitempty" json:"starting_after,omitempty"`
-}
-
-// CreatePayoutParams defines parameters for CreatePayout.
-type CreatePayoutParams struct {
-	// IdempotencyKey Names one logical operation, so that retries of it take effect once. Generate a fresh,
-	// unique key per operation (a UUID v4 is ideal) and send the **same** key, with the same
-	// body, on every retry of that operation.
-	//
-	// **Syntax.** A Structured Field string (RFC 8941), i.e. the key in double quotes:
-	// `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`. A bare value without quotes,
-	// as Stripe clients send it, is accepted too and names the **same** key:
-	// `Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324`. The key itself is 1–255
-	// printable ASCII characters (`0x20`–`0x7E`), case-sensitive, counted after the Structured
-	// Field quotes and escapes are removed; the header value itself may therefore be up to 512
-	// characters (255 escaped characters, each `\"` or `\\`, inside two quotes). Missing,
-	// empty, too long, any other character, or the header repeated on several lines: `400`
-	// (`idempotency_key_missing` / `idempotency_key_invalid`), not stored.
-	//
-	// **Scope.** Keys belong to the caller (API key): another caller's identical key is an
-	// unrelated record. The key is bound to the request's fingerprint (method, path and
-	// canonical JSON body); reusing it for a different request is a `422`.
-	//
-	// **Retention window.** The server remembers a key for **at least 24 hours** from its
-	// first use by default (server setting `IDEMPOTENCY_KEY_RETENTION`). Within the window a
-	// retry with the key replays the stored outcome (`Idempotent-Replayed: true`), waits for
-	// an in-progress one (`409` + `Retry-After`), or resumes an interrupted one. **After the
-	// window** the record is swept, and a request that reuses the key is a brand-new
-	// operation that runs again. Keep every retry of an operation — your retry horizon —
-	// well inside the window, and never reuse a key for another operation.
-	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
 // ReceiveProcessorWebhookParams defines parameters for ReceiveProcessorWebhook.
@@ -1279,18 +954,6 @@ type ReceiveProcessorWebhookParams struct {
 	// clock (which also defeats replays of old deliveries).
 	ProcessorSignature string `json:"Processor-Signature"`
 }
-
-// CreateRefundJSONRequestBody defines body for CreateRefund for application/json ContentType.
-type CreateRefundJSONRequestBody = CreateRefundRequest
-
-// CreateOrderJSONRequestBody defines body for CreateOrder for application/json ContentType.
-type CreateOrderJSONRequestBody = CreateOrderRequest
-
-// CreateChargeJSONRequestBody defines body for CreateCharge for application/json ContentType.
-type CreateChargeJSONRequestBody = CreateChargeRequest
-
-// CreatePayoutJSONRequestBody defines body for CreatePayout for application/json ContentType.
-type CreatePayoutJSONRequestBody = CreatePayoutRequest
 
 // ReceiveProcessorWebhookJSONRequestBody defines body for ReceiveProcessorWebhook for application/json ContentType.
 type ReceiveProcessorWebhookJSONRequestBody = ProcessorEvent
@@ -1569,9 +1232,6 @@ type ServerInterface interface {
 	// ListRefunds List a charge's refunds
 	// (GET /v1/charges/{charge_id}/refunds)
 	ListRefunds(ctx echo.Context, chargeId ChargeId, params ListRefundsParams) error
-	// CreateRefund Refund a charge
-	// (POST /v1/charges/{charge_id}/refunds)
-	CreateRefund(ctx echo.Context, chargeId ChargeId, params CreateRefundParams) error
 	// ListEvents List events
 	// (GET /v1/events)
 	ListEvents(ctx echo.Context, params ListEventsParams) error
@@ -1581,24 +1241,15 @@ type ServerInterface interface {
 	// ListOrders List orders
 	// (GET /v1/orders)
 	ListOrders(ctx echo.Context, params ListOrdersParams) error
-	// CreateOrder Create an order
-	// (POST /v1/orders)
-	CreateOrder(ctx echo.Context, params CreateOrderParams) error
 	// GetOrder Get an order
 	// (GET /v1/orders/{order_id})
 	GetOrder(ctx echo.Context, orderId OrderId) error
 	// CancelOrder Cancel an order
 	// (POST /v1/orders/{order_id}/cancel)
 	CancelOrder(ctx echo.Context, orderId OrderId) error
-	// CreateCharge Charge an order
-	// (POST /v1/orders/{order_id}/charges)
-	CreateCharge(ctx echo.Context, orderId OrderId, params CreateChargeParams) error
 	// ListPayouts List payouts
 	// (GET /v1/payouts)
 	ListPayouts(ctx echo.Context, params ListPayoutsParams) error
-	// CreatePayout Pay out to a bank account
-	// (POST /v1/payouts)
-	CreatePayout(ctx echo.Context, params CreatePayoutParams) error
 	// GetPayout Get a payout
 	// (GET /v1/payouts/{payout_id})
 	GetPayout(ctx echo.Context, payoutId PayoutId) error
@@ -1687,44 +1338,6 @@ func (w *ServerInterfaceWrapper) ListRefunds(ctx echo.Context) error {
 	return err
 }
 
-// CreateRefund converts echo context to params.
-func (w *ServerInterfaceWrapper) CreateRefund(ctx echo.Context) error {
-	var err error
-	// ------------- Path parameter "charge_id" -------------
-	var chargeId ChargeId
-
-	err = runtime.BindStyledParameterWithOptions("simple", "charge_id", ctx.Param("charge_id"), &chargeId, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: ctx.Request().URL.RawPath == ""})
-	if err != nil {
-		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter charge_id: %s", err))
-	}
-
-	// Parameter object where we will unmarshal all parameters from the context
-	var params CreateRefundParams
-
-	headers := ctx.Request().Header
-	// ------------- Required header parameter "Idempotency-Key" -------------
-	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
-		var IdempotencyKey IdempotencyKey
-		n := len(valueList)
-		if n != 1 {
-			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Expected one value for Idempotency-Key, got %d", n))
-		}
-
-		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
-		if err != nil {
-			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter Idempotency-Key: %s", err))
-		}
-
-		params.IdempotencyKey = IdempotencyKey
-	} else {
-		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Header parameter Idempotency-Key is required, but not found"))
-	}
-
-	// Invoke the callback with all the unmarshaled arguments
-	err = w.Handler.CreateRefund(ctx, chargeId, params)
-	return err
-}
-
 // ListEvents converts echo context to params.
 func (w *ServerInterfaceWrapper) ListEvents(ctx echo.Context) error {
 	var err error
@@ -1791,37 +1404,6 @@ func (w *ServerInterfaceWrapper) ListOrders(ctx echo.Context) error {
 	return err
 }
 
-// CreateOrder converts echo context to params.
-func (w *ServerInterfaceWrapper) CreateOrder(ctx echo.Context) error {
-	var err error
-
-	// Parameter object where we will unmarshal all parameters from the context
-	var params CreateOrderParams
-
-	headers := ctx.Request().Header
-	// ------------- Required header parameter "Idempotency-Key" -------------
-	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
-		var IdempotencyKey IdempotencyKey
-		n := len(valueList)
-		if n != 1 {
-			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Expected one value for Idempotency-Key, got %d", n))
-		}
-
-		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
-		if err != nil {
-			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter Idempotency-Key: %s", err))
-		}
-
-		params.IdempotencyKey = IdempotencyKey
-	} else {
-		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Header parameter Idempotency-Key is required, but not found"))
-	}
-
-	// Invoke the callback with all the unmarshaled arguments
-	err = w.Handler.CreateOrder(ctx, params)
-	return err
-}
-
 // GetOrder converts echo context to params.
 func (w *ServerInterfaceWrapper) GetOrder(ctx echo.Context) error {
 	var err error
@@ -1854,44 +1436,6 @@ func (w *ServerInterfaceWrapper) CancelOrder(ctx echo.Context) error {
 	return err
 }
 
-// CreateCharge converts echo context to params.
-func (w *ServerInterfaceWrapper) CreateCharge(ctx echo.Context) error {
-	var err error
-	// ------------- Path parameter "order_id" -------------
-	var orderId OrderId
-
-	err = runtime.BindStyledParameterWithOptions("simple", "order_id", ctx.Param("order_id"), &orderId, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: ctx.Request().URL.RawPath == ""})
-	if err != nil {
-		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter order_id: %s", err))
-	}
-
-	// Parameter object where we will unmarshal all parameters from the context
-	var params CreateChargeParams
-
-	headers := ctx.Request().Header
-	// ------------- Required header parameter "Idempotency-Key" -------------
-	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
-		var IdempotencyKey IdempotencyKey
-		n := len(valueList)
-		if n != 1 {
-			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Expected one value for Idempotency-Key, got %d", n))
-		}
-
-		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
-		if err != nil {
-			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter Idempotency-Key: %s", err))
-		}
-
-		params.IdempotencyKey = IdempotencyKey
-	} else {
-		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Header parameter Idempotency-Key is required, but not found"))
-	}
-
-	// Invoke the callback with all the unmarshaled arguments
-	err = w.Handler.CreateCharge(ctx, orderId, params)
-	return err
-}
-
 // ListPayouts converts echo context to params.
 func (w *ServerInterfaceWrapper) ListPayouts(ctx echo.Context) error {
 	var err error
@@ -1914,37 +1458,6 @@ func (w *ServerInterfaceWrapper) ListPayouts(ctx echo.Context) error {
 
 	// Invoke the callback with all the unmarshaled arguments
 	err = w.Handler.ListPayouts(ctx, params)
-	return err
-}
-
-// CreatePayout converts echo context to params.
-func (w *ServerInterfaceWrapper) CreatePayout(ctx echo.Context) error {
-	var err error
-
-	// Parameter object where we will unmarshal all parameters from the context
-	var params CreatePayoutParams
-
-	headers := ctx.Request().Header
-	// ------------- Required header parameter "Idempotency-Key" -------------
-	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
-		var IdempotencyKey IdempotencyKey
-		n := len(valueList)
-		if n != 1 {
-			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Expected one value for Idempotency-Key, got %d", n))
-		}
-
-		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
-		if err != nil {
-			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter Idempotency-Key: %s", err))
-		}
-
-		params.IdempotencyKey = IdempotencyKey
-	} else {
-		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Header parameter Idempotency-Key is required, but not found"))
-	}
-
-	// Invoke the callback with all the unmarshaled arguments
-	err = w.Handler.CreatePayout(ctx, params)
 	return err
 }
 
@@ -2045,15 +1558,11 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 	router.GET(options.BaseURL+"/healthz", wrapper.GetHealthz, options.OperationMiddlewares["getHealthz"]...)
 	router.GET(options.BaseURL+"/readyz", wrapper.GetReadyz, options.OperationMiddlewares["getReadyz"]...)
 	router.GET(options.BaseURL+"/v1/orders", wrapper.ListOrders, options.OperationMiddlewares["listOrders"]...)
-	router.POST(options.BaseURL+"/v1/orders", wrapper.CreateOrder, options.OperationMiddlewares["createOrder"]...)
 	router.GET(options.BaseURL+"/v1/orders/:order_id", wrapper.GetOrder, options.OperationMiddlewares["getOrder"]...)
 	router.POST(options.BaseURL+"/v1/orders/:order_id/cancel", wrapper.CancelOrder, options.OperationMiddlewares["cancelOrder"]...)
-	router.POST(options.BaseURL+"/v1/orders/:order_id/charges", wrapper.CreateCharge, options.OperationMiddlewares["createCharge"]...)
 	router.GET(options.BaseURL+"/v1/charges/:charge_id", wrapper.GetCharge, options.OperationMiddlewares["getCharge"]...)
 	router.GET(options.BaseURL+"/v1/charges/:charge_id/refunds", wrapper.ListRefunds, options.OperationMiddlewares["listRefunds"]...)
-	router.POST(options.BaseURL+"/v1/charges/:charge_id/refunds", wrapper.CreateRefund, options.OperationMiddlewares["createRefund"]...)
 	router.GET(options.BaseURL+"/v1/payouts", wrapper.ListPayouts, options.OperationMiddlewares["listPayouts"]...)
-	router.POST(options.BaseURL+"/v1/payouts", wrapper.CreatePayout, options.OperationMiddlewares["createPayout"]...)
 	router.GET(options.BaseURL+"/v1/payouts/:payout_id", wrapper.GetPayout, options.OperationMiddlewares["getPayout"]...)
 	router.GET(options.BaseURL+"/v1/balance", wrapper.GetBalance, options.OperationMiddlewares["getBalance"]...)
 	router.GET(options.BaseURL+"/v1/events", wrapper.ListEvents, options.OperationMiddlewares["listEvents"]...)
@@ -2067,25 +1576,6 @@ type BadRequestApplicationProblemPlusJSONResponse Problem
 type ConflictApplicationProblemPlusJSONResponse Problem
 
 type CrossOriginApplicationProblemPlusJSONResponse Problem
-
-type IdempotencyKeyInUseResponseHeaders struct {
-	IdempotencyOutcome *string
-	RetryAfter         string
-}
-type IdempotencyKeyInUseApplicationProblemPlusJSONResponse struct {
-	Body Problem
-
-	Headers IdempotencyKeyInUseResponseHeaders
-}
-
-type IdempotencyKeyReusedResponseHeaders struct {
-	IdempotencyOutcome *string
-}
-type IdempotencyKeyReusedApplicationProblemPlusJSONResponse struct {
-	Body Problem
-
-	Headers IdempotencyKeyReusedResponseHeaders
-}
 
 type InternalErrorResponseHeaders struct {
 	IdempotencyOutcome *string
@@ -2641,287 +2131,6 @@ func (response ListRefunds503ApplicationProblemPlusJSONResponse) VisitListRefund
 	return err
 }
 
-type CreateRefundRequestObject struct {
-	ChargeId ChargeId `json:"charge_id"`
-	Params   CreateRefundParams
-	Body     *CreateRefundJSONRequestBody
-}
-
-type CreateRefundResponseObject interface {
-	VisitCreateRefundResponse(w http.ResponseWriter) error
-}
-
-type CreateRefund201ResponseHeaders struct {
-	IdempotencyOutcome *string
-	IdempotentReplayed *string
-	Location           string
-}
-
-type CreateRefund201JSONResponse struct {
-	Body    Refund
-	Headers CreateRefund201ResponseHeaders
-}
-
-func (response CreateRefund201JSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	w.Header().Set("Location", fmt.Sprint(response.Headers.Location))
-	w.WriteHeader(201)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund400ApplicationProblemPlusJSONResponse struct {
-	BadRequestApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund400ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(400)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund401ApplicationProblemPlusJSONResponse struct {
-	UnauthorizedApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund401ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.WWWAuthenticate != nil {
-		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
-	}
-	w.WriteHeader(401)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund403ApplicationProblemPlusJSONResponse struct {
-	CrossOriginApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund403ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(403)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund404ApplicationProblemPlusJSONResponse struct {
-	NotFoundApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund404ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(404)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund408ApplicationProblemPlusJSONResponse struct {
-	RequestTimeoutApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund408ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(408)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund409ResponseHeaders struct {
-	IdempotencyOutcome *string
-	IdempotentReplayed *string
-	RetryAfter         *string
-}
-
-type CreateRefund409ApplicationProblemPlusJSONResponse struct {
-	Body    Problem
-	Headers CreateRefund409ResponseHeaders
-}
-
-func (response CreateRefund409ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	if response.Headers.RetryAfter != nil {
-		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
-	}
-	w.WriteHeader(409)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund413ApplicationProblemPlusJSONResponse struct {
-	PayloadTooLargeApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund413ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(413)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund415ApplicationProblemPlusJSONResponse struct {
-	UnsupportedMediaTypeApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund415ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(415)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund422ApplicationProblemPlusJSONResponse struct {
-	IdempotencyKeyReusedApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund422ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	w.WriteHeader(422)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund429ApplicationProblemPlusJSONResponse struct {
-	TooManyRequestsApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund429ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
-	w.WriteHeader(429)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund431ApplicationProblemPlusJSONResponse struct {
-	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund431ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(431)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund500ApplicationProblemPlusJSONResponse struct {
-	InternalErrorApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund500ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	w.WriteHeader(500)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateRefund503ApplicationProblemPlusJSONResponse struct {
-	ServiceUnavailableApplicationProblemPlusJSONResponse
-}
-
-func (response CreateRefund503ApplicationProblemPlusJSONResponse) VisitCreateRefundResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
-	w.WriteHeader(503)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
 type ListEventsRequestObject struct {
 	Params ListEventsParams
 }
@@ -3334,258 +2543,6 @@ func (response ListOrders503ApplicationProblemPlusJSONResponse) VisitListOrdersR
 	return err
 }
 
-type CreateOrderRequestObject struct {
-	Params CreateOrderParams
-	Body   *CreateOrderJSONRequestBody
-}
-
-type CreateOrderResponseObject interface {
-	VisitCreateOrderResponse(w http.ResponseWriter) error
-}
-
-type CreateOrder201ResponseHeaders struct {
-	IdempotencyOutcome *string
-	IdempotentReplayed *string
-	Location           string
-}
-
-type CreateOrder201JSONResponse struct {
-	Body    Order
-	Headers CreateOrder201ResponseHeaders
-}
-
-func (response CreateOrder201JSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	w.Header().Set("Location", fmt.Sprint(response.Headers.Location))
-	w.WriteHeader(201)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateOrder400ApplicationProblemPlusJSONResponse struct {
-	BadRequestApplicationProblemPlusJSONResponse
-}
-
-func (response CreateOrder400ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(400)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateOrder401ApplicationProblemPlusJSONResponse struct {
-	UnauthorizedApplicationProblemPlusJSONResponse
-}
-
-func (response CreateOrder401ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.WWWAuthenticate != nil {
-		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
-	}
-	w.WriteHeader(401)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateOrder403ApplicationProblemPlusJSONResponse struct {
-	CrossOriginApplicationProblemPlusJSONResponse
-}
-
-func (response CreateOrder403ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(403)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateOrder408ApplicationProblemPlusJSONResponse struct {
-	RequestTimeoutApplicationProblemPlusJSONResponse
-}
-
-func (response CreateOrder408ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(408)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateOrder409ApplicationProblemPlusJSONResponse struct {
-	IdempotencyKeyInUseApplicationProblemPlusJSONResponse
-}
-
-func (response CreateOrder409ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
-	w.WriteHeader(409)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateOrder413ApplicationProblemPlusJSONResponse struct {
-	PayloadTooLargeApplicationProblemPlusJSONResponse
-}
-
-func (response CreateOrder413ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(413)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateOrder415ApplicationProblemPlusJSONResponse struct {
-	UnsupportedMediaTypeApplicationProblemPlusJSONResponse
-}
-
-func (response CreateOrder415ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(415)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateOrder422ApplicationProblemPlusJSONResponse struct {
-	IdempotencyKeyReusedApplicationProblemPlusJSONResponse
-}
-
-func (response CreateOrder422ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	w.WriteHeader(422)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateOrder429ApplicationProblemPlusJSONResponse struct {
-	TooManyRequestsApplicationProblemPlusJSONResponse
-}
-
-func (response CreateOrder429ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
-	w.WriteHeader(429)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateOrder431ApplicationProblemPlusJSONResponse struct {
-	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
-}
-
-func (response CreateOrder431ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(431)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateOrder500ApplicationProblemPlusJSONResponse struct {
-	InternalErrorApplicationProblemPlusJSONResponse
-}
-
-func (response CreateOrder500ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	w.WriteHeader(500)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateOrder503ApplicationProblemPlusJSONResponse struct {
-	ServiceUnavailableApplicationProblemPlusJSONResponse
-}
-
-func (response CreateOrder503ApplicationProblemPlusJSONResponse) VisitCreateOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
-	w.WriteHeader(503)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
 type GetOrderRequestObject struct {
 	OrderId OrderId `json:"order_id"`
 }
@@ -3914,315 +2871,6 @@ func (response CancelOrder503ApplicationProblemPlusJSONResponse) VisitCancelOrde
 	return err
 }
 
-type CreateChargeRequestObject struct {
-	OrderId OrderId `json:"order_id"`
-	Params  CreateChargeParams
-	Body    *CreateChargeJSONRequestBody
-}
-
-type CreateChargeResponseObject interface {
-	VisitCreateChargeResponse(w http.ResponseWriter) error
-}
-
-type CreateCharge201ResponseHeaders struct {
-	IdempotencyOutcome *string
-	IdempotentReplayed *string
-	Location           string
-}
-
-type CreateCharge201JSONResponse struct {
-	Body    Charge
-	Headers CreateCharge201ResponseHeaders
-}
-
-func (response CreateCharge201JSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	w.Header().Set("Location", fmt.Sprint(response.Headers.Location))
-	w.WriteHeader(201)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge400ApplicationProblemPlusJSONResponse struct {
-	BadRequestApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge400ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(400)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge401ApplicationProblemPlusJSONResponse struct {
-	UnauthorizedApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge401ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.WWWAuthenticate != nil {
-		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
-	}
-	w.WriteHeader(401)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge402ResponseHeaders struct {
-	IdempotencyOutcome *string
-	IdempotentReplayed *string
-}
-
-type CreateCharge402ApplicationProblemPlusJSONResponse struct {
-	Body    Problem
-	Headers CreateCharge402ResponseHeaders
-}
-
-func (response CreateCharge402ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	w.WriteHeader(402)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge403ApplicationProblemPlusJSONResponse struct {
-	CrossOriginApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge403ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(403)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge404ApplicationProblemPlusJSONResponse struct {
-	NotFoundApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge404ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(404)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge408ApplicationProblemPlusJSONResponse struct {
-	RequestTimeoutApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge408ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(408)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge409ResponseHeaders struct {
-	IdempotencyOutcome *string
-	IdempotentReplayed *string
-	RetryAfter         *string
-}
-
-type CreateCharge409ApplicationProblemPlusJSONResponse struct {
-	Body    Problem
-	Headers CreateCharge409ResponseHeaders
-}
-
-func (response CreateCharge409ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	if response.Headers.RetryAfter != nil {
-		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
-	}
-	w.WriteHeader(409)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge413ApplicationProblemPlusJSONResponse struct {
-	PayloadTooLargeApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge413ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(413)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge415ApplicationProblemPlusJSONResponse struct {
-	UnsupportedMediaTypeApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge415ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(415)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge422ApplicationProblemPlusJSONResponse struct {
-	IdempotencyKeyReusedApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge422ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	w.WriteHeader(422)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge429ApplicationProblemPlusJSONResponse struct {
-	TooManyRequestsApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge429ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
-	w.WriteHeader(429)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge431ApplicationProblemPlusJSONResponse struct {
-	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge431ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(431)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge500ApplicationProblemPlusJSONResponse struct {
-	InternalErrorApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge500ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	w.WriteHeader(500)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreateCharge503ApplicationProblemPlusJSONResponse struct {
-	ServiceUnavailableApplicationProblemPlusJSONResponse
-}
-
-func (response CreateCharge503ApplicationProblemPlusJSONResponse) VisitCreateChargeResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
-	w.WriteHeader(503)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
 type ListPayoutsRequestObject struct {
 	Params ListPayoutsParams
 }
@@ -4340,270 +2988,6 @@ type ListPayouts503ApplicationProblemPlusJSONResponse struct {
 }
 
 func (response ListPayouts503ApplicationProblemPlusJSONResponse) VisitListPayoutsResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
-	w.WriteHeader(503)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayoutRequestObject struct {
-	Params CreatePayoutParams
-	Body   *CreatePayoutJSONRequestBody
-}
-
-type CreatePayoutResponseObject interface {
-	VisitCreatePayoutResponse(w http.ResponseWriter) error
-}
-
-type CreatePayout202ResponseHeaders struct {
-	IdempotencyOutcome *string
-	IdempotentReplayed *string
-	Location           string
-}
-
-type CreatePayout202JSONResponse struct {
-	Body    Payout
-	Headers CreatePayout202ResponseHeaders
-}
-
-func (response CreatePayout202JSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	w.Header().Set("Location", fmt.Sprint(response.Headers.Location))
-	w.WriteHeader(202)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayout400ApplicationProblemPlusJSONResponse struct {
-	BadRequestApplicationProblemPlusJSONResponse
-}
-
-func (response CreatePayout400ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(400)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayout401ApplicationProblemPlusJSONResponse struct {
-	UnauthorizedApplicationProblemPlusJSONResponse
-}
-
-func (response CreatePayout401ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.WWWAuthenticate != nil {
-		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
-	}
-	w.WriteHeader(401)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayout403ApplicationProblemPlusJSONResponse struct {
-	CrossOriginApplicationProblemPlusJSONResponse
-}
-
-func (response CreatePayout403ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(403)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayout408ApplicationProblemPlusJSONResponse struct {
-	RequestTimeoutApplicationProblemPlusJSONResponse
-}
-
-func (response CreatePayout408ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(408)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayout409ResponseHeaders struct {
-	IdempotencyOutcome *string
-	IdempotentReplayed *string
-	RetryAfter         *string
-}
-
-type CreatePayout409ApplicationProblemPlusJSONResponse struct {
-	Body    Problem
-	Headers CreatePayout409ResponseHeaders
-}
-
-func (response CreatePayout409ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	if response.Headers.RetryAfter != nil {
-		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
-	}
-	w.WriteHeader(409)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayout413ApplicationProblemPlusJSONResponse struct {
-	PayloadTooLargeApplicationProblemPlusJSONResponse
-}
-
-func (response CreatePayout413ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(413)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayout415ApplicationProblemPlusJSONResponse struct {
-	UnsupportedMediaTypeApplicationProblemPlusJSONResponse
-}
-
-func (response CreatePayout415ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(415)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayout422ApplicationProblemPlusJSONResponse struct {
-	IdempotencyKeyReusedApplicationProblemPlusJSONResponse
-}
-
-func (response CreatePayout422ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	w.WriteHeader(422)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayout429ApplicationProblemPlusJSONResponse struct {
-	TooManyRequestsApplicationProblemPlusJSONResponse
-}
-
-func (response CreatePayout429ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
-	w.WriteHeader(429)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayout431ApplicationProblemPlusJSONResponse struct {
-	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
-}
-
-func (response CreatePayout431ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(431)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayout500ApplicationProblemPlusJSONResponse struct {
-	InternalErrorApplicationProblemPlusJSONResponse
-}
-
-func (response CreatePayout500ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	w.WriteHeader(500)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type CreatePayout503ApplicationProblemPlusJSONResponse struct {
-	ServiceUnavailableApplicationProblemPlusJSONResponse
-}
-
-func (response CreatePayout503ApplicationProblemPlusJSONResponse) VisitCreatePayoutResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -4953,9 +3337,6 @@ type StrictServerInterface interface {
 	// ListRefunds List a charge's refunds
 	// (GET /v1/charges/{charge_id}/refunds)
 	ListRefunds(ctx context.Context, request ListRefundsRequestObject) (ListRefundsResponseObject, error)
-	// CreateRefund Refund a charge
-	// (POST /v1/charges/{charge_id}/refunds)
-	CreateRefund(ctx context.Context, request CreateRefundRequestObject) (CreateRefundResponseObject, error)
 	// ListEvents List events
 	// (GET /v1/events)
 	ListEvents(ctx context.Context, request ListEventsRequestObject) (ListEventsResponseObject, error)
@@ -4965,24 +3346,15 @@ type StrictServerInterface interface {
 	// ListOrders List orders
 	// (GET /v1/orders)
 	ListOrders(ctx context.Context, request ListOrdersRequestObject) (ListOrdersResponseObject, error)
-	// CreateOrder Create an order
-	// (POST /v1/orders)
-	CreateOrder(ctx context.Context, request CreateOrderRequestObject) (CreateOrderResponseObject, error)
 	// GetOrder Get an order
 	// (GET /v1/orders/{order_id})
 	GetOrder(ctx context.Context, request GetOrderRequestObject) (GetOrderResponseObject, error)
 	// CancelOrder Cancel an order
 	// (POST /v1/orders/{order_id}/cancel)
 	CancelOrder(ctx context.Context, request CancelOrderRequestObject) (CancelOrderResponseObject, error)
-	// CreateCharge Charge an order
-	// (POST /v1/orders/{order_id}/charges)
-	CreateCharge(ctx context.Context, request CreateChargeRequestObject) (CreateChargeResponseObject, error)
 	// ListPayouts List payouts
 	// (GET /v1/payouts)
 	ListPayouts(ctx context.Context, request ListPayoutsRequestObject) (ListPayoutsResponseObject, error)
-	// CreatePayout Pay out to a bank account
-	// (POST /v1/payouts)
-	CreatePayout(ctx context.Context, request CreatePayoutRequestObject) (CreatePayoutResponseObject, error)
 	// GetPayout Get a payout
 	// (GET /v1/payouts/{payout_id})
 	GetPayout(ctx context.Context, request GetPayoutRequestObject) (GetPayoutResponseObject, error)
@@ -5123,58 +3495,6 @@ func (sh *strictHandler) ListRefunds(ctx echo.Context, chargeId ChargeId, params
 	return nil
 }
 
-// CreateRefund operation middleware
-func (sh *strictHandler) CreateRefund(ctx echo.Context, chargeId ChargeId, params CreateRefundParams) error {
-	var request CreateRefundRequestObject
-
-	request.ChargeId = chargeId
-	request.Params = params
-
-	var body CreateRefundJSONRequestBody
-	var err error
-	if binder, ok := ctx.Echo().Binder.(*echo.DefaultBinder); ok {
-		// A request validator built on kin-openapi's openapi3filter with
-		// KeepValidatedValue leaves the value it validated on the body. Bind
-		// that value, matching member names exactly, so the handler receives
-		// what was validated instead of a second, case-insensitive decode.
-		// Otherwise bind only the request body, so that path and query
-		// parameters are not also bound into the body struct.
-		if vb, ok := ctx.Request().Body.(interface{ ValidatedValue() any }); !ok || runtime.BindJSONValue(vb.ValidatedValue(), &body) != nil {
-			err = binder.BindBody(ctx, &body)
-		}
-	} else {
-		// A custom binder is installed on the Echo instance; defer to it
-		// entirely, since echo.Binder does not expose body-only binding and
-		// the binder may do more than decode (for example call ctx.Validate).
-		err = ctx.Bind(&body)
-	}
-	if err != nil {
-		if !errors.Is(err, io.EOF) {
-			return err
-		}
-	} else {
-		request.Body = &body
-	}
-
-	handler := func(ctx echo.Context, request interface{}) (interface{}, error) {
-		return sh.ssi.CreateRefund(ctx.Request().Context(), request.(CreateRefundRequestObject))
-	}
-	for _, middleware := range sh.middlewares {
-		handler = middleware(handler, "CreateRefund")
-	}
-
-	response, err := handler(ctx, request)
-
-	if err != nil {
-		return err
-	} else if validResponse, ok := response.(CreateRefundResponseObject); ok {
-		return validResponse.VisitCreateRefundResponse(ctx.Response())
-	} else if response != nil {
-		return fmt.Errorf("unexpected response type: %T", response)
-	}
-	return nil
-}
-
 // ListEvents operation middleware
 func (sh *strictHandler) ListEvents(ctx echo.Context, params ListEventsParams) error {
 	var request ListEventsRequestObject
@@ -5250,54 +3570,6 @@ func (sh *strictHandler) ListOrders(ctx echo.Context, params ListOrdersParams) e
 	return nil
 }
 
-// CreateOrder operation middleware
-func (sh *strictHandler) CreateOrder(ctx echo.Context, params CreateOrderParams) error {
-	var request CreateOrderRequestObject
-
-	request.Params = params
-
-	var body CreateOrderJSONRequestBody
-	var err error
-	if binder, ok := ctx.Echo().Binder.(*echo.DefaultBinder); ok {
-		// A request validator built on kin-openapi's openapi3filter with
-		// KeepValidatedValue leaves the value it validated on the body. Bind
-		// that value, matching member names exactly, so the handler receives
-		// what was validated instead of a second, case-insensitive decode.
-		// Otherwise bind only the request body, so that path and query
-		// parameters are not also bound into the body struct.
-		if vb, ok := ctx.Request().Body.(interface{ ValidatedValue() any }); !ok || runtime.BindJSONValue(vb.ValidatedValue(), &body) != nil {
-			err = binder.BindBody(ctx, &body)
-		}
-	} else {
-		// A custom binder is installed on the Echo instance; defer to it
-		// entirely, since echo.Binder does not expose body-only binding and
-		// the binder may do more than decode (for example call ctx.Validate).
-		err = ctx.Bind(&body)
-	}
-	if err != nil {
-		return err
-	}
-	request.Body = &body
-
-	handler := func(ctx echo.Context, request interface{}) (interface{}, error) {
-		return sh.ssi.CreateOrder(ctx.Request().Context(), request.(CreateOrderRequestObject))
-	}
-	for _, middleware := range sh.middlewares {
-		handler = middleware(handler, "CreateOrder")
-	}
-
-	response, err := handler(ctx, request)
-
-	if err != nil {
-		return err
-	} else if validResponse, ok := response.(CreateOrderResponseObject); ok {
-		return validResponse.VisitCreateOrderResponse(ctx.Response())
-	} else if response != nil {
-		return fmt.Errorf("unexpected response type: %T", response)
-	}
-	return nil
-}
-
 // GetOrder operation middleware
 func (sh *strictHandler) GetOrder(ctx echo.Context, orderId OrderId) error {
 	var request GetOrderRequestObject
@@ -5348,55 +3620,6 @@ func (sh *strictHandler) CancelOrder(ctx echo.Context, orderId OrderId) error {
 	return nil
 }
 
-// CreateCharge operation middleware
-func (sh *strictHandler) CreateCharge(ctx echo.Context, orderId OrderId, params CreateChargeParams) error {
-	var request CreateChargeRequestObject
-
-	request.OrderId = orderId
-	request.Params = params
-
-	var body CreateChargeJSONRequestBody
-	var err error
-	if binder, ok := ctx.Echo().Binder.(*echo.DefaultBinder); ok {
-		// A request validator built on kin-openapi's openapi3filter with
-		// KeepValidatedValue leaves the value it validated on the body. Bind
-		// that value, matching member names exactly, so the handler receives
-		// what was validated instead of a second, case-insensitive decode.
-		// Otherwise bind only the request body, so that path and query
-		// parameters are not also bound into the body struct.
-		if vb, ok := ctx.Request().Body.(interface{ ValidatedValue() any }); !ok || runtime.BindJSONValue(vb.ValidatedValue(), &body) != nil {
-			err = binder.BindBody(ctx, &body)
-		}
-	} else {
-		// A custom binder is installed on the Echo instance; defer to it
-		// entirely, since echo.Binder does not expose body-only binding and
-		// the binder may do more than decode (for example call ctx.Validate).
-		err = ctx.Bind(&body)
-	}
-	if err != nil {
-		return err
-	}
-	request.Body = &body
-
-	handler := func(ctx echo.Context, request interface{}) (interface{}, error) {
-		return sh.ssi.CreateCharge(ctx.Request().Context(), request.(CreateChargeRequestObject))
-	}
-	for _, middleware := range sh.middlewares {
-		handler = middleware(handler, "CreateCharge")
-	}
-
-	response, err := handler(ctx, request)
-
-	if err != nil {
-		return err
-	} else if validResponse, ok := response.(CreateChargeResponseObject); ok {
-		return validResponse.VisitCreateChargeResponse(ctx.Response())
-	} else if response != nil {
-		return fmt.Errorf("unexpected response type: %T", response)
-	}
-	return nil
-}
-
 // ListPayouts operation middleware
 func (sh *strictHandler) ListPayouts(ctx echo.Context, params ListPayoutsParams) error {
 	var request ListPayoutsRequestObject
@@ -5416,54 +3639,6 @@ func (sh *strictHandler) ListPayouts(ctx echo.Context, params ListPayoutsParams)
 		return err
 	} else if validResponse, ok := response.(ListPayoutsResponseObject); ok {
 		return validResponse.VisitListPayoutsResponse(ctx.Response())
-	} else if response != nil {
-		return fmt.Errorf("unexpected response type: %T", response)
-	}
-	return nil
-}
-
-// CreatePayout operation middleware
-func (sh *strictHandler) CreatePayout(ctx echo.Context, params CreatePayoutParams) error {
-	var request CreatePayoutRequestObject
-
-	request.Params = params
-
-	var body CreatePayoutJSONRequestBody
-	var err error
-	if binder, ok := ctx.Echo().Binder.(*echo.DefaultBinder); ok {
-		// A request validator built on kin-openapi's openapi3filter with
-		// KeepValidatedValue leaves the value it validated on the body. Bind
-		// that value, matching member names exactly, so the handler receives
-		// what was validated instead of a second, case-insensitive decode.
-		// Otherwise bind only the request body, so that path and query
-		// parameters are not also bound into the body struct.
-		if vb, ok := ctx.Request().Body.(interface{ ValidatedValue() any }); !ok || runtime.BindJSONValue(vb.ValidatedValue(), &body) != nil {
-			err = binder.BindBody(ctx, &body)
-		}
-	} else {
-		// A custom binder is installed on the Echo instance; defer to it
-		// entirely, since echo.Binder does not expose body-only binding and
-		// the binder may do more than decode (for example call ctx.Validate).
-		err = ctx.Bind(&body)
-	}
-	if err != nil {
-		return err
-	}
-	request.Body = &body
-
-	handler := func(ctx echo.Context, request interface{}) (interface{}, error) {
-		return sh.ssi.CreatePayout(ctx.Request().Context(), request.(CreatePayoutRequestObject))
-	}
-	for _, middleware := range sh.middlewares {
-		handler = middleware(handler, "CreatePayout")
-	}
-
-	response, err := handler(ctx, request)
-
-	if err != nil {
-		return err
-	} else if validResponse, ok := response.(CreatePayoutResponseObject); ok {
-		return validResponse.VisitCreatePayoutResponse(ctx.Response())
 	} else if response != nil {
 		return fmt.Errorf("unexpected response type: %T", response)
 	}
@@ -5548,346 +3723,255 @@ func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params Receiv
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L3rchtHkj/6KhXYPWEQ04AAkJREMCZO0LI81o4saSRqPZf2sgvdBaLNRhXc1SAI24rwp32A3X2Fs69w",
-	"vv8fxU/yj8rMqq6+AAQlyvbMeD6MRQBdXZesvOcvv+/EarFUUshCdybfd+aCJyKHfz5LxGKpCiHjzctV",
-	"EauFMJ8mQsd5uixSJTuTzldzXrBiLpgW+bXIWZImbJ0Wc1bMU81y8e1K6OITzSJvsP4fxSYKGNfw4JXY",
-	"fGJ+Gas8YXqu1iJhaRHK9VxI+AENwuKMpwuR2IcmLJJiHbGu/6b6jxiXCcs5DBRKtRQ5NxM/CFiUi2XG",
-	"NyKBEQTThcpFwrjUa5EzNWNcMsHzLBW5HRyf0qsFPCTVVCUbNhdZEkozghud8VkhcsZZkXOpUyELNuNp",
-	"tsrFKatOlud5CstlSrJZrhYsLXAvrkW+CeVSpRJeW/ArIS/MpzTdTHAt2qfJ5jxhGV9qkQRuKnHO9Zyp",
-	"nPFQ6oJnWW0qhVJXrLoK8zbcP1wzS2EqqbxY5uoyF1pHrKvVQigpQjlXWaIZp4kVhizmXDOpCprLhEVH",
-	"w5PIDLFI9YIX8ZzWYs5pzTWbpbku2EqLhM1UHkouVTEv12UGGI+jA7OKKBHcHIIWBeM6TYR5wuwFTl/l",
-	"9m0D9lIyYXaTjjaUhWLcvFMk3mJhwrng8ZyIBwjplPGpNudnDhUe1+wyvRaSTcVM5cKcXJebVw2jIJTR",
-	"0XAUBebPI/jP6BD+Mz6JBoPBQcDW8zSemx26Fo5AV7JQK/PWAXth5kmEOGGcIYWGUvON9uh1wJ7eLJXZ",
-	"pUKxaa7W2kyrmOdqdTln0VkcC637T5QscpX18bf9L/BaR4NQdoKOuOGLZSY6k44U607Q0fFcLLi53UKu",
-	"Fp3J3+hz+074JxBBJ+iUtNgJOh41dIKOPdhO0DEH1Pk66BSbpXmPLvJUXnbevQtKtlK8tsM32EpU5CsR",
-	"MeIBQKd6qaQWLEWuQddVIV/achGIEQmm+UKEsoUH2QWy6aZAGjL/8I8d7kSeXqaSZ24W/hGE8kPPwKy1",
-	"9RDgi9Y9fK5ijltV37nzuWBLXszNlgAd54IXAi6xWuWxCJgYXA5Y9OB69EDlZj7mPxePvvh2vPjjyc2f",
-	"jpbPD6//WkQD9ga32GwiMjh3BsgUaOdgk9NiJ1WG8o5bcsvsgB6/XaW5oR2zS/7uNXfrtSjyzZnhhM39",
-	"+kKtWabkpZn2mqeFvdm5eSaVl1UiasqxAXv9+RN2MhoNGc8ytdahFCmwrfVcZUYuxkommiF7+uL8/FU/",
-	"4YWVBCQ1ebY2d1wL88vKcwGbrgrDtJe5utmwFMSEocyZ4T0LvoGHGGdm0IBpxeLMSBxtROkqSxiPY7Es",
-	"2FQV80Eo75FzjO90CO+CzpLnfCEKUi6ezHl+KZ4l7RQcw7efaJYmrBvF84uffvzf6GBQmUA8vzh8vnys",
-	"Pzu+fhGPr7769pEAhtSZdMwF6AQdyRf4QzPYRZrsnPGC3zwX8rKYdybj42PDy6T9e2QmXxQiN2P/x9/O",
-	"+n/l/e+G/ZOLr3/3r52dLC7e/FFsmkt8wRdCMyUFy9RlGvOslERwhiSNijw1P4OjNlyXidlMxIYtxWLA",
-	"/iCkeUYwzma50PMglCuZfrtCubI0WowTb13O3r599hm7PjIMNE0Ezw7gGgP1GOru9Qx993rm4aDOOY2m",
-	"ExhuiJIU7gYyGF6UbxmEMpS93puNLPjNoNdjZ+xNka/iYmX4yOepyBKGm8S65tI8PjkaHQQsHYiBE4ep",
-	"ZIlaTTPBvl2pQuhJk21PWNh5LIaHJ48ei/7RMDnuHx2Kx/1pfHLYf/j45IgfP5qdHI6Pwk40YGdsynPB",
-	"rnm2ErAqtSpo6CCUXJsZpktR3hqzH2kRmG3CqwO3RcFmSTi2+m61TnGfCUYDdm6XXWiRzcxLRz/9+N/j",
-	"42Nz4VNZcLMTZ2+ePHsGV4LH5vqwbjS8GQ+jn37872h48+ip0alirkVfC6nTIr0WAYvVSpqpo/5nplwe",
-	"RSjxLHAbYGVCx3xp/g2cb6GuRXIKT6E5QPtHszRcx3A4ZJRTwVZLw1COR+NQ+rMcHx/TwIk3+4AZLYtF",
-	"YRh2ItDlwjAMo4ClEhS5Yq1oZgcD9mWqdSovg1CKxbLYBHAUhl0HjMsNQ/3QjR2Y4bxZ52KJwk9Jpg3p",
-	"8oxlqRR6gipbKLtRWp7cxZXYXCzwjRF7wBrfpfKaZ2li9tvotaiDWKqP1VIYov+j2Gg2FVamgAzmWSZy",
-	"1j179cyc9sGEWdUWvwE+J2QBnADIwZyKuc65yEh6G/PIoxfNpmolE/uG0tCapfJS5EA8rLsQxVwlASoE",
-	"XCahjLlUEt7zb29evmDmYh+cslyszKINnwE9miXpbCZyowJZXcpMCRVwWvBrYVQ4w1zWqUzU2qz9vDQE",
-	"c7EQi6mhA1C2YdxejxdgIBRsfMTmapXrXs/ZPaF0BgCbblgiZnyVFUbHhwG1KAozx+jZZ0+/fPXy/OmL",
-	"J3+5+OPTv1y8fnr+9MX5s5cvjLb/VVrMU9TacFpGdiK/cjzNTAfVl1Zdslve5qJvVdQJA43UKPHc2Ghk",
-	"oLBU9q3+C/y8C2YH+x2LQOnog9ZhHlM52VHmaFkqC5HnqyUSpxiwXu/M3tRQ4sx7PTpasIyNsrAWyyKA",
-	"+8pLww1FxUoLXTJRs+nTnMukL8Xas3vp1yupGb/kqRywPwqxrHN1Z0aZJ3768X/YRq1y+nqu8vQ7/DiU",
-	"a5Fl7tq6HccZSoFUYE6zpABL977MKIU6KAaGX5v/6tViwfNNZ9L51HHwwGPBoI5diU0n6MB3ncleUqHz",
-	"LjCSmlhh9UVbpdUyFzOR5yI58N62rxQCjQDUEmRLpWJSkxr7qifHo3FdPWmxENJFWrQrVwtl7nMhFtqw",
-	"j1wUq9xQJNDvkl+KgI3MF6PhsKJwjYa0jG9XIt+Uq8jgTf5c6eriIwt+ky6MPTMaDmHa9JebtLkLlyKH",
-	"Wb80Ov82pRAMAqsTGrOgRSncYi20aIUw2s+pFL7iG7Uqti1uCd/a1S1V2+KW6uLo6ttHi/HNSTE9lOvv",
-	"Hm7EaH4dP86T9jXioD/fIt+BnwCMRLjLn/LkNfIp81espOGp5p98ucxSNGEfLHM1zcTid99otGd9ZrBF",
-	"Alev7Zc8m6l8IRLWvFB0Wc3LEyC2LQMGnUQUPM3oNGoDscVKG8uQjfpGqdmumgWM/AaxMEenC16sdGdy",
-	"ZEi/SIusdutJ5bVToO2cF8VSTx48WPLNwiilA9oRu1P6gbeK/pXY9O0QwGnaFZrqlr1QjSUq2XSL7bGB",
-	"dvjKBqbakyBEeCD36i9Fjrj3VpUve++tskMgU4Ztu8hLGvWkjko2bJoLfkXyBu9Ly47URqmRkhXU6C3m",
-	"mo3tibOZETIa7nieK2MX/+37DnzYmXQe8IXR4TtBZyG05pfmVZYMSYO4JE+1VapGnXeBN0C8ynOz7tYh",
-	"DLNXM7bSScDEKg/Y5XQZsG+Wm4DF85kxKJKA8VXSefe12ShdcBlXPTNbD41WV+7H/oeFj/bto8BRSkb1",
-	"r7mYdSadf3lQhiwe4Lf6wSscAx9psldPjaWXTBhnC8c5VG6Jizk/hfkQCTQw+pQ5P9CfUnBrh9Jo0AEc",
-	"6UpeSbWWdKDmuQbhsG5UI5TIM7PVbCZkkspLowTDGKlkEVJFdHDKVA7md+16ajMvO+3tpswBM8pqudbu",
-	"dsOmzb/1ZC7iK5FYx1ipZIaSoi0T1uuVBlGvBz6MWXpTCd+g07CiiFsVziiB74LOEyVnWRq/h6zwbiOK",
-	"damKi9hQbGbYtH8lQcNgbWqCOdclTxOYacylWdHUGG9mGGMP52K2Au+AJv+U0X0LwZMq/zoprwK+zAxU",
-	"mcze9wEW05eq6HvP39+VQI/wJ5ohpzAHyAvBEiUwcAMOzWpUiNzHHHcK5lfuFZiXsFmooDUOwlhonykY",
-	"G0hhAoNTzG2dZhnu1ZzLS2GJIldavwQH/AfRRWzGuUBPvk8PZwy+6eM3jlrBKOXWScogAjFbaVE768Py",
-	"rJ+0DUMP3eXM/ency1mfuVWAbgJ+Z1qe0fbR4iOzDGffjfzdigJjjoOBHr0Rcf9zUcTz/pu0EOi+wcOJ",
-	"iFW6MJdUjPwdbMGvhGaaz8TEvpTLjZFAMZdgnkoWg7caprFOtWB6iX7t5WqapXqOLJosdcMy2AtlLP1L",
-	"iBwmYEPjRDTLUl2IJJTkB0D/wSeaRU9evn5zcfb8+cuvnn528fL1sz88e/EmAp8XULq549YPCIzefAOU",
-	"bV3lWsgklNbBT14msMfNL8niRTJB6q06gp/Jt1p8EBU3GffFSosqPdeiX6luaF2pZrowt20qQODlKhba",
-	"TJqB08JzGnpODJaIjLcx723Mr6nnMpzrB6i5fTPC/VyK5jY1ZB+rBrWVBEd8M7Td5kfEk4kO0BuSFpAZ",
-	"YR6ZpTLVc0bEORNrFyKqBOTXPAUinqmc8gNKWh6wt3rFs2xjvT9Ot8FjXav8KpWXExBVai2BLKVYoz4C",
-	"iwnlep5mEMA2v9YD9gzjhfjzJDU8nNIGRELvPQhgRNwNWLom1iCyGWxkaq6ztOkJ3dHQLu5gYhgCufJi",
-	"Llkhsoxxpo2EwXcST0oEB58YOHi1UtKs94XRt8jfWnWtMYiOQ6CYa7Nq9GyZzVhpMVtlEzYyrGNcRtTw",
-	"omYcidxwoDKjAtkQrG3A/lL6vdDrVzkFfFEAfi23c59oEmcBKF0FcD7IpDA2Ybn/QEFIPV6Oha4K2wF7",
-	"pbLMrAn3AXSuOc8XmdD6FMki27BLUWjHwsH/OGBnlPcRHQ8PI++1hltiBsNqCWpa6dsLZeskjHkBc7fK",
-	"Dnjs2tOE+l6eUNvFpKcetGQW2TBt38Vpdw3gRXTfNQNurwUI3ftktLkgOV61cuuc1WyvTWBpdaN3X718",
-	"c85KIwrZjz08cMdXGOp4vJ2hujm9N0OlEe5Ho2zloGZDeJYLnmx2b8xPP/5PZRswaBFKY5hBFKPFbMHp",
-	"G6XyhbM+IDRTUQyQA/t5HL5H3PAJySGuanhLVTtF57UU69KBDX/V3Nf3fxmApmUhcsmzp8YK/DBippEu",
-	"wKCsaAuSraS4WcLqGXzNVAzmQEXTPa4a+Dgcs8Pdwb7HJ/v45L0I8pYVGFPbXzGlgTWzvtZzpQUTNyJe",
-	"wd9znoRyKi5XMkBpDJGUGeT+UHjICFWUtJQvWKbCBJQrsyN+VEoLpz6xp5kW67nAbDL0LZShxY/Ealtm",
-	"uPdAZdoWHMcLVXyuVvLD2K0xE2cwikecLxQZmG3WelXtPCqp07ACO9TehGlMbHzoPmjyhWJ6Fc+dhU2H",
-	"nmoXCY7cgqMDNILTBFkROJIgXIgxZA0pZtV4sc/vyNB4xTeZ4sm5Us95fvlhRgax5ItCqYsMRtvl0hQ3",
-	"sRAJubrS7wSDeFDleEaemfy6TDhldvC9j4le3C+U6uPD9+0fhCWlGqeG6mHViITVsW7U2KSqGBqgQgO/",
-	"wQwqiCjqez0gvJoX6DG8/biMyvl4aM1WSITAJA9cU6rZw6PKuR2OmudGT5OX8oNOEYfq41Af8UzNuhcq",
-	"F5WV14+Wsn20seVu2V866Zr3oUuJcpZ0Ugm5pOWLQon7jDk24CUw1pOZwhfn56/sPNCaIt8wZ8uMp7Jf",
-	"iJuCRUeHo2hwgBeezuM8XQi1Ku7nvtNYW8jHGrA8z9NrQeYeGw31qc2achYR10U9qvO4hQW4992dAdCj",
-	"90wqAd1/GWerxAj09jVXGILRbe1SfOKhj6JTVlrBXl7LwYRx8jbB9mH6jaYwg1JgGWfAi2IzsJrNSkU2",
-	"VlKK2OqvcabAeVNyn0n1RLZ63N+I/DqNxVvJr3mK3uX3i9OSC0nlF6vqWGU8DYLc9mflxqLv12xquhAt",
-	"0bX2kWskGvM8uXVw692qbkbNYjmtGb/glEa7uKoPeyLtlXtxdYp7U7Wbed8fAGJfeEC7dzXhBZ9yzI1f",
-	"SShioBnUN7NtuNpWbhls6+KJhN536TSj2sLvx8OXiKWQCZjLliIuzS3m5g6mMi2E89VAxhKxdFT353y5",
-	"FNJcq14PCjOs/6nXm5BPCN2kNW+UdTI5KnOpok3jWEnGQ1kzSpzD0KWLFZWqIAZFQaybFl7EBJL8AxuW",
-	"UnkoKVhVrNNYHEDKXp9FrZcpYl18TpM1Yx7UpJaWl6qAuiq1KoxuOuNpBuVFMgklwztD6XNkwWxEwUCX",
-	"HcCbWygvYl3I4XRFWZNKyZQjRKqdYl3OMqUL876S/wWMG1ac8iz9Dm8s/fzg1Gxv9ABcD99FAcxxG3H/",
-	"Gl1a50p9yeWGhKX+MAnPC3EB2keLD8tGaSA6tMAQLzeCfWjFooZsciTt0wrxt8YIqg4sLyJwrhRbmDO3",
-	"495J9PNC9O0a7s1jRQZZuXa3ZNgEuHi8sCoyVngY7d/b0AgJV10JGcrpKr4SBewXDo1p8zyeO999XXWs",
-	"MJ/Ss7CSic0HbSlc0gpyQLexIUjxrEqyrpKGE7AzNCVD6XKP3ZJtvMu5w+r34gPI+a3kqwKyRz/QM7vy",
-	"B/Jo+Q3GCzH3xNI01+yTM/o5vGDCPhU8FzkLV8PhYXwlNvAP8UlVW/UMn7fV9+1Nr5V53peeateVapf3",
-	"oXLyWMbqUqYaYu/+u1utleqxfvXVV32zS5iCXoj2DEVe/sLQE8xYsEKxlRbVPEXc4s7OeiAgCb1aLlVe",
-	"iORLkaT8HH7zQaThBrxYmBEv4LV1Iinq9j7XzH+ReUHVf3Hsk4N7B4N3MHrHHQjDjdCHEfrw6H2RiPVg",
-	"gBvRsDWuWVRfXgRE0rZbNTeGsRPczCinM8NUsDqNQLRsit8GyAEpAc1s5jI3rKhI0V6oaLMtFeWYuKox",
-	"UsivDFtaN8eEHObbtovme4bZdO/cQfE85xvz9xKtr+ZMXqMmBPzZTsjGMqAIFkOWkafRVNIGUJHciOK+",
-	"5vrOz+L9W8dXuO0iympRNf1GxDBIddTGMs8kw1RDmwO+49i2DPEMbWL74CeGO0mwh9LilOKtUlzyIr2u",
-	"sorDo5OToDNT+YIXGKh4eNRpZoYHHZfLeMsOPrG/q2+WlwxJq2jbKqxKbN+johCLZWEY3pJvoEgiRwmN",
-	"5ZNFww7df/+AveIZoCqeBDZBoHVPsW7e5sPjk9Vc8dHJvhuL9cEXvKjw1M54OD7uj0b98cn5eDg5HE+O",
-	"Rn/teCMmRh0jm73G3N/ntIIO6e0XyMubXGHDOIvQ7oisoYN/4m64bf9Es0TEWWooWSWu4DmVejWbpbEx",
-	"Li7gYkNipUs4iuQqyyKzieYfyJswU76xvLQlh//lkn+7EixNArbMxSy9EQmL4vlFtE/RauMNrjhheyEE",
-	"BRRwI5Z8o/cqhGi8ieTUBQZZt9YmLEBBxkAskWitNmFxYaj/4jrVvO09Vpg2Kv2Jc0UME1LqR2l9OCjQ",
-	"MM0Wztvex1RDckaK5XZTYdMYkgOw+SSL9CqOhUgM3ajc0RBVHlGpveWfQcf9uoM0KQDGoFyo/32zyMNn",
-	"OZDT75WZuIRujxfRtjTOoXYfKve0lXHB18i+vJILniSp2WievfIY0YxnWjT9JdZ7QIlAxF1mqywjFtNk",
-	"aO9BPYWiF2E1Y2G0sNLLYA4YLBctJqEM5Q/1x38Av0hWsB/Ml/1+n9H/mz8jnwoj9gOjw9K1rxfgoDb/",
-	"3PEjnOVnyErgh8RWEMpkHAUsok/gkCIWXQop8jS+oI+j2og+C/ocONA+g7YwLjNuKD+H+kjcF02RZcQs",
-	"UKuyfBx9Oug72ralUzHn16nR33bu6izjVxsz56pnyFAqWptYwEk3U9tcD7WWusgFXyDSC8Y1ouObm4hu",
-	"qD2ACduoFbsUBaUtwXCn27LGa5Oz/vbG9Mp05oo7eIIvCZzjyibxr2SRZs66pnC92UEZp5koyzjTojaD",
-	"nBfiOfkEGrOw8DEAB4OLqZjsNJ0GxXyepZfzYtd4w5OIdXk76El98zE/MF9JmcrLA1s9XDk2ty+otnFL",
-	"oPueQ6Z08ZqKwJrTtp5Gpy1NV+jeLPm8GYAmcUp7j/hDluPPUknxZqOtiptUA/cn9vVDla9XxVKTAXgf",
-	"Vi+890Xj3nrfwZ3w/i6DWi1kURkTT9b7yN+5qszZLVxrYqfGk7dLC6hOeF9hAWlQORVv3VnLVevbVdzI",
-	"6LAR+z0bnQxOTvZSb12t6Qn9b3fB6fspqpVF1df4eS6MTLvBQnpIrjQ8BeqHBRjGBJYwHHplg6cWzAWc",
-	"+UoWPJXsxdvnrPv2d8PhcHhgwaGWqwKvjVxhcf1c5DXny/laMaGXublvmorF41ylWnOsJvMKiYfDan3n",
-	"f4ThzXD4de9fbyWypi6znc6w8PV9CQ0tbzS1YT+d2WudDe9FgWTGqVWxmw6rZAc79ouRXZFKD/WJaqw7",
-	"U35hlKgLddVp7h6oV1MurxiPARNkwqLyAQJgsyHpsgKKsof1XOUFOvVPQ+kexIBzRIIfZRkNb787LV9D",
-	"WgMWgVSkQSiJ61OWsi+NnFPaJsxBZGgmcpzyN2pqNZwD7106U+vIpl0XAiW9Zlw7jCeM5HuPlCK2ZYZW",
-	"LIGUDeV9iFmXCUzLCCXXV4THgEnpKPWI7lEK405jLcBB1XKpHH/1hLwPrJjyN8r700mjitipDH1//AD9",
-	"au/LDyiwqWaGPq0t5kwKcPBG37+LENoAfgrwFugAp3qJBU+lpq9tdPt9OAiOUDIQ1EDa+Qj7DG/ZpD4f",
-	"Y7DWJ2QrDWhZVeite2FC79qOx2NL9W3P1Frk/ZhrwZ69ecmOxqNHbqHgZ0EODTfCOcizVBcDho5HjbuU",
-	"avdYKHkubCEzfG0UQV8FiKEWy5B9tNKJsY3EKjf/uZwuzX/i+Qz+w+E7vkqi01AiftpGSHzwm+UmsjVp",
-	"WLYjRe0KrbS5KmKVd4LO5XTZCTrfLM1liecz8/8cjPdVzQ+ADzX8HE+vRRvdvFFGHXMkaLMLDBGhkgCH",
-	"oAO2ztPCMC6bZmS4C7A+jvk+hJqKNZKh2SV80ZRMvURk6bWA1GRbFo6VJ/SitZjOlbpiQiaQSIA7USX+",
-	"/X2C4/19ggkv+PbLjp625l1Lyf/OiYascwK3y+hKscilRauykEOY+QEJABDTqAjx8nKjFlnCw21zz5Xi",
-	"mk69dM+1+9naLtfeTkNxXVxEhl0kKwzaCHuogAZnbklV4zMPPPz36WH84vHiT9+Nbl4Xx5u2EygovmbJ",
-	"HtV3I/A7dhcGvneLPiInmOH3hj1VfoJCyo5Bf7V5zSrv2sNtRkE1jxKJgtrECty556luC264GldhfgTV",
-	"X2so8DXCuMn3LZXuFa7Bu94SUppzfbFQeasfW0AiN+Qa4JTYTGWZWp+yJddUoWdubZQmEcTudMFzY+Be",
-	"cIztFwpcJMVcLAblZk6VygSXjd2EBXkzats/SE12ZSY1EpWiileBkpe0mOYGEvpEy7oJOwBLNFI9YRwx",
-	"yIANgV+mCmaGkcxuREAYCKKFbi4eylaUBiM/JAcML0jOMFKhnjtx0MAadbpL48Y42IzWIGWq2TpXFiI0",
-	"LWhubClyiiCXL7kVueO2W4H7Wk6p7Ry/EDwzdt337dX+q6zAw5vD74yWO21RfbZ66o29AIWW+PymFnC4",
-	"XUmkkdumXi/gi1W+xZ3sJd4CMJqaWSwTkG9ptUhOt6h26EZqH30mZIyhhCshJywaRc4AQfXdFQsZrS/O",
-	"xUIAziJk+BjRBzjEN8sUcBax5jLVFC5WkP/zFLL4jJwvfe1+OVqspJWQyO0p22fJV1BrrDKoOidnWMwl",
-	"2QhmdBwVitSg5FTAPpmTr1H96FYTtaIDNC6zZO3I3VWaaCoMw/0VBtxF3TqDqJxexJbZShPjqEISsq6F",
-	"GfQTr21xLOiiJcJeKBd8Y65oK8yeRUisQOy1lAI21344fI+1X7WhxhL4Y+BwTBt4dYibWT2DvUDxWqaQ",
-	"qfhKJBfgDW8jgTQjWnfFc1AsX7hJGiIpy8XpNFnXJg7ywvnYF3yDNjvQsLHnIRaLQ0jVeEdK1Ny6l7dG",
-	"b20w5AIET/s2gwRezhHK3r+fRgvIRAHhGhDMIrFRDGT+qDSFMiK1kgg1Yl2V00/ILI3wv+4XLl6JCAGA",
-	"9H5mnd9+yWqsZJHKlSAYD3AB1ojPDtFpXT8WKOyK2UFBCoWHiEeVgJOtiP2GJquE9+rlm/Nd7weoulvx",
-	"y+/82lugwx9QBKJ9Zuh8v9gmAt3W4A/sHClj0z4O1XuOhM09AUwEl9pZme94ONpKsx473iqUK+0YyhC6",
-	"B7+2koBIhQgGECK3RHXKIkfPERX5FzqUXio3La1r8VItWmRhbik2YaCLDieztR9DKLuFzf618UHYJ4BV",
-	"oPeh22wlc6FVdo0mLKiM0lEhMvaa/V5tQuCW5HUh8BIwvG93ayuILeoC9DW2ETg9onGjaiTepKsac62Z",
-	"OZ7ca9OUIGqzK4sLO6hUU7kC9OtOzeYj/qf5Fiw5rWerzDqaPk4s56NmJo0mw0cfNzNpZ8AHambKTwhc",
-	"g1NNBuiJjhvcLVBzf2lIhg9G75cedHvajg2Xk/PTJVN0I0Ny2K7F5ZOAfltihNl/glGGv4eNKL+AZEpI",
-	"pNyWr2P9F/RELXDqfraHz6EtP8dftccMbsnGgTt6m0MChdS9OiSQN7y/Q4IwSX5xhwRGDJuT/VJJW6hS",
-	"xgMpCgjBnUqo63242YcHA9+PkY0mo+FkePjRGVk1hNjIHfd2DyRGlWnsigfdlsD5Oai+LoETXYXGStjY",
-	"BM1GBPHj5mYuVZ0n7oZXfg/W2LUdJE6rEUxbH0dqAqQqGkUOi9+KqJbQCrBPC3Vt7c+FuQXOWkCu6Sc2",
-	"sjObGOtApUlUo/ambTAglM1Y+hYuW86uZLltft77YLiORj2Ge7dsSOQftzFgyum/Vw5MnOv9WbAtNPjl",
-	"eTCVmbRpmtDy6Oj4EaOiFoYFNpriMkF74YlfwINuNWw8AB5hKFHFaA06VzQibL99/QzqPq5SNALgx5NQ",
-	"RrcX2mCJF8QmwUMLFXU6VrnQiNkTIwLDfLOcC6mxECxCdrTXC2KeJ/3EJYhCuBHytNxnA2NhJbgkKOWD",
-	"eB42+yiw8IiSLBY8nqdS9HPBMQKMF+cU+jjEc+sJNKwDwlppkQH+Zigj3HwX5ASNSeVsKdQyw+rCBd94",
-	"qKqNcF8rw4ZOAfVJofPePDDw46fVErkmIPZ20PDteOxboS63QrPVvwDjL2iFs7kdQaVWMtvEyNhabFZD",
-	"mvWhjdBABFBcQhx1wcQGYnH58ZJv6LMKcbkIHfyozB1wkboLguahxEY4GS+VmDg+kkMrxoI9SJ1eSl6s",
-	"cvyshiXWhilQtbhrk25Ghr1853bFoXargkaVQC64duDErRnTZpR6enZV/Defap8slhI2xcp8teDSuyo3",
-	"y4xLaqU5Q28zQatRzppnCtpsWCjQpGVacJhU6xWmWTZd5AQb37pnTbhxGK2BPb+XXPNChC2yrcSH39+d",
-	"xwvSUu7Nfbev1w4kgj0S19LRn8XRcNymyFMNaPPogYUHdQoglA679IoEqy76iTn7XVfEhu4bLy6FpOQL",
-	"F6DY/qY7CjXfHFnlad/lsd6q4NmqWNgy33I2l3yLvoHX2WXQ7J8pciYxlo56B92bWjEepIYZ69YIQ54k",
-	"LlkE0FkNX4c4G1UBhNK1ryrhoRGZ41KW2HyteTM7AmZeIjz15QT/ppk7WJ5vZXpjMUSqxuajh0dHR48P",
-	"H473MjmtznpLHbG34Z+ZJ7bYT+c1bot7nSanfmKK2aekzFlJ2jJVluK6uDg6/+7x1Z/Gi08frl+M4j9f",
-	"d25pZtRMXPnIuSotw985Y2VXukrLxt85L8o/Dpxv4DIjc5s76mgLNOqpWe9HdomcvEc5b0v07bZcwypV",
-	"bcnE20et8KkGFGiPdfiy+D2dEWVa8MXWiK6XOlzLXShbxKaxIPB+VWMjXYW+DfwC2sTiNyVYGJgcrnen",
-	"zRuwaRMOfQdqEMr2apmKeYb9HAFRyFJXC03VYo88Xoh+eyLdLff8dg9SVLm23ok534otCW71KR28twup",
-	"fufUWrI0cbkh265gjf3F84uTzy8P5//26Or5+NuvjsXr4vZd2aXW+FMi7cbBkZMpjhuxpQa28wGVrTXi",
-	"Dnal92DK9zaHLrqlRGIh4Btp3e8TlsKjEHtmZ9+eX93CxMrE0e09jN083qsOfD/X8XA8GZ3s7zre20Wa",
-	"i7qLNBcXx3/ejPjrx5fni8Ppv8uH849c7H1LEffPUcLt9492Lst9Q0FI+be5InnZ8Zrw1wKmsuS+vJJ0",
-	"/d7fK0mT+uW9kl9h+vpZfLXl8seGajKRXEJmHu5tKS5BcrVsptVaW0gWcLsxycGTfQmb88ShwUyFkGUb",
-	"ldMKBD363arXn0pb6vsBSQYivW4zIc6wRTxN56cf/6cqiTWfiWxDqWy1t1XE3LbNd28OvN1ongBgUsar",
-	"PC02bwAACnu2AuDT2aotoedMVhHmDJ3sBckVDdizgnyls9TVDCOAdiEkl1AK9ZlYKMj0nLBIX2GAyqgg",
-	"EevSjyP4E/udu59cZmoqbrwf0QeUWoLoVma/LJaVh++E0EupnCkLV8Wxaxm13XxFxnVZ9mm1uE4LTKVe",
-	"8CyzNfkIx2eOt9dDN0ivF7Bej9wevR4WiunCsIyKgWt+RdfUPALIjL0ehRNsm+Vi7iI98JJUktMYlUPo",
-	"/9UHigUYAT8t1VAY9YvNN+CtfyEK6B1jrUAvXbJae0IQZRwA9GxmJWHfgiMIq/QUFLdK6K0H7WFgagP2",
-	"9IbHRbbpw1g97IHf8zqQx2phc+GKtdGDU4RNvwQGNqn2M8aKK2yCT3j2bTOy6AlpMWAAFJioeLWgy0YQ",
-	"vEXOY6zznapizuY8uxYaduZf/oWdVdDSzIeY9xs9uB5Fbp9inhNIgw9ZxxlSHWUhQ2QkikLZfm18oqcf",
-	"htI1Cq9en14Pyb3XK68QO18rlphbhN9pLKlHqE90XU3VzSSUEV2r6jWje+XuU/2GHZz6eWCQr6zXaRFD",
-	"9eSCqdlsEMoze7ExlVkLoQPXoxsiDlmWJqLWLsUhGNpUCrolgROioaQaC9XMDJ8wrRYCIAQyLbDzroeq",
-	"cBTVTKhGJUEoHYb3utw8MqHWitXbt+sBO/Nh+yzghAfqx82bR9hiPXqAefbfRUGJY+qmVMo0W9HVjR7Q",
-	"Pz1EYRcVSnUoPQQ/nHdaaBY5d0T/jfXz22ZutufPAZNCJF5LN0vlfkuaOONaC12SennpgK9o7JxofmVr",
-	"/fzEKfCtoYyNbvreYUVM3BRCakPziF+CY/zQ+N0PbCG4NLv7A5urteNWDVSTOsIJ8LYfWGT+a4Z5LXii",
-	"T0l0ayvOB/CNGW+WC5FtBvgwbBl04ypZihmMPjfjfaaouz7A8RrWeO13Mce2i4DNSL8DVtfFeBBwekqZ",
-	"AkKfUKKk/TRg0Xg4ROA+ICQJym19ug5MA/zdXtlg6duhDpC0MAQm/oFF8A+zDqzf1XBxUMMBN4HZiheQ",
-	"9MVl85rge6EyIbBpvJ/oSuopma7uulXzaQ2DhwYFmNPoVUOWS2zCLUNvlXIdAVARtq0BCeIW1rdfmBV+",
-	"qczJQIbFLmS3ncvF/voalfpUYqGPWqQxZpQTE6viOWtkNlpYaBOvBH2XiygRudHaynQo7bBhETTFSxt3",
-	"lSJkmQIx3rKFpzWYWWoJx1TZXMzi4axdiVcFT8ac5nIJ5LjjMPKVxC37Rk3Lk/lGTc2hnEH1fp/q6e0j",
-	"XU5OloPbqc/KW+iXRp0ekCxVfoVI11DMQT4Tw5vMRGoEGY2HY3ZGOT3RdrK0CoUZwkr4FATqLbvtGUwk",
-	"c8bDcXTKlirLkDM+V6hQlGVJbTe34of/gUX+32ZDn8mposp4IL263740LYxpZyaNlVcASZwL0vf0KXOP",
-	"UZyktL6qwRIErPqXf4FxWvosgrQxP3lNJknpsCTuEzRvK+gdHqF4ffP+IKQA3GZzMrNc6Dls79K8pNfL",
-	"1GUa86x8wKhDnL19++wzdn3EUDnk2YG7kqgTOsAjNzeCiJphRUoo+7A+QN1Had6o0EE/A+u+/vwJe3xy",
-	"NDqYhJI1dmTCwr3qdsKOURUYO2NTs/34YlsdhMVAgblWb4o8XQrX3JSaQwQwRyJn6DkBSNTWBWwG9olz",
-	"0jLNfSYZDezGgJKDzSJTzUY//fjfu7vps240vBkPo59+/O9oePPoKemakEOsRV8bpQAgRWEPJDPsZoPV",
-	"RxxYBtbABdBKklRGO3hg85JJ08nFUljy1+Z0eWZGxV4xVjMb4lr+KDZI7zpWSyziL23TCbJhy2pRcW3X",
-	"WwfepXCNh1MzbdgT8+1Xlk3Aqrx2NcCSqDuZfaAWZJ+wN1+c9cfHD+3nvR4moBj7EA7Y2IfF3BiVxOiM",
-	"fSCVhNsBxblTlWzM7UDOCHoz05D0EhjlML2U6SyNuSyMmlkIveQxIDAu1LVIDgbsteiDzmKIHh6GSEI/",
-	"lWCXULzaQhY7tkcLIA0Mmnq6WxUaA9EMjAV53AeVK9sKli0EWdlBkI5xPI7aOrbaboJgGFvwM51mwFyx",
-	"UsLZhpBFaY+TZuv8lwM0v3K+roIxW0Rld+bWhrQGGx0tGtUWLYNUPl93Zz/953+xJc912Y3dfAKJHeZr",
-	"X+L99J//Zc4ZOrX3eu73XQCeR60klVrkxSlbzxWsGv9GkbUmHHlXgncAr8I/xQD1cZ0WK9QxfiiVth9o",
-	"wf/vFu2blIHSIGpr0PcD3jq2tbc9+8FYJeVgZZN7YAYBdqhS8jJgU554vCUobzw1rt7+Mtse33uZ67lL",
-	"6TRdS3BUla4DZ95hpo0/fC0xB6kXi+ttImX5Jit1Ao+6/TvfbSN1fNt43LIYIvPWN1QRitDKSMGzCcVV",
-	"hOZHZNrrQUlZr0e4REaEeu2MkVdbg5pK5HWzVs52TwSnMqo+ZtyAkA23NVa2Vx6zJ6vdD25fmrM97JLq",
-	"s+r1ppsC8yjNP3o94ArOWlsZNdv8gZuPutoTxK3vn0MS6wNfWTMPQ5nyjt6Q7Af42e55Uz/mbr2wFk7c",
-	"Oxyv8bA5hl7PaunODVi1P3q99teXbT4axdU/QH98LpN+pQ6asKkz6/Uw7O9SSXFQvsAwJMgl02yKLjwQ",
-	"n4ZFOfB022yHzJlY5Tm2+NyGQglcc8Jm6Q32c0Zkf6vA2VZYA+ZejUsra4un4pLLst7IViVqEo88F7YF",
-	"UKXrJ8vSK2GDlhpgLWIvnYt1Adb1wKgkUyOyhNb9fJUB959laUzdKkOZrEBKlhPq4g2AVpJcQxlXNSPU",
-	"KMWtqZ6UGNyW7mk7knMZSq9xalrp6cq60TF4FMxZnbFez2vLU9qiFK4HX2J7q6CA7r+xnY5vbjB0dzQ+",
-	"iQ5IKIaSy7KzKsA6uxAgWpfbehY1EVSDWgcnoyrYnsDctX0AksRa2NbGSoOd9hmN41dj08U6heKj+Ooy",
-	"B8vKw4vlmVbOSNaF0f08EUeIPpBRYGgdidfVxQPYqbNUXcDJ1nfDhJzF6JgY4j2AnvG6dm3x9tVaSWtq",
-	"Sog5b7ZLs/Xht4AomDO3iqgojCIXyujZZ0+/fPXy/OmLJ3+5+OPTv1y8fnr+9MX5s5cvDM1BHoZ1VJRe",
-	"IFfKfcqiPzw9D+WD61G9TbV+8P2V2LyLDK9fa9QSPtEsKgtloxLTwZYImxu5FmKJTYlEYW0apIA6vAPp",
-	"dSstdBXioddrYXG9nu0CTHpQgszFUHPCYk5N4SkAF1CuH3SqMqKRcFPZG+XP1yLEkN0C7YewSMcwb0MO",
-	"4PsHY9WG/+C31EnRJk9UnS+FQgwGrqmpdUDdDeHIvl2JFeGGUfAjFxDD1RZwFPaElOx66+6GGR1Ydg7Q",
-	"jrUD8QgSQKrR2gf7WWabMsDqFZ9bDcq2TCaC42CDTNDgpoR8WkTZFxFTo5Ez2VM298moSAS0OufXguUr",
-	"eRBAi7Kj4QnbomwEyLUCw5PG+J9D8j8cD4/QXU8B2nwL92g6PSrBBSOtBuwLJdWq1ssplF2nUcEmLXOh",
-	"hSz8lDTDeJiazUiTXGUZ+yYtjJUbykhnQizZ75mhY7XoDgO2SGU35kujEmvB/s//z8b/QfRycBC5zqME",
-	"KEhQs+jFtIX7nBWqMBZyIngCYs4Yg4lo1RTKy2a2ZrpKDMPSijBAgP/zS9c4ztyZdJaCpWRpEPyPzoaP",
-	"jm5uooq0KBvhYZELO3Ng6iBCreAtZS7IRyPj7LWpWx5UgwQclUiSELCt1eo0DxunSh3ThbSmwKYaWRT2",
-	"NNFIs70eQSIa1aIGgVhLtOz1yiQlw3YIFDmViIhopvmvgI98Cn4kWJH58pvlBr78P//f8XCIt2AjJAEg",
-	"eolPDll4lile6AFO74mbOM2wNSNTJb4+WUV9nFQRG2FyBNqIgIwt2I308meJfSvlNqLPzMb+oN8SJSlN",
-	"qLaddYGlHgTYcsM2NDwIMIfJvL2LipL5aKnMT8h3HBDgHuuCw/NgwD5TQErOvl7QvM7ThWGOi6Wd3uvP",
-	"n7DDw8MT5rKt4ATfnj+xdICaZhkRs9hnhupvqaFj3e21cwHTQlBrOCrTi7AfFz9wdhG61Kii7u3rZ3QJ",
-	"GyVdWKDm15nhJwE4WqrFZszWmg1YWap3p0o8Su2gTvm3VOTdoRSvpjL0U9k3jHvA/h2dIp5IMORJStxs",
-	"Rp13qZ21uTn4q+i0osVr8ONDC5pKdwY4aABywLFjDhBBVhjLDdjl0GMA2OPasDzACis5jZmPJmkWHQ2P",
-	"IxY168QcW5YsOjMfRQ70DsUyubg4OgJczwPodAqu3G702dPnT8+fsrLCxhAS37T1h6O5PI5Yo58xCiHu",
-	"eb3A0iq7LOxulQztQnEo1m3vjHza0uMYkgCbjY5R8i6m6eVKrWqdDG2PbbQUtrheSGHhkgB5RaYFobOa",
-	"MyGIQrqSILDQP86pfIQiut3o+5ByA8POhI0C5v85fufC8MBVcrsVTpfKNqfsWd+8KwDG8Ojo5NAZarV8",
-	"KcMuq64GEGZbgiqYdKWk19lTSQF+7QH70jWwwy2L1WLJAbkOHOypdC72bMO60ZnHkMxcwT+ba1H8/u35",
-	"5/3HwA3M5wenFtsRSMNqtvCjUg0kPyH1IQQypgAFZD/scJQseH6lgQTJBK+5b05r/qAuQgJbNSqUmDFk",
-	"CWOr2mc1vENKBbEt2W11BWJAVlq9mXcJGcpCYdAO7IKDU98XZAnIVgDlQqtVHptZ/7lPqNj9Z0nkJeM7",
-	"zHDbUCBgKeAdhhJz6rBNvAVCxBYDo/FjlokCnZFJepkaxS3qG/K5QGY+iA4mGCaC3ARlZfiAnWVZKGeA",
-	"tp+Di8lcPACPytVaY2jmDPwdfUOKucr6T+FHfeqCb/PosjQWUgsvOe5syeO56I8Hw07QWeWZV5S2Xq8H",
-	"HL4eqPzyAT2rHzx/9uTpizdP4Zl3Xt/tZprd2atnnaBzLXKN2XXDwQifUUsh+TLtTDqHg+HgEAqAijkk",
-	"L9o0G/PvS9HaII+SgsaGhzQyl8FSWZKrKQeUhi/Oz19B9mI8F/EVqFxlM2r0aMlQqjyeC11gXpTjn2SB",
-	"Oc5p2MtUxHxF3n6/h/E0T8Us2zC+5piS08jHmYAFMgMnTS2dxTZ0wewQOi8nlp4lnUnnD6L4gjanRLGC",
-	"TRsPhztadba06LQp4R11tX+rSwI03dLp0tt/nkFnwXdB5+hwtG1Ut4AHdMuQViEwq8+Veg5V0n6Ka2fy",
-	"t68Dr9v68/RagB0B0KmdoFPwS92Z/K2DJNT5OuhUUpI6k47ZfBiTMrj2pjIhKyRgNIsEeq3OVhk6g7p1",
-	"cnANrUl0AOsKpbMTyZeaKZ7YLFAIJC4xJAyGTc5nszTGkGaKWlka849EXK9xS35ltPUaO3wqVFzsltwT",
-	"dQWd4+Hh7WNQW/23lbb42wnTTDl9b8q8Hj2Yll1dW6nTb+5a7cNa6X+aalRxnZC0DVwnjaIeHYQyMzPO",
-	"W9qsEkj+NTVSxTpxVpaPULB4aRglBLeVdkUK6IWzI2EQi3ysa+z4wroWgQfk9sGpkaaQKWIMMEz/aSDm",
-	"hNJb6ICVJjI0LfMTqyCPEdJhpkY6N3ao2g91gh5fd49RbdUM+6Q3Kjp5wdZqlSUQ20lyvrZuh/u/nZ86",
-	"gIgPu55es9+/laVb2Pq1Bq3/7muvH6/3Y8Taavx478tul7KtZ7JtJGSu+HCPK/621tz7aHxy+0P1jv73",
-	"xk+Gt4/xjOI7DsLhg7iQ4zt/EEUFhM1jPHQBb+U8xA0efO/KrN5t5UKv6Tb6gN8u59v5tUuUMSVLxGHX",
-	"yI4S1i0vCSX9qmzxuwZ2UsazPJd02YR0IwBKWjovdZpAThGv99cPXPoQeYrv/6Y+mTtcmw+6qNW+GF7t",
-	"4bZ2wI3OGNUSXrnKMqw33FLweFsjjWZ/2novPCf7y6K+vbkCbdsWpmBrT4En7HHFPuWup9F7s5Hh0e0P",
-	"vVDF54rK+f6Z+Y6tmfR4jgWH2cpzDD3ZDB0QMG3zKH9CFPKMZM0WdvWAFI+tbOt5qgtryKOuU2ta4HiY",
-	"X/NZ4WhO80FmBRzKq/bfzqKQ2fkMccBe8Uvr8FnlWuV9o3gkE1fVGUqo6KSsQYodll23oGh1d7knk+IG",
-	"MIZ9DmnRBHw2yX4uLmnOgBr6d+5KBdC9s/Mu+H5bM7I0cXhCfm9j2CiMp5YRQYejwAuqXMvTy3mB6SjQ",
-	"0KnrUwHKmJQecF4C6HLCvWPxu4FX0lX3qN9OzWK+XYl80wmsm6Z6th2fpXodJMfHx3X8Ar+f5Fn/r7z/",
-	"3bB/cvH179p6Sn79oRILq6A9RRH1xNs7Om2TbV4xPTzevmFtQudrv5gaCnz3lkNejXiLLCqrxEsUg7JO",
-	"/Df59GuUT+YsW4r6PVFlP/kYoiroLJXeoT5jeRMFvn1kBVsYtLXwCcA0IL9AQSNtY4APMEvdmKcRtWpy",
-	"BZjoDWjpb9jVrlEjxq9gUIrRDtgbm4FvXpDyzI1HPVoWPBGnrsTXTHRDZjUmwnlXJXEwRuJaSEbuefNA",
-	"voJeGlRAk20QINRLcIHMKJtr4wx0IWcqj4XeaXhTmZON2dXKnYwIq5ezAAR6I4iTYlArhSKa55hpaKWo",
-	"J02g5CyVLXVmmPHkFZpRHHh7TZkrIGvPs+xiNk4oW7PdDlymG3W6yvPVEqMcMFGb9IIkuIBqu7IlQYwZ",
-	"5S8p89IGRcfDEeV70CiOZAfsDYR+TlmjQQWFd7aHkWyQ8yTalkU5cQRtzqEMoG0hajuZULJKhqj/olbE",
-	"Tloc3b4kTTADFheJXTJ0mfq3yrKNeYUDlqHXbn1naxpoZT8rq2tvsky5KebFjquV3SXKAAUcpqRGLdB0",
-	"Asretk5xV5LnBAMns1RCVyvM9XEJJ341pgsIn+LO7MjgBGdANT5YZofiZUIKtlt4hPOANFw6Iqy9gzok",
-	"o70O2JO5iK9E4qczUwohZDUTJkgZtG6op35n3Dvrp9XmaR1Uq0A2fqqSzf4aFTbwW2UAb+o7l/dso9sJ",
-	"OlCl05l8/w7ll+HdrYOVnltRmnH2YV+bA4VoT3O+pbvwu3fv3jWUzNH7uUV+Od3yborkNodGnXmCaDMy",
-	"/TZOGSCx2wotYnKu0qcN2tUIaNeni0L8Zva+gCM2v21R9JRP3fYJv2FgOdu9ByrcE++Cjg3Mb2ubiEzW",
-	"3vxu5DsB4vnFTz/+b3QQkMsQC/k9VkJ26iCUZHvaoIaL+tPupRDWb+WTvulIWLX1DpbVKbXQZIn0g2BA",
-	"JTnVTbJ3P6s5sYeu/SRXWr9ENO33MkGGj/c2Jc4J3RseO9nBJfx0vDoDbQflrjBBDx6O8ApRxoNsdzTn",
-	"c0T0p24F/Lao1J0nBHLXpIKGDlFBprNc52h4UiZY0GCYleC9zYNCugVLGAboS1X0vQEAPKkd3b2xS9Xy",
-	"J7oJqbbStdJov2W/toLIuw07axm8poWXL5oKI/0c0JetFSlT3T21giUi4y0K9NbdrtVkGIUL57r3drcn",
-	"QRLUVxsifGW7v3Qa4E7Jbrd2G8a829nXzjc1Ph4OyTBDETI6OjnZpkQwJR1UY5OKt+6eVVLoLaVreN/N",
-	"wxn0aYB+7MUG9hO+tmFGi/R9ib5eqit3Wej6lAHOFQAhcVCJphtKv7W2z7bUNCO7+W0Xo06vRjk+d6Vc",
-	"UO3vtNIJVEXVNGObnYnyqNUgRDV5SxmameWdbChCnyjNDOhm49fjTZjeJiNvNfbarS9n4r+3AXaPU2w1",
-	"1twM78dew8yhppl2sN9KBq2Eic0g7UTL9GZ0qjjaJHlXKMXUrBCI+7Tm2kx0a/dIl5QPNHjKCHLP5Sv+",
-	"+rVM71Y1Fc03dMsKhXeQrEhXbdLihHHQ0JjhC542lYlQ0o09xfqC0WiI9YeQRg5OmS/Oz1/1E16IgwF7",
-	"haVE5CjaymuUzDZ1nXPUuVWLHO2h3b3im0zxxPfbHo2O91ElXb0JJDGfmwmAw3m8h9O31mwc+sf8E3ur",
-	"SXa2BFR3eKmr7kuXzoGQQreEQoFlWfAhv/vWhKqcAaUfq4SqWPzeZzamCUiXUR3wPxqwpxyBLSW16k8L",
-	"w29sUYK5Sh5mE+PaygB5aUzXUJYIaV3u/xTZ41TdHFAqL70EYBM1S2fA06CqMZ0h6B0MCnnnCzOLZFsM",
-	"FtB6DPPDAo2PFQh9iod0b3FQ6WBxdwQ+8SftcU+GOFogsLJUAzJM1yeMg4ClAzHwYsvQBd9GmNvjoxhi",
-	"D6VHbjtio+K6uBj/MXk0+2L0zVf65Nvni6PlP0Zw9JZMnvFfO2XHkFoO0O3ernoG0G0pPQRADtv98N+n",
-	"h/GLx4s/fTe6eV0cb8pdKLkA0NuvdgUtBEMraHQR+ZAIMVzY2wPESOM/b0j4nznCKywftfKSPrgt57Ed",
-	"4GCr0HwDuAe1UjoAsgBRgcZlr2fYXK/XgnO7Jih3gJnwKpwBIqRsHx9U28HntsF7d6tebj0f9c7uoYSU",
-	"ZYLzaSDHODAgm7VUtnw/CFrAaUAaQ3GDkZCAMClkDHlR9MaI8CVywkjb3Z4fTA4qsLCIEISjowfsS8El",
-	"wjpngueAOAlgshhyKlSsMoLoMuOY35EqetruHq9ggM3VWhp1omZMV8vIEXcFQk9Gg7A/MKYaBrkt7vBG",
-	"rQKo6QYAer0Wy1Ke6pY6fJWHcioyhfjYtRwstAqLtaKa9ATl8CrVc2uZL1f5Umlx8JHSWGtxrA+Rf9TY",
-	"0vb6rzi6zjz4p5bYE7X1N+L6FrEz/Gu1XX/5m8Nh5TfQ/GcvRMdO0MlUfCWSC+irblNo7X24gPvQmXQs",
-	"AIzXmtJlyL56+ebc+3zJjfJxh8Z6dtcvrKNtPBx5calyVxEF3zGQxi6jO8WYtBA0VGwqHC6tTcquogZh",
-	"a83mWYx3nsXREbXO3nEW7jd4FqP4ZHY0HYv+I36Y9I/E41n/ZPqQ98fJcfxYjGZD/mi671mQilF2/nq/",
-	"Ezl5XRzJT8frP4uHm7d8FO86EZyJOxL/EO7gsazbwYYPbgseIuYO8srfcs5+jRrJM6mXIi4qicV1XcBT",
-	"VXz1ZP8ktCZh1F7xiSakTo6FUeBfSouA9XoETEsolA1oXMSrDWU32gtVFnshRx5Q7k8//m/YiQ4CthR5",
-	"LGTRFzJWiUicZQnQCFw7XAamxSX0dOh6cE0seoDNbP6f8edRwDgDTFP6BFDWCbgW05kJqRYA2xMB7zv1",
-	"0YqoAhgyyPBr2p8uJ8gOBrjZUNQVSgL2YHbqSoqDuqG6pxwBwxVYjbNbr0iqbgsG7+xE5lLgkWft4+Kx",
-	"fRkqDdZvTT9njexzGCeUd84+P2WRtbgixI2yqjB0DzFaGaJdfBQvy0vcp3v0ssA+7Pay4E9+MS8LnvgO",
-	"L8uWMp9/oBT0I8wT2qGuHE9G41r1lFjlnZrY9Yqn2tQDP1XI+Un2r+AaTYaPWiu4ahx+rZjQS6NZKJs6",
-	"Gucq1ZrLouNNr+VMy+lRRWfVA2KYz96qCtyl2x0g5Db9zQHyMzlAlGVxVqugD3YpFK2p6bazCLdMjjwN",
-	"VIZN2CZl0fm5Y3XEAMsKKUOkUwHML5QRBBIsZpHtZgr5weSZ07ckcfd6A3ZLXva5bR+RJ9YDAZpQKG9v",
-	"cgLJzXu0OvGzskPZjAjCqlWyKSvWvR4SozIwi91gSY4EVQDCUFZAj71va1DGtycMQm6BuIY6WHu0NfjL",
-	"8wp6bxuAuwfYvj1nFjjDL5Yy2+Jw/hCGesdcV1i7l+pa1+3uLfX1VypP7iQ9tlm2eBmgVSMhMn3EvFj7",
-	"ir+71NhdT7vf/R1kj35IMuhdsgqeybea0hl+S4P4+9BonhBMM6kge2k1oCK4uA558763EcS7IVmQ8rod",
-	"U4L9jJASVqz+XIgSP6v8QHPp3oTHb/7QXy1GxF3u8vvV3QJ5+AgRDSbwABs1miW979BbzSYYGXhBiRCB",
-	"VohWxsiBpn/KgspPXVHsoNJ0imChAYR8Kztp63NpjCOcA/ZiqjaqrDfQRGQuXgW6q1gy1edhEVK1m1/Y",
-	"5BIaGYXSYnFqSvaivnMHFeRxyOEFkHZz0tTbggxEmi90H4ZtoolMbBFl2XwDv8LM4a5NyC1synkobc9U",
-	"uzOITO8sz5oRBm3ERJ7yzFxwm51mi40nCBtLhhTYhrZnwjqVumxsgfLhUhQkF07aLSaY0D8ya7fndp/s",
-	"PWBSraHumVLAD1hk3xP9zLz/ZymY2kNePKEShn9qfdFe7zvIGGKi2zVGF/X9GNIChy7jBJ9gyZn1shUK",
-	"gRshJkaA4rua4L6UoSw74wkPfsYHlXAsCvhdRJm9AEvUyO6lZF4vB9jmbRo+SSm8oCGTC4uKF6YbD0VA",
-	"2F5Ms1VmwRJCuZ7zApJnXL+bFUSdfiXYDueVoolWPIcAkeMJqZUXjNfBHax8wXSiWOUJlBGNBhQtMzv8",
-	"03/+F/WOibndHparNRSrk3ei67SJgxJkw0rqUDLGer3tABIQ4OUFduWYChTK1CPTQxLxWxfDmGAE+XkG",
-	"p6EcD1zVDk2uXEGZOmIr8V2tLK80qroSm9NQHg5YZNNmykGwW1JQuRNSrF2XN5e5vLU9Ncx9e4tqIKNZ",
-	"S19k7OUGHTGxd4RaGYV1A32Ug50IHDKm9g+VET+xLeGMOufawlHznPbeVK4vXK9nCMrlw3kkhS2NsqzR",
-	"lvqSp7IFZKG674R7jxin5cOxyjK+1NAwo1CwZ3h7JiWjcXhWyV0QQoig7xUhZBwZgZ8nF4QgmUTeNKFn",
-	"An3OulqIWosI287A8kasHDPkbRamHTbbnrVX7FwxbIdjXQJ5EhhWBqgjRk0Xa+p+7kGANFvHTTyebBi2",
-	"U2hYqecQs/ar0nH2+wN4VI/dVtZdptcCADmr0B5dSgHDdjHHNze28dKBD/FROecdndxOaxeo3s94KxRI",
-	"WuyCACnDUx8DAcQhef6CCCC250kjn8+Qu7W0SpI/Go4P/KS9rYideGSf0YOgAs0yfrWpv8dLCTQvA1Dm",
-	"Jv+knAejyu3zcnwTKnAY99u+PPeLfQYGHNI7o5TgOf86Qjf/PGCuHvZJVSu1euTekR8j0OqhH7Yz8mN4",
-	"329Rn3swgcfvi8vhS/Dq5f+DkCJPY8vU2oA3Kg8HHV/EdyadSxzgohzAwSCctyoK0w1QSKr1SuQDSIDS",
-	"BSLw3yFTu0RCGHuoHV7fquROaB08T/qJz54rxegO47aScuq+Zxbh8I5b1/KOtt0zOm3aeJ0xK2yKBeoa",
-	"qzw2xtKvdEvvA0yinaC6NQ31lDgQ19hAK5V1vRRtTue11K1aaY1P6sJo0M463KqzBqgr7o19QPqUhypR",
-	"qfh3X4XS2HJgTHo6cNVlAdow42DFoRr86+a47/5hkZB+A/n5eUF+GlZec6uduuNFWpy5B3HR5v42h/W2",
-	"FryOrI2p+pgpZuSte4JDYM/NzV0hpmBygDBlH75XyJ5ingvhpaX9UtA9gQUVtSY0erJcNzLMZAdzmNp3",
-	"p8XgFqwfsLJb4X66I0MW44PbcX+ajoUSAmYf30K1ZQZzcbIZNdhOJbOVTbuFTRVnB5a2w7FTkS73i2fT",
-	"JVdDacVeiSVasam8PLB4N9vBbk79IgUn6cvNAc8YkoetmgX/N1uKXCv5G1bOb1g5vyWJfbygHzKolqDf",
-	"juYjW7BybIukPSqp6KfVUipAYwdYXkQe3bO0CgqpXG0VdRa7e2ePj1Q19Yo25f6adNAKd5ZN0W9qxVLV",
-	"4iiqgaJsk7YiqMpZ7SiCWqqLo6tvHy3GNyfF9FCuv3u4EaP5dfw4T/6xaqFGu2uhRpPRkMqy25JDilSS",
-	"J6oz5ReF0MWFutrll9y9r7X8vw+AY0Eavb0ciSjht3qkn6seaemYx95t6LYlS7wBTcFrlbEFZxGSJrqG",
-	"OA/YlMsrxmPAIjHqqu3ayK+EduqGeSLhG21T9IBN9HqZkpd9MnJLdbPXm9hGrGguAKwYj2OxNBymaKTU",
-	"jdkZfGm07Tp3436EH2/DhJWRfox96VCW1T6njPuR42/UFDuxc31VjwdbDw7EvmciJ3QU1KXA8f1KZRmL",
-	"/vD0nHnC78H3+I+LNHkXse5cSbUy7AgCehXr5IABDAOjmUcIYGPT95zHCiwKUA3tjCJ8A+WTPHB/WxcX",
-	"hPffN90Duohwc4TfqKmX+/GNmu6b9oHTCahGfJoWTpIQjeFXuPmUVxFK8960aCknG0fbsxEmLOxwoo+w",
-	"Aw+HnTW5V8IOdb4PpUv6UGiY88JoxYaktyUl2Og6BtCo7mwcsUpFWSi7t3kCD8DkSgtWou95FNzrcQ2R",
-	"e7PjtI5ez9ykUEK/dTjvslgNDWGLfFpYNemcthOtgVpeQy2DIZSz9EaUgEF2Kl7BEN1kzdRawgalfttJ",
-	"yPMIGLcAJ2Dx+r3bhGGEBy4nokyJsFdpS8rDOJq4TbivRihbeoW0Y/juQp7l4F4oCzZrtnvQCpGbYYMb",
-	"8lOfVh25kP1hBvWvhjXW0mLAnrhePk4Fg/RnyPqy7XJrCV/UbRe9Kxu6fl6XXcO64YnmMqciU2v2ncjV",
-	"9nA+Kgq/jurEtha6O9SsOwa0caV3CmiPP2ghvzad8q41iUQa23rbl0zGXnH0HBGvvnuNIqZg7ROpLmsU",
-	"AwAsw44vvhaBHBhGlAOGcv02pvv33gmEVo8NQKzyslTYAGTCQPp4SkdN4vgZVHdr7OG9agcd/iM1+Pi5",
-	"o1QtIm9bZ4RWSdAWkmobsxbWLh0vx8PhkK10Dde99V3bA0t+bNzrxr13WMl7vj/126X/1v3g1ijIdtD+",
-	"e1ecPqi3wG+Q/b+FIX4LQ/wjeLte8Q3UC4D3yXc77ef6cj6KeizCd8fcqXjdWlyoHQLc7XriVaV2rRob",
-	"VL1EhkVsBOD7wmYDBHCUygv4RVpECEtbqfVYqGurk4J/DkGDJWs6g5zDwVfvo4MB+4ri5k4ME0Av8lpf",
-	"J2Mxz8Ggr8iGCanT7WzAKINQo3PJU7l/QT9h/n6kin5ni95T3eev0gwrCed+LbFBVVrtlA2ORQONee7K",
-	"SpF2hcgnKAu20BP6thxBsS4voNKnYKNTxhmycNeDdQ8pEsqzKUzRVhJ5twBuQF10jDu/HpPiN/iD/eEP",
-	"6FzvGA+5k68Kb48DQFiL6VypK/3AcWyonmgNsZw3akqNRqtyV0xPSi72kSP/J6PyOHsFgISXghp8oIW9",
-	"VFqn0wxFpIUFHLBzo4EJmWBhG0RlmFTs7NUzo6FNbDBmZYRJYVigS9QOZfTKzrH/Jr2EMl4RMWQJAbsW",
-	"eTpLAa+VquFyvu71nIUCaGYkHLikLroi0yKU3VhBnnLRL9IFAMAteZ5qJQN23F+kclUIrA8s+GLJCpWJ",
-	"3BgLB4RzZ4csXZprlV9tFyGJSFbI30XS69n54t5FUOx17v5OE+anBVvo0EbrHPAagdggbz087hDrEpGl",
-	"18LYLK4ZD4+NOMxEcukStiI3L5sTzMsGqlbSDdjZcpmBhu3a7qRG49Aim3m4FEgGZmdTXVh1udpZYJYZ",
-	"BYUzIljbWb6sMyoUUSOtj+kCakwR99cvJnEwDNIlo6NH+ikVjk6BDqffiLgo+ziksXBJBCGoB5C4Udka",
-	"CMkhlkWbVH8tYpFeC0eaX+FaOrfANkfF78PVcHgYr2R6Y2UOfCKC6xF9py2V4xdRwKAwlUW6JH8qf8nU",
-	"WuT9GEpPxU0ov/jy7En/zRdn4+OHAQNV07OH5txQgt11LeJcFIH1QzpCDxhn0SByOxvKnK8r12nCIu89",
-	"XTtQwX7Hws4g7LDfwc8OogF7LczOC7/pg1tEmcex4AWU97Gobq4fM7yHmvE135QdyG03jlDGmYqvWBdq",
-	"XVHuJmImONQkYjjGcKEsYXQXUqEbsM7F70ePHh4dHT0+fDg2x3A8Pn7EHz88EY9ELKYi4YdjPpvxh+M4",
-	"ifnhjB+PYp48Eo8e8aE4fjibHR8+TIaxeCxGw8fJ46nLJEEeVaaStDCyDwGF/oDQhEXMn3gL39bGp6lD",
-	"+lUkqCiWgbsLRPlvr1NDfTKeX5x8fnk4/7dHV8/H3351LF4XWyvQ8AlxXVwcnX/3+OpP48WnD9cvRvGf",
-	"r3f1+7mD6wwPBNjFfrGTu7bCcMy1XvXo2PMGUsAsU3WJ29Z75js5vcGQWHLkQ3a274IOsNDquz4Hrmrf",
-	"tmU8yMNpDrj3XhIHPIuvtunzuL5KYAW8iSC+EmO2Bn6asv3cauLdhpw6GLCnKSIk8E0tmKznEEXUhVqW",
-	"O43ZDeb6l3rze/mtr3mWJhd0/Zq5/rhSv/0MPNDqrq4OVfNUV7QYGorjYN5aMY3CsDSjyKLcmRmVuDPp",
-	"PIBLEnQWQmt+aV65WGkAWiIfQv32BKzS5S9g9f5+EBQtPeFD3xOOMysXcwcnODzaz10YM3B74yRGdaM/",
-	"5QkrhYmCEqnME2Q7dlt77Ley3y0c2lMBU0CKAJ+rIbZSSbSqYTVG0LIz/ovvvDflw/dXzlZuoJG7qdap",
-	"vAzYgmczlS+wRmWdK/MZhRa37UYom9vBulFjx6ODUwuMYT4TSSttA0WbK1+7H4RHAEo8MBLkEe5G/3xB",
-	"r1/EX/v3aRiLeJWnxaYz+dvX1d6nIGlKyee0u6pl6pnQ1sRFG9ozF5Gg3SN9/57VjW3fDqObVM7w+85U",
-	"8FzkZyujdf3ta+B1oGwiW13lhlU8AB5Is2rmjl8LKbQNXvEkhb/MdRbakC+rTnxQKohzwbNi3pJKjQ0t",
-	"UFw6aHa1RtPQx2cP9kNl8t5JiFnNd1rMKvtSAs8pFFvyTQkXT/jh9UrQHehV5btt4n7z5dgYF1+OmaCY",
-	"VUWoRcYmdIACBDRltgIwtQynkmzJ88J7le2n23wVpb17r9KOGisJTw2PvzGV2pNHKS/UpQUaUlgqY8Oe",
-	"urxBF3sEE9qbqnUUNadKVq2NG2KOZ19JRtJdsy4eiiGCgDWt5Z9+/N+DO/bjLeZi41ICvVlSw8XmJP8C",
-	"iLrgca/US5I7QwfVDn+1Vn7eG/xr23zNMzmFzFiCiNrCPLzhHPN49/W7/xsAAP//",
+	"7L3rchtHkj/6KhXYOWEQ0wABkJREMCZO0LI81o4saSV6PTOGl13oLhBtNqrgrgJB2FLEfNoH2N1XOPsK",
+	"5/s+ip/kH5WZVV19AQndPPOfnS8SAXTXNStv9cvMnzuJWq6UFNLozuTnzkLwVBTw59NULFfKCJlsX6xN",
+	"opbCfpsKnRTZymRKdiadbxfcMLMQTIviRhQszVK2ycyCmUWmWSF+XAttPtMsDhrr/0Fs44hxDS9ei+1n",
+	"9slEFSnTC7URKcvMVG4WQsID1AhLcp4tRepemrBYik3MumFP9YcYlykrODQ0lWolCm4HfhCxuBCrnG9F",
+	"Ci0Ipo0qRMq41BtRMDVnXDLBizwThWsc39LrJbwk1UylW7YQeTqVtgXfOuNzIwrGmSm41JmQhs15lq8L",
+	"ccaqg+VFkcF0mZJsXqglywyuxY0otlO5UpmEbg2/FvLSfkvDzQXXon2YbMFTlvOVFmnkh5IUXC+YKhif",
+	"Sm14nteGYpS6ZtVZ2N5w/XDOLIOhZPJyVairQmgds65WS6GkmMqFylPNOA3MWLJYcM2kMjSWCYuPh6ex",
+	"bWKZ6SU3yYLmYvdpwzWbZ4U2bK1FyuaqmEoulVmU87INjMfxgZ1FnApuN0ELw7jOUmHfsGuBw1eF623A",
+	"Xkgm7GrS1k6lUYzbPkUaTBYGXAieLIh4gJDOGJ9pu392U+F1za6yGyHZTMxVIezOdbntahhHUxkfD0dx",
+	"ZD8ew3+jI/hvfBoPBoODiG0WWbKwK3QjPIGupVFr2+uAPbfjJEKcMM6QQqdS860O6HXAntyulF0lo9is",
+	"UBtth2UWhVpfLVh8niRC6/5jJU2h8j4+2/8Kj3U8mMpO1BG3fLnKRWfSkWLTiTo6WYglt6dbyPWyM/mO",
+	"vnd9wp9ABJ2oU9JiJ+oE1NCJOm5jO1HHblDn+6hjtivbjzZFJq86b99GJVsxr1zzDbYSm2ItYkY8AOhU",
+	"r5TUgmXINei4KuRLOw4CMSLBNF+KqWzhQW6CbLY1SEP2j3Db4UwU2VUmee5HEW7BVH7oHti5tm4C/NC6",
+	"hq+EKbbn9mw31+4rtWG5kleWPDY8M45WC/tOJq+qy9LkzAP26svH7HQ0GjKe52qjp1JkcBA3C5VbTp8o",
+	"mWqGB+6ri4uX/ZQbx9tIDvB8Y6lWC/tk5b2IzdbGsqFVoW63LAPGZ9d6bk/Tkm/hJcaZbTRiWrEktzxU",
+	"W+GwzlPGk0SsDJspsxhM5Uc8C2Mg8x/XWWFJ0i5+uCn1TXgbdVa84EthSFw+XvDiSjxtoeYLy0/g1880",
+	"y1LWjZPF5S9/+e/4YFAZQLK4PHq2eqS/OLl5noyvv/3xoYAj1pl0VtzYUyX5Eh+0jV1m6Z0jXvLbZ0Je",
+	"mUVnMj45sadTus8jO3hjRGHb/rfvzvt/5v2fhv3Ty+9/+5tOG8E9y5aZaZ/ZUmnDMiOW2m5CIcy6kHZb",
+	"lRRsxa9ExEb2h9FwWJntaEhT+3Etim05txx6CueRijlf5wZfWfLbbGmPx2g4hCnRJz/oTBpxJQoY9Ysi",
+	"FcWuHVH2R7chqkjbdsR+/fCrH8fLP5ze/svx6tnRzZ9N+5ZAa7/mjrzkW7U2uya3gl/d7FaqbXIrdXl8",
+	"/ePD5fj21MyO5OanB1sxWtwkj4q0fY7Y6K83ybcgdoDjwgn7nKevkLXbT4mSVojYP/lqlWcJSPLDVaFm",
+	"uVj+9gdtF+NnN19oICtZ3eW12F5m8obnGSyhXi+XvNh2Jp2veT5XhVV4apyxE3VueL4W2HkKxLajQSv/",
+	"DM9y2o1aQ2y51pYts1F/fHLCVkUmDZ/lgp2/fvz0KbAKnli2EjESQ4mwW6cNN2vdmRxb0jeZgV0M2gaF",
+	"ohwCLefCmJWeHB6u+HZp+eiAVsStlD4MZtG/Ftu+a8JuQH2Gy0xruzuVJXuuGlO0GlNdy9pjAV3zlQXM",
+	"dKCpEeFpK3zqnaLxsvdSlZ2991K5JmCpcNkui5JGyyX63BoLs0Lwa1Jg8Ly0rEitlRopOd0GjQ+u2djt",
+	"OJtnIk81nPGiUFYoffdzB77sTDqHfKnW0ja3FFrzK9uVI0Nu+TVwTVCkDCjxho06b6OggWRdFHberU1Y",
+	"Zq/mbK3TiIl1EbGr2SpiP6y2EUsW84gl3Boj67Tz9nu7UNpwmdj3D29Gh8A69c5No9mV67H/ZuGrffcq",
+	"cJSSUf2mEPPOpPNPh6UFfIi/6sOX2Aa+0mSvbhcy7VbfKuxLzzlU4YiLeSXBfokEGjGO+wdWRwZW0lT+",
+	"8+sXzyPY0rW8lmojaUPtew3CYd24RihxVCp2aj4XMs3k1VRSG5lkMVJFfHDGVBHZA1o7ntqOyw27G+84",
+	"mmCATWU51+aTNLL4oE25fLwQybXVuFErdXZQpqeSjPcJ6/Ws3Yg6fq8HSuA8u614A9AwNcW2ps5ei63V",
+	"695GncdKzvMseQ9ZEZxGFOtSmcvEUmxu2XR4JEHDYG1qgt3XFc9SGGnCpZ3RTDBsRqRnrBDztUzB4kd9",
+	"jtlzIXha5V+n5VHAzmxDlcHsfR5gMn2pTD94/+MdCa3WRWJVXOQUdgO5ESxVAv0AYE1UnQwRE4OrAeO4",
+	"UjC+cq2m0i0WKmiNjbDm/RcK2gZSmEDj5MLZZHmOa7Xg8ko4oiiU1i/AnvsgukhsO5doGIb0cM7glz7+",
+	"4qkVfDvcWSgMDNr5WovaXh+Ve/24rRl66V32PBzOR9nrcz8L0E3A6KPpWW0fTXF03NDou3G4WnHEZltL",
+	"9VMZvxZJ/0thkkX/dWZEDJ4d3JyYWKX3mkjFzl8+RbHNr4Vmms/FxHXK5dZKoIRL8PJJloCpCMPYZFow",
+	"vUKjcrWe5ZleIIsmJ4JlGey5MgswjrlmqZJiwHAgmuWZNiKdykwGjs7PNIsfv3j1+vL82bMX3z754vLF",
+	"q6e/f/r8dcx4IZDS7Rl3piswevsLULazU62hO5XOusYJA7uAJ8Eb5MgEqfeptLozz59YTv5B9JtRS5cg",
+	"FCoULNlaituVSIxIGfzMVAJHukKtJ1Uhjc0x19w7yGh8s49vfhQKbZmBFZfhjMkz2HQEbhZKCyZuRbKG",
+	"zwueTuVMXK1lhLSeacbZHNxB5H2asAy4vXchp96vhDI5dD2ZvvN6TRg4uSJwO1XkF3uSa7FZCHQwon5A",
+	"raPPot1J3w+89G1LR28dtvj1K265fuiX26uh0pMH2/FcmS/VWqYfRKGW1c+hlYA4nysSEm0St8pLj0vq",
+	"fK4Mc03tTZhWTOJLH4Mmnyum18nCS0na9EyzhOe5sATqJxwfoCDLUrv3pAxGoAaKXMkrDV5Hx2TxfWBg",
+	"AY2ggyBXPL1Q6pnVLj5oM0gAXRqlLnNo7S6zRNwmQqSkrmY/CQY+ncr2jAJR96q8g2Cu8b23iTruG6X6",
+	"+PLH1vFhSpnGodlN4zVBALNj3bixSJbJBNvSAcctPIMuyC9BN/+oG4RH8xK1/vu3y1obj4ZO9OSZFPoM",
+	"JodzyjR7cFzZt6NRc9/obbI0PmgXsak+NvUJ99TOe2nNj3Dm9a0lT7OeynJvd6wv7XRNg+iSp9mRTibh",
+	"eqHsaCpxnTm450HSW+XIDuGri4uXbhyZ0SKfk33H2SrnmewbcWtYfHw0igcHeOBpPy6ypVBr83HOO7W1",
+	"g3zSLEXNviiyGwHjyyQbDfUZOvHt1K54JiM259rUPTOPWliA7+/dGQC9+pFJJaLzL5N8nVqB3j7nCkMo",
+	"BE/dVELioa/iMzYa+muU2ZaRg/vAqrOoMcLyWWKy1iG6CpRiOlebHHhRYhtW83kE2gbcVyopRQIqi/09",
+	"VxquFD33mVR3ZKfV/FoUN1kivpH8hmdoIb6fr3VVqERorYrLdbWt0icGjmr3WLmwaL/ZRc2WosVD1t5y",
+	"jUQTXqT3Nj5gr1pcCDWfxVntXhwMS7wOrerDgUh76TuuDnFvqvYj74cNgP8KN+juVU254TOO16VrCffa",
+	"NIL6YrY1V1vKHY3tnDyR0PtOnUZUm/jHMV1TYe1AcAA7iriyp5jbM5jJzDj3AR4sSSwd1f0FX62EtMeq",
+	"14O7+ql0LqoJ+aIQbhEDVfXhfjYu7z09lfV6ls56vaZ7DNzmU1kzSnAwmSGq04ybClCEAU6EdTMTeD0K",
+	"Afen5FpSxVSSw8lsskQcDKZyKvssbj1MMevie5qsGfuiJrW0PFQGoDZqbaxuOudZDogTa9MyPDN0O08W",
+	"zFYYBrrsAHpuobyYdbnclhMHjliiaDwhEpyGdTnLlTa2v5L/RYxbVpzxPPsJTyw9fnBmlzc+tOx5+1Mc",
+	"wRh3Efcns7MC2rivgeCWH6j5QqmvudySsNQfJuG5EZegfYi0cdviPC3g4Vmim5ZbwT50YlGzFXiALGmf",
+	"VYjfLmowR5aKnG8rgn8cuDQvlGJLu+eu3XcS/dyIvpvDx5H7pUFWzt1PGRYBDh43TkVGiITV/oMFjZFw",
+	"1bWQUzlbJ9fCwHph0+B7t4RGGkNTdawwn9KzsJYpLnArlkUrwAztYkPFWuqaJOsqaTkBO0dTcipxfJ/p",
+	"csrOZ8Xnc3CnNM7FB5DzN5KvzUIV2U/iw1wF67ChgJZfo88P748cTXPNPjunx6GDCftc8EIUbLoeDo+S",
+	"a7GFP8RnVW01MHy+qfa3N71Wxvmx9FQ3r0z7uxtVkE88UVcy0+A/D/tutVaq2/rtt9/27SoJaew+iHaU",
+	"AS+fsPQEIxbMKLbWooo1wCXu3AmoAZLQ69VKFUakX4s04xfwzAeRhm/wcmlbvIRu60Ri6vY+1yzsyHZQ",
+	"9V+chOTg+2DQB6M+3oEwfAt9aKEPr34sEnEeDHAjWrbGNYvr04uBSNpWq+bGsHaCHxnhMnK8zq3TyJ/U",
+	"umAz/DVCDkiXyHYxV4VlRSZDe6GizbaAjBF8YtmzZIZfW7a0abYJOKT7lovGe4434m/9RvGi4Fv7eYXW",
+	"V3Mkr1ATAv7sBsRzUChgUITijQONpuL6R0VyK8zHGuvbEInzXSdUuN0kSgChmv0gEmik2mpjmueSIVzA",
+	"4bju2LYdTTxFm9i9+JnlThLsocyc0eWGFFfcZDdVVnF0fHoadeaqWHKDFxUPjjtNdFfU8XiEe1bwsXuu",
+	"vlgBoIFm0bZUCOtrXyNjxHJlLMNb8S3AjwuU0Ig/NA07dP/1A/aKe4CqeBqx7I41RSi1w7Thm1W81+h0",
+	"34UF0yG95KbCUzvj4fikPxr1x6cX4+HkaDw5Hv25E7SYWnWMbPYac3+f3Yo6pLdfIi9vcoUt4yxGuyN2",
+	"hg5+xNXwy/6ZZqlI8sxSskoF3TrHmdTr+TxLrHFxCQcbwBH+0jCW6zyP7SLaP5A3IdqtMb2sBYf3YsV/",
+	"XAuWpRFbFWKe3YqUxcniMt4H9dnowQMMd4MZ6UIBF2LFt3ovMGOjJ5JTl0thFmo3vnAJCjI840i0hi9c",
+	"Xlrqv7zJNG/rxwnTBvibOFfMNossF6y+lc6HgwINoTKw3+48ZhqAzxlioGfCmr6AXj8Am0+yWK+TRIjU",
+	"0o0qPA0RIJjQ145/Rh3/dAdpUgCyvZxo+HsTqBmyHMDlBVBRD8oKeBEtS2Mfauehck5bGVdw4up+kFxt",
+	"RNFPrN379PULdjwePfRsBY4IyjFwiXndJs+0GTCUGRqZUab9a1NphRyxEfjZWkohg0rgKnxuF3yt0zhi",
+	"sVgX9r+r2cr+lyzm8B+H3/g6jc+mErHjWytZ7Ys/rKypg5AAjC+R4MsI9m2t7VqJtdU2r2arTtT5YWXX",
+	"NVnM7b8c1n1d20J8qUGiT25EG3N+reyeAH1hoAs6hiy1ba3Kg5ugI7YpMmOEdJwb3Ivgz+DoqqUYKISo",
+	"TO0qYUcz8rykIs9uBNwqO1Setdl8RxsxWyh1zYRMwQeEK1GVMPuz8/H+7DzlBrRSnqaZnQnPXwadIpNs",
+	"co2MVCdONKTmaJHicrHEzq2QIkWX61IsZ5aU0GkHvhtQRytcppSgKN9KaPwuzlpKItr1krO2s8i3LYdr",
+	"b34vbsxlPGBfiHSN+rZwm5oJbeeEF6PlttgXHvzr7Ch5/mj5Lz+Nbl+Zk23bDhgyjRzZwywGKw58BVdh",
+	"EDIm+or4l2VLVuJVHkGN1rVBn9oYXqWvPTge2UMBJRIFtfEtOHPPMt2ml3qIkbAP6YhJsQF8VVZo01Su",
+	"HJXupWnjWW+xBhZcXy5V0aqCCLiDBzcRDonNVZ6rzRlbcY2HO7enNs7SGMwubXhhJdMlR7eMUexKQAjl",
+	"clAu5kypXHDZWE2YUDCitvWDW2WPEKqRqBRVuDDAtZzp21xAAv+2zJugm4iuyfSEcfbPr188R1c03LAY",
+	"1TSruzHhkOODCFCocwxJbAXJWvkhLcfsxuBXs1Kh7vY6qAfxlDjnxonxqOVW+9IqDYVy4VGZobFZC5OM",
+	"/7KTe4HT950KXNdySG37+JXguVm0q19Wn8kNbt4CnrMa0kw0d3CnkqWuKb4O39/WdMXre+dALbcNPdil",
+	"P4jtK4jtbZ9IcGcKAcBq7qDkIN+yKmJft9hPqPO1tz4XMkEt8FrICYtHsQdbYbCpx3lZ4yophNW3RIrO",
+	"WSv6IKrwdmWnPJUY2pppsvQVuG6fwAWMlfPCizPvYM1ApjkJidyeHLUrvta2UZUD6I8014RLso1t69gq",
+	"ByZX2HWBdbI7X6P60d2RUHWTrnGYJWuPw63SRFNhGO6vMOAq6tYRxOXwYrbK15oYhxGSblxlqjasOz5m",
+	"C7UuKnfmA3ZO1w6Ze80S0lQu+dYeUb0RK4MXaDzA0a41am8OfI6rXG5dIzaQ5n40fI+5X4ttO31eiy1e",
+	"C6q1Ya9NsU7M2ip7wMLZj2tlRM2GeySGR6cPH4n+8TA96R8fiUf9WXJ61H/w6PSYnzycnx6Nj9uGkKvk",
+	"WqSXa2myvI0ErJ0FtO5xjxDPbfwgLZFYhoyHgHaTdd2dDzf+8mHJt1MJHjpLwwdnZEZjE1I1+siImlvX",
+	"8l7D292BXoLgaV9mkMCrBQamh+fTagG5MBCcDoJZpDGZiMj8UWmaypjUSiLUmHVVQY/QrWqM//snvKk5",
+	"zyQAjuMBO3eh9EEqAssgTCbXglDUVrLWic810WmdP2JL7jLWAUtEljrxKB/33x5/b2mySngvX7y+uKt/",
+	"iBTc4Sowi/futowPOmzTzQ/pmrp9ZBg6eLlLBPqlwQfcGOmyzb0OwEtPwvacWJuzvJWrjHc8HO2k2YAd",
+	"7xTKleQKpfcjiH5bSwgI2nB7GMG74YjqjMWenmM0EwFlH9zC09S6CE/WPljX2FOKKRXooMPO7MyuMJVd",
+	"4y5uSXRpWCc7KNefNlmew526VvkNmrCgMkpPhcjYa/Z7NaWAn1KQUyDwnQW/3q2tXIuKb6XGNiKvRzRO",
+	"VI3Em3RVY641MyeQe22aEoT03OWAx3woVS98hOEyM7v4GH5tfwVLTuv5Oie29V7OZtvf3Z7mT+pUHk2G",
+	"Dz+tU7ky87aFCL6hZB+c4DSgJ3puUGVUFxvFhF5ZqlXk5GBJoTKtOdDXx/MgWz4Yv59n936PK9CwF3yM",
+	"vAOadWNLcph8xV80gH5bhmi5P8Eow+dhIcof4B4M7sB2uVqd/4LeqJ728rE9fA5trtVw1gEzuMeRCmf0",
+	"PocECqmP6pBA3vD+Dgkc0l/fIYGZCpqD/VpJhzEC1Wcb3BYzyNIz4/Ka8SSxO/k+3OxdGBnEM30kRjaa",
+	"jIaT4dEnZ2Qmk3w3IwtXDyRGlWnM+KWxYq3N1L/v7u1LUH393Ru6Cq2VsHV3a9TvJSKR4099rbZSdZ54",
+	"d3aL92CNXQwHcN5pcOPPKR53K4zTbeGWySpyiFs0ce0uEiKdl+rG2Z9Lewq8tYBcM7yTYufuTtPn9CBR",
+	"jdqbdpcB0xJH6U7RLi5bjq5kuW1+3o/BcD2NBgz33S6ykH/cx4AJjvFROTBxrvdnwQ4j8tfnwYQQatM0",
+	"Id3T8clDRngkhtgoTfcyUTtmKMReoVsN06yBRxjQxXhbg84VjQlOvnn1FCA71xkaAfDwZCrj+zFSiM6D",
+	"u0nw0AIYUieqEBrDLRMMnllsVwshNWL4YmRHe3WQ8CLtE0wgxRnFcH/tvxtYCyvFKQEKE+7zslRIkxnE",
+	"jDG9UIVhS54sMin6heApTBwPzhmbFVwmC+cJtKwDrrUyk0P481TGuPj+khM0JlWwlVCrHIGhS74Ngtob",
+	"132tDBsSNdUHhc57+8IgvD+tohub+Uh252zZnQ6n+cvlWouWHwpBEe71H8D4i1ojEe8PfquhnZvhTTtx",
+	"grVA/zAqFQ1EyElAAd/+MrGRMKL8esW39F2FuPwNHTyEziR6jjxLFFV5iY/BzgTwFeL4SA6t4TFuI3V2",
+	"JblZF/hdLQy8LRykanHXBt28Gcbf7lAcaqcqagA8CsG1zw3RhtIBAXklpCiyxDVUE//Nt9oHiyjQplhZ",
+	"rJdcBkfldpVzSYkx5+htpqh4Ss4UmIIO9gXYWpqmi+vLtF5jIFzTRU5Ze1rXrJntBVprpP7ZS64FV4Qt",
+	"sq1Mz7O/O48b0lI+mvtuX68dSAS3JT5BYziK4+G4TZEn+G5z64GFR3UKoAArN/WKBKtO+rHd+7uOiLu6",
+	"b3RcCknJl/6CYndP7yjUQnNkXWT9QswF0O+9Cp4DNMOShZazPeQ79A08zh5Bsz9S5FziXTrqHXRuajhK",
+	"9lqA/AdhyNPUg0Uga63l63DPRsHzU+l+DrJzYFDVlSzTKrTiZu64MCt1enoW/Zt27GB5fiOzWxf+VTU2",
+	"Hz44Pj5+dPRgvJfJ6XTWeyDgwYJ/Yd/YYT9d1LgtrnWWnoXAFLtOaYlZSduQKitxYy6PL356dP0v4+Xn",
+	"DzbPR8kfbzr1hH/3Alc+MValpfl3RqzcBVdpWfh3xkWF24Hjjdy9klX9YHIlbYFGPbPz/cQukdP3QGK3",
+	"3L7dhzWsUtUOJN4+akVINaBAB6wjlMXv6YxI1UZqUwi+vNx5o1s+U8culOlxs0RQ7iRVYyNdhb4N/AFS",
+	"5OIvZZw3mBzK57Qm3ICDTfjAyTOWGQDPkLmpEp5PpQ8GddTVQlO1u0eeLEW/HUh3zzm/34MUV45tsGPe",
+	"t+LQ3K0+pYP3diHVz5zaSJalHhuy6wjW2F+yuDz98upo8c8Pr5+Nf/z2RLwy96/KXWpNOCTSbtyQnCmO",
+	"C7EDvtz5AFByjbiju+A9GAWzy6GLbimRuqxgfiAfci2FWxFeTSEp38/F9vbrlsDR3fmb/TjeC8K/n+t4",
+	"OJ6MTvd3He/tIi1E3UVaiMuTP25H/NWjq4vl0exf5YPFJ8bp34O//zXQ92HubO+y3PcqCCn/PlckL7N9",
+	"U+h8xFSefiyvJB2/9/dK0qD++l7JbxG+fp5c7zj8iaWaXKRXgMzDtS3FJUiulsV0Wut9dQW87EuhZoYL",
+	"5JsJIV0vVlmQQags+t2qx3/Ocy2a6wEgA5HdtJkQ55gen4bzy1/+qyqJNZ+LfEtQtlpvFTG3a/F9z1Gw",
+	"Gs0dgHQiybrIzPY1xO7C+s0gVvd83QboOZfV5ACWTvaKpo4H7KkhX+k8I7XE5T4zQnJpDgZT+YVYKkB6",
+	"Tlisr/GCyqogMevSwzF8PMCbZffIVa5m4jZ4iL4gaAkGJtv1cmHIQWguRs1mcq5cpDHHpLGU9fwlGdfM",
+	"m8tOi+u0ZBjRS57nLjwKMynY7e310A3S60Ws1yO3R6+HyXi0sSyjYuDap+iY2lcgqUavR9cJvV4ZnuPu",
+	"S20nmSSnMSqHkH61DxQLUeEhLNVSGKXrL7bgrX8uzEYV19pZgQFcshp7QtHlHHIfOGQlpS0CR5CVVAAD",
+	"olSuU2lEnuPQBuzJLU9Mvu1DWz0BeQV6dioFJgRO1NJh4czG6sEZZry7AgY2KWFIrmzLVGa6VLZN24js",
+	"LC3NZWbAIMdDqpL1kg4bZU8yBU8MlgBRZsEWPL8RGlbmn/6JnVcC3e2XiPuND29Gca2eD2QmD7INcIZU",
+	"RyhkuBmJ46lsPzYh0dODU3nhcKrV49PrIbn3euURYhcbxVJ7ivA3zcRtZrdubZzraqZuJ1MZ07GqHjM6",
+	"V/481U/YwVmIAwO8st5kJoFg1yVT8/lgKs/dwUYosxZCu1IrAF5LVJ5nqdCU0KySyNBq4wSloFMSeSE6",
+	"lRRjoZrI8AmjUkRM5JrqbLiSPVSQp2JCNSIJptKnX9uUi0cm1EYBkC0HVwiyZT1g52HGBZe0O8jHAJWB",
+	"RjFehh0izv6nOCpT0PghlTLNRXR140P6M0gG5W+FMj2VQfIFHHdmNIu9O6L/2vn5XS5dl1/6gEkh0iCj",
+	"rqPyMD9+knOthS5JvTx0wFc0Jq62T7lYvxA4Bb41lLHxbT/YrJiJWyOktjRvG39DbbxpPPeGLQWXdnXf",
+	"sIXaeG7F3ti3+v0+a/nX/gS87Q2L7f+2mVeCp/qMRLd24nwAv9j25oUQ+XaAL8OS8TzfBizFNkbf2/a+",
+	"UJiZDTMpYT0nXVIWZr2GtBr0HLC6Lt4HAacnyBQQ+oSAku7biMXj4RBzLgAhSVBu68M9Iwc8lUUqwwZL",
+	"3w4l4KaJYU6pNyyGP+w8HoOuq+HgoIYDbgK7FM8B9MVl85hgvxCZEAX120LoKZmu/rhV8bSWwUNuScQ0",
+	"BtGQ5RSbmbIgLW45jwioCDMOgwTxE+u7H+wMv1Z2ZwBhcVdQ/p3TBcQtsPFkwTOJgT5qmSWIKCcmVk3F",
+	"pZHZYPWj6vnmd7mIUlFYra2EQ2mf1gdLsAWwcR8pQpYpEOM9S3hWyxAU1oVj8cnwKPYpxjY+xAvx2c7T",
+	"pI1arYAc79iMYi1xyX5Qs3JnflAzuynnUJ2qX6wlHG56pcvJyXJwP/U5eatkvnVJOpEsVXGNScogmIN8",
+	"JpY32YHUCDIeD8fsnDA98W6ydAqFbcJJ+AwE6j2rHRhMJHPGw3F8xlYqz5EzPlOoUJRhSW0nt+KHf8Pi",
+	"8LNd0KdyptYy9TGRdb99aVpY084OGiOvIJtUIUjf02fMv0b3JKX1Vb0sscMCgWHbaeawQ2ljH3lFJknp",
+	"sCTuEzVPK+gdAaGUoTjs90IKSLlld2ZeCL2A5V3ZTnq9XF1lCc/LF6w6xNk33zz9gt0cM1QOeX7gjyTq",
+	"hC7vZTk2PBlQh4yy49n5QcJElOaNCB30M7Duqy8fs0enx6ODyVSyxopM2HSvuJ1px6oKjJ2zmV1+7NhF",
+	"B2EwEFTNfG2KbCXKsmiY1zOCMRI5Q7pQSCLmXMC24ZA4Jy3D3GeQ8cAtDCg5kJnW9jz65S//eXcxI9aN",
+	"h7fjYfzLX/4zHt4+fEK6JmCItehrqxRANhhYA8ksu9li9BEHloExcPY4bhmpjK7xyOGSSdMpxEo48td2",
+	"d3luW8U0v04zG+Jc/iC2SO86USsM4i9t0wmyYcdqUXFt11sHwaHwdR8yO2xYE/vrt45NwKyCTMPAkiix",
+	"vHuhdsk+Ya+/Ou+PTx6473s9BKBY+xA22NqHZmGNSmJ01j6QSsLpgODcmUq39nQgZwS9mWkAvURWOcyu",
+	"ZDbPEi6NVTON0CueQPKMpboR6cGAvRJ90Fks0cPLcJPQzyTYJXRf7bJNebZHEyANzD7G/amaWgPRNowB",
+	"eRyjgjDPcZrNweDG2OGIkAeFi2SibRyP46ls1qBBHFF8AIYx7h5nOsuBuWKkhLcNAUVZqzbq/ZcDNL8K",
+	"vqnm0XLJsPyeOxvSGWy0tWhUu2wZpPKFujv75d//g614octiOPYbAHbYn0OJ98u//4fdZyiU0+v557uQ",
+	"MxC1kkxqUZgztlkomDV+RpG1oRSAPgTvALrCj2KA+rjOzBp1jDel0vaGJvz/7tC+SRkoDaK22gpv8NSx",
+	"naWF2BtrlZSNlTWGgBlEmFxcyauIzXhaKZTmTzzVDdndmatOFHTmyzkRnKbrCM7Vd4xqNZnC5mvAHKRe",
+	"DK53QMqyJyd1ooC6wzPfbSN17G08bpkMkXlrD6i4ubmhlZGBZxOCq9ibkAP1ehBS1uuBKoJ1bedi4+AL",
+	"yKudQU0h8roZK+cKX4BTGVUf226E5XjbNuNyrUXsjjyiJ6uJK++fmrc93JTqo+r1KvVdez3gCt5aW1s1",
+	"237AxUdd7TGmHOxfAIj1MFTW7MsQpnxHWQ/2Bh67e9xW+bbUXQ+shR0PNsdAxRtfkLnXc1q6dwNW7Y9e",
+	"r737MkNrI7j6DZQn4jLtV+KgKa1Y7rwelv1dKSkOyg4sQwIsmQ5regGL8nnvKqW8OEtUUWB1lh0lvJBr",
+	"Ttg8u8Xi2piU0SlwLov5gPmucWplbPFMXHFZxhu5qERN4pEXwmVvrhRsYXl2LdylpYa0FkkA52Ld+Hg4",
+	"jg+ggpsVWULrfrHOgftDtTEsNDKV6RqkZDmgLp4AqALCNYsbiNA48kHEVagnAYPb4J4wEjiYUxnUvMkq",
+	"5XhYNz4Bj4Ldq3PW6wUZlUtblK7rwZfYnuU5ovNvbaeT21u8ujsen8YHvoYdl2VRnKAWV6bJutyVbhoI",
+	"oHLso1rybasq4H6VjjwiSYyFbc2JPbjTPqN2wmhsOlhnEHyUXF8VYFnZRmWS5VDYWCtvJEMl9UoJPcRJ",
+	"AaLA0joSr4+Lt3NJvaXqL5xcfDcMyFuMnolhvgfQM17Vji2evlpdS031JBDzhtXUSx9+SxIFu+dOERXG",
+	"QN3A+OkXT75++eLiyfPHf7r8w5M/Xb56cvHk+cXTF88tzQEOwzkqSi+QD+U+Y/Hvn1xM5eHNqF4yUx/+",
+	"fC22b2Oo9a9RS/hMs7gMlI3LnA4uRNieyI0QK8wnLYyzaZAC6ukdSK9ba6GrKR56vRYW1+u5Ak6kB6XI",
+	"XCw1Q+U+zARDF3ARYf0gybgVjajSDdhrFY7XZYghuwUyR2OQjmXelhzA9w/Gqrv+g2epCIYDT1SdL0Zh",
+	"DgauqeJdRIUpYMt+XIs15Q2jy49CwB2udrXlYU1IycbsBaUW0jCjI8fOoRZ/bUMCgoSi4mjtg/0s8215",
+	"wRoEnzsNylW7IoKDMuFqggY3AfJpEmVJC4RGI2dyu2zPk1WR+BZEzILfCFas5UEE2eWPh6dsh7JBNfkj",
+	"y5PG+N8R+R9OhsforqcL2mIH92g6PSqXC1ZaDdhXSqp1LQ33VHa9RgWLtCqEFtKEkDTLeJiaz0mTXOc5",
+	"+yEz1sqdyljnQqzY75ilY7XsDiO2zGQ34SurEmvB/uf/Z+N/I3o5OIh90Riqm83k2jIF9GK6wH3OjDLW",
+	"Qk4FT0HMWWMwFa2aQnnY7NLM1qllWFpRDhDg//zK5/y3ZyabZ2ApORoE/6O34ePj29v4zsqN7JyB1HVK",
+	"pBO8pcwF+WhlnDs2dcuDYpCAoxJJnpUF8Suah7unyjzTBVhT5KBGGR2xLNVIs70epUS0qkUtBWINaNnr",
+	"lSAly3bi0enpaQzFWdc6hbii34xOB6enZ+BHghnZH39YbeHH//n/ToZDPAVbISkBYgB8OnAHfZ4rbvQA",
+	"h/fYD5xG2IrIVGmoT1azPk6qGRthcJS0ERMytuRupM6fpq5Xwjaiz8zd/UGqbAIpTSi2nXWBpR5EmC3V",
+	"1aI4iBDDZHvvoqJkv1op+wj5jiNKuMe64PAs64N6+3pJ47rIlpY5LldueK++fMyOjo5OmUdbwQ5+c/HY",
+	"0QFqmuWNmMt9Zqn+nhg61t0dOxcxLQRl9acwvZiq/B54uwhdahRR982rp3QIGyFdGKAWxpnhNxE4WqrB",
+	"ZszFmg1YGar3TpF4BO2gIof3ROS9QyhesyB53zLuAftXdIoEIsGSJylxrugxa9Y8Pqto8Rr8+JA9OIQV",
+	"I+eHRA7YdsIhRZATxnILdnlkOQiwx41leZArrOQ0djyapFl8PDyJWdyME/NsWbL43H4V+6R3KJbJxcXR",
+	"EeAr6EKRGnDlduMvnjx7cvGElRE2lpD4ti21P43lUcwapahQCPHA6wWWVlmz9+4qV1DpBZti3faiVmct",
+	"5akABNisUYWSdznLrtZqXStC4cqjoaWww/VCCguXW1wBkWtB2VntnlCKQjqSILDQP84pfIRudLvxz1PC",
+	"Bk47EzaKWPhx/NZfwwNXKdxSeF0q356xp32s520Zw8Pj0yNvqNXwUpZdVl0NIMx2XKog6ErJoCiLkgL8",
+	"2gP2ta89gEuWqOWKQ+Y6cLBn0rvY8y3rxucBQ7JjBf9soYX53TcXX/YfATew3x+cudyOQBpOs4WHSjWQ",
+	"/IRUQgLImC4oAP1wh6NkyYtrDSRIJnjNfXNW8wd1MSWwU6OmEhFDjjB2qn1OwzsiKIirpueiK3wp9jJL",
+	"v+1LyKk0Ci/twC44OAt9QY6AXASQK/B5xuI/9qlST/9pGgdgfKfAdjFXsLUUM8h3OJWIqcMKf76m/srq",
+	"/aPxI5YLg87INLvKrOIW9y35XCIzH8QHE7wmAmyCcjJ8wM7zfCrntjNLFuJ2ZQ8eJI9ylYi78Tn4O/qW",
+	"FAuV95/AQ30qYOhwdHmWCKlFAI47X/FkIfrjwbATddZFHgSlbTabAYefB6q4OqR39eGzp4+fPH/9BN55",
+	"G5RMa8Lszl8+7USdG1FoRNcNByN8R62E5KusM+kcDYaDIwgAMgsALzqYjf37SrTWNiBQ0NjykAZyGSyV",
+	"FbmaCsjS8NXFxUtALyYLkVyDylXWEUOPlpxKVSQLoQ3iojz/JAvMc07LXmYi4Wvy9oflp2ZFJub5lvEN",
+	"R0hOA48zAQtkDk6aGpzFFWFCdAjtlxdLT9POpPN7Yb6ixSmzWMGijYfDO6qstFRXcZDwjrrev0oJJTTd",
+	"UaQkWH+eQ1GIt1Hn+Gi0q1U/gcO7aqqGENfO5Lvvo6BQ3rPsRoAdAalTO1HH8CvdmXzXQRLqfB91KpCk",
+	"zqRjFx/aJATX3lQmZIUErGaRQpmc+TpHZ1C3Tg6+FhmJDmBdU+ntRPKl5oqnDgUKF4kr7atHmoLP51mC",
+	"V5oZamVZwj8Rcb3CJfkbo61XWJxFoeLiluQjUVfUORke3d9GS1HNuwjTDjl7b8q8GR3OyoI8rdQZ1uWp",
+	"ltCplK7JNKq4Xki62juTRlCPjqYytyMuWirkUJL8G6qBg3HirAwfocvilWWUcLmttA9SQC+cawkvscjH",
+	"uuFbgLV2XQYekNsHZ1aaAlLEGmAI/2lkzJnKYKIDVprIVg5XgFWAYwQ4zMxK58YKVUvZTNDj688xqq2a",
+	"YYm7RkQnN2yj1nkKdztpwTfO7fDxT+fnPkHEhx3PoE7Td2XoFlbtqaXWf/t9UEopeBhzbTUe3vuwu6ns",
+	"KndFyY/giA/3OOLf1OqyHY9P73+pXozxo/GT4f1tPKX7HZ/C4YO4kOc7vxemkoQtYDx0AO/lPMQNDn/2",
+	"YVZvd3KhV3Qaw4TfHvPt/dplljEly4zD3NnyBFh3vGQq6amyOtMG2El5n1WrSopO6a2AVNLSe6mzFDBF",
+	"vF4aMfLwIfIUf/yT+njh89p80EGt1sUIYg93VXJqVMaohvDKdZ5jvOGOgMf7Cmk0SwvVawR52V8G9e3N",
+	"FWjZdjAFF3sKPGGPI/Y5T+mkvj8bGR7f/9JzZb5UFM73v5nvuJjJgOe45DA7eY6lJ4fQAQHTNo7yEaKQ",
+	"pyRrdrCrQ1I8drKtZ5k2zpBHXadWtMDzsDDms8LRvOaDzAo4VBDtv5tFIbMLGeKAveRXzuGzLrQq+lbx",
+	"SCc+qnMqIaKTUIN0d4iaCIRT8itxT7gnk+IWcgyHHNJlEwjZJPu1uKTdA6rF2HlXKniWLTN7qJvxu7Qs",
+	"WerzCRHXYJj46ArgQoXR5Y2gz6PADUWuFdnVwiAcBQo6dUMqQBmT0QveSwBVTniwLWEhtwpcdY/47cxO",
+	"5se1KLadyLlpqntbKcO65LcuX8H45KSev2BlpWhhW/y37877f+b9n4b908vvf/ublmDr7z9UYmEUdKAo",
+	"op54f0WnXbItCKaH19sXrE3ofB8GU0OA795yKIgRb61B76LEyywGZZz4P+TT36J8snvZEtQfiCr3zScU",
+	"VRjdcY9UAvnTVhtrQoAzSJiEF7bVtEjBd068QNBxXM+9FA/YE44xxpKqJr1DjTuWmaksg9W6PHwUYXoz",
+	"dXtAXlXqBCJYtTXrOdSBy7f2b4g/pMJ5GLxjRLpLHELgxNyKVrgr+1Qy6Qlu0kcTSdJnKLhDBuEj7SKI",
+	"YUgTqAF5pgGk3w0J4yBi2UAMAjEPBYmcsG8XVajtTGVAbneIKXFjLsd/SB/Ovxr98K0+/fHZ8nj19yGn",
+	"7jGqoJ6ir5T4K5QphB/vLiAYlO6z9PY3O4MWgqEZNBK6fYiwLosN3imrkcZ/Xen8v1nYCsdHnYClL+5z",
+	"P7VjTXcKzdcAQTUtdehAVKBN1+tZNtfrtaQc2FBWHUD8BmAzQGuXlXyiamWewtXa6e4ssOOQ+vUiO1MJ",
+	"3mOKrGiA+H1chjMgy+o7mGG+Bo8GaQz3TFZCmqBiXkw9xgT1LShc7e5KSXCtTnddDpzraoUN2NeCS8yw",
+	"kQteQPAvxPXj5Z9RicopWsq2Y5+jG+yzoDeo5YxYg0o41gKqQPM6YrOK6EMIPFilVoMIq1ChG9+lgNiq",
+	"dQTwOsgFBDXkvDzVLZBIVUzlTOQKU5XUzGG82jMbRfDAFOXwOtNwvceUZKt1sVJaHHwij2K1HuMHeRYp",
+	"x7gruzT5OTi650EkjvfmQKRfpVLj6F5vJNTWCysG7qq/B3kY9y2KV62Bh97Mevm4sNZavbSaq4FWLXn2",
+	"DjmOGxXJoFyYNz/LVcWERGUZrPoqo2OgUuPcpwhw/vFqAAdmOW/uxfjOvTg+piomd+yFfwb3YpSczo9n",
+	"Y9F/yI/S/rF4NO+fzh7w/jg9SR6J0XzIH8723Ytq0b333pHTV+ZYfj7e/FE82H7DR8ldO4Ij8VsSbgIo",
+	"CPtpFa31T3c4pjH8AXnlP8z/v0WN5KnUK5GYOwvTBqpKqJ7s7w9oK5Ze6eIzTUHTHO+oASqWmYj1epQj",
+	"gAKCd9QRncpuvFeAP5aliIOcBb/85b+nnfggYitRJEKavpCJSkXqLUtAqXLtIbJMiytIr9UNImdYfIh5",
+	"Bf+f8ZdxxDiD8HL6BhLeUA4B9CxT0gDInZMK6O8sDBwhMBbctuPPtD5dTuhpqKWJ9+tTSRhr5oaupGjU",
+	"jt5TjoDhSsUAyW69JqnqMvBhkr7AeL0rKax38SDP2sfF01pt7N6bANa4CIB2pvKdLwLOWOwsrhhDeJwq",
+	"DIncrFaGwONP4mV5gev0Eb0sVM7uLi8LPvJX87JQMbfdXpYdN65/R7cBx3gdcIe6cjIZjWsX2WJd1Ar/",
+	"hffYbepBeCPg/ST7X6a7CpYN70eNw99TL/KuW/RyeASuqXpALPPZW1Upixve6QAht+k/HCC/kgNEORbn",
+	"tAr64j4HCKm9PztX27uhb2iXd+Ng2K8Ig8Hyl78eCuZXPbjIV97ljO6yH9Ch+w/D4W8V10LKxTsc5XfV",
+	"a4A8wqvCBhM4xOSSdkrv23TUWam2rOePoWXgBSWqpYBQNq2sXgSJCpULhJ+5O29StVwsDIWyQuD0TnbS",
+	"lpuz1xswHAPmj6om16wn/UQ0Ma+C8yvJR6rvwySkaon3BuQvAKC7SoqpdPFDmm5FKVfeQSVaGmIbILDc",
+	"7jTl4/A1P2G8kDEZlokGMnGpc9oqy8UuEtbdhhZXYipdnle3MhhNT7U/glta7BJSn4ki47k94O4a1yGY",
+	"JxjqJm4ABAnXrC7PwyaTukzGgfLhShiSC6dxG1/HAf09s3Zfuvojsndrkm9Y18phTBlyEBTV/pV5/x6M",
+	"8XGhtH6BJRPfS14M95AXjyn4/3+zgPHH+x1kDDHR3Rqjd49+gLSgth1qfA+PRmv5Xqj2EiSz39PFAQ4N",
+	"7+OgYIt3Bzt+Iu/FS1qUj4dbpBne6b6gZ2pOi6qTgnwRJMzanBGVvbrDGXF38e2/I5/E6G6fRFAIvk32",
+	"lPXbq9XYd+Lu717XmnnxAbCIoOT2nW4BooR/+AV+Lb/AyjOPd43MoecOf8Y/3tk34A4915QtS6rNhLWU",
+	"x49ay+NP5f718dn+5fGnsouB/+GRiQ8G7NsysJu4YxjbX8md75J6V9IMUCCfS2hhFFy3ugwTK5WjvYFZ",
+	"CPf1lxD24BM5TKha/UdTq/8mWVtJOJ135GY7A899bT9KXmGbC0iheTxeYs4uSh4Q49gwe05gA1eI3JpR",
+	"QdaKGj1NZYWgWNdn6xudQfYfyCXp8gZArqHRaIi5CCGlDOQg+uri4mU/5QYuts5nlCokqZ8COAF1gT2u",
+	"SNy63Hz7D+/S32rU1Mod+r3lwbvqnXh6vFrfrEoDhkKrc+iiUWuDFWKlCu+roNyrGPZCGVrh2jaqFZ1a",
+	"CQIaIyp9pbTOZvnWlTWiHIxQ20nIFMFtmDW3LHPj0jw2Cuf43Fu7KudE7EYUkMbO+U96vYJvej3vvwIs",
+	"Wlv6oansJgoKqhtIKkZZeTIocH/SX2ZybQSWzDJ8uWJG5aKwZh16jsomy5jyjSqud4uQsPpDr9dW/+Ei",
+	"LHyXaV9mzl9hNiD8mNvPig1KYUM1rqk2CVWQEGlQSzasHYHpwWI/Lpf5h9xS1ao856tVDln5PPw/077O",
+	"QFmSB8jArmym4XMQkUUIx3luFRTuKyotud2hoKQJFBSy1Ejzc+lcfZ1cDzH2Xi7pEW5YTAzx/lg5l/JK",
+	"6UqiD2dETUE9uLusRotUf4V1/DxpUsHEzj3wkdj8DpO0rYMK5JisLboZ0W/aUTllcYuo5kusS/LPXPlg",
+	"nzBwIW6n8quvzx/3X391Pj55EFGuxdKLuuCWEtyqa5EUwkQOdeAJPbKm46CsyjWVBd9UjtOExUE/XdeQ",
+	"Yb9l085g2mG/hccO4gF7JX7AxMcl+NRPorRjl9wkkFU9NjFqmS6H1gnDc6gh906QBZFQwVOZ5Cq5Zl1M",
+	"+wVyNxVzwY0u65rNIU12WUO9AS8xvwvqvt+MfncyPnnIHz04FQ9FImYi5UdjPp/zB+MkTfjRnJ+MEp4+",
+	"FA8f8qE4eTCfnxw9SIeJeCRGw0fpo5m3pJFHlaZ0CyP7EHCKh9d9rtLtu6mSvoR+WPB+RzhBU4cMC36j",
+	"olivwL0j8AD1yfbyzO0R5vjGjnr2O+MO9tY/KyXiUQ+tbsfbD4bkVoqehmBRz56htI1nqi73tK9zGsJD",
+	"g8aQWMpKpjDat1EHWGi1ry+Bq7redrRHxVLrDe69lkHJ2B36PM5vw4NqOL/85b9IfKXWbEULjRbAfe80",
+	"8W5DTh0M2JMMrDnLHKrGql5A+hZt1KpcaSz7Zo9/qTfv2MowE2h9S2vpDauLXc40hMHDC+HK4+lpNGXX",
+	"zfAsp4YqWozL3IuNtZXbxfSYIHcg1WZn0jmEQxJ1lkJrfmW7dHkCyYdQPz2uvCNFG7oij7WwHndaj60p",
+	"6jLFPaUqHeVkgmqu9yQWxVf77lUEWuPaeIlRXejPecpKYWK33PA8EGR3rLYO2G9lvVs4dKACZtpnGLXE",
+	"ViqJTjUcdO5ZmbDjd16b8uV3OJaUuHbXmSwX0MpdrPYSBfVdVME2BdR1URhisWs1prK5HKwbN1Y8Pjjz",
+	"icazK2nPdwttA0VD9aBaJtFaFlXiEf5Ev88d2KO9jc0Lwuvb10Z7dPWSb3PF09AuPR6d7GN5+yzPkDr0",
+	"wlLK/72G8c5kaiBpSsnntbuqZRqY0M7ERRuaV2r/Wj3Bn97wnNWN7dAOo5NUjrBaZPu774HXgbKJbBUz",
+	"aR4CD6RRNe/OKHshmtCVjHEaiodWBz4oFUTKIte8SkJgLYpL6ZKmqQ2ahpaROy0tYiuege3MDVsqjeB4",
+	"KpoyX+c+3Y7vky4km31ipHvZaVnqYMW3/mozyNYKwHKMAInuqupZ9u0uNJudUw4R6BzLhGKKOFfagjcS",
+	"3cGVJOTkt5xKQtK6oCuXCKDZFV37BV1pT41h0i2IH2MzLq+t/mJ3wNW/8yUzy1DDsiDLeDhGg3qlrA17",
+	"5nEZrlk0oYOhOkdRc6hk1bq6FHOV52rTV5KRdNeUoR2IwAny0Fr+5S//ffCOeQHMAuqfYmKAYJQU+Nkc",
+	"5J8oeS6rxXy68sxRNdKwFlIY9BAe22Y31eKau5hH0JxnHq3rWimkjNXSwUvVVux0wIIycvCfxirbjujt",
+	"mUPrm6d8BUGafnxBOKrRLFVLDsSaXPMrCJjIeSE0hnq45jhbcJnmooCc5oNKdAPoY2//TwAAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -28,6 +28,7 @@ import (
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/server"
@@ -58,8 +59,8 @@ type Options struct {
 type App struct {
 	// Handler serves the API, the demo page and the docs.
 	Handler http.Handler
-	// Keys is the idempotency store, and Operations the operations that
-	// can be resumed: tests build reconcilers of their own over them.
+	// Keys is the idempotency store, and Operations the declared keyed
+	// operations: tests build reconcilers of their own over them.
 	Keys       *idempotency.Store
 	Operations *idempotency.Registry
 
@@ -121,14 +122,6 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	}, log)
 	a.Keys.CacheReplays(cfg.ReplayCacheSize, cfg.Retention)
 
-	// The operations that move money, each registered under its
-	// operationId, so that the reconciler resumes a record with the very
-	// handler a client's retry runs.
-	chargeService := charges.NewService(pool, processor)
-	a.Operations = idempotency.NewRegistry()
-	a.Operations.Register(charges.OperationCharge, chargeService.ResumeCharge)
-	a.Operations.Register(charges.OperationRefund, chargeService.ResumeRefund)
-
 	// Payouts run as River jobs: a request enqueues one in its own
 	// transaction (payouts.Service), and this process runs them if
 	// PAYOUT_WORKERS > 0.
@@ -144,6 +137,20 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 		return nil, fmt.Errorf("payout jobs: %w", err)
 	}
 	a.jobs = jobs
+
+	// Every keyed operation, as its domain package declares it: the server
+	// serves each from its declaration, and the reconciler resumes the
+	// external ones with the very steps a client's retry runs.
+	chargeService := charges.NewService(pool, processor)
+	a.Operations, err = idempotency.NewRegistry(
+		orders.CreateOperation,
+		chargeService.ChargeOperation(),
+		chargeService.RefundOperation(),
+		payouts.NewService(jobs).Operation(),
+	)
+	if err != nil {
+		return nil, err
+	}
 
 	// The processor's events, each applied by the package that owns its
 	// object.
@@ -163,7 +170,7 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	}
 	a.Handler, err = server.New(server.Deps{
 		Config: cfg, Pool: pool, Log: log, Keys: a.Keys, Operations: a.Operations, Inbox: inbox,
-		Charges: chargeService, Payouts: payouts.NewService(jobs), Demo: demo, Tracing: opts.Tracing,
+		Demo: demo, Tracing: opts.Tracing,
 	})
 	if err != nil {
 		return nil, err

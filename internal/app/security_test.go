@@ -3,12 +3,17 @@ package app
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/retrysafe/payments/api"
 	"github.com/retrysafe/payments/internal/server"
@@ -69,12 +74,8 @@ func TestEveryOperationIsolatesCallers(t *testing.T) {
 				r.header = http.Header{"Idempotency-Key": {"globex-" + op.OperationID}}
 			}
 			if op.RequestBody != nil {
-				r.body = map[string]string{
-					"createCharge": `{"payment_method":"pm_card_visa"}`,
-					"createRefund": `{}`,
-					"createOrder":  `{"amount":100,"currency":"usd"}`,
-					"createPayout": `{"amount":100,"currency":"usd"}`,
-				}[op.OperationID]
+				// A valid body, so that the request gets as far as the 404.
+				r.body = exampleBody(t, op)
 			}
 			res := ts.do(t, r)
 			switch {
@@ -103,6 +104,22 @@ func TestEveryOperationIsolatesCallers(t *testing.T) {
 	if after := ts.snapshot(t); after != before {
 		t.Errorf("acme's rows changed under globex's calls:\nbefore %s\nafter  %s", before, after)
 	}
+}
+
+// exampleBody is op's request body as the spec's example gives it (the
+// first, by name, of several).
+func exampleBody(t *testing.T, op *openapi3.Operation) string {
+	t.Helper()
+	mt := op.RequestBody.Value.Content.Get("application/json")
+	ex := mt.Example
+	if names := slices.Sorted(maps.Keys(mt.Examples)); ex == nil && len(names) > 0 {
+		ex = mt.Examples[names[0]].Value.Value
+	}
+	b, err := json.Marshal(ex)
+	if ex == nil || err != nil {
+		t.Fatalf("%s: the spec gives its request body no example (%v)", op.OperationID, err)
+	}
+	return string(b)
 }
 
 // snapshot is acme's rows, summarised.

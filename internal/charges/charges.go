@@ -106,13 +106,6 @@ func chargeOf(r dbsqlc.Charge) Charge {
 
 var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
-// ChargeRequest is what a caller asked for.
-type ChargeRequest struct {
-	CallerID      string
-	OrderID       string
-	PaymentMethod string
-}
-
 // Service runs charges and refunds.
 type Service struct {
 	db        *pgxpool.Pool
@@ -124,53 +117,54 @@ func NewService(db *pgxpool.Pool, processor cardprocessor.Processor) *Service {
 	return &Service{db: db, processor: processor}
 }
 
-// Charge drives the charge operation held by l from its recovery point to
-// its final response: for a fresh claim and for a client's takeover, and,
-// through ResumeCharge, for the reconciler.
-func (s *Service) Charge(ctx context.Context, l *idempotency.Lease, req ChargeRequest) error {
-	for {
-		switch l.RecoveryPoint() {
-		case idempotency.RecoveryStarted:
-			if err := l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
-				return createCharge(ctx, tx, l.Record(), req)
-			}); err != nil {
-				return err
-			}
-		case RecoveryChargeCreated:
-			rec := l.Record()
-			ch, err := queries.GetChargeByKeyRecord(ctx, s.db, dbsqlc.GetChargeByKeyRecordParams{CallerID: rec.CallerID, IdempotencyKeyID: rec.ID})
-			if err != nil {
-				return fmt.Errorf("load charge of key record %d: %w", rec.ID, err)
-			}
-			return callProcessor(ctx, l, "charge",
-				func(ctx context.Context) (cardprocessor.ChargeResult, error) {
-					return s.processor.Charge(ctx, ch.DownstreamKey, cardprocessor.ChargeRequest{
-						Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod,
-					})
-				},
-				func(ctx context.Context, tx pgx.Tx, answer cardprocessor.ChargeResult, refusal error) (idempotency.Result, error) {
-					return finishCharge(ctx, tx, ch, answer, refusal)
-				})
-		default:
-			return fmt.Errorf("charge: unknown recovery point %q", l.RecoveryPoint())
-		}
-	}
+// chargeBody is a charge request's body.
+type chargeBody struct {
+	PaymentMethod string `json:"payment_method"`
 }
 
-// ResumeCharge drives a charge nobody is finishing, for the reconciler:
-// past its first phase a charge carries everything it needs in its own
-// row, so the request is only its caller. It is registered under
-// OperationCharge.
-func (s *Service) ResumeCharge(ctx context.Context, l *idempotency.Lease) error {
-	return s.Charge(ctx, l, ChargeRequest{CallerID: l.Record().CallerID})
+// ChargeOperation declares createCharge, POST /v1/orders/{order_id}/charges:
+// its first phase creates the charge, and one step calls the processor
+// and records its answer.
+func (s *Service) ChargeOperation() idempotency.Operation {
+	return idempotency.External[chargeBody]{
+		Name: OperationCharge,
+		// An unknown order is a 404 before the key is claimed, so it is not
+		// stored: the key stays free for a corrected request.
+		Check: func(ctx context.Context, in idempotency.Input[chargeBody]) error {
+			_, err := orders.Get(ctx, s.db, in.CallerID, in.Path["order_id"])
+			return err
+		},
+		Start: createCharge,
+		Steps: map[idempotency.RecoveryPoint]idempotency.Handler{RecoveryChargeCreated: s.callForCharge},
+	}.Operation()
+}
+
+// callForCharge asks the processor for the charge created in the first
+// phase, under its downstream key, and records the answer (the final
+// phase). It reads the charge from its row: the reconciler runs it too.
+func (s *Service) callForCharge(ctx context.Context, l *idempotency.Lease) error {
+	rec := l.Record()
+	ch, err := queries.GetChargeByKeyRecord(ctx, s.db, dbsqlc.GetChargeByKeyRecordParams{CallerID: rec.CallerID, IdempotencyKeyID: rec.ID})
+	if err != nil {
+		return fmt.Errorf("load charge of key record %d: %w", rec.ID, err)
+	}
+	return callProcessor(ctx, l, "charge",
+		func(ctx context.Context) (cardprocessor.ChargeResult, error) {
+			return s.processor.Charge(ctx, ch.DownstreamKey, cardprocessor.ChargeRequest{
+				Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod,
+			})
+		},
+		func(ctx context.Context, tx pgx.Tx, answer cardprocessor.ChargeResult, refusal error) (idempotency.Result, error) {
+			return finishCharge(ctx, tx, ch, answer, refusal)
+		})
 }
 
 // createCharge is the first phase: one transaction that checks the order is
 // payable and creates the pending charge with its downstream key.
-func createCharge(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req ChargeRequest) (idempotency.Result, error) {
+func createCharge(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in idempotency.Input[chargeBody]) (idempotency.Result, error) {
 	// The order's row lock orders this phase against a cancel (which takes
 	// the same lock) and against other charges of the order.
-	o, err := orders.Lock(ctx, tx, req.CallerID, req.OrderID)
+	o, err := orders.Lock(ctx, tx, in.CallerID, in.Path["order_id"])
 	if err != nil {
 		return nil, err
 	}
@@ -186,8 +180,8 @@ func createCharge(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Ch
 		return nil, err
 	}
 	_, err = queries.CreateCharge(ctx, tx, dbsqlc.CreateChargeParams{
-		CallerID: req.CallerID, ID: postgres.NewID(postgres.PrefixCharge), OrderID: o.ID, IdempotencyKeyID: rec.ID,
-		Amount: o.Amount, Currency: o.Currency, PaymentMethod: req.PaymentMethod,
+		CallerID: in.CallerID, ID: postgres.NewID(postgres.PrefixCharge), OrderID: o.ID, IdempotencyKeyID: rec.ID,
+		Amount: o.Amount, Currency: o.Currency, PaymentMethod: in.Body.PaymentMethod,
 		DownstreamKey: downstreamKey,
 	})
 	var pgErr *pgconn.PgError

@@ -73,64 +73,57 @@ func refundOf(r dbsqlc.Refund) Refund {
 	return Refund{ID: r.ID, CallerID: r.CallerID, ChargeID: r.ChargeID, Amount: r.Amount, Status: Status(r.Status), CreatedAt: r.CreatedAt}
 }
 
-// RefundRequest is what a caller asked for; a nil Amount refunds what
-// remains.
-type RefundRequest struct {
-	CallerID string
-	ChargeID string
-	Amount   *int64
+// refundBody is a refund request's body; no amount refunds what remains.
+type refundBody struct {
+	Amount *int64 `json:"amount"`
 }
 
-// Refund drives the refund operation held by l from its recovery point to
-// its final response, for a fresh claim and for a client's takeover, and,
-// through ResumeRefund, for the reconciler.
-func (s *Service) Refund(ctx context.Context, l *idempotency.Lease, req RefundRequest) error {
-	for {
-		switch l.RecoveryPoint() {
-		case idempotency.RecoveryStarted:
-			if err := l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
-				return createRefund(ctx, tx, l.Record(), req)
-			}); err != nil {
-				return err
-			}
-		case RecoveryRefundCreated:
-			rec := l.Record()
-			re, err := queries.GetRefundByKeyRecord(ctx, s.db, dbsqlc.GetRefundByKeyRecordParams{CallerID: rec.CallerID, IdempotencyKeyID: rec.ID})
-			if err != nil {
-				return fmt.Errorf("load refund of key record %d: %w", rec.ID, err)
-			}
-			ch, err := queries.GetCharge(ctx, s.db, dbsqlc.GetChargeParams{CallerID: re.CallerID, ID: re.ChargeID})
-			if err != nil {
-				return fmt.Errorf("load charge %s of refund %s: %w", re.ChargeID, re.ID, err)
-			}
-			if ch.ProcessorChargeID == nil {
-				// The create phase refuses such a charge; this is a record
-				// from before that rule, or damaged data: a person must look.
-				return fmt.Errorf("charge %s of refund %s has no processor charge id", ch.ID, re.ID)
-			}
-			return callProcessor(ctx, l, "refund",
-				func(ctx context.Context) (cardprocessor.RefundResult, error) {
-					return s.processor.Refund(ctx, re.DownstreamKey, cardprocessor.RefundRequest{Charge: *ch.ProcessorChargeID, Amount: re.Amount})
-				},
-				func(ctx context.Context, tx pgx.Tx, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
-					return finishRefund(ctx, tx, ch, re, answer, refusal)
-				})
-		default:
-			return fmt.Errorf("refund: unknown recovery point %q", l.RecoveryPoint())
-		}
+// RefundOperation declares createRefund, POST /v1/charges/{charge_id}/refunds:
+// its first phase reserves the amount and creates the refund, and one step
+// calls the processor and records its answer.
+func (s *Service) RefundOperation() idempotency.Operation {
+	return idempotency.External[refundBody]{
+		Name: OperationRefund,
+		// An unknown charge is a 404 before the claim: not stored.
+		Check: func(ctx context.Context, in idempotency.Input[refundBody]) error {
+			_, err := get(ctx, s.db, in.CallerID, in.Path["charge_id"])
+			return err
+		},
+		Start: createRefund,
+		Steps: map[idempotency.RecoveryPoint]idempotency.Handler{RecoveryRefundCreated: s.callForRefund},
+	}.Operation()
+}
+
+// callForRefund asks the processor for the refund created in the first
+// phase and records the answer, from the refund's row.
+func (s *Service) callForRefund(ctx context.Context, l *idempotency.Lease) error {
+	rec := l.Record()
+	re, err := queries.GetRefundByKeyRecord(ctx, s.db, dbsqlc.GetRefundByKeyRecordParams{CallerID: rec.CallerID, IdempotencyKeyID: rec.ID})
+	if err != nil {
+		return fmt.Errorf("load refund of key record %d: %w", rec.ID, err)
 	}
-}
-
-// ResumeRefund drives a refund nobody is finishing, for the reconciler:
-// past its first phase a refund carries everything it needs in its own
-// row. It is registered under OperationRefund.
-func (s *Service) ResumeRefund(ctx context.Context, l *idempotency.Lease) error {
-	return s.Refund(ctx, l, RefundRequest{CallerID: l.Record().CallerID})
+	ch, err := queries.GetCharge(ctx, s.db, dbsqlc.GetChargeParams{CallerID: re.CallerID, ID: re.ChargeID})
+	if err != nil {
+		return fmt.Errorf("load charge %s of refund %s: %w", re.ChargeID, re.ID, err)
+	}
+	if ch.ProcessorChargeID == nil {
+		// The create phase refuses such a charge; this is a record from
+		// before that rule, or damaged data: a person must look.
+		return fmt.Errorf("charge %s of refund %s has no processor charge id", ch.ID, re.ID)
+	}
+	return callProcessor(ctx, l, "refund",
+		func(ctx context.Context) (cardprocessor.RefundResult, error) {
+			return s.processor.Refund(ctx, re.DownstreamKey, cardprocessor.RefundRequest{Charge: *ch.ProcessorChargeID, Amount: re.Amount})
+		},
+		func(ctx context.Context, tx pgx.Tx, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
+			return finishRefund(ctx, tx, ch, re, answer, refusal)
+		})
 }
 
 // createRefund is the first phase.
-func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req RefundRequest) (idempotency.Result, error) {
-	ch, err := get(ctx, tx, req.CallerID, req.ChargeID)
+func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in idempotency.Input[refundBody]) (idempotency.Result, error) {
+	callerID, chargeID := in.CallerID, in.Path["charge_id"]
+	ch, err := get(ctx, tx, callerID, chargeID)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +132,7 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Re
 	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return nil, err
 	}
-	if ch, err = queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: req.CallerID, ID: req.ChargeID}); err != nil {
+	if ch, err = queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: callerID, ID: chargeID}); err != nil {
 		return nil, err
 	}
 	remaining := ch.Amount - ch.AmountRefunded
@@ -155,8 +148,8 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, req Re
 		return nil, problem.New(problem.ChargeNotRefundable, "charge %s has no processor charge id to refund against", ch.ID)
 	}
 	amount := remaining
-	if req.Amount != nil {
-		amount = *req.Amount
+	if in.Body.Amount != nil {
+		amount = *in.Body.Amount
 	}
 	if amount > remaining {
 		return nil, problem.New(problem.RefundExceedsCharge, "the refund of %d is more than the %d that remains refundable on charge %s", amount, remaining, ch.ID)

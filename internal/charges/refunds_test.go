@@ -82,14 +82,13 @@ func (f *refundFixture) chargeWith(t *testing.T, amount int64, paymentMethod str
 	}
 	key := "charge-" + o.ID
 	path := "/v1/orders/" + o.ID + "/charges"
-	fp, err := idempotency.Fingerprint("POST", path, []byte(`{"payment_method":"`+paymentMethod+`"}`))
+	body := []byte(`{"payment_method":"` + paymentMethod + `"}`)
+	fp, err := idempotency.Fingerprint("POST", path, body)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req := idempotency.Request{CallerID: "acme", Key: key, Operation: charges.OperationCharge, Method: "POST", Path: path, Fingerprint: fp}
-	_, err = f.store.Execute(ctx, req, func(ctx context.Context, l *idempotency.Lease) error {
-		return f.charges.Charge(ctx, l, charges.ChargeRequest{CallerID: "acme", OrderID: o.ID, PaymentMethod: paymentMethod})
-	})
+	_, err = f.store.Serve(ctx, f.charges.ChargeOperation(), req, map[string]string{"order_id": o.ID}, body)
 	if err != nil && !idempotency.IsRetryable(err) {
 		t.Fatalf("charge with %s: %v", paymentMethod, err)
 	}
@@ -130,9 +129,7 @@ func (f *refundFixture) refundWith(t *testing.T, service *charges.Service, calle
 		return nil, err // not t.Fatal: this may run on another goroutine
 	}
 	req := idempotency.Request{CallerID: callerID, Key: key, Operation: charges.OperationRefund, Method: "POST", Path: path, Fingerprint: fp}
-	return f.store.Execute(context.Background(), req, func(ctx context.Context, l *idempotency.Lease) error {
-		return service.Refund(ctx, l, charges.RefundRequest{CallerID: callerID, ChargeID: chargeID, Amount: amt})
-	})
+	return f.store.Serve(context.Background(), service.RefundOperation(), req, map[string]string{"charge_id": chargeID}, []byte(body))
 }
 
 // mustRefund is a refund by acme that must end in a stored response.
@@ -462,7 +459,7 @@ func TestApplySucceededIsIdempotent(t *testing.T) {
 	if err != nil || len(leases) != 1 {
 		t.Fatalf("ClaimStale: %d, %v; want the one stale refund", len(leases), err)
 	}
-	resp, err := f.store.Drive(context.Background(), leases[0], f.refunds.ResumeRefund, time.Minute)
+	resp, err := f.store.Drive(context.Background(), leases[0], f.refunds.RefundOperation().Resume, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,14 +550,20 @@ func TestRefundOfAChargeThatDidNotSucceedIsRefused(t *testing.T) {
 		}
 	}
 
-	f.wantStoredProblem(t, "unknown", f.mustRefund(t, "unknown", "ch_unknown", nil), http.StatusNotFound, problem.NotFound)
-	paid := f.paidCharge(t, 500)
-	resp, err := f.refundWith(t, f.refunds, "globex", "foreign", paid.ID, nil)
-	var p struct {
-		Code string `json:"code"`
+	// An unknown charge, or another caller's, is a 404 before the claim:
+	// nothing stored, the key free for a corrected request.
+	if _, err := f.refundWith(t, f.refunds, "acme", "unknown", "ch_unknown", nil); !isProblem(err, problem.NotFound) {
+		t.Errorf("refund of an unknown charge: %v; want not_found", err)
 	}
-	if err != nil || resp.Status != http.StatusNotFound || json.Unmarshal(resp.Body, &p) != nil || p.Code != string(problem.NotFound) {
-		t.Errorf("globex refunding acme's charge: %v, %v; want 404 not_found", resp, err)
+	paid := f.paidCharge(t, 500)
+	if _, err := f.refundWith(t, f.refunds, "globex", "foreign", paid.ID, nil); !isProblem(err, problem.NotFound) {
+		t.Errorf("globex refunding acme's charge: %v; want not_found", err)
+	}
+	for _, key := range []string{"unknown", "foreign"} {
+		caller := map[string]string{"unknown": "acme", "foreign": "globex"}[key]
+		if _, err := f.store.Get(context.Background(), caller, key); !isProblem(err, problem.NotFound) {
+			t.Errorf("record of %q: %v; want none", key, err)
+		}
 	}
 	if got := f.getCharge(t, paid.ID).AmountRefunded; got != 0 {
 		t.Errorf("amount_refunded %d after another caller's attempt; want 0", got)

@@ -154,7 +154,7 @@ type Order struct {
 type Payout struct {
 	CallerID          string
 	ID                string
-	IdempotencyKeyID  int64
+	IdempotencyKeyID  *int64
 	Amount            int64
 	Currency          string
 	Destination       string

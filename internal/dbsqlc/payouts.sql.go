@@ -11,26 +11,24 @@ import (
 )
 
 const createPayout = `-- name: CreatePayout :one
-INSERT INTO payouts (caller_id, id, idempotency_key_id, amount, currency, destination, downstream_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO payouts (caller_id, id, amount, currency, destination, downstream_key)
+VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING caller_id, id, idempotency_key_id, amount, currency, destination, status, failure_code, downstream_key, processor_payout_id, arrives_at, created_at, updated_at
 `
 
 type CreatePayoutParams struct {
-	CallerID         string
-	ID               string
-	IdempotencyKeyID int64
-	Amount           int64
-	Currency         string
-	Destination      string
-	DownstreamKey    string
+	CallerID      string
+	ID            string
+	Amount        int64
+	Currency      string
+	Destination   string
+	DownstreamKey string
 }
 
 func (q *Queries) CreatePayout(ctx context.Context, db DBTX, arg CreatePayoutParams) (Payout, error) {
 	row := db.QueryRow(ctx, createPayout,
 		arg.CallerID,
 		arg.ID,
-		arg.IdempotencyKeyID,
 		arg.Amount,
 		arg.Currency,
 		arg.Destination,

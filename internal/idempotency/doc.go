@@ -11,9 +11,9 @@
 // lease on the database's clock.
 //
 // A local operation, one that touches only this database (an order
-// create), is one transaction: its effect and its record, inserted
-// completed with the answer. There is nothing to claim first and nothing
-// to recover (ExecuteLocal, local.go).
+// create, a payout's acceptance), is one transaction: its effect and its
+// record, inserted completed with the answer. There is nothing to claim
+// first and nothing to recover (ExecuteLocal, local.go).
 //
 // An operation with an outside effect (a charge) goes through:
 //
@@ -52,8 +52,9 @@
 // answers in memory and replays them without the claim, each for less
 // than its record is certain to exist (replays.go).
 //
-// Read it in this order: store.go (the Store and its configuration),
-// local.go (a local operation, one transaction), claim.go (an external
+// Read it in this order: operation.go (how a domain package declares a
+// keyed operation, Local or External), store.go (the Store and its
+// configuration), local.go (a local operation, one transaction), claim.go (an external
 // operation's claim), run.go (driving it, and what its errors mean),
 // lease.go (phases, fencing, the heartbeat), wait.go (a duplicate waiting
 // for its original), replays.go (the replay cache), reconciler.go.

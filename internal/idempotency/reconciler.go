@@ -10,11 +10,11 @@ package idempotency
 // Several reconcilers (one per server replica) can run at once: each claim
 // uses FOR UPDATE SKIP LOCKED, so a record goes to one of them.
 //
-// It has no code of its own for any operation: it runs the handler that
-// the operation registered (Registry), the same one a client's
-// retry runs, so an operation's phases live in one place. It claims only
-// what it can handle: records that never passed their first phase (which
-// it abandons), and records of registered operations.
+// It has no code of its own for any operation: it runs the steps the
+// operation declared (External), the same ones a client's retry runs, so
+// an operation's phases live in one place. It claims only what it can
+// handle: records that never passed their first phase (which it
+// abandons), and records of declared external operations.
 
 import (
 	"context"
@@ -80,9 +80,9 @@ type Reconciler struct {
 	log        *slog.Logger
 }
 
-// NewReconciler returns a reconciler over store that resumes each record with the
-// handler its operation registered in operations. It refuses an invalid
-// configuration.
+// NewReconciler returns a reconciler over store that resumes each record
+// with the steps its operation declared in operations. It refuses an
+// invalid configuration.
 func NewReconciler(cfg ReconcilerConfig, store *Store, operations *Registry, log *slog.Logger) (*Reconciler, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -132,7 +132,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MaxRun)
-	leases, err := r.store.ClaimStale(claimCtx, allowed, r.operations.Operations())
+	leases, err := r.store.ClaimStale(claimCtx, allowed, r.operations.resumable())
 	cancel()
 	if err != nil {
 		r.budget.Deposit(allowed)
@@ -204,8 +204,8 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 		return
 	}
 
-	resume, ok := r.operations.Lookup(rec.Operation)
-	if !ok {
+	op, ok := r.operations.Lookup(rec.Operation)
+	if !ok || op.Resume == nil {
 		// ClaimStale claims only registered operations past 'started', so
 		// this means the registry changed under a running reconciler: a
 		// wiring bug. A person must look.
@@ -220,7 +220,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	// After a transient failure the lease is released at once (a client's
 	// retry may resume the record any time) and the reconciler's own next
 	// try waits out its backoff.
-	resp, err := r.store.Drive(ctx, l, resume, r.backoff(rec.ReconcilerAttempts))
+	resp, err := r.store.Drive(ctx, l, op.Resume, r.backoff(rec.ReconcilerAttempts))
 	if err != nil {
 		metrics.ReconcilerResumes.WithLabelValues("not_finished").Inc()
 		log.InfoContext(ctx, "reconciler: not finished, will try again", "err", err)

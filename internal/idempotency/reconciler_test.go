@@ -50,8 +50,10 @@ func newFixture(t *testing.T, flakyFailures int) *fixture {
 	srv := httptest.NewServer(proc)
 	t.Cleanup(func() { proc.Close(); srv.Close() })
 	chargeService := charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second))
-	operations := idempotency.NewRegistry()
-	operations.Register(charges.OperationCharge, chargeService.ResumeCharge)
+	operations, err := idempotency.NewRegistry(chargeService.ChargeOperation())
+	if err != nil {
+		t.Fatal(err)
+	}
 	return &fixture{
 		pool:         pool,
 		store:        idempotency.NewStore(pool, idempotency.StoreConfig{Lease: time.Minute}, quiet),
@@ -87,11 +89,10 @@ func (f *fixture) stalledCharge(t *testing.T, key string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp, _ := idempotency.Fingerprint("POST", "/v1/orders/"+o.ID+"/charges", []byte(`{"payment_method":"pm_card_flaky"}`))
+	body := []byte(`{"payment_method":"pm_card_flaky"}`)
+	fp, _ := idempotency.Fingerprint("POST", "/v1/orders/"+o.ID+"/charges", body)
 	req := idempotency.Request{CallerID: "acme", Key: key, Operation: charges.OperationCharge, Method: "POST", Path: "/v1/orders/" + o.ID + "/charges", Fingerprint: fp}
-	_, err = f.store.Execute(ctx, req, func(ctx context.Context, l *idempotency.Lease) error {
-		return f.charges.Charge(ctx, l, charges.ChargeRequest{CallerID: "acme", OrderID: o.ID, PaymentMethod: "pm_card_flaky"})
-	})
+	_, err = f.store.Serve(ctx, f.charges.ChargeOperation(), req, map[string]string{"order_id": o.ID}, body)
 	if !idempotency.IsRetryable(err) {
 		t.Fatalf("the first charge attempt: %v; want a retryable processor failure", err)
 	}
@@ -344,7 +345,11 @@ func TestUnknownOperationIsLeftToAReconcilerThatKnowsIt(t *testing.T) {
 		Interval: time.Second, Batch: 1, MaxRun: time.Minute, MaxAttempts: 3, MaxAge: time.Hour,
 		BackoffBase: time.Second, BackoffCap: time.Minute, RetriesPerInterval: 1, RetryBurst: 1,
 	}
-	older, err := idempotency.NewReconciler(cfg, f.store, idempotency.NewRegistry(), quiet) // knows no operation
+	noOperations, err := idempotency.NewRegistry() // an older replica's: it knows no operation
+	if err != nil {
+		t.Fatal(err)
+	}
+	older, err := idempotency.NewReconciler(cfg, f.store, noOperations, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,7 +420,8 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := "/v1/orders/" + o.ID + "/charges"
-	fp, _ := idempotency.Fingerprint("POST", path, []byte(`{"payment_method":"pm_card_visa"}`))
+	body := []byte(`{"payment_method":"pm_card_visa"}`)
+	fp, _ := idempotency.Fingerprint("POST", path, body)
 	req := idempotency.Request{CallerID: "acme", Key: "stalled-owner", Operation: charges.OperationCharge, Method: "POST", Path: path, Fingerprint: fp}
 	type result struct {
 		resp *idempotency.Response
@@ -423,9 +429,7 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 	}
 	stalled := make(chan result, 1)
 	go func() {
-		resp, err := f.store.Execute(ctx, req, func(ctx context.Context, l *idempotency.Lease) error {
-			return stalledCharges.Charge(ctx, l, charges.ChargeRequest{CallerID: "acme", OrderID: o.ID, PaymentMethod: "pm_card_visa"})
-		})
+		resp, err := f.store.Serve(ctx, stalledCharges.ChargeOperation(), req, map[string]string{"order_id": o.ID}, body)
 		stalled <- result{resp, err}
 	}()
 	<-inCall // the create phase committed; the owner is inside its processor call

@@ -19,7 +19,8 @@ type Request struct {
 	CallerID string
 	Key      string
 	// Operation is the contract's operationId (createCharge). It is stored
-	// with the record and names the Handler that resumes it (see Registry).
+	// with the record and names the declaration that resumes it
+	// (operation.go).
 	Operation   string
 	Method      string
 	Path        string

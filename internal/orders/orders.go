@@ -7,6 +7,7 @@ package orders
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -66,13 +68,25 @@ func orderOf(r dbsqlc.Order) Order {
 
 var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
-// NewOrder is what a caller asks for. Amount and currency were validated
-// against the contract before any of this runs.
+// NewOrder is what a caller asks for: the body of POST /v1/orders. It
+// was validated against the contract before any of this runs.
 type NewOrder struct {
-	Amount      int64
-	Currency    string
-	Description *string
+	Amount      int64   `json:"amount"`
+	Currency    string  `json:"currency"`
+	Description *string `json:"description"`
 }
+
+// CreateOperation declares createOrder, POST /v1/orders: a local
+// operation, so the order and its key's completed record, with this
+// answer, commit in one transaction. A crash before that commit leaves
+// nothing, and the retry runs it afresh.
+var CreateOperation = idempotency.Local("createOrder", func(ctx context.Context, tx pgx.Tx, in idempotency.Input[NewOrder]) (*idempotency.Response, error) {
+	o, err := Create(ctx, tx, in.CallerID, in.Body)
+	if err != nil {
+		return nil, err
+	}
+	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/orders/" + o.ID}}, o.API())
+})
 
 // Create inserts a pending order for callerID.
 func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (_ Order, err error) {

@@ -85,6 +85,7 @@ type payments struct {
 	store   *idempotency.Store
 	charges *charges.Service
 	procURL string
+	claimed *sync.Map // key → what to call once it is claimed
 }
 
 // newPayments wires the charge operation to a fake processor on which
@@ -97,9 +98,11 @@ func newPayments(t *testing.T, pool *pgxpool.Pool) *payments {
 	}
 	srv := httptest.NewServer(proc)
 	t.Cleanup(func() { proc.Close(); srv.Close() })
+	claimed := new(sync.Map)
 	return &payments{
 		pool:    pool,
-		store:   idempotency.NewStore(pool, idempotency.StoreConfig{Lease: time.Minute}, quiet),
+		claimed: claimed,
+		store:   idempotency.NewStore(pool, idempotency.StoreConfig{Lease: time.Minute, Faults: afterClaim{claimed}}, quiet),
 		charges: charges.NewService(pool, cardprocessor.NewClient(srv.URL, 5*time.Second)),
 		procURL: srv.URL,
 	}
@@ -117,16 +120,28 @@ func (p *payments) charge(t *testing.T, key, orderID, paymentMethod string) (*id
 func (p *payments) chargeAfterClaim(t *testing.T, key, orderID, paymentMethod string, claimed func()) (*idempotency.Response, error) {
 	t.Helper()
 	path := "/v1/orders/" + orderID + "/charges"
-	fp, err := idempotency.Fingerprint("POST", path, []byte(`{"payment_method":"`+paymentMethod+`"}`))
+	body := []byte(`{"payment_method":"` + paymentMethod + `"}`)
+	fp, err := idempotency.Fingerprint("POST", path, body)
 	if err != nil {
 		return nil, err // not t.Fatal: this may run on another goroutine
 	}
+	p.claimed.Store(key, claimed)
 	req := idempotency.Request{CallerID: "acme", Key: key, Operation: charges.OperationCharge, Method: "POST", Path: path, Fingerprint: fp}
-	return p.store.Execute(context.Background(), req, func(ctx context.Context, l *idempotency.Lease) error {
-		claimed()
-		return p.charges.Charge(ctx, l, charges.ChargeRequest{CallerID: "acme", OrderID: orderID, PaymentMethod: paymentMethod})
-	})
+	return p.store.Serve(context.Background(), p.charges.ChargeOperation(), req, map[string]string{"order_id": orderID}, body)
 }
+
+// afterClaim is the store's Faults for chargeAfterClaim: it calls the
+// function stored under a record's key once the key is claimed.
+type afterClaim struct{ *sync.Map }
+
+func (a afterClaim) AfterClaim(rec idempotency.Record) {
+	if f, ok := a.Load(rec.Key); ok {
+		f.(func())()
+	}
+}
+func (afterClaim) AfterPhase(idempotency.Record)        {}
+func (afterClaim) BeforeFinalCommit(idempotency.Record) {}
+func (afterClaim) Unfenced() bool                       { return false }
 
 // An order is created pending, with what was asked for and an ord_ id,
 // and Get returns it as it was stored.

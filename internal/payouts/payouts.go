@@ -2,7 +2,7 @@
 // the long-running half of the idempotency pattern. A payout takes seconds
 // to days, so no request can wait for it. Instead:
 //
-//	POST /v1/payouts   one phase, one transaction: debit the balance (the
+//	POST /v1/payouts   one transaction (a local operation): debit the balance (the
 //	                   database refuses an overdraw), create the payout row
 //	                   (pending) with its downstream key, enqueue its River
 //	                   job, and store the key's 202 response. "Accepted" and
@@ -46,11 +46,6 @@ import (
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
 )
-
-// Operation is the contract's operationId of a payout request. Its record
-// completes in its one phase, so no handler is registered to resume it: a
-// record that never passed started is abandoned, like an order's.
-const Operation = "createPayout"
 
 // Status is where a payout stands.
 type Status string
@@ -124,12 +119,11 @@ const DefaultDestination = "ba_test_ok"
 
 var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
-// Request is what a caller asked for.
+// Request is what a caller asks for: the body of POST /v1/payouts.
 type Request struct {
-	CallerID    string
-	Amount      int64
-	Currency    string
-	Destination string
+	Amount      int64  `json:"amount"`
+	Currency    string `json:"currency"`
+	Destination string `json:"destination"` // DefaultDestination when not given
 }
 
 // An Enqueuer inserts a job in a transaction: River's client, whose
@@ -146,38 +140,47 @@ type Service struct {
 // NewService returns a Service that enqueues payout jobs with jobs.
 func NewService(jobs Enqueuer) *Service { return &Service{jobs: jobs} }
 
-// Create is the keyed request's handler: its only phase accepts the payout.
-func (s *Service) Create(ctx context.Context, l *idempotency.Lease, req Request) error {
-	return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
-		// The debit first: when it is refused (a business outcome, stored
-		// and replayed like a decline), nothing else was written. Its
-		// failed statement aborts tx; the idempotency layer stores the
-		// problem in a transaction of its own.
-		if err := ledger.Debit(ctx, tx, req.CallerID, req.Currency, req.Amount, "payout"); err != nil {
-			return nil, err
-		}
-		// Derived from the request, not the row (cardprocessor.DownstreamKey): a
-		// retry after a failover that lost this transaction asks the
-		// processor for the same transfer again, and gets its first answer.
-		downstreamKey, err := cardprocessor.NewDownstreamKey(ctx, tx, l.Record().CallerID, l.Record().Key, l.Record().RequestFingerprint)
-		if err != nil {
-			return nil, err
-		}
-		po, err := queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{
-			CallerID: req.CallerID, ID: postgres.NewID(postgres.PrefixPayout), IdempotencyKeyID: l.Record().ID,
-			Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
-			DownstreamKey: downstreamKey,
-		})
-		if err != nil {
-			return nil, err
-		}
-		// The transactional enqueue: the job row commits with the payout
-		// and the stored 202, or none of them does.
-		if _, err := s.jobs.InsertTx(ctx, tx, JobArgs{CallerID: po.CallerID, PayoutID: po.ID, Traceparent: traceparentOf(ctx)}, nil); err != nil {
-			return nil, fmt.Errorf("enqueue payout job: %w", err)
-		}
-		return payoutOf(po).Accepted()
+// Operation declares createPayout, POST /v1/payouts: a local operation,
+// which only accepts the payout. The job does the rest.
+func (s *Service) Operation() idempotency.Operation {
+	return idempotency.Local("createPayout", s.accept)
+}
+
+// accept debits the balance, creates the payout and enqueues its job, all
+// in tx, with the key's 202 answer.
+func (s *Service) accept(ctx context.Context, tx pgx.Tx, in idempotency.Input[Request]) (*idempotency.Response, error) {
+	req := in.Body
+	if req.Destination == "" {
+		req.Destination = DefaultDestination
+	}
+	// The debit first: when it is refused (a business outcome, stored and
+	// replayed like a decline), nothing else was written. Its failed
+	// statement aborts tx; the idempotency layer stores the problem in a
+	// transaction of its own.
+	if err := ledger.Debit(ctx, tx, in.CallerID, req.Currency, req.Amount, "payout"); err != nil {
+		return nil, err
+	}
+	// Derived from the request, not the row (cardprocessor.DownstreamKey): a
+	// retry after a failover that lost this transaction asks the processor
+	// for the same transfer again, and gets its first answer.
+	downstreamKey, err := cardprocessor.NewDownstreamKey(ctx, tx, in.CallerID, in.Key, in.Fingerprint)
+	if err != nil {
+		return nil, err
+	}
+	po, err := queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{
+		CallerID: in.CallerID, ID: postgres.NewID(postgres.PrefixPayout),
+		Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
+		DownstreamKey: downstreamKey,
 	})
+	if err != nil {
+		return nil, err
+	}
+	// The transactional enqueue: the job row commits with the payout and
+	// the stored 202, or none of them does.
+	if _, err := s.jobs.InsertTx(ctx, tx, JobArgs{CallerID: po.CallerID, PayoutID: po.ID, Traceparent: traceparentOf(ctx)}, nil); err != nil {
+		return nil, fmt.Errorf("enqueue payout job: %w", err)
+	}
+	return payoutOf(po).Accepted()
 }
 
 // Get returns the caller's payout id.

@@ -122,8 +122,8 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 			return err
 		}
 		// The body is decoded once, for the validation and the
-		// fingerprint alike (the handler's binding decodes it again into
-		// its generated type).
+		// fingerprint alike (the handler decodes it again into its own
+		// type).
 		doc, decodeErr := idempotency.DecodeJSON(body)
 		err = s.validateRequest(ctx, &openapi3filter.RequestValidationInput{
 			Request:    req,
@@ -134,19 +134,8 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 			return validationProblem(err)
 		}
 		// The validator may have consumed the body: the handler gets it
-		// again, and with it the document just validated, which the
-		// generated handler binds instead of decoding the bytes a second
-		// time. Only for the keyed operations, whose bodies allow no member
-		// the contract does not name: binding from the document matches
-		// member names exactly, where decoding matches them regardless of
-		// case, and without unknown members the two cannot differ. A
-		// document that does not fit the handler's type (1.0 for an integer)
-		// makes the handler decode the bytes as before, with its error.
-		if r.keyed && decodeErr == nil && doc != nil {
-			req.Body = &validatedBody{Reader: bytes.NewReader(body), doc: *doc}
-		} else {
-			req.Body = io.NopCloser(bytes.NewReader(body))
-		}
+		// again.
+		req.Body = io.NopCloser(bytes.NewReader(body))
 
 		// 4. Fingerprint the request, for the claim in the handler. The
 		// I-JSON check above is the fingerprint's too, not repeated.
@@ -168,21 +157,6 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		return next(c)
 	}
 }
-
-// validatedBody is a request body the contract has read and validated:
-// its bytes, and the document decoded from them, which the generated strict
-// handlers take from ValidatedValue (the interface kin-openapi's
-// KeepValidatedValue bodies implement) and bind with
-// runtime.BindJSONValue.
-type validatedBody struct {
-	*bytes.Reader
-	doc any
-}
-
-func (*validatedBody) Close() error { return nil }
-
-// ValidatedValue is the decoded document the contract validated.
-func (b *validatedBody) ValidatedValue() any { return b.doc }
 
 // fingerprint is idempotency.Fingerprint of the request, from its body as
 // contract decoded it (doc, decodeErr).

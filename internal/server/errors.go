@@ -33,6 +33,16 @@ func (s *Server) toProblem(err error, c echo.Context) *problem.Error {
 	if errors.As(err, &p) {
 		return p
 	}
+	// A body the contract accepts but Go cannot decode, such as 1999.0
+	// for an integer (from a keyed operation's decode, or a generated
+	// handler's binding): name the field rather than echo the decoder.
+	var ute *json.UnmarshalTypeError
+	if errors.As(err, &ute) {
+		field := "/" + strings.ReplaceAll(ute.Field, ".", "/")
+		p := problem.New(problem.InvalidRequest, "%s: must be %s", field, ute.Type)
+		p.Errors = []problem.FieldError{{Field: field, Message: "must be " + ute.Type.String()}}
+		return p
+	}
 	var he *echo.HTTPError
 	if errors.As(err, &he) {
 		// Echo's own errors: unknown routes, and parameter binding failures
@@ -48,17 +58,6 @@ func (s *Server) toProblem(err error, c echo.Context) *problem.Error {
 			return problem.New(problem.RequestTooLarge, "the request body exceeds %d bytes", s.cfg.MaxBodyBytes)
 		case http.StatusUnsupportedMediaType:
 			return problem.New(problem.UnsupportedMediaType, "%s", msg)
-		case http.StatusBadRequest:
-			// A body the contract accepts but Go cannot bind, such as
-			// 1999.0 for an integer: name the field rather than echo the
-			// decoder's message.
-			var ute *json.UnmarshalTypeError
-			if errors.As(he.Internal, &ute) {
-				p := problem.New(problem.InvalidRequest, "/%s: must be %s", strings.ReplaceAll(ute.Field, ".", "/"), ute.Type)
-				p.Errors = []problem.FieldError{{Field: "/" + strings.ReplaceAll(ute.Field, ".", "/"), Message: "must be " + ute.Type.String()}}
-				return p
-			}
-			return problem.New(problem.InvalidRequest, "%s", msg)
 		}
 		if he.Code < 500 {
 			return problem.New(problem.InvalidRequest, "%s", msg)

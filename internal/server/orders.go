@@ -2,41 +2,12 @@ package server
 
 import (
 	"context"
-	"net/http"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/charges"
-	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 )
-
-// CreateOrder is keyed, and local: the order's insert and the completed
-// record with its stored answer commit in one transaction
-// (idempotency.Store.ExecuteLocal). A crash before that commit leaves
-// nothing, and the retry simply runs it again.
-func (s *Server) CreateOrder(ctx context.Context, req apigen.CreateOrderRequestObject) (apigen.CreateOrderResponseObject, error) {
-	keyed, err := keyedRequest(ctx)
-	if err != nil {
-		return nil, err
-	}
-	callerID := auth.CallerFrom(ctx).ID
-	n := orders.NewOrder{Amount: req.Body.Amount, Currency: string(req.Body.Currency), Description: req.Body.Description}
-
-	resp, err := s.keys.ExecuteLocal(ctx, keyed, func(ctx context.Context, tx pgx.Tx) (*idempotency.Response, error) {
-		o, err := orders.Create(ctx, tx, callerID, n)
-		if err != nil {
-			return nil, err
-		}
-		return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/orders/" + o.ID}}, o.API())
-	})
-	if err != nil {
-		return nil, err
-	}
-	return replayable{resp}, nil
-}
 
 // GetOrder is safe.
 func (s *Server) GetOrder(ctx context.Context, req apigen.GetOrderRequestObject) (apigen.GetOrderResponseObject, error) {

@@ -7,34 +7,8 @@ import (
 
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
-	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/payouts"
 )
-
-// CreatePayout is keyed, with its effect run as a job: the request only
-// accepts the payout (202); see package payouts.
-func (s *Server) CreatePayout(ctx context.Context, req apigen.CreatePayoutRequestObject) (apigen.CreatePayoutResponseObject, error) {
-	keyed, err := keyedRequest(ctx)
-	if err != nil {
-		return nil, err
-	}
-	payoutReq := payouts.Request{
-		CallerID:    auth.CallerFrom(ctx).ID,
-		Amount:      req.Body.Amount,
-		Currency:    string(req.Body.Currency),
-		Destination: payouts.DefaultDestination,
-	}
-	if req.Body.Destination != nil {
-		payoutReq.Destination = string(*req.Body.Destination)
-	}
-	resp, err := s.keys.Execute(ctx, keyed, func(ctx context.Context, l *idempotency.Lease) error {
-		return s.payouts.Create(ctx, l, payoutReq)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return replayable{resp}, nil
-}
 
 // GetPayout is safe. While the payout is not final, Retry-After says when
 // to poll again.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -74,22 +75,36 @@ func newAPIRoutes(spec *openapi3.T, router routers.Router) map[routeKey]*apiRout
 	return out
 }
 
-// checkResumable refuses a spec whose keyed-external operation (one with
-// recovery points around an outside effect) has no handler in operations
-// to resume it. Without one, a record left in progress by a crash would
-// wait for the reconciler for ever: the mistake shows at start-up, with the
-// operation's name, rather than at the first crash.
-func checkResumable(spec *openapi3.T, operations *idempotency.Registry) error {
-	for _, item := range spec.Paths.Map() {
-		for _, op := range item.Operations() {
-			if class, _ := op.Extensions["x-idempotency"].(string); class == "keyed-external" {
-				if _, ok := operations.Lookup(op.OperationID); !ok {
-					return fmt.Errorf("operation %s is keyed-external in the spec, but nothing resumes it: register it in internal/app (Operations.Register)", op.OperationID)
-				}
+// keyedRoute is a keyed operation's route, served by Server.keyed.
+type keyedRoute struct {
+	method, path string // as Echo names them
+	op           idempotency.Operation
+}
+
+// declaredKeyed finds the declaration of every operation the spec marks
+// keyed, or refuses, with the operation's name, a spec whose keyed
+// operation nobody declared: that mistake shows at start-up, not as a 404
+// or as a record nothing resumes.
+func declaredKeyed(spec *openapi3.T, operations *idempotency.Registry) ([]keyedRoute, error) {
+	var out []keyedRoute
+	for path, item := range spec.Paths.Map() {
+		for method, op := range item.Operations() {
+			if class, _ := op.Extensions["x-idempotency"].(string); !keyedClasses[class] {
+				continue
 			}
+			declared, ok := operations.Lookup(op.OperationID)
+			switch {
+			case !ok:
+				return nil, fmt.Errorf("operation %s is keyed in the spec, but nothing declares it: declare it in its domain package and register it in internal/app", op.OperationID)
+			case !slices.Contains(op.Tags, "keyed"):
+				// api/oapi-codegen.yaml leaves the operations tagged keyed
+				// out of the strict interface, which this adapter serves.
+				return nil, fmt.Errorf("operation %s is keyed in the spec, but not tagged keyed", op.OperationID)
+			}
+			out = append(out, keyedRoute{method, echoTemplate(path), declared})
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // newAPIRoute reads what the contract middleware needs of route's

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
 	"github.com/retrysafe/payments/api"
@@ -52,6 +54,23 @@ func TestEveryEchoRouteNamesItsOperation(t *testing.T) {
 	s, router := testRoutes(t)
 	e := echo.New()
 	apigen.RegisterHandlers(e, apigen.NewStrictHandler(s, nil))
+	spec, err := api.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := idempotency.NewRegistry(keyedStubs(spec, "")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyed, err := declaredKeyed(spec, ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyedOp := map[routeKey]string{}
+	for _, r := range keyed {
+		e.Add(r.method, r.path, s.keyed(r.op))
+		keyedOp[routeKey{r.method, r.path}] = r.op.Name
+	}
 	routes := e.Routes()
 	if len(routes) == 0 {
 		t.Fatal("no routes registered")
@@ -63,7 +82,11 @@ func TestEveryEchoRouteNamesItsOperation(t *testing.T) {
 			continue
 		}
 		id := r.route.Operation.OperationID
-		if want := "." + strings.ToUpper(id[:1]) + id[1:] + "-fm"; !strings.HasSuffix(er.Name, want) {
+		if name, ok := keyedOp[routeKey{er.Method, er.Path}]; ok {
+			if name != id {
+				t.Errorf("%s %s: the table says %s, the keyed adapter serves %s", er.Method, er.Path, id, name)
+			}
+		} else if want := "." + strings.ToUpper(id[:1]) + id[1:] + "-fm"; !strings.HasSuffix(er.Name, want) {
 			t.Errorf("%s %s: the table says %s, Echo calls %s", er.Method, er.Path, id, er.Name)
 		}
 		// And the router, matching a request to this route, finds the
@@ -253,12 +276,11 @@ func TestValidatorSkipsTheKeyOnlyWhenParseKeyImpliesIt(t *testing.T) {
 	}
 }
 
-// The contract hands keyed operations' handlers the document it validated
-// (validatedBody), bound with exact member names where Echo's binder
-// matches them regardless of case. The two agree only while a keyed
-// body's schema allows no member it does not name, at every level: this
-// test fails when a keyed operation's body is opened, so that whoever
-// opens it decides whether validatedBody still holds.
+// The validator matches a keyed body's member names exactly, and the
+// operation's decode (encoding/json) regardless of case. The two agree
+// only while a keyed body's schema allows no member it does not name, at
+// every level: this test fails when a keyed operation's body is opened, so
+// that whoever opens it decides how the body is then decoded.
 func TestKeyedBodiesAllowNoUnknownMember(t *testing.T) {
 	t.Parallel()
 	s, _ := testRoutes(t)
@@ -303,22 +325,60 @@ func TestKeyedBodiesAllowNoUnknownMember(t *testing.T) {
 	}
 }
 
-// Start-up refuses an operation the spec marks keyed-external that nothing
-// can resume, and names it: forgetting Operations.Register would otherwise
-// leave a crashed operation's record in progress for ever.
-func TestKeyedExternalOperationWithoutResumerIsRefused(t *testing.T) {
+// stubLocal declares a local operation under name that is never run.
+func stubLocal(name string) idempotency.Operation {
+	return idempotency.Local(name, func(context.Context, pgx.Tx, idempotency.Input[struct{}]) (*idempotency.Response, error) {
+		return nil, errors.New("a stub")
+	})
+}
+
+// keyedStubs declares a stub for every operation the spec marks keyed but
+// the one named except.
+func keyedStubs(spec *openapi3.T, except string) []idempotency.Operation {
+	var out []idempotency.Operation
+	for _, item := range spec.Paths.Map() {
+		for _, op := range item.Operations() {
+			if class, _ := op.Extensions["x-idempotency"].(string); keyedClasses[class] && op.OperationID != except {
+				out = append(out, stubLocal(op.OperationID))
+			}
+		}
+	}
+	return out
+}
+
+// Start-up refuses an operation the spec marks keyed that nothing
+// declares, and names it; and an external declaration with no step after
+// its start, which nothing would ever finish.
+func TestUndeclaredKeyedOperationIsRefused(t *testing.T) {
 	spec, err := api.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	resume := func(context.Context, *idempotency.Lease) error { return nil }
-	ops := idempotency.NewRegistry()
-	ops.Register("createCharge", resume)
-	if err := checkResumable(spec, ops); err == nil || !strings.Contains(err.Error(), "createRefund") {
-		t.Errorf("createRefund unregistered: %v; want an error naming it", err)
+	ops, err := idempotency.NewRegistry(keyedStubs(spec, "createRefund")...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	ops.Register("createRefund", resume)
-	if err := checkResumable(spec, ops); err != nil {
-		t.Errorf("every keyed-external operation registered: %v", err)
+	if _, err := declaredKeyed(spec, ops); err == nil || !strings.Contains(err.Error(), "createRefund") {
+		t.Errorf("createRefund undeclared: %v; want an error naming it", err)
+	}
+	all := keyedStubs(spec, "")
+	if ops, err = idempotency.NewRegistry(all...); err != nil {
+		t.Fatal(err)
+	}
+	if routes, err := declaredKeyed(spec, ops); err != nil || len(routes) != len(all) || len(all) < 4 {
+		t.Errorf("every keyed operation declared: %d routes of %d, %v", len(routes), len(all), err)
+	}
+
+	noSteps := idempotency.External[struct{}]{
+		Name: "createRefund",
+		Start: func(context.Context, pgx.Tx, idempotency.Record, idempotency.Input[struct{}]) (idempotency.Result, error) {
+			return idempotency.RecoveryFinished, nil
+		},
+	}
+	if _, err := idempotency.NewRegistry(noSteps.Operation()); err == nil || !strings.Contains(err.Error(), "createRefund") {
+		t.Errorf("an external operation with no steps: %v; want an error naming it", err)
+	}
+	if _, err := idempotency.NewRegistry(stubLocal("createOrder"), stubLocal("createOrder")); err == nil {
+		t.Error("one operation declared twice: no error")
 	}
 }

@@ -24,12 +24,10 @@ import (
 	"github.com/retrysafe/payments/api"
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/auth"
-	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/events"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/metrics"
-	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/problem"
 	"github.com/retrysafe/payments/web"
 )
@@ -40,11 +38,9 @@ type Deps struct {
 	Pool   *pgxpool.Pool
 	Log    *slog.Logger
 	Keys   *idempotency.Store
-	// Operations are the operations the reconciler can resume: every one
-	// the spec marks keyed-external must be there (checkResumable).
+	// Operations are the declared keyed operations: every one the spec
+	// marks keyed must be there (declaredKeyed).
 	Operations *idempotency.Registry
-	Charges    *charges.Service // charges and refunds
-	Payouts    *payouts.Service
 	// Inbox receives the processor's webhooks.
 	Inbox *events.Inbox
 	// Demo turns on the browser demo's own endpoints (DEMO_MODE); nil, as
@@ -63,8 +59,6 @@ type Server struct {
 	log        *slog.Logger
 	auth       *auth.Authenticator
 	keys       *idempotency.Store
-	charges    *charges.Service
-	payouts    *payouts.Service
 	router     routers.Router
 	routes     map[routeKey]*apiRoute // the router's answers, found once (routes.go)
 	validation openapi3filter.Options
@@ -97,8 +91,6 @@ func New(d Deps) (http.Handler, error) {
 		log:     d.Log,
 		auth:    auth.NewAuthenticator(d.Pool, d.Config.AuthCacheTTL, d.Config.SeedDemoCallers),
 		keys:    d.Keys,
-		charges: d.Charges,
-		payouts: d.Payouts,
 		router:  router,
 		limits:  newRateLimits(d.Config.RateLimit, d.Config.RateBurst),
 		inbox:   d.Inbox,
@@ -114,7 +106,8 @@ func New(d Deps) (http.Handler, error) {
 	s.validationNoBody = s.validation
 	s.validationNoBody.ExcludeRequestBody = true
 	s.routes = newAPIRoutes(spec, router)
-	if err := checkResumable(spec, d.Operations); err != nil {
+	keyedRoutes, err := declaredKeyed(spec, d.Operations)
+	if err != nil {
 		return nil, err
 	}
 
@@ -139,6 +132,9 @@ func New(d Deps) (http.Handler, error) {
 	e.Use(s.contract)
 
 	apigen.RegisterHandlers(e, apigen.NewStrictHandler(s, nil))
+	for _, r := range keyedRoutes {
+		e.Add(r.method, r.path, s.keyed(r.op))
+	}
 	if d.Demo != nil {
 		e.POST("/demo/webhooks/:caller", s.demoReceiver)
 		s.registerDemo(e, d.Demo)

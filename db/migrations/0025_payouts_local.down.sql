@@ -1,0 +1,2 @@
+-- Only possible while every payout still names its key record.
+ALTER TABLE payouts ALTER COLUMN idempotency_key_id SET NOT NULL;

@@ -1,0 +1,178 @@
+package idempotency
+
+// Declaring a keyed operation. The domain package that owns an operation
+// declares it, Local or External; internal/app registers every declaration
+// once (NewRegistry); from then on the keyed adapter (internal/server)
+// serves it from the declaration, and the reconciler resumes it from the
+// same declaration. No other code names an operation.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Input is a keyed request as its operation sees it.
+type Input[B any] struct {
+	Request                   // who asked, under which key
+	Path    map[string]string // the path's parameters, by the contract's names
+	Body    B                 // the body, validated against the contract, decoded
+}
+
+// Operation is a declared keyed operation: what Local and External return.
+type Operation struct {
+	// Name is the contract's operationId, stored with every record.
+	Name  string
+	serve func(ctx context.Context, s *Store, req Request, path map[string]string, body []byte) (*Response, error)
+	// Resume drives an external operation from the recovery point its
+	// record reached, for the reconciler; nil for a local one.
+	Resume  Handler
+	invalid string // why the declaration cannot work, for NewRegistry
+}
+
+// Local declares a local operation, one that touches only this database:
+// run writes its effect in tx and returns the answer to store, and both
+// commit in one transaction with the record (Store.ExecuteLocal, which says
+// what run's errors mean).
+func Local[B any](name string, run func(ctx context.Context, tx pgx.Tx, in Input[B]) (*Response, error)) Operation {
+	return Operation{Name: name, serve: func(ctx context.Context, s *Store, req Request, path map[string]string, body []byte) (*Response, error) {
+		in, err := decode[B](req, path, body)
+		if err != nil {
+			return nil, err
+		}
+		return s.ExecuteLocal(ctx, req, func(ctx context.Context, tx pgx.Tx) (*Response, error) { return run(ctx, tx, in) })
+	}}
+}
+
+// External declares an operation with an outside effect (a call to the
+// processor) as its recovery points, each with the step that moves it on.
+// A client's request, its retry and the reconciler all run these steps.
+type External[B any] struct {
+	Name string
+	// Check, when set, runs before the claim: its error (an unknown
+	// order's 404) is answered and not stored, so the key stays free for
+	// a corrected request.
+	Check func(ctx context.Context, in Input[B]) error
+	// Start is the first phase, one transaction: it writes everything the
+	// later steps need (they have only the record and the rows it names:
+	// the request's body is not stored) and returns the recovery point it
+	// reached, or a final answer.
+	Start func(ctx context.Context, tx pgx.Tx, rec Record, in Input[B]) (Result, error)
+	// Steps moves the operation on from each later recovery point: one or
+	// more l.Phase, the last of which stores the final answer. What a
+	// step's error means is the Handler's rule.
+	Steps map[RecoveryPoint]Handler
+}
+
+// Operation is the declaration, for NewRegistry.
+func (e External[B]) Operation() Operation {
+	var invalid string
+	if e.Start == nil || len(e.Steps) == 0 {
+		invalid = "an external operation needs a Start and at least one step after it"
+	}
+	return Operation{
+		Name:    e.Name,
+		invalid: invalid,
+		Resume:  e.handler(nil),
+		serve: func(ctx context.Context, s *Store, req Request, path map[string]string, body []byte) (*Response, error) {
+			in, err := decode[B](req, path, body)
+			if err != nil {
+				return nil, err
+			}
+			if e.Check != nil {
+				if err := e.Check(ctx, in); err != nil {
+					return nil, err
+				}
+			}
+			return s.Execute(ctx, req, e.handler(&in))
+		},
+	}
+}
+
+// handler runs the step for the record's recovery point until a phase
+// stores the final answer. Without the request's input (in is nil: the
+// reconciler) it cannot start an operation, and never has to: the
+// reconciler abandons a record that never passed started.
+func (e External[B]) handler(in *Input[B]) Handler {
+	return func(ctx context.Context, l *Lease) error {
+		for l.response == nil {
+			var err error
+			switch point := l.RecoveryPoint(); {
+			case point == RecoveryStarted && in != nil:
+				err = l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (Result, error) { return e.Start(ctx, tx, l.Record(), *in) })
+			case e.Steps[point] != nil:
+				err = e.Steps[point](ctx, l)
+			default:
+				return fmt.Errorf("%s: no step from recovery point %q", e.Name, point)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// decode reads a request's body into the operation's type. The contract
+// middleware validated it first, against a schema that allows no member it
+// does not name, so the only failure left is a value the type cannot hold
+// (1999.0 for an integer): a *json.UnmarshalTypeError, which the server
+// answers with a 400 naming the field, before anything is stored.
+func decode[B any](req Request, path map[string]string, body []byte) (Input[B], error) {
+	in := Input[B]{Request: req, Path: path}
+	if len(body) > 0 {
+		if err := json.Unmarshal(body, &in.Body); err != nil {
+			return in, err
+		}
+	}
+	return in, nil
+}
+
+// Serve runs the keyed request req as its declared operation op.
+func (s *Store) Serve(ctx context.Context, op Operation, req Request, path map[string]string, body []byte) (*Response, error) {
+	return op.serve(ctx, s, req, path, body)
+}
+
+// Registry is every declared keyed operation, by name.
+type Registry struct{ ops map[string]Operation }
+
+// NewRegistry registers ops. It refuses, at start-up rather than at the
+// first crash, two declarations of one name, an external operation that
+// cannot start, and one with no step after its start (nothing would ever
+// finish it).
+func NewRegistry(ops ...Operation) (*Registry, error) {
+	r := &Registry{ops: make(map[string]Operation, len(ops))}
+	for _, op := range ops {
+		switch _, dup := r.ops[op.Name]; {
+		case dup:
+			return nil, fmt.Errorf("keyed operation %q is declared twice", op.Name)
+		case op.serve == nil:
+			return nil, fmt.Errorf("keyed operation %q is not declared through Local or External", op.Name)
+		case op.invalid != "":
+			return nil, fmt.Errorf("keyed operation %q: %s", op.Name, op.invalid)
+		}
+		r.ops[op.Name] = op
+	}
+	return r, nil
+}
+
+// Lookup returns the operation declared under name.
+func (r *Registry) Lookup(name string) (Operation, bool) {
+	op, ok := r.ops[name]
+	return op, ok
+}
+
+// resumable lists the external operations, the ones the reconciler claims.
+func (r *Registry) resumable() []string {
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(r.ops)) {
+		if r.ops[name].Resume != nil {
+			out = append(out, name)
+		}
+	}
+	return out
+}
