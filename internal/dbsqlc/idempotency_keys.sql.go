@@ -161,8 +161,8 @@ type ClaimIdempotencyKeyRow struct {
 //
 // lease_expired and lease_remaining_seconds are computed on the database
 // clock, never the application's, so clock skew between replicas cannot make
-// a live lease look expired. The remaining lease is what a 409 tells the
-// client to wait (Retry-After).
+// a live lease look expired. The remaining lease caps the Retry-After of a
+// 409 (a second or two, never past the lease).
 //
 // A new record's next_attempt_at is its lease's end: if its owner crashes,
 // the reconciler looks at it as soon as the lease runs out.
@@ -379,6 +379,24 @@ func (q *Queries) CompleteIdempotencyKeyUnfenced(ctx context.Context, db DBTX, a
 		arg.CallerID,
 		arg.ID,
 	)
+	return err
+}
+
+const confirmReplicated = `-- name: ConfirmReplicated :exec
+SELECT CASE WHEN current_setting('synchronous_standby_names') <> ''
+            THEN pg_logical_emit_message(true, 'payments-confirm-replicated', '') END
+`
+
+// Waits until everything this session has seen is on the synchronous
+// standby, when there is one. A transactional logical message is a write
+// (a WAL record, and an xid), so the statement's own transaction waits at
+// its commit for the standby to have the log up to that commit, which is
+// after every commit this session saw (a replay must not answer with a
+// record a failover could lose; see replayStored in internal/idempotency).
+// Nothing decodes the message. Without a synchronous standby it writes
+// nothing.
+func (q *Queries) ConfirmReplicated(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, confirmReplicated)
 	return err
 }
 

@@ -122,7 +122,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	switch {
 	case rec.Status == StatusCompleted:
 		observe(observed, req.Operation, metrics.OutcomeReplayed)
-		resp, err := storedResponse(rec)
+		resp, err := s.replayStored(ctx, rec)
 		if err == nil {
 			s.replays.put(req, resp, sent, age)
 		}

@@ -165,7 +165,7 @@ func (s *Store) lookup(ctx context.Context, req Request) (_ *Response, _ error, 
 		return nil, reused(rec.RequestMethod, rec.RequestPath), true
 	case rec.Status == StatusCompleted:
 		observe(observed, req.Operation, metrics.OutcomeReplayed)
-		resp, err := storedResponse(rec)
+		resp, err := s.replayStored(ctx, rec)
 		if err == nil {
 			s.replays.put(req, resp, sent, secondsOf(row.AgeSeconds))
 		}

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -68,6 +69,24 @@ func (r *Response) Write(w http.ResponseWriter) error {
 	w.WriteHeader(r.Status)
 	_, err := w.Write(r.Body)
 	return err
+}
+
+// replayStored is the stored answer of the completed record rec, read from
+// the database, once it cannot be lost. A commit is visible to other
+// sessions on the primary before its synchronous standby has it when its
+// wait for the standby is cut short: a primary shutting down for a
+// failover terminates the waiting backend after its local commit, and for
+// a moment others see the record. A replay answered from that read would
+// tell a client of an effect the new primary never had (the failover soak
+// found one: an order acknowledged, then gone). So the read is confirmed
+// first: ConfirmReplicated commits a write after it, and its commit waits
+// for the standby. Without a synchronous standby it costs a round trip and
+// writes nothing.
+func (s *Store) replayStored(ctx context.Context, rec Record) (*Response, error) {
+	if err := queries.ConfirmReplicated(ctx, s.pool); err != nil {
+		return nil, fmt.Errorf("confirm the stored answer is replicated: %w", err)
+	}
+	return storedResponse(rec)
 }
 
 func storedResponse(rec Record) (*Response, error) {

@@ -175,7 +175,7 @@ func (s *Store) current(reqCtx context.Context, rec Record) (*Response, error) {
 	switch cur := recordOf(row.IdempotencyKey); {
 	case cur.Status == StatusCompleted:
 		retell(reqCtx, metrics.OutcomeReplayed)
-		return storedResponse(cur)
+		return s.replayStored(ctx, cur)
 	case cur.Status == StatusDead:
 		return nil, dead()
 	case row.LeaseRemainingSeconds > 0:
