@@ -1,7 +1,24 @@
-# The two commands a newcomer needs are `make run` and `make test`.
-# Everything else here is for working on the project.
+# The two commands a newcomer needs are `make run` and `make test`;
+# `make help` lists the others worth knowing. Everything else here is a
+# part of `make check`, runnable alone.
 
-.PHONY: run test npm-tools axe-core docs-ui check check-fast check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs check-walkthrough architecture model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak soak-failover ha ha-stop
+.PHONY: help run test npm-tools axe-core docs-ui check check-fast check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs check-walkthrough architecture model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak soak-failover ha ha-stop
+
+# The public targets, one line each.
+help:
+	@echo 'make run            the demo at http://127.0.0.1:8080/ (PORT=8081 for another port)'
+	@echo 'make test           the whole suite, against a real PostgreSQL'
+	@echo 'make check          what CI runs: every static check (check-static), then make test'
+	@echo 'make check-fast     between edits: drift, vet, linters, the tests of changed packages'
+	@echo 'make generate       regenerate the committed code (oapi-codegen, sqlc, River)'
+	@echo 'make rename         MODULE=example.com/you/shop: make the fork yours (docs/forking.md)'
+	@echo 'make bench          the database work and the rates of keyed requests (docs/performance.md)'
+	@echo 'make fuzz           fuzz every parser of hostile input, 200,000 inputs each'
+	@echo 'make soak           the chaos soak for ten minutes (SOAK=5m for another length)'
+	@echo 'make soak-failover  the soak against a Patroni cluster whose leader is killed'
+	@echo 'make ha / ha-stop   a highly available PostgreSQL for development (docs/operations.md)'
+	@echo 'The parts of make check run alone too: check-static, check-docs, check-walkthrough,'
+	@echo 'check-rename, check-generated, lint-spec, vet, staticcheck, gosec, model, fuzz-ci.'
 
 # Run the demo on 127.0.0.1:8080 (PORT=8081 for another port) against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -109,8 +126,8 @@ staticcheck:
 gosec:
 	go tool -modfile=tools/go.mod gosec -quiet -exclude-generated -exclude-dir=cmd/bench ./...
 
-# Run the commands of the docs' sh blocks, and the README's session against
-# a fresh demo (its outputs compared with the README's), so the walkthroughs
+# Run the commands of the docs' sh blocks, and the tour (docs/tour.md) against
+# a fresh demo (its outputs compared with the tour's), so the walkthroughs
 # cannot rot; check the docs' links and the tests they name, and that the
 # map in docs/architecture.md is the code's (scripts/architecture.sh
 # --check: the import graph, and one owner per query file).
@@ -165,13 +182,13 @@ bench:
 	go run ./cmd/bench $(BENCH_ARGS)
 
 # Go benchmarks of the hot path through HTTP, with statements per request
-# (docs/benchmarks.md). They live with the end-to-end tests, in
+# (docs/performance.md). They live with the end-to-end tests, in
 # internal/app, and run the service that app.New builds.
 bench-go:
 	go test -run='^$$' -bench=. -benchtime=3s ./internal/app/
 
 # Sweep 1,000,000 expired records while claiming new keys; reports records/s
-# and the claims' p99 (docs/benchmarks.md).
+# and the claims' p99 (docs/performance.md).
 bench-sweeper:
 	go test -run='^$$' -bench=SweepMillion -benchtime=1x ./internal/sweeper/
 

@@ -2,8 +2,8 @@
 # Run the commands of the docs' ```sh blocks (make check-docs), so that a
 # walkthrough that names a file, a query or a test fails CI the day it stops
 # being true. Each block runs in its own bash, at the repository root, with
-# -euo pipefail. Then run the README's session against a fresh demo and
-# compare what it answers with what the README shows (check-readme.sh),
+# -euo pipefail. Then run the tour (docs/tour.md) against a fresh demo and
+# compare what it answers with what the tour shows (check-readme.sh),
 # and check the docs' links and the tests they name. First, check that the
 # map of the packages in docs/architecture.md is the code's, and that each
 # query file has one owner (scripts/architecture.sh --check).
@@ -34,6 +34,31 @@ for doc in "${docs[@]}"; do
     exit 1
   fi
 done
+# docs/learn.md, the reading path: at most eight steps and 2,000 words,
+# each step a file that exists, whose "Read `X` and `Y`." line names what
+# that file defines (the tests it names are checked below, with every doc's).
+learn=docs/learn.md
+steps=0
+file=""
+while IFS= read -r line; do
+  if [[ $line =~ ^##\ [0-9]+\..*\]\(\.\./([^\)]+)\)$ ]]; then
+    file=${BASH_REMATCH[1]} steps=$((steps + 1))
+    [[ -f $file ]] || { echo "check-docs: $learn reads $file, which does not exist" >&2; exit 1; }
+  elif [[ $line == Read\ * && -n $file ]]; then
+    for name in $(grep -o '`[A-Za-z_][A-Za-z0-9_]*`' <<<"$line" | tr -d '`'); do
+      grep -Eq "^(func (\([^)]*\) )?|type |var )$name\b" "$file" ||
+        { echo "check-docs: $learn says to read $name in $file, which does not define it" >&2; exit 1; }
+    done
+    file=""
+  fi
+done <"$learn"
+words=$(wc -w <"$learn")
+if ((steps == 0 || steps > 8 || words > 2000)); then
+  echo "check-docs: $learn has $steps steps and $words words; it must have 1 to 8, in at most 2,000 words" >&2
+  exit 1
+fi
+echo "check-docs: $learn: $steps steps, $words words, each naming what its file defines"
+
 # Every relative link in the README and docs must name a file of the
 # repository: a clone or a fork has nothing else.
 dead=0

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Run the README's session (make check-docs), so that what it shows is what
-# the service does. It starts the demo as `make run` does (`server demo`)
-# on a free port and a fresh database, runs the commands of every
-# ```console block of README.md in order, in one bash (so a variable set in
-# one step is there in the next), and compares each command's output with
-# the lines the README shows under it.
+# Run the tour (docs/tour.md, the session the README points a newcomer to;
+# make check-docs), so that what it shows is what the service does. It
+# starts the demo as `make run` does (`server demo`) on a free port and a
+# fresh database, runs the commands of every ```console block of the tour
+# in order, in one bash (so a variable set in one step is there in the
+# next), and compares each command's output with the lines the tour shows
+# under it.
 #
 # What is compared, and what is not:
 #   - the output as shown, line for line, once both sides have their ids
 #     (ord_..., ch_..., po_...), times, UUIDs, paycli's keys and downstream
 #     keys (acme-<26 base32 characters>, derived from a key uuidgen made)
 #     replaced by placeholders: those differ on every run;
-#   - "…" in the README stands for anything (a trimmed body, a line left
+#   - "…" in the tour stands for anything (a trimmed body, a line left
 #     out of paycli's JSON), as a reader would take it;
 #   - of the response headers, Date, Content-Length, Vary, X-Request-Id and
-#     Connection are left out (the README says so); every other header
+#     Connection are left out (the tour says so); every other header
 #     must be shown.
 # The commands say localhost:8080; they are run against the server started
 # here, and paycli is pointed at it with PAYMENTS_URL.
@@ -24,13 +25,14 @@
 #
 # CHECK_DOCS_POSTGRES is the PostgreSQL server to make the database on
 # (default postgres://postgres@127.0.0.1:5432). CHECK_DOCS_SHOW=1 prints
-# every command's output as it came, to update the README from.
+# every command's output as it came, to update the tour from.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+doc=docs/tour.md
 
 for tool in jq uuidgen psql; do
   command -v "$tool" >/dev/null || {
-    echo "check-readme: the README's session needs $tool (Debian: apt-get install jq uuid-runtime postgresql-client)" >&2
+    echo "check-readme: the tour needs $tool (Debian: apt-get install jq uuid-runtime postgresql-client)" >&2
     exit 1
   }
 done
@@ -58,7 +60,7 @@ finish() {
 trap finish EXIT
 
 # The blocks, as NUL-separated records of "command\x1foutput"; commands
-# and outputs are the README's lines (without the "$ ").
+# and outputs are the tour's lines (without the "$ ").
 awk '
   /^<!-- check-docs: skip/ { skip = 1; next }
   /^```console[[:space:]]*$/ { if (skip) { skipping = 1; skip = 0; next } inblock = 1; cmd = ""; out = ""; cont = 0; next }
@@ -75,7 +77,7 @@ awk '
     cmd = substr($0, 3); out = ""; cont = /\\$/; next
   }
   { out = out $0 "\n" }
-' README.md >"$tmp/steps"
+' "$doc" >"$tmp/steps"
 
 cmds=() outs=()
 while IFS= read -r -d '' step; do
@@ -83,7 +85,7 @@ while IFS= read -r -d '' step; do
   outs+=("${step#*$'\037'}")
 done <"$tmp/steps"
 if [[ ${#cmds[@]} -eq 0 ]]; then
-  echo "check-readme: README.md has no console blocks to run" >&2
+  echo "check-readme: $doc has no console blocks to run" >&2
   exit 1
 fi
 
@@ -145,16 +147,16 @@ for i in "${!cmds[@]}"; do
   if [[ ${CHECK_DOCS_SHOW:-} == 1 ]]; then
     printf '$ %s\n%s\n\n' "${cmds[$i]}" "${actual[$i]-}"
   fi
-  # The README's lines as a pattern: everything literal but "…".
+  # The tour's lines as a pattern: everything literal but "…".
   pattern=$(printf '%s' "$want" | sed 's/[][*?\\()|+@!]/\\&/g')
   pattern=${pattern//…/*}
   # shellcheck disable=SC2053 # the right side is a pattern on purpose
   if [[ $got != $pattern ]]; then
     failed=1
     {
-      echo "check-readme: README.md shows another output for:"
+      echo "check-readme: $doc shows another output for:"
       echo "  \$ ${cmds[$i]//$'\n'/$'\n'  }"
-      echo "  README.md (ids and times as placeholders):"
+      echo "  $doc (ids and times as placeholders):"
       printf '%s\n' "$want" | sed 's/^/    | /'
       echo "  the service:"
       printf '%s\n' "$got" | sed 's/^/    | /'
@@ -162,4 +164,4 @@ for i in "${!cmds[@]}"; do
   fi
 done
 [[ $failed -eq 0 ]] || exit 1
-echo "check-readme: OK: ${#cmds[@]} commands of README.md, run against a fresh demo, answered as shown (session ${session_time}s, all $((SECONDS - start))s)"
+echo "check-readme: OK: ${#cmds[@]} commands of $doc, run against a fresh demo, answered as shown (session ${session_time}s, all $((SECONDS - start))s)"

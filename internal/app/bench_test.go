@@ -17,7 +17,7 @@ import (
 )
 
 // Benchmarks of the hot path through HTTP against the real database. Run
-// them with `make bench-go`; docs/benchmarks.md records the figures. Besides
+// them with `make bench-go`; docs/performance.md records the figures. Besides
 // time per request they report the SQL statements the server sent per
 // request (statements/op) and the round trips they took (roundtrips/op),
 // counted by a pgx tracer on the server's pool: the structural cost that
