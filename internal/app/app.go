@@ -95,6 +95,7 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 		if err != nil {
 			return nil, fmt.Errorf("FAULT_CRASH_POINTS: %w", err)
 		}
+		crash.log = log
 		f.crash, storeFaults = crash, f
 		processor = crashingProcessor{processor, crash}
 		if cfg.DemoMode {

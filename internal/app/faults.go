@@ -54,6 +54,7 @@ type CrashPoints struct {
 	mu     sync.Mutex
 	always []string
 	once   string
+	log    *slog.Logger // the crash's one line, at warn; nil: stderr
 }
 
 // ParseCrashPoints reads a comma-separated list of crash point names,
@@ -119,7 +120,11 @@ func (c *CrashPoints) Crash(point string) {
 	fire := slices.Contains(c.always, point) || c.once == point
 	c.mu.Unlock()
 	if fire {
-		fmt.Fprintf(os.Stderr, "faults: crashing at %s\n", point)
+		if c.log != nil {
+			c.log.Warn("faults: crashing the server on purpose", "point", point)
+		} else {
+			fmt.Fprintf(os.Stderr, "faults: crashing at %s\n", point)
+		}
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // SIGKILL cannot be caught; never return
 	}
