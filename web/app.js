@@ -458,14 +458,21 @@ async function demo(method, path, body) {
   return res.ok ? res.json() : null;
 }
 
-$("apply-chaos").addEventListener("click", async () => {
-  const chaos = {
-    error_rate: Number($("error-rate").value),
-    latency_ms: Number($("latency").value),
-    timeout_rate: Number($("lost-rate").value),
-  };
+async function setChaos(chaos, said) {
   const out = await demo("PUT", "/demo/chaos", chaos);
-  $("demo-hint").textContent = out ? `Processor chaos set: ${JSON.stringify(out)}` : "Could not set the chaos.";
+  $("demo-hint").textContent = out ? `${said}: ${JSON.stringify(out)}` : "Could not set the chaos.";
+}
+
+$("apply-chaos").addEventListener("click", () => setChaos({
+  error_rate: Number($("error-rate").value),
+  latency_ms: Number($("latency").value),
+  timeout_rate: Number($("lost-rate").value),
+}, "Processor chaos set"));
+
+// Off: every rate and the latency back to 0, on the page and at the processor.
+$("chaos-off").addEventListener("click", () => {
+  for (const id of ["error-rate", "latency", "lost-rate"]) $(id).value = "0";
+  setChaos({ error_rate: 0, latency_ms: 0, timeout_rate: 0 }, "Processor chaos off");
 });
 
 // armed is the crash point armed from this page, until the server that

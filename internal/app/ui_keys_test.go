@@ -2,7 +2,9 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -200,5 +202,48 @@ func TestDemoPageKeepsThePendingKey(t *testing.T) {
 	}
 	if n := ts.count(t, "orders"); n != 2 {
 		t.Errorf("%d orders; want 2", n)
+	}
+}
+
+// Processor chaos set from the page can be turned off from it: Chaos off
+// puts every rate and the latency back to 0, on the page and at the
+// processor.
+func TestDemoPageTurnsChaosOff(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.New(t)
+	addr, _ := startCommand(t, "cmd/server", []string{"demo"}, "DATABASE_URL="+dbURL, "HTTP_ADDR=127.0.0.1:0", "RECONCILER_ENABLED=false")
+	ctx := browser(t, "http://"+addr, 1280, 1000)
+	waitPage(t, ctx, `!document.getElementById("chaos").disabled`)
+	chaos := func() processor.Chaos {
+		t.Helper()
+		res, err := http.Get("http://" + addr + "/demo/chaos")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var c processor.Chaos
+		if err := json.NewDecoder(res.Body).Decode(&c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+
+	for id, v := range map[string]string{"error-rate": "0.5", "latency": "100"} {
+		if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID(id), v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	click(t, ctx, "apply-chaos")
+	waitPage(t, ctx, `document.getElementById("demo-hint").textContent.startsWith("Processor chaos set")`)
+	if c := chaos(); c.ErrorRate != 0.5 || c.LatencyMS != 100 {
+		t.Fatalf("after Apply chaos the processor has %+v; want an error rate of 0.5 and 100 ms", c)
+	}
+	click(t, ctx, "chaos-off")
+	waitPage(t, ctx, `document.getElementById("demo-hint").textContent.startsWith("Processor chaos off")`)
+	if c := chaos(); c.ErrorRate != 0 || c.LatencyMS != 0 || c.TimeoutRate != 0 {
+		t.Errorf("after Chaos off the processor has %+v; want no chaos", c)
+	}
+	if v := pageText(t, ctx, `["error-rate", "latency", "lost-rate"].map(id => document.getElementById(id).value).join(",")`); v != "0,0,0" {
+		t.Errorf("after Chaos off the page's fields say %s; want 0,0,0", v)
 	}
 }
