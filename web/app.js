@@ -412,12 +412,13 @@ $("send-again").addEventListener("click", async () => {
 // Five concurrent identical requests under one key: of the last kind of
 // operation made (an order, or a charge of a fresh order).
 $("send-five").addEventListener("click", async () => {
-  let what = "order", path = "/v1/orders", body = orderBody();
+  let what = "order", path = "/v1/orders", body = orderBody(), also = "";
   if (state.last && state.last.path.endsWith("/charges")) {
     const order = await call("POST", "/v1/orders", { key: crypto.randomUUID(), body: orderBody() });
     if (!order.res || !order.res.ok) return say("Could not create an order to charge.");
     remember(order);
     what = "charge";
+    also = ` (of a new order, ${state.orderId}: the last one was charged already)`;
     path = `/v1/orders/${state.orderId}/charges`;
     body = { payment_method: $("payment-method").value };
   }
@@ -435,7 +436,7 @@ $("send-five").addEventListener("click", async () => {
   const replays = outs.filter(replayed).length;
   const busy = outs.filter((o) => o.res && o.res.status === 409).length;
   outs.forEach(remember);
-  say(`5 requests, one key: ${first} ran the ${what}, ${replays} got its replay, ${busy} were told 409 (in progress). One ${what} exists.`);
+  say(`5 requests, one key: ${first} ran the ${what}${also}, ${replays} got its replay, ${busy} were told 409 (in progress). One ${what} exists.`);
   refreshSoon();
 });
 
