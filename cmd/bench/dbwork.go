@@ -7,59 +7,50 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// dbWork is what PostgreSQL wrote for one request, on average, read from
-// its write-ahead log with pg_walinspect between two positions of the log:
-// exact counts, which the machine's load does not move, so they can be
-// compared from run to run and commit to commit (the rates cannot).
-//
-//   - commits: commit records (a transaction that wrote nothing writes
-//     none, so read-only work is not counted);
-//   - tuples: row versions written (heap inserts, updates, deletes);
-//   - records and bytes: the records that change the bench database's
-//     relations (tables and indexes), commits aside, and their size without
-//     full-page images (which depend on when the last checkpoint was).
-//
-// The server's background work (the reconciler's polls, River's leader
-// election) writes a little too, within the window: a run of n requests
-// makes it a rounding error.
-type dbWork struct{ commits, tuples, records, bytes float64 }
+// dbWork is what one request cost the database, on average, counted
+// exactly, so that it can be compared from run to run and commit to commit
+// (the rates cannot): round trips (proxy.go); commit records (read-only
+// work writes none); tuples written (heap inserts, updates, deletes); and
+// the log records that change the bench database's tables and indexes,
+// commits aside, with their bytes without full-page images (which depend
+// on when the last checkpoint was), read with pg_walinspect.
+type dbWork struct{ trips, commits, tuples, records, bytes float64 }
 
 func (w dbWork) String() string {
-	return fmt.Sprintf("%4.2f commits  %4.2f tuples  %5.2f WAL records  %6.0f WAL bytes", w.commits, w.tuples, w.records, w.bytes)
+	return fmt.Sprintf("%5.2f round trips  %4.2f commits  %5.2f tuples  %5.2f WAL records  %5.0f WAL bytes",
+		w.trips, w.commits, w.tuples, w.records, w.bytes)
 }
 
 // countWork runs do(i) for i in [0, n), one after another, and returns the
-// database's work per call. The window ends at the log's flushed end: every
-// request's commit is flushed before it is answered.
-func countWork(ctx context.Context, pool *pgxpool.Pool, n int, do func(i int) error) (dbWork, error) {
-	if _, err := pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`); err != nil {
-		return dbWork{}, err
-	}
+// database's work per call. admin must reach the database directly, not
+// through the counting proxy. The window ends at the log's flushed end:
+// every request's commit is flushed before it is answered.
+func countWork(ctx context.Context, admin *pgxpool.Pool, n int, do func(i int) error) (dbWork, error) {
 	var start string
-	if err := pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&start); err != nil {
+	if err := admin.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&start); err != nil {
 		return dbWork{}, err
 	}
+	trips0 := trips.Load()
 	for i := range n {
 		if err := do(i); err != nil {
 			return dbWork{}, err
 		}
 	}
-	var rel string // how pg_walinspect names a relation of this database
-	if err := pool.QueryRow(ctx, `SELECT '% rel %/' || oid || '/%' FROM pg_database WHERE datname = current_database()`).Scan(&rel); err != nil {
-		return dbWork{}, err
-	}
+	f := float64(n)
+	w := dbWork{trips: float64(trips.Load()-trips0) / f}
 	var end string
-	var wrote bool // nothing written since start leaves the flushed end behind it
-	if err := pool.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text, pg_current_wal_flush_lsn() > $1::pg_lsn`, start).Scan(&end, &wrote); err != nil || !wrote {
-		return dbWork{}, err
+	var wrote bool // a window that wrote nothing leaves the flushed end behind its start
+	if err := admin.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text, pg_current_wal_flush_lsn() > $1::pg_lsn`, start).Scan(&end, &wrote); err != nil || !wrote {
+		return w, err
 	}
-	var w dbWork
-	err := pool.QueryRow(ctx, `
+	err := admin.QueryRow(ctx, `
+		WITH rel AS (SELECT '% rel %/' || oid || '/%' AS pattern FROM pg_database WHERE datname = current_database()),
+		     wal AS (SELECT * FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn))
 		SELECT count(*) FILTER (WHERE resource_manager = 'Transaction' AND record_type LIKE 'COMMIT%'),
 		       count(*) FILTER (WHERE resource_manager = 'Heap' AND record_type ~ '^(INSERT|UPDATE|HOT_UPDATE|DELETE)'),
-		       count(*) FILTER (WHERE block_ref LIKE $2),
-		       coalesce(sum(record_length - fpi_length) FILTER (WHERE block_ref LIKE $2), 0)
-		FROM pg_get_wal_records_info($1::pg_lsn, $3::pg_lsn)`, start, rel, end).Scan(&w.commits, &w.tuples, &w.records, &w.bytes)
-	f := float64(n)
-	return dbWork{w.commits / f, w.tuples / f, w.records / f, w.bytes / f}, err
+		       count(*) FILTER (WHERE block_ref LIKE rel.pattern),
+		       coalesce(sum(record_length - fpi_length) FILTER (WHERE block_ref LIKE rel.pattern), 0)
+		FROM wal, rel`, start, end).Scan(&w.commits, &w.tuples, &w.records, &w.bytes)
+	w.commits, w.tuples, w.records, w.bytes = w.commits/f, w.tuples/f, w.records/f, w.bytes/f
+	return w, err
 }
