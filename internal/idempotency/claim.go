@@ -68,9 +68,9 @@ func (s *Store) fromCache(ctx context.Context, req Request) (_ *Response, _ erro
 // would have from the completed record: a different request under the key
 // is a 422, the same one gets the stored response.
 func replayCached(ctx context.Context, req Request, cached *cachedReplay) (*Response, error) {
-	if subtle.ConstantTimeCompare(cached.fingerprint(), req.Fingerprint) != 1 {
+	if subtle.ConstantTimeCompare(cached.fingerprint, req.Fingerprint) != 1 {
 		observe(ctx, req.Operation, metrics.OutcomeMismatch)
-		return nil, reused(cached.method(), cached.path())
+		return nil, reused(cached.method, cached.path)
 	}
 	observe(ctx, req.Operation, metrics.OutcomeReplayed)
 	metrics.ReplayCacheHits.Inc()

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"net/http"
 	"time"
 
@@ -55,64 +56,26 @@ const replayMargin = time.Minute
 // records, and neither ever sees the other's answer.
 type replayKey struct{ callerID, key string }
 
-// cachedReplay is one completed record's answer, laid out for the garbage
-// collector as much as for the replay. The cache holds thousands of entries
-// for up to maxReplayAge, and every collection walks all of them: each
-// object an entry keeps is one more to mark, and each pointer in it one
-// more to follow, on every cycle, paid for by the requests that allocate
-// meanwhile. So the bytes are kept in one slice with no pointers in it,
-// which the collector marks without scanning, and the headers in one slice
-// of strings instead of a map of slices: fewer objects and fewer bytes
-// than the request's slices and a clone of the answer's header map
-// (docs/performance.md has the counts).
+// cachedReplay is one completed record's answer, with what a 422 names of
+// the first request. It holds its own copies: the caller's buffers may be
+// reused once put returns.
 type cachedReplay struct {
-	// data is, end to end: the first request's fingerprint, method and
-	// path (the method and path for a 422), then the answer's body.
-	data                      []byte
-	fpEnd, methodEnd, pathEnd int
-	status                    int
-	// header is the answer's headers as name, value pairs: a name with
-	// two values is there twice. noValue names the headers present with
-	// no value (nil for almost every entry): net/http writes nothing for
-	// them, but their presence still stops it adding its own (a sniffed
-	// Content-Type, a Date), so a replay keeps them too.
-	header      []string
-	noValue     []string
-	expires     time.Time // on the monotonic clock
-	expiresWall time.Time // the same instant on the wall clock
+	fingerprint  []byte
+	method, path string
+	status       int
+	header       http.Header
+	body         []byte
+	expires      time.Time // on the monotonic clock
+	expiresWall  time.Time // the same instant on the wall clock
 }
 
 func newCachedReplay(req Request, resp *Response, expires time.Time) *cachedReplay {
-	e := &cachedReplay{status: resp.Status, expires: expires, expiresWall: expires.Round(0)}
-	e.data = make([]byte, 0, len(req.Fingerprint)+len(req.Method)+len(req.Path)+len(resp.Body))
-	e.data = append(e.data, req.Fingerprint...)
-	e.fpEnd = len(e.data)
-	e.data = append(e.data, req.Method...)
-	e.methodEnd = len(e.data)
-	e.data = append(e.data, req.Path...)
-	e.pathEnd = len(e.data)
-	e.data = append(e.data, resp.Body...)
-	n := 0
-	for _, values := range resp.Header {
-		n += 2 * len(values)
+	return &cachedReplay{
+		fingerprint: bytes.Clone(req.Fingerprint), method: req.Method, path: req.Path,
+		status: resp.Status, header: resp.Header.Clone(), body: bytes.Clone(resp.Body),
+		expires: expires, expiresWall: expires.Round(0),
 	}
-	e.header = make([]string, 0, n)
-	for name, values := range resp.Header {
-		if len(values) == 0 {
-			e.noValue = append(e.noValue, name)
-		}
-		for _, v := range values {
-			e.header = append(e.header, name, v)
-		}
-	}
-	return e
 }
-
-func (e *cachedReplay) fingerprint() []byte { return e.data[:e.fpEnd:e.fpEnd] }
-
-func (e *cachedReplay) method() string { return string(e.data[e.fpEnd:e.methodEnd]) }
-
-func (e *cachedReplay) path() string { return string(e.data[e.methodEnd:e.pathEnd]) }
 
 func newReplayCache(size int, retention time.Duration) *replayCache {
 	entries, err := lru.New[replayKey, *cachedReplay](size)
@@ -173,24 +136,8 @@ func (c *replayCache) put(req Request, resp *Response, sent time.Time, age time.
 }
 
 // response is the entry as a replay, with a header map of its own: a
-// header with one value gets the entry's slice of it, capped at its
-// length, so that a writer appending to a header of one replay cannot
-// reach into another's; one with several values gets a new slice. The
-// body is the entry's, shared by every replay of it and only ever read.
-// The map is made for each replay rather than kept with the entry: most
-// entries are never replayed, and every one is marked on every collection.
+// writer that changes one replay's headers cannot change another's. The
+// body is shared, and only ever read.
 func (e *cachedReplay) response() *Response {
-	h := make(http.Header, len(e.header)/2+len(e.noValue)) // room for every name, if each has one value
-	for i := 0; i < len(e.header); i += 2 {
-		name := e.header[i]
-		if values, ok := h[name]; ok {
-			h[name] = append(values, e.header[i+1])
-			continue
-		}
-		h[name] = e.header[i+1 : i+2 : i+2]
-	}
-	for _, name := range e.noValue {
-		h[name] = nil
-	}
-	return &Response{Status: e.status, Header: h, Body: e.data[e.pathEnd:], Replayed: true}
+	return &Response{Status: e.status, Header: e.header.Clone(), Body: e.body, Replayed: true}
 }
