@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"slices"
 
 	"github.com/retrysafe/payments/internal/ijson"
 )
@@ -98,114 +97,16 @@ func CanonicalJSON(body []byte) ([]byte, error) {
 	return canonicalOf(doc)
 }
 
-// canonicalOf encodes a decoded document in canonical form; nil is the
-// empty body's, empty. The canonical form is encoding/json's encoding of
-// the decoded document, without HTML escaping (canonicalEncoder). A
-// request's body, of a few plain members, is written by appendCanonical
-// instead, to the same bytes without the reflection; a document it
-// cannot write as encoding/json would (a string to escape, a type a
-// decoder does not make) goes to the encoder.
+// canonicalOf encodes a decoded document in canonical form: encoding/json's
+// encoding of it, without HTML escaping (map keys come out sorted, which
+// is the whole trick); nil is the empty body's, empty.
 func canonicalOf(doc *any) ([]byte, error) {
 	if doc == nil {
 		return nil, nil
 	}
-	if b, ok := appendCanonical(make([]byte, 0, 256), *doc); ok {
-		return b, nil
-	}
-	return canonicalEncoder(doc)
-}
-
-// appendCanonical appends v, a document as DecodeJSON makes it, to b as
-// encoding/json would write it without HTML escaping: objects' members
-// sorted by name (byte by byte, as encoding/json sorts map keys), numbers
-// as their literal text. It reports false, having written part of it, for
-// anything whose encoding it does not reproduce: strings that are not
-// plain printable ASCII without a quote or a backslash (encoding/json
-// escapes control characters, replaces invalid UTF-8 and escapes U+2028
-// and U+2029), and any type DecodeJSON does not make.
-func appendCanonical(b []byte, v any) ([]byte, bool) {
-	switch v := v.(type) {
-	case nil:
-		return append(b, "null"...), true
-	case bool:
-		if v {
-			return append(b, "true"...), true
-		}
-		return append(b, "false"...), true
-	case json.Number:
-		if v == "" { // encoding/json writes 0; a decoder never makes it
-			return b, false
-		}
-		return append(b, v...), true
-	case string:
-		if !plainJSON(v, false) {
-			return b, false
-		}
-		b = append(b, '"')
-		b = append(b, v...)
-		return append(b, '"'), true
-	case []any:
-		b = append(b, '[')
-		for i, e := range v {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			var ok bool
-			if b, ok = appendCanonical(b, e); !ok {
-				return b, false
-			}
-		}
-		return append(b, ']'), true
-	case map[string]any:
-		var room [16]string
-		names := room[:0]
-		for name := range v {
-			names = append(names, name)
-		}
-		slices.Sort(names)
-		b = append(b, '{')
-		for i, name := range names {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			if !plainJSON(name, false) {
-				return b, false
-			}
-			b = append(b, '"')
-			b = append(b, name...)
-			b = append(b, `":`...)
-			var ok bool
-			if b, ok = appendCanonical(b, v[name]); !ok {
-				return b, false
-			}
-		}
-		return append(b, '}'), true
-	}
-	return b, false
-}
-
-// plainJSON says whether encoding/json writes s as it is between its
-// quotes: printable ASCII other than the quote and the backslash, and,
-// when it escapes HTML (json.Marshal does, the fingerprint's encoder does
-// not), other than <, > and &.
-func plainJSON(s string, escapeHTML bool) bool {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c < 0x20 || c > 0x7e, c == '"', c == '\\':
-			return false
-		case escapeHTML && (c == '<' || c == '>' || c == '&'):
-			return false
-		}
-	}
-	return true
-}
-
-// canonicalEncoder is the canonical form as encoding/json writes it.
-func canonicalEncoder(doc *any) ([]byte, error) {
 	var out bytes.Buffer
 	enc := json.NewEncoder(&out)
 	enc.SetEscapeHTML(false)
-	// encoding/json writes map keys in sorted order, which is the whole trick.
 	if err := enc.Encode(*doc); err != nil {
 		return nil, err
 	}

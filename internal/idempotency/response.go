@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"slices"
 
 	"github.com/retrysafe/payments/internal/problem"
 )
@@ -100,57 +99,6 @@ func storedResponse(rec Record) (*Response, error) {
 	return &Response{Status: int(*rec.ResponseStatus), Header: header, Body: rec.ResponseBody, Replayed: true}, nil
 }
 
-// encodeHeaders is json.Marshal(h), byte for byte, for the headers stored
-// with every completed record, without the reflection: the names sorted,
-// each with its array of values. Stored headers are the allow-listed few,
-// with plain ASCII values (a content type, a path), which are copied as
-// they are; anything that would need escaping, or more names than the
-// allow-list has, goes through json.Marshal, so the stored bytes are the
-// same either way.
-func encodeHeaders(h http.Header) ([]byte, error) {
-	var buf [len(storedHeaders)]string
-	if h == nil || len(h) > len(buf) {
-		return json.Marshal(h) // a nil header is null, not {}
-	}
-	names := buf[:0]
-	n := 2 // {}
-	for name, values := range h {
-		if !plainJSON(name, true) {
-			return json.Marshal(h)
-		}
-		names = append(names, name)
-		n += len(name) + 6 // "name":[],
-		for _, v := range values {
-			if !plainJSON(v, true) {
-				return json.Marshal(h)
-			}
-			n += len(v) + 3 // "v",
-		}
-	}
-	slices.Sort(names)
-	b := make([]byte, 0, n)
-	b = append(b, '{')
-	for i, name := range names {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, '"')
-		b = append(b, name...)
-		b = append(b, `":`...)
-		if h[name] == nil {
-			b = append(b, "null"...) // as json.Marshal writes a nil slice
-			continue
-		}
-		b = append(b, '[')
-		for j, v := range h[name] {
-			if j > 0 {
-				b = append(b, ',')
-			}
-			b = append(b, '"')
-			b = append(b, v...)
-			b = append(b, '"')
-		}
-		b = append(b, ']')
-	}
-	return append(b, '}'), nil
-}
+// encodeHeaders is the answer's headers as they are stored with its
+// record: a JSON object of each name's values.
+func encodeHeaders(h http.Header) ([]byte, error) { return json.Marshal(h) }
