@@ -1,8 +1,11 @@
 # The two commands a newcomer needs are `make run` and `make test`;
-# `make help` lists the others worth knowing. Everything else here is a
-# part of `make check`, runnable alone.
+# `make help` lists the twelve public targets. The rest are named for what
+# they belong to: check-* are the parts of `make check`, bench-* the Go
+# benchmarks beside `make bench`; each runs alone too.
 
-.PHONY: help run test npm-tools axe-core docs-ui check check-fast check-static generate check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs check-walkthrough architecture model rename check-rename bench bench-go bench-sweeper fuzz fuzz-ci soak soak-failover ha ha-stop
+.PHONY: help run test check check-fast generate rename bench fuzz soak soak-failover ha ha-stop \
+	check-static check-tools check-docs-ui check-spec check-generated check-vet check-staticcheck check-gosec \
+	check-docs check-walkthrough check-model check-rename check-fuzz bench-go bench-sweeper
 
 # The public targets, one line each.
 help:
@@ -10,15 +13,15 @@ help:
 	@echo 'make test           the whole suite, against a real PostgreSQL'
 	@echo 'make check          what CI runs: every static check (check-static), then make test'
 	@echo 'make check-fast     between edits: drift, vet, linters, the tests of changed packages'
-	@echo 'make generate       regenerate the committed code (oapi-codegen, sqlc, River)'
+	@echo 'make generate       regenerate the committed code (oapi-codegen, sqlc, River, the package map)'
 	@echo 'make rename         MODULE=example.com/you/shop: make the fork yours (docs/forking.md)'
 	@echo 'make bench          the database work and the rates of keyed requests (docs/performance.md)'
 	@echo 'make fuzz           fuzz every parser of hostile input, 200,000 inputs each'
 	@echo 'make soak           the chaos soak for ten minutes (SOAK=5m for another length)'
 	@echo 'make soak-failover  the soak against a Patroni cluster whose leader is killed'
-	@echo 'make ha / ha-stop   a highly available PostgreSQL for development (docs/operations.md)'
-	@echo 'The parts of make check run alone too: check-static, check-docs, check-walkthrough,'
-	@echo 'check-rename, check-generated, lint-spec, vet, staticcheck, gosec, model, fuzz-ci.'
+	@echo 'make ha             a highly available PostgreSQL for development (docs/operations.md)'
+	@echo 'make ha-stop        stop it'
+	@echo 'The parts of make check (check-*) and the Go benchmarks (bench-*) run alone too.'
 
 # Run the demo on 127.0.0.1:8080 (PORT=8081 for another port) against the local PostgreSQL (the database is
 # created if missing and migrated): the API, the demo page, the spec, the
@@ -38,9 +41,8 @@ test:
 # Tools from the npm registry, at pinned versions, into .cache/ (ignored by
 # git): axe-core for the browser tests' accessibility check, and Redocly's
 # CLI to lint the spec.
-npm-tools:
+check-tools:
 	npm install --no-save --silent --prefix .cache/npm axe-core@4.14.1 @redocly/cli@2.77.0
-axe-core: npm-tools
 
 # The API reference's renderer, Redoc, served at /docs/: its standalone
 # bundle from the npm registry at a pinned version (npm checks the
@@ -52,33 +54,32 @@ axe-core: npm-tools
 REDOC_VERSION = 2.5.2
 REDOC_LOGO = https://cdn.redoc.ly/redoc/logo-mini.svg
 EMPTY_SVG = data:image/svg+xml,%3Csvg xmlns=%27http://www.w3.org/2000/svg%27 width=%271%27 height=%271%27/%3E
-docs-ui:
+# Fetch the pinned Redoc bundle into web/docs/ (commit the result after a
+# version change), and fail if it differs from what is committed.
+check-docs-ui:
 	rm -rf .cache/redoc && mkdir -p .cache/redoc
 	cd .cache/redoc && npm pack --silent redoc@$(REDOC_VERSION) >/dev/null && tar xzf redoc-$(REDOC_VERSION).tgz
 	grep -qF '"$(REDOC_LOGO)"' .cache/redoc/package/bundles/redoc.standalone.js
 	sed 's|"$(REDOC_LOGO)"|"$(EMPTY_SVG)"|' .cache/redoc/package/bundles/redoc.standalone.js > web/docs/redoc.standalone.js
 	cp .cache/redoc/package/LICENSE web/docs/redoc.LICENSE
-
-# Fail if the committed Redoc bundle is not the pinned release's.
-check-docs-ui: docs-ui
 	@git diff --exit-code -- web/docs || \
-		(echo "web/docs differs from redoc@$(REDOC_VERSION): run 'make docs-ui' and commit the result" >&2; exit 1)
+		(echo "web/docs differs from redoc@$(REDOC_VERSION): commit the result" >&2; exit 1)
 
 # Lint the spec with Redocly's recommended-strict rules and the API's own
 # (redocly.yaml): zero findings.
-lint-spec: npm-tools
+check-spec: check-tools
 	.cache/npm/node_modules/.bin/redocly lint --config redocly.yaml api/openapi.yaml
 
 # What CI runs (.ci/run): the static checks, then the tests.
 check: check-static test
 
-# The quick check, between edits: generated-code drift, vet, staticcheck
-# and gosec over the whole module, then the tests of the packages changed
+# The quick check, between edits: generated-code drift, vet, check-staticcheck
+# and check-gosec over the whole module, then the tests of the packages changed
 # since BASE (main by default; committed, uncommitted and untracked files
 # alike, see scripts/changed-packages.sh). No npm, no model, no renamed
 # copy, no other package's tests: `make check` is still the gate.
 BASE = main
-check-fast: check-generated vet staticcheck gosec
+check-fast: check-generated check-vet check-staticcheck check-gosec
 	@pkgs=$$(bash scripts/changed-packages.sh $(BASE)); \
 	if [ -z "$$pkgs" ]; then \
 		echo "check-fast: no Go package changed since $(BASE)"; \
@@ -92,16 +93,19 @@ check-fast: check-generated vet staticcheck gosec
 # of docs/adding-an-operation.md added to a copy of the tree, the lease
 # protocol's model, and a renamed copy of the module (the two copies run
 # tests, so they need PostgreSQL too).
-check-static: check-generated check-docs-ui lint-spec vet staticcheck gosec check-docs check-walkthrough model fuzz-ci check-rename
+check-static: check-generated check-docs-ui check-spec check-vet check-staticcheck check-gosec check-docs check-walkthrough check-model check-fuzz check-rename
 
 # Regenerate the committed code: oapi-codegen (api/openapi.yaml ->
 # internal/apigen and client/apiclient), River's migrations (the River in
 # go.mod -> db/migrations/*_river_*, see internal/postgres/river.go) and sqlc
 # (db/ -> internal/dbsqlc). The tools are pinned in tools/go.mod, apart
 # from the service's own module, and run with
-# `go tool -modfile=tools/go.mod`.
+# `go tool -modfile=tools/go.mod`. Then the map of the packages in
+# docs/architecture.md, from the import graph (make check-docs fails while
+# it is stale).
 generate:
 	go generate ./...
+	bash scripts/architecture.sh --write
 
 # Fail if the committed generated code is not what the sources generate.
 check-generated: generate
@@ -110,20 +114,20 @@ check-generated: generate
 	@test -z "$$(git status --porcelain -- internal/apigen internal/dbsqlc client/apiclient db/migrations)" || \
 		(echo "untracked generated files: run 'make generate' and commit the result" >&2; git status --porcelain -- internal/apigen internal/dbsqlc client/apiclient db/migrations >&2; exit 1)
 
-# go vet over the whole module.
-vet:
-	go vet ./...
+# go check-vet over the whole module.
+check-vet:
+	go check-vet ./...
 
-# staticcheck over the whole module (pinned in tools/go.mod, run with `go tool`).
-staticcheck:
-	go tool -modfile=tools/go.mod staticcheck ./...
+# check-staticcheck over the whole module (pinned in tools/go.mod, run with `go tool`).
+check-staticcheck:
+	go tool -modfile=tools/go.mod check-staticcheck ./...
 
 # The security linter (pinned in tools/go.mod, run with `go tool`): zero
 # findings. Each one is fixed, or excluded where it stands with
 # `#nosec RULE -- why`. Generated code is left out (its input is checked),
 # and so is cmd/bench, a module of its own that nothing deploys.
-gosec:
-	go tool -modfile=tools/go.mod gosec -quiet -exclude-generated ./...
+check-gosec:
+	go tool -modfile=tools/go.mod check-gosec -quiet -exclude-generated ./...
 
 # Run the commands of the docs' sh blocks, and the tour (docs/tour.md) against
 # a fresh demo (its outputs compared with the tour's), so the walkthroughs
@@ -140,22 +144,15 @@ check-docs:
 # staticcheck, gosec, the spec's lint, the map's check, and the tests the
 # change can break (scripts/check-walkthrough.sh says which, and why not
 # all of them). Needs PostgreSQL, and Redocly (hence npm-tools).
-check-walkthrough: npm-tools
+check-walkthrough: check-tools
 	bash scripts/check-walkthrough.sh
-
-# Write the map of the packages into docs/architecture.md, between its
-# markers, from the code: the import graph (from go list) and which package
-# calls each db/queries file. Run it after moving code between packages;
-# make check-docs fails while the doc is stale.
-architecture:
-	bash scripts/architecture.sh --write
 
 # Model-check the lease protocol (model/idempotency.pml) with spin: safety
 # (every assertion, in every reachable state, every statement reached) and
 # liveness under weak fairness must find nothing, and the two planted bugs
 # (NO_FENCE, NO_TIMER) must be caught, their counterexamples printed. The
 # verifiers are built in .cache/model (docs/reliability.md).
-model:
+check-model:
 	bash scripts/check-model.sh
 
 # For a fork: rename the Go module everywhere, and the name the project goes
@@ -167,7 +164,7 @@ rename:
 		(echo "MODULE is not set: use 'make rename MODULE=example.com/you/shop [NAME=shop]'" >&2; exit 1)
 	bash scripts/rename-module.sh "$(MODULE)" $(NAME)
 
-# Rename a temporary copy of the tree and build, vet and test it (needs PostgreSQL).
+# Rename a temporary copy of the tree and build, check-vet and test it (needs PostgreSQL).
 check-rename:
 	bash scripts/check-rename.sh
 
@@ -247,5 +244,5 @@ ha-stop:
 # CI's short fuzz: each target for 20,000 inputs (a few seconds) beyond its seeds (which every
 # `make test` runs). A crasher fails CI and is written to the package's
 # testdata/fuzz, to be committed as a seed with its fix.
-fuzz-ci:
+check-fuzz:
 	$(MAKE) fuzz FUZZTIME=20000x

@@ -43,7 +43,7 @@ git ls-files -z --cached --others --exclude-standard |
   done |
   xargs -0 -r cp -P --preserve=mode --parents -t "$tmp"
 
-# Test tools installed under .cache/ (make axe-core) are ignored by git but
+# Test tools installed under .cache/ (make check-tools) are ignored by git but
 # needed by the copy's browser tests.
 if [[ -d .cache ]]; then cp -r .cache "$tmp/"; fi
 

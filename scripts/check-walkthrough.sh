@@ -29,11 +29,11 @@
 #      PATH, or a path in backticks in the paragraph before one of its
 #      blocks (the generated files, named before `make generate`);
 #   2. the Go files the blocks wrote are as gofmt writes them;
-#   3. go build ./... (the generated code builds), then make vet,
+#   3. go build ./... (the generated code builds), then make check-vet,
 #      staticcheck and gosec: over the whole module, as the Makefile runs
 #      them for make check;
-#   4. make lint-spec, with Redocly from the tree's .cache/npm (make
-#      check-walkthrough runs make npm-tools first);
+#   4. make check-spec, with Redocly from the tree's .cache/npm (make
+#      check-walkthrough runs make check-tools first);
 #   5. bash scripts/architecture.sh --check: the map in
 #      docs/architecture.md, and one owner per query file;
 #   6. the tests the walkthrough can break, not the whole suite (make test
@@ -114,9 +114,9 @@ git ls-files -z --cached --others --exclude-standard |
     if [[ -e $f || -L $f ]]; then printf '%s\0' "$f"; fi
   done |
   xargs -0 -r cp -P --preserve=mode --parents -t "$copy"
-# Redocly, for make lint-spec, from the tree (ignored by git, like all of
+# Redocly, for make check-spec, from the tree (ignored by git, like all of
 # .cache). Checked now rather than after minutes of work.
-[[ -x .cache/npm/node_modules/.bin/redocly ]] || fail "Redocly is not installed: run make npm-tools (make check-walkthrough does)"
+[[ -x .cache/npm/node_modules/.bin/redocly ]] || fail "Redocly is not installed: run make check-tools (make check-walkthrough does)"
 mkdir "$copy/.cache"
 ln -s "$src/.cache/npm" "$copy/.cache/npm"
 cd "$copy"
@@ -231,13 +231,13 @@ step="running go build ./... in the copy"
 say "go build ./..."
 go build ./...
 
-step="running make vet staticcheck gosec in the copy"
-say "make vet staticcheck gosec"
+step="running make check-vet check-staticcheck check-gosec in the copy"
+say "make check-vet check-staticcheck check-gosec"
 make --no-print-directory vet staticcheck gosec
 
-step="running make lint-spec in the copy"
-say "make lint-spec"
-make --no-print-directory -o npm-tools lint-spec
+step="running make check-spec in the copy"
+say "make check-spec"
+make --no-print-directory -o check-tools check-spec
 
 step="checking the map of the packages in the copy"
 say "bash scripts/architecture.sh --check"

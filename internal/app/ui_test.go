@@ -332,7 +332,7 @@ func TestDemoPageLayout(t *testing.T) {
 }
 
 // axeCore is the axe-core accessibility engine, installed from the npm
-// registry at a pinned version by `make axe-core` (.ci/run does it) under .cache/.
+// registry at a pinned version by `make check-tools` (.ci/run does it) under .cache/.
 const axeCorePath = "../../.cache/npm/node_modules/axe-core/axe.min.js"
 
 // axe-core finds no serious or critical accessibility violation on the
@@ -344,7 +344,7 @@ func TestDemoPageAccessibility(t *testing.T) {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("axe-core is needed under CI (.ci/run installs it): %v", err)
 		}
-		t.Skipf("no axe-core (%v): run 'make axe-core' to install it", err)
+		t.Skipf("no axe-core (%v): run 'make check-tools' to install it", err)
 	}
 	ts := newTestServer(t, withDemo)
 	ctx := browser(t, ts.URL, 1280, 1000)
