@@ -3,7 +3,7 @@
 # they belong to: check-* are the parts of `make check`, bench-* the Go
 # benchmarks beside `make bench`; each runs alone too.
 
-.PHONY: help run test check check-fast generate rename bench fuzz soak soak-failover ha ha-stop \
+.PHONY: help run test check check-fast generate rename bench fuzz soak soak-failover ha screenshots \
 	check-static check-tools check-docs-ui check-spec check-generated check-vet check-staticcheck check-gosec \
 	check-docs check-walkthrough check-model check-rename check-fuzz bench-go bench-sweeper
 
@@ -19,8 +19,8 @@ help:
 	@echo 'make fuzz           fuzz every parser of hostile input, 200,000 inputs each'
 	@echo 'make soak           the chaos soak for ten minutes (SOAK=5m for another length)'
 	@echo 'make soak-failover  the soak against a Patroni cluster whose leader is killed'
-	@echo 'make ha             a highly available PostgreSQL for development (docs/operations.md)'
-	@echo 'make ha-stop        stop it'
+	@echo 'make ha             a highly available PostgreSQL for development; STOP=1 stops it'
+	@echo 'make screenshots    the demo page at 1280x800 and 390x844, from its browser test, for the README'
 	@echo 'The parts of make check (check-*) and the Go benchmarks (bench-*) run alone too.'
 
 # Run the demo on 127.0.0.1:8080 (PORT=8081 for another port) against the local PostgreSQL (the database is
@@ -229,17 +229,24 @@ soak-failover:
 # A highly available PostgreSQL for development (docs/operations.md): etcd
 # and three Patroni-managed nodes with synchronous replication, every file
 # in $(HA_DIR), loopback ports only. It prints the DATABASE_URL to give the
-# server; `make ha-stop` stops every process it started.
+# server; `make ha STOP=1` stops every process it started.
 HA_DIR = .cache/ha
 ha:
+ifdef STOP
+	bash scripts/ha.sh stop $(HA_DIR)
+else
 	@mkdir -p .cache
 	bash scripts/ha.sh install
 	bash scripts/ha.sh start $(HA_DIR) >/dev/null
 	@echo "The cluster is up (bash scripts/ha.sh status $(HA_DIR)). Run the server on it with:"
 	@echo "  DATABASE_URL='$$(bash scripts/ha.sh url $(HA_DIR) payments)' make run"
+	@echo "Stop it with: make ha STOP=1"
+endif
 
-ha-stop:
-	bash scripts/ha.sh stop $(HA_DIR)
+# The demo's screenshots (docs/screenshots/), taken by the browser test
+# that checks the page's layout after each step of the crash story.
+screenshots:
+	SCREENSHOTS=$(CURDIR)/docs/screenshots go test -count=1 -run '^TestDemoPage(Layout|StoryInFirstViewport)$$' ./internal/app/
 
 # CI's short fuzz: each target for 20,000 inputs (a few seconds) beyond its seeds (which every
 # `make test` runs). A crasher fails CI and is written to the package's

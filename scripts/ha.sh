@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A highly available PostgreSQL for development and tests: etcd and three
 # Patroni-managed PostgreSQL nodes, on loopback ports, with every file in
-# one scratch directory. `make ha` and `make ha-stop` use it, and so does
+# one scratch directory. `make ha` and `make ha STOP=1` use it, and so does
 # the failover soak (internal/soak), each with a directory of its own.
 #
 #   scripts/ha.sh install          install Patroni and etcd (Debian's packages), if missing

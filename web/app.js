@@ -84,7 +84,7 @@ function keyFor(op, request) {
     if (s.final) {
       newKey(op);
     } else if (s.request && !sameRequest(s.request, request)) {
-      say(`The ${op} under key ${s.key} has no final answer yet. This ${op} is another operation, so it gets a key of its own; the server's reconciler finishes the first one.`);
+      say(`The ${op} under key ${s.key} has no final answer yet. This ${op} is another operation, so it gets a key of its own; the server's reconciler finishes the first one.`, op + "-status");
       newKey(op);
     }
   } else if (!field.value) {
@@ -267,7 +267,11 @@ function addAttempt(method, path, key) {
     td.textContent = c;
     tr.appendChild(td);
   }
+  // The key, short: its first characters tell the attempts of one
+  // operation apart; the whole key is its title.
   tr.children[6].className = "key";
+  tr.children[6].title = key || "";
+  tr.children[6].textContent = key ? key.slice(0, 8) + "…" : "";
   $("attempts").tBodies[0].prepend(tr);
   return tr;
 }
@@ -302,6 +306,7 @@ function orderBody() {
 }
 
 async function operation(op, method, path, body) {
+  clearSaid();
   const key = keyFor(op, { method, path, body });
   state.last = { method, path, body, key };
   save();
@@ -332,13 +337,15 @@ $("order-form").addEventListener("submit", (e) => {
 
 $("charge-form").addEventListener("submit", (e) => {
   e.preventDefault();
-  if (!state.orderId) return say("Create an order first.");
+  clearSaid();
+  if (!state.orderId) return say("Create an order first.", "charge-status");
   operation("charge", "POST", `/v1/orders/${state.orderId}/charges`, { payment_method: $("payment-method").value });
 });
 
 $("refund-form").addEventListener("submit", (e) => {
   e.preventDefault();
-  if (!state.chargeId) return say("Charge an order first.");
+  clearSaid();
+  if (!state.chargeId) return say("Charge an order first.", "refund-status");
   const amount = $("refund-amount").value;
   operation("refund", "POST", `/v1/charges/${state.chargeId}/refunds`, amount ? { amount: Number(amount) } : {});
 });
@@ -393,13 +400,21 @@ for (const op of OPS) {
   $(op + "-new-key").addEventListener("click", () => newKey(op));
 }
 
-function say(text) {
-  $("break-result").textContent = text;
+// say shows text next to the control it is about: a form's status line,
+// or the break section's. Every new request clears them all first
+// (clearSaid), so that no line outlives what it described.
+function say(text, where = "break-result") {
+  $(where).textContent = text;
+}
+
+function clearSaid() {
+  for (const el of document.querySelectorAll(".status, #break-result")) el.textContent = "";
 }
 
 // --- break things on purpose ----------------------------------------------
 
 $("send-again").addEventListener("click", async () => {
+  clearSaid();
   if (!state.last) return say("Make a request first.");
   const { method, path, body, key } = state.last;
   const out = await call(method, path, { key, body });
@@ -412,6 +427,7 @@ $("send-again").addEventListener("click", async () => {
 // Five concurrent identical requests under one key: of the last kind of
 // operation made (an order, or a charge of a fresh order).
 $("send-five").addEventListener("click", async () => {
+  clearSaid();
   let what = "order", path = "/v1/orders", body = orderBody(), also = "";
   if (state.last && state.last.path.endsWith("/charges")) {
     const order = await call("POST", "/v1/orders", { key: crypto.randomUUID(), body: orderBody() });
@@ -441,6 +457,7 @@ $("send-five").addEventListener("click", async () => {
 });
 
 $("different-body").addEventListener("click", async () => {
+  clearSaid();
   if (!state.last || !state.last.body) return say("Make a request first.");
   const { method, path, key } = state.last;
   const body = { ...state.last.body };

@@ -17,7 +17,7 @@ import (
 // The timeline's attempts, oldest first: each row's request, status,
 // outcome and key, separated by tabs.
 const attemptRows = `[...document.querySelectorAll("#attempts tbody tr")].reverse().map(r =>
-	[1, 2, 3, 6].map(i => r.children[i].textContent).join("\t")).join("\n")`
+	[1, 2, 3, 6].map(i => i === 6 ? r.children[i].title : r.children[i].textContent).join("\t")).join("\n")`
 
 type attemptRow struct{ request, status, outcome, key string }
 

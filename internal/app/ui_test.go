@@ -299,28 +299,49 @@ func TestDemoPageFlakyChargeRetriedToSuccess(t *testing.T) {
 	waitPage(t, ctx, `document.querySelectorAll("#ledger tbody tr").length === 1`)
 }
 
-// The page fits a phone's width without horizontal scrolling. With
-// SCREENSHOTS set to a directory, it also saves the screenshots the README
-// shows (desktop and phone).
+// Cause and effect share the screen: after each step of the story (an
+// order, its charge, a retry sent from the bottom of the controls) the
+// newest attempt, the key record and the ledger are in the first viewport
+// at 1280x800, and the page fits a 390px phone without horizontal
+// scrolling. With SCREENSHOTS set to a directory (make screenshots), it
+// saves what each size shows after the charge: the README's picture.
 func TestDemoPageLayout(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, withDemo)
+	// inView says whether the element's top (and, for a row, its bottom)
+	// is inside the window, as it is drawn now.
+	const inView = `(sel, whole) => { const r = document.querySelector(sel).getBoundingClientRect();
+		return r.top >= 0 && (whole ? r.bottom : r.top + 24) <= window.innerHeight; }`
 	for _, size := range []struct {
 		name          string
 		width, height int
-	}{{"desktop", 1280, 1400}, {"phone", 390, 2400}} {
+	}{{"desktop", 1280, 800}, {"phone", 390, 844}} {
 		ctx := browser(t, ts.URL, size.width, size.height)
-		createOrderOnPage(t, ctx)
-		// The key record panel follows: the operation is complete, at its
-		// last recovery point.
-		waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
-		waitPage(t, ctx, `document.querySelector("#points li[aria-current=step]").textContent === "finished"`)
-		overflow := pageText(t, ctx, `String(document.documentElement.scrollWidth - document.documentElement.clientWidth)`)
-		if overflow != "0" {
-			t.Errorf("%s: the page is %spx wider than the window", size.name, overflow)
+		story := func(step string) {
+			t.Helper()
+			overflow := pageText(t, ctx, `String(document.documentElement.scrollWidth - document.documentElement.clientWidth)`)
+			if overflow != "0" {
+				t.Errorf("%s, %s: the page is %spx wider than the window", size.name, step, overflow)
+			}
+			if size.name != "desktop" {
+				return
+			}
+			for _, sel := range []string{"#attempts tbody tr", "#record-h", "#ledger-h"} {
+				if pageText(t, ctx, `String((`+inView+`)("`+sel+`", true))`) != "true" {
+					t.Errorf("%s, %s: %s is outside the first viewport", size.name, step, sel)
+				}
+			}
 		}
+		createOrderOnPage(t, ctx)
+		waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
+		story("after the order")
+		click(t, ctx, "charge")
+		waitPage(t, ctx, attemptStatuses+`[0] === "201" && document.querySelectorAll("#attempts tbody tr").length === 2`)
+		waitPage(t, ctx, `document.querySelectorAll("#ledger tbody tr").length === 1`)
+		story("after the charge")
 		if dir := os.Getenv("SCREENSHOTS"); dir != "" {
-			png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+			pageText(t, ctx, `window.scrollTo(0, 0); ""`)
+			png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -328,6 +349,11 @@ func TestDemoPageLayout(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// A retry from the bottom of the controls: its attempt shows
+		// without scrolling back.
+		pageText(t, ctx, `window.scrollTo(0, document.body.scrollHeight); document.getElementById("send-again").click(); ""`)
+		waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 3`)
+		story("after a retry sent from the bottom of the page")
 	}
 }
 
