@@ -132,7 +132,7 @@ async function send(method, path, { key, body } = {}) {
   if (body !== undefined) headers["Content-Type"] = "application/json";
   // In the demo each attempt is a trace of its own, started here as any
   // traced client would (W3C traceparent): the server continues it, and
-  // keeps it for the waterfall under the attempt (/demo/traces).
+  // keeps it for the sequence drawn beside the attempt (/demo/traces).
   const traceId = demoMode ? randomHex(16) : null;
   if (traceId) headers.traceparent = `00-${traceId}-${randomHex(8)}-01`;
   const row = addAttempt(method, path, key);
@@ -146,7 +146,8 @@ async function send(method, path, { key, body } = {}) {
     return { res, json, row };
   } catch (err) {
     fillAttempt(row, null, null, err);
-    // A crashed server took its spans with it: nothing to draw.
+    // A crashed server took its spans with it: nothing to draw but that.
+    row.children[7].textContent = "✕ no answer: if the server died, its trace died with it";
     return { res: null, json: null, row, err };
   }
 }
@@ -155,19 +156,102 @@ function randomHex(bytes) {
   return [...crypto.getRandomValues(new Uint8Array(bytes))].map((b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-// --- the waterfall ----------------------------------------------------------
+// --- the sequence -----------------------------------------------------------
 
-// What the waterfall draws of an attempt's trace, and in which words: the
-// claim of the key, each phase (a transaction, named after the recovery
-// point it starts from), the processor call and the processor's side of
-// it. The request's own span is the scale. A phase a retry skipped (an
-// earlier attempt committed it) is simply not there.
-function spanLabel(s) {
-  const a = s.attributes || {};
-  if (s.name === "idempotency.claim") return `claim: ${a["idempotency.outcome"] || "?"}, attempt ${a["idempotency.attempt"] ?? "?"}`;
-  if (s.name.startsWith("phase ")) return `${s.name} → ${a["idempotency.reached_point"] || "rolled back"}`;
-  if (s.name.startsWith("processor ")) return `${s.name}: ${a["processor.outcome"] || "?"}`;
-  return s.name;
+// What the sequence draws of an attempt's trace, and in which words. Each
+// mark is one thing that happened, on the lane where it happened: the
+// server's handling of the request; in PostgreSQL, the claim of the key
+// (a waiting duplicate's repeated claims are one mark, the wait), then each
+// phase, a transaction named after the recovery point it starts from; at
+// the processor, the call under its downstream key. A phase a retry skipped
+// (an earlier attempt committed it) is simply not there.
+const LANES = ["client", "server", "PostgreSQL", "processor"];
+
+function marks(spans) {
+  const t = (v) => Date.parse(v);
+  const out = [];
+  const sorted = [...spans].sort((a, b) => t(a.start) - t(b.start));
+  const ids = new Set(spans.map((s) => s.span_id));
+  for (const s of sorted) {
+    const a = s.attributes || {};
+    const m = { start: t(s.start), end: t(s.end), failed: s.failed };
+    if (!ids.has(s.parent_span_id)) { // the request's own span: its parent is the client's
+      out.push({ ...m, lane: 1, label: `handled ${s.name}` });
+    } else if (s.name === "idempotency.claim") {
+      const outcome = a["idempotency.outcome"] || "in_progress";
+      const prev = out[out.length - 1];
+      if (outcome === "in_progress" && prev && prev.wait) { prev.end = m.end; continue; }
+      if (prev && prev.wait) prev.label = `waited ${((prev.end - prev.start) / 1000).toFixed(1)} s for the original's answer`;
+      const words = { new: "claimed the key", replayed: "found the answer: replay", resumed: "resumed",
+        taken_over: "took over from a dead owner", mismatch: "another request's key: 422", dead: "set aside" }[outcome];
+      const attempt = a["idempotency.attempt"] !== undefined && outcome !== "replayed" ? `, attempt ${a["idempotency.attempt"]}` : "";
+      out.push({ ...m, lane: 2, wait: outcome === "in_progress", label: (words || outcome) + attempt });
+    } else if (s.name.startsWith("phase ")) {
+      const reached = a["idempotency.reached_point"];
+      out.push({ ...m, lane: 2, failed: !reached || s.failed, label: `${s.name.slice(6)} → ${reached || "rolled back"}` });
+    } else if (s.name.startsWith("processor ")) {
+      const key = a["processor.downstream_key"] ? ` under ${a["processor.downstream_key"]}` : "";
+      out.push({ ...m, lane: 3, label: `call ${s.name.slice(10)}${key}: ${a["processor.outcome"] || "no answer"}` });
+    } else if (s.name.startsWith("fake processor ")) {
+      out.push({ ...m, lane: 3, label: `the processor's side: ${s.name.slice(15)}` });
+    }
+  }
+  const last = out[out.length - 1];
+  if (last && last.wait) last.label = `waited ${((last.end - last.start) / 1000).toFixed(1)} s for the original's answer`;
+  return out;
+}
+
+// drawSequence draws the attempt as lanes (client, server, PostgreSQL,
+// processor) on the attempt's time scale, each mark numbered, and lists
+// the marks in words below it.
+function drawSequence(cell, spans) {
+  cell.textContent = "";
+  if (!spans.length) { cell.textContent = "no trace"; return; }
+  const ms = marks(spans);
+  if (!ms.length) { cell.textContent = "no trace"; return; }
+  const start = Math.min(...ms.map((m) => m.start)), end = Math.max(...ms.map((m) => m.end));
+  const W = 220, X0 = 58, LANE = 16, ns = "http://www.w3.org/2000/svg";
+  const x = (v) => X0 + ((v - start) / Math.max(end - start, 1)) * (W - X0 - 8);
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${LANE * LANES.length + 4}`);
+  svg.setAttribute("class", "sequence");
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", ms.map((m) => m.label).join("; "));
+  const el = (name, attrs, text) => {
+    const e = document.createElementNS(ns, name);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    svg.append(e);
+    return e;
+  };
+  LANES.forEach((name, i) => {
+    el("text", { x: 0, y: i * LANE + 12, class: "lane" }, name);
+    el("line", { x1: X0, x2: W - 4, y1: i * LANE + 8, y2: i * LANE + 8, class: "lifeline" });
+  });
+  // The client's request and its answer: the attempt's whole span.
+  el("line", { x1: x(start), x2: x(end), y1: 8, y2: 8, class: "request" });
+  ms.forEach((m, i) => {
+    const y = m.lane * LANE + 2;
+    const r = el("rect", { x: x(m.start), y, width: Math.max(x(m.end) - x(m.start), 3), height: 12, rx: 2,
+      class: m.failed ? "failed" : m.wait ? "wait" : "" });
+    const title = document.createElementNS(ns, "title");
+    title.textContent = m.label;
+    r.append(title);
+    el("text", { x: x(m.start) + 2, y: y + 10, class: "num" }, String(i + 1));
+  });
+  const list = document.createElement("ol");
+  list.className = "marks";
+  for (const m of ms) {
+    const li = document.createElement("li");
+    li.textContent = `${m.label} (${LANES[m.lane]}, ${(m.end - m.start).toFixed(0)} ms)`;
+    if (m.failed) li.className = "bad";
+    list.append(li);
+  }
+  const wrap = document.createElement("div");
+  wrap.className = "trace";
+  wrap.dataset.traceId = spans[0].trace_id || "";
+  wrap.append(svg, list);
+  cell.append(wrap);
 }
 
 // showTrace fetches the attempt's trace and draws it in the row's last
@@ -185,37 +269,7 @@ async function showTrace(row, traceId) {
     } catch { /* the server restarted: try again */ }
     await sleep(200);
   }
-  drawWaterfall(row.children[7], spans);
-}
-
-function drawWaterfall(cell, spans) {
-  cell.textContent = "";
-  if (!spans.length) { cell.textContent = "no trace"; return; }
-  const t = (v) => Date.parse(v);
-  const start = Math.min(...spans.map((s) => t(s.start)));
-  const end = Math.max(...spans.map((s) => t(s.end)));
-  const total = Math.max(end - start, 1);
-  const order = ["idempotency.claim", "phase ", "processor ", "fake processor "];
-  const shown = spans
-    .filter((s) => order.some((p) => s.name.startsWith(p)))
-    .sort((a, b) => t(a.start) - t(b.start));
-  const wf = document.createElement("div");
-  wf.className = "waterfall";
-  wf.dataset.traceId = spans[0] ? spans[0].trace_id || "" : "";
-  for (const s of shown) {
-    const line = document.createElement("div");
-    line.className = "span" + (s.failed ? " failed" : "");
-    const bar = document.createElement("span");
-    bar.className = "bar";
-    bar.style.marginLeft = `${((t(s.start) - start) / total) * 100}%`;
-    bar.style.width = `${Math.max(((t(s.end) - t(s.start)) / total) * 100, 1)}%`;
-    const label = document.createElement("span");
-    label.className = "label";
-    label.textContent = `${spanLabel(s)} (${(t(s.end) - t(s.start)).toFixed(0)} ms)`;
-    line.append(bar, label);
-    wf.append(line);
-  }
-  cell.append(wf);
+  drawSequence(row.children[7], spans);
 }
 
 function retryable(res, json) {
@@ -261,7 +315,7 @@ const OUTCOMES = {
 
 function addAttempt(method, path, key) {
   const tr = document.createElement("tr");
-  const cells = [new Date().toLocaleTimeString(), `${method} ${path}`, "sending…", "", "", "", key || "", ""];
+  const cells = [new Date().toLocaleTimeString([], { hour12: false }), `${method} ${path}`, "sending…", "", "", "", key || "", ""];
   for (const c of cells) {
     const td = document.createElement("td");
     td.textContent = c;

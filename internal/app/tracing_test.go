@@ -455,7 +455,7 @@ func TestRecentTracesAreBounded(t *testing.T) {
 // processor call, and the attempt that succeeds has no first phase (an
 // earlier attempt committed it), a resumed claim, the call and the final
 // phase.
-func TestDemoPageDrawsTheWaterfall(t *testing.T) {
+func TestDemoPageDrawsEachAttemptAsASequence(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, withDemo)
 	ctx := browser(t, ts.URL, 1280, 1000)
@@ -465,29 +465,34 @@ func TestDemoPageDrawsTheWaterfall(t *testing.T) {
 	}
 	click(t, ctx, "charge")
 	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
-	const waterfalls = `[...document.querySelectorAll("#attempts tbody tr")].filter(r => r.children[1].textContent.endsWith("/charges")).map(r => r.children[7].textContent)`
-	waitPage(t, ctx, waterfalls+`.every(w => w.includes("claim:"))`)
-	got := pageText(t, ctx, waterfalls+`.reverse().join("\n")`)
+	const sequences = `[...document.querySelectorAll("#attempts tbody tr")].filter(r => r.children[1].textContent.endsWith("/charges")).map(r => r.children[7].textContent)`
+	waitPage(t, ctx, sequences+`.every(w => w.includes("PostgreSQL"))`)
+	got := pageText(t, ctx, sequences+`.reverse().join("\n")`)
 	attempts := strings.Split(got, "\n")
 	if len(attempts) < 3 {
-		t.Fatalf("the charge's waterfalls: %q; want three attempts", got)
+		t.Fatalf("the charge's sequences: %q; want three attempts", got)
 	}
 	first, last := attempts[0], attempts[len(attempts)-1]
-	for _, want := range []string{"claim: new, attempt 1", "phase started → charge_created", "processor charges: uncertain"} {
+	for _, want := range []string{"claimed the key, attempt 1", "started → charge_created", "call charges under ", ": uncertain"} {
 		if !strings.Contains(first, want) {
-			t.Errorf("the first attempt's waterfall %q lacks %q", first, want)
+			t.Errorf("the first attempt's sequence %q lacks %q", first, want)
 		}
 	}
-	for _, want := range []string{"claim: resumed", "processor charges: definite", "fake processor POST /v1/charges", "phase charge_created → finished"} {
+	for _, want := range []string{"resumed, attempt ", ": definite", "the processor's side: POST /v1/charges", "charge_created → finished"} {
 		if !strings.Contains(last, want) {
-			t.Errorf("the last attempt's waterfall %q lacks %q", last, want)
+			t.Errorf("the last attempt's sequence %q lacks %q", last, want)
 		}
 	}
-	if strings.Contains(last, "phase started") {
-		t.Errorf("the last attempt's waterfall %q ran the first phase again", last)
+	if strings.Contains(last, "started →") {
+		t.Errorf("the last attempt's sequence %q ran the first phase again", last)
 	}
-	if n := pageText(t, ctx, `String(document.querySelector("#attempts tbody tr").querySelectorAll(".waterfall .bar").length)`); n != "4" {
-		t.Errorf("the last attempt's waterfall has %s bars; want 4 (claim, call, the processor's side, final phase)", n)
+	if strings.Contains(got, "?") {
+		t.Errorf("the sequences %q hold a \"?\": every mark says what it was", got)
+	}
+	// The last attempt's drawing: the server's handling, the claim, the
+	// call, the processor's side and the final phase, each on its lane.
+	if n := pageText(t, ctx, `String(document.querySelector("#attempts tbody tr").querySelectorAll("svg.sequence rect").length)`); n != "5" {
+		t.Errorf("the last attempt's sequence has %s marks (%s); want 5", n, last)
 	}
 }
 

@@ -301,13 +301,13 @@ func TestDemoPageFlakyChargeRetriedToSuccess(t *testing.T) {
 
 // Cause and effect share the screen: after each step of the story (an
 // order, its charge, a retry sent from the bottom of the controls) the
-// newest attempt, the key record and the ledger are in the first viewport
+// newest attempt and its sequence, the key record and the ledger are in
+// the first viewport
 // at 1280x800, and the page fits a 390px phone without horizontal
 // scrolling. With SCREENSHOTS set to a directory (make screenshots), it
 // saves what each size shows after the charge: the README's picture.
 func TestDemoPageLayout(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t, withDemo)
 	// inView says whether the element's top (and, for a row, its bottom)
 	// is inside the window, as it is drawn now.
 	const inView = `(sel, whole) => { const r = document.querySelector(sel).getBoundingClientRect();
@@ -316,6 +316,7 @@ func TestDemoPageLayout(t *testing.T) {
 		name          string
 		width, height int
 	}{{"desktop", 1280, 800}, {"phone", 390, 844}} {
+		ts := newTestServer(t, withDemo) // a ledger of this size's charge alone
 		ctx := browser(t, ts.URL, size.width, size.height)
 		story := func(step string) {
 			t.Helper()
@@ -323,10 +324,11 @@ func TestDemoPageLayout(t *testing.T) {
 			if overflow != "0" {
 				t.Errorf("%s, %s: the page is %spx wider than the window", size.name, step, overflow)
 			}
+			waitPage(t, ctx, `document.querySelector("#attempts tbody tr:first-child svg.sequence") !== null`)
 			if size.name != "desktop" {
 				return
 			}
-			for _, sel := range []string{"#attempts tbody tr", "#record-h", "#ledger-h"} {
+			for _, sel := range []string{"#attempts tbody tr", "#attempts tbody tr:first-child svg.sequence", "#record-h", "#ledger-h"} {
 				if pageText(t, ctx, `String((`+inView+`)("`+sel+`", true))`) != "true" {
 					t.Errorf("%s, %s: %s is outside the first viewport", size.name, step, sel)
 				}
