@@ -73,8 +73,8 @@ check-spec: check-tools
 # What CI runs (.ci/run): the static checks, then the tests.
 check: check-static test
 
-# The quick check, between edits: generated-code drift, vet, check-staticcheck
-# and check-gosec over the whole module, then the tests of the packages changed
+# The quick check, between edits: generated-code drift, vet, staticcheck
+# and gosec over the whole module, then the tests of the packages changed
 # since BASE (main by default; committed, uncommitted and untracked files
 # alike, see scripts/changed-packages.sh). No npm, no model, no renamed
 # copy, no other package's tests: `make check` is still the gate.
@@ -114,20 +114,20 @@ check-generated: generate
 	@test -z "$$(git status --porcelain -- internal/apigen internal/dbsqlc client/apiclient db/migrations)" || \
 		(echo "untracked generated files: run 'make generate' and commit the result" >&2; git status --porcelain -- internal/apigen internal/dbsqlc client/apiclient db/migrations >&2; exit 1)
 
-# go check-vet over the whole module.
+# go vet over the whole module.
 check-vet:
-	go check-vet ./...
+	go vet ./...
 
-# check-staticcheck over the whole module (pinned in tools/go.mod, run with `go tool`).
+# staticcheck over the whole module (pinned in tools/go.mod, run with `go tool`).
 check-staticcheck:
-	go tool -modfile=tools/go.mod check-staticcheck ./...
+	go tool -modfile=tools/go.mod staticcheck ./...
 
 # The security linter (pinned in tools/go.mod, run with `go tool`): zero
 # findings. Each one is fixed, or excluded where it stands with
 # `#nosec RULE -- why`. Generated code is left out (its input is checked),
 # and so is cmd/bench, a module of its own that nothing deploys.
 check-gosec:
-	go tool -modfile=tools/go.mod check-gosec -quiet -exclude-generated ./...
+	go tool -modfile=tools/go.mod gosec -quiet -exclude-generated ./...
 
 # Run the commands of the docs' sh blocks, and the tour (docs/tour.md) against
 # a fresh demo (its outputs compared with the tour's), so the walkthroughs
@@ -164,7 +164,7 @@ rename:
 		(echo "MODULE is not set: use 'make rename MODULE=example.com/you/shop [NAME=shop]'" >&2; exit 1)
 	bash scripts/rename-module.sh "$(MODULE)" $(NAME)
 
-# Rename a temporary copy of the tree and build, check-vet and test it (needs PostgreSQL).
+# Rename a temporary copy of the tree and build, vet and test it (needs PostgreSQL).
 check-rename:
 	bash scripts/check-rename.sh
 

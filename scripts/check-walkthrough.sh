@@ -233,7 +233,7 @@ go build ./...
 
 step="running make check-vet check-staticcheck check-gosec in the copy"
 say "make check-vet check-staticcheck check-gosec"
-make --no-print-directory vet staticcheck gosec
+make --no-print-directory check-vet check-staticcheck check-gosec
 
 step="running make check-spec in the copy"
 say "make check-spec"
