@@ -76,7 +76,7 @@ generated() {
   owners
 }
 
-begin='<!-- BEGIN scripts/architecture.sh: do not edit; `make architecture` writes it -->'
+begin='<!-- BEGIN scripts/architecture.sh: do not edit; `make generate` writes it -->'
 end='<!-- END scripts/architecture.sh -->'
 doc=docs/architecture.md
 case "${1:-}" in
@@ -98,7 +98,7 @@ case "${1:-}" in
       !skipping   { print }' "$doc" >"$tmp"
     if [[ $1 == --check ]]; then
       if ! diff -u "$doc" "$tmp" >&2; then
-        echo "architecture: $doc's map is not the code's: run 'make architecture' and commit the result" >&2
+        echo "architecture: $doc's map is not the code's: run 'make generate' and commit the result" >&2
         exit 1
       fi
     else
