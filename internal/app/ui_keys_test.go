@@ -58,7 +58,7 @@ func TestDemoPageCrashIsRecoveredOnce(t *testing.T) {
 	dbURL := testdb.New(t)
 	addr, _ := startCommand(t, "cmd/server", []string{"demo"}, "DATABASE_URL="+dbURL, "HTTP_ADDR=127.0.0.1:0",
 		"IDEMPOTENCY_LEASE=2s", "PROCESSOR_TIMEOUT=1s", "RECONCILER_ENABLED=false")
-	ctx := browser(t, "http://"+addr, 1280, 1000)
+	ctx := browser(t, "http://"+addr, 1280, 800)
 	waitPage(t, ctx, `!document.getElementById("chaos").disabled`) // demo mode detected
 
 	createOrderOnPage(t, ctx)
@@ -105,6 +105,15 @@ func TestDemoPageCrashIsRecoveredOnce(t *testing.T) {
 	if n := pageText(t, ctx, `String(document.querySelectorAll("#ledger tbody tr").length)`); n != "1" {
 		t.Errorf("the ledger shows %s effects; want 1", n)
 	}
+	// The story in pictures: the crashed attempt says it got no answer,
+	// the takeover's sequence says so in one mark, and all of it is on
+	// the first screen beside the controls.
+	const traces = `[...document.querySelectorAll("#attempts tbody tr")].reverse().map(r => r.children[7].textContent)`
+	waitPage(t, ctx, traces+`.slice(-1)[0].includes("took over from a dead owner")`)
+	if got := pageText(t, ctx, traces+`[1]`); !strings.HasPrefix(got, "✕ no answer") {
+		t.Errorf("the crashed attempt's trace %q; want it to say there was no answer", got)
+	}
+	storyInView(t, ctx, "after a crash and its takeover", true)
 }
 
 // Each kind of operation keeps its own key. A charge that has no final

@@ -299,6 +299,27 @@ func TestDemoPageFlakyChargeRetriedToSuccess(t *testing.T) {
 	waitPage(t, ctx, `document.querySelectorAll("#ledger tbody tr").length === 1`)
 }
 
+// A message appears beside the control it is about, and the next request
+// clears it: no line outlives what it described.
+func TestDemoPageStatusLinesDoNotGoStale(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	ctx := browser(t, ts.URL, 1280, 800)
+	said := func(id string) string { return pageText(t, ctx, `document.getElementById("`+id+`").textContent`) }
+	click(t, ctx, "charge")
+	if got := said("charge-status"); got != "Create an order first." {
+		t.Errorf("charging with no order: the charge form says %q", got)
+	}
+	click(t, ctx, "send-again")
+	if got, old := said("break-result"), said("charge-status"); got != "Make a request first." || old != "" {
+		t.Errorf("send again with nothing sent: %q beside it, and the charge form still says %q", got, old)
+	}
+	createOrderOnPage(t, ctx)
+	if got := said("break-result"); got != "" {
+		t.Errorf("after an order, the break section still says %q", got)
+	}
+}
+
 // Cause and effect share the screen: after each step of the story (an
 // order, its charge, a retry sent from the bottom of the controls) the
 // newest attempt and its sequence, the key record and the ledger are in
@@ -308,10 +329,6 @@ func TestDemoPageFlakyChargeRetriedToSuccess(t *testing.T) {
 // saves what each size shows after the charge: the README's picture.
 func TestDemoPageLayout(t *testing.T) {
 	t.Parallel()
-	// inView says whether the element's top (and, for a row, its bottom)
-	// is inside the window, as it is drawn now.
-	const inView = `(sel, whole) => { const r = document.querySelector(sel).getBoundingClientRect();
-		return r.top >= 0 && (whole ? r.bottom : r.top + 24) <= window.innerHeight; }`
 	for _, size := range []struct {
 		name          string
 		width, height int
@@ -320,19 +337,8 @@ func TestDemoPageLayout(t *testing.T) {
 		ctx := browser(t, ts.URL, size.width, size.height)
 		story := func(step string) {
 			t.Helper()
-			overflow := pageText(t, ctx, `String(document.documentElement.scrollWidth - document.documentElement.clientWidth)`)
-			if overflow != "0" {
-				t.Errorf("%s, %s: the page is %spx wider than the window", size.name, step, overflow)
-			}
 			waitPage(t, ctx, `document.querySelector("#attempts tbody tr:first-child svg.sequence") !== null`)
-			if size.name != "desktop" {
-				return
-			}
-			for _, sel := range []string{"#attempts tbody tr", "#attempts tbody tr:first-child svg.sequence", "#record-h", "#ledger-h"} {
-				if pageText(t, ctx, `String((`+inView+`)("`+sel+`", true))`) != "true" {
-					t.Errorf("%s, %s: %s is outside the first viewport", size.name, step, sel)
-				}
-			}
+			storyInView(t, ctx, size.name+", "+step, size.name == "desktop")
 		}
 		createOrderOnPage(t, ctx)
 		waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
@@ -356,6 +362,30 @@ func TestDemoPageLayout(t *testing.T) {
 		pageText(t, ctx, `window.scrollTo(0, document.body.scrollHeight); document.getElementById("send-again").click(); ""`)
 		waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 3`)
 		story("after a retry sent from the bottom of the page")
+		click(t, ctx, "send-five")
+		waitPage(t, ctx, `document.getElementById("break-result").textContent.startsWith("5 requests")`)
+		story("after Send 5 at once")
+	}
+}
+
+// storyInView fails the test if the page is wider than its window, or,
+// when firstScreen, if the newest attempt, its sequence (once drawn) or
+// the key record's and the ledger's headings are outside the viewport.
+func storyInView(t *testing.T, ctx context.Context, step string, firstScreen bool) {
+	t.Helper()
+	overflow := pageText(t, ctx, `String(document.documentElement.scrollWidth - document.documentElement.clientWidth)`)
+	if overflow != "0" {
+		t.Errorf("%s: the page is %spx wider than the window", step, overflow)
+	}
+	if !firstScreen {
+		return
+	}
+	for _, sel := range []string{"#attempts tbody tr", "#attempts tbody tr:first-child .trace", "#record-h", "#ledger-h"} {
+		inView := `(() => { const e = document.querySelector("` + sel + `"); if (!e) return "true";
+			const r = e.getBoundingClientRect(); return String(r.top >= 0 && r.top < window.innerHeight); })()`
+		if pageText(t, ctx, inView) != "true" {
+			t.Errorf("%s: %s is outside the first viewport", step, sel)
+		}
 	}
 }
 
