@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -130,6 +131,7 @@ func startCommand(t testing.TB, pkg string, args []string, env ...string) (addr 
 		// the process never blocks on a full pipe.
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
+			commandLogs.add(cmd, sc.Text())
 			var line struct{ Msg, Addr string }
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
 				select {
@@ -150,6 +152,27 @@ func startCommand(t testing.TB, pkg string, args []string, env ...string) (addr 
 		t.Fatalf("%s did not start listening within 30s", pkg)
 	}
 	return "", nil
+}
+
+// commandLogs keeps every line each command started by startCommand has
+// written, for the tests that read what an operator's terminal shows.
+var commandLogs = &lineLog{lines: map[*exec.Cmd][]string{}}
+
+type lineLog struct {
+	mu    sync.Mutex
+	lines map[*exec.Cmd][]string
+}
+
+func (l *lineLog) add(cmd *exec.Cmd, line string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines[cmd] = append(l.lines[cmd], line)
+}
+
+func (l *lineLog) of(cmd *exec.Cmd) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.lines[cmd])
 }
 
 // processSecret is the webhook secret the processor and server processes

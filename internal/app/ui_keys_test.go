@@ -56,7 +56,7 @@ func formatRows(rows []attemptRow) string {
 func TestDemoPageCrashIsRecoveredOnce(t *testing.T) {
 	t.Parallel()
 	dbURL := testdb.New(t)
-	addr, _ := startCommand(t, "cmd/server", []string{"demo"}, "DATABASE_URL="+dbURL, "HTTP_ADDR=127.0.0.1:0",
+	addr, cmd := startCommand(t, "cmd/server", []string{"demo"}, "DATABASE_URL="+dbURL, "HTTP_ADDR=127.0.0.1:0",
 		"IDEMPOTENCY_LEASE=2s", "PROCESSOR_TIMEOUT=1s", "RECONCILER_ENABLED=false")
 	ctx := browser(t, "http://"+addr, 1280, 800)
 	waitPage(t, ctx, `!document.getElementById("chaos").disabled`) // demo mode detected
@@ -114,6 +114,20 @@ func TestDemoPageCrashIsRecoveredOnce(t *testing.T) {
 		t.Errorf("the crashed attempt's trace %q; want it to say there was no answer", got)
 	}
 	storyInView(t, ctx, "after a crash and its takeover", true)
+
+	// The terminal, meanwhile, with the page polling all along: the crash
+	// and the restart each in a line, and little else.
+	lines := commandLogs.of(cmd)
+	text := strings.Join(lines, "\n")
+	for _, want := range []string{"faults: crashing the server on purpose", "demo: the server exited; starting it again"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the terminal lacks %q:\n%s", want, text)
+		}
+	}
+	t.Logf("the terminal: %d lines", len(lines))
+	if len(lines) >= 20 {
+		t.Errorf("the terminal got %d lines in this session; want fewer than 20:\n%s", len(lines), text)
+	}
 }
 
 // Each kind of operation keeps its own key. A charge that has no final

@@ -175,7 +175,9 @@ func (d *deliverer) attempt(p *pending) {
 		return
 	}
 	backoff := d.jitter(d.ceiling(p.attempts))
-	d.log.Info("webhook delivery failed; will retry", "attempt", p.attempts, "retry_in", backoff, "err", err)
+	// Routine while the receiver restarts: debug. Giving up is the line an
+	// operator needs, and it is a warning (above).
+	d.log.Debug("webhook delivery failed; will retry", "attempt", p.attempts, "retry_in", backoff, "err", err)
 	p.due = time.Now().Add(backoff)
 	d.mu.Lock()
 	d.queue = append(d.queue, p)

@@ -236,13 +236,16 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 			attrs = append(attrs, slog.String("idempotency", o))
 		}
 		// A 5xx is the server's failure, not the client's: a warning. The
-		// demo page's polling and the health checks, answered, are debug:
-		// with the demo open they would be most of the terminal.
+		// health checks, the demo's own endpoints and, in demo mode, every
+		// answered read are debug: the demo page polls them, and with a
+		// tab open they would be most of the terminal. (Production logs
+		// every API request: DEMO_MODE is never on there.)
 		level := slog.LevelInfo
 		switch {
 		case status >= 500:
 			level = slog.LevelWarn
-		case status < 400 && method == http.MethodGet && (strings.HasPrefix(route, "/demo/") || route == "/healthz" || route == "/readyz"):
+		case strings.HasPrefix(route, "/demo/"),
+			status < 400 && method == http.MethodGet && (route == "/healthz" || route == "/readyz" || s.cfg.DemoMode):
 			level = slog.LevelDebug
 		}
 		logRequest(req.Context(), s.log, level, attrs)
