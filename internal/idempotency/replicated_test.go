@@ -76,17 +76,24 @@ func TestReplayWaitsUntilTheRecordIsReplicated(t *testing.T) {
 		_, _ = pool.Exec(ctx, `ALTER SYSTEM RESET synchronous_standby_names`)
 		_, _ = pool.Exec(ctx, `SELECT pg_reload_conf()`)
 	})
-	probeConn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	probePID := probeConn.Conn().PgConn().PID()
+	// A probe that commits before commits start waiting comes back at
+	// once: then another is sent, until one waits.
+	var probePID uint32
 	probe := make(chan error, 1)
-	go func() {
-		_, err := probeConn.Exec(ctx, `SELECT pg_logical_emit_message(true, 'probe', '')`)
-		probeConn.Release()
-		probe <- err
-	}()
+	sendProbe := func() {
+		t.Helper()
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		probePID = conn.Conn().PgConn().PID()
+		go func() {
+			_, err := conn.Exec(ctx, `SELECT pg_logical_emit_message(true, 'probe', '')`)
+			conn.Release()
+			probe <- err
+		}()
+	}
+	sendProbe()
 	deadline := time.Now().Add(time.Minute)
 	waitInSyncRep := func(answered <-chan struct{}) {
 		t.Helper()
@@ -106,9 +113,17 @@ func TestReplayWaitsUntilTheRecordIsReplicated(t *testing.T) {
 	}
 	for waiting := false; !waiting; {
 		if time.Now().After(deadline) {
-			t.Fatal("the probe never waited for the standby: synchronous replication is not on")
+			t.Fatal("no probe ever waited for the standby: synchronous replication is not on")
 		}
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case err := <-probe: // committed before commits began to wait
+			if err != nil {
+				t.Fatal(err)
+			}
+			sendProbe()
+			continue
+		case <-time.After(50 * time.Millisecond):
+		}
 		if err := pool.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND pid = $1`, probePID).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
