@@ -42,7 +42,7 @@ graph() {
 # owners prints, for each db/queries file, the packages whose non-test code
 # calls one of its queries (every package calls them through a variable
 # named queries). cmd/bench is allowed a second hand on the tables it
-# measures: the bare hop runs the service's own statements without the
+# measures: its floor runs the service's own statements without the
 # service around them, which is its point.
 callers_of() {
   for q in $(sed -n 's/^-- name: \([A-Za-z0-9]*\).*/\1/p' "$1"); do

@@ -181,7 +181,6 @@ function marks(spans) {
       const outcome = a["idempotency.outcome"] || "in_progress";
       const prev = out[out.length - 1];
       if (outcome === "in_progress" && prev && prev.wait) { prev.end = m.end; continue; }
-      if (prev && prev.wait) prev.label = `waited ${((prev.end - prev.start) / 1000).toFixed(1)} s for the original's answer`;
       const words = { new: "claimed the key", replayed: "found the answer: replay", resumed: "resumed",
         taken_over: "took over from a dead owner", mismatch: "another request's key: 422", dead: "set aside" }[outcome];
       const attempt = a["idempotency.attempt"] !== undefined && outcome !== "replayed" ? `, attempt ${a["idempotency.attempt"]}` : "";
@@ -196,8 +195,9 @@ function marks(spans) {
       out.push({ ...m, lane: 3, label: `the processor's side: ${s.name.slice(15)}` });
     }
   }
-  const last = out[out.length - 1];
-  if (last && last.wait) last.label = `waited ${((last.end - last.start) / 1000).toFixed(1)} s for the original's answer`;
+  for (const m of out) {
+    if (m.wait) m.label = `waited ${((m.end - m.start) / 1000).toFixed(1)} s for the original's answer`;
+  }
   return out;
 }
 
@@ -205,10 +205,9 @@ function marks(spans) {
 // processor) on the attempt's time scale, each mark numbered, and lists
 // the marks in words below it.
 function drawSequence(cell, spans) {
-  cell.textContent = "";
-  if (!spans.length) { cell.textContent = "no trace"; return; }
   const ms = marks(spans);
-  if (!ms.length) { cell.textContent = "no trace"; return; }
+  cell.textContent = ms.length ? "" : "no trace";
+  if (!ms.length) return;
   const start = Math.min(...ms.map((m) => m.start)), end = Math.max(...ms.map((m) => m.end));
   const W = 220, X0 = 58, LANE = 16, ns = "http://www.w3.org/2000/svg";
   const x = (v) => X0 + ((v - start) / Math.max(end - start, 1)) * (W - X0 - 8);
