@@ -219,13 +219,12 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 			metrics.RetryHints.WithLabelValues(strconv.Itoa(status)).Inc()
 		}
 
-		var room [7]slog.Attr // every attr below: the line needs no allocation of its own
-		attrs := append(room[:0],
+		attrs := []slog.Attr{
 			slog.String("method", method),
 			slog.String("route", route),
 			slog.Int("status", status),
 			slog.Duration("duration", elapsed),
-		)
+		}
 		if caller, ok := auth.CallerOf(req.Context()); ok {
 			attrs = append(attrs, slog.String("caller", caller.ID))
 		}
@@ -248,7 +247,7 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 			status < 400 && method == http.MethodGet && (route == "/healthz" || route == "/readyz" || s.cfg.DemoMode):
 			level = slog.LevelDebug
 		}
-		logRequest(req.Context(), s.log, level, attrs)
+		s.log.LogAttrs(req.Context(), level, "request", attrs...)
 		return nil
 	}
 }
@@ -261,20 +260,6 @@ func routeLabel(c echo.Context) string {
 		return route
 	}
 	return "unmatched"
-}
-
-// logRequest logs the request line as s.log.LogAttrs would, but hands the
-// record to the handler with no caller (pc 0): slog takes the caller's PC
-// with runtime.Callers for every record, and no handler of ours prints
-// it.
-func logRequest(ctx context.Context, log *slog.Logger, level slog.Level, attrs []slog.Attr) {
-	h := log.Handler()
-	if !h.Enabled(ctx, level) {
-		return
-	}
-	r := slog.NewRecord(time.Now(), level, "request", 0)
-	r.AddAttrs(attrs...)
-	_ = h.Handle(ctx, r)
 }
 
 // GetHealthz reports that the process is up. It touches nothing else, so
