@@ -28,7 +28,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -45,7 +44,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/valyala/fasthttp"
 
 	"github.com/retrysafe/payments/internal/auth"
@@ -102,68 +101,74 @@ func run(ctx context.Context) error {
 	}
 	fmt.Printf("bench: %d workers, %s per phase, database %s, %s each way to it\n",
 		*concurrency, *duration, postgres.Redact(u.String()), *dbLatency)
-	if u.Host, err = startProxies(u.Host, *dbLatency); err != nil {
-		return err
-	}
-	dbURL = u.String()
-	pool, err := postgres.Open(ctx, dbURL, true)
+	counted, direct, err := startProxies(u.Host, *dbLatency)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-
-	// The servers: this checkout's, one with the replay cache
-	// off (as a replica that has not seen the key), and -baseline's.
 	bin, err := serverBinary()
 	if err != nil {
 		return err
 	}
 	defer stopServers()
-	svc, err := startServer(ctx, "service", bin, dbURL)
-	if err != nil {
-		return err
-	}
-	noCache, err := startServer(ctx, "service", bin, dbURL, "IDEMPOTENCY_REPLAY_CACHE_SIZE=0")
-	if err != nil {
-		return err
-	}
-	servers := []child{svc}
-	if *baseline != "" {
-		base, err := startServer(ctx, "baseline", *baseline, dbURL)
-		if err != nil {
+
+	// The clients: a pool for the SQL phases and the servers (this
+	// checkout's, one with the replay cache off, as a replica that has not
+	// seen the key, and -baseline's). connect starts them on the database
+	// at host, after stopping any it started before: the counted phase
+	// reaches the database through the counter, the timed ones without it
+	// (a relay on these shared cores would charge every round trip twice).
+	var pool *pgxpool.Pool
+	var svc, noCache child
+	var servers []child
+	connect := func(host string) error {
+		stopServers()
+		u.Host = host
+		if pool, err = postgres.Open(ctx, u.String(), true); err != nil {
 			return err
 		}
-		servers = append(servers, base)
+		stops = append(stops, pool.Close)
+		if svc, err = startServer(ctx, "service", bin, u.String()); err != nil {
+			return err
+		}
+		if noCache, err = startServer(ctx, "service", bin, u.String(), "IDEMPOTENCY_REPLAY_CACHE_SIZE=0"); err != nil {
+			return err
+		}
+		servers = []child{svc}
+		if *baseline != "" {
+			base, err := startServer(ctx, "baseline", *baseline, u.String())
+			if err != nil {
+				return err
+			}
+			servers = append(servers, base)
+		}
+		return nil
+	}
+	if err := connect(counted); err != nil {
+		return err
 	}
 
 	// The phases. The floor is the service's statements for a keyed create
-	// (idempotency.Store.ExecuteLocal: look the key up, then the order and
-	// the completed record in one transaction) and for a replay.
+	// (idempotency.Store.ExecuteLocal: the order and the completed record
+	// in one transaction, one round trip) and for a replay.
 	body := []byte(`{"amount":1999,"currency":"usd","description":"Tea"}`)
 	fingerprint := sha256.Sum256(body)
-	insert := func(tx dbsqlc.DBTX) (dbsqlc.Order, error) {
-		return queries.CreateOrder(ctx, tx, dbsqlc.CreateOrderParams{CallerID: "acme", ID: postgres.NewID(postgres.PrefixOrder), Amount: 1999, Currency: "usd"})
+	insert := func(db postgres.Statements) error {
+		return queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{CallerID: "acme", ID: postgres.NewID(postgres.PrefixOrder), Amount: 1999, Currency: "usd", CreatedAt: time.Now()})
 	}
 	find := func(key string) (dbsqlc.FindIdempotencyKeyRow, error) {
 		return queries.FindIdempotencyKey(ctx, pool, dbsqlc.FindIdempotencyKeyParams{CallerID: "acme", Key: key})
 	}
-	plain := phase{"plain order insert (SQL)", func(int64) error { _, err := insert(pool); return err }}
+	plain := phase{"plain order insert (SQL)", func(int64) error { return insert(pool) }}
 	floorCreate := phase{"floor: keyed create (SQL)", func(i int64) error {
-		key := "floor-" + strconv.FormatInt(i, 10)
-		if _, err := find(key); !postgres.IsNotFound(err) {
-			return fmt.Errorf("key %s was not new (%v)", key, err)
-		}
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			o, err := insert(tx)
-			if err != nil {
+		return postgres.TransactPipelined(ctx, pool, func(tx *postgres.PipelinedTx) error {
+			if err := insert(postgres.Later(tx)); err != nil {
 				return err
 			}
-			resp, _ := json.Marshal(o)
 			status := int32(201)
-			return queries.InsertCompletedIdempotencyKey(ctx, tx, dbsqlc.InsertCompletedIdempotencyKeyParams{
-				CallerID: "acme", Key: key, Operation: "createOrder", RequestMethod: "POST", RequestPath: "/v1/orders",
+			return queries.InsertCompletedIdempotencyKey(ctx, tx.ThenCommit(), dbsqlc.InsertCompletedIdempotencyKeyParams{
+				CallerID: "acme", Key: "floor-" + strconv.FormatInt(i, 10), Operation: "createOrder", RequestMethod: "POST", RequestPath: "/v1/orders",
 				RequestFingerprint: fingerprint[:], ResponseStatus: &status,
-				ResponseHeaders: []byte(`{"Content-Type":["application/json"]}`), ResponseBody: resp,
+				ResponseHeaders: []byte(`{"Content-Type":["application/json"]}`), ResponseBody: body,
 			})
 		})
 	}}
@@ -231,6 +236,13 @@ func run(ctx context.Context) error {
 		work[2].trips/work[0].trips, work[2].tuples/work[0].tuples, work[2].records/work[0].records)
 
 	// 2. Rates, and 3. ratios.
+	if err := connect(direct); err != nil {
+		return err
+	}
+	creates, cached = nil, nil
+	for _, c := range servers {
+		creates, cached = append(creates, create(c)), append(cached, replay(c, "cached replay"))
+	}
 	seq.Store(replayKeys)
 	fmt.Printf("\nrequests/s (%d workers; compared phases take turns):\n", *concurrency)
 	created, err := alternate(*concurrency, *duration, slices.Concat([]phase{plain, floorCreate}, creates)...)
@@ -319,13 +331,14 @@ type child struct {
 	client     *fasthttp.HostClient
 }
 
-// stops stops every server the run started (stopServers).
+// stops stops every server and pool the run started (stopServers).
 var stops []func()
 
 func stopServers() {
 	for _, stop := range stops {
 		stop()
 	}
+	stops = nil
 }
 
 // post sends body to path under key, and fails on a status not in want.

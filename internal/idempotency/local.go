@@ -33,62 +33,70 @@ type LocalFunc func(ctx context.Context, tx pgx.Tx) (*Response, error)
 
 // ExecuteLocal runs the keyed request req, a local operation:
 //
-//  1. Look the key up. A record is answered from: a replay, a 422 for a
-//     different request, a 409 for one still in progress (written by an
-//     older version that claimed local operations too).
-//  2. Otherwise run fn and insert the completed record in one transaction.
-//  3. If the insert finds the key taken, a concurrent request under the
-//     same key committed first: this one's transaction rolls back, effect
-//     and all, and it answers as in step 1 from the record now there. The
-//     unique index made it wait for the other's commit, so it is a replay.
+//  1. Run fn and insert the key's completed record in one transaction.
+//  2. If the insert finds the key taken, the key has a record already: the
+//     transaction rolls back, effect and all, and the request is answered
+//     from that record: a replay, a 422 for a different request, a 409 for
+//     an external operation's record still in progress. If the record was
+//     a concurrent request's, the unique index made this insert wait for
+//     its commit, so that one is a replay too.
+//
+// There is no look-up first: a new key, the common case, costs one round
+// trip for a create (postgres.Later), and a replay the cache does not hold
+// pays for the effect it rolls back.
 func (s *Store) ExecuteLocal(ctx context.Context, req Request, fn LocalFunc) (*Response, error) {
 	if resp, err, ok := s.fromCache(ctx, req); ok {
 		return resp, err
 	}
-	if resp, err, found := s.lookup(ctx, req); found {
-		return resp, err
-	}
 	// Detached, as an external operation's phases are: a client that hangs
 	// up does not cut the transaction off halfway (it would roll back,
-	// which is safe, but the work would be wasted on a retry).
+	// which is safe, but the work would be wasted on a retry). The phase's
+	// span is the claim's sibling, as an external operation's phases are.
 	run, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.maxRun)
 	defer cancel()
-	sent := s.replays.clock()
-	resp, err := s.commitLocal(run, req, fn)
-	if err != nil && !errors.Is(err, errKeyTaken) && !IsRetryable(err) {
-		// A final failure: its effect rolled back, and the answer alone is
-		// stored, so that every retry gets it too.
-		var p *problem.Error
-		if !errors.As(err, &p) {
-			s.log.ErrorContext(ctx, "keyed operation failed", "err", err,
-				"caller", req.CallerID, "method", req.Method, "path", req.Path)
-			p = problem.New(problem.InternalError, "the request failed; it will not be retried under this Idempotency-Key")
+	ctx, span := startClaim(ctx, req)
+	defer span.End()
+	// A second time only if the record in the way is gone by the time it
+	// is read (swept, or deleted as abandoned, below).
+	for range 2 {
+		sent := s.replays.clock()
+		resp, err := s.commitLocal(run, req, fn)
+		if err != nil && !errors.Is(err, errKeyTaken) && !IsRetryable(err) {
+			// A final failure: its effect rolled back, and the answer alone
+			// is stored, so that every retry gets it too.
+			var p *problem.Error
+			if !errors.As(err, &p) {
+				s.log.ErrorContext(ctx, "keyed operation failed", "err", err,
+					"caller", req.CallerID, "method", req.Method, "path", req.Path)
+				p = problem.New(problem.InternalError, "the request failed; it will not be retried under this Idempotency-Key")
+			}
+			failed := ProblemResponse(p)
+			resp, err = s.commitLocal(run, req, func(context.Context, pgx.Tx) (*Response, error) { return failed, nil })
 		}
-		failed := ProblemResponse(p)
-		resp, err = s.commitLocal(run, req, func(context.Context, pgx.Tx) (*Response, error) { return failed, nil })
-	}
-	switch {
-	case errors.Is(err, errKeyTaken):
-		if resp, err, found := s.lookup(ctx, req); found {
+		switch {
+		case err == nil:
+			observe(ctx, req.Operation, metrics.OutcomeNew)
+			traceRecord(ctx, Record{Attempt: 1, RecoveryPoint: RecoveryStarted})
+			s.replays.put(req, resp, sent, 0)
+			return resp, nil
+		case !errors.Is(err, errKeyTaken):
+			return nil, err
+		}
+		if resp, err, found := s.answerFromRecord(ctx, req); found {
 			return resp, err
 		}
-		return nil, resumable() // the record that was there is gone already: the retry runs it
-	case err != nil:
-		return nil, err
 	}
-	observe(ctx, req.Operation, metrics.OutcomeNew)
-	s.replays.put(req, resp, sent, 0)
-	return resp, nil
+	return nil, resumable()
 }
 
-// errKeyTaken is commitLocal's answer when another request's record under
-// the same key committed first.
-var errKeyTaken = errors.New("idempotency: key taken by a concurrent request")
+// errKeyTaken is commitLocal's answer when the key has a record already.
+var errKeyTaken = errors.New("idempotency: the key has a record already")
 
 // commitLocal runs fn and inserts req's completed record, with fn's
-// answer, in one transaction. BEGIN goes with fn's first statement and
-// COMMIT with the insert (postgres.TransactPipelined); the insert fails on
-// a taken key, and the COMMIT behind it then never runs.
+// answer, in one transaction (postgres.TransactPipelined): the statements
+// fn held for later (postgres.Later) go with the insert, and if fn sent
+// none itself, that is the whole transaction in one round trip. The insert
+// fails on a taken key, and nothing before it commits.
 func (s *Store) commitLocal(ctx context.Context, req Request, fn LocalFunc) (*Response, error) {
 	ctx, span := startPhase(ctx, Record{RecoveryPoint: RecoveryStarted, Attempt: 1})
 	var resp *Response
@@ -111,7 +119,11 @@ func (s *Store) commitLocal(ctx context.Context, req Request, fn LocalFunc) (*Re
 		}
 		return err
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, errKeyTaken): // not a failure: the answer is the record's
+		span.End()
+		return nil, err
+	case err != nil:
 		endWithError(span, err)
 		return nil, err
 	}
@@ -139,20 +151,15 @@ func runLocal(ctx context.Context, fn LocalFunc, tx pgx.Tx) (resp *Response, err
 	return fn(ctx, tx)
 }
 
-// lookup answers req from its key's record, if there is one (found).
-func (s *Store) lookup(ctx context.Context, req Request) (_ *Response, _ error, found bool) {
-	observed, span := startClaim(ctx, req)
-	defer span.End()
+// answerFromRecord answers req from its key's record, if there is one
+// (found). observed carries the claim's span.
+func (s *Store) answerFromRecord(observed context.Context, req Request) (_ *Response, _ error, found bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(observed), cleanupTimeout)
 	defer cancel()
 	sent := s.replays.clock()
 	row, err := queries.FindIdempotencyKey(ctx, s.pool, dbsqlc.FindIdempotencyKeyParams{CallerID: req.CallerID, Key: req.Key})
 	switch {
 	case postgres.IsNotFound(err):
-		// New to the database. The outcome is counted once the record has
-		// committed; a lost race for the key is a second lookup, a replay.
-		traceOutcome(observed, metrics.OutcomeNew)
-		traceRecord(observed, Record{Attempt: 1, RecoveryPoint: RecoveryStarted})
 		return nil, nil, false
 	case err != nil:
 		return nil, fmt.Errorf("look up idempotency key: %w", err), true

@@ -88,14 +88,21 @@ var CreateOperation = idempotency.Local("createOrder", func(ctx context.Context,
 	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/orders/" + o.ID}}, o.API())
 })
 
-// Create inserts a pending order for callerID.
+// Create inserts a pending order for callerID. The id and the time are
+// chosen here, not by the database, so that the order is known before its
+// insert is sent: in a keyed create (idempotency.Store.ExecuteLocal) the
+// insert is held (postgres.Later) and travels with the key's record and
+// COMMIT, one round trip in all. The time is this server's clock; nothing
+// but the order's place in lists depends on it (leases and windows use the
+// database's).
 func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (_ Order, err error) {
 	defer postgres.Wrap(&err, "orders.Create(%s)", callerID)
-	o, err := queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{
-		CallerID: callerID, ID: postgres.NewID(postgres.PrefixOrder),
-		Amount: n.Amount, Currency: n.Currency, Description: n.Description,
+	o := Order{ID: postgres.NewID(postgres.PrefixOrder), CallerID: callerID, Amount: n.Amount, Currency: n.Currency,
+		Description: n.Description, Status: StatusPending, CreatedAt: time.Now().Truncate(time.Microsecond)} // PostgreSQL keeps microseconds
+	o.UpdatedAt = o.CreatedAt
+	return o, queries.CreateOrder(ctx, postgres.Later(db), dbsqlc.CreateOrderParams{
+		CallerID: callerID, ID: o.ID, Amount: o.Amount, Currency: o.Currency, Description: o.Description, CreatedAt: o.CreatedAt,
 	})
-	return orderOf(o), err
 }
 
 // Get returns the caller's order id. Another caller's order is "not found",

@@ -9,29 +9,35 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// A keyed create is five statements: the claim (on its own), then BEGIN,
-// the order insert, the record's fenced completion and COMMIT. Sent one at
-// a time, that is five round trips, and a round trip costs the server and
+// A keyed order create is a transaction of two inserts: the order, and the
+// key's completed record. Sent as BEGIN, the inserts and COMMIT one at a
+// time, that is four round trips, and a round trip costs the server and
 // PostgreSQL more CPU (system calls, wake-ups, a protocol message each
-// way) than the insert itself. Nothing forces BEGIN to travel alone, nor
-// COMMIT: BEGIN can go with the transaction's first statement, and COMMIT
-// with its last, in one pipeline (a pgx.Batch: the messages are written
-// together, and the server answers them in order). That is three round
-// trips for the same statements, committing exactly the same writes
-// together. docs/performance.md has what it saves.
+// way) than an insert does. Nothing forces them to travel apart: the
+// order's answer is known before anything is sent (its id and time are
+// chosen by the server), so nothing needs the insert's result before the
+// commit, and both can go in one pipeline (a pgx.Batch: the messages are
+// written together, and the server answers them in order), which
+// PostgreSQL runs as one transaction without a BEGIN or a COMMIT. That is
+// one round trip, committing exactly the same writes together. A
+// transaction that must read before it writes (a payout reads the
+// balance) still saves the round trips of BEGIN and COMMIT, which travel
+// with its first and last statements. docs/performance.md has what it saves.
 //
-// The one rule it needs: a statement sent with COMMIT must fail, not merely
-// change nothing, when the transaction must not commit. After an error,
-// PostgreSQL ignores the rest of the pipeline, COMMIT included, and the
-// transaction is rolled back; but an UPDATE that matches no row is a
+// The one rule it needs: a statement sent with the commit must fail, not
+// merely change nothing, when the transaction must not commit. After an
+// error, PostgreSQL ignores the rest of the pipeline, COMMIT included, and
+// the transaction is rolled back; but an UPDATE that matches no row is a
 // success, and the COMMIT behind it would commit the work before it. So the
-// idempotency layer's fenced writes raise an error when they lose their
-// fence (migration 0023) instead of reporting zero rows.
+// key's record is inserted without ON CONFLICT (a taken key is an error),
+// and the idempotency layer's fenced writes raise an error when they lose
+// their fence (migration 0023) instead of reporting zero rows.
 
 // TransactPipelined is Transact with a PipelinedTx: fn's first statement
-// carries BEGIN, and a statement fn sends through tx.ThenCommit() carries
-// COMMIT. If fn returns nil without using ThenCommit, a COMMIT is sent on
-// its own; if fn sent no statement at all, nothing is.
+// carries BEGIN, statements fn sends through Later(tx) wait for the next
+// one, and a statement fn sends through tx.ThenCommit() carries COMMIT. If
+// fn returns nil without using ThenCommit, a COMMIT is sent on its own; if
+// fn sent no statement at all, nothing is.
 func TransactPipelined(ctx context.Context, pool *pgxpool.Pool, fn func(tx *PipelinedTx) error) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -70,7 +76,52 @@ type PipelinedTx struct {
 	committed bool   // by Commit, or by a statement sent through ThenCommit
 	ended     bool   // committed, rolled back, or a COMMIT was sent
 	commitErr error  // why a COMMIT sent through ThenCommit did not commit
+	later     []later
 }
+
+// later is a statement sent through Later, waiting for the next round trip.
+type later struct {
+	sql  string
+	args []any
+}
+
+// Later returns what to send statements through that nobody reads a result
+// of: an Exec through it is held, and sent before the transaction's next
+// statement, in the same round trip (with COMMIT, if that is next). Its
+// error, if it fails, is that next statement's; until then, Exec returns
+// no rows affected and no error. For anything but a PipelinedTx, Later is
+// db itself, so code written for it runs on a pool or a pgx.Tx unchanged.
+func Later(db Statements) Statements {
+	if t, ok := db.(*PipelinedTx); ok {
+		return laterStatements{t}
+	}
+	return db
+}
+
+// Statements is what sqlc's generated code runs its queries on.
+type Statements interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+type laterStatements struct{ t *PipelinedTx }
+
+func (l laterStatements) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if l.t.closed() {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	l.t.later = append(l.t.later, later{sql, args})
+	return pgconn.CommandTag{}, nil
+}
+
+func (l laterStatements) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errLaterExec
+}
+
+func (l laterStatements) QueryRow(context.Context, string, ...any) pgx.Row { return errRow{errLaterExec} }
+
+var errLaterExec = errors.New("postgres: only an Exec can be held for later (its result is never read)")
 
 var _ pgx.Tx = (*PipelinedTx)(nil)
 
@@ -83,8 +134,9 @@ func (t *PipelinedTx) closed() bool {
 	return t.ended || (t.tx != nil && t.conn.Conn().PgConn().TxStatus() == 'I')
 }
 
-// send sends b, which starts with BEGIN unless the transaction has begun,
-// and reads its results with read; BEGIN's is read here.
+// send sends b, which starts with BEGIN unless the transaction has begun
+// and then the statements held for later, and reads its results with read;
+// BEGIN's and the held statements' are read here.
 func (t *PipelinedTx) send(ctx context.Context, b *pgx.Batch, read func(pgx.BatchResults) error) error {
 	br := t.conn.SendBatch(ctx, b)
 	var err error
@@ -94,6 +146,12 @@ func (t *PipelinedTx) send(ctx context.Context, b *pgx.Batch, read func(pgx.Batc
 		t.tx = br.Tx()
 		_, err = br.Exec()
 	}
+	for range t.later {
+		if err == nil {
+			_, err = br.Exec()
+		}
+	}
+	t.later = nil
 	if err == nil {
 		err = read(br)
 	}
@@ -103,27 +161,33 @@ func (t *PipelinedTx) send(ctx context.Context, b *pgx.Batch, read func(pgx.Batc
 	return err
 }
 
-// batch is a Batch that begins the transaction if it has not begun.
+// batch is a Batch that begins the transaction if it has not begun, then
+// sends the statements held for later.
 func (t *PipelinedTx) batch() *pgx.Batch {
 	b := &pgx.Batch{}
 	if t.tx == nil {
 		b.BeginTx(pgx.TxOptions{})
 	}
+	for _, l := range t.later {
+		b.Queue(l.sql, l.args...)
+	}
 	return b
 }
 
-// begun returns pgx's transaction, beginning it on its own round trip if
-// no statement has yet.
+// direct says whether a statement can go straight to pgx's transaction: it
+// has begun, and no statement is held for later.
+func (t *PipelinedTx) direct() bool { return t.tx != nil && len(t.later) == 0 }
+
+// begun returns pgx's transaction, beginning it, and sending what is held
+// for later, on a round trip of its own if need be.
 func (t *PipelinedTx) begun(ctx context.Context) (pgx.Tx, error) {
 	if t.closed() {
 		return nil, pgx.ErrTxClosed
 	}
-	if t.tx == nil {
-		tx, err := t.conn.Begin(ctx)
-		if err != nil {
+	if !t.direct() {
+		if err := t.send(ctx, t.batch(), func(pgx.BatchResults) error { return nil }); err != nil {
 			return nil, err
 		}
-		t.tx = tx
 	}
 	return t.tx, nil
 }
@@ -133,7 +197,7 @@ func (t *PipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn
 	if t.closed() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
-	if t.tx != nil {
+	if t.direct() {
 		return t.tx.Exec(ctx, sql, args...)
 	}
 	b := t.batch()
@@ -149,14 +213,14 @@ func (t *PipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn
 // QueryRow runs sql in the transaction; if it is the first statement, it
 // is sent, with BEGIN, when its row is scanned.
 func (t *PipelinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.tx != nil && !t.closed() {
+	if t.direct() && !t.closed() {
 		return t.tx.QueryRow(ctx, sql, args...)
 	}
 	return pendingRow(func(dest []any) error {
 		if t.closed() {
 			return pgx.ErrTxClosed
 		}
-		if t.tx != nil { // another statement went first meanwhile
+		if t.direct() { // another statement went first meanwhile
 			return t.tx.QueryRow(ctx, sql, args...).Scan(dest...)
 		}
 		b := t.batch()
@@ -230,13 +294,7 @@ func (t *PipelinedTx) Conn() *pgx.Conn { return t.conn.Conn() }
 // BEGIN too, if nothing was sent before), and ends the transaction. The
 // statement must fail, not just match nothing, when the transaction must
 // not commit: see the top of this file.
-func (t *PipelinedTx) ThenCommit() interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-} {
-	return lastStatement{t}
-}
+func (t *PipelinedTx) ThenCommit() Statements { return lastStatement{t} }
 
 // lastStatement is ThenCommit's: a dbsqlc.DBTX for one :exec query.
 type lastStatement struct{ t *PipelinedTx }
@@ -246,15 +304,22 @@ func (l lastStatement) Exec(ctx context.Context, sql string, args ...any) (pgcon
 	if t.closed() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
+	if t.tx == nil {
+		return t.implicit(ctx, sql, args)
+	}
 	b := t.batch()
-	b.Queue(sql, args...)
+	if sql != "" { // empty from Commit, which sends only what is held
+		b.Queue(sql, args...)
+	}
 	b.Queue("commit")
 	var tag, commit pgconn.CommandTag
 	err := t.send(ctx, b, func(br pgx.BatchResults) (err error) {
-		if tag, err = br.Exec(); err != nil {
-			// The server skips the rest of the batch, COMMIT included:
-			// the transaction is aborted, and Rollback ends it.
-			return err
+		if sql != "" {
+			if tag, err = br.Exec(); err != nil {
+				// The server skips the rest of the batch, COMMIT included:
+				// the transaction is aborted, and Rollback ends it.
+				return err
+			}
 		}
 		commit, err = br.Exec()
 		return err
@@ -264,6 +329,37 @@ func (l lastStatement) Exec(ctx context.Context, sql string, args ...any) (pgcon
 	t.ended = true
 	if err == nil && commit.String() == "ROLLBACK" {
 		err = pgx.ErrTxCommitRollback
+	}
+	if err != nil {
+		t.commitErr = err
+		return tag, err
+	}
+	t.committed = true
+	return tag, nil
+}
+
+// implicit sends the whole transaction, the statements held for later and
+// sql (if not empty), in one batch with no BEGIN and no COMMIT: PostgreSQL
+// runs a pipeline's statements up to its Sync (pgx sends one) as one
+// implicit transaction, committed at the Sync, or rolled back, with nothing
+// left to end, at the first error.
+func (t *PipelinedTx) implicit(ctx context.Context, sql string, args []any) (tag pgconn.CommandTag, err error) {
+	b := &pgx.Batch{}
+	for _, l := range t.later {
+		b.Queue(l.sql, l.args...)
+	}
+	if sql != "" {
+		b.Queue(sql, args...)
+	}
+	t.later, t.ended = nil, true
+	br := t.conn.SendBatch(ctx, b)
+	for range b.Len() {
+		if tag, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
 		t.commitErr = err
@@ -292,6 +388,10 @@ func (t *PipelinedTx) Commit(ctx context.Context) error {
 	}
 	if t.closed() {
 		return pgx.ErrTxClosed
+	}
+	if len(t.later) > 0 {
+		_, err := lastStatement{t}.Exec(ctx, "")
+		return err
 	}
 	t.ended = true
 	if t.tx == nil {

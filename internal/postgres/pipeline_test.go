@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -35,12 +36,13 @@ func newPipelineFixture(t *testing.T) *pipelineFixture {
 	return &pipelineFixture{pool: pool, counter: counter, key: claim(t, pool, "k1")}
 }
 
-// phase runs a keyed create's phase as the service does: the order insert,
-// then the record's fenced completion under attempt, sent with COMMIT.
+// phase runs a phase as a keyed create does: the order insert, held for
+// later, then the record's fenced completion under attempt, sent with it
+// and COMMIT.
 func (f *pipelineFixture) phase(ctx context.Context, orderID string, attempt int32) error {
 	q := dbsqlc.New()
 	return postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
-		if _, err := q.CreateOrder(ctx, tx, dbsqlc.CreateOrderParams{CallerID: "acme", ID: orderID, Amount: 100, Currency: "usd"}); err != nil {
+		if err := q.CreateOrder(ctx, postgres.Later(tx), dbsqlc.CreateOrderParams{CallerID: "acme", ID: orderID, Amount: 100, Currency: "usd", CreatedAt: time.Now()}); err != nil {
 			return err
 		}
 		status := int32(201)
@@ -71,9 +73,9 @@ func (f *pipelineFixture) idle(t *testing.T) bool {
 	return conn.Conn().PgConn().TxStatus() == 'I'
 }
 
-// A phase's four statements (BEGIN, the insert, the fenced completion,
-// COMMIT) take two round trips, and commit together.
-func TestPipelinedPhaseTakesTwoRoundTrips(t *testing.T) {
+// A phase's two statements (the insert, held, and the fenced completion)
+// take one round trip, with no BEGIN or COMMIT, and commit together.
+func TestPipelinedPhaseTakesOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	f := newPipelineFixture(t)
 	ctx := context.Background()
@@ -87,8 +89,8 @@ func TestPipelinedPhaseTakesTwoRoundTrips(t *testing.T) {
 	if err := f.phase(ctx, "ord_2", f.key.Attempt); err != nil {
 		t.Fatal(err)
 	}
-	if got := f.counter.Load(); got.Statements != 4 || got.RoundTrips != 2 {
-		t.Errorf("a phase sent %d statements in %d round trips, want 4 in 2", got.Statements, got.RoundTrips)
+	if got := f.counter.Load(); got.Statements != 2 || got.RoundTrips != 1 {
+		t.Errorf("a phase sent %d statements in %d round trips, want 2 in 1", got.Statements, got.RoundTrips)
 	}
 	if n := f.orders(t); n != 2 {
 		t.Errorf("%d orders committed, want 2", n)
@@ -229,6 +231,50 @@ func TestPipelinedTxSendsNothingOnceItIsOver(t *testing.T) {
 	}
 	if n := f.orders(t); n != 0 {
 		t.Errorf("%d orders committed, want 0", n)
+	}
+	if !f.idle(t) {
+		t.Error("the connection went back to the pool inside a transaction")
+	}
+}
+
+// A statement held for later is sent, in order, before the next one, and
+// its failure is that statement's: a held insert that breaks the primary
+// key stops the COMMIT sent with the statement after it. Held statements
+// with nothing after them go with Commit's COMMIT.
+func TestPipelinedTxSendsHeldStatementsFirst(t *testing.T) {
+	t.Parallel()
+	f := newPipelineFixture(t)
+	ctx := context.Background()
+	insert := `INSERT INTO orders (caller_id, id, amount, currency) VALUES ('acme', $1, 100, 'usd')`
+	err := postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
+		if _, err := postgres.Later(tx).Exec(ctx, insert, "ord_1"); err != nil {
+			return err
+		}
+		var seen int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&seen); err != nil || seen != 1 {
+			t.Errorf("a read after a held insert saw %d orders (%v), want 1", seen, err)
+		}
+		if _, err := postgres.Later(tx).Exec(ctx, insert, "ord_1"); err != nil { // held: no error yet
+			return err
+		}
+		_, err := tx.ThenCommit().Exec(ctx, insert, "ord_2")
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		t.Errorf("got %v, want the held insert's unique violation", err)
+	}
+	if n := f.orders(t); n != 0 {
+		t.Errorf("%d orders committed, want 0", n)
+	}
+
+	f.counter.Reset()
+	err = postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
+		_, err := postgres.Later(tx).Exec(ctx, insert, "ord_3")
+		return err
+	})
+	if err != nil || f.counter.Load().RoundTrips != 1 || f.orders(t) != 1 {
+		t.Errorf("a held insert alone: %v, %d round trips, %d orders; want it committed in 1", err, f.counter.Load().RoundTrips, f.orders(t))
 	}
 	if !f.idle(t) {
 		t.Error("the connection went back to the pool inside a transaction")
