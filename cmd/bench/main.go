@@ -3,24 +3,20 @@
 // one machine (make bench; docs/performance.md has the method and the
 // figures). It prints:
 //
-//  1. each phase's work per request, counted exactly (dbwork.go): round
-//     trips, commits, tuples, WAL records and bytes, one request at a time;
+//  1. each phase's work per request, counted exactly (dbwork.go);
 //  2. requests/s and p50/p99, the compared phases taking turns (alternate):
-//     a plain order insert through pgx (the physical limit of a create) and
-//     the floor (the service's statements through pgx) beside the service's
-//     keyed creates over HTTP; the floor's replay beside the service's
-//     cached replays and its replays from the database; charges; payouts;
-//  3. the ratios: keyed create / plain insert, service / floor, and with
-//     -baseline, this server / that one (an optimization's with and
-//     without, in the same run);
+//     a plain order insert through pgx (the physical limit of a create),
+//     the floor (the service's statements through pgx) and the service's
+//     keyed creates over HTTP; then the replays; charges; payouts;
+//  3. the ratios, and with -baseline, this server / that one (an
+//     optimization's with and without, in the same run);
 //  4. how the claim and the replay grow with stored keys (-sizes).
 //
 // The servers are the real binary with its in-process fake processor and
-// no background workers. Every client reaches PostgreSQL through proxy.go
-// (and with -db-latency, a network hop). The database is
-// BENCH_DATABASE_URL (default: payments_bench on the local PostgreSQL),
-// migrated and emptied by the run. Every pool has -c connections: a worker
-// waits for its answer before it sends again, so none needs more.
+// no background workers. The database is BENCH_DATABASE_URL (default:
+// payments_bench on the local PostgreSQL), migrated and emptied by the run.
+// Every pool has -c connections: a worker waits for its answer before it
+// sends again, so none needs more.
 package main
 
 import (
@@ -112,14 +108,14 @@ func run(ctx context.Context) error {
 	defer stopServers()
 
 	// The clients: a pool for the SQL phases and the servers (this
-	// checkout's, one with the replay cache off, as a replica that has not
-	// seen the key, and -baseline's). connect starts them on the database
+	// checkout's and -baseline's, each also with its replay cache off, as a
+	// replica that has not seen the key). connect starts them on the database
 	// at host, after stopping any it started before: the counted phase
 	// reaches the database through the counter, the timed ones without it
 	// (a relay on these shared cores would charge every round trip twice).
 	var pool *pgxpool.Pool
-	var svc, noCache child
-	var servers []child
+	var servers, uncached []child // servers[0] is this checkout's
+	binaries := map[string]string{"service": bin, "baseline": *baseline}
 	connect := func(host string) error {
 		stopServers()
 		u.Host = host
@@ -127,19 +123,20 @@ func run(ctx context.Context) error {
 			return err
 		}
 		stops = append(stops, pool.Close)
-		if svc, err = startServer(ctx, "service", bin, u.String()); err != nil {
-			return err
-		}
-		if noCache, err = startServer(ctx, "service", bin, u.String(), "IDEMPOTENCY_REPLAY_CACHE_SIZE=0"); err != nil {
-			return err
-		}
-		servers = []child{svc}
-		if *baseline != "" {
-			base, err := startServer(ctx, "baseline", *baseline, u.String())
+		servers, uncached = nil, nil
+		for _, name := range []string{"service", "baseline"} {
+			if binaries[name] == "" {
+				continue
+			}
+			c, err := startServer(ctx, name, binaries[name], u.String())
 			if err != nil {
 				return err
 			}
-			servers = append(servers, base)
+			noCache, err := startServer(ctx, name, binaries[name], u.String(), "IDEMPOTENCY_REPLAY_CACHE_SIZE=0")
+			if err != nil {
+				return err
+			}
+			servers, uncached = append(servers, c), append(uncached, noCache)
 		}
 		return nil
 	}
@@ -154,9 +151,6 @@ func run(ctx context.Context) error {
 	fingerprint := sha256.Sum256(body)
 	insert := func(db postgres.Statements) error {
 		return queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{CallerID: "acme", ID: postgres.NewID(postgres.PrefixOrder), Amount: 1999, Currency: "usd", CreatedAt: time.Now()})
-	}
-	find := func(key string) (dbsqlc.FindIdempotencyKeyRow, error) {
-		return queries.FindIdempotencyKey(ctx, pool, dbsqlc.FindIdempotencyKeyParams{CallerID: "acme", Key: key})
 	}
 	plain := phase{"plain order insert (SQL)", func(int64) error { return insert(pool) }}
 	floorCreate := phase{"floor: keyed create (SQL)", func(i int64) error {
@@ -174,7 +168,8 @@ func run(ctx context.Context) error {
 	}}
 	const replayKeys = 1000 // each replay phase picks one of them at random
 	floorReplay := phase{"floor: replay (SQL)", func(int64) error {
-		if row, err := find("floor-" + strconv.Itoa(rand.IntN(replayKeys))); err != nil || row.IdempotencyKey.Status != "completed" {
+		key := dbsqlc.FindIdempotencyKeyParams{CallerID: "acme", Key: "floor-" + strconv.Itoa(rand.IntN(replayKeys))}
+		if row, err := queries.FindIdempotencyKey(ctx, pool, key); err != nil || row.IdempotencyKey.Status != "completed" {
 			return cmp.Or(err, errors.New("the replay found no completed record"))
 		}
 		return nil
@@ -205,26 +200,28 @@ func run(ctx context.Context) error {
 		if i >= int64(len(orders)) {
 			return errors.New("ran out of orders to charge: raise the count")
 		}
-		_, err := svc.post("/v1/orders/"+orders[i]+"/charges", "charge-"+orders[i], []byte(`{"payment_method":"pm_card_visa"}`), 201)
+		_, err := servers[0].post("/v1/orders/"+orders[i]+"/charges", "charge-"+orders[i], []byte(`{"payment_method":"pm_card_visa"}`), 201)
 		return err
 	}}
 	payout := phase{"service: payout accepted (HTTP)", func(i int64) error {
-		_, err := svc.post("/v1/payouts", "payout-"+strconv.FormatInt(i, 10), []byte(`{"amount":1,"currency":"usd"}`), 202)
+		_, err := servers[0].post("/v1/payouts", "payout-"+strconv.FormatInt(i, 10), []byte(`{"amount":1,"currency":"usd"}`), 202)
 		return err
 	}}
-
-	var creates, cached []phase // one of each per server
-	for _, c := range servers {
-		creates, cached = append(creates, create(c)), append(cached, replay(c, "cached replay"))
-	}
 
 	// 1. The database's work per request, first, so that no background
 	// work (webhooks, deliveries) runs on into the windows. The creates'
 	// keys, numbered from 0, are those the replays find.
 	fmt.Printf("\ndatabase work per request (exact; %d requests each, one at a time):\n", replayKeys)
+	each := []phase{plain, floorCreate}
+	for _, c := range servers {
+		each = append(each, create(c))
+	}
+	each = append(each, floorReplay, replay(servers[0], "cached replay"))
+	for _, c := range uncached {
+		each = append(each, replay(c, "replay from the database"))
+	}
 	var work []dbWork
-	for _, p := range slices.Concat([]phase{plain, floorCreate}, creates,
-		[]phase{floorReplay, replay(svc, "cached replay"), replay(noCache, "replay from the database"), charge, payout}) {
+	for _, p := range append(each, charge, payout) {
 		w, err := countWork(ctx, admin, replayKeys, func(i int) error { return p.op(int64(i)) })
 		if err != nil {
 			return fmt.Errorf("%s: %w", p.name, err)
@@ -239,33 +236,35 @@ func run(ctx context.Context) error {
 	if err := connect(direct); err != nil {
 		return err
 	}
-	creates, cached = nil, nil
-	for _, c := range servers {
-		creates, cached = append(creates, create(c)), append(cached, replay(c, "cached replay"))
+	creates, replays := []phase{plain, floorCreate}, []phase{floorReplay}
+	for i, c := range servers {
+		creates = append(creates, create(c))
+		replays = append(replays, replay(uncached[i], "replay from the database"), replay(c, "cached replay"))
 	}
 	seq.Store(replayKeys)
 	fmt.Printf("\nrequests/s (%d workers; compared phases take turns):\n", *concurrency)
-	created, err := alternate(*concurrency, *duration, slices.Concat([]phase{plain, floorCreate}, creates)...)
+	created, err := alternate(*concurrency, *duration, creates...)
 	if err != nil {
 		return err
 	}
-	replays, err := alternate(*concurrency, *duration, slices.Concat([]phase{floorReplay, replay(noCache, "replay from the database")}, cached)...)
+	replayed, err := alternate(*concurrency, *duration, replays...)
 	if err != nil {
 		return err
 	}
 	for _, p := range []phase{charge, payout} {
-		if err := measure(p, *concurrency, *duration); err != nil {
+		if _, err := alternate(*concurrency, *duration, p); err != nil {
 			return err
 		}
 	}
 	fmt.Printf("\nratios of requests/s (one run, same machine, same concurrency):\n")
 	fmt.Printf("  keyed create / plain insert           = %s\n", ratio(created[2], created[0]))
 	fmt.Printf("  keyed create: service / floor         = %s\n", ratio(created[2], created[1]))
-	fmt.Printf("  replay from the database / floor      = %s\n", ratio(replays[1], replays[0]))
-	fmt.Printf("  cached replay / from the database     = %s\n", ratio(replays[2], replays[1]))
+	fmt.Printf("  replay from the database / floor      = %s\n", ratio(replayed[1], replayed[0]))
+	fmt.Printf("  cached replay / from the database     = %s\n", ratio(replayed[2], replayed[1]))
 	if len(servers) > 1 {
 		fmt.Printf("  keyed create: service / baseline      = %s\n", ratio(created[2], created[3]))
-		fmt.Printf("  cached replay: service / baseline     = %s\n", ratio(replays[2], replays[3]))
+		fmt.Printf("  replay from the database: service / baseline = %s\n", ratio(replayed[1], replayed[3]))
+		fmt.Printf("  cached replay: service / baseline     = %s\n", ratio(replayed[2], replayed[4]))
 	}
 
 	// 4. Growth with stored keys.
@@ -306,7 +305,7 @@ func run(ctx context.Context) error {
 				return nil
 			}},
 		} {
-			if err := measure(p, *concurrency, d); err != nil {
+			if _, err := alternate(*concurrency, d, p); err != nil {
 				return err
 			}
 		}

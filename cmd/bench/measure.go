@@ -48,7 +48,7 @@ func alternate(c int, d time.Duration, phases ...phase) ([]result, error) {
 	for count < 10 {
 		count += 2 * n
 	}
-	count = max(1, min(count, int(d/minTurn)))
+	count = max(1, min(count, int(d/(100*time.Millisecond)))) // a turn: a hundred requests at the slowest
 	lats := make([][]time.Duration, n)
 	out := make([]result, n)
 	for r := range count {
@@ -74,20 +74,6 @@ func alternate(c int, d time.Duration, phases ...phase) ([]result, error) {
 		fmt.Println(out[i])
 	}
 	return out, nil
-}
-
-// minTurn is alternate's shortest turn: a hundred requests at the slowest.
-const minTurn = 100 * time.Millisecond
-
-// measure runs p on c workers for d, in one turn, and prints its figures.
-func measure(p phase, c int, d time.Duration) error {
-	lat, e, err := run1(p, c, d)
-	if err == nil {
-		r := result{elapsed: e}
-		summarize(&r, p, lat)
-		fmt.Println(r)
-	}
-	return err
 }
 
 // run1 runs p on c workers for d: each worker sends its next request as

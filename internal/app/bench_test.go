@@ -23,9 +23,9 @@ import (
 // counted by a pgx tracer on the server's pool: the structural cost that
 // time figures on a shared machine blur.
 //
-//	keyed create: claim (1) + BEGIN, INSERT order (1 trip) + UPDATE record, COMMIT (1 trip)
-//	              = 5 statements in 3 round trips
-//	replay:       claim (1), which reads the completed record = 1 in 1
+//	keyed create: INSERT order, INSERT record, one batch = 2 statements in 1 round trip
+//	replay:       0 (the replay cache); from the database, 3: the batch that
+//	              fails on the key, the look-up, the replication check
 //	auth:         0 (known keys are cached)
 //
 // (A batch is one round trip; the first time a connection meets one of its
