@@ -219,13 +219,12 @@ func TestListPagesNewestFirst(t *testing.T) {
 	for range 3 {
 		want = slices.Insert(want, 0, create(t, pool, "acme", 100).ID)
 	}
+	// Three at one instant: the id breaks the tie.
 	var sameInstant []string
-	if err := postgres.Transact(ctx, pool, func(tx pgx.Tx) error {
-		for range 3 {
-			sameInstant = append(sameInstant, create(t, tx, "acme", 200).ID)
-		}
-		return nil
-	}); err != nil {
+	for range 3 {
+		sameInstant = append(sameInstant, create(t, pool, "acme", 200).ID)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE orders SET created_at = (SELECT max(created_at) FROM orders WHERE id = ANY($1)) WHERE id = ANY($1)`, sameInstant); err != nil {
 		t.Fatal(err)
 	}
 	slices.Sort(sameInstant)
