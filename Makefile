@@ -206,7 +206,6 @@ fuzz:
 	go test -run='^$$' -fuzz='^FuzzParseKey$$' -fuzztime=$(FUZZTIME) ./internal/idempotency/
 	go test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=$(FUZZTIME) ./internal/idempotency/
 	go test -run='^$$' -fuzz='^FuzzCheck$$' -fuzztime=$(FUZZTIME) ./internal/ijson/
-	go test -run='^$$' -fuzz='^FuzzUnescape$$' -fuzztime=$(FUZZTIME) ./internal/ijson/
 	go test -run='^$$' -fuzz='^FuzzVerify$$' -fuzztime=$(FUZZTIME) ./internal/cardprocessor/
 
 # The chaos soak (internal/soak) for ten minutes, with its summary; `make

@@ -11,23 +11,23 @@
 //
 // The check runs on every request body before anything else reads it, the
 // processor's unauthenticated webhook included, so its own cost must be
-// bounded by the body's size: one pass over the bytes, recursion no deeper
-// than MaxDepth, member names compared through a map once an object has
-// more than a few, and a JSON pointer built only for the one duplicate it
-// reports.
+// bounded by the body's size: one pass over the bytes with jsontext (the
+// tokenizer of Go's JSON v2, which reads a bytes.Buffer in place), and no
+// level, value, member or string past the limits below.
 package ijson
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // MaxDepth is the deepest nesting of objects and arrays a document may have.
@@ -60,7 +60,7 @@ const MaxMembers = 100
 const MaxString = 4096
 
 // StringError is a string longer than MaxString; Pointer names it (or, for
-// a member name, its member).
+// a member name, its object).
 type StringError struct {
 	Limit   int
 	Pointer string
@@ -126,11 +126,10 @@ func (e *MembersError) Error() string {
 // a *ValuesError for one with more than MaxValues values, a *MembersError
 // for an object with more than MaxMembers members, a *StringError for a
 // string longer than MaxString, an *EncodingError for a string that is not
-// Unicode text, or a *DuplicateNameError for the first
-// object in doc that has a member name twice, whichever the scan meets
-// first. It does not otherwise judge
-// doc: a document that is not JSON is left to the caller's own decoding,
-// and reported as nil here.
+// Unicode text, or a *DuplicateNameError for the first object in doc that
+// has a member name twice, whichever the scan meets first. It does not
+// otherwise judge doc: a document that is not JSON is left to the caller's
+// own decoding, and reported as nil here.
 //
 // Names are compared as Go's encoding/json matches them to struct fields:
 // after unescaping ("amount" and "\u0061mount" are one member) and without
@@ -138,68 +137,126 @@ func (e *MembersError) Error() string {
 // winning, while a schema validator sees two members). Either pair is
 // refused.
 func Check(doc []byte) error {
-	s := scanner{doc: doc}
-	s.value(0)
-	return s.err
-}
-
-type scanner struct {
-	doc    []byte
-	pos    int
-	err    error // the problem found; it stops the scan
-	bad    bool  // malformed input: stops the scan, reported as nil
-	values int   // the values met so far
-	// path holds the member names and element indexes that lead to the
-	// value being read, so that a pointer can be built when one is needed.
-	// It never grows past MaxDepth.
-	path []step
-	// scratch holds an escaped name while it is hashed.
-	scratch []byte
-	// seed keys the hashes that large objects compare names by: random per
-	// scan, so that nobody can choose names whose hashes collide. folded
-	// holds a name's folded form while it is hashed.
-	seed   maphash.Seed
-	folded []byte
-}
-
-// step is one level of path: a member's name (where it is in doc), or an
-// element's index (index ≥ 0).
-type step struct {
-	name  name
-	index int
-}
-
-// name is a member name as it appears in doc: the bytes between its
-// quotes, and whether they hold an escape. It is unescaped only when two
-// names must be compared exactly, or a pointer built, so that reading a
-// name costs no allocation.
-type name struct {
-	start, end int
-	escaped    bool
-}
-
-func (s *scanner) stopped() bool { return s.err != nil || s.bad }
-
-// text is n unescaped: a slice of doc when n has no escape; otherwise a
-// fresh slice.
-func (s *scanner) text(n name) []byte {
-	raw := s.doc[n.start:n.end]
-	if !n.escaped {
-		return raw
+	// Duplicates and bad Unicode are let through the tokenizer, to be
+	// found below, where they are reported with the pointer and the case
+	// folding above.
+	dec := jsontext.NewDecoder(bytes.NewBuffer(doc), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	var path []level // the objects and arrays around the next token
+	values := 0
+	for {
+		kind := dec.PeekKind()
+		if kind == 0 { // the end, or not JSON: the caller's decoder says which
+			return nil
+		}
+		if kind == '}' || kind == ']' {
+			if _, err := dec.ReadToken(); err != nil {
+				return nil
+			}
+			path = path[:len(path)-1]
+			next(path)
+			continue
+		}
+		if n := len(path); n > 0 && path[n-1].object && path[n-1].wantName {
+			switch err := name(dec, path); err {
+			case nil:
+				continue
+			case errNotJSON:
+				return nil
+			default:
+				return err
+			}
+		}
+		if values++; values > MaxValues {
+			return &ValuesError{Limit: MaxValues, Pointer: pointer(path)}
+		}
+		switch kind {
+		case '{', '[':
+			if len(path) == MaxDepth {
+				return &DepthError{Limit: MaxDepth, Pointer: pointer(path)}
+			}
+			if _, err := dec.ReadToken(); err != nil {
+				return nil
+			}
+			path = append(path, level{object: kind == '{', wantName: kind == '{'})
+			continue
+		case '"':
+			raw, err := dec.ReadValue()
+			if err != nil {
+				return nil
+			}
+			if err := checkString(raw, path); err != nil {
+				return err
+			}
+		default:
+			if err := dec.SkipValue(); err != nil {
+				return nil
+			}
+		}
+		next(path)
 	}
-	out, _ := unescape(nil, raw) // n was checked when it was read
-	return out
 }
 
-// pointer renders path as a JSON pointer.
-func (s *scanner) pointer() string {
-	var b strings.Builder
-	for _, st := range s.path {
-		b.WriteByte('/')
-		if st.index >= 0 {
-			b.WriteString(strconv.Itoa(st.index))
+// level is one object or array around the token being read: an object's
+// member names so far (folded) and the current one, or an array's index.
+type level struct {
+	object   bool
+	wantName bool     // an object whose next token is a name (or its end)
+	names    []string // folded, to compare (at most MaxMembers)
+	name     string   // the current member's name, as the pointer shows it
+	index    int
+}
+
+// next moves the innermost level past the value just read.
+func next(path []level) {
+	if n := len(path); n > 0 {
+		if path[n-1].object {
+			path[n-1].wantName = true
 		} else {
-			b.WriteString(pointerEscaper.Replace(string(s.text(st.name))))
+			path[n-1].index++
+		}
+	}
+}
+
+// errNotJSON is name's answer for a document that is not JSON.
+var errNotJSON = errors.New("ijson: not JSON")
+
+// name reads the next member name of the object at the end of path.
+func name(dec *jsontext.Decoder, path []level) error {
+	obj := &path[len(path)-1]
+	if len(obj.names) == MaxMembers {
+		return &MembersError{Limit: MaxMembers, Pointer: pointer(path[:len(path)-1])}
+	}
+	raw, err := dec.ReadValue()
+	if err != nil {
+		return errNotJSON
+	}
+	if err := checkString(raw, path[:len(path)-1]); err != nil { // a name's problem is its object's
+
+		return err
+	}
+	text, err := jsontext.AppendUnquote(nil, raw)
+	if err != nil {
+		return errNotJSON
+	}
+	obj.name, obj.wantName = string(text), false
+	// A linear search: an object has at most MaxMembers names.
+	folded := fold(text)
+	if slices.Contains(obj.names, folded) {
+		return &DuplicateNameError{Pointer: pointer(path)}
+	}
+	obj.names = append(obj.names, folded)
+	return nil
+}
+
+// pointer renders path as a JSON pointer (RFC 6901).
+func pointer(path []level) string {
+	var b strings.Builder
+	for _, l := range path {
+		b.WriteByte('/')
+		if l.object {
+			b.WriteString(pointerEscaper.Replace(l.name))
+		} else {
+			b.WriteString(strconv.Itoa(l.index))
 		}
 	}
 	return b.String()
@@ -208,340 +265,60 @@ func (s *scanner) pointer() string {
 // pointerEscaper escapes a member name for a JSON pointer (RFC 6901).
 var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
 
-func (s *scanner) skipSpace() {
-	for s.pos < len(s.doc) {
-		switch s.doc[s.pos] {
-		case ' ', '\t', '\n', '\r':
-			s.pos++
-		default:
-			return
-		}
-	}
-}
-
-// value reads one value, depth levels inside the document.
-func (s *scanner) value(depth int) {
-	s.skipSpace()
-	if s.pos >= len(s.doc) {
-		s.bad = true
-		return
-	}
-	if s.values++; s.values > MaxValues {
-		s.err = &ValuesError{Limit: MaxValues, Pointer: s.pointer()}
-		return
-	}
-	switch c := s.doc[s.pos]; c {
-	case '{', '[':
-		if depth == MaxDepth {
-			s.err = &DepthError{Limit: MaxDepth, Pointer: s.pointer()}
-			return
-		}
-		if c == '{' {
-			s.object(depth + 1)
-		} else {
-			s.array(depth + 1)
-		}
-	case '"':
-		s.str()
-	default: // a number, true, false or null: up to the next delimiter
-		start := s.pos
-		for s.pos < len(s.doc) && !isDelimiter(s.doc[s.pos]) {
-			s.pos++
-		}
-		if s.pos == start { // a delimiter where a value should be
-			s.bad = true
-		}
-	}
-}
-
-func isDelimiter(c byte) bool {
-	switch c {
-	case ',', ']', '}', ':', ' ', '\t', '\n', '\r':
-		return true
-	}
-	return false
-}
-
-// smallObject is how many names an object's check compares one by one
-// before it switches to hashing them: a handful of comparisons is cheaper
-// than hashing, but an object with thousands of members would make them
-// quadratic.
-const smallObject = 16
-
-func (s *scanner) object(depth int) {
-	s.pos++            // '{'
-	var names [][]byte // the names so far, unescaped, while the object is small
-	// byHash, once it is not: the hash of each name's folded form. Equal
-	// names have equal hashes.
-	var byHash map[uint64]struct{}
-	for members := 0; !s.stopped(); members++ {
-		s.skipSpace()
-		if s.pos < len(s.doc) && s.doc[s.pos] == '}' {
-			s.pos++
-			return
-		}
-		if s.pos >= len(s.doc) || s.doc[s.pos] != '"' {
-			s.bad = true
-			return
-		}
-		if members == MaxMembers {
-			s.err = &MembersError{Limit: MaxMembers, Pointer: s.pointer()}
-			return
-		}
-		n, ok := s.str()
-		if !ok {
-			return
-		}
-		s.path = append(s.path, step{name: n, index: -1})
-		var text []byte
-		switch {
-		case !n.escaped:
-			text = s.doc[n.start:n.end]
-		case byHash != nil:
-			text = s.scratch // str decoded it there
-		default:
-			text = bytes.Clone(s.scratch) // kept in names
-		}
-		if seen(text, names, byHash, s) {
-			s.err = &DuplicateNameError{Pointer: s.pointer()}
-			return
+// checkString checks the quoted JSON string raw: at most MaxString
+// characters as written (a character, or an escape, counts one), and
+// Unicode text: valid UTF-8, and no \u escape of a lone surrogate (which
+// encoding/json, like most decoders, reads as U+FFFD, so that different
+// bodies would read, and be fingerprinted, as one). Its errors name the
+// string as at.
+func checkString(raw []byte, at []level) error {
+	s := raw[1 : len(raw)-1]
+	for chars := 0; len(s) > 0; chars++ {
+		if chars >= MaxString {
+			return &StringError{Limit: MaxString, Pointer: pointer(at)}
 		}
 		switch {
-		case byHash != nil:
-			byHash[s.foldHash(text)] = struct{}{}
-		case len(names) < smallObject:
-			names = append(names, text)
+		case s[0] == '\\' && s[1] == 'u':
+			r, _ := strconv.ParseUint(string(s[2:6]), 16, 16)
+			s = s[6:]
+			if !utf16.IsSurrogate(rune(r)) {
+				continue
+			}
+			// A high surrogate, then a \u escape of a low one: two
+			// characters as written.
+			var low uint64
+			if len(s) >= 6 && s[0] == '\\' && s[1] == 'u' {
+				low, _ = strconv.ParseUint(string(s[2:6]), 16, 16)
+			}
+			if utf16.DecodeRune(rune(r), rune(low)) == unicode.ReplacementChar {
+				return &EncodingError{Pointer: pointer(at)}
+			}
+			s, chars = s[6:], chars+1
+		case s[0] == '\\':
+			s = s[2:]
 		default:
-			if s.seed == (maphash.Seed{}) {
-				s.seed = maphash.MakeSeed()
+			r, size := utf8.DecodeRune(s)
+			if r == utf8.RuneError && size == 1 {
+				return &EncodingError{Pointer: pointer(at)}
 			}
-			byHash = make(map[uint64]struct{}, 2*smallObject)
-			for _, m := range append(names, text) {
-				byHash[s.foldHash(m)] = struct{}{}
-			}
-			names = nil
+			s = s[size:]
 		}
-		s.skipSpace()
-		if s.pos >= len(s.doc) || s.doc[s.pos] != ':' {
-			s.bad = true
-			return
-		}
-		s.pos++
-		s.value(depth)
-		s.path = s.path[:len(s.path)-1]
-		s.separator('}')
 	}
+	return nil
 }
 
-// seen reports whether text equals, ignoring case as encoding/json does,
-// one of the names before it in its object: those in names, or those
-// hashed in byHash.
-func seen(text []byte, names [][]byte, byHash map[uint64]struct{}, s *scanner) bool {
-	if byHash != nil {
-		// Two different names share a 64-bit hash keyed by a random seed
-		// with a chance of 2⁻⁶⁴; should it happen, the second is taken
-		// for a duplicate and the request refused, which is safe.
-		_, ok := byHash[s.foldHash(text)]
-		return ok
-	}
-	for _, m := range names {
-		if bytes.EqualFold(m, text) {
-			return true
-		}
-	}
-	return false
-}
-
-// foldHash hashes a name's folded form: every rune replaced by the smallest
-// rune of its case-folding orbit (k, K and the Kelvin sign K all become
-// K), so that two names hash alike when bytes.EqualFold says they are
+// fold is a name's folded form: every rune replaced by the smallest rune
+// of its case-folding orbit (k, K and the Kelvin sign K all become K), so
+// that two names fold alike exactly when bytes.EqualFold says they are
 // equal, which is how encoding/json matches member names to fields.
-func (s *scanner) foldHash(text []byte) uint64 {
-	folded := s.folded[:0]
-	for i := 0; i < len(text); {
-		if c := text[i]; c < utf8.RuneSelf {
-			if 'a' <= c && c <= 'z' {
-				c -= 'a' - 'A' // an ASCII letter's orbit starts with its capital
-			}
-			folded = append(folded, c)
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRune(text[i:])
-		i += size
+func fold(text []byte) string {
+	folded := make([]byte, 0, len(text))
+	for _, r := range string(text) {
 		least := r
 		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
 			least = min(least, f)
 		}
 		folded = utf8.AppendRune(folded, least)
 	}
-	s.folded = folded
-	return maphash.Bytes(s.seed, folded)
-}
-
-func (s *scanner) array(depth int) {
-	s.pos++ // '['
-	for i := 0; !s.stopped(); i++ {
-		s.skipSpace()
-		if s.pos < len(s.doc) && s.doc[s.pos] == ']' {
-			s.pos++
-			return
-		}
-		s.path = append(s.path, step{index: i})
-		s.value(depth)
-		s.path = s.path[:len(s.path)-1]
-		s.separator(']')
-	}
-}
-
-// separator moves past the ',' after a member or element; the closing
-// delimiter is left for the caller's loop, and anything else is malformed.
-func (s *scanner) separator(closing byte) {
-	if s.stopped() {
-		return
-	}
-	s.skipSpace()
-	switch {
-	case s.pos < len(s.doc) && s.doc[s.pos] == ',':
-		s.pos++
-	case s.pos < len(s.doc) && s.doc[s.pos] == closing:
-	default:
-		s.bad = true
-	}
-}
-
-// str moves past the string at s.pos and says where its text is. A string
-// with an escape must decode (a name is compared after unescaping), and
-// every string must be Unicode text, which is checked here, once.
-func (s *scanner) str() (name, bool) {
-	s.pos++ // '"'
-	n := name{start: s.pos}
-	for chars := 0; s.pos < len(s.doc); chars++ {
-		if chars > MaxString {
-			// Too long already: no need to find where it ends.
-			s.err = &StringError{Limit: MaxString, Pointer: s.pointer()}
-			return n, false
-		}
-		switch c := s.doc[s.pos]; {
-		case c == '\\':
-			n.escaped = true
-			if s.pos+1 < len(s.doc) && s.doc[s.pos+1] == 'u' {
-				s.pos += 4 // its four digits, which unescape checks
-			}
-			s.pos += 2
-		case c == '"':
-			n.end = s.pos
-			s.pos++
-			if n.escaped {
-				var err error
-				if s.scratch, err = unescape(s.scratch[:0], s.doc[n.start:n.end]); err == errNotUnicode {
-					s.err = &EncodingError{Pointer: s.pointer()}
-					return n, false
-				} else if err != nil {
-					s.bad = true
-					return n, false
-				}
-			}
-			return n, true
-		case c >= utf8.RuneSelf:
-			r, size := utf8.DecodeRune(s.doc[s.pos:])
-			if r == utf8.RuneError && size == 1 {
-				s.err = &EncodingError{Pointer: s.pointer()}
-				return n, false
-			}
-			s.pos += size
-		default:
-			s.pos++
-		}
-	}
-	s.bad = true
-	return n, false
-}
-
-var (
-	errMalformed  = errors.New("ijson: not a JSON string")
-	errNotUnicode = errors.New("ijson: a lone surrogate")
-)
-
-// unescape appends the text of a JSON string's raw contents (between the
-// quotes, valid UTF-8) to dst, decoding escapes exactly as encoding/json
-// does, but for a lone or broken surrogate, which it refuses
-// (errNotUnicode) where encoding/json reads U+FFFD. It returns errMalformed
-// for an escape JSON does not have. (encoding/json's own decoder would do,
-// but it allocates its state for every string, and a body can hold
-// thousands of names.)
-func unescape(dst, raw []byte) ([]byte, error) {
-	dst = slices.Grow(dst, len(raw)) // escapes only shrink it
-	for i := 0; i < len(raw); {
-		c := raw[i]
-		if c != '\\' {
-			dst = append(dst, c)
-			i++
-			continue
-		}
-		if i+1 >= len(raw) {
-			return dst, errMalformed
-		}
-		switch e := raw[i+1]; e {
-		case '"', '\\', '/':
-			dst = append(dst, e)
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r, ok := hex4(raw[i+2:])
-			if !ok {
-				return dst, errMalformed
-			}
-			i += 6
-			if utf16.IsSurrogate(r) {
-				if i+1 >= len(raw) || raw[i] != '\\' || raw[i+1] != 'u' {
-					return dst, errNotUnicode
-				}
-				r2, ok := hex4(raw[i+2:])
-				if !ok {
-					return dst, errMalformed
-				}
-				if r = utf16.DecodeRune(r, r2); r == unicode.ReplacementChar {
-					return dst, errNotUnicode
-				}
-				i += 6
-			}
-			dst = utf8.AppendRune(dst, r)
-			continue
-		default:
-			return dst, errMalformed
-		}
-		i += 2
-	}
-	return dst, nil
-}
-
-// hex4 reads the four hex digits of a \u escape.
-func hex4(b []byte) (rune, bool) {
-	if len(b) < 4 {
-		return 0, false
-	}
-	var r rune
-	for _, c := range b[:4] {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c -= 'a' - 10
-		case 'A' <= c && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return 0, false
-		}
-		r = r<<4 | rune(c)
-	}
-	return r, true
+	return string(folded)
 }

@@ -2,14 +2,11 @@ package ijson
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"runtime"
 	"strings"
 	"testing"
-	"unicode/utf8"
 )
 
 func TestCheck(t *testing.T) {
@@ -138,18 +135,17 @@ func TestCheckBoundsValuesMembersAndStrings(t *testing.T) {
 	}
 }
 
-// TestFoldAgreesWithEqualFold: two names share a folded hash exactly when
+// TestFoldAgreesWithEqualFold: two names fold alike exactly when
 // strings.EqualFold says they are the same, for every pair drawn from a set
 // of runes with interesting case foldings.
 func TestFoldAgreesWithEqualFold(t *testing.T) {
 	t.Parallel()
-	s := scanner{seed: maphash.MakeSeed()}
 	runes := []rune("aAkKsSzZ09_-\u212a\u017f\u00df\u1e9e\u03a3\u03c3\u03c2\u0130\u0131iI\u01c4\u01c5\u01c6")
 	for _, a := range runes {
 		for _, b := range runes {
 			x, y := "n"+string(a), "N"+string(b)
-			if got, want := s.foldHash([]byte(x)) == s.foldHash([]byte(y)), strings.EqualFold(x, y); got != want {
-				t.Errorf("foldHash(%q) == foldHash(%q) is %v; strings.EqualFold says %v", x, y, got, want)
+			if got, want := fold([]byte(x)) == fold([]byte(y)), strings.EqualFold(x, y); got != want {
+				t.Errorf("fold(%q) == fold(%q) is %v; strings.EqualFold says %v", x, y, got, want)
 			}
 		}
 	}
@@ -229,34 +225,6 @@ func FuzzCheck(f *testing.F) {
 	f.Fuzz(func(t *testing.T, doc []byte) {
 		if allocated := bytesAllocated(func() { _ = Check(doc) }); allocated > 4*len(doc)+64<<10 {
 			t.Fatalf("allocated %d bytes for a %d-byte document", allocated, len(doc))
-		}
-	})
-}
-
-// FuzzUnescape: the scanner's own unescaping reads every string exactly as
-// encoding/json does, so that it compares the names the handler will see,
-// but for the lone surrogates it refuses.
-func FuzzUnescape(f *testing.F) {
-	for _, s := range []string{`a`, `\u0041`, `\ud83d\ude00`, `\ud83d`, `\ud83dx`, `\ud83d\u0041`, `\n\t\/\\\"`, `\x`, `\u12`, "\x9e", "a\xffb"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, raw string) {
-		quoted := `"` + raw + `"`
-		var want string
-		wantErr := json.Unmarshal([]byte(quoted), &want)
-		if wantErr != nil || !utf8.ValidString(raw) {
-			return // not a JSON string, or refused as not Unicode before it is unescaped
-		}
-		got, err := unescape(nil, []byte(raw))
-		if errors.Is(err, errNotUnicode) {
-			// A lone surrogate, which encoding/json reads as U+FFFD.
-			if !strings.ContainsRune(want, utf8.RuneError) {
-				t.Fatalf("unescape(%q) refused a surrogate; encoding/json reads %q", raw, want)
-			}
-			return
-		}
-		if err != nil || string(got) != want {
-			t.Fatalf("unescape(%q) = %q, %v; encoding/json reads %q", raw, got, err, want)
 		}
 	})
 }
