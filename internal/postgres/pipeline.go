@@ -119,7 +119,9 @@ func (l laterStatements) Query(context.Context, string, ...any) (pgx.Rows, error
 	return nil, errLaterExec
 }
 
-func (l laterStatements) QueryRow(context.Context, string, ...any) pgx.Row { return errRow{errLaterExec} }
+func (l laterStatements) QueryRow(context.Context, string, ...any) pgx.Row {
+	return errRow{errLaterExec}
+}
 
 var errLaterExec = errors.New("postgres: only an Exec can be held for later (its result is never read)")
 
