@@ -93,7 +93,7 @@ type later struct {
 // db itself, so code written for it runs on a pool or a pgx.Tx unchanged.
 func Later(db Statements) Statements {
 	if t, ok := db.(*PipelinedTx); ok {
-		return laterStatements{t}
+		return execOnly{t.hold}
 	}
 	return db
 }
@@ -105,25 +105,30 @@ type Statements interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-type laterStatements struct{ t *PipelinedTx }
+// execOnly is Later's and ThenCommit's: Statements for :exec queries only,
+// whose results nobody reads before the commit.
+type execOnly struct {
+	exec func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
 
-func (l laterStatements) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if l.t.closed() {
+func (e execOnly) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return e.exec(ctx, sql, args...)
+}
+
+func (execOnly) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errOnlyExec }
+
+func (execOnly) QueryRow(context.Context, string, ...any) pgx.Row { return errRow{errOnlyExec} }
+
+var errOnlyExec = errors.New("postgres: only an Exec can be held for later or sent with the COMMIT")
+
+// hold is Later's Exec.
+func (t *PipelinedTx) hold(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.closed() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
-	l.t.later = append(l.t.later, later{sql, args})
+	t.later = append(t.later, later{sql, args})
 	return pgconn.CommandTag{}, nil
 }
-
-func (l laterStatements) Query(context.Context, string, ...any) (pgx.Rows, error) {
-	return nil, errLaterExec
-}
-
-func (l laterStatements) QueryRow(context.Context, string, ...any) pgx.Row {
-	return errRow{errLaterExec}
-}
-
-var errLaterExec = errors.New("postgres: only an Exec can be held for later (its result is never read)")
 
 var _ pgx.Tx = (*PipelinedTx)(nil)
 
@@ -292,17 +297,15 @@ func (t *PipelinedTx) LargeObjects() pgx.LargeObjects {
 func (t *PipelinedTx) Conn() *pgx.Conn { return t.conn.Conn() }
 
 // ThenCommit returns what to send the transaction's last statement
-// through: its Exec sends the statement and COMMIT in one round trip (with
-// BEGIN too, if nothing was sent before), and ends the transaction. The
+// through: its Exec sends what is held, the statement and COMMIT in one
+// round trip (if nothing was sent before, that is the whole transaction,
+// sent with neither BEGIN nor COMMIT: implicit), and ends it. The
 // statement must fail, not just match nothing, when the transaction must
 // not commit: see the top of this file.
-func (t *PipelinedTx) ThenCommit() Statements { return lastStatement{t} }
+func (t *PipelinedTx) ThenCommit() Statements { return execOnly{t.execThenCommit} }
 
-// lastStatement is ThenCommit's: a dbsqlc.DBTX for one :exec query.
-type lastStatement struct{ t *PipelinedTx }
-
-func (l lastStatement) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	t := l.t
+// execThenCommit is ThenCommit's Exec.
+func (t *PipelinedTx) execThenCommit(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.closed() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
@@ -371,14 +374,6 @@ func (t *PipelinedTx) implicit(ctx context.Context, sql string, args []any) (tag
 	return tag, nil
 }
 
-func (l lastStatement) Query(context.Context, string, ...any) (pgx.Rows, error) {
-	return nil, errOnlyExec
-}
-
-func (l lastStatement) QueryRow(context.Context, string, ...any) pgx.Row { return errRow{errOnlyExec} }
-
-var errOnlyExec = errors.New("postgres: only an Exec can be sent with the COMMIT")
-
 // Commit commits the transaction, unless a statement sent through
 // ThenCommit has. A transaction that sent nothing has nothing to commit.
 func (t *PipelinedTx) Commit(ctx context.Context) error {
@@ -392,7 +387,7 @@ func (t *PipelinedTx) Commit(ctx context.Context) error {
 		return pgx.ErrTxClosed
 	}
 	if len(t.later) > 0 {
-		_, err := lastStatement{t}.Exec(ctx, "")
+		_, err := t.execThenCommit(ctx, "")
 		return err
 	}
 	t.ended = true
