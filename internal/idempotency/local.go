@@ -29,6 +29,8 @@ import (
 // It may return a *problem.Error, a final answer that is stored (its
 // writes roll back); a transient error, which stores nothing; or any other
 // error, stored as a 500, since running it again would only fail again.
+// It runs again for a retry the replay cache does not hold (and rolls
+// back), so it must do nothing outside tx.
 type LocalFunc func(ctx context.Context, tx pgx.Tx) (*Response, error)
 
 // ExecuteLocal runs the keyed request req, a local operation:

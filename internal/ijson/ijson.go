@@ -273,7 +273,8 @@ var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
 // string as at.
 func checkString(raw []byte, at []level) error {
 	s := raw[1 : len(raw)-1]
-	for chars := 0; len(s) > 0; chars++ {
+	chars := 0
+	for ; len(s) > 0; chars++ {
 		if chars >= MaxString {
 			return &StringError{Limit: MaxString, Pointer: pointer(at)}
 		}
@@ -303,6 +304,9 @@ func checkString(raw []byte, at []level) error {
 			}
 			s = s[size:]
 		}
+	}
+	if chars > MaxString { // a surrogate pair, two characters, came last
+		return &StringError{Limit: MaxString, Pointer: pointer(at)}
 	}
 	return nil
 }

@@ -126,6 +126,10 @@ func TestCheckBoundsValuesMembersAndStrings(t *testing.T) {
 			t.Errorf("%d of %s: %v; want too long", c.n+1, c.char, err)
 		}
 	}
+	// A pair that ends one character past the limit.
+	if err := Check([]byte(`{"a":["` + strings.Repeat("x", MaxString-1) + `\ud83d\ude00"]}`)); !errors.As(err, &tooLong) {
+		t.Errorf("%d characters and a surrogate pair: %v; want too long", MaxString-1, err)
+	}
 	if err := Check([]byte(members(MaxMembers))); err != nil {
 		t.Errorf("%d members: %v", MaxMembers, err)
 	}
