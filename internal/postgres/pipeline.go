@@ -168,11 +168,11 @@ func (t *PipelinedTx) send(ctx context.Context, b *pgx.Batch, read func(pgx.Batc
 	return err
 }
 
-// batch is a Batch that begins the transaction if it has not begun, then
-// sends the statements held for later.
-func (t *PipelinedTx) batch() *pgx.Batch {
+// batch is a Batch that begins the transaction if begin, then sends the
+// statements held for later.
+func (t *PipelinedTx) batch(begin bool) *pgx.Batch {
 	b := &pgx.Batch{}
-	if t.tx == nil {
+	if begin {
 		b.BeginTx(pgx.TxOptions{})
 	}
 	for _, l := range t.later {
@@ -192,7 +192,7 @@ func (t *PipelinedTx) begun(ctx context.Context) (pgx.Tx, error) {
 		return nil, pgx.ErrTxClosed
 	}
 	if !t.direct() {
-		if err := t.send(ctx, t.batch(), func(pgx.BatchResults) error { return nil }); err != nil {
+		if err := t.send(ctx, t.batch(t.tx == nil), func(pgx.BatchResults) error { return nil }); err != nil {
 			return nil, err
 		}
 	}
@@ -207,7 +207,7 @@ func (t *PipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn
 	if t.direct() {
 		return t.tx.Exec(ctx, sql, args...)
 	}
-	b := t.batch()
+	b := t.batch(t.tx == nil)
 	b.Queue(sql, args...)
 	var tag pgconn.CommandTag
 	err := t.send(ctx, b, func(br pgx.BatchResults) (err error) {
@@ -230,7 +230,7 @@ func (t *PipelinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx
 		if t.direct() { // another statement went first meanwhile
 			return t.tx.QueryRow(ctx, sql, args...).Scan(dest...)
 		}
-		b := t.batch()
+		b := t.batch(t.tx == nil)
 		b.Queue(sql, args...)
 		return t.send(ctx, b, func(br pgx.BatchResults) error { return br.QueryRow().Scan(dest...) })
 	})
@@ -312,7 +312,7 @@ func (t *PipelinedTx) execThenCommit(ctx context.Context, sql string, args ...an
 	if t.tx == nil {
 		return t.implicit(ctx, sql, args)
 	}
-	b := t.batch()
+	b := t.batch(t.tx == nil)
 	if sql != "" { // empty from Commit, which sends only what is held
 		b.Queue(sql, args...)
 	}
@@ -349,10 +349,7 @@ func (t *PipelinedTx) execThenCommit(ctx context.Context, sql string, args ...an
 // implicit transaction, committed at the Sync, or rolled back, with nothing
 // left to end, at the first error.
 func (t *PipelinedTx) implicit(ctx context.Context, sql string, args []any) (tag pgconn.CommandTag, err error) {
-	b := &pgx.Batch{}
-	for _, l := range t.later {
-		b.Queue(l.sql, l.args...)
-	}
+	b := t.batch(false)
 	if sql != "" {
 		b.Queue(sql, args...)
 	}

@@ -53,6 +53,9 @@ func (f *pipelineFixture) phase(ctx context.Context, orderID string, attempt int
 	})
 }
 
+// insertOrder inserts the order $1, for the tests that write SQL of their own.
+const insertOrder = `INSERT INTO orders (caller_id, id, amount, currency) VALUES ('acme', $1, 100, 'usd')`
+
 func (f *pipelineFixture) orders(t *testing.T) int {
 	t.Helper()
 	var n int
@@ -192,16 +195,15 @@ func TestPipelinedTxSendsNothingOnceItIsOver(t *testing.T) {
 	t.Parallel()
 	f := newPipelineFixture(t)
 	ctx := context.Background()
-	insert := `INSERT INTO orders (caller_id, id, amount, currency) VALUES ('acme', $1, 100, 'usd')`
 	err := postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
 		if _, err := tx.Exec(ctx, `SELEC 1`); err == nil {
 			t.Error("a statement that cannot be parsed ran")
 		}
 		// The error ignored: BEGIN never ran, so neither may these.
-		if _, err := tx.Exec(ctx, insert, "ord_after_failure"); err == nil {
+		if _, err := tx.Exec(ctx, insertOrder, "ord_after_failure"); err == nil {
 			t.Error("a statement after the failed BEGIN was sent")
 		}
-		_, err := tx.ThenCommit().Exec(ctx, insert, "ord_last")
+		_, err := tx.ThenCommit().Exec(ctx, insertOrder, "ord_last")
 		return err
 	})
 	if !errors.Is(err, pgx.ErrTxClosed) {
@@ -217,10 +219,10 @@ func TestPipelinedTxSendsNothingOnceItIsOver(t *testing.T) {
 		if _, err := tx.Exec(ctx, `INSERT INTO deferred_check VALUES (1), (1)`); err != nil {
 			return err
 		}
-		if _, err := tx.ThenCommit().Exec(ctx, insert, "ord_in_failed_commit"); err == nil {
+		if _, err := tx.ThenCommit().Exec(ctx, insertOrder, "ord_in_failed_commit"); err == nil {
 			t.Error("a COMMIT that breaks a deferred constraint succeeded")
 		}
-		if _, err := tx.Exec(ctx, insert, "ord_after_commit"); !errors.Is(err, pgx.ErrTxClosed) {
+		if _, err := tx.Exec(ctx, insertOrder, "ord_after_commit"); !errors.Is(err, pgx.ErrTxClosed) {
 			t.Errorf("a statement after a failed COMMIT: %v, want pgx.ErrTxClosed", err)
 		}
 		return nil // the error ignored: TransactPipelined's Commit must not report success
@@ -240,24 +242,23 @@ func TestPipelinedTxSendsNothingOnceItIsOver(t *testing.T) {
 // A statement held for later is sent, in order, before the next one, and
 // its failure is that statement's: a held insert that breaks the primary
 // key stops the COMMIT sent with the statement after it. Held statements
-// with nothing after them go with Commit's COMMIT.
+// with nothing after them are the whole transaction: one round trip.
 func TestPipelinedTxSendsHeldStatementsFirst(t *testing.T) {
 	t.Parallel()
 	f := newPipelineFixture(t)
 	ctx := context.Background()
-	insert := `INSERT INTO orders (caller_id, id, amount, currency) VALUES ('acme', $1, 100, 'usd')`
 	err := postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
-		if _, err := postgres.Later(tx).Exec(ctx, insert, "ord_1"); err != nil {
+		if _, err := postgres.Later(tx).Exec(ctx, insertOrder, "ord_1"); err != nil {
 			return err
 		}
 		var seen int
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&seen); err != nil || seen != 1 {
 			t.Errorf("a read after a held insert saw %d orders (%v), want 1", seen, err)
 		}
-		if _, err := postgres.Later(tx).Exec(ctx, insert, "ord_1"); err != nil { // held: no error yet
+		if _, err := postgres.Later(tx).Exec(ctx, insertOrder, "ord_1"); err != nil { // held: no error yet
 			return err
 		}
-		_, err := tx.ThenCommit().Exec(ctx, insert, "ord_2")
+		_, err := tx.ThenCommit().Exec(ctx, insertOrder, "ord_2")
 		return err
 	})
 	var pgErr *pgconn.PgError
@@ -270,7 +271,7 @@ func TestPipelinedTxSendsHeldStatementsFirst(t *testing.T) {
 
 	f.counter.Reset()
 	err = postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
-		_, err := postgres.Later(tx).Exec(ctx, insert, "ord_3")
+		_, err := postgres.Later(tx).Exec(ctx, insertOrder, "ord_3")
 		return err
 	})
 	if err != nil || f.counter.Load().RoundTrips != 1 || f.orders(t) != 1 {
