@@ -92,17 +92,16 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 	switch {
 	case err == nil && lease.response != nil:
 		return lease.response, nil
-	case lease.lost.Load():
-		// A newer owner holds the record, whatever the handler's error
-		// says about the call it was cut off in. Answer with what became
-		// of the operation.
+	case lease.lost.Load() || errors.Is(err, ErrLeaseLost):
+		// This owner was fenced out (its last phase rolled back), or a
+		// renewal found the lease lost, whatever the handler's error says
+		// about the call it was cut off in. Rare, and a sign of a stalled
+		// owner: logged. Answer with what became of the operation.
+		s.log.WarnContext(ctx, "keyed operation's owner lost its lease", "err", err,
+			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
 		return s.current(ctx, lease.record)
 	case err == nil:
 		err = fmt.Errorf("idempotency: handler for %s %s returned without a response", rec.RequestMethod, rec.RequestPath)
-	case errors.Is(err, ErrLeaseLost):
-		// This owner was fenced out and its last phase rolled back. Answer
-		// with what became of the operation.
-		return s.current(ctx, lease.record)
 	case errors.Is(err, ErrSetAside):
 		s.log.ErrorContext(ctx, "keyed operation set aside for an operator (dead)", "err", err,
 			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", lease.record.RecoveryPoint, "attempt", rec.Attempt)
