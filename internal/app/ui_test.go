@@ -134,7 +134,10 @@ func waitPage(t *testing.T, ctx context.Context, condition string) {
 			return
 		}
 		if !strings.Contains(err.Error(), "Cannot find context with specified id") || time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: %v", condition, err)
+			// The attempts so far (time, request, status, outcome, ...):
+			// what the page saw, for whoever reads the failure.
+			attempts, _ := chromedp.Run(context.WithoutCancel(ctx), chromedp.Evaluate[string](`document.querySelector("#attempts tbody")?.innerText ?? ""`))
+			t.Fatalf("waiting for %s: %v\nthe page's attempts:\n%s", condition, err, attempts)
 		}
 	}
 }
