@@ -9,29 +9,23 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// A keyed order create is a transaction of two inserts: the order, and the
-// key's completed record. Sent as BEGIN, the inserts and COMMIT one at a
-// time, that is four round trips, and a round trip costs the server and
-// PostgreSQL more CPU (system calls, wake-ups, a protocol message each
-// way) than an insert does. Nothing forces them to travel apart: the
-// order's answer is known before anything is sent (its id and time are
-// chosen by the server), so nothing needs the insert's result before the
-// commit, and both can go in one pipeline (a pgx.Batch: the messages are
-// written together, and the server answers them in order), which
-// PostgreSQL runs as one transaction without a BEGIN or a COMMIT. That is
-// one round trip, committing exactly the same writes together. A
-// transaction that must read before it writes (a payout reads the
-// balance) still saves the round trips of BEGIN and COMMIT, which travel
-// with its first and last statements. docs/performance.md has what it saves.
+// A keyed order create is a transaction of two inserts: the order and the
+// key's completed record. Sent as BEGIN, two inserts and COMMIT, that is
+// four round trips, and a round trip costs more CPU than an insert. The
+// order's answer is known before anything is sent (the server picks its id
+// and time), so both inserts can go in one pipeline (a pgx.Batch), which
+// PostgreSQL runs as one implicit transaction: one round trip, the same
+// writes committed together. A transaction that must read first (a payout
+// reads the balance) still sends BEGIN with its first statement and COMMIT
+// with its last. docs/performance.md has what it saves.
 //
-// The one rule it needs: a statement sent with the commit must fail, not
-// merely change nothing, when the transaction must not commit. After an
-// error, PostgreSQL ignores the rest of the pipeline, COMMIT included, and
-// the transaction is rolled back; but an UPDATE that matches no row is a
-// success, and the COMMIT behind it would commit the work before it. So the
-// key's record is inserted without ON CONFLICT (a taken key is an error),
-// and the idempotency layer's fenced writes raise an error when they lose
-// their fence (migration 0023) instead of reporting zero rows.
+// The one rule: a statement sent with the commit must fail, not merely
+// change nothing, when the transaction must not commit. After an error
+// PostgreSQL skips the rest of the pipeline, COMMIT included; an UPDATE
+// that matches no row is a success, and the COMMIT behind it would run. So
+// the key's record is inserted without ON CONFLICT (a taken key is an
+// error), and the fenced writes raise an error when they lose their fence
+// (migration 0023).
 
 // TransactPipelined is Transact with a PipelinedTx: fn's first statement
 // carries BEGIN, statements fn sends through Later(tx) wait for the next
@@ -60,16 +54,11 @@ func TransactPipelined(ctx context.Context, pool *pgxpool.Pool, fn func(tx *Pipe
 // Use it through TransactPipelined.
 //
 // Exec and QueryRow send BEGIN and the statement in one round trip (a
-// QueryRow's when its row is scanned, which sqlc's code does at once), with
-// pgx's own Batch.BeginTx, which gives back pgx's transaction: from then on
-// every method is that transaction's. Anything else that comes first
-// (Query, whose rows would have to be read before the batch ends; CopyFrom,
-// SendBatch, Prepare, a nested Begin, LargeObjects) begins the transaction
-// on its own round trip, as pgx.Conn.Begin does, and goes on from there.
-//
-// A QueryRow that comes first is sent when it is scanned: a statement sent
-// in between (there is none in sqlc's code, which scans at once) would run
-// before it.
+// QueryRow's when its row is scanned, which sqlc's code does at once) with
+// pgx's Batch.BeginTx, whose transaction then serves every later call.
+// Anything else that comes first (Query, CopyFrom, SendBatch, Prepare,
+// Begin, LargeObjects) begins on a round trip of its own, as
+// pgx.Conn.Begin does.
 type PipelinedTx struct {
 	conn      *pgxpool.Conn
 	tx        pgx.Tx // pgx's transaction, once BEGIN has been sent; nil before
@@ -85,12 +74,12 @@ type later struct {
 	args []any
 }
 
-// Later returns what to send statements through that nobody reads a result
-// of: an Exec through it is held, and sent before the transaction's next
-// statement, in the same round trip (with COMMIT, if that is next). Its
-// error, if it fails, is that next statement's; until then, Exec returns
-// no rows affected and no error. For anything but a PipelinedTx, Later is
-// db itself, so code written for it runs on a pool or a pgx.Tx unchanged.
+// Later returns what to send statements through whose results nobody
+// reads: an Exec through it is held and sent with the transaction's next
+// statement (or COMMIT), in the same round trip, and its error is that
+// statement's; until then Exec returns nothing. For anything but a
+// PipelinedTx, Later is db itself, so the same code runs on a pool or a
+// pgx.Tx.
 func Later(db Statements) Statements {
 	if t, ok := db.(*PipelinedTx); ok {
 		return execOnly{t.hold}
@@ -133,10 +122,9 @@ func (t *PipelinedTx) hold(_ context.Context, sql string, args ...any) (pgconn.C
 var _ pgx.Tx = (*PipelinedTx)(nil)
 
 // closed says whether nothing more may be sent: the transaction was ended
-// here, or it ended without us (its BEGIN never ran because the batch that
-// carried it failed first, or a COMMIT that failed ended it). Outside a
-// transaction, a statement would commit on its own; so would the work of a
-// caller that ignored an error and went on.
+// here, or ended without us (the batch carrying BEGIN failed first, or a
+// failed COMMIT ended it). Outside a transaction a statement would commit
+// on its own, and so would the work of a caller that ignored an error.
 func (t *PipelinedTx) closed() bool {
 	return t.ended || (t.tx != nil && t.conn.Conn().PgConn().TxStatus() == 'I')
 }
@@ -312,7 +300,7 @@ func (t *PipelinedTx) execThenCommit(ctx context.Context, sql string, args ...an
 	if t.tx == nil {
 		return t.implicit(ctx, sql, args)
 	}
-	b := t.batch(t.tx == nil)
+	b := t.batch(false)
 	if sql != "" { // empty from Commit, which sends only what is held
 		b.Queue(sql, args...)
 	}
