@@ -137,8 +137,12 @@ type answer struct {
 
 // do runs one logical operation: send is called with the same key on
 // every attempt, until an answer is final, the attempts or the budget run
-// out, or the context's deadline would pass before the next try.
-func (c *Client) do(ctx context.Context, opts []Option, send func(ctx context.Context, key string) (answer, error)) (answer, Result, error) {
+// out, or the context's deadline would pass before the next try. parts
+// picks out of send's response the raw answer and the value decoded for
+// the status want.
+func do[R, T any](ctx context.Context, c *Client, opts []Option, want int,
+	send func(ctx context.Context, key string) (*R, error), parts func(*R) (*http.Response, []byte, *T),
+) (T, Result, error) {
 	o := callOptions{key: NewKey()}
 	for _, opt := range opts {
 		opt(&o)
@@ -149,9 +153,12 @@ func (c *Client) do(ctx context.Context, opts []Option, send func(ctx context.Co
 	}
 	for {
 		res.Attempts++
-		a, err := send(ctx, o.key)
+		r, err := send(ctx, o.key)
+		var a answer
+		var value *T
 		att := Attempt{Number: res.Attempts, IdempotencyKey: o.key, Err: err}
 		if err == nil {
+			a.resp, a.body, value = parts(r)
 			att.Status = a.resp.StatusCode
 			res.Status = a.resp.StatusCode
 			res.Replayed = a.resp.Header.Get("Idempotent-Replayed") == "true"
@@ -176,15 +183,30 @@ func (c *Client) do(ctx context.Context, opts []Option, send func(ctx context.Co
 			c.OnAttempt(att)
 		}
 		if !retryable {
-			if err != nil {
-				return a, res, err
-			}
-			return a, res, nil
+			return final(a, value, want, res, err)
 		}
 		if err := c.sleep(ctx, wait); err != nil {
-			return a, res, err
+			return final(a, value, want, res, err)
 		}
 	}
+}
+
+// final turns the last answer into its value or an *Error.
+func final[T any](a answer, value *T, want int, res Result, err error) (T, Result, error) {
+	var zero T
+	switch {
+	case err != nil:
+		return zero, res, err
+	case a.resp.StatusCode == want && value != nil:
+		return *value, res, nil
+	case a.resp.StatusCode == want:
+		return zero, res, fmt.Errorf("%d without a body", want)
+	}
+	e := &Error{Status: a.resp.StatusCode, Result: res}
+	if err := json.NewDecoder(bytes.NewReader(a.body)).Decode(&e.Problem); err != nil {
+		return zero, res, fmt.Errorf("unexpected answer %d: %s", a.resp.StatusCode, a.body)
+	}
+	return zero, res, e
 }
 
 // maxRetryAfter bounds how long a server may make the client wait.
@@ -249,119 +271,72 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// final turns the last answer into its value or an *Error.
-func final[T any](a answer, res Result, err error, want int, value func() *T) (T, Result, error) {
-	var zero T
-	if err != nil {
-		return zero, res, err
-	}
-	if a.resp.StatusCode == want {
-		if v := value(); v != nil {
-			return *v, res, nil
-		}
-		return zero, res, fmt.Errorf("%d without a body", want)
-	}
-	e := &Error{Status: a.resp.StatusCode, Result: res}
-	if err := json.NewDecoder(bytes.NewReader(a.body)).Decode(&e.Problem); err != nil {
-		return zero, res, fmt.Errorf("unexpected answer %d: %s", a.resp.StatusCode, a.body)
-	}
-	return zero, res, e
-}
-
 // CreateOrder creates an order, retrying safely.
 func (c *Client) CreateOrder(ctx context.Context, body apiclient.CreateOrderRequest, opts ...Option) (apiclient.Order, Result, error) {
-	var last *apiclient.CreateOrderResponse
-	a, res, err := c.do(ctx, opts, func(ctx context.Context, key string) (answer, error) {
-		r, err := c.api.CreateOrderWithResponse(ctx, &apiclient.CreateOrderParams{IdempotencyKey: key}, body)
-		if err != nil {
-			return answer{}, err
-		}
-		last = r
-		return answer{r.HTTPResponse, r.Body}, nil
+	return do(ctx, c, opts, http.StatusCreated, func(ctx context.Context, key string) (*apiclient.CreateOrderResponse, error) {
+		return c.api.CreateOrderWithResponse(ctx, &apiclient.CreateOrderParams{IdempotencyKey: key}, body)
+	}, func(r *apiclient.CreateOrderResponse) (*http.Response, []byte, *apiclient.Order) {
+		return r.HTTPResponse, r.Body, r.JSON201
 	})
-	return final(a, res, err, http.StatusCreated, func() *apiclient.Order { return last.JSON201 })
 }
 
 // Charge charges an order, retrying safely: however many attempts it
 // takes, the card is charged at most once.
 func (c *Client) Charge(ctx context.Context, orderID string, paymentMethod apiclient.CreateChargeRequestPaymentMethod, opts ...Option) (apiclient.Charge, Result, error) {
-	var last *apiclient.CreateChargeResponse
-	a, res, err := c.do(ctx, opts, func(ctx context.Context, key string) (answer, error) {
-		r, err := c.api.CreateChargeWithResponse(ctx, orderID, &apiclient.CreateChargeParams{IdempotencyKey: key},
+	return do(ctx, c, opts, http.StatusCreated, func(ctx context.Context, key string) (*apiclient.CreateChargeResponse, error) {
+		return c.api.CreateChargeWithResponse(ctx, orderID, &apiclient.CreateChargeParams{IdempotencyKey: key},
 			apiclient.CreateChargeRequest{PaymentMethod: paymentMethod})
-		if err != nil {
-			return answer{}, err
-		}
-		last = r
-		return answer{r.HTTPResponse, r.Body}, nil
+	}, func(r *apiclient.CreateChargeResponse) (*http.Response, []byte, *apiclient.Charge) {
+		return r.HTTPResponse, r.Body, r.JSON201
 	})
-	return final(a, res, err, http.StatusCreated, func() *apiclient.Charge { return last.JSON201 })
 }
 
 // Refund refunds a charge (all that remains when amount is nil), retrying
 // safely.
 func (c *Client) Refund(ctx context.Context, chargeID string, amount *int64, opts ...Option) (apiclient.Refund, Result, error) {
-	var last *apiclient.CreateRefundResponse
-	a, res, err := c.do(ctx, opts, func(ctx context.Context, key string) (answer, error) {
-		r, err := c.api.CreateRefundWithResponse(ctx, chargeID, &apiclient.CreateRefundParams{IdempotencyKey: key},
+	return do(ctx, c, opts, http.StatusCreated, func(ctx context.Context, key string) (*apiclient.CreateRefundResponse, error) {
+		return c.api.CreateRefundWithResponse(ctx, chargeID, &apiclient.CreateRefundParams{IdempotencyKey: key},
 			apiclient.CreateRefundRequest{Amount: amount})
-		if err != nil {
-			return answer{}, err
-		}
-		last = r
-		return answer{r.HTTPResponse, r.Body}, nil
+	}, func(r *apiclient.CreateRefundResponse) (*http.Response, []byte, *apiclient.Refund) {
+		return r.HTTPResponse, r.Body, r.JSON201
 	})
-	return final(a, res, err, http.StatusCreated, func() *apiclient.Refund { return last.JSON201 })
 }
 
 // IdempotencyKey shows the record of one of the caller's keys (a safe
 // read, retried like any other).
 func (c *Client) IdempotencyKey(ctx context.Context, key string) (apiclient.IdempotencyKeyRecord, Result, error) {
-	var last *apiclient.GetIdempotencyKeyResponse
-	a, res, err := c.do(ctx, []Option{WithIdempotencyKey(key)}, func(ctx context.Context, _ string) (answer, error) {
-		r, err := c.api.GetIdempotencyKeyWithResponse(ctx, key)
-		if err != nil {
-			return answer{}, err
-		}
-		last = r
-		return answer{r.HTTPResponse, r.Body}, nil
+	return do(ctx, c, []Option{WithIdempotencyKey(key)}, http.StatusOK, func(ctx context.Context, _ string) (*apiclient.GetIdempotencyKeyResponse, error) {
+		return c.api.GetIdempotencyKeyWithResponse(ctx, key)
+	}, func(r *apiclient.GetIdempotencyKeyResponse) (*http.Response, []byte, *apiclient.IdempotencyKeyRecord) {
+		return r.HTTPResponse, r.Body, r.JSON200
 	})
-	return final(a, res, err, http.StatusOK, func() *apiclient.IdempotencyKeyRecord { return last.JSON200 })
 }
 
 // Payout asks for a payout, retrying safely. The answer is 202 Accepted:
 // the payout as accepted (pending), the same on every replay. It runs in
 // the background; WaitForPayout follows it to its end.
 func (c *Client) Payout(ctx context.Context, body apiclient.CreatePayoutRequest, opts ...Option) (apiclient.Payout, Result, error) {
-	var last *apiclient.CreatePayoutResponse
-	a, res, err := c.do(ctx, opts, func(ctx context.Context, key string) (answer, error) {
-		r, err := c.api.CreatePayoutWithResponse(ctx, &apiclient.CreatePayoutParams{IdempotencyKey: key}, body)
-		if err != nil {
-			return answer{}, err
-		}
-		last = r
-		return answer{r.HTTPResponse, r.Body}, nil
+	return do(ctx, c, opts, http.StatusAccepted, func(ctx context.Context, key string) (*apiclient.CreatePayoutResponse, error) {
+		return c.api.CreatePayoutWithResponse(ctx, &apiclient.CreatePayoutParams{IdempotencyKey: key}, body)
+	}, func(r *apiclient.CreatePayoutResponse) (*http.Response, []byte, *apiclient.Payout) {
+		return r.HTTPResponse, r.Body, r.JSON202
 	})
-	return final(a, res, err, http.StatusAccepted, func() *apiclient.Payout { return last.JSON202 })
 }
 
 // GetPayout reads a payout as it is now, and how long the server suggests
 // waiting before reading it again (0 once it is final).
 func (c *Client) GetPayout(ctx context.Context, id string) (apiclient.Payout, time.Duration, error) {
-	var last *apiclient.GetPayoutResponse
-	a, res, err := c.do(ctx, nil, func(ctx context.Context, _ string) (answer, error) {
-		r, err := c.api.GetPayoutWithResponse(ctx, id)
-		if err != nil {
-			return answer{}, err
-		}
-		last = r
-		return answer{r.HTTPResponse, r.Body}, nil
+	var header http.Header // the last answer's
+	po, _, err := do(ctx, c, nil, http.StatusOK, func(ctx context.Context, _ string) (*apiclient.GetPayoutResponse, error) {
+		return c.api.GetPayoutWithResponse(ctx, id)
+	}, func(r *apiclient.GetPayoutResponse) (*http.Response, []byte, *apiclient.Payout) {
+		header = r.HTTPResponse.Header
+		return r.HTTPResponse, r.Body, r.JSON200
 	})
-	po, _, err := final(a, res, err, http.StatusOK, func() *apiclient.Payout { return last.JSON200 })
 	if err != nil {
 		return po, 0, err
 	}
-	wait, _ := retryAfter(a.resp.Header.Get("Retry-After"), time.Now())
+	wait, _ := retryAfter(header.Get("Retry-After"), time.Now())
 	return po, wait, nil
 }
 
@@ -392,15 +367,10 @@ func (c *Client) WaitForPayout(ctx context.Context, id string, onPoll func(apicl
 
 // Balance reads the caller's balance.
 func (c *Client) Balance(ctx context.Context) (apiclient.Balance, error) {
-	var last *apiclient.GetBalanceResponse
-	a, res, err := c.do(ctx, nil, func(ctx context.Context, _ string) (answer, error) {
-		r, err := c.api.GetBalanceWithResponse(ctx)
-		if err != nil {
-			return answer{}, err
-		}
-		last = r
-		return answer{r.HTTPResponse, r.Body}, nil
+	b, _, err := do(ctx, c, nil, http.StatusOK, func(ctx context.Context, _ string) (*apiclient.GetBalanceResponse, error) {
+		return c.api.GetBalanceWithResponse(ctx)
+	}, func(r *apiclient.GetBalanceResponse) (*http.Response, []byte, *apiclient.Balance) {
+		return r.HTTPResponse, r.Body, r.JSON200
 	})
-	b, _, err := final(a, res, err, http.StatusOK, func() *apiclient.Balance { return last.JSON200 })
 	return b, err
 }

@@ -18,14 +18,11 @@
 //	paycli help                 the commands and the common flags
 //	paycli help refund          refund's flags (or: paycli refund --help)
 //
-// Why the standard library's flag package and not cobra: six commands
-// with a handful of flags each fit in one table (commands, below) and one
-// flag.FlagSet per command, which a newcomer can read top to bottom without
-// learning a framework. It keeps flag syntax exactly as before (flag
-// accepts -amount as well as --amount; cobra's pflag would read -amount as
-// the shorthands -a -m -o …), and it adds no direct dependency. The price
-// is the few lines of help and error handling in run, printHelp and
-// printFlags.
+// Why the standard library's flag package and not cobra: six commands fit
+// in one table (commands, below) with a flag.FlagSet each, readable top to
+// bottom without learning a framework; flag accepts -amount as well as
+// --amount (cobra's pflag would read -amount as the shorthands -a -m -o …);
+// and there is no new dependency. The price is printHelp and printFlags.
 package main
 
 import (
@@ -142,9 +139,8 @@ var commands = []command{
 		},
 	},
 	{
-		name:     "balance",
-		summary:  "show the balance: available to pay out, and pending",
-		synopsis: "",
+		name:    "balance",
+		summary: "show the balance: available to pay out, and pending",
 		flags: func(fs *flag.FlagSet) action {
 			return func(ctx context.Context, c *client.Client, common *commonFlags) (any, client.Result, error) {
 				b, err := c.Balance(ctx)
@@ -198,23 +194,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return errors.New("no command given")
 	}
 	name, args := args[0], args[1:]
-	switch name {
-	case "help", "-h", "-help", "--help":
-		if name == "help" && len(args) > 0 {
-			if len(args) > 1 {
-				return errors.New("help takes one command (run 'paycli --help')")
-			}
-			if args[0] == "help" {
-				printUsage(stdout)
-				return nil
-			}
-			cmd, err := lookup(args[0])
-			if err != nil {
-				return err
-			}
-			printHelp(stdout, cmd)
-			return nil
+	switch {
+	case name == "help" && len(args) > 1:
+		return errors.New("help takes one command (run 'paycli --help')")
+	case name == "help" && len(args) == 1 && args[0] != "help":
+		cmd, err := lookup(args[0])
+		if err != nil {
+			return err
 		}
+		printHelp(stdout, cmd)
+		return nil
+	case name == "help", name == "-h", name == "-help", name == "--help":
 		printUsage(stdout)
 		return nil
 	}
@@ -248,12 +238,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if common.verbose {
 		c.OnAttempt = func(a client.Attempt) {
-			switch {
-			case a.Err != nil:
-				fmt.Fprintf(stderr, "attempt %d key=%s error=%v", a.Number, a.IdempotencyKey, a.Err)
-			default:
-				fmt.Fprintf(stderr, "attempt %d key=%s status=%d", a.Number, a.IdempotencyKey, a.Status)
+			outcome := fmt.Sprintf("status=%d", a.Status)
+			if a.Err != nil {
+				outcome = fmt.Sprintf("error=%v", a.Err)
 			}
+			fmt.Fprintf(stderr, "attempt %d key=%s %s", a.Number, a.IdempotencyKey, outcome)
 			if a.Wait > 0 {
 				fmt.Fprintf(stderr, " retrying in %s", a.Wait)
 			}
@@ -272,9 +261,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case err != nil:
 		out = nil
 	}
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
 	if out != nil {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
 		if encErr := enc.Encode(out); encErr != nil {
 			return encErr
 		}

@@ -1,9 +1,8 @@
 // Package cardprocessor is our side of the card processor: the interface
-// the charge, refund and payout operations need (Processor), and a client of the
-// processor's HTTP API that implements it (Client), with the wire types it
-// speaks. The fake processor in internal/processor serves the same API; a
-// fork that uses a real processor implements Processor for it and builds
-// it in internal/app (app.New) instead of this Client.
+// the charge, refund and payout operations need (Processor), and a client
+// of the processor's HTTP API (Client), which the fake in internal/processor
+// serves. A fork that uses a real processor implements Processor for it
+// and builds it in internal/app (app.New) instead.
 package cardprocessor
 
 import (
@@ -125,18 +124,17 @@ type Client struct {
 var _ Processor = (*Client)(nil)
 
 // NewClient returns a client for the processor at baseURL. Each call is
-// bounded by timeout (PROCESSOR_TIMEOUT). The owner of the operation renews
-// its lease while the call runs, and one run of an operation is bounded by
-// the timeout and a margin (config.Server.MaxRun), so a call that never
-// returns cannot hold its key for ever.
+// bounded by timeout (PROCESSOR_TIMEOUT), and a run of an operation by the
+// timeout and a margin (config.Server.MaxRun), so a call that never returns
+// cannot hold its key for ever (the owner renews its lease meanwhile).
 func NewClient(baseURL string, timeout time.Duration) *Client {
 	return &Client{baseURL: baseURL, http: &http.Client{Timeout: timeout}}
 }
 
-// UncertainError means the processor gave no definite answer: a timeout, a
-// dropped connection, a 5xx or a 429. The charge may or may not exist; it
-// must never be recorded as failed. The operation stays at its recovery
-// point and a later attempt asks again with the same downstream key.
+// UncertainError means the processor gave no definite answer (see
+// Processor). The effect may or may not exist, so it is never recorded as
+// failed: the operation stays at its recovery point and a later attempt
+// asks again with the same downstream key.
 type UncertainError struct {
 	Err        error
 	RetryAfter time.Duration
@@ -160,10 +158,9 @@ func (e *DeclinedError) Error() string { return "card declined: " + e.DeclineCod
 func (c *Client) Charge(ctx context.Context, downstreamKey string, req ChargeRequest) (ChargeResult, error) {
 	var ch ChargeResult
 	status, header, resBody, err := c.post(ctx, "/v1/charges", downstreamKey, req)
-	if err != nil {
-		return ch, err
-	}
 	switch {
+	case err != nil:
+		return ch, err
 	case status == http.StatusCreated:
 		if err := json.Unmarshal(resBody, &ch); err != nil {
 			return ch, &UncertainError{Err: fmt.Errorf("decode processor charge: %w", err)}
@@ -191,14 +188,12 @@ func (c *Client) Charge(ctx context.Context, downstreamKey string, req ChargeReq
 	return ch, err
 }
 
-// notDone reads an answer that is not the call's success. Only a few
-// answers say "definitely not": 400 (the request is invalid) and 404 (what
-// it names does not exist) are refusals, and nothing was done. 422 means
-// the processor saw our downstream key with a different request: our bug,
-// set aside. Everything else (429, 5xx, a 409 while an earlier request
-// with the key runs, a 401 or 403 from a misconfigured key, any status we
-// do not know) does not say what happened, so it is uncertain: asked again
-// later under the same key, never recorded as a failure.
+// notDone reads an answer that is not the call's success. Only 400 (the
+// request is invalid) and 404 (what it names does not exist) say
+// "definitely not": nothing was done. 422 is our key seen with a different
+// request: our bug, set aside. Everything else (429, 5xx, a 409 while an
+// earlier request with the key runs, a 401 or 403 from a misconfigured key,
+// any status we do not know) does not say what happened: uncertain.
 func notDone(status int, header http.Header, body []byte) error {
 	switch status {
 	case http.StatusBadRequest, http.StatusNotFound:
@@ -209,11 +204,9 @@ func notDone(status int, header http.Header, body []byte) error {
 	return &UncertainError{Err: fmt.Errorf("processor answered %d", status), RetryAfter: retryAfter(header)}
 }
 
-// RejectedError is the processor refusing our downstream key itself: it
-// has seen the key with a different request (422). No retry under the key
-// can succeed and nothing says the customer is at fault, so it is neither
-// retried nor recorded as a decline: the operation is set aside for a
-// person.
+// RejectedError is the processor refusing our downstream key itself (422):
+// no retry under the key can succeed and the customer is not at fault, so
+// it is neither retried nor a decline: a person must look.
 type RejectedError struct {
 	Status int
 	Code   string
@@ -232,9 +225,8 @@ func refusalCode(body []byte, status int) string {
 	return "processor_refused_" + strconv.Itoa(status)
 }
 
-// post sends one request under downstreamKey. A failure to get a complete
-// answer is an UncertainError: the processor may have acted.
-func (c *Client) post(ctx context.Context, path, downstreamKey string, req any) (status int, _ http.Header, _ []byte, err error) {
+// post sends req under downstreamKey (see send).
+func (c *Client) post(ctx context.Context, path, downstreamKey string, req any) (int, http.Header, []byte, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return 0, nil, nil, err
@@ -250,22 +242,31 @@ func (c *Client) post(ctx context.Context, path, downstreamKey string, req any) 
 	// a second attempt hidden from our accounting; without GetBody the body
 	// cannot be rewound, so it is not resent.
 	httpReq.GetBody = nil
-	start := time.Now()
+	return c.send(ctx, httpReq, strings.TrimPrefix(path, "/v1/"), downstreamKey, nil)
+}
 
-	call := strings.TrimPrefix(path, "/v1/")
+// send makes one call in its own span, and counts it (observe). A failure
+// to get a complete answer is an UncertainError: the processor may have
+// acted. check, if set, judges the answer, and the call is counted as
+// uncertain when it fails.
+func (c *Client) send(ctx context.Context, req *http.Request, call, downstreamKey string, check func(status int, header http.Header, body []byte) error) (status int, header http.Header, body []byte, err error) {
+	start := time.Now()
 	ctx, span := startCall(ctx, call, downstreamKey)
-	inject(ctx, httpReq)
+	inject(ctx, req)
 	defer func() { endCall(span, observe(call, start, status, err)) }()
-	res, err := c.http.Do(httpReq.WithContext(ctx))
+	res, err := c.http.Do(req.WithContext(ctx))
 	if err != nil {
 		return 0, nil, nil, &UncertainError{Err: err}
 	}
 	defer res.Body.Close()
-	resBody, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	body, err = io.ReadAll(io.LimitReader(res.Body, 1<<20))
 	if err != nil {
 		return 0, nil, nil, &UncertainError{Err: err}
 	}
-	return res.StatusCode, res.Header, resBody, nil
+	if check != nil {
+		err = check(res.StatusCode, res.Header, body)
+	}
+	return res.StatusCode, res.Header, body, err
 }
 
 // observe counts one call by its result, as the caller will judge it: a
@@ -306,73 +307,55 @@ func (e *RefusedError) Error() string { return "processor refused the refund: " 
 // Refund asks the processor to refund req under downstreamKey, in one
 // attempt (see Charge).
 func (c *Client) Refund(ctx context.Context, downstreamKey string, req RefundRequest) (RefundResult, error) {
-	var re RefundResult
-	status, header, body, err := c.post(ctx, "/v1/refunds", downstreamKey, req)
-	if err != nil {
-		return re, err
-	}
-	switch {
-	case status == http.StatusCreated:
-		if err := json.Unmarshal(body, &re); err != nil || re.ID == "" {
-			return re, &UncertainError{Err: fmt.Errorf("decode processor refund (%s): %v", body, err)}
-		}
-		return re, nil
-	}
-	// A definite "no" is a 400 (too large, not refundable) or a 404 (no
-	// such charge); see notDone.
-	return re, notDone(status, header, body)
+	return create(ctx, c, "/v1/refunds", "refund", downstreamKey, req, func(re RefundResult) bool { return re.ID != "" })
 }
 
 // Payout asks the processor to start the transfer req under
 // downstreamKey, in one attempt (see Charge). A 400 or 404 is a definite
 // "no" (*RefusedError): no transfer was started.
 func (c *Client) Payout(ctx context.Context, downstreamKey string, req PayoutRequest) (PayoutResult, error) {
-	var po PayoutResult
-	status, header, body, err := c.post(ctx, "/v1/payouts", downstreamKey, req)
-	if err != nil {
-		return po, err
-	}
+	return create(ctx, c, "/v1/payouts", "payout", downstreamKey, req, func(po PayoutResult) bool {
+		return po.ID != "" && knownPayoutStatus(po.Status)
+	})
+}
+
+// create posts req under downstreamKey and reads a 201 as a T, which must
+// be valid: a 201 we cannot read is uncertain. Any other answer is
+// notDone's.
+func create[T any](ctx context.Context, c *Client, path, what, downstreamKey string, req any, valid func(T) bool) (T, error) {
+	var v T
+	status, header, body, err := c.post(ctx, path, downstreamKey, req)
 	switch {
-	case status == http.StatusCreated:
-		if err := json.Unmarshal(body, &po); err != nil || po.ID == "" || !knownPayoutStatus(po.Status) {
-			return po, &UncertainError{Err: fmt.Errorf("decode processor payout (%s): %v", body, err)}
-		}
-		return po, nil
+	case err != nil:
+		return v, err
+	case status != http.StatusCreated:
+		return v, notDone(status, header, body)
 	}
-	return po, notDone(status, header, body)
+	if err := json.Unmarshal(body, &v); err != nil || !valid(v) {
+		return v, &UncertainError{Err: fmt.Errorf("decode processor %s (%s): %v", what, body, err)}
+	}
+	return v, nil
 }
 
 // GetPayout reads the processor's payout id. Any failure is an
 // UncertainError: reading changes nothing, so the caller simply asks
 // again later.
-func (c *Client) GetPayout(ctx context.Context, id string) (_ PayoutResult, err error) {
+func (c *Client) GetPayout(ctx context.Context, id string) (PayoutResult, error) {
 	var po PayoutResult
-	start := time.Now()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.baseURL+"/v1/payouts/"+url.PathEscape(id), nil)
 	if err != nil {
 		return po, err
 	}
-	status := 0
-	ctx, span := startCall(ctx, "get_payout", "")
-	inject(ctx, req)
-	defer func() { endCall(span, observe("get_payout", start, status, err)) }()
-	res, err := c.http.Do(req.WithContext(ctx))
-	if err != nil {
-		return po, &UncertainError{Err: err}
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-	if err != nil {
-		return po, &UncertainError{Err: err}
-	}
-	status = res.StatusCode
-	if res.StatusCode != http.StatusOK {
-		return po, &UncertainError{Err: fmt.Errorf("processor answered %d to GET payout %s", res.StatusCode, id), RetryAfter: retryAfter(res.Header)}
-	}
-	if err := json.Unmarshal(body, &po); err != nil || po.ID != id || !knownPayoutStatus(po.Status) {
-		return po, &UncertainError{Err: fmt.Errorf("decode processor payout (%s): %v", body, err)}
-	}
-	return po, nil
+	_, _, _, err = c.send(ctx, req, "get_payout", "", func(status int, header http.Header, body []byte) error {
+		if status != http.StatusOK {
+			return &UncertainError{Err: fmt.Errorf("processor answered %d to GET payout %s", status, id), RetryAfter: retryAfter(header)}
+		}
+		if err := json.Unmarshal(body, &po); err != nil || po.ID != id || !knownPayoutStatus(po.Status) {
+			return &UncertainError{Err: fmt.Errorf("decode processor payout (%s): %v", body, err)}
+		}
+		return nil
+	})
+	return po, err
 }
 
 func knownPayoutStatus(s string) bool {

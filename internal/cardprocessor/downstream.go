@@ -21,20 +21,17 @@ import (
 // from nothing the database holds. A failover under asynchronous
 // replication (or a restore from a backup) can lose an operation's rows
 // while the processor keeps its effect; the client's retry then creates
-// the operation again, and must send the processor the key it sent the
-// first time, so that the processor replays its first answer rather than
-// charging the card (or paying out) a second time. A random id stored on
-// the row would be lost with the row. 130 bits keep two operations from
-// ever sharing a key by chance: a collision among a caller's first 2^40 keys has
-// odds of about 2^-51.
+// the operation again, and must send the key it sent the first time, so
+// that the processor replays its first answer rather than charging the
+// card (or paying out) a second time. A random id stored on the row would
+// be lost with the row. With 130 bits, a collision among a caller's first
+// 2^40 keys has odds of about 2^-51.
 //
 // The caller's id in front lets a webhook, which carries the key, find the
 // caller whose rows it is about (CallerOfDownstreamKey).
 //
-// Rows written before this rule keep the key they were created with (it is
-// stored on the row, and every later attempt and every webhook reads it
-// from there), so no migration is needed: only new operations get derived
-// keys.
+// Rows written before this rule keep the key stored on them, which every
+// later attempt and webhook reads: no migration is needed.
 func DownstreamKey(callerID, idempotencyKey string, fingerprint []byte, generation int) string {
 	h := sha256.New()
 	for _, field := range [][]byte{[]byte("downstream-key/v1"), []byte(callerID), []byte(idempotencyKey), fingerprint} {
@@ -50,9 +47,9 @@ func DownstreamKey(callerID, idempotencyKey string, fingerprint []byte, generati
 const downstreamHashLen = 26
 
 // NewDownstreamKey returns the downstream key of the operation of callerID
-// under idempotencyKey with the request fingerprint, for its create phase
-// to store with the new object: the first
-// generation of DownstreamKey that no earlier object of the caller uses.
+// under idempotencyKey with the request fingerprint, for its create phase to
+// store with the new object: the first generation of DownstreamKey that no
+// earlier object of the caller uses.
 //
 // The generation exists because a key is remembered only for the
 // retention window: after it, the same Idempotency-Key with the same
@@ -75,10 +72,10 @@ func NewDownstreamKey(ctx context.Context, tx dbsqlc.DBTX, callerID, idempotency
 
 var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
 
-// CallerOfDownstreamKey returns the caller a downstream key belongs to. The hash after
-// the caller's id never contains a '-' (nor did the object ids that keys
-// made before it ended with), so the caller is everything before the last
-// one, whatever its own id contains.
+// CallerOfDownstreamKey returns the caller a downstream key belongs to.
+// The hash after the caller's id never contains a '-' (nor did the object
+// ids that older keys ended with), so the caller is everything before the
+// last one, whatever its own id contains.
 func CallerOfDownstreamKey(downstreamKey string) (string, bool) {
 	i := strings.LastIndex(downstreamKey, "-")
 	if i <= 0 || i == len(downstreamKey)-1 {

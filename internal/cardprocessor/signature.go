@@ -16,6 +16,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -78,11 +79,10 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 		return ErrSignatureMalformed
 	}
 	var (
-		ts    string
-		unix  int64
-		sigs  [][]byte
-		err   error
-		haveT bool
+		ts   string // "" until t= is read
+		unix int64
+		sigs [][]byte
+		err  error
 	)
 	for part := range strings.SplitSeq(header, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
@@ -92,13 +92,14 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 		switch k {
 		case "t":
 			// Two timestamps would make it ambiguous which one was signed.
-			if haveT || !isDigits(v) {
+			// Digits only: ParseInt alone would accept a sign.
+			if ts != "" || len(v) > 19 || strings.Trim(v, "0123456789") != "" {
 				return ErrSignatureMalformed
 			}
 			if unix, err = strconv.ParseInt(v, 10, 64); err != nil {
 				return ErrSignatureMalformed
 			}
-			ts, haveT = v, true
+			ts = v
 		case "v1":
 			sig, err := hex.DecodeString(v)
 			if err != nil || len(sig) != sha256.Size {
@@ -107,18 +108,12 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 			sigs = append(sigs, sig)
 		}
 	}
-	if !haveT || len(sigs) == 0 {
+	if ts == "" || len(sigs) == 0 {
 		return ErrSignatureMalformed
 	}
 	// The MAC is over the timestamp exactly as it appears in the header.
 	want := mac(secret, ts, body)
-	match := false
-	for _, sig := range sigs {
-		if hmac.Equal(sig, want) {
-			match = true
-		}
-	}
-	if !match {
+	if !slices.ContainsFunc(sigs, func(sig []byte) bool { return hmac.Equal(sig, want) }) {
 		return ErrSignatureMismatch
 	}
 	// Checked after the MAC, so "stale" is only ever said of a genuine
@@ -127,16 +122,4 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 		return ErrSignatureStale
 	}
 	return nil
-}
-
-func isDigits(s string) bool {
-	if s == "" || len(s) > 19 {
-		return false
-	}
-	for i := range len(s) {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
 }

@@ -52,6 +52,10 @@ func inject(ctx context.Context, req *http.Request) {
 // uncertain (no definite answer: the next attempt asks again under the
 // same key). result is what observe counted.
 func endCall(span trace.Span, result string) {
+	defer span.End()
+	if !span.IsRecording() {
+		return
+	}
 	outcome := result
 	switch result {
 	case "success":
@@ -59,13 +63,8 @@ func endCall(span trace.Span, result string) {
 	case "refused":
 		outcome = "declined"
 	}
-	if !span.IsRecording() {
-		span.End()
-		return
-	}
 	span.SetAttributes(attribute.String("processor.outcome", outcome))
 	if outcome == "uncertain" || outcome == "rejected" {
 		span.SetStatus(codes.Error, outcome)
 	}
-	span.End()
 }
