@@ -1,13 +1,11 @@
 // Package app builds the service from its configuration: the one place
 // that knows which processor it talks to, which operations can be resumed,
 // which processor events are applied and by whom, and which background
-// workers run. cmd/server runs what it builds, and so do the end-to-end
-// tests (this package's) and the soak (through cmd/server): an operation
-// registered here is registered everywhere.
-//
-// Everything it builds is passed in, never reached for: the pool, the
-// logger and the configuration come from the caller, so a test builds the
-// same application on a database of its own.
+// workers run. cmd/server runs what it builds, and so do this package's
+// end-to-end tests and the soak: an operation registered here is
+// registered everywhere. The pool, the logger and the configuration are
+// passed in, never reached for, so a test builds the same application on a
+// database of its own.
 package app
 
 import (
@@ -37,30 +35,27 @@ import (
 // Options are what a caller may set beyond the configuration.
 type Options struct {
 	// JobPollInterval is how often an idle payout worker looks for jobs
-	// that became due (a snoozed or retried one); 0 is River's default,
-	// 1s. New jobs are announced at once through LISTEN/NOTIFY. Tests
-	// shorten it.
+	// that became due (snoozed, retried); 0 is River's 1s. New jobs are
+	// announced at once (LISTEN/NOTIFY).
 	JobPollInterval time.Duration
-	// DemoReceiverURL is where the relay delivers the events of callers
-	// without a webhook endpoint of their own: the server's built-in demo
-	// receiver, /demo/webhooks/, at the address it listens on.
+	// DemoReceiverURL is the server's built-in demo receiver
+	// (/demo/webhooks/), where the relay delivers the events of callers
+	// without a webhook endpoint of their own (in DEMO_MODE only).
 	DemoReceiverURL string
 	// Traces is the demo's store of recent traces (SetupTracing makes it
 	// in DEMO_MODE), served at GET /demo/traces; nil serves none.
 	Traces *RecentTraces
-	// Tracing says that spans are recorded (Tracing.Recording): the
-	// server then starts a span for every request, not only for those
-	// that carry a traceparent.
+	// Tracing says spans are recorded (Tracing.Recording): the server then
+	// starts a span for every request, not only those with a traceparent.
 	Tracing bool
 }
 
-// App is the service, built: its HTTP handler, and the background work
-// Start runs.
+// App is the service, built: its HTTP handler (the API, the demo page and
+// the docs), and the background work Start runs.
 type App struct {
-	// Handler serves the API, the demo page and the docs.
 	Handler http.Handler
-	// Keys is the idempotency store, and Operations the declared keyed
-	// operations: tests build reconcilers of their own over them.
+	// The idempotency store and the keyed operations: tests build
+	// reconcilers of their own over them.
 	Keys       *idempotency.Store
 	Operations *idempotency.Registry
 
@@ -85,8 +80,8 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	}, log.With("component", "listener"))
 	var processor cardprocessor.Processor = cardprocessor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
 
-	// The test facility's faults, when any is asked for: the only code that
-	// knows them is here and in faults.go. The store gets none otherwise.
+	// The test facility's faults (faults.go), when any is asked for; the
+	// store gets none otherwise.
 	var storeFaults idempotency.Faults
 	f := &faults{log: log}
 	var demo *server.Demo
@@ -124,8 +119,7 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	a.Keys.CacheReplays(cfg.ReplayCacheSize, cfg.Retention)
 
 	// Payouts run as River jobs: a request enqueues one in its own
-	// transaction (payouts.Service), and this process runs them if
-	// PAYOUT_WORKERS > 0.
+	// transaction (payouts.Service); this process runs them if PAYOUT_WORKERS > 0.
 	worker := payouts.NewWorker(pool, processor, cfg.PayoutJobTimeout(), cfg.PayoutGiveUpAfter, log.With("component", "payouts"))
 	jobs, err := payouts.NewJobs(pool, worker, payouts.JobsConfig{
 		Workers:           cfg.PayoutWorkers,
@@ -153,8 +147,7 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 		return nil, err
 	}
 
-	// The processor's events, each applied by the package that owns its
-	// object.
+	// The processor's events, each applied by the package owning its object.
 	inbox := events.NewInbox(pool, log)
 	inbox.Handle(events.ProcessorChargeSucceeded, charges.ApplyChargeEvent)
 	inbox.Handle(events.ProcessorChargeFailed, charges.ApplyChargeEvent)
@@ -162,11 +155,7 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	inbox.Handle(events.ProcessorPayoutPaid, payouts.ApplyPayoutEvent)
 	inbox.Handle(events.ProcessorPayoutFailed, payouts.ApplyPayoutEvent)
 
-	demoReceiver := opts.DemoReceiverURL
-	if !cfg.DemoMode {
-		demoReceiver = "" // it exists only in the demo (internal/server)
-	}
-	if err := a.addWorkers(pool, demoReceiver); err != nil {
+	if err := a.addWorkers(pool, opts.DemoReceiverURL); err != nil {
 		return nil, err
 	}
 	a.Handler, err = server.New(server.Deps{
@@ -180,11 +169,12 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 }
 
 // addWorkers builds the background workers the configuration turns on:
-// the reconciler, and the outbox relay (delivering, in the demo, to the
-// built-in demo receiver at DemoReceiverURL for callers without their own
-// endpoint).
+// the reconciler and the outbox relay.
 func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
 	cfg := a.cfg
+	if !cfg.DemoMode {
+		demoReceiverURL = "" // it exists only in the demo (internal/server)
+	}
 	if cfg.Reconciler {
 		r, err := a.Reconciler(time.Second)
 		if err != nil {
@@ -197,8 +187,7 @@ func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
 	if cfg.Relay {
 		r, err := events.NewRelay(events.RelayConfig{
 			Interval: cfg.RelayInterval,
-			// The batch is delivered one event after another within the
-			// lease: 5 × 5s < 30s.
+			// One event at a time, the batch within the lease: 5 × 5s < 30s.
 			Batch:        5,
 			Lease:        30 * time.Second,
 			Timeout:      5 * time.Second,
@@ -223,10 +212,9 @@ func (a *App) Reconciler(backoffBase time.Duration) (*idempotency.Reconciler, er
 	cfg := a.cfg
 	return idempotency.NewReconciler(idempotency.ReconcilerConfig{
 		Interval: cfg.ReconcilerInterval,
-		// One record per claim: each claimed record's lease starts at the
-		// claim, so a batch handled one after another would run its last
-		// records on expired leases. The loop runs again at once while it
-		// finds work, within the budget.
+		// One record per claim: a claimed record's lease starts at the
+		// claim, so a batch's last records would run on expired leases.
+		// The loop runs again at once while it finds work, within the budget.
 		Batch:       1,
 		MaxRun:      cfg.MaxRun(),
 		MaxAttempts: cfg.ReconcilerMaxAttempts,
@@ -240,11 +228,10 @@ func (a *App) Reconciler(backoffBase time.Duration) (*idempotency.Reconciler, er
 }
 
 // Start runs the background work: the listener that wakes waiting
-// duplicates, and what the configuration turns on (the reconciler, the
-// relay, the payout jobs). Nothing runs before it: New starts no
-// goroutine, so a New that fails leaves nothing to stop. They run until
-// Stop, on a context of their own: the caller's cancellation (a SIGTERM)
-// does not cut off the record they are handling.
+// duplicates, and the reconciler, relay and payout jobs the configuration
+// turns on. New starts no goroutine, so a New that fails leaves nothing to
+// stop. They run until Stop, on a context of their own: the caller's
+// cancellation (a SIGTERM) does not cut off the record they are handling.
 func (a *App) Start(ctx context.Context) error {
 	ctx, a.stop = context.WithCancel(context.WithoutCancel(ctx))
 	a.running.Go(func() { a.listener.Run(ctx) })
@@ -261,10 +248,10 @@ func (a *App) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop stops the background work: the workers between two records, the
-// payout jobs after their current step (past ctx's deadline, they are
-// canceled, and a canceled step runs again later under the same
-// downstream key). Call it before the pool closes.
+// Stop, called before the pool closes, stops the background work: the
+// workers between two records, the payout jobs after their current step
+// (past ctx's deadline they are canceled; a canceled step runs again
+// later under the same downstream key).
 func (a *App) Stop(ctx context.Context) error {
 	if a.stop == nil {
 		return nil

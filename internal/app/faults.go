@@ -1,17 +1,14 @@
 package app
 
 // Crash points are a test facility: named places at which the server kills
-// itself, so that tests can crash it between two phases of an operation
-// with a real SIGKILL and check that a restart recovers the operation
-// exactly once; the browser demo arms them one at a time. They are off
-// unless FAULT_CRASH_POINTS names points, or the demo (DEMO_MODE) arms one.
-// Never set either in production.
+// itself with a real SIGKILL, so that tests can check that a restart
+// recovers the operation exactly once; the browser demo arms them one at a
+// time. They are off unless FAULT_CRASH_POINTS names points, or the demo
+// (DEMO_MODE) arms one. Never set either in production.
 //
-// No operation's code knows about them. They reach it through two seams
-// every operation with an external effect passes: the idempotency store's
-// Faults (after a phase commits; before a final phase commits), which
-// faults below implements, and the card processor (after each call),
-// wrapped here.
+// No operation's code knows about them: they reach it through two seams
+// every operation with an external effect passes, the idempotency store's
+// Faults (implemented by faults below) and the card processor (wrapped here).
 
 import (
 	"context"
@@ -29,9 +26,8 @@ import (
 	"github.com/retrysafe/payments/internal/idempotency"
 )
 
-// The crash points, in the order an execution passes them. The last two
-// are passed by every operation with an external effect (charges, refunds;
-// payouts pass after_processor_call).
+// The crash points, in the order an execution passes them. Charges and
+// refunds pass the last two; payouts, after_processor_call.
 const (
 	// AfterChargeCreated: a charge's create phase committed (charge row
 	// pending, record at charge_created); the processor was not called.
@@ -39,31 +35,29 @@ const (
 	// AfterProcessorCall: the processor answered (the card is charged, or
 	// refunded); nothing of its answer is recorded.
 	AfterProcessorCall = "after_processor_call"
-	// BeforeFinalCommit: the final phase's own writes are done, and
-	// neither the record's completion nor the commit is sent.
+	// BeforeFinalCommit: the final phase's own writes are done; neither
+	// the record's completion nor the commit is sent.
 	BeforeFinalCommit = "before_final_commit"
 )
 
 // CrashPointNames lists every crash point.
 var CrashPointNames = []string{AfterChargeCreated, AfterProcessorCall, BeforeFinalCommit}
 
-// CrashPoints are the crash points in force: those enabled for good (by
-// FAULT_CRASH_POINTS, for tests) and one armed for a single pass (by the
-// browser demo's "Crash at" control). A nil *CrashPoints has none.
+// CrashPoints are the crash points in force: those enabled for good
+// (FAULT_CRASH_POINTS) and one armed for a single pass (the demo's "Crash
+// at" control). A nil *CrashPoints has none.
 type CrashPoints struct {
+	always []string // set by ParseCrashPoints, then only read
 	mu     sync.Mutex
-	always []string
 	once   string
-	log    *slog.Logger // the crash's one line, at warn; nil: stderr
+	log    *slog.Logger // the crash's one line, at warn (set by New)
 }
 
-// ParseCrashPoints reads a comma-separated list of crash point names,
-// enabled for good.
+// ParseCrashPoints reads comma-separated crash point names, enabled for good.
 func ParseCrashPoints(list string) (*CrashPoints, error) {
 	c := &CrashPoints{}
 	for name := range strings.SplitSeq(list, ",") {
-		name = strings.TrimSpace(name)
-		if name == "" {
+		if name = strings.TrimSpace(name); name == "" {
 			continue
 		}
 		if err := check(name); err != nil {
@@ -74,21 +68,19 @@ func ParseCrashPoints(list string) (*CrashPoints, error) {
 	return c, nil
 }
 
+// check refuses a name that is not a crash point's ("" names none).
 func check(point string) error {
-	if !slices.Contains(CrashPointNames, point) {
+	if point != "" && !slices.Contains(CrashPointNames, point) {
 		return fmt.Errorf("unknown crash point %q (known: %s)", point, strings.Join(CrashPointNames, ", "))
 	}
 	return nil
 }
 
-// Arm makes the next execution that passes point crash there, once; an
-// empty point disarms. It is the demo's control: the server is restarted
-// by its supervisor, and the armed point does not survive the crash.
+// Arm makes the next execution that passes point crash there; "" disarms.
+// The armed point does not survive the crash (the supervisor restarts).
 func (c *CrashPoints) Arm(point string) error {
-	if point != "" {
-		if err := check(point); err != nil {
-			return err
-		}
+	if err := check(point); err != nil {
+		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -113,25 +105,14 @@ func (c *CrashPoints) Armed() string {
 // functions, no graceful shutdown, open transactions left to the database
 // to abort), if the point is enabled or armed.
 func (c *CrashPoints) Crash(point string) {
-	if c == nil {
-		return
-	}
-	c.mu.Lock()
-	fire := slices.Contains(c.always, point) || c.once == point
-	c.mu.Unlock()
-	if fire {
-		if c.log != nil {
-			c.log.Warn("faults: crashing the server on purpose", "point", point)
-		} else {
-			fmt.Fprintf(os.Stderr, "faults: crashing at %s\n", point)
-		}
+	if c != nil && (slices.Contains(c.always, point) || c.Armed() == point) {
+		c.log.Warn("faults: crashing the server on purpose", "point", point)
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // SIGKILL cannot be caught; never return
 	}
 }
 
-// faults is the store's idempotency.Faults: the crash points, the stall
-// point and the planted bug that the configuration asks for.
+// faults is the store's idempotency.Faults, as the configuration asks.
 type faults struct {
 	crash    *CrashPoints  // nil: none
 	stall    time.Duration // how long an owner stalls after_claim; 0: never
@@ -159,50 +140,39 @@ func (f *faults) BeforeFinalCommit(idempotency.Record) { f.crash.Crash(BeforeFin
 func (f *faults) Unfenced() bool { return f.unfenced }
 
 // crashingProcessor passes after_processor_call after every call that may
-// move money: the processor has answered, and nothing of its answer is
-// recorded.
+// move money.
 type crashingProcessor struct {
 	cardprocessor.Processor
 	crash *CrashPoints
 }
 
 func (p crashingProcessor) Charge(ctx context.Context, key string, req cardprocessor.ChargeRequest) (cardprocessor.ChargeResult, error) {
-	res, err := p.Processor.Charge(ctx, key, req)
-	p.crash.Crash(AfterProcessorCall)
-	return res, err
+	defer p.crash.Crash(AfterProcessorCall)
+	return p.Processor.Charge(ctx, key, req)
 }
 
 func (p crashingProcessor) Refund(ctx context.Context, key string, req cardprocessor.RefundRequest) (cardprocessor.RefundResult, error) {
-	res, err := p.Processor.Refund(ctx, key, req)
-	p.crash.Crash(AfterProcessorCall)
-	return res, err
+	defer p.crash.Crash(AfterProcessorCall)
+	return p.Processor.Refund(ctx, key, req)
 }
 
 func (p crashingProcessor) Payout(ctx context.Context, key string, req cardprocessor.PayoutRequest) (cardprocessor.PayoutResult, error) {
-	res, err := p.Processor.Payout(ctx, key, req)
-	p.crash.Crash(AfterProcessorCall)
-	return res, err
+	defer p.crash.Crash(AfterProcessorCall)
+	return p.Processor.Payout(ctx, key, req)
 }
 
-// Stall points are the crash points' other half, for the history check's
-// planted-bug test (internal/soak): named places at which an owner stops
-// for a while, renewing nothing, as if its process were paused (a long GC
-// pause, a frozen VM), so that its lease lapses under it and another
-// request takes the record over; then it carries on, unaware. They are
-// off unless FAULT_STALL_POINTS names points. Never set it in production.
-const (
-	// AfterClaim: a request's claim has just inserted a new record
-	// (attempt 1); nothing has run, and the heartbeat has not started. The
-	// owner stalls for two leases.
-	AfterClaim = "after_claim"
-)
+// Stall points are for the history check's planted-bug test (internal/soak):
+// places at which an owner stops, renewing nothing, as if its process were
+// paused (a long GC pause, a frozen VM), so that its lease lapses and
+// another request takes the record over; then it carries on, unaware. They
+// are off unless FAULT_STALL_POINTS names points. Never in production.
+//
+// AfterClaim, the only one: a request's claim has just inserted a new
+// record (attempt 1); nothing has run, and the heartbeat has not started.
+const AfterClaim = "after_claim"
 
-// StallPointNames lists every stall point.
-var StallPointNames = []string{AfterClaim}
-
-// parseStalls reads FAULT_STALL_POINTS (a comma-separated list of stall
-// points) and says how long an owner stalls after its claim: two leases, if
-// after_claim is named.
+// parseStalls reads FAULT_STALL_POINTS (comma-separated) and says how long
+// an owner stalls after its claim: two leases, if after_claim is named.
 func parseStalls(list string, lease time.Duration) (time.Duration, error) {
 	var stall time.Duration
 	for name := range strings.SplitSeq(list, ",") {
@@ -211,7 +181,7 @@ func parseStalls(list string, lease time.Duration) (time.Duration, error) {
 		case AfterClaim:
 			stall = 2 * lease
 		default:
-			return 0, fmt.Errorf("unknown stall point %q (known: %s)", name, strings.Join(StallPointNames, ", "))
+			return 0, fmt.Errorf("unknown stall point %q (known: %s)", name, AfterClaim)
 		}
 	}
 	return stall, nil

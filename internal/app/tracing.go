@@ -20,65 +20,57 @@ import (
 	"github.com/retrysafe/payments/internal/server"
 )
 
-// Tracing is the process's OpenTelemetry setup (SetupTracing). Every
-// package makes its spans through the global API (otel.Tracer), as
-// instrumentation libraries do; this is the one place that decides
-// whether they are recorded and where they go.
+// Tracing is the process's OpenTelemetry setup. Every package makes its
+// spans through the global API (otel.Tracer), as instrumentation libraries
+// do; this is the one place that decides whether they are recorded and
+// where they go.
 type Tracing struct {
-	// Recent keeps the latest traces for the demo page (GET
-	// /demo/traces); nil outside DEMO_MODE.
-	Recent *RecentTraces
-	// Exporting is whether spans are sent to an OTLP receiver.
-	Exporting bool
+	Recent    *RecentTraces // the demo's latest traces (GET /demo/traces); nil outside DEMO_MODE
+	Exporting bool          // spans are sent to an OTLP receiver
 
 	provider *sdktrace.TracerProvider // nil: tracing is off
 }
 
-// SetupTracing sets the process's propagator and, when something is to
-// receive spans, its tracer provider:
-//
-//   - the W3C trace context propagator, always: a client's traceparent is
-//     continued (and named in the request's log line) even when nothing
-//     is recorded here;
-//   - an OTLP/HTTP exporter when OTEL_EXPORTER_OTLP_ENDPOINT or
-//     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (the exporter reads them,
-//     and OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT and the rest, itself);
-//   - in the demo (demo true), an in-memory store of recent traces;
-//   - with neither, no provider at all: the global tracer stays the
-//     no-op one, and a span costs a context lookup, nothing more.
+// SetupTracing sets the W3C trace context propagator, always (a client's
+// traceparent is continued, and logged, even when nothing is recorded
+// here), and a tracer provider for what is to receive spans: an OTLP/HTTP
+// exporter when OTEL_EXPORTER_OTLP_ENDPOINT or _TRACES_ENDPOINT is set (the
+// exporter reads the OTEL_EXPORTER_OTLP_ variables itself), the demo's
+// store of recent traces (demo true), and extra (tests). With none, there
+// is no provider: the global tracer stays the no-op one, and a span costs
+// a context lookup.
 //
 // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES name the service
-// ("payments" by default), OTEL_TRACES_SAMPLER and its argument choose
-// the sampler (parent-based, always on, by default), and
-// OTEL_SDK_DISABLED=true turns recording off whatever else is set. extra
-// processors are for tests (an in-memory exporter). It is process-wide:
-// call it once, and Shutdown before exit to flush what is buffered.
+// ("payments" by default), OTEL_TRACES_SAMPLER (and _ARG) the sampler
+// (parent-based, always on, by default), and OTEL_SDK_DISABLED=true turns
+// recording off whatever else is set. It is process-wide: call it once,
+// and Shutdown before exit to flush.
 func SetupTracing(ctx context.Context, demo bool, extra ...sdktrace.SpanProcessor) (*Tracing, error) {
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	t := &Tracing{}
 	if strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true") {
 		return t, nil
 	}
-	var processors []sdktrace.SpanProcessor
+	var opts []sdktrace.TracerProviderOption
 	if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" {
 		exporter, err := otlptracehttp.New(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("OTLP trace exporter: %w", err)
 		}
-		processors = append(processors, sdktrace.NewBatchSpanProcessor(exporter))
+		opts = append(opts, sdktrace.WithBatcher(exporter))
 		t.Exporting = true
 	}
 	if demo {
 		t.Recent = NewRecentTraces(recentTraces, spansPerTrace)
-		processors = append(processors, t.Recent)
+		opts = append(opts, sdktrace.WithSpanProcessor(t.Recent))
 	}
-	processors = append(processors, extra...)
-	if len(processors) == 0 {
+	for _, p := range extra {
+		opts = append(opts, sdktrace.WithSpanProcessor(p))
+	}
+	if len(opts) == 0 {
 		return t, nil
 	}
-	// The service's name by default; OTEL_SERVICE_NAME and
-	// OTEL_RESOURCE_ATTRIBUTES (read by WithFromEnv, which comes later)
-	// override it.
+	// WithFromEnv comes later: OTEL_SERVICE_NAME overrides the default name.
 	res, err := resource.New(ctx,
 		resource.WithAttributes(semconv.ServiceName("payments")),
 		resource.WithTelemetrySDK(),
@@ -86,7 +78,7 @@ func SetupTracing(ctx context.Context, demo bool, extra ...sdktrace.SpanProcesso
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("trace resource: %w", err)
 	}
-	opts := []sdktrace.TracerProviderOption{
+	t.provider = sdktrace.NewTracerProvider(append(opts,
 		sdktrace.WithResource(res),
 		// Every value bounded: an attribute is one of ours, but a bound
 		// keeps a bug from making a span (and the demo's store) large.
@@ -98,11 +90,7 @@ func SetupTracing(ctx context.Context, demo bool, extra ...sdktrace.SpanProcesso
 			AttributePerEventCountLimit: 8,
 			AttributePerLinkCountLimit:  4,
 		}),
-	}
-	for _, p := range processors {
-		opts = append(opts, sdktrace.WithSpanProcessor(p))
-	}
-	t.provider = sdktrace.NewTracerProvider(opts...)
+	)...)
 	otel.SetTracerProvider(t.provider)
 	return t, nil
 }
@@ -112,23 +100,21 @@ func (t *Tracing) Recording() bool { return t != nil && t.provider != nil }
 
 // Shutdown flushes the spans still buffered to the exporter, within ctx.
 func (t *Tracing) Shutdown(ctx context.Context) error {
-	if t == nil || t.provider == nil {
+	if !t.Recording() {
 		return nil
 	}
 	return t.provider.Shutdown(ctx)
 }
 
-// The demo's store is bounded in both directions: a client chooses its
-// trace ids (traceparent), so it could otherwise make the server keep as
-// many as it sends requests.
+// The demo's store is bounded both ways: a client chooses its trace ids
+// (traceparent), so it could otherwise make the server keep one per request.
 const (
 	recentTraces  = 200 // traces kept, the oldest dropped first
 	spansPerTrace = 64  // spans kept of one trace, the first ones
 )
 
-// RecentTraces keeps the spans of the latest traces in memory, for the
-// demo page's waterfall (GET /demo/traces). It is a span processor: the
-// SDK hands it each span as the span ends.
+// RecentTraces, a span processor, keeps the spans of the latest traces in
+// memory for the demo page's waterfall (GET /demo/traces).
 type RecentTraces struct {
 	maxTraces, maxSpans int
 
@@ -137,10 +123,7 @@ type RecentTraces struct {
 	order  []trace.TraceID // oldest first: the ring of what is kept
 }
 
-var _ sdktrace.SpanProcessor = (*RecentTraces)(nil)
-
-// NewRecentTraces keeps up to maxSpans spans of each of the last
-// maxTraces traces.
+// NewRecentTraces keeps up to maxSpans spans of each of the last maxTraces traces.
 func NewRecentTraces(maxTraces, maxSpans int) *RecentTraces {
 	return &RecentTraces{maxTraces: maxTraces, maxSpans: maxSpans, traces: make(map[trace.TraceID][]server.TraceSpan)}
 }
@@ -194,8 +177,7 @@ func (r *RecentTraces) Trace(id string) ([]server.TraceSpan, bool) {
 	return append([]server.TraceSpan(nil), spans...), ok
 }
 
-// OnStart, Shutdown and ForceFlush have nothing to do: a span is kept
-// when it ends, and nothing is buffered.
+// A span is kept when it ends, and nothing is buffered.
 func (r *RecentTraces) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
 func (r *RecentTraces) Shutdown(context.Context) error                  { return nil }
 func (r *RecentTraces) ForceFlush(context.Context) error                { return nil }

@@ -1,24 +1,20 @@
 // Package ijson refuses JSON that parsers may read differently, or that
-// costs more to read than its size: an object with the same member name
-// twice, and nesting deeper than MaxDepth.
+// costs more to read than its size: a member name twice in an object, text
+// that is not Unicode, and anything past the limits below.
 //
 // RFC 8259 leaves the meaning of {"amount": 99999999, "amount": 150} to each
-// parser (Go's encoding/json keeps the last, others keep the first or fail),
-// and I-JSON (RFC 7493) forbids it. For a payment amount, two parsers that
-// disagree about a request (a gateway that checks one value, a service that
-// charges the other) are a security problem, so such a request is refused
-// outright.
+// parser (Go's encoding/json keeps the last, others the first or fail), and
+// I-JSON (RFC 7493) forbids it: two parsers that disagree about a payment (a
+// gateway checks one amount, a service charges the other) are a security
+// problem.
 //
-// The check runs on every request body before anything else reads it, the
-// processor's unauthenticated webhook included, so its own cost must be
-// bounded by the body's size: one pass over the bytes with jsontext (the
-// tokenizer of Go's JSON v2, which reads a bytes.Buffer in place), and no
-// level, value, member or string past the limits below.
+// The check runs on every request body first, the unauthenticated webhook
+// included, so its own cost is bounded by the body's size: one pass with
+// jsontext (Go's JSON v2 tokenizer, reading a bytes.Buffer in place).
 package ijson
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -30,37 +26,31 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 )
 
-// MaxDepth is the deepest nesting of objects and arrays a document may have.
-// The API's bodies are two levels deep; 32 leaves room for a fork's richer
-// bodies while keeping every parser after this one (the validator, the
-// decoder, the fingerprint) far from a recursion that costs real memory.
-const MaxDepth = 32
+// The limits. The API's bodies are far inside them; each keeps what the
+// parsers after this one (the validator, the decoder, the fingerprint)
+// spend on a 64 KiB body near what it cost to send.
+const (
+	// MaxDepth is the deepest nesting of objects and arrays: the API's
+	// bodies are two levels deep, and 32 leaves room for a fork's, far from
+	// a recursion that costs real memory.
+	MaxDepth = 32
+	// MaxValues is the most values (objects, arrays, strings, numbers,
+	// literals) in a document: every later parser builds something for
+	// each (the validator decodes the whole document first).
+	MaxValues = 1024
+	// MaxMembers is the most members of one object: a validator spends
+	// real time on each member a schema does not allow.
+	MaxMembers = 100
+	// MaxString is the longest string, names included, in characters as
+	// written (a character or an escape counts one, an escaped surrogate
+	// pair two): a validator matches patterns over every string. The
+	// longest the API takes is a 500-character description; it counts
+	// characters, not bytes, so as never to refuse what the contract
+	// allows (500 escaped emoji are 6,000 bytes).
+	MaxString = 4096
+)
 
-// MaxValues is the most values (objects, arrays, strings, numbers,
-// literals) one document may hold. The API's bodies hold a handful. Every
-// parser after this one builds something for each value (the validator
-// decodes the whole document before it looks at its type), so 64 KiB of
-// tiny values would cost many times what it took to send.
-const MaxValues = 1024
-
-// MaxMembers is the most members one object may have. The API's objects
-// have a handful; a validator that reports every member a schema does not
-// allow spends real time on each, so a 64 KiB object with thousands of
-// them would cost far more to answer than to send.
-const MaxMembers = 100
-
-// MaxString is the longest string a document may hold, names included, in
-// characters as written: a character, or an escape, counts one (so an
-// escaped surrogate pair counts two). The API's longest string is a
-// 500-character description; a validator matches patterns over every
-// string it is given, so a 64 KiB one costs milliseconds. It is counted in
-// characters, not bytes, because a limit of the body's form must never
-// refuse what the contract allows: 500 emoji, escaped as most encoders
-// write them, are 6,000 bytes.
-const MaxString = 4096
-
-// StringError is a string longer than MaxString; Pointer names it (or, for
-// a member name, its object).
+// StringError is a string longer than MaxString.
 type StringError struct {
 	Limit   int
 	Pointer string
@@ -70,16 +60,14 @@ func (e *StringError) Error() string {
 	return fmt.Sprintf("the string at %s is longer than %d characters", e.Pointer, e.Limit)
 }
 
-// DuplicateNameError names the member that appears twice, by JSON pointer
-// (RFC 6901), e.g. "/amount" or "/items/0/sku".
+// DuplicateNameError is a member name twice in one object.
 type DuplicateNameError struct{ Pointer string }
 
 func (e *DuplicateNameError) Error() string {
 	return fmt.Sprintf("the member %s appears more than once in its object", e.Pointer)
 }
 
-// DepthError is a document nested deeper than MaxDepth; Pointer names the
-// value that went one level too deep.
+// DepthError is a value nested deeper than MaxDepth.
 type DepthError struct {
 	Limit   int
 	Pointer string
@@ -89,8 +77,7 @@ func (e *DepthError) Error() string {
 	return fmt.Sprintf("the value at %s is nested more than %d levels deep", e.Pointer, e.Limit)
 }
 
-// ValuesError is a document with more than MaxValues values; Pointer
-// names the value past the limit.
+// ValuesError is the value past MaxValues in a document.
 type ValuesError struct {
 	Limit   int
 	Pointer string
@@ -104,15 +91,13 @@ func (e *ValuesError) Error() string {
 // \u escape of a lone surrogate (U+D800 to U+DFFF not in a pair). Go's
 // decoder, like most, reads either as U+FFFD, so two different bodies would
 // read, and be fingerprinted, as one; I-JSON (RFC 7493) forbids both.
-// Pointer names the string (or, for a member name, its object).
 type EncodingError struct{ Pointer string }
 
 func (e *EncodingError) Error() string {
 	return fmt.Sprintf("the string at %s is not valid Unicode (invalid UTF-8, or a lone surrogate escape)", e.Pointer)
 }
 
-// MembersError is an object with more than MaxMembers members; Pointer
-// names the object.
+// MembersError is an object with more than MaxMembers members.
 type MembersError struct {
 	Limit   int
 	Pointer string
@@ -122,14 +107,11 @@ func (e *MembersError) Error() string {
 	return fmt.Sprintf("the object at %s has more than %d members", e.Pointer, e.Limit)
 }
 
-// Check reports a *DepthError for a document nested deeper than MaxDepth,
-// a *ValuesError for one with more than MaxValues values, a *MembersError
-// for an object with more than MaxMembers members, a *StringError for a
-// string longer than MaxString, an *EncodingError for a string that is not
-// Unicode text, or a *DuplicateNameError for the first object in doc that
-// has a member name twice, whichever the scan meets first. It does not
-// otherwise judge doc: a document that is not JSON is left to the caller's
-// own decoding, and reported as nil here.
+// Check reports the first problem its scan of doc meets, as a *DepthError,
+// *ValuesError, *MembersError, *StringError, *EncodingError or
+// *DuplicateNameError, whose Pointer names the value by JSON pointer (RFC
+// 6901), e.g. "/items/0/sku" (a member name's problem is its object's). A
+// document that is not JSON is left to the caller's decoding: nil here.
 //
 // Names are compared as Go's encoding/json matches them to struct fields:
 // after unescaping ("amount" and "\u0061mount" are one member) and without
@@ -137,9 +119,8 @@ func (e *MembersError) Error() string {
 // winning, while a schema validator sees two members). Either pair is
 // refused.
 func Check(doc []byte) error {
-	// Duplicates and bad Unicode are let through the tokenizer, to be
-	// found below, where they are reported with the pointer and the case
-	// folding above.
+	// The tokenizer lets duplicates and bad Unicode through: they are found
+	// below, with the pointer and the case folding above.
 	dec := jsontext.NewDecoder(bytes.NewBuffer(doc), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
 	var path []level // the objects and arrays around the next token
 	values := 0
@@ -157,14 +138,10 @@ func Check(doc []byte) error {
 			continue
 		}
 		if n := len(path); n > 0 && path[n-1].object && path[n-1].wantName {
-			switch err := name(dec, path); err {
-			case nil:
-				continue
-			case errNotJSON:
-				return nil
-			default:
+			if stop, err := name(dec, path); stop {
 				return err
 			}
+			continue
 		}
 		if values++; values > MaxValues {
 			return &ValuesError{Limit: MaxValues, Pointer: pointer(path)}
@@ -196,8 +173,7 @@ func Check(doc []byte) error {
 	}
 }
 
-// level is one object or array around the token being read: an object's
-// member names so far (folded) and the current one, or an array's index.
+// level is one object or array around the token being read.
 type level struct {
 	object   bool
 	wantName bool     // an object whose next token is a name (or its end)
@@ -217,35 +193,33 @@ func next(path []level) {
 	}
 }
 
-// errNotJSON is name's answer for a document that is not JSON.
-var errNotJSON = errors.New("ijson: not JSON")
-
-// name reads the next member name of the object at the end of path.
-func name(dec *jsontext.Decoder, path []level) error {
-	obj := &path[len(path)-1]
+// name reads the next member name of the object at the end of path. stop
+// says Check is done: err is what it reports (nil for a document that is
+// not JSON).
+func name(dec *jsontext.Decoder, path []level) (stop bool, err error) {
+	obj, at := &path[len(path)-1], path[:len(path)-1] // a name's problem is its object's
 	if len(obj.names) == MaxMembers {
-		return &MembersError{Limit: MaxMembers, Pointer: pointer(path[:len(path)-1])}
+		return true, &MembersError{Limit: MaxMembers, Pointer: pointer(at)}
 	}
 	raw, err := dec.ReadValue()
 	if err != nil {
-		return errNotJSON
+		return true, nil
 	}
-	if err := checkString(raw, path[:len(path)-1]); err != nil { // a name's problem is its object's
-
-		return err
+	if err := checkString(raw, at); err != nil {
+		return true, err
 	}
 	text, err := jsontext.AppendUnquote(nil, raw)
 	if err != nil {
-		return errNotJSON
+		return true, nil
 	}
 	obj.name, obj.wantName = string(text), false
 	// A linear search: an object has at most MaxMembers names.
 	folded := fold(text)
 	if slices.Contains(obj.names, folded) {
-		return &DuplicateNameError{Pointer: pointer(path)}
+		return true, &DuplicateNameError{Pointer: pointer(path)}
 	}
 	obj.names = append(obj.names, folded)
-	return nil
+	return false, nil
 }
 
 // pointer renders path as a JSON pointer (RFC 6901).
@@ -266,11 +240,8 @@ func pointer(path []level) string {
 var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
 
 // checkString checks the quoted JSON string raw: at most MaxString
-// characters as written (a character, or an escape, counts one), and
-// Unicode text: valid UTF-8, and no \u escape of a lone surrogate (which
-// encoding/json, like most decoders, reads as U+FFFD, so that different
-// bodies would read, and be fingerprinted, as one). Its errors name the
-// string as at.
+// characters as written, and Unicode text (see EncodingError). Its errors
+// name the string as at.
 func checkString(raw []byte, at []level) error {
 	s := raw[1 : len(raw)-1]
 	chars := 0

@@ -2,47 +2,43 @@
 // processes and check its guarantees from the outside.
 //
 // TestSoak is the chaos soak (make soak). Three server processes share one
-// database, the fake processor runs as its own process with chaos on, and
-// clients using the project's Go client run logical operations (an order,
-// a charge, sometimes a partial refund, sometimes a payout from the
-// balance, sometimes a cancel racing the charge) with concurrent
-// duplicates of one key sent to different replicas and clients that hang
-// up mid-request, while a random replica is killed with SIGKILL every few
-// seconds and restarted, and the database (a PostgreSQL of the soak's own)
-// is restarted once in the middle, stopped as a crash would stop it. Then
-// it settles and checks the guarantees from the outside: one final answer
-// per key, byte-identical on every replica; every final answer a client
-// received found again, naming the same object with the same content; one
-// processor effect per succeeded charge, refund or payout and none without
-// a local record; money conserved, in the ledger and in the balance;
-// nothing left in progress, no job discarded, every event delivered; no
-// panic, 500 or secret in the logs. And it checks its history: every keyed
-// request it sent (each attempt, a hung-up client's, the final replays)
-// with when it was sent and answered, and how, is checked with porcupine
-// for linearizability against a model of the contract, one (caller, key)
-// at a time (history_test.go). A key no order of its requests explains
-// fails the soak, and porcupine's drawing of it is written next to the
-// report. The report gives the operations and keys checked, the check's
-// time, and the p99 and maximum time from a key's first request to its
-// first final answer.
+// database and the fake processor runs as its own process with chaos on.
+// Clients (the project's Go client) run logical operations: an order, a
+// charge, sometimes a partial refund, a payout from the balance or a cancel
+// racing the charge, with concurrent duplicates of one key sent to
+// different replicas, and clients that hang up mid-request. Every few
+// seconds a random replica is killed with SIGKILL and restarted; once, the
+// database (a PostgreSQL of the soak's own) is restarted as a crash would
+// stop it. Then it settles and checks: one final answer per key,
+// byte-identical on every replica; every final answer a client received
+// found again, naming the same object with the same content; one processor
+// effect per succeeded charge, refund or payout, and none without a local
+// record; money conserved, in the ledger and the balance; nothing left in
+// progress, no job discarded, every event delivered; no panic, 500 or
+// secret in the logs. Every keyed request it sent (each attempt, a hung-up
+// client's, the final replays), with when it was sent and answered and
+// how, is checked with porcupine for linearizability against a model of
+// the contract, one (caller, key) at a time (history_test.go): a key no
+// order of its requests explains fails the soak, and porcupine's drawing
+// of it is written next to the report. The report gives the operations and
+// keys checked, the check's time, and the p99 and maximum time from a
+// key's first request to its first final answer.
 //
-// TestFailoverSoak (make soak-failover) runs the same load and checks
-// against a highly available PostgreSQL: three nodes under Patroni and
-// etcd (scripts/ha.sh), with synchronous replication. Twice it kills the
-// leader (its Patroni and its postmaster, with SIGKILL), and once writes
-// succeed on the new leader, brings the killed node back as a standby
-// (pg_rewind). It measures the recovery time of each kill and checks, as
-// well, that nothing acknowledged was lost, that no answer meanwhile was a
-// 500 or slower than the write timeout, that /readyz said the database was
-// gone, and that the replicas, their background workers and a sweeper
-// carried on without a restart.
+// TestFailoverSoak (make soak-failover) runs the same load against a
+// highly available PostgreSQL: three nodes under Patroni and etcd
+// (scripts/ha.sh), with synchronous replication. Twice it kills the leader
+// (its Patroni and postmaster, with SIGKILL) and, once writes succeed on
+// the new leader, brings the killed node back as a standby (pg_rewind). It
+// measures each kill's recovery time and checks that nothing acknowledged
+// was lost, that no answer meanwhile was a 500 or slower than the write
+// timeout, that /readyz said the database was gone, and that the replicas,
+// their background workers and a sweeper carried on without a restart.
 //
 // TestHistoryCheckFindsUnfencedCompletion shows that the history check
 // fails when it must: a short soak on servers started with
-// FAULT_UNFENCED_COMPLETION=true (idempotency.Faults: the completion
-// written without its fence), whose owners stall past their leases on
-// purpose (FAULT_STALL_POINTS), is not linearizable; the same soak on
-// servers without it is.
+// FAULT_UNFENCED_COMPLETION=true (the completion written without its
+// fence), whose owners stall past their leases (FAULT_STALL_POINTS), is
+// not linearizable; the same soak without it is.
 //
 // TestAsyncFailoverLosesAcknowledgedWritesButChargesOnce shows what a
 // failover under asynchronous replication loses (acknowledged

@@ -13,10 +13,9 @@ import (
 )
 
 // Cluster is a PostgreSQL server of a test's own: initdb'd into a
-// temporary directory, on its own port. A test that must do to the server
-// what the suite's shared one cannot have done to it uses one: the soak
-// restarts it as a crash would, and the clock test runs it with its clock
-// moved (WithClock).
+// temporary directory, on its own port, for a test that must do to the
+// server what the suite's shared one cannot have done to it: the soak
+// restarts it as a crash would, the clock test moves its clock (WithClock).
 type Cluster struct {
 	bin  string // the directory of initdb, pg_ctl and postgres
 	dir  string // the data directory, which also holds the socket and the log
@@ -27,17 +26,24 @@ type Cluster struct {
 	as []string
 }
 
-// ClusterOption changes how NewCluster starts the server.
-type ClusterOption func(*clusterOptions)
-
-type clusterOptions struct{ faketime string }
+// ClusterOption changes how NewCluster starts the server, after initdb.
+type ClusterOption func(testing.TB, *Cluster)
 
 // WithClock starts the server under libfaketime (see FaketimeLib), with
-// its clock moved by offset, a faketime spec such as "+10m": every
-// now() the database computes is that far from the machine's clock, and
-// from the clock of every other process of the test.
+// its clock moved by offset, a faketime spec such as "+10m": every now()
+// the database computes is that far from every other process's clock.
 func WithClock(offset string) ClusterOption {
-	return func(o *clusterOptions) { o.faketime = offset }
+	return func(t testing.TB, c *Cluster) {
+		lib := FaketimeLib()
+		if lib == "" {
+			t.Fatal("WithClock needs libfaketime (apt-get install faketime)")
+		}
+		// The library itself, not the faketime command: the command
+		// waits for the server pg_ctl leaves running, so pg_ctl start
+		// would never return. pg_ctl starts the server, which forks a
+		// process per connection: each inherits the LD_PRELOAD.
+		c.as = append(c.as, "env", "LD_PRELOAD="+lib, "FAKETIME="+offset)
+	}
 }
 
 // NewCluster initialises and starts a PostgreSQL from the binaries in bin
@@ -45,10 +51,6 @@ func WithClock(offset string) ClusterOption {
 // migrates it.
 func NewCluster(t testing.TB, bin string, opts ...ClusterOption) *Cluster {
 	t.Helper()
-	var o clusterOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
 	c := &Cluster{bin: bin, port: freePort(t)}
 	dir, err := os.MkdirTemp("", "test-pg-")
 	if err != nil {
@@ -69,19 +71,10 @@ func NewCluster(t testing.TB, bin string, opts ...ClusterOption) *Cluster {
 		c.as = []string{"runuser", "-u", "postgres", "--"}
 	}
 	c.run(t, "initdb", "-D", dir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync")
-	if o.faketime != "" {
-		lib := FaketimeLib()
-		if lib == "" {
-			t.Fatal("WithClock needs libfaketime (apt-get install faketime)")
-		}
-		// The library itself, not the faketime command: the command
-		// waits for the server pg_ctl leaves running, so pg_ctl start
-		// would never return. pg_ctl starts the server, which forks a
-		// process per connection: each inherits the LD_PRELOAD.
-		c.as = append(c.as, "env", "LD_PRELOAD="+lib, "FAKETIME="+o.faketime)
+	for _, opt := range opts {
+		opt(t, c)
 	}
-	// Stopped before its directory is removed, even if it never finished
-	// starting.
+	// Stopped before its directory is removed, even if it never started.
 	t.Cleanup(func() {
 		if t.Failed() {
 			if b, err := os.ReadFile(c.log()); err == nil {
@@ -137,11 +130,10 @@ func PGBin() string {
 		}
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	slices.SortFunc(dirs, func(a, b string) int { return versionOf(a) - versionOf(b) })
-	if len(dirs) > 0 {
-		return dirs[len(dirs)-1]
+	if len(dirs) == 0 {
+		return ""
 	}
-	return ""
+	return slices.MaxFunc(dirs, func(a, b string) int { return versionOf(a) - versionOf(b) })
 }
 
 // FaketimeLib finds libfaketime (Debian's faketime package installs it

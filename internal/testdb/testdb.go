@@ -3,12 +3,12 @@
 // then gets a cheap CREATE DATABASE ... TEMPLATE clone of it (pgtestdb), so
 // tests can run in parallel against real, isolated databases.
 //
-// The server is found through TEST_DATABASE_URL, defaulting to the local
-// PostgreSQL of the README (127.0.0.1:5432, user postgres, trust auth). When
-// it does not answer, the test fails: it never skips, in CI or out of it.
+// The server is TEST_DATABASE_URL, else the README's local one (DefaultURL,
+// trust auth). When it does not answer, the test fails: it never skips.
 package testdb
 
 import (
+	"cmp"
 	"context"
 	"net/url"
 	"os"
@@ -33,10 +33,7 @@ const DefaultURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 // (kept for inspection if t failed).
 func New(t testing.TB) string {
 	t.Helper()
-	raw := os.Getenv("TEST_DATABASE_URL")
-	if raw == "" {
-		raw = DefaultURL
-	}
+	raw := cmp.Or(os.Getenv("TEST_DATABASE_URL"), DefaultURL)
 	u, err := url.Parse(raw)
 	if err != nil {
 		t.Fatalf("TEST_DATABASE_URL: %v", err)
@@ -61,8 +58,7 @@ func New(t testing.TB) string {
 			u.Redacted(), reachErr)
 	}
 	migrator := golangmigrator.New("migrations", golangmigrator.WithFS(db.Migrations))
-	instance := pgtestdb.Custom(t, conf, migrator)
-	return instance.URL()
+	return pgtestdb.Custom(t, conf, migrator).URL()
 }
 
 var (
@@ -86,10 +82,9 @@ func NewPool(t testing.TB) *pgxpool.Pool {
 	return Pool(t, New(t))
 }
 
-// Pool opens a pool on databaseURL, closed when t ends. It allows 20
-// connections (pgx's default is 4 on a small machine), so concurrency tests
-// really run their requests in parallel in the database. Options adjust
-// the pool's configuration (a benchmark adds a query tracer).
+// Pool opens a pool on databaseURL, closed when t ends, of 20 connections
+// (pgx's default is 4 on a small machine), so concurrency tests really run
+// in parallel in the database. options adjust its configuration.
 func Pool(t testing.TB, databaseURL string, options ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(databaseURL)
