@@ -1,9 +1,5 @@
 package idempotency
 
-// The claim, for an operation with an outside effect: one statement that
-// inserts the key's record or finds it, and what a request that did not
-// insert it is answered (a replay, a 422, a takeover, or busy).
-
 import (
 	"context"
 	"crypto/subtle"
@@ -17,24 +13,21 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// Execute runs the keyed request req: it claims the key and either answers
-// from the record (replay, 409, 422) or runs h as the owner. The returned
-// Response is what the client receives; an error is a problem that was not
-// stored (a conflict on the key, or a transient failure).
+// Execute runs the keyed request req, an operation with an outside effect:
+// it claims the key and either answers from the record (replay, 409, 422)
+// or runs h as the owner. An error is a problem that was not stored.
 func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response, error) {
 	if resp, err, ok := s.fromCache(ctx, req); ok {
 		return resp, err
 	}
-	// From here on, nothing depends on the client staying connected: the
-	// claim, every phase and the stored response run on contexts that the
-	// request's cancellation does not reach. Only waiting for another
-	// request's answer stops when the client goes away.
+	// From here on, only waiting for another request's answer heeds the
+	// client's cancellation.
 	lease, resp, err := s.claim(ctx, req)
 	if lease != nil {
 		resp, err = s.run(ctx, req, lease, h)
 	}
 	// A live owner holds the key (found by the claim, or by an owner that
-	// lost its lease to it): wait for its answer, or say when to ask again.
+	// lost its lease to it): wait for its answer, or say when to retry.
 	var busy *busyError
 	if errors.As(err, &busy) && s.wait > 0 {
 		resp, err = s.waitForOriginal(ctx, req, h, busy)
@@ -46,10 +39,8 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 	return resp, err
 }
 
-// fromCache answers req from the replay cache, if its key is there (ok):
-// a completed record this process has written or replayed lately is
-// answered from memory, without the database (see replays.go for why that
-// is safe).
+// fromCache answers req from the replay cache, if its key is there (ok),
+// without the database (replays.go says why that is safe).
 func (s *Store) fromCache(ctx context.Context, req Request) (_ *Response, _ error, ok bool) {
 	cached, ok := s.replays.get(req.CallerID, req.Key)
 	if !ok {
@@ -64,9 +55,8 @@ func (s *Store) fromCache(ctx context.Context, req Request) (_ *Response, _ erro
 	return resp, err, true
 }
 
-// replayCached answers req from the replay cache, exactly as the claim
-// would have from the completed record: a different request under the key
-// is a 422, the same one gets the stored response.
+// replayCached answers req from the cache as the claim would from the
+// completed record: a 422 for a different request, else the response.
 func replayCached(ctx context.Context, req Request, cached *cachedReplay) (*Response, error) {
 	if subtle.ConstantTimeCompare(cached.fingerprint, req.Fingerprint) != 1 {
 		observe(ctx, req.Operation, metrics.OutcomeMismatch)
@@ -80,9 +70,8 @@ func replayCached(ctx context.Context, req Request, cached *cachedReplay) (*Resp
 // claim takes the key for req, or answers from the existing record.
 func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, error) {
 	// Detached: a claim cut off halfway could commit without this request
-	// learning that it owns the key, leaving it leased to nobody.
-	// The request's own span, not the claim's, is what a later resumption
-	// links to: a reader lands on the whole request.
+	// learning that it owns the key, leaving it leased to nobody. A later
+	// resumption links to the request's span, not the claim's.
 	traceparent := postgres.Traceparent(ctx)
 	observed, span := startClaim(ctx, req)
 	defer span.End()
@@ -90,9 +79,9 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	defer cancel()
 	var row dbsqlc.ClaimIdempotencyKeyRow
 	var err error
-	// The claim returns no row only when a concurrent request committed the
-	// key between this statement's snapshot and its insert; running it again
-	// sees that row. Twice is enough; a third try is for safety, not need.
+	// No row only when a concurrent request committed the key between this
+	// statement's snapshot and its insert; running it again sees that row.
+	// Twice is enough; a third try is for safety, not need.
 	sent := s.replays.clock()
 	for range 3 {
 		row, err = queries.ClaimIdempotencyKey(ctx, s.pool, dbsqlc.ClaimIdempotencyKeyParams{
@@ -114,7 +103,6 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		return &Lease{store: s, record: rec, claimed: sent, age: age}, nil, nil
 	}
 
-	// Someone else created this key. Is it the same request?
 	if subtle.ConstantTimeCompare(rec.RequestFingerprint, req.Fingerprint) != 1 {
 		observe(observed, req.Operation, metrics.OutcomeMismatch)
 		return nil, nil, reused(rec.RequestMethod, rec.RequestPath)
@@ -128,10 +116,9 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		}
 		return nil, resp, err
 	case rec.Status == StatusInProgress && row.LeaseExpired:
-		// No live owner holds it: its owner crashed, stalled past its
-		// lease, or gave up after a transient failure. Take over and resume
-		// from the recovery point, now, whatever the reconciler's schedule:
-		// this request is the caller asking for the operation again.
+		// Its owner crashed, stalled past its lease, or gave up after a
+		// transient failure. Take over and resume now, whatever the
+		// reconciler's schedule: this is the caller asking again.
 		taken, err := queries.TakeOverIdempotencyKey(ctx, s.pool, dbsqlc.TakeOverIdempotencyKeyParams{
 			CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt, LeaseSeconds: s.lease.Seconds(),
 		})
@@ -146,30 +133,29 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		if err != nil {
 			return nil, nil, fmt.Errorf("take over idempotency key: %w", err)
 		}
-		traceRecord(observed, recordOf(taken)) // the new attempt
-		// A lease given up after a transient failure ends when it is
-		// released, in the same statement that stamps updated_at; one that
-		// ran out was set to end later than its last write, and belonged to
-		// an owner that died or stalled.
+		newer := recordOf(taken)
+		traceRecord(observed, newer)
+		// A lease released after a transient failure ends in the statement
+		// that stamps updated_at; one that ran out ended later than its last
+		// write, and belonged to an owner that died or stalled.
 		if rec.LockedUntil == nil || !rec.LockedUntil.After(rec.UpdatedAt) {
 			observe(observed, req.Operation, metrics.OutcomeResumed)
 		} else {
 			observe(observed, req.Operation, metrics.OutcomeTakenOver)
 		}
-		return &Lease{store: s, record: recordOf(taken), claimed: sent, age: age}, nil, nil
+		return &Lease{store: s, record: newer, claimed: sent, age: age}, nil, nil
 	case rec.Status == StatusDead:
 		observe(observed, req.Operation, metrics.OutcomeDead)
 		return nil, nil, dead()
 	default:
-		// A live owner holds it: the caller waits, or answers 409 (and
-		// counts the outcome then: waiting may still end in an answer).
+		// A live owner holds it. Counted by the caller, if it answers 409:
+		// waiting may still end in an answer.
 		traceOutcome(observed, metrics.OutcomeInProgress)
 		return nil, nil, &busyError{rec: rec, leaseRemaining: row.LeaseRemainingSeconds}
 	}
 }
 
-// busyError is a record a live owner holds, for leaseRemaining seconds at
-// most unless it renews its lease.
+// busyError is a record a live owner holds, for leaseRemaining seconds.
 type busyError struct {
 	rec            Record
 	leaseRemaining float64
@@ -179,12 +165,9 @@ func (e *busyError) Error() string {
 	return fmt.Sprintf("idempotency: record %d is in progress under a live lease (%.1fs left)", e.rec.ID, e.leaseRemaining)
 }
 
-// problem is the 409 for a busy record. Retry-After says when asking
-// again is useful: soon, since the owner is working and an operation takes
-// seconds (and a retry waits on the server again, for the owner's answer);
-// and never later than the lease could lapse, for an owner that died (the
-// retry then takes over). So a second or two, or less when the lease ends
-// sooner. A client that asks sooner only gets another 409.
+// problem is the 409 for a busy record. Retry-After is a second or two
+// (an operation takes seconds, and a retry waits on the server again), and
+// no later than the lease could lapse, to take over from a dead owner.
 func (e *busyError) problem() *problem.Error {
 	p := problem.New(problem.IdempotencyKeyInUse,
 		"a request with this Idempotency-Key is still being processed; retry with the same key after the Retry-After delay to receive its result")

@@ -8,8 +8,7 @@ import (
 
 type requestKey struct{}
 
-// WithRequest returns ctx carrying the keyed request, as parsed by the HTTP
-// layer before the handler runs.
+// WithRequest returns ctx carrying the keyed request the HTTP layer parsed.
 func WithRequest(ctx context.Context, r Request) context.Context {
 	return context.WithValue(ctx, requestKey{}, r)
 }
@@ -22,25 +21,23 @@ func RequestFrom(ctx context.Context) (Request, bool) {
 
 type outcomeKey struct{}
 
-// WithOutcome returns ctx carrying a place where the idempotency layer
-// writes what the claim of a keyed request found (one of the
-// metrics.Outcome values), for the request log; outcome reads it.
+// WithOutcome returns ctx carrying a place for what the claim of a keyed
+// request found (a metrics.Outcome value), for the request log to read.
 func WithOutcome(ctx context.Context) (_ context.Context, outcome func() string) {
 	var o string
 	return context.WithValue(ctx, outcomeKey{}, &o), func() string { return o }
 }
 
 // observe counts a claim's outcome and tells the request log and ctx's
-// span (the claim's) about it.
+// (the claim's) span.
 func observe(ctx context.Context, operation, outcome string) {
 	metrics.IdempotencyOutcomes.WithLabelValues(operation, outcome).Inc()
 	traceOutcome(ctx, outcome)
 	retell(ctx, outcome)
 }
 
-// retell changes what the request log and Idempotency-Outcome say about a
-// request whose claim was counted already: an owner fenced out of its
-// operation answers with the newer owner's stored response, a replay.
+// retell changes what the request log and Idempotency-Outcome say of a
+// request already counted: a fenced-out owner answers with a replay.
 func retell(ctx context.Context, outcome string) {
 	if p, ok := ctx.Value(outcomeKey{}).(*string); ok {
 		*p = outcome

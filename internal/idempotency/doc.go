@@ -3,17 +3,14 @@
 // It follows Brandur Leach's "Implementing Stripe-like idempotency keys in
 // Postgres" and the IETF Idempotency-Key draft. docs/from-the-article.md
 // maps the article's words to this code (locked_at is the lease, the
-// completer the reconciler, the reaper the sweeper, staged jobs the
-// outbox) and says where this code departs from it, and why: READ
-// COMMITTED with fencing, row locks and constraints instead of
+// completer the reconciler, the reaper the sweeper) and says where it
+// departs from it, and why: READ COMMITTED with fencing instead of
 // SERIALIZABLE, 422 for a reused key, a resumable 503 instead of a stored
-// 500 after the first phase, dead letters instead of deletion, and a
-// lease on the database's clock.
+// 500 after the first phase, dead letters instead of deletion.
 //
 // A local operation, one that touches only this database (an order
-// create, a payout's acceptance), is one transaction: its effect and its
-// record, inserted completed with the answer. There is nothing to claim
-// first and nothing to recover (ExecuteLocal, local.go).
+// create), is one transaction: its effect and its record, inserted
+// completed with the answer. Nothing to claim, nothing to recover.
 //
 // An operation with an outside effect (a charge) goes through:
 //
@@ -21,41 +18,34 @@
 //     the existing one. Whoever inserted it owns the operation; nobody ever
 //     owns it through a SELECT-then-INSERT.
 //  2. Decide, for a request that did not insert: a different fingerprint is
-//     a 422; a completed record is replayed byte for byte; a record in
-//     progress under a live lease is waited for (up to StoreConfig.Wait,
-//     then a 409 with Retry-After); a record in progress whose lease
-//     expired (its owner crashed) is taken over, which increments its
-//     attempt number.
-//  3. Execute, as a chain of atomic phases. Each phase is one transaction
-//     that does its work and ends by recording the next recovery point, or
-//     the final response, on the record. A request that takes over resumes
-//     from the last recovery point.
+//     a 422; a completed record is replayed byte for byte; one in progress
+//     under a live lease is waited for (up to StoreConfig.Wait, then a 409
+//     with Retry-After); one whose lease expired (its owner crashed) is
+//     taken over, which increments its attempt number.
+//  3. Execute, as a chain of atomic phases: each one transaction that does
+//     its work and records the next recovery point, or the final response.
+//     A request that takes over resumes from the last recovery point.
 //
-// Fencing: every write after the claim names the attempt it was made under
-// (WHERE ... AND attempt = $n). An owner that stalled past its lease and was
-// taken over finds its writes refused (they raise SQLSTATE RS001), rolls
-// its phase back and stops, so it can never overwrite the newer owner's
-// result.
+// Fencing: every write after the claim names its attempt (WHERE ... AND
+// attempt = $n). An owner that stalled past its lease and was taken over
+// finds its writes refused (SQLSTATE RS001), rolls its phase back and
+// stops: it can never overwrite the newer owner's result.
 //
 // Detachment: the record's writes run on a context detached from the
-// request's cancellation (bounded by StoreConfig.MaxRun instead). A client
-// that hangs up mid-request cannot leave the effect done but its response
-// unrecorded.
+// request's cancellation (bounded by StoreConfig.MaxRun instead), so a
+// client that hangs up cannot leave the effect done but unrecorded.
 //
 // The database clock is the only clock: leases are set and compared with
 // now() in SQL, so clock skew between replicas cannot break them
-// (TestClockSkewCannotBreakALease runs the database ten minutes ahead of
-// the replicas).
+// (TestClockSkewCannotBreakALease).
 //
 // Replays from memory: a completed record never changes until the sweeper
-// deletes it, so a Store with CacheReplays on keeps recent completed
-// answers in memory and replays them without the claim, each for less
-// than its record is certain to exist (replays.go).
+// deletes it, so CacheReplays keeps recent answers in memory, each for
+// less than its record is certain to exist (replays.go).
 //
-// Read it in this order: operation.go (how a domain package declares a
-// keyed operation, Local or External), store.go (the Store and its
-// configuration), local.go (a local operation, one transaction), claim.go (an external
-// operation's claim), run.go (driving it, and what its errors mean),
-// lease.go (phases, fencing, the heartbeat), wait.go (a duplicate waiting
-// for its original), replays.go (the replay cache), reconciler.go.
+// Read it in this order: operation.go (declaring a keyed operation, Local
+// or External), store.go, local.go (a local operation), claim.go, run.go
+// (driving an owned operation, and what its errors mean), lease.go
+// (phases, fencing, the heartbeat), wait.go (a duplicate waiting for its
+// original), replays.go, reconciler.go.
 package idempotency

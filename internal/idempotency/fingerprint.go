@@ -11,12 +11,9 @@ import (
 )
 
 // Fingerprint identifies what a keyed request asked for: SHA-256 over its
-// method, its path and its canonical body. A retry must carry the same
-// fingerprint as the request that created the key; a different one means the
-// client reused a key for another operation, which is answered with 422
+// method, its path and its canonical body (which is never stored). A retry
+// with another fingerprint reused a key for another operation: a 422,
 // rather than a silent replay of something the client did not ask for.
-//
-// Only the fingerprint is stored, never the raw body.
 func Fingerprint(method, path string, body []byte) ([]byte, error) {
 	canonical, err := CanonicalJSON(body)
 	if err != nil {
@@ -25,10 +22,9 @@ func Fingerprint(method, path string, body []byte) ([]byte, error) {
 	return fingerprint(method, path, canonical), nil
 }
 
-// FingerprintOf is Fingerprint of a body already decoded by DecodeJSON (and
-// already checked by ijson.Check, which it does not repeat), so that the
-// server parses a request's body once for its validation and its
-// fingerprint. A nil doc is the empty body.
+// FingerprintOf is Fingerprint of a body already decoded by DecodeJSON and
+// checked by ijson.Check, so that the server parses a body once for its
+// validation and its fingerprint. A nil doc is the empty body.
 func FingerprintOf(method, path string, doc *any) ([]byte, error) {
 	canonical, err := canonicalOf(doc)
 	if err != nil {
@@ -37,7 +33,6 @@ func FingerprintOf(method, path string, doc *any) ([]byte, error) {
 	return fingerprint(method, path, canonical), nil
 }
 
-// fingerprint is the SHA-256 over method, path and a canonical body.
 func fingerprint(method, path string, canonical []byte) []byte {
 	h := sha256.New()
 	// NUL separators keep ("POST", "/a") and ("POS", "T/a") apart.
@@ -49,17 +44,15 @@ func fingerprint(method, path string, canonical []byte) []byte {
 	return h.Sum(nil)
 }
 
-// ErrTrailingData is DecodeJSON's error for a body with more after its
-// JSON document.
+// ErrTrailingData is DecodeJSON's error for data after the JSON document.
 var ErrTrailingData = errors.New("unexpected data after the JSON document")
 
 // DecodeJSON decodes body as one JSON document, numbers kept as their
-// literal text (json.Number), as the fingerprint needs them. An empty (or
-// all-space) body is nil, nil. A body whose first document is followed by
-// more data returns that first document and ErrTrailingData: the request
+// literal text (json.Number). An empty (or all-space) body is nil, nil.
+// Data after the document returns it and ErrTrailingData: the request
 // validator reads only the first document (as kin-openapi's decoder does),
 // the fingerprint refuses the body. It does not run ijson.Check: callers
-// that do not call it themselves must use Fingerprint.
+// must, or use Fingerprint.
 func DecodeJSON(body []byte) (*any, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, nil
@@ -77,12 +70,11 @@ func DecodeJSON(body []byte) (*any, error) {
 }
 
 // CanonicalJSON re-encodes a JSON document with object keys sorted and
-// insignificant whitespace removed, so that the same logical request sent
-// with its keys in another order has the same fingerprint. Numbers keep
-// their literal text (1e2 and 100 stay different: we never claim two
-// requests are the same unless they plainly are). An empty body is its own
-// canonical form. A document with a member named twice in one object has
-// no canonical form (which value would it keep?) and is refused.
+// insignificant whitespace removed, so that the same request with its keys
+// in another order has the same fingerprint. Numbers keep their literal
+// text (1e2 and 100 differ: two requests are the same only if they plainly
+// are). An empty body is its own canonical form. A member named twice in
+// one object has no canonical form (which value?) and is refused.
 func CanonicalJSON(body []byte) ([]byte, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, nil
@@ -97,9 +89,8 @@ func CanonicalJSON(body []byte) ([]byte, error) {
 	return canonicalOf(doc)
 }
 
-// canonicalOf encodes a decoded document in canonical form: encoding/json's
-// encoding of it, without HTML escaping (map keys come out sorted, which
-// is the whole trick); nil is the empty body's, empty.
+// canonicalOf is encoding/json's encoding of a decoded document, without
+// HTML escaping (map keys come out sorted, the whole trick); nil is empty.
 func canonicalOf(doc *any) ([]byte, error) {
 	if doc == nil {
 		return nil, nil

@@ -7,23 +7,19 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// MaxKeyLength is the longest key accepted, in characters (after removing
-// the quotes of a Structured Field string).
+// MaxKeyLength is the longest key accepted, in characters (unquoted).
 const MaxKeyLength = 255
 
 // ParseKey reads the Idempotency-Key header from all of its field lines.
 //
-// The IETF draft defines the value as a Structured Field string
-// (Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"). Stripe's
-// clients send the bare value, so a value that does not start with a quote
-// is accepted as it is, and names the same key as its quoted form. Either
-// way the key is 1 to 255 printable ASCII characters (0x20-0x7E).
+// The IETF draft defines the value as a Structured Field string ("8e03...");
+// Stripe's clients send it bare, which names the same key. Either way the
+// key is 1 to 255 printable ASCII characters (0x20-0x7E).
 //
-// A header given on several lines is rejected rather than joined or
-// truncated: two keys for one request is a client bug, and guessing which
-// one was meant could replay the wrong operation. So is a bare value with
-// a comma: "x1, x2" is how HTTP folds two field lines into one, and a key
-// that truly holds a comma can be sent quoted.
+// A header on several lines is rejected, not joined or truncated: two keys
+// is a client bug, and guessing which was meant could replay the wrong
+// operation. So is a bare value with a comma, as HTTP folds two field
+// lines into one ("x1, x2"); a key that holds a comma can be sent quoted.
 func ParseKey(lines []string) (string, error) {
 	switch len(lines) {
 	case 0:
@@ -34,8 +30,7 @@ func ParseKey(lines []string) (string, error) {
 		return "", problem.New(problem.IdempotencyKeyInvalid,
 			"the Idempotency-Key header was sent %d times; send it exactly once", len(lines))
 	}
-	// HTTP removes leading and trailing whitespace from field values; do the
-	// same for values that reach us through other paths.
+	// As HTTP does, for values that reach us through other paths.
 	v := strings.Trim(lines[0], " \t")
 	key := v
 	if strings.HasPrefix(v, `"`) {
@@ -70,9 +65,9 @@ func CheckKey(key string) error {
 	return nil
 }
 
-// parseSFString parses an RFC 8941 sf-string: DQUOTE *(unescaped / "\" ( DQUOTE / "\" )) DQUOTE.
-// Structured Field parameters after the string are not part of this header's
-// definition and are rejected.
+// parseSFString parses an RFC 8941 sf-string: DQUOTE *(unescaped / "\" (
+// DQUOTE / "\" )) DQUOTE. Parameters after it are not part of this
+// header's definition, and are rejected.
 func parseSFString(v string) (string, error) {
 	var b strings.Builder
 	for i := 1; i < len(v); i++ {

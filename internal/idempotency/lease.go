@@ -1,9 +1,5 @@
 package idempotency
 
-// The lease: the right of one owner to drive a record forward, its phases
-// (each one transaction, fenced on the attempt), the heartbeat that keeps
-// it, and what the reconciler does with the leases it takes.
-
 import (
 	"context"
 	"errors"
@@ -19,21 +15,18 @@ import (
 	"github.com/retrysafe/payments/internal/postgres"
 )
 
-// Lease is the right, held by exactly one request (or worker) at a time, to
-// drive one record forward from its recovery point.
+// Lease is the right, held by one request (or worker) at a time, to drive
+// one record forward from its recovery point.
 type Lease struct {
 	store    *Store
 	record   Record
 	response *Response
-	// claimed is when the claim that gave this lease was sent, on this
-	// process's clock, and age how old the record was then, on the
-	// database's: what the replay cache needs to keep the answer no longer
-	// than the record is certain to exist.
+	// When the claim that gave this lease was sent (this process's clock)
+	// and the record's age then (the database's): for the replay cache.
 	claimed time.Time
 	age     time.Duration
-	// lost is set when a renewal of the lease matched no row: a newer
-	// attempt took the record over, or the lease lapsed before the
-	// renewal came.
+	// lost is set when a renewal matched no row: a newer attempt took the
+	// record over, or the lease lapsed before the renewal came.
 	lost atomic.Bool
 }
 
@@ -58,31 +51,21 @@ func (*Response) isResult() {}
 // phase's effects and "this phase is done" commit together or not at all.
 //
 // The fenced update comes last and succeeds only while this attempt holds
-// a live lease. If a newer attempt took the record over while fn ran, or
-// the lease ran out, it fails (SQLSTATE RS001, migration 0023) instead of
-// matching no row: it is sent in one round trip with the COMMIT, which the
-// error stops. The whole transaction (fn's writes included) rolls back,
-// and Phase returns ErrLeaseLost. If a takeover races
-// with this transaction, the row lock taken by the update orders them: the
-// takeover waits, then re-reads the row. If this phase completed the
-// record, there is nothing to take over. If it only moved the recovery
-// point, the takeover proceeds from that new point, and this owner's next
-// write is refused: the record moves forward exactly once either way.
+// a live lease. Otherwise (taken over while fn ran, or the lease ran out)
+// it raises SQLSTATE RS001 (migration 0023), rather than matching no row,
+// to stop the COMMIT sent with it; everything rolls back and Phase returns
+// ErrLeaseLost. A racing takeover waits on the update's row lock, then
+// re-reads the row: if this phase completed the record there is nothing to
+// take over; if not, it proceeds from the new recovery point and this
+// owner's next write is refused. The record moves forward exactly once.
 func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 	if l.lost.Load() {
-		// A renewal found the lease lost: stop before the next write (it
-		// would be fenced out anyway).
-		return ErrLeaseLost
+		return ErrLeaseLost // a renewal found it lost: the write would be fenced out
 	}
-	// One span per phase, named after the recovery point it starts from:
-	// a resumed operation's trace shows which phases this attempt ran, and
-	// which it skipped because an earlier attempt committed them.
-	ctx, span := startPhase(ctx, l.record)
+	ctx, span := startPhase(ctx, l.record) // shows which phases this attempt ran
 	var result Result
 	// BEGIN goes with fn's first statement, and COMMIT with the fenced
-	// write (internal/postgres, TransactPipelined): the same statements in
-	// two round trips fewer. The fenced write fails when the fence is
-	// lost, so the COMMIT behind it never runs then.
+	// write (TransactPipelined): two round trips fewer.
 	err := postgres.TransactPipelined(ctx, l.store.pool, func(tx *postgres.PipelinedTx) error {
 		var err error
 		if result, err = fn(ctx, tx); err != nil {
@@ -119,11 +102,11 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 // writeResult writes a phase's result to the record, fenced on the
 // attempt: ErrLeaseLost when this owner no longer holds a live lease.
 func (l *Lease) writeResult(ctx context.Context, tx dbsqlc.DBTX, result Result) error {
-	q, rec := queries, l.record
+	rec := l.record
 	var err error
 	switch r := result.(type) {
 	case RecoveryPoint:
-		err = q.SetRecoveryPoint(ctx, tx, dbsqlc.SetRecoveryPointParams{
+		err = queries.SetRecoveryPoint(ctx, tx, dbsqlc.SetRecoveryPointParams{
 			RecoveryPoint: string(r), CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
 		})
 	case *Response:
@@ -152,41 +135,31 @@ func (l *Lease) writeResult(ctx context.Context, tx dbsqlc.DBTX, result Result) 
 }
 
 // leaseLost says whether err is a fenced write refusing an owner that lost
-// its fence: the SQLSTATE that idempotency_lease_lost() raises (migration
-// 0023).
+// its lease: idempotency_lease_lost()'s SQLSTATE (migration 0023).
 func leaseLost(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "RS001"
 }
 
 // heartbeat renews l's lease every third of a lease until stop is called
-// or ctx ends: a live owner keeps its lease however long it works (up to
-// MaxRun), and a crashed one stops renewing and loses it within one lease.
-// A renewal is fenced like every other write: when it matches no row, the
-// lease is lost, lost is called, and the heartbeat stops. A renewal that
-// fails for another reason (the database is away) is tried again a third
-// of a lease later; meanwhile the lease may lapse, and then the next
-// renewal finds it lost.
+// or ctx ends: a live owner keeps it however long it works (up to MaxRun),
+// a crashed one loses it within one lease. A renewal is fenced: when it
+// matches no row, lost is called and the heartbeat stops. One that fails
+// otherwise (the database is away) is tried again a third of a lease later.
 //
-// Most operations end long before their first renewal is due, so the
-// heartbeat is a timer, not a goroutine: nothing runs, and nothing has to
-// be woken to stop it, unless the work outlasts a third of a lease. Each
-// renewal runs in the timer's own goroutine and, when it is done, sets the
-// timer for a third of a lease after it started (at once, if it took that
-// long), so renewals never overlap and start on the ticker's cadence: one
-// renewal is sent a third of a lease after the one before, which the
-// database applied within a third (its timeout), so it lands at least a
-// third of a lease before the lease it extended would lapse.
+// It is a timer, not a goroutine, since most operations end before their
+// first renewal. Each renewal resets the timer for a third of a lease after
+// it started, so renewals never overlap; applied within a third (its
+// timeout), each lands at least a third of a lease before the lease it
+// extends would lapse.
 func (l *Lease) heartbeat(ctx context.Context, lost func()) (stop func()) {
-	// The fields that name the lease never change while it is held; read
-	// once, here, they are not shared with the phases that move the record.
+	// Read once: not shared with the phases that move the record.
 	callerID, id, attempt := l.record.CallerID, l.record.ID, l.record.Attempt
 	every := l.store.lease / 3
 	var (
-		// mu is held by a renewal for as long as it runs, and by stop:
-		// once stop returns, no renewal is running and none will start,
-		// so a renewal can never find the record completed after the
-		// owner finished with it and call its lease lost.
+		// mu is held by a renewal while it runs, and by stop: once stop
+		// returns none is running or will start, so none can find the
+		// record completed by its owner and call the lease lost.
 		mu      sync.Mutex
 		stopped bool
 		timer   *time.Timer
@@ -224,11 +197,9 @@ func (l *Lease) heartbeat(ctx context.Context, lost func()) (stop func()) {
 	}
 }
 
-// ClaimStale takes over up to n in-progress records that are due and that
-// no live owner holds, for the reconciler: those that never passed their
-// first phase, and those of the given operations (the ones it can resume).
-// Several reconcilers may call it at once: each record goes to exactly one
-// of them.
+// ClaimStale takes over, for the reconciler, up to n due in-progress
+// records no live owner holds: those that never passed their first phase,
+// and those of the given operations. Each goes to one reconciler only.
 func (s *Store) ClaimStale(ctx context.Context, n int, operations []string) ([]*Lease, error) {
 	recs, err := queries.ClaimStaleIdempotencyKeys(ctx, s.pool, dbsqlc.ClaimStaleIdempotencyKeysParams{
 		LeaseSeconds: s.lease.Seconds(), MaxRecords: int32(n), Operations: operations, // #nosec G115 -- n is the reconciler's batch, a handful
@@ -243,10 +214,8 @@ func (s *Store) ClaimStale(ctx context.Context, n int, operations []string) ([]*
 	return leases, nil
 }
 
-// GiveBack gives a lease from ClaimStale up without doing any work, for a
-// reconciler that is stopping: a client's retry may take the record over
-// at once, a reconciler may try it at once too, and the try it did not
-// make is not counted against it.
+// GiveBack gives a lease from ClaimStale up unused, for a reconciler that
+// is stopping: anyone may take the record at once, and no try is counted.
 func (l *Lease) GiveBack() {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
@@ -262,24 +231,24 @@ func (l *Lease) GiveBack() {
 // done), freeing its key. It returns ErrLeaseLost if the record moved on.
 func (l *Lease) Abandon(ctx context.Context) error {
 	rec := l.record
-	n, err := queries.AbandonIdempotencyKey(ctx, l.store.pool, dbsqlc.AbandonIdempotencyKeyParams{
+	return fenced(queries.AbandonIdempotencyKey(ctx, l.store.pool, dbsqlc.AbandonIdempotencyKeyParams{
 		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
-	})
-	if err == nil && n == 0 {
-		err = ErrLeaseLost
-	}
-	return err
+	}))
 }
 
 // Bury sets the record aside for an operator (status dead). It returns
 // ErrLeaseLost if the record moved on.
 func (l *Lease) Bury(ctx context.Context) error {
 	rec := l.record
-	n, err := queries.BuryIdempotencyKey(ctx, l.store.pool, dbsqlc.BuryIdempotencyKeyParams{
+	return fenced(queries.BuryIdempotencyKey(ctx, l.store.pool, dbsqlc.BuryIdempotencyKeyParams{
 		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
-	})
+	}))
+}
+
+// fenced is a fenced write's error: ErrLeaseLost when it matched no row.
+func fenced(n int64, err error) error {
 	if err == nil && n == 0 {
-		err = ErrLeaseLost
+		return ErrLeaseLost
 	}
 	return err
 }

@@ -12,16 +12,10 @@ import (
 )
 
 // A Listener holds the one connection per process that LISTENs for the
-// records duplicates wait on (migration 0021), and wakes the waiters of a
-// record when it is notified. Waiting requests hold no connection of their
-// own: two hundred duplicates of one key cost this one connection and a
-// short statement each when they wake.
-//
-// A notification can be lost: the connection drops, or a waiter registers
-// just after its record's notification went by. Neither costs more than
-// latency. Each waiter reads its record again after registering, and on a
-// timer; and when the connection is lost, every waiter is woken to look for
-// itself.
+// records duplicates wait on (migration 0021), and wakes a record's waiters
+// when it is notified: two hundred duplicates cost one connection. A lost
+// notification costs only latency: each waiter reads its record again
+// after registering and on a timer, and a lost connection wakes them all.
 type Listener struct {
 	connect func(context.Context) (*pgx.Conn, error)
 	log     *slog.Logger
@@ -29,31 +23,29 @@ type Listener struct {
 	mu      sync.Mutex
 	waiting map[recordRef]map[chan struct{}]struct{}
 
-	// listening is closed once the first LISTEN has taken effect and the
-	// waiters registered meanwhile have been woken: from then on, only a
-	// notification or a lost connection wakes anyone (tests wait for it).
+	// listening is closed once the first LISTEN took effect and the
+	// waiters registered meanwhile were woken (tests wait for it).
 	listening     chan struct{}
 	listeningOnce sync.Once
 }
 
-// recordRef names a record as its notification does: caller and id.
+// recordRef names a record as its notification does.
 type recordRef struct {
 	callerID string
 	id       int64
 }
 
-// listenChannel is the channel migration 0021's triggers notify on, with
-// the record's "<caller_id>/<id>" as the payload.
+// listenChannel is what migration 0021's triggers notify, with payload
+// "<caller_id>/<id>".
 const listenChannel = "idempotency_keys"
 
-// NewListener returns a Listener that makes its connection with connect (a
-// pool's connection configuration, say). It listens once Run runs.
+// NewListener returns a Listener that connects with connect once Run runs.
 func NewListener(connect func(context.Context) (*pgx.Conn, error), log *slog.Logger) *Listener {
 	return &Listener{connect: connect, log: log, waiting: map[recordRef]map[chan struct{}]struct{}{}, listening: make(chan struct{})}
 }
 
 // watch registers a waiter for a record: wake receives when the record is
-// notified (or the listener may have missed it). Call cancel when done.
+// notified (or may have been missed). Call cancel when done.
 func (l *Listener) watch(callerID string, id int64) (wake <-chan struct{}, cancel func()) {
 	ref := recordRef{callerID, id}
 	ch := make(chan struct{}, 1)
@@ -91,8 +83,7 @@ func (l *Listener) wake(ref recordRef, all bool) {
 }
 
 // Run keeps a connection LISTENing until ctx ends, reconnecting with a
-// growing pause after a failure. Until it listens, waiters are woken only
-// by their own timers.
+// growing pause after a failure.
 func (l *Listener) Run(ctx context.Context) {
 	pause := 100 * time.Millisecond
 	for ctx.Err() == nil {
@@ -100,9 +91,7 @@ func (l *Listener) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		// Whatever was notified while the connection was down is lost:
-		// let every waiter look for itself.
-		l.wake(recordRef{}, true)
+		l.wake(recordRef{}, true) // notifications were lost: all look again
 		l.log.WarnContext(ctx, "idempotency: listening for waited-on records failed; connecting again", "err", err, "in", pause)
 		select {
 		case <-ctx.Done():
@@ -122,9 +111,7 @@ func (l *Listener) listen(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+listenChannel); err != nil {
 		return err
 	}
-	// A waiter may have registered while the connection was being made;
-	// what was notified before LISTEN took effect is not received.
-	l.wake(recordRef{}, true)
+	l.wake(recordRef{}, true) // for what was notified before LISTEN took effect
 	l.listeningOnce.Do(func() { close(l.listening) })
 	for {
 		n, err := conn.WaitForNotification(ctx)

@@ -1,10 +1,9 @@
 package idempotency
 
-// Declaring a keyed operation. The domain package that owns an operation
-// declares it, Local or External; internal/app registers every declaration
-// once (NewRegistry); from then on the keyed adapter (internal/server)
-// serves it from the declaration, and the reconciler resumes it from the
-// same declaration. No other code names an operation.
+// Declaring a keyed operation. The domain package that owns it declares it,
+// Local or External; internal/app registers it (NewRegistry); the keyed
+// adapter (internal/server) serves it, and the reconciler resumes it, from
+// that declaration. No other code names an operation.
 
 import (
 	"context"
@@ -28,16 +27,15 @@ type Operation struct {
 	// Name is the contract's operationId, stored with every record.
 	Name  string
 	serve func(ctx context.Context, s *Store, req Request, path map[string]string, body []byte) (*Response, error)
-	// Resume drives an external operation from the recovery point its
-	// record reached, for the reconciler; nil for a local one.
+	// Resume drives an external operation on from its recovery point, for
+	// the reconciler; nil for a local one.
 	Resume  Handler
 	invalid string // why the declaration cannot work, for NewRegistry
 }
 
-// Local declares a local operation, one that touches only this database:
-// run writes its effect in tx and returns the answer to store, and both
-// commit in one transaction with the record (Store.ExecuteLocal, which says
-// what run's errors mean).
+// Local declares a local operation: run writes its effect in tx and
+// returns the answer to store, and both commit with the record
+// (Store.ExecuteLocal says what run's errors mean).
 func Local[B any](name string, run func(ctx context.Context, tx pgx.Tx, in Input[B]) (*Response, error)) Operation {
 	return Operation{Name: name, serve: func(ctx context.Context, s *Store, req Request, path map[string]string, body []byte) (*Response, error) {
 		in, err := decode[B](req, path, body)
@@ -48,23 +46,21 @@ func Local[B any](name string, run func(ctx context.Context, tx pgx.Tx, in Input
 	}}
 }
 
-// External declares an operation with an outside effect (a call to the
-// processor) as its recovery points, each with the step that moves it on.
-// A client's request, its retry and the reconciler all run these steps.
+// External declares an operation with an outside effect (a processor
+// call) as its recovery points, each with the step that moves it on, run
+// alike by a client's request, its retry and the reconciler.
 type External[B any] struct {
 	Name string
 	// Check, when set, runs before the claim: its error (an unknown
-	// order's 404) is answered and not stored, so the key stays free for
-	// a corrected request.
+	// order's 404) is not stored, so the key stays free for a fixed request.
 	Check func(ctx context.Context, in Input[B]) error
-	// Start is the first phase, one transaction: it writes everything the
-	// later steps need (they have only the record and the rows it names:
-	// the request's body is not stored) and returns the recovery point it
-	// reached, or a final answer.
+	// Start is the first phase: it writes everything the later steps need
+	// (they have only the record and the rows it names, not the body) and
+	// returns the recovery point it reached, or a final answer.
 	Start func(ctx context.Context, tx pgx.Tx, rec Record, in Input[B]) (Result, error)
-	// Steps moves the operation on from each later recovery point: one or
-	// more l.Phase, the last of which stores the final answer. What a
-	// step's error means is the Handler's rule.
+	// Steps moves the operation on from each later recovery point by one
+	// or more l.Phase, the last storing the final answer. A step's error
+	// means what a Handler's does.
 	Steps map[RecoveryPoint]Handler
 }
 
@@ -94,9 +90,8 @@ func (e External[B]) Operation() Operation {
 }
 
 // handler runs the step for the record's recovery point until a phase
-// stores the final answer. Without the request's input (in is nil: the
-// reconciler) it cannot start an operation, and never has to: the
-// reconciler abandons a record that never passed started.
+// stores the final answer. The reconciler has no input (in is nil), and
+// never needs to start an operation: it abandons those not started.
 func (e External[B]) handler(in *Input[B]) Handler {
 	return func(ctx context.Context, l *Lease) error {
 		for l.response == nil {
@@ -118,10 +113,9 @@ func (e External[B]) handler(in *Input[B]) Handler {
 }
 
 // decode reads a request's body into the operation's type. The contract
-// middleware validated it first, against a schema that allows no member it
-// does not name, so the only failure left is a value the type cannot hold
-// (1999.0 for an integer): a *json.UnmarshalTypeError, which the server
-// answers with a 400 naming the field, before anything is stored.
+// middleware validated it against a schema that allows no unnamed member,
+// so the only failure left is a value the type cannot hold (1999.0 for an
+// integer): a *json.UnmarshalTypeError, a 400 before anything is stored.
 func decode[B any](req Request, path map[string]string, body []byte) (Input[B], error) {
 	in := Input[B]{Request: req, Path: path}
 	if len(body) > 0 {
@@ -140,10 +134,8 @@ func (s *Store) Serve(ctx context.Context, op Operation, req Request, path map[s
 // Registry is every declared keyed operation, by name.
 type Registry struct{ ops map[string]Operation }
 
-// NewRegistry registers ops. It refuses, at start-up rather than at the
-// first crash, two declarations of one name, an external operation that
-// cannot start, and one with no step after its start (nothing would ever
-// finish it).
+// NewRegistry registers ops, refusing at start-up rather than at the first
+// crash two of one name, or an external one that nothing would finish.
 func NewRegistry(ops ...Operation) (*Registry, error) {
 	r := &Registry{ops: make(map[string]Operation, len(ops))}
 	for _, op := range ops {

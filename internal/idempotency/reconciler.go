@@ -1,20 +1,15 @@
 package idempotency
 
-// The reconciler finishes operations that nobody is finishing: keyed
-// requests whose owner crashed, or that stopped at a recovery point after a
-// transient failure and whose client never came back. It takes such records
-// over (a new attempt, fencing out the old owner) and drives them to
-// completion from their recovery point, with backoff between tries, and
-// sets aside for a person those that keep failing.
+// The reconciler finishes operations nobody is finishing (their owner
+// crashed, or their client never retried a transient failure): it takes
+// them over, drives them on from their recovery point with backoff between
+// tries, and sets aside for a person those that keep failing. One runs per
+// replica; FOR UPDATE SKIP LOCKED gives each record to one of them.
 //
-// Several reconcilers (one per server replica) can run at once: each claim
-// uses FOR UPDATE SKIP LOCKED, so a record goes to one of them.
-//
-// It has no code of its own for any operation: it runs the steps the
-// operation declared (External), the same ones a client's retry runs, so
-// an operation's phases live in one place. It claims only what it can
-// handle: records that never passed their first phase (which it
-// abandons), and records of declared external operations.
+// It runs the steps the operation declared (External), as a client's retry
+// does, so an operation's phases live in one place. It claims only records
+// that never passed their first phase (it abandons them), and those of
+// declared external operations.
 
 import (
 	"context"
@@ -38,23 +33,20 @@ type ReconcilerConfig struct {
 	Batch int
 	// MaxRun bounds one record's run, as for a request.
 	MaxRun time.Duration
-	// MaxAttempts and MaxAge decide when a record is set aside (status
-	// dead) instead of tried again. MaxAttempts counts the reconciler's own
-	// tries (reconciler_attempts), not a client's retries: a client
-	// retrying through an outage must not use up the reconciler's patience.
+	// MaxAttempts and MaxAge decide when a record is set aside (dead).
+	// MaxAttempts counts the reconciler's own tries, not a client's: a
+	// client retrying through an outage must not use up its patience.
 	MaxAttempts int
 	MaxAge      time.Duration
 	// BackoffBase and BackoffCap shape the delay before the next try after
 	// a transient failure: full jitter, random(0, min(cap, base·2^attempt)).
 	BackoffBase, BackoffCap time.Duration
-	// RetriesPerInterval and RetryBurst are the retry budget: every record
-	// the reconciler takes is a retry, so it may take at most
-	// RetriesPerInterval more per Interval of time, saved up to RetryBurst
-	// (the budget starts full). During an outage of the processor this caps
-	// the load the reconciler adds to it, however fast it loops.
+	// RetriesPerInterval and RetryBurst are the retry budget: at most
+	// RetriesPerInterval records taken per Interval, saved up to RetryBurst
+	// (full at start). It caps the load the reconciler adds to a processor
+	// in an outage, however fast it loops.
 	RetriesPerInterval, RetryBurst int
-	// Clock tells the time for the budget; nil is time.Now. Tests pass a
-	// clock they move by hand.
+	// Clock tells the time for the budget; nil is time.Now.
 	Clock func() time.Time
 }
 
@@ -81,8 +73,7 @@ type Reconciler struct {
 }
 
 // NewReconciler returns a reconciler over store that resumes each record
-// with the steps its operation declared in operations. It refuses an
-// invalid configuration.
+// with the steps declared in operations, or refuses an invalid cfg.
 func NewReconciler(cfg ReconcilerConfig, store *Store, operations *Registry, log *slog.Logger) (*Reconciler, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -99,9 +90,8 @@ func (r *Reconciler) Run(ctx context.Context) {
 }
 
 // refill deposits RetriesPerInterval for every whole Interval since the
-// last refill. The budget is refilled by time, not by scans: the loop runs
-// again at once after a full batch, and a deposit per scan would let it
-// retry without limit.
+// last refill: by time, not by scan, since the loop runs again at once
+// after a full batch and would then retry without limit.
 func (r *Reconciler) refill() {
 	now := r.cfg.Clock()
 	if r.lastRefill.IsZero() {
@@ -114,19 +104,17 @@ func (r *Reconciler) refill() {
 	}
 }
 
-// RunOnce claims one batch of stale records and handles each; it returns
-// how many it claimed.
+// RunOnce claims one batch of stale records, handles each, and says how
+// many it claimed.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	r.refill()
 	allowed := r.budget.SpendUpTo(r.cfg.Batch)
 	if allowed == 0 {
 		return 0, nil // out of budget: the records wait for a later scan
 	}
-	// A claim is never cut off halfway: canceled mid-statement, it could
-	// commit without this reconciler learning what it took, leaving those
-	// records leased to nobody (and clients told 409) until the leases ran
-	// out. So the claim runs on a context detached from cancellation, and
-	// every record it returns is handled or given back.
+	// Detached: a claim canceled mid-statement could commit unseen, leaving
+	// its records leased to nobody (clients told 409) until the leases ran
+	// out. Every record it returns is handled or given back.
 	if ctx.Err() != nil {
 		r.budget.Deposit(allowed)
 		return 0, nil
@@ -141,9 +129,8 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	r.budget.Deposit(allowed - len(leases)) // only what was used is spent
 	for _, l := range leases {
 		if ctx.Err() != nil {
-			// Stopping: give the records not yet handled back at once, so
-			// that a client's retry (or another reconciler) need not wait
-			// for their leases to run out.
+			// Stopping: give the rest back, so that nobody need wait for
+			// their leases to run out.
 			l.GiveBack()
 			continue
 		}
@@ -156,17 +143,14 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	rec := l.Record()
 	log := r.log.With("caller", rec.CallerID, "key_id", rec.ID, "operation", rec.Operation, "path", rec.RequestPath,
 		"recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
-	// A record started is finished even if the reconciler is told to stop
-	// meanwhile (its writes must not be cut off halfway), bounded by the
-	// longest run of an operation, like any request.
+	// Finished even if the reconciler is told to stop meanwhile (its writes
+	// must not be cut off halfway), bounded like any request.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MaxRun)
 	defer cancel()
 	metrics.ReconcilerTakeovers.Inc()
-	// A trace of its own: the phases and the processor call the resumption
-	// makes are its children. It may run an hour after the request, which
-	// as its parent would stretch that request's trace over the hour;
-	// instead it links to the request that started the operation (its
-	// traceparent, stored by the claim), when that request was traced.
+	// A trace of its own, for its phases and processor call: it may run an
+	// hour after the request, whose trace it would stretch over the hour
+	// as a child. It links to that request instead, if it was traced.
 	ctx, span := tracer.Start(ctx, "reconciler resume", append(postgres.LinkTo(&rec.Traceparent),
 		trace.WithNewRoot(), trace.WithAttributes(
 			attrOperation.String(rec.Operation), attrKeyHash.String(KeyHash(rec.CallerID, rec.Key)),
@@ -174,12 +158,10 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	defer span.End()
 
 	if l.RecoveryPoint() == RecoveryStarted {
-		// The first phase never committed, so nothing happened, locally or
-		// downstream, whatever the operation. Free the key; a client retry
-		// runs afresh. This comes before the check for giving up: there is
-		// nothing for a person to look at, and setting the record aside
-		// would only tell its client never to retry an operation that
-		// never began.
+		// The first phase never committed, so nothing happened anywhere:
+		// free the key for a retry to run afresh. Before the check for
+		// giving up: setting it aside would tell its client never to retry
+		// an operation that never began.
 		switch err := l.Abandon(ctx); {
 		case errors.Is(err, ErrLeaseLost):
 			log.InfoContext(ctx, "reconciler: the record moved on before it could be abandoned")
@@ -191,36 +173,22 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 		}
 		return
 	}
-	// The age is judged on this process's clock; MaxAge is hours, so the
-	// skew between replicas does not matter here (leases use the
-	// database's clock).
-	if int(rec.ReconcilerAttempts) > r.cfg.MaxAttempts || time.Since(rec.CreatedAt) > r.cfg.MaxAge {
-		if err := l.Bury(ctx); err != nil {
-			log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
-			return
-		}
-		metrics.ReconcilerDeadLetters.Inc()
-		log.WarnContext(ctx, "reconciler: operation set aside for an operator (dead)")
-		return
-	}
-
 	op, ok := r.operations.Lookup(rec.Operation)
-	if !ok || op.Resume == nil {
-		// ClaimStale claims only registered operations past 'started', so
-		// this means the registry changed under a running reconciler: a
-		// wiring bug. A person must look.
-		if err := l.Bury(ctx); err != nil {
-			log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
-			return
-		}
-		metrics.ReconcilerDeadLetters.Inc()
-		log.ErrorContext(ctx, "reconciler: no handler registered for the operation; set aside")
+	switch {
+	case int(rec.ReconcilerAttempts) > r.cfg.MaxAttempts || time.Since(rec.CreatedAt) > r.cfg.MaxAge:
+		// (On this process's clock: MaxAge is hours, so skew does not matter.)
+		bury(ctx, l, log, slog.LevelWarn, "reconciler: operation set aside for an operator (dead)")
+		return
+	case !ok || op.Resume == nil:
+		// ClaimStale claims only registered operations past 'started': the
+		// registry changed under a running reconciler, a wiring bug.
+		bury(ctx, l, log, slog.LevelError, "reconciler: no handler registered for the operation; set aside")
 		return
 	}
-	// After a transient failure the lease is released at once (a client's
-	// retry may resume the record any time) and the reconciler's own next
-	// try waits out its backoff.
-	resp, err := r.store.Drive(ctx, l, op.Resume, r.backoff(rec.ReconcilerAttempts))
+	// After a transient failure Drive releases the lease at once, for a
+	// client's retry; the reconciler's own next try waits out its backoff.
+	backoff := retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, int(rec.ReconcilerAttempts))
+	resp, err := r.store.Drive(ctx, l, op.Resume, backoff)
 	if err != nil {
 		metrics.ReconcilerResumes.WithLabelValues("not_finished").Inc()
 		log.InfoContext(ctx, "reconciler: not finished, will try again", "err", err)
@@ -230,7 +198,12 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	log.InfoContext(ctx, "reconciler: finished an operation", "status", resp.Status)
 }
 
-// backoff is the shared full-jitter policy.
-func (r *Reconciler) backoff(attempt int32) time.Duration {
-	return retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, int(attempt))
+// bury sets l's record aside for a person, and logs msg at level.
+func bury(ctx context.Context, l *Lease, log *slog.Logger, level slog.Level, msg string) {
+	if err := l.Bury(ctx); err != nil {
+		log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
+		return
+	}
+	metrics.ReconcilerDeadLetters.Inc()
+	log.Log(ctx, level, msg)
 }

@@ -9,9 +9,9 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// Record is the record of one idempotency key of one caller: the state of
-// one logical operation, from its claim to its stored response. Only this
-// package writes it (the idempotency_keys table is this package's).
+// Record is one caller's idempotency key: the state of one logical
+// operation, from its claim to its stored response. Only this package
+// writes the idempotency_keys table.
 type Record struct {
 	ID       int64
 	CallerID string
@@ -39,11 +39,10 @@ type Record struct {
 	NextAttemptAt      time.Time
 	ReconcilerAttempts int32
 	// Traceparent is the W3C trace context of the request that claimed
-	// the key, when it was traced ("" otherwise): the reconciler's trace
-	// links to it.
+	// the key, if traced: the reconciler's trace links to it.
 	Traceparent string
-	// Awaited is whether a duplicate has marked the record as waited for,
-	// so that its completion notifies (wait.go). Once set it stays set.
+	// Awaited: a duplicate waits for it, so its completion notifies
+	// (wait.go). Once set it stays set.
 	Awaited bool
 }
 

@@ -9,22 +9,18 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// storedHeaders is the allow-list of response headers kept with a record
-// and replayed. Anything else (Set-Cookie above all, or per-request headers
-// such as Date or a request id) is either unsafe or wrong to repeat.
+// storedHeaders is the allow-list of response headers stored and replayed:
+// others (Set-Cookie, Date, a request id) are unsafe or wrong to repeat.
 var storedHeaders = [...]string{"Content-Type", "Location", "Content-Encoding"}
 
-// Response is an operation's final HTTP response, as stored and replayed.
-// The first answer and every replay are written from the same stored bytes,
-// which is what makes a replay byte-identical. A Response is only read once
-// made: the replays of a cached answer share its body and header values.
+// Response is an operation's final HTTP response, as stored and replayed:
+// the first answer and every replay are written from the same bytes. It is
+// only read once made (a cached answer's replays share its values).
 type Response struct {
-	Status int
-	Header http.Header
-	Body   []byte
-	// Replayed is set when the response comes from the record rather than
-	// from this request's own execution.
-	Replayed bool
+	Status   int
+	Header   http.Header
+	Body     []byte
+	Replayed bool // from the record, not this request's own execution
 }
 
 // NewResponse returns a Response, keeping only the allow-listed headers.
@@ -70,17 +66,13 @@ func (r *Response) Write(w http.ResponseWriter) error {
 	return err
 }
 
-// replayStored is the stored answer of the completed record rec, read from
-// the database, once it cannot be lost. A commit is visible to other
-// sessions on the primary before its synchronous standby has it when its
-// wait for the standby is cut short: a primary shutting down for a
-// failover terminates the waiting backend after its local commit, and for
-// a moment others see the record. A replay answered from that read would
-// tell a client of an effect the new primary never had (the failover soak
-// found one: an order acknowledged, then gone). So the read is confirmed
-// first: ConfirmReplicated commits a write after it, and its commit waits
-// for the standby. Without a synchronous standby it costs a round trip and
-// writes nothing.
+// replayStored is the completed record rec's stored answer, once it cannot
+// be lost. A primary shutting down for a failover ends a backend waiting
+// for its synchronous standby after its local commit, and for a moment
+// other sessions see a record the new primary will never have: a replay
+// of it would acknowledge a lost effect (the failover soak found an order
+// acknowledged, then gone). So ConfirmReplicated first commits a write,
+// whose commit waits for the standby; without one, it costs a round trip.
 func (s *Store) replayStored(ctx context.Context, rec Record) (*Response, error) {
 	if err := queries.ConfirmReplicated(ctx, s.pool); err != nil {
 		return nil, fmt.Errorf("confirm the stored answer is replicated: %w", err)
@@ -99,6 +91,5 @@ func storedResponse(rec Record) (*Response, error) {
 	return &Response{Status: int(*rec.ResponseStatus), Header: header, Body: rec.ResponseBody, Replayed: true}, nil
 }
 
-// encodeHeaders is the answer's headers as they are stored with its
-// record: a JSON object of each name's values.
+// encodeHeaders is headers as stored: a JSON object of each name's values.
 func encodeHeaders(h http.Header) ([]byte, error) { return json.Marshal(h) }

@@ -1,9 +1,5 @@
 package idempotency
 
-// Running an owned operation: its Handler drives it phase by phase under
-// the lease, and Drive settles what its error means (stored, resumable, or
-// set aside).
-
 import (
 	"context"
 	"errors"
@@ -21,27 +17,24 @@ import (
 )
 
 // A Handler drives an owned operation from l.RecoveryPoint() to its final
-// response, one l.Phase at a time. It is called both for a fresh claim
-// (at RecoveryStarted) and for a takeover (at whatever point the previous
-// owner reached), so it must switch on the recovery point.
+// response, one l.Phase at a time. It runs for a fresh claim (at
+// RecoveryStarted) and for a takeover (wherever the previous owner
+// stopped), so it must switch on the recovery point.
 //
 // Its error decides what is kept:
-//   - nil: the last phase stored a response; that response is returned.
-//   - a transient error (the database or a downstream service failed in a
-//     way worth retrying, see IsRetryable): the lease is released and the
-//     record stays at its recovery point, so a retry resumes there. Nothing
-//     is stored: a retry must not replay a failure that was not final.
-//   - a *problem.Error: a final outcome found during execution (a
-//     business-rule conflict). It is stored and replayed like a success.
-//   - any other error (a bug, a panic), before the first phase committed:
-//     nothing happened, so it is a final internal error, stored as a
-//     generic 500 (a retry would only fail again).
-//   - any other error after the first phase committed: an effect may be
-//     pending outside our database (a charge at the processor), and a
-//     stored 500 would leave it unrecorded for ever. The record stays
-//     resumable, exactly as after a transient failure (the client gets a
-//     503), and the reconciler sets it aside for a person if it keeps
-//     failing. So a handler never has to sort its own unexpected errors.
+//   - nil: the last phase stored a response, which is returned.
+//   - a transient error (IsRetryable): the lease is released and the record
+//     stays at its recovery point, for a retry to resume. Nothing is
+//     stored: a retry must not replay a failure that was not final.
+//   - a *problem.Error: a final outcome (a business-rule conflict), stored
+//     and replayed like a success.
+//   - any other error (a bug, a panic) before the first phase committed:
+//     nothing happened, so it is stored as a generic 500.
+//   - any other error after it: an effect may be pending outside our
+//     database (a charge at the processor), which a stored 500 would leave
+//     unrecorded for ever. The record stays resumable, as after a transient
+//     failure (the client gets a 503), and the reconciler sets it aside for
+//     a person if it keeps failing.
 type Handler func(ctx context.Context, l *Lease) error
 
 // IsRetryable reports whether a Handler's error leaves the operation
@@ -54,9 +47,8 @@ func IsRetryable(err error) bool {
 	return postgres.IsTransient(err)
 }
 
-// run drives the operation req that lease holds to its answer, bounded by
-// MaxRun however long its owner keeps the lease renewed, and on a context
-// the client's cancellation does not reach.
+// run drives the operation lease holds to its answer, detached from the
+// client's cancellation and bounded by MaxRun however long it renews.
 func (s *Store) run(ctx context.Context, req Request, lease *Lease, h Handler) (*Response, error) {
 	if s.faults != nil {
 		s.faults.AfterClaim(lease.record)
@@ -66,23 +58,20 @@ func (s *Store) run(ctx context.Context, req Request, lease *Lease, h Handler) (
 	// A retryable failure releases the lease at once, so the client's retry
 	// finds the record free; the reconciler waits a lease before it steps in.
 	resp, err := s.Drive(ctx, lease, h, s.lease)
-	if err == nil {
-		// Drive answers without an error only from a completed record:
-		// this lease's, or the one that fenced it out.
+	if err == nil { // a completed record: this lease's, or its fencer's
 		s.replays.put(req, resp, lease.claimed, lease.age)
 	}
 	return resp, err
 }
 
-// Drive runs h on a lease already held (from a claim, or from the
-// reconciler's ClaimStale) and settles the outcome as the Handler
-// documentation says. After a retryable failure the lease is released at
-// once, and the reconciler's next try is scheduled reconcileAfter from now.
+// Drive runs h on a lease already held (from a claim, or the reconciler's
+// ClaimStale) and settles the outcome as Handler says. After a retryable
+// failure the lease is released at once, and the reconciler's next try is
+// scheduled reconcileAfter from now.
 func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAfter time.Duration) (*Response, error) {
-	// The owner renews its lease while the handler runs; if a renewal
-	// finds the lease lost, the handler's context is canceled (a processor
-	// call in flight is abandoned: its outcome is the new owner's to
-	// learn, under the same downstream key) and its next phase is refused.
+	// If a renewal finds the lease lost, the handler's context is canceled
+	// (a processor call in flight is abandoned: the new owner learns its
+	// outcome, under the same downstream key) and its next phase refused.
 	work, cancelWork := context.WithCancel(ctx)
 	stopHeartbeat := lease.heartbeat(work, cancelWork)
 	err := runHandler(work, h, lease)
@@ -93,10 +82,9 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 	case err == nil && lease.response != nil:
 		return lease.response, nil
 	case lease.lost.Load() || errors.Is(err, ErrLeaseLost):
-		// This owner was fenced out (its last phase rolled back), or a
-		// renewal found the lease lost, whatever the handler's error says
-		// about the call it was cut off in. Rare, and a sign of a stalled
-		// owner: logged. Answer with what became of the operation.
+		// Fenced out (its last phase rolled back), or a renewal found the
+		// lease lost, whatever the handler's error says about the call it
+		// was cut off in. Rare, and a sign of a stalled owner: logged.
 		s.log.WarnContext(ctx, "keyed operation's owner lost its lease", "err", err,
 			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
 		return s.current(ctx, lease.record)
@@ -104,15 +92,14 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 		err = fmt.Errorf("idempotency: handler for %s %s returned without a response", rec.RequestMethod, rec.RequestPath)
 	case errors.Is(err, ErrSetAside):
 		s.log.ErrorContext(ctx, "keyed operation set aside for an operator (dead)", "err", err,
-			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", lease.record.RecoveryPoint, "attempt", rec.Attempt)
+			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
 		buryCtx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
 		switch berr := lease.Bury(buryCtx); {
 		case errors.Is(berr, ErrLeaseLost):
 			return s.current(ctx, lease.record)
 		case berr != nil:
-			// Not set aside: left resumable, and the reconciler meets the
-			// same answer again.
+			// Left resumable: the reconciler meets the same answer again.
 			s.release(lease, reconcileAfter)
 			return nil, errors.Join(berr, err)
 		}
@@ -120,12 +107,12 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 		return nil, dead()
 	case IsRetryable(err):
 		s.log.WarnContext(ctx, "keyed operation left resumable", "err", err,
-			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", lease.record.RecoveryPoint, "attempt", rec.Attempt)
+			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
 		s.release(lease, reconcileAfter)
 		return nil, err
-	case !isProblem(err) && lease.RecoveryPoint() != RecoveryStarted:
+	case !errors.As(err, new(*problem.Error)) && rec.RecoveryPoint != RecoveryStarted:
 		s.log.ErrorContext(ctx, "keyed operation failed after its first phase; left resumable, not final", "err", err,
-			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", lease.record.RecoveryPoint, "attempt", rec.Attempt)
+			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
 		s.release(lease, reconcileAfter)
 		p := problem.New(problem.ServiceUnavailable,
 			"the operation could not be completed now; retry with the same Idempotency-Key and it resumes where it stopped")
@@ -134,13 +121,7 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 	}
 
 	// A final outcome: store it, so that every retry gets the same answer.
-	var p *problem.Error
-	if !errors.As(err, &p) {
-		s.log.ErrorContext(ctx, "keyed operation failed", "err", err,
-			"caller", rec.CallerID, "method", rec.RequestMethod, "path", rec.RequestPath, "attempt", rec.Attempt)
-		p = problem.New(problem.InternalError, "the request failed; it will not be retried under this Idempotency-Key")
-	}
-	resp := ProblemResponse(p)
+	resp := s.finalAnswer(ctx, err, "caller", rec.CallerID, "method", rec.RequestMethod, "path", rec.RequestPath, "attempt", rec.Attempt)
 	if err := s.complete(lease, resp); err != nil {
 		if errors.Is(err, ErrLeaseLost) {
 			return s.current(ctx, lease.record)
@@ -151,15 +132,22 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 	return resp, nil
 }
 
+// finalAnswer is the response stored for err, a final failure: its
+// problem, or a generic 500 for a bug (logged, with attrs).
+func (s *Store) finalAnswer(ctx context.Context, err error, attrs ...any) *Response {
+	var p *problem.Error
+	if !errors.As(err, &p) {
+		s.log.ErrorContext(ctx, "keyed operation failed", append([]any{"err", err}, attrs...)...)
+		p = problem.New(problem.InternalError, "the request failed; it will not be retried under this Idempotency-Key")
+	}
+	return ProblemResponse(p)
+}
+
 // current answers from what the record says now, for a request that could
-// not drive it: an owner that was fenced out (its last phase rolled back),
-// or a request that lost a race to take it over. Another owner may have
-// finished (its response is the answer) or may still be working (409 for
-// as long as its lease says); or the lease may simply have run out with
-// nobody holding it since, and a retry resumes the operation at once.
-//
-// An answer read from the finished record is a replay, and the request's
-// Idempotency-Outcome says so, whatever its own claim found.
+// not drive it (fenced out, or beaten to a takeover): another owner's
+// stored response, a replay whatever this request's claim found; a 409
+// while another owner holds it; or, if its lease ran out with nobody
+// holding it since, a 503 for a retry to resume it at once.
 func (s *Store) current(reqCtx context.Context, rec Record) (*Response, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
@@ -184,26 +172,20 @@ func (s *Store) current(reqCtx context.Context, rec Record) (*Response, error) {
 	}
 }
 
-func isProblem(err error) bool {
-	var p *problem.Error
-	return errors.As(err, &p)
+// recoverPanic, deferred, turns a panic into *err. A panic is a bug, so it
+// is treated like any unexpected error (see Handler and LocalFunc).
+func recoverPanic(what string, err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("%s panic: %v\n%s", what, r, debug.Stack())
+	}
 }
 
-// runHandler runs h, turning a panic into an error. A panic is a bug, so it
-// is treated like any unexpected error: stored as a 500 before the first
-// phase committed; after it, left resumable for the reconciler to set
-// aside, since an outside effect may be pending.
 func runHandler(ctx context.Context, h Handler, l *Lease) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("handler panic: %v\n%s", r, debug.Stack())
-		}
-	}()
+	defer recoverPanic("handler", &err)
 	return h(ctx, l)
 }
 
-// complete stores a final response outside any phase (for outcomes that end
-// an operation by failing).
+// complete stores a final failure's response, outside any phase.
 func (s *Store) complete(l *Lease, resp *Response) error {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
@@ -214,10 +196,8 @@ func (s *Store) complete(l *Lease, resp *Response) error {
 	return err
 }
 
-// release gives the lease up now, so that a client's retry can take over
-// without waiting for the lease to run out, and schedules the reconciler's
-// next try reconcileAfter from now. It is best effort: if it fails, the
-// lease simply expires.
+// release gives the lease up now, for a client's retry, and schedules the
+// reconciler's next try. Best effort: if it fails, the lease expires.
 func (s *Store) release(l *Lease, reconcileAfter time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()

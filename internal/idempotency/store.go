@@ -11,25 +11,22 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+var queries = dbsqlc.New() // stateless: every query takes its connection or transaction
 
-// Request is one keyed request: who sent it, under which key, and what it
-// asked for.
+// Request is one keyed request: who asked for what, under which key.
 type Request struct {
 	CallerID string
 	Key      string
-	// Operation is the contract's operationId (createCharge). It is stored
-	// with the record and names the declaration that resumes it
-	// (operation.go).
+	// Operation is the contract's operationId (createCharge), stored with
+	// the record: it names the declaration that resumes it.
 	Operation   string
 	Method      string
 	Path        string
 	Fingerprint []byte
 }
 
-// RecoveryPoint names a phase boundary an operation has passed. Every
-// operation starts at RecoveryStarted and ends at RecoveryFinished; an
-// operation with an external effect defines the points in between.
+// RecoveryPoint names a phase boundary an operation has passed, from
+// RecoveryStarted to RecoveryFinished (an external operation adds its own).
 type RecoveryPoint string
 
 const (
@@ -41,12 +38,11 @@ const (
 // found out has been rolled back and the caller must stop driving it.
 var ErrLeaseLost = errors.New("idempotency: lease lost to a newer attempt")
 
-// ErrSetAside marks a Handler's error (wrap it: fmt.Errorf("%w: %w",
-// ErrSetAside, err)) as one that no retry can fix and that no final answer
-// may record, such as the processor refusing our downstream key because it
-// saw it with another request. The record is set aside for a person at
-// once (status dead), rather than retried by the reconciler until it gives
-// up, or stored as a failure that may not be true.
+// ErrSetAside marks a Handler's error (fmt.Errorf("%w: %w", ErrSetAside,
+// err)) as one no retry can fix and no final answer may record (the
+// processor refusing our downstream key, seen with another request): the
+// record is set aside for a person at once, not retried in vain nor stored
+// as a failure that may be false.
 var ErrSetAside = errors.New("idempotency: set aside for an operator")
 
 // Store runs keyed operations against the idempotency_keys table.
@@ -61,55 +57,37 @@ type Store struct {
 	faults  Faults       // nil in production
 }
 
-// Faults are the test facility's ways into the engine: the demo and the
-// crash tests kill the process at the places they name, the history check's
-// tests stall an owner past its lease and plant a bug. Production passes
-// none (StoreConfig.Faults is nil), and no operation's code carries them.
+// Faults are the tests' ways into the engine: the demo and the crash tests
+// kill the process where they name, the history check's tests stall an
+// owner and plant a bug. Production passes none.
 type Faults interface {
-	// AfterClaim runs once a request's claim gave it the record (a new one,
-	// or one taken over), before it starts work and before its heartbeat
-	// starts renewing the lease.
-	AfterClaim(Record)
-	// AfterPhase runs once a phase has committed, with the record as it
-	// now stands (at the recovery point the phase reached).
-	AfterPhase(Record)
-	// BeforeFinalCommit runs inside the final phase of an operation that
-	// has more than one, after the phase's own writes and before the
-	// record's completion and the commit, which are sent together: the
-	// effect is written but not committed.
+	AfterClaim(Record) // once a claim gave the record, before any work
+	AfterPhase(Record) // once a phase has committed
+	// BeforeFinalCommit runs in the final phase of a multi-phase operation,
+	// with the effect written, before the completion and the COMMIT.
 	BeforeFinalCommit(Record)
-	// Unfenced says whether a completion is written without its fence (a
-	// PLANTED BUG: CompleteIdempotencyKeyUnfenced), for the test that shows
-	// the history check catches it.
+	// Unfenced writes completions without their fence, a PLANTED BUG for
+	// the test that shows the history check catches it.
 	Unfenced() bool
 }
 
 // StoreConfig tunes a Store.
 type StoreConfig struct {
-	// Lease is how long an owner holds a record without renewing it. An
-	// owner renews it every third of a lease while it works (the processor
-	// call included), so a live owner never loses it to a short lease, and
-	// a crashed one is noticed within one lease: after that, a retry or
-	// the reconciler takes the record over (IDEMPOTENCY_LEASE).
-	//
-	// It is also the grace the reconciler gives a client: after a request
-	// ends in a transient failure (its client told to retry), the
-	// reconciler leaves the record alone for one lease, so that the
-	// client's own retry, not a background worker, is what resumes it.
+	// Lease is how long an owner holds a record without renewing it
+	// (IDEMPOTENCY_LEASE). A live owner renews it every third of a lease; a
+	// crashed one is noticed within one lease, and a retry or the
+	// reconciler takes over. It is also the reconciler's grace after a
+	// transient failure, so that the client's own retry resumes the record.
 	Lease time.Duration
-	// MaxRun bounds one execution, however long its owner keeps renewing:
-	// a processor call that never returns must not hold the key for ever.
-	// Zero is three leases.
+	// MaxRun bounds one execution however long it renews (a hung processor
+	// call must not hold the key for ever). Zero is three leases.
 	MaxRun time.Duration
 	// Wait is how long a request that finds its key in progress under a
-	// live lease waits for the original to finish, to answer with its
-	// stored response, before it answers 409 (IDEMPOTENCY_WAIT). Zero, or
-	// no Listener, answers 409 at once.
-	Wait time.Duration
-	// Listener wakes waiting duplicates when their record is notified.
-	Listener *Listener
-	// Faults, for tests and the demo only; nil in production.
-	Faults Faults
+	// live lease waits for the original's response before it answers 409
+	// (IDEMPOTENCY_WAIT). Zero, or no Listener, answers 409 at once.
+	Wait     time.Duration
+	Listener *Listener // wakes waiting duplicates
+	Faults   Faults    // for tests and the demo only
 }
 
 // NewStore returns a Store over pool.
@@ -124,11 +102,9 @@ func NewStore(pool *pgxpool.Pool, cfg StoreConfig, log *slog.Logger) *Store {
 	return s
 }
 
-// CacheReplays keeps the answers of up to size completed records in this
-// process, so that their replays need no database round trip; retention
-// is IDEMPOTENCY_KEY_RETENTION, which bounds how long an answer may be
-// kept (see replays.go for why that makes the cache safe). Call it before
-// the Store is used.
+// CacheReplays keeps the answers of up to size completed records in
+// memory; retention (IDEMPOTENCY_KEY_RETENTION) bounds how long one may be
+// kept (replays.go says why). Call it before the Store is used.
 func (s *Store) CacheReplays(size int, retention time.Duration) {
 	if size > 0 {
 		s.replays = newReplayCache(size, retention)
@@ -142,9 +118,8 @@ func reused(method, path string) *problem.Error {
 		method, path)
 }
 
-// resumable is the answer for an operation that nobody holds any more
-// after its owner ran out of time: nothing final was stored, and a retry
-// with the same key resumes it at once.
+// resumable is the 503 for an operation nobody holds any more: nothing
+// final was stored, and a retry with the same key resumes it at once.
 func resumable() *problem.Error {
 	p := problem.New(problem.ServiceUnavailable,
 		"the operation could not be completed in time; retry with the same Idempotency-Key and it resumes where it stopped")
@@ -157,9 +132,8 @@ func dead() *problem.Error {
 		"the operation under this Idempotency-Key was set aside for an operator (it failed too often, or the processor gave an answer no retry can change); do not retry it")
 }
 
-// cleanupTimeout bounds the writes that wrap up an execution after its
-// handler failed. They get their own context because the execution's may be
-// the very thing that expired.
+// cleanupTimeout bounds the writes that wrap up an execution, on a context
+// of their own: the execution's may be what expired.
 const cleanupTimeout = 5 * time.Second
 
 // secondsOf is a number of seconds the database computed, as a Duration.

@@ -11,18 +11,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// tracer makes this package's spans: the claim of a key, and each phase of
-// an operation. It is the global API's, as an instrumentation library's
-// is: the process (cmd/server, through internal/app) decides whether
-// spans go anywhere. Without a provider set, a span costs a context
-// lookup and nothing is recorded.
+// tracer makes this package's spans (a key's claim, each phase). It is the
+// global API's, as an instrumentation library's is: the process decides
+// whether spans go anywhere.
 var tracer = otel.Tracer("github.com/retrysafe/payments/internal/idempotency")
 
-// The attributes of this package's spans. They never carry an
-// Idempotency-Key in clear: a key is the client's name for an operation
-// and may mean something to it (an order number, a customer's id), and a
-// trace leaves the service for a tracing backend that more people read.
-// KeyHash stands in for it, the same short hash the request log carries.
+// The attributes of this package's spans. They never carry a key in clear:
+// it may mean something to the client (an order number), and a trace goes
+// to a backend more people read. KeyHash stands in for it, as in the log.
 const (
 	attrOperation     = attribute.Key("idempotency.operation")
 	attrKeyHash       = attribute.Key("idempotency.key_hash")
@@ -41,9 +37,8 @@ func KeyHash(callerID, key string) string {
 	return hex.EncodeToString(sum[:6])
 }
 
-// startClaim starts the span of one claim of req's key.
-// Its attributes are computed only for a span that records: with tracing
-// off, the claim costs no hash and no allocation for them.
+// startClaim starts the span of one claim of req's key. Its attributes are
+// computed only for a span that records: no hash when tracing is off.
 func startClaim(ctx context.Context, req Request) (context.Context, trace.Span) {
 	if !inTrace(ctx) {
 		return ctx, trace.SpanFromContext(ctx)
@@ -61,9 +56,7 @@ func startPhase(ctx context.Context, rec Record) (context.Context, trace.Span) {
 		return ctx, trace.SpanFromContext(ctx)
 	}
 	ctx, span := tracer.Start(ctx, "phase "+string(rec.RecoveryPoint))
-	if span.IsRecording() {
-		span.SetAttributes(attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint)))
-	}
+	traceRecord(ctx, rec)
 	return ctx, span
 }
 
@@ -74,14 +67,12 @@ func traceOutcome(ctx context.Context, outcome string) {
 	}
 }
 
-// traceRecord notes on ctx's span where rec stands: its attempt and its
-// recovery point, what a reader of a resumed operation's trace looks for.
+// traceRecord notes on ctx's span rec's attempt and recovery point, what a
+// reader of a resumed operation's trace looks for.
 func traceRecord(ctx context.Context, rec Record) {
-	span := trace.SpanFromContext(ctx)
-	if !span.IsRecording() {
-		return
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint)))
 	}
-	span.SetAttributes(attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint)))
 }
 
 // endWithError ends span, marking it failed when err is not nil.
@@ -93,9 +84,7 @@ func endWithError(span trace.Span, err error) {
 	span.End()
 }
 
-// inTrace says whether ctx belongs to a trace, one that a span of this
-// package would join. The request's span (or the reconciler's) is always
-// there when tracing is on; when it is off and the client sent no
-// traceparent, there is no trace, and no span is started at all: the
-// no-op tracer would still allocate a context and a span for each.
+// inTrace says whether ctx belongs to a trace a span of ours would join.
+// Outside one (tracing off, no traceparent from the client) no span is
+// started: even the no-op tracer would allocate a context and a span.
 func inTrace(ctx context.Context) bool { return trace.SpanContextFromContext(ctx).IsValid() }
