@@ -23,17 +23,11 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// keyedClasses are the idempotency classes, as declared by each
-// operation's x-idempotency extension in api/openapi.yaml, that take an
-// Idempotency-Key. The contract, not the Go code, says which operations
-// those are. The middleware treats both alike (parse the key, fingerprint
-// the request); they differ only in how the handler runs the operation:
-// one transaction for "keyed", atomic phases around an external call for
-// "keyed-external".
+// keyedClasses are the x-idempotency classes that take an Idempotency-Key:
+// api/openapi.yaml decides, not the Go code. The middleware treats them alike.
 var keyedClasses = map[string]bool{"keyed": true, "keyed-external": true, "keyed-job": true}
 
-// IsKeyed reports whether operations of the idempotency class take an
-// Idempotency-Key.
+// IsKeyed reports whether the idempotency class takes an Idempotency-Key.
 func IsKeyed(class string) bool { return keyedClasses[class] }
 
 // contract enforces api/openapi.yaml on every request to an operation it
@@ -41,8 +35,8 @@ func IsKeyed(class string) bool { return keyedClasses[class] }
 //
 //	authenticate → parse the Idempotency-Key → validate the request → (handler: claim → execute)
 //
-// Everything here happens before the claim, so every error it answers is
-// not stored: a corrected retry with the same key works.
+// All before the claim: no error here is stored, so a corrected retry
+// with the same key works.
 func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		req := c.Request()
@@ -63,22 +57,19 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 			r, pathParams = newAPIRoute(route), params
 		}
-		route := r.route
-		op := route.Operation
+		op := r.route.Operation
 		ctx := req.Context()
 
-		// Ambiguity is refused, not resolved: with two Authorization or
-		// Content-Type lines, a proxy in front of us may have read the other
-		// one. (A repeated Idempotency-Key is refused by its parser.)
+		// Ambiguity is refused, not resolved: a proxy in front of us may
+		// have read the other line. (ParseKey refuses a repeated key.)
 		for _, name := range []string{"Authorization", "Content-Type"} {
 			if n := len(req.Header.Values(name)); n > 1 {
 				return problem.New(problem.InvalidRequest, "the %s header was sent %d times; send it once", name, n)
 			}
 		}
 
-		// 1. Authenticate, and take a token from the caller's bucket. A
-		// request over the limit is refused here, before its key is even
-		// parsed: nothing is stored, so its retry runs the operation.
+		// 1. Authenticate, and take a token from the caller's bucket. Over
+		// the limit, nothing is stored: its retry runs the operation.
 		if r.requiresAuth {
 			caller, err := s.auth.Authenticate(ctx, bearerToken(req))
 			if err != nil {
@@ -99,49 +90,42 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 		}
 
-		// 3. Read the body (bounded) and validate the whole request against
-		// the contract: parameters, content type and body schema, including
-		// additionalProperties: false.
+		// 3. Read the body (bounded) and validate the whole request.
 		body, err := s.readBody(req, op)
 		if err != nil {
 			return err
 		}
-		// The processor's webhook has no API key: its signature, over the
-		// raw body, is checked first, before the body is even parsed, so
-		// that an unsigned request costs one HMAC and nothing more.
+		// The processor's webhook has no API key: its signature is checked
+		// before any parsing, so an unsigned request costs one HMAC.
 		if r.signed {
 			if err := cardprocessor.Verify(s.cfg.ProcessorWebhookSecret, req.Header.Get(cardprocessor.SignatureHeader), body, time.Now(), cardprocessor.SignatureTolerance); err != nil {
 				return problem.New(problem.InvalidSignature, "the Processor-Signature header does not verify: %v", err)
 			}
 		}
-		// Before any parser reads it: a body nested too deep is refused
-		// (every parser after this one recurses), and so is a member named
-		// twice in one object (the validator and the handler would each
-		// see only one of its values). One linear pass over the bytes.
+		// Before any parser, in one linear pass: refuse a body nested too
+		// deep (every later parser recurses) and a member named twice (the
+		// validator and the handler might each see a different value).
 		if err := checkJSON(body); err != nil {
 			return err
 		}
-		// The body is decoded once, for the validation and the
-		// fingerprint alike (the handler decodes it again into its own
-		// type).
+		// Decoded once, for validation and fingerprint alike.
 		doc, decodeErr := idempotency.DecodeJSON(body)
-		err = s.validateRequest(ctx, &openapi3filter.RequestValidationInput{
-			Request:    req,
-			PathParams: pathParams,
-			Route:      route,
-		}, body, doc, decodeErr)
-		if err != nil {
+		input := &openapi3filter.RequestValidationInput{Request: req, PathParams: pathParams, Route: r.route}
+		if err := s.validateRequest(ctx, input, body, doc, decodeErr); err != nil {
 			return validationProblem(err)
 		}
-		// The validator may have consumed the body: the handler gets it
-		// again.
+		// The validator may have consumed the body.
 		req.Body = io.NopCloser(bytes.NewReader(body))
 
-		// 4. Fingerprint the request, for the claim in the handler. The
-		// I-JSON check above is the fingerprint's too, not repeated.
+		// 4. Fingerprint the request for the handler's claim (checkJSON
+		// was the fingerprint's I-JSON check too).
 		if r.keyed {
-			fp, err := fingerprint(req, doc, decodeErr)
-			if err != nil { // data after the JSON document (ErrTrailingData), which the validator does not read
+			err := decodeErr // data after the JSON document (ErrTrailingData), which the validator does not read
+			var fp []byte
+			if err == nil {
+				fp, err = idempotency.FingerprintOf(req.Method, req.URL.Path, doc)
+			}
+			if err != nil {
 				return problem.New(problem.InvalidRequest, "the body is not valid JSON: %v", err)
 			}
 			ctx = idempotency.WithRequest(ctx, idempotency.Request{
@@ -158,64 +142,32 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-// fingerprint is idempotency.Fingerprint of the request, from its body as
-// contract decoded it (doc, decodeErr).
-func fingerprint(req *http.Request, doc *any, decodeErr error) ([]byte, error) {
-	if decodeErr != nil {
-		return nil, decodeErr
-	}
-	return idempotency.FingerprintOf(req.Method, req.URL.Path, doc)
-}
-
-// checkJSON refuses, with a 400 that names the place, a body nested deeper
-// than ijson.MaxDepth, holding more than ijson.MaxValues values, with an
-// object of more than ijson.MaxMembers members, a string longer than
-// ijson.MaxString characters or not Unicode text, or with a member named twice
-// in one object (I-JSON, RFC 7493).
+// checkJSON refuses, with a 400 naming the place, a body over ijson's
+// bounds, not Unicode text, or naming a member twice (I-JSON, RFC 7493).
 func checkJSON(body []byte) error {
-	err := ijson.Check(body)
-	if err == nil {
-		// Before the targets of errors.As below are declared: they escape
-		// to the heap, allocations that a good body need not cost.
-		return nil
+	refuse := func(pointer, detail, message string) error {
+		p := problem.New(problem.InvalidRequest, "%s: %s", pointer, detail)
+		p.Errors = []problem.FieldError{{Field: pointer, Message: message}}
+		return p
 	}
-	var tooDeep *ijson.DepthError
-	var tooWide *ijson.MembersError
-	var tooMany *ijson.ValuesError
-	var tooLong *ijson.StringError
-	var dup *ijson.DuplicateNameError
-	var notUnicode *ijson.EncodingError
-	switch {
-	case errors.As(err, &notUnicode):
-		p := problem.New(problem.InvalidRequest, "%s: a string must be Unicode text, with no invalid UTF-8 and no lone surrogate escape (I-JSON, RFC 7493)", notUnicode.Pointer)
-		p.Errors = []problem.FieldError{{Field: notUnicode.Pointer, Message: "not valid Unicode"}}
-		return p
-	case errors.As(err, &tooLong):
-		p := problem.New(problem.InvalidRequest, "%s: a string may be at most %d characters long", tooLong.Pointer, tooLong.Limit)
-		p.Errors = []problem.FieldError{{Field: tooLong.Pointer, Message: fmt.Sprintf("longer than %d characters", tooLong.Limit)}}
-		return p
-	case errors.As(err, &tooMany):
-		p := problem.New(problem.InvalidRequest, "%s: a body may hold at most %d values", tooMany.Pointer, tooMany.Limit)
-		p.Errors = []problem.FieldError{{Field: tooMany.Pointer, Message: fmt.Sprintf("past the limit of %d values", tooMany.Limit)}}
-		return p
-	case errors.As(err, &tooDeep):
-		p := problem.New(problem.InvalidRequest, "%s: the body is nested more than %d levels deep, the limit", tooDeep.Pointer, tooDeep.Limit)
-		p.Errors = []problem.FieldError{{Field: tooDeep.Pointer, Message: fmt.Sprintf("nested more than %d levels deep", tooDeep.Limit)}}
-		return p
-	case errors.As(err, &tooWide):
-		p := problem.New(problem.InvalidRequest, "%s: an object may have at most %d members", tooWide.Pointer, tooWide.Limit)
-		p.Errors = []problem.FieldError{{Field: tooWide.Pointer, Message: fmt.Sprintf("more than %d members", tooWide.Limit)}}
-		return p
-	case errors.As(err, &dup):
-		p := problem.New(problem.InvalidRequest, "%s: a member name may appear only once in an object (I-JSON, RFC 7493)", dup.Pointer)
-		p.Errors = []problem.FieldError{{Field: dup.Pointer, Message: "appears more than once"}}
-		return p
+	switch e := ijson.Check(body).(type) {
+	case *ijson.EncodingError:
+		return refuse(e.Pointer, "a string must be Unicode text, with no invalid UTF-8 and no lone surrogate escape (I-JSON, RFC 7493)", "not valid Unicode")
+	case *ijson.StringError:
+		return refuse(e.Pointer, fmt.Sprintf("a string may be at most %d characters long", e.Limit), fmt.Sprintf("longer than %d characters", e.Limit))
+	case *ijson.ValuesError:
+		return refuse(e.Pointer, fmt.Sprintf("a body may hold at most %d values", e.Limit), fmt.Sprintf("past the limit of %d values", e.Limit))
+	case *ijson.DepthError:
+		return refuse(e.Pointer, fmt.Sprintf("the body is nested more than %d levels deep, the limit", e.Limit), fmt.Sprintf("nested more than %d levels deep", e.Limit))
+	case *ijson.MembersError:
+		return refuse(e.Pointer, fmt.Sprintf("an object may have at most %d members", e.Limit), fmt.Sprintf("more than %d members", e.Limit))
+	case *ijson.DuplicateNameError:
+		return refuse(e.Pointer, "a member name may appear only once in an object (I-JSON, RFC 7493)", "appears more than once")
 	}
 	return nil
 }
 
-// allowedMethods lists the methods the contract defines for req's path, for
-// the Allow header of a 405.
+// allowedMethods lists the contract's methods for req's path (a 405's Allow).
 func (s *Server) allowedMethods(req *http.Request) []string {
 	var allow []string
 	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
@@ -232,9 +184,9 @@ func isAPIPath(p string) bool {
 	return strings.HasPrefix(p, "/v1/") || p == "/v1" || strings.HasPrefix(p, "/webhooks/")
 }
 
-// requiresAuth reports whether the operation needs a bearer API key: its
-// own security list if it has one (health checks and the processor webhook
-// set an empty one), otherwise the document's.
+// requiresAuth reports whether the operation needs a bearer API key: by its
+// own security list if any (the probes and webhook set an empty one), else
+// the document's.
 func requiresAuth(route *routers.Route) bool {
 	sec := route.Spec.Security
 	if route.Operation.Security != nil {
@@ -251,9 +203,8 @@ func bearerToken(req *http.Request) string {
 	return strings.TrimSpace(token)
 }
 
-// readBody reads the request body, refusing bodies over the size limit
-// (413) and bodies that are not JSON by their Content-Type (415), and puts
-// it back for the validator.
+// readBody reads the body, refusing one over the size limit (413) or not
+// JSON by its Content-Type (415), and puts it back for the validator.
 func (s *Server) readBody(req *http.Request, op *openapi3.Operation) ([]byte, error) {
 	if req.ContentLength > s.cfg.MaxBodyBytes {
 		return nil, problem.New(problem.RequestTooLarge, "the request body is %d bytes; the limit is %d", req.ContentLength, s.cfg.MaxBodyBytes)
@@ -261,8 +212,7 @@ func (s *Server) readBody(req *http.Request, op *openapi3.Operation) ([]byte, er
 	body, err := io.ReadAll(io.LimitReader(req.Body, s.cfg.MaxBodyBytes+1))
 	var netErr net.Error
 	if errors.As(err, &netErr) && netErr.Timeout() {
-		// The server's read deadline passed: a client trickling its body.
-		// The connection is closed after this answer.
+		// The read deadline passed (a trickling client): the connection closes after this.
 		return nil, problem.New(problem.RequestTimeout, "the request did not arrive within %s; send it again, faster", s.cfg.ReadTimeout)
 	}
 	if err != nil {
@@ -273,11 +223,9 @@ func (s *Server) readBody(req *http.Request, op *openapi3.Operation) ([]byte, er
 	}
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	if len(body) > 0 && op.RequestBody != nil {
-		// Media types are case-insensitive and may carry parameters
-		// (Application/JSON; charset=UTF-8). Judge the type here, then hand
-		// the validator, whose match is exact, the one spelling the
-		// contract names. JSON is UTF-8 (RFC 8259): another charset is
-		// refused rather than misread.
+		// Media types are case-insensitive with parameters (Application/JSON;
+		// charset=UTF-8): judge here, and hand the validator, whose match is
+		// exact, one spelling. JSON is UTF-8 (RFC 8259): refuse, not misread.
 		ct := req.Header.Get("Content-Type")
 		if ct == "application/json" { // what nearly every client sends: nothing to parse
 			return body, nil
@@ -294,13 +242,12 @@ func (s *Server) readBody(req *http.Request, op *openapi3.Operation) ([]byte, er
 	return body, nil
 }
 
-// maxFieldErrors bounds the invalid fields one problem lists: a 64 KiB
-// body can hold thousands of unknown members, and listing each would make
-// the answer many times the size of the question.
+// maxFieldErrors bounds the fields one problem lists: a 64 KiB body can
+// hold thousands of unknown members, and the answer must stay small.
 const maxFieldErrors = 20
 
-// validationProblem turns the validator's errors into one 400 problem that
-// lists the invalid fields (the first maxFieldErrors of them).
+// validationProblem turns the validator's errors into one 400 listing the
+// invalid fields.
 func validationProblem(err error) *problem.Error {
 	var fields []problem.FieldError
 	collectFieldErrors(err, &fields)
@@ -320,14 +267,13 @@ func validationProblem(err error) *problem.Error {
 }
 
 // collectFieldErrors flattens kin-openapi's nested errors into field
-// errors: a JSON pointer for body fields, the parameter's name for
-// parameters. The validator's own messages embed the whole schema; only
-// the reason is kept.
+// errors, named by JSON pointer (body) or by name (parameter). Only the
+// reason is kept: the validator's messages embed the whole schema.
 func collectFieldErrors(err error, out *[]problem.FieldError) {
-	// A RequestError wraps the errors of one parameter or of the body; it
-	// is checked before MultiError because it unwraps to one.
 	var reqErr *openapi3filter.RequestError
-	if errors.As(err, &reqErr) {
+	var multi openapi3.MultiError
+	switch {
+	case errors.As(err, &reqErr): // one parameter's, or the body's; before MultiError, which it unwraps to
 		field := "" // the body, unless a parameter is named
 		if reqErr.Parameter != nil {
 			field = reqErr.Parameter.Name
@@ -348,16 +294,13 @@ func collectFieldErrors(err error, out *[]problem.FieldError) {
 			}
 			*out = append(*out, problem.FieldError{Field: field, Message: msg})
 		}
-		return
-	}
-	var multi openapi3.MultiError
-	if errors.As(err, &multi) {
+	case errors.As(err, &multi):
 		for _, e := range multi {
 			collectFieldErrors(e, out)
 		}
-		return
+	default:
+		*out = append(*out, problem.FieldError{Field: "", Message: err.Error()})
 	}
-	*out = append(*out, problem.FieldError{Field: "", Message: err.Error()})
 }
 
 // jsonPointer renders RFC 6901 pointer tokens; no tokens is "", the whole body.

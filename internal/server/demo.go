@@ -14,10 +14,9 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// Demo is what the browser demo's own endpoints need. They exist only when
-// the server runs with DEMO_MODE (Deps.Demo is not nil): they let anyone
-// who reaches the server crash it and make the processor fail, powers no
-// production server may have. They are not part of the API's contract.
+// Demo is what the browser demo's own endpoints need. Not part of the
+// contract, they exist only with DEMO_MODE (Deps.Demo not nil): they let
+// anyone crash the server and make the processor fail.
 //
 //	GET  /demo/chaos        the fake processor's chaos settings
 //	PUT  /demo/chaos        replace them ({"error_rate": 0.5, "latency_ms": 200, "timeout_rate": 0.1, ...})
@@ -27,51 +26,40 @@ import (
 //	GET  /demo/deliveries   what the demo receiver got: ?caller=acme, each event with its delivery count
 //	GET  /demo/traces       the spans of one recent trace: ?trace_id=<32 hex digits> (see TraceSpan)
 type Demo struct {
-	// Crash is the process's crash points, which PUT /demo/crash arms.
-	Crash CrashPoints
-	// ProcessorURL is the fake processor, whose admin and ledger endpoints
-	// the demo shows.
-	ProcessorURL string
-	// StartedAt is when this server process started: the page notices a
-	// restart (after a demo crash) when it changes.
-	StartedAt time.Time
-	// Traces returns the spans this process kept of a recent trace (by
-	// its id, 32 hex digits), for the page's waterfall; nil, or false,
-	// when it has none.
+	Crash        CrashPoints // armed by PUT /demo/crash
+	ProcessorURL string      // the fake processor, whose admin and ledger the demo shows
+	StartedAt    time.Time   // when this process started: a change shows the page a restart
+	// Traces returns the spans kept of a recent trace (by its 32 hex digit
+	// id), for the page's waterfall; nil, or false, when it has none.
 	Traces func(traceID string) ([]TraceSpan, bool)
 }
 
-// TraceSpan is one span of a trace as GET /demo/traces shows it: enough
-// to draw a waterfall and to read each span's attributes.
+// TraceSpan is one span as GET /demo/traces shows it, for the waterfall.
 type TraceSpan struct {
 	Name   string `json:"name"`
 	SpanID string `json:"span_id"`
-	// Parent is the parent span's id within the same trace; "" for the
-	// trace's root here (whose parent, if any, is the client's span).
+	// Parent is the parent's id in this trace; "" for the trace's root
+	// here (whose parent, if any, is the client's span).
 	Parent     string         `json:"parent_span_id,omitempty"`
 	Start      time.Time      `json:"start"`
 	End        time.Time      `json:"end"`
 	Attributes map[string]any `json:"attributes"`
-	// Failed is a span whose status is an error.
-	Failed bool `json:"failed,omitempty"`
-	// Links are the ids of the traces this span's trace is linked to:
-	// for a background job's trace, the request's that started the work.
+	Failed     bool           `json:"failed,omitempty"` // its status is an error
+	// Links are the ids of the traces this one is linked to: for a
+	// background job's, the request's that started the work.
 	Links []string `json:"links,omitempty"`
 }
 
 // CrashPoints are the places where the server can be made to kill itself
 // (see internal/app).
 type CrashPoints interface {
-	// Arm makes the next execution that passes point crash there, once;
-	// "" disarms.
-	Arm(point string) error
-	// Armed is the point armed, or "".
-	Armed() string
-	// Points lists them all.
-	Points() []string
+	Arm(point string) error // crash the next execution that passes point, once; "" disarms
+	Armed() string          // the point armed, or ""
+	Points() []string       // all of them
 }
 
 func (s *Server) registerDemo(e *echo.Echo, d *Demo) {
+	e.POST("/demo/webhooks/:caller", s.demoReceiver)
 	client := &http.Client{Timeout: 5 * time.Second}
 	forward := func(method, path string) echo.HandlerFunc {
 		return func(c echo.Context) error {

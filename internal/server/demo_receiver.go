@@ -2,6 +2,7 @@ package server
 
 import (
 	"crypto/rand"
+	"encoding/json"
 	"io"
 	"net/http"
 	"time"
@@ -15,10 +16,10 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// demoReceiver is the built-in webhook endpoint the relay delivers the
-// demo callers' events to, standing in for a caller's own server. It does
-// what every receiver must: verify the signature, and deduplicate on the
-// event id, since delivery is at least once. It is not part of the API.
+// demoReceiver is the webhook endpoint of the demo callers, standing in for
+// a caller's own server. Not part of the API, it does what every receiver
+// must: verify the signature, and deduplicate on the event id, since
+// delivery is at least once.
 func (s *Server) demoReceiver(c echo.Context) error {
 	callerID := c.Param("caller")
 	body, err := io.ReadAll(io.LimitReader(c.Request().Body, s.cfg.MaxBodyBytes))
@@ -27,9 +28,8 @@ func (s *Server) demoReceiver(c echo.Context) error {
 	}
 	secret, err := auth.WebhookSecret(c.Request().Context(), s.pool, callerID)
 	if postgres.IsNotFound(err) {
-		// An unknown caller is answered exactly as a known one with a bad
-		// signature, so this unauthenticated endpoint does not tell anyone
-		// which caller ids exist: verify against a secret nobody has.
+		// Answered as a bad signature (a secret nobody has), so this
+		// unauthenticated endpoint tells no one which caller ids exist.
 		secret = rand.Text()
 	} else if err != nil {
 		return err
@@ -38,7 +38,7 @@ func (s *Server) demoReceiver(c echo.Context) error {
 		return problem.New(problem.InvalidSignature, "the %s header does not verify: %v", events.SignatureHeader, err)
 	}
 	var d events.Delivery
-	if err := decodeJSON(body, &d); err != nil || d.ID == "" {
+	if err := json.Unmarshal(body, &d); err != nil || d.ID == "" {
 		return problem.New(problem.InvalidRequest, "not an event delivery")
 	}
 	deliveries, err := events.RecordDemoDelivery(c.Request().Context(), s.pool, callerID, d.ID, d.Type)

@@ -14,10 +14,9 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// handleError is the one place where an error becomes an HTTP response.
-// Every error response is RFC 9457 problem details; errors we did not
-// anticipate are logged here, once, and answered as a generic 500 without
-// internals.
+// handleError is the one place where an error becomes an HTTP response:
+// RFC 9457 problem details. An unanticipated error is logged here, once,
+// and answered as a generic 500 without internals.
 func (s *Server) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
@@ -33,9 +32,8 @@ func (s *Server) toProblem(err error, c echo.Context) *problem.Error {
 	if errors.As(err, &p) {
 		return p
 	}
-	// A body the contract accepts but Go cannot decode, such as 1999.0
-	// for an integer (from a keyed operation's decode, or a generated
-	// handler's binding): name the field rather than echo the decoder.
+	// A body the contract accepts but Go cannot decode (1999.0 for an
+	// integer): name the field rather than echo the decoder.
 	var ute *json.UnmarshalTypeError
 	if errors.As(err, &ute) {
 		field := "/" + strings.ReplaceAll(ute.Field, ".", "/")
@@ -45,9 +43,7 @@ func (s *Server) toProblem(err error, c echo.Context) *problem.Error {
 	}
 	var he *echo.HTTPError
 	if errors.As(err, &he) {
-		// Echo's own errors: unknown routes, and parameter binding failures
-		// in the generated wrappers (which the contract middleware normally
-		// catches first).
+		// Echo's own: unknown routes, the generated wrappers' binding.
 		msg := fmt.Sprint(he.Message)
 		switch he.Code {
 		case http.StatusNotFound:
@@ -63,8 +59,7 @@ func (s *Server) toProblem(err error, c echo.Context) *problem.Error {
 			return problem.New(problem.InvalidRequest, "%s", msg)
 		}
 	}
-	// Backstop for values the contract lets through but PostgreSQL cannot
-	// store (the spec's patterns already refuse NUL characters).
+	// Backstop: characters PostgreSQL cannot store (the spec refuses NUL).
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "22021" || pgErr.Code == "22P05") {
 		return problem.New(problem.InvalidRequest, "the request contains characters that cannot be stored")

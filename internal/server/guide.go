@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
+	"maps"
 	"net/http"
 	"path"
 	"slices"
@@ -23,26 +24,17 @@ import (
 	"github.com/retrysafe/payments/docs"
 )
 
-// The guide: the repository's docs (docs.Files), rendered to HTML at
-// /guide/<name>, so that the demo page can link a panel to the section
-// that explains it and the reader can follow the docs' own links.
+// The guide: the docs, rendered at /guide/<name> for the demo page's
+// links. Written for a code host, they get only what a server needs:
 //
-// The docs are written for the repository, and read on a code host or in
-// a checkout, so the rendering keeps them as they are and fixes only what
-// a server must:
-//
-//   - headings get the ids a code host gives them (githubIDs), so a link
-//     such as design.md#retries lands on the same section here;
-//   - a link to another doc, design.md#retries, becomes the rendered
-//     page, design#retries;
+//   - headings get the code host's ids (githubIDs), so design.md#retries
+//     lands on the same section here, at design#retries;
 //   - a link to a file this server does not serve (../internal/...) is
-//     dropped, keeping its text, which names the file: the source is in
-//     the repository, not in the binary. The contract, which the server
-//     does serve, is linked at /openapi.yaml.
+//     dropped, keeping its text, which names the file; the contract is
+//     linked at /openapi.yaml.
 //
-// /guide/design.md redirects to /guide/design: the Markdown itself is in
-// the repository, and a second copy of it here would be a page whose
-// relative links cannot work.
+// /guide/design.md redirects to /guide/design: a copy of the Markdown
+// here would be a page whose relative links cannot work.
 
 // guidePage is one rendered doc.
 type guidePage struct {
@@ -51,31 +43,22 @@ type guidePage struct {
 	Body  template.HTML
 }
 
-// renderedGuide renders every doc once per process; the docs are embedded,
-// so the result cannot change.
+// renderedGuide renders the embedded docs once per process.
 var renderedGuide = sync.OnceValues(func() (map[string]guidePage, error) {
-	return renderGuide(docs.Files)
-})
-
-func renderGuide(files fs.FS) (map[string]guidePage, error) {
-	names, err := fs.Glob(files, "*.md")
+	names, err := fs.Glob(docs.Files, "*.md")
 	if err != nil {
 		return nil, err
-	}
-	known := map[string]bool{}
-	for _, n := range names {
-		known[n] = true
 	}
 	md := goldmark.New(
 		goldmark.WithExtensions(extension.GFM),
 		goldmark.WithParserOptions(
 			parser.WithAutoHeadingID(),
-			parser.WithASTTransformers(util.Prioritized(guideLinks{known: known}, 100)),
+			parser.WithASTTransformers(util.Prioritized(guideLinks{docs: names}, 100)),
 		),
 	)
 	pages := map[string]guidePage{}
 	for _, n := range names {
-		src, err := fs.ReadFile(files, n)
+		src, err := fs.ReadFile(docs.Files, n)
 		if err != nil {
 			return nil, err
 		}
@@ -88,37 +71,31 @@ func renderGuide(files fs.FS) (map[string]guidePage, error) {
 		pages[name] = guidePage{Name: name, Title: firstHeading(doc, src, name), Body: template.HTML(buf.String())} // #nosec G203 -- our own docs, rendered by goldmark, which leaves raw HTML out
 	}
 	return pages, nil
-}
+})
 
+// firstHeading is the text of doc's first level-1 heading, without
+// markup, or fallback.
 func firstHeading(doc ast.Node, src []byte, fallback string) string {
 	for n := doc.FirstChild(); n != nil; n = n.NextSibling() {
-		if h, ok := n.(*ast.Heading); ok && h.Level == 1 {
-			return plainText(h, src)
+		if h, ok := n.(*ast.Heading); !ok || h.Level != 1 {
+			continue
 		}
+		var b strings.Builder
+		_ = ast.Walk(n, func(c ast.Node, entering bool) (ast.WalkStatus, error) {
+			if t, ok := c.(*ast.Text); ok && entering {
+				b.Write(t.Segment.Value(src))
+			} else if s, ok := c.(*ast.String); ok && entering {
+				b.Write(s.Value)
+			}
+			return ast.WalkContinue, nil
+		})
+		return b.String()
 	}
 	return fallback
 }
 
-// plainText is the text of n and its descendants, without markup.
-func plainText(n ast.Node, src []byte) string {
-	var b strings.Builder
-	_ = ast.Walk(n, func(c ast.Node, entering bool) (ast.WalkStatus, error) {
-		if entering {
-			switch t := c.(type) {
-			case *ast.Text:
-				b.Write(t.Segment.Value(src))
-			case *ast.String:
-				b.Write(t.Value)
-			}
-		}
-		return ast.WalkContinue, nil
-	})
-	return b.String()
-}
-
-// guideLinks rewrites the docs' relative links for the rendered guide (see
-// the top of this file).
-type guideLinks struct{ known map[string]bool }
+// guideLinks rewrites the docs' relative links (see the top of this file).
+type guideLinks struct{ docs []string }
 
 func (g guideLinks) Transform(doc *ast.Document, _ text.Reader, _ parser.Context) {
 	var links []*ast.Link
@@ -133,33 +110,27 @@ func (g guideLinks) Transform(doc *ast.Document, _ text.Reader, _ parser.Context
 		if dest == "" || strings.HasPrefix(dest, "#") || strings.Contains(dest, ":") {
 			continue // a section of this page, or a public page elsewhere
 		}
-		file, fragment, _ := strings.Cut(dest, "#")
-		if fragment != "" {
-			fragment = "#" + fragment
-		}
+		file, _, _ := strings.Cut(dest, "#")
+		fragment := dest[len(file):] // "" or "#section"
 		switch target := path.Clean(file); {
-		case g.known[target]:
+		case slices.Contains(g.docs, target):
 			l.Destination = []byte(strings.TrimSuffix(target, ".md") + fragment)
 		case target == "../api/openapi.yaml":
 			l.Destination = []byte("/openapi.yaml" + fragment)
 		default:
 			// A file of the repository: keep the text, drop the link.
 			parent := l.Parent()
-			for c := l.FirstChild(); c != nil; {
-				next := c.NextSibling()
-				parent.InsertBefore(parent, l, c)
-				c = next
+			for l.HasChildren() {
+				parent.InsertBefore(parent, l, l.FirstChild()) // moves it out of l
 			}
 			parent.RemoveChild(parent, l)
 		}
 	}
 }
 
-// githubIDs gives headings the ids GitHub gives them, so that one link
-// (design.md#charges-started--charge_created--finished) works both on the
-// code host and in the guide: lower case; letters, digits, '-' and '_'
-// kept, each space a '-', everything else dropped; a repeated id gets -1,
-// -2, ... goldmark's own ids differ (it turns '_' into '-').
+// githubIDs gives headings GitHub's ids (goldmark's turn '_' into '-'):
+// lower case; letters, digits, '-' and '_' kept, each space a '-', the
+// rest dropped; a repeated id gets -1, -2, ...
 type githubIDs struct{ used map[string]bool }
 
 func newGitHubIDs() *githubIDs { return &githubIDs{used: map[string]bool{}} }
@@ -221,11 +192,7 @@ func (s *Server) registerGuide(e *echo.Echo) {
 		if err != nil {
 			return err
 		}
-		index := make([]guidePage, 0, len(pages))
-		for _, p := range pages {
-			index = append(index, p)
-		}
-		slices.SortFunc(index, func(a, b guidePage) int { return strings.Compare(a.Name, b.Name) })
+		index := slices.SortedFunc(maps.Values(pages), func(a, b guidePage) int { return strings.Compare(a.Name, b.Name) })
 		return render(c, map[string]any{"Page": guidePage{Title: "The guide"}, "Index": index})
 	})
 	e.GET("/guide/:page", func(c echo.Context) error {

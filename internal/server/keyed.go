@@ -1,6 +1,3 @@
-// Keyed requests in the HTTP layer: the one adapter that serves every
-// keyed operation, and a caller's view of its own key records.
-
 package server
 
 import (
@@ -46,12 +43,9 @@ func (s *Server) GetIdempotencyKey(ctx context.Context, req apigen.GetIdempotenc
 	return out, nil
 }
 
-// keyed serves a declared keyed operation: one adapter for them all,
-// which api/oapi-codegen.yaml leaves out of the generated strict
-// interface. Before it, the contract middleware authenticated the caller,
-// parsed the key, validated the body and fingerprinted the request; here
-// the store runs the operation, and its answer, first or replayed, is
-// written from the same stored bytes.
+// keyed serves every declared keyed operation (not in the strict
+// interface) once the contract has checked the request: the store runs it,
+// and its answer, first or replayed, is written from the stored bytes.
 func (s *Server) keyed(op idempotency.Operation) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		ctx := c.Request().Context()

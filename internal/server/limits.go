@@ -13,24 +13,18 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// Abuse limits: what one client can make this process spend is bounded
-// before it is spent. Bodies are bounded in readBody (size) and checkJSON
-// (depth, one linear pass); headers here, by count (their size in bytes is
-// http.Server.MaxHeaderBytes); requests per caller by a token bucket; and
-// metric labels take their values from fixed sets (methodLabel), never
-// from what a client sent.
+// Abuse limits bound what one client can make this process spend, before
+// it is spent: here headers, requests per caller and metric labels;
+// bodies in readBody and checkJSON.
 
-// boundHeaders refuses a request with more header lines than the
-// configured limit, before anything reads them, and a request framed by
-// Transfer-Encoding.
+// boundHeaders refuses, before anything reads them, a request with more
+// header lines than the limit, and a request framed by Transfer-Encoding.
 //
-// Sent with a Content-Length too, a Transfer-Encoding is request
-// smuggling's tool: a proxy that frames the body by one and this server by
-// the other disagree on where the next request starts. net/http frames it
-// by Transfer-Encoding and drops the Content-Length before a handler can
-// see it, so the two cannot be told apart here; and a JSON body of at most
-// 64 KiB never needs chunks. So every such request is a 400, and its
-// connection is closed (RFC 9112 §6.1), whatever was pipelined behind it.
+// With a Content-Length too, Transfer-Encoding is request smuggling's tool:
+// a proxy framing by one and this server by the other disagree on where
+// the next request starts. net/http hides the Content-Length from a
+// handler, and a JSON body of at most 64 KiB never needs chunks: so every
+// such request is a 400, and its connection closed (RFC 9112 §6.1).
 func (s *Server) boundHeaders(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if te := c.Request().TransferEncoding; len(te) > 0 {
@@ -48,13 +42,11 @@ func (s *Server) boundHeaders(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-// sameOrigin refuses, with a 403 and before anything is read, a request a
-// browser sent from a page of another origin than the server's own (or
-// than allowed, CORS_ALLOWED_ORIGINS): any state-changing one, and any
-// under /demo/. An API key is no defence against such a page: the demo's
-// keys are published, and the demo's own endpoints take none. Go's
-// http.CrossOriginProtection tells them apart by Sec-Fetch-Site, or Origin
-// against Host; a client that is not a browser sends neither, and passes.
+// sameOrigin refuses (403, before anything is read) a browser's request
+// from a page of another origin than ours or CORS_ALLOWED_ORIGINS': any
+// state-changing one, and any under /demo/. An API key is no defence: the
+// demo's keys are published, and its endpoints take none. A client that is
+// not a browser sends neither Sec-Fetch-Site nor Origin, and passes.
 func sameOrigin(allowed []string) (echo.MiddlewareFunc, error) {
 	protect := http.NewCrossOriginProtection()
 	for _, o := range allowed {
@@ -80,11 +72,9 @@ func sameOrigin(allowed []string) (echo.MiddlewareFunc, error) {
 }
 
 // rateLimits gives each caller a token bucket: rate requests a second, in
-// bursts of up to burst. The buckets are per process, so n replicas let a
-// caller send up to n times the rate; a limit shared by every replica
-// would cost a database or cache round trip on every request. There is one
-// bucket per caller, and callers are authenticated first, so the map is as
-// big as the callers table and no client can grow it.
+// bursts of up to burst. Per process, so n replicas allow n times the rate
+// (a shared limit would cost a round trip per request). Callers are
+// authenticated first, so no client can grow the map.
 type rateLimits struct {
 	rate  rate.Limit
 	burst int
@@ -93,7 +83,7 @@ type rateLimits struct {
 	buckets map[string]*rate.Limiter
 }
 
-// newRateLimits returns the limits, or nil (no limit) when perSecond is 0.
+// newRateLimits returns nil (no limit) when perSecond is 0.
 func newRateLimits(perSecond float64, burst int) *rateLimits {
 	if perSecond <= 0 {
 		return nil
@@ -126,11 +116,9 @@ func (l *rateLimits) allow(caller string) error {
 	return p
 }
 
-// methodLabel is a request's method as a metric label or a log field: one
-// of the methods HTTP defines for an API like this one, or "other". A
-// client can send any token as a method; used as it came, each new one
-// would be a new time series (thousands of 8 KB methods once grew
-// /metrics to 700 MB).
+// methodLabel is a request's method as a metric label or log field: a
+// standard method, or "other", since a client can send any token (8 KB
+// methods, each a new time series, once grew /metrics to 700 MB).
 func methodLabel(method string) string {
 	switch method {
 	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions:

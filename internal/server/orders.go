@@ -25,11 +25,7 @@ func (s *Server) ListOrders(ctx context.Context, req apigen.ListOrdersRequestObj
 	if err != nil {
 		return nil, err
 	}
-	out := apigen.ListOrders200JSONResponse{Data: make([]apigen.Order, len(rows)), HasMore: hasMore}
-	for i, o := range rows {
-		out.Data[i] = o.API()
-	}
-	return out, nil
+	return apigen.ListOrders200JSONResponse{Data: apiList(rows), HasMore: hasMore}, nil
 }
 
 // CancelOrder is naturally idempotent: canceling twice is the same state,

@@ -32,9 +32,5 @@ func (s *Server) ListPayouts(ctx context.Context, req apigen.ListPayoutsRequestO
 	if err != nil {
 		return nil, err
 	}
-	out := apigen.ListPayouts200JSONResponse{Data: make([]apigen.Payout, len(rows)), HasMore: hasMore}
-	for i, po := range rows {
-		out.Data[i] = po.API()
-	}
-	return out, nil
+	return apigen.ListPayouts200JSONResponse{Data: apiList(rows), HasMore: hasMore}, nil
 }

@@ -15,9 +15,5 @@ func (s *Server) ListRefunds(ctx context.Context, req apigen.ListRefundsRequestO
 	if err != nil {
 		return nil, err
 	}
-	out := apigen.ListRefunds200JSONResponse{Data: make([]apigen.Refund, len(rows)), HasMore: hasMore}
-	for i, re := range rows {
-		out.Data[i] = re.API()
-	}
-	return out, nil
+	return apigen.ListRefunds200JSONResponse{Data: apiList(rows), HasMore: hasMore}, nil
 }

@@ -1,10 +1,12 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -16,21 +18,15 @@ import (
 	"github.com/retrysafe/payments/internal/idempotency"
 )
 
-// Echo has already routed every request before the contract middleware
-// sees it, and c.Path() names the route template it matched. Matching the
-// request again against the spec (kin-openapi's gorillamux router: a
-// regular expression per path, and a copy of the route for every request)
-// is work repeated for every request (docs/performance.md has what it
-// cost). So the spec's route for each of Echo's templates
-// is found once, at start-up, by the same router, and looked up by
-// template per request.
+// The route table. Echo has routed every request before the contract sees
+// it (c.Path() is the template); matching it again with kin-openapi's
+// router costs a regular expression per path and a copy of the route
+// (docs/performance.md). So each template's route is found once, at start.
 
-// routeKey is a route as Echo names it: the method and the template
-// (/v1/orders/:order_id).
+// routeKey is a route as Echo names it: method and template (/v1/orders/:order_id).
 type routeKey struct{ method, path string }
 
-// apiRoute is the spec's route for one Echo route, with what the contract
-// middleware asks of its operation on every request.
+// apiRoute is the spec's route for an Echo route, and what the contract asks of it.
 type apiRoute struct {
 	route        *routers.Route
 	keyed        bool
@@ -38,24 +34,14 @@ type apiRoute struct {
 	signed       bool // the processor's webhook: Processor-Signature, no API key
 }
 
-// newAPIRoutes finds, with router, the spec's route for the Echo template
-// of every operation in spec. An operation whose template router does not
-// resolve to that same operation is left out, and its requests are matched
-// by router at request time, as before.
+// newAPIRoutes finds, with router, the spec's route for every operation's
+// Echo template; one it does not resolve to itself is matched per request.
 func newAPIRoutes(spec *openapi3.T, router routers.Router) map[routeKey]*apiRoute {
 	out := make(map[routeKey]*apiRoute)
+	param := regexp.MustCompile(`\{[^}]*\}`)
 	for path, item := range spec.Paths.Map() {
 		for method, op := range item.Operations() {
-			// A sample request for the template, each {param} filled.
-			sample := path
-			for {
-				i := strings.IndexByte(sample, '{')
-				j := strings.IndexByte(sample, '}')
-				if i < 0 || j < i {
-					break
-				}
-				sample = sample[:i] + "x" + sample[j+1:]
-			}
+			sample := param.ReplaceAllString(path, "x") // a request for the template
 			req, err := http.NewRequestWithContext(context.Background(), method, sample, nil)
 			if err != nil {
 				continue
@@ -82,9 +68,7 @@ type keyedRoute struct {
 }
 
 // declaredKeyed finds the declaration of every operation the spec marks
-// keyed, or refuses, with the operation's name, a spec whose keyed
-// operation nobody declared: that mistake shows at start-up, not as a 404
-// or as a record nothing resumes.
+// keyed, or names one nobody declared: at start-up, not as a 404 later.
 func declaredKeyed(spec *openapi3.T, operations *idempotency.Registry) ([]keyedRoute, error) {
 	var out []keyedRoute
 	for path, item := range spec.Paths.Map() {
@@ -97,8 +81,8 @@ func declaredKeyed(spec *openapi3.T, operations *idempotency.Registry) ([]keyedR
 			case !ok:
 				return nil, fmt.Errorf("operation %s is keyed in the spec, but nothing declares it: declare it in its domain package and register it in internal/app", op.OperationID)
 			case !slices.Contains(op.Tags, "keyed"):
-				// api/oapi-codegen.yaml leaves the operations tagged keyed
-				// out of the strict interface, which this adapter serves.
+				// api/oapi-codegen.yaml leaves the tagged operations out of
+				// the strict interface, for this adapter to serve.
 				return nil, fmt.Errorf("operation %s is keyed in the spec, but not tagged keyed", op.OperationID)
 			}
 			out = append(out, keyedRoute{method, echoTemplate(path), declared})
@@ -107,8 +91,7 @@ func declaredKeyed(spec *openapi3.T, operations *idempotency.Registry) ([]keyedR
 	return out, nil
 }
 
-// newAPIRoute reads what the contract middleware needs of route's
-// operation.
+// newAPIRoute reads what the contract needs of route's operation.
 func newAPIRoute(route *routers.Route) *apiRoute {
 	op := route.Operation
 	class, _ := op.Extensions["x-idempotency"].(string)
@@ -121,13 +104,9 @@ func newAPIRoute(route *routers.Route) *apiRoute {
 	}
 }
 
-// withoutSecurity is route for the validator, with an empty list of
-// security requirements. The contract authenticates the caller itself,
-// before the body is read (requiresAuth, read from the route as the spec
-// has it): a request that reaches the validator has passed, and the
-// validator's own walk of the requirements (its AuthenticationFunc is a
-// no-op) would only cost every request time. kin-openapi
-// has no option to skip it; an empty list is one.
+// withoutSecurity is route for the validator, without security: the
+// contract has authenticated, so the validator's walk of the requirements
+// (with a no-op AuthenticationFunc) only costs time, and cannot be skipped.
 func withoutSecurity(route *routers.Route) *routers.Route {
 	r, op := *route, *route.Operation
 	op.Security = &openapi3.SecurityRequirements{}
@@ -136,26 +115,18 @@ func withoutSecurity(route *routers.Route) *routers.Route {
 }
 
 // withoutKeyParameter is route for the validator without its
-// Idempotency-Key header parameter, when the spec's schema for it accepts
-// every key idempotency.ParseKey accepts: the contract parses the key
-// (step 2) before it validates (step 3), so on a keyed route the
-// validator's check of the header could only ever pass, and costs every
-// keyed request a decode and a schema walk. ParseKey accepts a header of at
-// most 512 characters (255 escaped characters between two quotes), of
-// printable ASCII; a schema that is a plain string of minLength at most 1
-// and maxLength at least 512 can refuse none of them. Any other schema (a
-// pattern, a format, a shorter bound) keeps the parameter, and the
-// validator checks it as before.
+// Idempotency-Key parameter, when its schema accepts every key ParseKey
+// does: the contract parsed the key (step 2) before validating (step 3),
+// so the check could only pass, at the cost of a decode and a schema walk.
+// ParseKey accepts at most 512 characters (255 escaped between quotes):
+// a plain string of minLength ≤ 1 and maxLength ≥ 512 refuses none. Any
+// other schema (a pattern, a format, a shorter bound) is kept.
 func withoutKeyParameter(route *routers.Route) *routers.Route {
 	op := route.Operation
-	params := make(openapi3.Parameters, 0, len(op.Parameters))
-	for _, p := range op.Parameters {
-		if p.Value != nil && p.Value.In == openapi3.ParameterInHeader &&
-			http.CanonicalHeaderKey(p.Value.Name) == "Idempotency-Key" && impliedByParseKey(p.Value) {
-			continue
-		}
-		params = append(params, p)
-	}
+	params := slices.DeleteFunc(slices.Clone(op.Parameters), func(p *openapi3.ParameterRef) bool {
+		return p.Value != nil && p.Value.In == openapi3.ParameterInHeader &&
+			http.CanonicalHeaderKey(p.Value.Name) == "Idempotency-Key" && impliedByParseKey(p.Value)
+	})
 	if len(params) == len(op.Parameters) {
 		return route
 	}
@@ -165,8 +136,7 @@ func withoutKeyParameter(route *routers.Route) *routers.Route {
 	return &r
 }
 
-// impliedByParseKey says whether the header parameter p can refuse no
-// value that idempotency.ParseKey accepts.
+// impliedByParseKey says whether p can refuse no value ParseKey accepts.
 func impliedByParseKey(p *openapi3.Parameter) bool {
 	if p.Schema == nil || p.Schema.Value == nil || p.Content != nil {
 		return false
@@ -186,19 +156,13 @@ func echoTemplate(path string) string {
 	return strings.NewReplacer("{", ":", "}", "").Replace(path)
 }
 
-// findRoute returns the spec's route for the request Echo routed in c and
-// its path parameters, or ok false when the route table cannot answer: a
-// route that is not the spec's (the demo page, the docs), an empty path
-// parameter, or a path that was sent escaped (Echo and gorillamux read
-// those differently). The caller then matches the request with the
-// router, as before.
+// findRoute returns the spec's route for the request Echo routed in c, and
+// its path parameters; or ok false, for the router to decide: a route not
+// the spec's (the demo page, the docs), an empty path parameter, or an
+// escaped path (Echo and gorillamux read those differently).
 func (s *Server) findRoute(c echo.Context) (r *apiRoute, params map[string]string, ok bool) {
 	req := c.Request()
-	if req.URL.RawPath != "" {
-		return nil, nil, false
-	}
-	r, ok = s.routes[routeKey{req.Method, c.Path()}]
-	if !ok {
+	if r, ok = s.routes[routeKey{req.Method, c.Path()}]; !ok || req.URL.RawPath != "" {
 		return nil, nil, false
 	}
 	names, values := c.ParamNames(), c.ParamValues()
@@ -212,21 +176,17 @@ func (s *Server) findRoute(c echo.Context) (r *apiRoute, params map[string]strin
 	return r, params, true
 }
 
-// validateRequest validates the request against the contract, as
-// openapi3filter.ValidateRequest does with s.validation, but validates a
-// JSON body from doc, the body already decoded once for the fingerprint
-// too (idempotency.DecodeJSON of body; decodeErr its error), rather than
-// have the validator decode it again. Anything but a JSON body with a
-// schema is left to the validator itself. The errors are the validator's,
-// in its order: the parameters', then the body's.
+// validateRequest is openapi3filter.ValidateRequest with s.validation, but
+// validates a JSON body from doc, its one decoding (decodeErr its error);
+// anything else is left to the validator. The errors are its, in its order.
 func (s *Server) validateRequest(ctx context.Context, input *openapi3filter.RequestValidationInput, body []byte, doc *any, decodeErr error) error {
 	rb := input.Route.Operation.RequestBody
 	var mt *openapi3.MediaType
 	if rb != nil && rb.Value != nil && len(body) > 0 {
 		mt = rb.Value.Content.Get(input.Request.Header.Get("Content-Type"))
 	}
-	// The cases the validator's own body decoding would read as ours
-	// does: json.Decoder with UseNumber, the first document of the body.
+	// Where the validator's decoding (json.Decoder with UseNumber, the
+	// body's first document) would read what ours read.
 	own := mt != nil && mt.Schema != nil && mt.Schema.Value != nil && len(mt.Encoding) == 0 &&
 		input.Request.Header.Get("Content-Type") == "application/json" &&
 		doc != nil && (decodeErr == nil || errors.Is(decodeErr, idempotency.ErrTrailingData))
@@ -244,19 +204,11 @@ func (s *Server) validateRequest(ctx context.Context, input *openapi3filter.Requ
 	if bodyErr == nil {
 		return err
 	}
-	id := strings.TrimSpace(mt.Schema.Ref)
-	if id == "" {
-		id = strings.TrimSpace(mt.Schema.Value.Title)
+	reason := "doesn't match schema" // and the schema's name, as the validator says it
+	if id := cmp.Or(strings.TrimSpace(mt.Schema.Ref), strings.TrimSpace(mt.Schema.Value.Title)); id != "" {
+		reason += " " + id
 	}
-	if id != "" {
-		id = " " + id
-	}
-	reqErr := &openapi3filter.RequestError{
-		Input:       input,
-		RequestBody: rb.Value,
-		Reason:      fmt.Sprintf("doesn't match schema%s", id),
-		Err:         bodyErr,
-	}
+	reqErr := &openapi3filter.RequestError{Input: input, RequestBody: rb.Value, Reason: reason, Err: bodyErr}
 	var me openapi3.MultiError
 	errors.As(err, &me)
 	return append(me, reqErr)

@@ -1,12 +1,10 @@
 // Package server is the HTTP face of the service: the contract middleware,
-// the handlers that implement the generated strict server interface, and the
-// one error handler. It builds nothing but HTTP: package app builds the
-// domain services it is given (Deps), and runs the background workers.
+// the handlers of the generated strict server interface, and the one error
+// handler. Package app builds the domain services it is given (Deps).
 package server
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -34,21 +32,14 @@ import (
 
 // Deps is what the API needs, built by package app.
 type Deps struct {
-	Config config.Server
-	Pool   *pgxpool.Pool
-	Log    *slog.Logger
-	Keys   *idempotency.Store
-	// Operations are the declared keyed operations: every one the spec
-	// marks keyed must be there (declaredKeyed).
-	Operations *idempotency.Registry
-	// Inbox receives the processor's webhooks.
-	Inbox *events.Inbox
-	// Demo turns on the browser demo's own endpoints (DEMO_MODE); nil, as
-	// everywhere but `make run`, leaves them out.
-	Demo *Demo
-	// Tracing says that spans are recorded (a tracer provider is
-	// installed). Without it, a request that carries no traceparent gets
-	// no span at all: tracing off costs nothing.
+	Config     config.Server
+	Pool       *pgxpool.Pool
+	Log        *slog.Logger
+	Keys       *idempotency.Store
+	Operations *idempotency.Registry // every operation the spec marks keyed (declaredKeyed)
+	Inbox      *events.Inbox         // receives the processor's webhooks
+	Demo       *Demo                 // the demo's own endpoints (DEMO_MODE); nil leaves them out
+	// Tracing says spans are recorded; without it, no traceparent, no span.
 	Tracing bool
 }
 
@@ -62,8 +53,8 @@ type Server struct {
 	router     routers.Router
 	routes     map[routeKey]*apiRoute // the router's answers, found once (routes.go)
 	validation openapi3filter.Options
-	// validationNoBody is validation without the body, which
-	// validateRequest checks from the body decoded once.
+	// validationNoBody skips the body: validateRequest checks it from its
+	// one decoding.
 	validationNoBody openapi3filter.Options
 	limits           *rateLimits
 	inbox            *events.Inbox
@@ -78,9 +69,7 @@ func New(d Deps) (http.Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load embedded spec: %w", err)
 	}
-	// Match operations on their paths alone, whatever host the service is
-	// reached by.
-	spec.Servers = nil
+	spec.Servers = nil // match on paths alone, whatever the host
 	router, err := gorillamux.NewRouter(spec)
 	if err != nil {
 		return nil, fmt.Errorf("route spec: %w", err)
@@ -96,11 +85,9 @@ func New(d Deps) (http.Handler, error) {
 		inbox:   d.Inbox,
 		tracing: d.Tracing,
 		validation: openapi3filter.Options{
-			MultiError: true,
-			// Authentication already happened, in the contract middleware.
-			AuthenticationFunc: openapi3filter.NoopAuthenticationFunc,
-			// Leave the request as the client sent it; handlers apply defaults.
-			SkipSettingDefaults: true,
+			MultiError:          true,
+			AuthenticationFunc:  openapi3filter.NoopAuthenticationFunc, // the contract authenticates
+			SkipSettingDefaults: true,                                  // leave the request as sent: handlers apply defaults
 		},
 	}
 	s.validationNoBody = s.validation
@@ -110,18 +97,15 @@ func New(d Deps) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-
-	e := echo.New()
-	e.HideBanner, e.HidePort = true, true
-	e.HTTPErrorHandler = s.handleError
-	e.Use(middleware.Recover())
-	e.Use(s.observe)
-	e.Use(s.boundHeaders)
 	refuseCrossOrigin, err := sameOrigin(d.Config.CORSAllowedOrigins)
 	if err != nil {
 		return nil, err
 	}
-	e.Use(refuseCrossOrigin)
+
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = s.handleError
+	e.Use(middleware.Recover(), s.observe, s.boundHeaders, refuseCrossOrigin)
 	if origins := d.Config.CORSAllowedOrigins; len(origins) > 0 {
 		e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
 			AllowOrigins:  origins,
@@ -136,14 +120,11 @@ func New(d Deps) (http.Handler, error) {
 		e.Add(r.method, r.path, s.keyed(r.op))
 	}
 	if d.Demo != nil {
-		e.POST("/demo/webhooks/:caller", s.demoReceiver)
 		s.registerDemo(e, d.Demo)
 	}
-	// The project's docs, rendered, for the demo page's links (guide.go).
-	s.registerGuide(e)
-	// Prometheus scrapes this; like /healthz it needs no API key (see
-	// the contract middleware), and shows no tenant's data. With
-	// METRICS_ADDR it is served there instead (cmd/server).
+	s.registerGuide(e) // the docs, rendered, for the demo page's links
+	// Like /healthz, /metrics needs no API key and shows no tenant's data.
+	// With METRICS_ADDR it is served there instead (cmd/server).
 	if s.cfg.MetricsAddr == "" {
 		e.GET("/metrics", echo.WrapHandler(metrics.Handler()))
 	}
@@ -154,33 +135,19 @@ func New(d Deps) (http.Handler, error) {
 	return e, nil
 }
 
-func decodeJSON(b []byte, v any) error { return json.Unmarshal(b, v) }
-
-// outcomeHeader tells the client what the idempotency layer did with its
-// key: the claim's outcome (new, replayed, resumed, taken_over,
-// in_progress, mismatch, dead), the same word as the request log and the
-// payments_idempotency_outcomes_total metric. A client, or the demo page,
-// can then show a takeover or a resumption that the status alone hides
-// (a 201 is a 201 whoever finished the work).
-//
-// It is set by observe on the way out and is never part of a stored
-// response (it is not in the idempotency layer's allow-list of stored
-// headers), so a replay says "replayed", not what the first answer said.
-// An answer given before the claim (a 400, 401, 404, 429...) has none: it
-// left the key untouched.
+// outcomeHeader tells the client what the claim found (new, replayed,
+// resumed, taken_over, in_progress, mismatch, dead), which the status
+// hides. Never stored, so a replay says "replayed"; absent from an answer
+// given before the claim (400, 401, 429...), which left the key untouched.
 const outcomeHeader = "Idempotency-Outcome"
 
-// observe is the outermost middleware but Recover: it starts the request's
-// span (startSpan), names the request (X-Request-Id, the client's if it sent a sane one, else a new one, and
-// returned either way), tells a keyed request's client what its claim
-// found (outcomeHeader), and once the answer is written it counts it
-// (metrics) and logs one line: the request id, the caller, the route, the
-// status, the duration, and what the idempotency layer did with its key.
+// observe is the outermost middleware but Recover: it starts the span,
+// names the request (X-Request-Id: the client's if sane, else a new one),
+// sets outcomeHeader, and once the answer is written counts it and logs
+// one line: request id, caller, route, status, duration, outcome.
 //
-// It never logs headers, bodies, API keys or card data, and never an
-// Idempotency-Key in full: a key is the client's name for an operation and
-// may mean something to it, so the line carries a short hash of it
-// (key_hash), enough to find the lines of one key, not to read it.
+// It never logs headers, bodies, API keys or card data, nor a key, which
+// may mean something to the client: key_hash finds its lines, not its text.
 func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
@@ -190,11 +157,10 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		req := c.Request()
 		id := requestIDFromClient(req.Header.Get(requestIDHeader))
 		c.Response().Header().Set(requestIDHeader, id)
-		ctx, outcome := idempotency.WithOutcome(withRequestID(req.Context(), id))
+		ctx, outcome := idempotency.WithOutcome(context.WithValue(req.Context(), requestIDKey{}, id))
 		c.SetRequest(req.WithContext(ctx))
-		// Just before the status line is written, whoever writes it (a
-		// handler, a replay, the error handler): by then the claim, if
-		// the request reached it, has recorded its outcome.
+		// Just before the status line, whoever writes it: by then the
+		// claim, if the request reached it, has recorded its outcome.
 		c.Response().Before(func() {
 			if o := outcome(); o != "" {
 				c.Response().Header().Set(outcomeHeader, o)
@@ -206,9 +172,8 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 
 		req = c.Request() // as the inner middleware left it: with the caller and key
-		// Every label comes from a fixed set: the route templates this
-		// server registered, the methods methodLabel knows, the statuses
-		// it writes.
+		// Every label comes from a fixed set: registered route
+		// templates, methodLabel's methods, the statuses written.
 		route := routeLabel(c)
 		method := methodLabel(req.Method)
 		status := c.Response().Status
@@ -234,11 +199,9 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		if o := outcome(); o != "" {
 			attrs = append(attrs, slog.String("idempotency", o))
 		}
-		// A 5xx is the server's failure, not the client's: a warning. The
-		// health checks, the demo's own endpoints and, in demo mode, every
-		// answered read are debug: the demo page polls them, and with a
-		// tab open they would be most of the terminal. (Production logs
-		// every API request: DEMO_MODE is never on there.)
+		// A 5xx is the server's failure: a warning. The probes, the demo's
+		// endpoints and, in demo mode, every answered read are debug: the
+		// demo page polls them. (Without DEMO_MODE, every API request logs.)
 		level := slog.LevelInfo
 		switch {
 		case status >= 500:
@@ -252,9 +215,8 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-// routeLabel is the route template Echo matched for c ("unmatched" for
-// none): a name from the fixed set this server registered, never the path,
-// for metric labels, span names and the log line alike.
+// routeLabel is the route template Echo matched ("unmatched" for none),
+// never the path: the name for metric labels, spans and the log line.
 func routeLabel(c echo.Context) string {
 	if route := c.Path(); route != "" {
 		return route
@@ -262,9 +224,8 @@ func routeLabel(c echo.Context) string {
 	return "unmatched"
 }
 
-// GetHealthz reports that the process is up. It touches nothing else, so
-// an orchestrator does not restart a healthy process because of a slow
-// database.
+// GetHealthz reports that the process is up, and touches nothing else: a
+// slow database must not get a healthy process restarted.
 func (s *Server) GetHealthz(context.Context, apigen.GetHealthzRequestObject) (apigen.GetHealthzResponseObject, error) {
 	return apigen.GetHealthz200JSONResponse{Status: "ok"}, nil
 }
@@ -293,4 +254,13 @@ func page(limit *int, startingAfter *string) (int, string) {
 		s = *startingAfter
 	}
 	return l, s
+}
+
+// apiList is rows in the API's shape: never nil, so an empty page is [].
+func apiList[R interface{ API() A }, A any](rows []R) []A {
+	out := make([]A, len(rows))
+	for i, r := range rows {
+		out[i] = r.API()
+	}
+	return out
 }

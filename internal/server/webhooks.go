@@ -7,10 +7,8 @@ import (
 	"github.com/retrysafe/payments/internal/events"
 )
 
-// ReceiveProcessorWebhook hands an event from the processor to the inbox,
-// which applies it once however often it is delivered (see
-// events.Inbox.Receive). Its signature was verified by the contract
-// middleware before anything else.
+// ReceiveProcessorWebhook hands the processor's event, its signature
+// verified by the contract, to the inbox, which applies it once.
 func (s *Server) ReceiveProcessorWebhook(ctx context.Context, req apigen.ReceiveProcessorWebhookRequestObject) (apigen.ReceiveProcessorWebhookResponseObject, error) {
 	ev := req.Body
 	duplicate, err := s.inbox.Receive(ctx, events.ProcessorEvent{
