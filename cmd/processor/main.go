@@ -2,9 +2,8 @@
 // state (charges, refunds, stored idempotent answers) survives restarts and
 // crashes of the payments server that calls it.
 //
-// Configuration comes from the environment: PROCESSOR_ADDR (default :8081)
-// and the variables of processor.LoadConfig (WEBHOOK_URL, WEBHOOK_SECRET,
-// CHAOS_*, ...).
+// Configuration comes from the environment, through processor.LoadConfig
+// (PROCESSOR_ADDR, default :8081; WEBHOOK_URL, WEBHOOK_SECRET, CHAOS_*, ...).
 package main
 
 import (
@@ -31,9 +30,8 @@ func main() {
 	}
 }
 
-// shutdownTimeout bounds the graceful shutdown. Withheld answers are
-// released at its start (processor.Server.Close), so in-flight requests
-// finish quickly.
+// shutdownTimeout bounds the graceful shutdown, which releases withheld
+// answers at its start (processor.Server.Close).
 const shutdownTimeout = 10 * time.Second
 
 // run is the whole program, with its inputs passed in so tests can drive it.
@@ -48,8 +46,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	log := slog.New(slog.NewJSONHandler(stdout, nil))
 	cfg.Logger = log
-	addr := cfg.Addr
-
 	p, err := processor.New(cfg)
 	if err != nil {
 		return err
@@ -62,12 +58,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		// graceful shutdown lets them finish.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
-	// Shutdown waits for active requests, and a withheld answer
-	// (pm_card_timeout) would hold it up for up to TimeoutHold: release
-	// them as soon as shutdown begins.
+	// Shutdown waits for active requests, which a withheld answer
+	// (pm_card_timeout) holds up to TimeoutHold: release them at once.
 	srv.RegisterOnShutdown(p.Close)
 
-	ln, err := net.Listen("tcp", addr)
+	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return err
 	}

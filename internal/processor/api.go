@@ -12,129 +12,86 @@ import (
 	"strings"
 )
 
-// Id prefixes. They differ from the payments server's own (ch_, re_) so a
-// processor id can never be mistaken for one of ours in logs.
-const (
-	prefixCharge = "pch"
-	prefixRefund = "pre"
-	prefixEvent  = "evt"
-)
-
 // newID is an opaque id with a type prefix, as a real processor's are: 128
-// random bits in base32 (the processor is a service of its own, and shares
-// no code with the payments server).
+// random bits in base32. The prefixes (pch, pre, ppo, evt) differ from the
+// payments server's (ch, re, po), so logs never confuse the two.
 func newID(prefix string) string {
 	return prefix + "_" + strings.ToLower(rand.Text())
 }
 
 var currencyPattern = regexp.MustCompile(`^[a-z]{3}$`)
 
-// declines maps the declining test payment methods to their decline codes;
-// succeeding maps the others to whether they are known at all.
-var (
-	declines = map[string]string{
-		PaymentMethodChargeDeclined:    DeclineGeneric,
-		PaymentMethodInsufficientFunds: DeclineInsufficientFunds,
-	}
-	succeeding = map[string]bool{
-		PaymentMethodVisa:         true,
-		PaymentMethodMastercard:   true,
-		PaymentMethodFlaky:        true,
-		PaymentMethodRateLimited:  true,
-		PaymentMethodInFlight:     true,
-		PaymentMethodTimeout:      true,
-		PaymentMethodLostResponse: true,
-	}
-)
-
-// inFlight is the answer of the in-flight fault methods' first attempt: a
-// 409 that means "an earlier request with this key is still running", with
-// no effect.
-func inFlight(method string) outcome {
-	return faultOutcome(http.StatusConflict, ErrorTypeIdempotency, CodeIdempotencyKeyInUse,
-		method+": a request with this Idempotency-Key is still in progress; retry after the Retry-After delay", http.Header{"Retry-After": {"1"}})
+// paymentMethods maps the test payment methods to their decline codes ("" if
+// they do not decline).
+var paymentMethods = map[string]string{
+	PaymentMethodVisa: "", PaymentMethodMastercard: "", PaymentMethodFlaky: "", PaymentMethodRateLimited: "",
+	PaymentMethodInFlight: "", PaymentMethodTimeout: "", PaymentMethodLostResponse: "",
+	PaymentMethodChargeDeclined:    DeclineGeneric,
+	PaymentMethodInsufficientFunds: DeclineInsufficientFunds,
 }
 
-func (s *Server) handleCreateCharge(w http.ResponseWriter, r *http.Request) {
-	// Order of work: key, body, validation, and only then the key's turn.
-	// Nothing before the turn is stored, so a corrected retry works.
-	key, ok := idempotencyKey(w, r)
-	if !ok {
-		return
+func validCharge(w http.ResponseWriter, req CreateChargeRequest) bool {
+	_, known := paymentMethods[req.PaymentMethod]
+	return validCreate(w, req.Amount, req.Currency, known, CodePaymentMethodUnknown, "no such payment method; use a test payment method such as pm_card_visa")
+}
+
+// earlyFault is the answer of a fault test method's attempt that fails
+// without an effect, if this attempt is one (ok false otherwise). The
+// in-flight 409 means "an earlier request with this key is still running".
+func (s *Server) earlyFault(method string, attempt int) (out outcome, ok bool) {
+	retryAfter := http.Header{"Retry-After": {"1"}}
+	switch {
+	case (method == PaymentMethodFlaky || method == DestinationFlaky) && attempt <= s.cfg.FlakyFailures:
+		return faultOutcome(http.StatusServiceUnavailable, ErrorTypeAPI, CodeProcessorUnavailable,
+			fmt.Sprintf("%s: attempt %d of %d that fail; retry with the same Idempotency-Key", method, attempt, s.cfg.FlakyFailures), nil), true
+	case (method == PaymentMethodInFlight || method == DestinationInFlight) && attempt == 1:
+		return faultOutcome(http.StatusConflict, ErrorTypeIdempotency, CodeIdempotencyKeyInUse,
+			method+": a request with this Idempotency-Key is still in progress; retry after the Retry-After delay", retryAfter), true
+	case method == PaymentMethodRateLimited && attempt == 1:
+		return faultOutcome(http.StatusTooManyRequests, ErrorTypeRateLimit, CodeRateLimited,
+			"pm_card_rateLimited: too many requests; retry after the Retry-After delay", retryAfter), true
 	}
-	var req CreateChargeRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	if !validMoney(w, req.Amount, req.Currency) {
-		return
-	}
-	if !succeeding[req.PaymentMethod] && declines[req.PaymentMethod] == "" {
-		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodePaymentMethodUnknown, "no such payment method; use a test payment method such as pm_card_visa", nil)
-		return
-	}
-	s.serveKeyed(w, r, "charges", key, fingerprint(req), func(attempt int) outcome {
-		return s.executeCharge(key, req, attempt)
-	})
+	return outcome{}, false
 }
 
 // executeCharge runs while holding the key's turn: it either injects a
 // fault that does nothing, or performs the charge (the effect) and answers.
 func (s *Server) executeCharge(key string, req CreateChargeRequest, attempt int) outcome {
-	switch {
-	case req.PaymentMethod == PaymentMethodFlaky && attempt <= s.cfg.FlakyFailures:
-		return faultOutcome(http.StatusServiceUnavailable, ErrorTypeAPI, CodeProcessorUnavailable,
-			fmt.Sprintf("pm_card_flaky: attempt %d of %d that fail; retry with the same Idempotency-Key", attempt, s.cfg.FlakyFailures), nil)
-	case req.PaymentMethod == PaymentMethodInFlight && attempt == 1:
-		return inFlight("pm_card_inFlight")
-	case req.PaymentMethod == PaymentMethodRateLimited && attempt == 1:
-		return faultOutcome(http.StatusTooManyRequests, ErrorTypeRateLimit, CodeRateLimited,
-			"pm_card_rateLimited: too many requests; retry after the Retry-After delay", http.Header{"Retry-After": {"1"}})
+	if out, ok := s.earlyFault(req.PaymentMethod, attempt); ok {
+		return out
 	}
-
-	ch := Charge{
-		ID:             newID(prefixCharge),
-		Object:         ObjectCharge,
-		Amount:         req.Amount,
-		Currency:       req.Currency,
-		PaymentMethod:  req.PaymentMethod,
-		Status:         StatusSucceeded,
-		Metadata:       req.Metadata,
-		IdempotencyKey: key,
-		Created:        s.cfg.Now().Unix(),
+	e := LedgerEntry{
+		ID: newID("pch"), Object: ObjectCharge, IdempotencyKey: key, Amount: req.Amount, Currency: req.Currency,
+		Status: StatusSucceeded, PaymentMethod: req.PaymentMethod, DeclineCode: paymentMethods[req.PaymentMethod], Created: s.cfg.Now().Unix(),
 	}
-	if code := declines[req.PaymentMethod]; code != "" {
-		ch.Status, ch.DeclineCode = StatusFailed, &code
+	if e.DeclineCode != "" {
+		e.Status = StatusFailed
 	}
 
 	// The effect: the charge exists from here on, whatever happens to the
 	// answer. A decline is an effect too (a failed charge), as in Stripe.
 	s.mu.Lock()
-	s.charges[ch.ID] = &chargeState{amount: ch.Amount, currency: ch.Currency, status: ch.Status}
-	s.ledger = append(s.ledger, LedgerEntry{
-		ID: ch.ID, Object: ObjectCharge, IdempotencyKey: key, Amount: ch.Amount, Currency: ch.Currency,
-		Status: ch.Status, PaymentMethod: ch.PaymentMethod, DeclineCode: deref(ch.DeclineCode), Created: ch.Created,
-	})
+	s.charges[e.ID] = &chargeState{LedgerEntry: e}
+	s.ledger = append(s.ledger, e)
 	s.mu.Unlock()
 
-	out := outcome{status: http.StatusCreated, body: mustJSON(ch), effect: true}
+	out := outcome{status: http.StatusCreated, effect: true, body: mustJSON(Charge{
+		ID: e.ID, Object: e.Object, Amount: e.Amount, Currency: e.Currency, PaymentMethod: e.PaymentMethod, Status: e.Status,
+		DeclineCode: optional(e.DeclineCode), Metadata: req.Metadata, IdempotencyKey: key, Created: e.Created,
+	})}
 	eventType := EventChargeSucceeded
-	if ch.Status == StatusFailed {
+	if e.Status == StatusFailed {
 		eventType = EventChargeFailed
 		out.status = http.StatusPaymentRequired
 		out.body = mustJSON(ErrorResponse{Error: ErrorDetail{
 			Type: ErrorTypeCard, Code: CodeCardDeclined, Message: "the card was declined",
-			DeclineCode: *ch.DeclineCode, Charge: ch.ID,
+			DeclineCode: e.DeclineCode, Charge: e.ID,
 		}})
 	}
-	s.emit(eventType, EventData{
-		ID: ch.ID, DownstreamKey: key, Amount: ch.Amount, Currency: ch.Currency,
-		Status: ch.Status, DeclineCode: ch.DeclineCode,
-	})
+	s.emit(eventType, e)
 
-	// The two faults that strike after the effect. They can only strike
-	// once per key: from now on the key has a stored answer, and every
-	// later attempt replays it instead of executing.
+	// The faults that strike after the effect, once per key: from now on
+	// the key has a stored answer, which later attempts replay.
 	switch req.PaymentMethod {
 	case PaymentMethodTimeout:
 		out.how = deliverHold
@@ -144,83 +101,62 @@ func (s *Server) executeCharge(key string, req CreateChargeRequest, attempt int)
 	return out
 }
 
-// validMoney checks an amount and a currency, answering 400 if either is
-// wrong.
-func validMoney(w http.ResponseWriter, amount int64, currency string) bool {
+// validCreate checks the amount, the currency and whether the test token (a
+// payment method or a destination) is known, answering 400 for the first
+// that is wrong: parameter_invalid, or unknownCode with unknownMsg.
+func validCreate(w http.ResponseWriter, amount int64, currency string, known bool, unknownCode, unknownMsg string) bool {
 	switch {
 	case amount <= 0:
-		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeParameterInvalid, "amount must be a positive integer in the currency's minor unit", nil)
-		return false
+		badRequest(w, "amount must be a positive integer in the currency's minor unit")
 	case !currencyPattern.MatchString(currency):
-		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeParameterInvalid, "currency must be a lower-case ISO 4217 code such as usd", nil)
-		return false
+		badRequest(w, "currency must be a lower-case ISO 4217 code such as usd")
+	case !known:
+		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, unknownCode, unknownMsg, nil)
+	default:
+		return true
 	}
-	return true
+	return false
 }
 
-func (s *Server) handleCreateRefund(w http.ResponseWriter, r *http.Request) {
-	key, ok := idempotencyKey(w, r)
-	if !ok {
-		return
-	}
-	var req CreateRefundRequest
-	if !decode(w, r, &req) {
-		return
-	}
+func validRefund(w http.ResponseWriter, req CreateRefundRequest) bool {
 	switch {
 	case req.Charge == "":
-		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeParameterInvalid, "charge is required", nil)
-		return
+		badRequest(w, "charge is required")
 	case req.Amount <= 0:
-		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeParameterInvalid, "amount must be a positive integer in the currency's minor unit", nil)
-		return
+		badRequest(w, "amount must be a positive integer in the currency's minor unit")
+	default:
+		return true
 	}
-	s.serveKeyed(w, r, "refunds", key, fingerprint(req), func(int) outcome {
-		return s.executeRefund(key, req)
-	})
+	return false
 }
 
 // executeRefund checks and records the refund under one lock: two refunds
 // of one charge on different keys run concurrently, and a check made
 // before taking the lock could be stale by the time the refund is written.
-func (s *Server) executeRefund(key string, req CreateRefundRequest) outcome {
+func (s *Server) executeRefund(key string, req CreateRefundRequest, _ int) outcome {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	c := s.charges[req.Charge]
 	switch {
 	case c == nil:
-		s.mu.Unlock()
 		return faultOutcome(http.StatusNotFound, ErrorTypeInvalidRequest, CodeResourceMissing, "no such charge", nil)
-	case c.status != StatusSucceeded:
-		s.mu.Unlock()
+	case c.Status != StatusSucceeded:
 		return faultOutcome(http.StatusBadRequest, ErrorTypeInvalidRequest, CodeChargeNotRefundable, "the charge failed; there is nothing to refund", nil)
-	case req.Amount > c.amount-c.refunded:
-		remaining := c.amount - c.refunded
-		s.mu.Unlock()
+	case req.Amount > c.Amount-c.refunded:
 		return faultOutcome(http.StatusBadRequest, ErrorTypeInvalidRequest, CodeAmountTooLarge,
-			fmt.Sprintf("the refund exceeds what remains of the charge (%d)", remaining), nil)
+			fmt.Sprintf("the refund exceeds what remains of the charge (%d)", c.Amount-c.refunded), nil)
 	}
 	c.refunded += req.Amount
-	re := Refund{
-		ID:             newID(prefixRefund),
-		Object:         ObjectRefund,
-		Charge:         req.Charge,
-		Amount:         req.Amount,
-		Currency:       c.currency,
-		Status:         StatusSucceeded,
-		IdempotencyKey: key,
-		Created:        s.cfg.Now().Unix(),
+	e := LedgerEntry{
+		ID: newID("pre"), Object: ObjectRefund, IdempotencyKey: key, Amount: req.Amount, Currency: c.Currency,
+		Status: StatusSucceeded, Charge: req.Charge, Created: s.cfg.Now().Unix(),
 	}
-	s.ledger = append(s.ledger, LedgerEntry{
-		ID: re.ID, Object: ObjectRefund, IdempotencyKey: key, Amount: re.Amount, Currency: re.Currency,
-		Status: re.Status, Charge: re.Charge, Created: re.Created,
-	})
-	s.mu.Unlock()
-
-	s.emit(EventRefundSucceeded, EventData{
-		ID: re.ID, DownstreamKey: key, Amount: re.Amount, Currency: re.Currency,
-		Status: re.Status, Charge: re.Charge,
-	})
-	return outcome{status: http.StatusCreated, body: mustJSON(re), effect: true}
+	s.ledger = append(s.ledger, e)
+	s.emit(EventRefundSucceeded, e)
+	return outcome{status: http.StatusCreated, effect: true, body: mustJSON(Refund{
+		ID: e.ID, Object: e.Object, Charge: e.Charge, Amount: e.Amount, Currency: e.Currency,
+		Status: e.Status, IdempotencyKey: key, Created: e.Created,
+	})}
 }
 
 func (s *Server) handleLedger(w http.ResponseWriter, r *http.Request) {
@@ -236,10 +172,6 @@ func (s *Server) handleLedger(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, mustJSON(list), nil)
 }
 
-func (s *Server) handleGetChaos(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, mustJSON(s.Chaos()), nil)
-}
-
 // handlePutChaos replaces all the settings: a field left out is zero, so
 // PUT {} switches chaos off.
 func (s *Server) handlePutChaos(w http.ResponseWriter, r *http.Request) {
@@ -248,10 +180,10 @@ func (s *Server) handlePutChaos(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.SetChaos(c); err != nil {
-		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeParameterInvalid, err.Error(), nil)
+		badRequest(w, err.Error())
 		return
 	}
-	s.log.Info("chaos settings changed", "latency_ms", c.LatencyMS, "error_rate", c.ErrorRate,
+	s.cfg.Logger.Info("chaos settings changed", "latency_ms", c.LatencyMS, "error_rate", c.ErrorRate,
 		"timeout_rate", c.TimeoutRate, "duplicate_webhook_rate", c.DuplicateWebhookRate)
 	writeJSON(w, http.StatusOK, mustJSON(c), nil)
 }
@@ -291,17 +223,16 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	case errors.As(err, &tooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, ErrorTypeInvalidRequest, CodeBodyTooLarge,
 			"the request body exceeds "+strconv.Itoa(maxBodyBytes)+" bytes", nil)
-		return false
 	case err != nil:
 		// The decoder's message names the field or offset, never a value.
 		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeBodyInvalid, "the body is not a valid JSON request: "+err.Error(), nil)
-		return false
+	default:
+		return true
 	}
-	return true
+	return false
 }
 
-// faultOutcome is an answer without an effect: nothing is stored for the
-// key.
+// faultOutcome is an answer without an effect: nothing is stored for the key.
 func faultOutcome(status int, typ, code, msg string, h http.Header) outcome {
 	return outcome{status: status, body: errorJSON(typ, code, msg), header: h}
 }
@@ -334,9 +265,15 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-func deref(s *string) string {
-	if s == nil {
-		return ""
+// badRequest answers 400 parameter_invalid.
+func badRequest(w http.ResponseWriter, msg string) {
+	writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeParameterInvalid, msg, nil)
+}
+
+// optional is s as a JSON string that is null when empty.
+func optional(s string) *string {
+	if s == "" {
+		return nil
 	}
-	return *s
+	return &s
 }

@@ -48,6 +48,15 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 			*dst = f
 		}
 	}
+	duration := func(name, example string, dst *time.Duration) {
+		if v := str(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				errs = append(errs, fmt.Errorf("%s=%q: want a positive Go duration such as %s", name, v, example))
+			}
+			*dst = d
+		}
+	}
 
 	cfg := Config{Addr: str("PROCESSOR_ADDR"), WebhookURL: str("WEBHOOK_URL"), WebhookSecret: []byte(DefaultWebhookSecret)}
 	if cfg.Addr == "" {
@@ -58,27 +67,9 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	integer("WEBHOOK_MAX_ATTEMPTS", 1, &cfg.WebhookMaxAttempts)
 	integer("PROCESSOR_FLAKY_FAILURES", 1, &cfg.FlakyFailures)
-	if v := str("PROCESSOR_TIMEOUT_HOLD"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			errs = append(errs, fmt.Errorf("PROCESSOR_TIMEOUT_HOLD=%q: want a positive Go duration such as 30s", v))
-		}
-		cfg.TimeoutHold = d
-	}
-	if v := str("PROCESSOR_PAYOUT_DELAY"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			errs = append(errs, fmt.Errorf("PROCESSOR_PAYOUT_DELAY=%q: want a positive Go duration such as 2s", v))
-		}
-		cfg.PayoutDelay = d
-	}
-	if v := str("PROCESSOR_KEY_RETENTION"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			errs = append(errs, fmt.Errorf("PROCESSOR_KEY_RETENTION=%q: want a positive Go duration such as 24h", v))
-		}
-		cfg.KeyRetention = d
-	}
+	duration("PROCESSOR_TIMEOUT_HOLD", "30s", &cfg.TimeoutHold)
+	duration("PROCESSOR_PAYOUT_DELAY", "2s", &cfg.PayoutDelay)
+	duration("PROCESSOR_KEY_RETENTION", "24h", &cfg.KeyRetention)
 	integer("CHAOS_LATENCY_MS", 0, &cfg.Chaos.LatencyMS)
 	rate("CHAOS_ERROR_RATE", &cfg.Chaos.ErrorRate)
 	rate("CHAOS_TIMEOUT_RATE", &cfg.Chaos.TimeoutRate)
@@ -90,12 +81,12 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		}
 		cfg.Rand = rand.New(rand.NewPCG(seed, seed)) // #nosec G404 -- the fake's chaos draws: reproducible by design
 	}
+	// New checks what the parsers above cannot (the URL's shape, the
+	// latency bound); check it here too, so every error surfaces before the
+	// listener opens.
 	if err := errors.Join(errs...); err != nil {
 		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	// What LoadConfig cannot see by itself (the URL's shape, the latency
-	// bound) is checked by New; check it here too, so every configuration
-	// error surfaces before the listener opens.
 	if err := cfg.validate(); err != nil {
 		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)
 	}

@@ -1,13 +1,12 @@
 // Package processor is a fake card processor: a stand-in for Stripe's
 // charges API that the payments server calls over real HTTP.
 //
-// It exists to make the hard cases of a payment integration reproducible:
-// it honours its own downstream Idempotency-Key (same key, same answer, one
-// effect), its test payment methods fail in deterministic ways (503s, a 429,
-// a withheld answer, a dropped connection), chaos settings inject the same
-// faults at random, and it delivers signed webhooks at least once. Its
-// ledger (GET /v1/ledger) lists every effect it performed, so a test can
-// show from outside that retries produced exactly one charge.
+// It makes the hard cases of a payment integration reproducible: it honours
+// its own downstream Idempotency-Key (same key, same answer, one effect),
+// its test payment methods fail in deterministic ways (503s, a 429, a
+// withheld answer, a dropped connection), chaos injects the same faults at
+// random, and it delivers signed webhooks at least once. Its ledger lists
+// every effect, so a test can show that retries made exactly one charge.
 //
 // Routes:
 //
@@ -43,9 +42,7 @@ import (
 // Config configures a Server. The zero value is usable: no webhooks, no
 // chaos, the defaults below.
 type Config struct {
-	// Addr is where cmd/processor listens (PROCESSOR_ADDR); New ignores
-	// it. It is here so that every setting of the processor is read in
-	// one place, LoadConfig.
+	// Addr is where cmd/processor listens (read by LoadConfig; New ignores it).
 	Addr string
 	// WebhookURL receives the signed events; empty means no webhooks.
 	WebhookURL string
@@ -60,39 +57,33 @@ type Config struct {
 	WebhookBackoffCap  time.Duration
 	// WebhookTimeout bounds one delivery attempt (default 5s).
 	WebhookTimeout time.Duration
-	// HTTPClient sends the webhooks (default: a client with no timeout of
-	// its own; WebhookTimeout applies per attempt).
+	// HTTPClient sends the webhooks (default: no timeout of its own;
+	// WebhookTimeout applies per attempt).
 	HTTPClient *http.Client
 
-	// FlakyFailures is how many attempts on a downstream key
-	// pm_card_flaky answers with 503 before it succeeds (default 2).
+	// FlakyFailures is how many attempts on a key pm_card_flaky answers
+	// with 503 before it succeeds (default 2).
 	FlakyFailures int
-	// PayoutDelay is how long a payout's transfer takes to arrive (ten
-	// times as long to ba_test_slow). Default 2s.
+	// PayoutDelay is how long a payout takes to arrive (default 2s).
 	PayoutDelay time.Duration
-	// TimeoutHold is the longest a withheld answer (pm_card_timeout, chaos
-	// timeouts) is held if the client does not give up first (default 30s).
-	// After it, the answer is sent late.
+	// TimeoutHold is how long a withheld answer (pm_card_timeout, chaos
+	// timeouts) waits for the client to give up, then is sent (default 30s).
 	TimeoutHold time.Duration
 
-	// KeyRetention is how long the processor remembers a downstream key's
-	// answer (default 24h, as Stripe). After it, the same key is a new
-	// request. It must not be longer than the payments server's own
-	// IDEMPOTENCY_KEY_RETENTION (see keys.go).
+	// KeyRetention is how long a downstream key's answer is remembered
+	// (default 24h, as Stripe); after it, the key is a new request. It must
+	// not be shorter than the server's IDEMPOTENCY_KEY_RETENTION (keys.go).
 	KeyRetention time.Duration
 
 	// Chaos is the initial fault injection; PUT /admin/chaos replaces it.
 	Chaos Chaos
-	// Rand is the source of every random choice (chaos draws, backoff
-	// jitter), so a seeded one makes a run repeatable. Default: randomly
-	// seeded. The Server takes ownership: do not use it elsewhere.
+	// Rand is the source of every random choice, so a seeded one makes a
+	// run repeatable (default: randomly seeded). The Server owns it.
 	Rand *rand.Rand
 
-	// Now is the clock for created times and signature timestamps
-	// (default time.Now).
+	// Now is the clock for created times and signatures (default time.Now).
 	Now func() time.Time
-	// Logger receives operational logs (default: discarded). Request
-	// bodies are never logged.
+	// Logger receives operational logs, never bodies (default: discarded).
 	Logger *slog.Logger
 }
 
@@ -106,43 +97,29 @@ func (cfg Config) withDefaults() Config {
 	if len(cfg.WebhookSecret) == 0 {
 		cfg.WebhookSecret = []byte(DefaultWebhookSecret)
 	}
-	if cfg.WebhookMaxAttempts == 0 {
-		cfg.WebhookMaxAttempts = 8
-	}
-	if cfg.WebhookBackoffBase == 0 {
-		cfg.WebhookBackoffBase = 250 * time.Millisecond
-	}
-	if cfg.WebhookBackoffCap == 0 {
-		cfg.WebhookBackoffCap = 30 * time.Second
-	}
-	if cfg.WebhookTimeout == 0 {
-		cfg.WebhookTimeout = 5 * time.Second
-	}
-	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = &http.Client{}
-	}
-	if cfg.FlakyFailures == 0 {
-		cfg.FlakyFailures = 2
-	}
-	if cfg.PayoutDelay == 0 {
-		cfg.PayoutDelay = 2 * time.Second
-	}
-	if cfg.TimeoutHold == 0 {
-		cfg.TimeoutHold = 30 * time.Second
-	}
-	if cfg.KeyRetention == 0 {
-		cfg.KeyRetention = 24 * time.Hour
-	}
-	if cfg.Rand == nil {
-		cfg.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())) // #nosec G404 -- the fake's chaos draws, not secrets
-	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
+	orDefault(&cfg.WebhookMaxAttempts, 8)
+	orDefault(&cfg.WebhookBackoffBase, 250*time.Millisecond)
+	orDefault(&cfg.WebhookBackoffCap, 30*time.Second)
+	orDefault(&cfg.WebhookTimeout, 5*time.Second)
+	orDefault(&cfg.HTTPClient, &http.Client{})
+	orDefault(&cfg.FlakyFailures, 2)
+	orDefault(&cfg.PayoutDelay, 2*time.Second)
+	orDefault(&cfg.TimeoutHold, 30*time.Second)
+	orDefault(&cfg.KeyRetention, 24*time.Hour)
+	orDefault(&cfg.Rand, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))) // #nosec G404 -- the fake's chaos draws, not secrets
+	orDefault(&cfg.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	return cfg
+}
+
+// orDefault sets *v to def if *v is the zero value.
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
 }
 
 func (cfg Config) validate() error {
@@ -173,38 +150,33 @@ func (c Chaos) validate() error {
 	if c.ErrorRetryAfter < 0 || c.ErrorRetryAfter > 86_400 {
 		errs = append(errs, fmt.Errorf("error_retry_after %d: want 0..86400 seconds", c.ErrorRetryAfter))
 	}
-	for _, r := range []struct {
-		name string
-		v    float64
-	}{{"error_rate", c.ErrorRate}, {"timeout_rate", c.TimeoutRate}, {"duplicate_webhook_rate", c.DuplicateWebhookRate}} {
-		// Written so that NaN fails too.
-		if !(r.v >= 0 && r.v <= 1) {
-			errs = append(errs, fmt.Errorf("%s %v: want 0..1", r.name, r.v))
+	rate := func(name string, v float64) {
+		if !(v >= 0 && v <= 1) { // written so that NaN fails too
+			errs = append(errs, fmt.Errorf("%s %v: want 0..1", name, v))
 		}
 	}
+	rate("error_rate", c.ErrorRate)
+	rate("timeout_rate", c.TimeoutRate)
+	rate("duplicate_webhook_rate", c.DuplicateWebhookRate)
 	return errors.Join(errs...)
 }
 
 // Server is the fake processor. It is an http.Handler; serve it with any
 // http.Server (or httptest.Server) and call Close when done.
 type Server struct {
-	cfg Config
-	log *slog.Logger
-	mux *http.ServeMux
-	// traced is the mux with chaos latency, in a span (tracedHandler).
-	traced http.Handler
+	cfg     Config
+	handler http.Handler // the routes, in a span (traced)
 
-	// chaosMu guards the chaos settings and the random source (a
-	// *rand.Rand is not safe for concurrent use).
+	// chaosMu guards the chaos settings and cfg.Rand (a *rand.Rand is not
+	// safe for concurrent use).
 	chaosMu sync.Mutex
 	chaos   Chaos
-	rand    *rand.Rand
 
-	keys keyStore
+	keysMu sync.Mutex           // guards keys
+	keys   map[string]*keyEntry // one per (endpoint, key) ever seen
 
-	// mu guards the ledger, the charges and the payouts. It is only ever taken while
-	// holding a key's turn, never the other way round, so the two cannot
-	// deadlock.
+	// mu guards the ledger, the charges and the payouts. A key's turn is
+	// never taken while holding it, so the two cannot deadlock.
 	mu      sync.Mutex
 	ledger  []LedgerEntry
 	charges map[string]*chargeState
@@ -212,17 +184,13 @@ type Server struct {
 
 	webhooks *deliverer // nil without a WebhookURL
 
-	// closing is closed by Close: it releases withheld answers and stops
-	// the webhook deliverer.
-	closing   chan struct{}
+	closing   chan struct{} // closed by Close: releases withheld answers
 	closeOnce sync.Once
 }
 
-// chargeState is what refunds need to know about a charge.
+// chargeState is a charge's ledger entry and how much of it is refunded.
 type chargeState struct {
-	amount   int64
-	currency string
-	status   string
+	LedgerEntry
 	refunded int64
 }
 
@@ -235,50 +203,54 @@ func New(cfg Config) (*Server, error) {
 	cfg = cfg.withDefaults()
 	s := &Server{
 		cfg:     cfg,
-		log:     cfg.Logger,
 		chaos:   cfg.Chaos,
-		rand:    cfg.Rand,
 		charges: make(map[string]*chargeState),
 		payouts: make(map[string]*payoutState),
+		keys:    make(map[string]*keyEntry),
 		closing: make(chan struct{}),
 	}
-	s.keys.entries = make(map[string]*keyEntry)
 	if cfg.WebhookURL != "" {
 		s.webhooks = newDeliverer(cfg, s.jitter)
 	}
-	s.routes()
-	s.traced = s.tracedHandler()
+	s.handler = traced(s.routes())
 	return s, nil
 }
 
-func (s *Server) routes() {
-	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("POST /v1/charges", s.handleCreateCharge)
-	s.mux.HandleFunc("POST /v1/refunds", s.handleCreateRefund)
-	s.mux.HandleFunc("POST /v1/payouts", s.handleCreatePayout)
-	s.mux.HandleFunc("GET /v1/payouts/{id}", s.handleGetPayout)
-	s.mux.HandleFunc("GET /v1/ledger", s.handleLedger)
-	s.mux.HandleFunc("GET /admin/chaos", s.handleGetChaos)
-	s.mux.HandleFunc("PUT /admin/chaos", s.handlePutChaos)
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+// routes is the API. Chaos latency is added before any other work to every
+// /v1 call (not to /admin or /healthz, which must stay usable to switch
+// chaos off).
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/charges", keyed(s, "charges", validCharge, s.executeCharge))
+	mux.HandleFunc("POST /v1/refunds", keyed(s, "refunds", validRefund, s.executeRefund))
+	mux.HandleFunc("POST /v1/payouts", keyed(s, "payouts", validPayout, s.executePayout))
+	mux.HandleFunc("GET /v1/payouts/{id}", s.handleGetPayout)
+	mux.HandleFunc("GET /v1/ledger", s.handleLedger)
+	mux.HandleFunc("GET /admin/chaos", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, mustJSON(s.Chaos()), nil)
+	})
+	mux.HandleFunc("PUT /admin/chaos", s.handlePutChaos)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, []byte(`{"status":"ok"}`), nil)
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/") && !s.chaosLatency(r.Context()) {
+			return // the client gave up during the latency; nobody to answer
+		}
+		mux.ServeHTTP(w, r)
 	})
 }
 
-// ServeHTTP implements http.Handler. Chaos latency is added here, before
-// any other work, to every /v1 call (not to /admin or /healthz, which must
-// stay usable to switch chaos off).
+// ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s.traced.ServeHTTP(w, r)
+	s.handler.ServeHTTP(w, r)
 }
 
-// traced is serve in a span that continues the caller's trace (its W3C
-// traceparent), as a real processor's would: the payment service's trace
-// of a charge then shows the processor's side of the call, and how long
-// it took there. Only /v1 calls are traced: the demo's polling of
-// /admin and /healthz is not a processor call.
-func (s *Server) tracedHandler() http.Handler {
-	return otelhttp.NewHandler(http.HandlerFunc(s.serve), "processor",
+// traced serves h in a span that continues the caller's trace (W3C
+// traceparent), so a charge's trace shows the processor's side of the call.
+// Only /v1 calls are traced: the demo's polling of /admin is not a call.
+func traced(h http.Handler) http.Handler {
+	return otelhttp.NewHandler(h, "processor",
 		otelhttp.WithFilter(func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/v1/") }),
 		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
 			// The route, never the path: a path carries ids.
@@ -298,34 +270,26 @@ func (s *Server) tracedHandler() http.Handler {
 		}))
 }
 
-func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
-	if strings.HasPrefix(r.URL.Path, "/v1/") && !s.chaosLatency(r.Context()) {
-		return // the client gave up during the latency; nobody to answer
-	}
-	s.mux.ServeHTTP(w, r)
-}
-
 // chaosLatency sleeps the configured latency; false if ctx ended first.
 func (s *Server) chaosLatency(ctx context.Context) bool {
 	ms := s.Chaos().LatencyMS
-	if ms <= 0 {
-		return true
-	}
-	t := time.NewTimer(time.Duration(ms) * time.Millisecond)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return ms <= 0 || sleep(ctx, time.Duration(ms)*time.Millisecond, nil)
 }
 
-// Close releases any withheld answers (so an http.Server's graceful
-// shutdown is not held up by them) and stops the webhook deliverer,
-// waiting for it to return. Events not yet delivered are dropped: unlike a
-// real processor, this one keeps nothing on disk. Close is safe to call more
-// than once; register it with http.Server.RegisterOnShutdown.
+// sleep waits d or until stop closes (true), or until ctx ends (false).
+func sleep(ctx context.Context, d time.Duration, stop <-chan struct{}) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+	case <-stop:
+	}
+	return true
+}
+
+// Close releases withheld answers, so a graceful shutdown is not held up,
+// and stops the webhook deliverer, dropping undelivered events (nothing is
+// kept on disk). It is idempotent: register it with RegisterOnShutdown.
 func (s *Server) Close() {
 	s.closeOnce.Do(func() {
 		close(s.closing)
@@ -354,12 +318,12 @@ func (s *Server) SetChaos(c Chaos) error {
 }
 
 // draw reports whether an event of probability rate happens. Rates of 0
-// and 1 are certain either way (Float64 is in [0, 1)), which is what makes
-// chaos tests deterministic even with concurrent draws.
+// and 1 are certain (Float64 is in [0, 1)), so chaos tests are
+// deterministic even with concurrent draws.
 func (s *Server) draw(rate func(Chaos) float64) bool {
 	s.chaosMu.Lock()
 	defer s.chaosMu.Unlock()
-	return s.rand.Float64() < rate(s.chaos)
+	return s.cfg.Rand.Float64() < rate(s.chaos)
 }
 
 // jitter returns a uniformly random duration in [0, d].
@@ -369,5 +333,5 @@ func (s *Server) jitter(d time.Duration) time.Duration {
 	}
 	s.chaosMu.Lock()
 	defer s.chaosMu.Unlock()
-	return time.Duration(s.rand.Int64N(int64(d) + 1))
+	return time.Duration(s.cfg.Rand.Int64N(int64(d) + 1))
 }

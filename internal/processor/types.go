@@ -7,9 +7,8 @@ import (
 	"net/http"
 )
 
-// The wire types of the fake processor's API. They are exported so that the
-// payments server's processor client and its webhook receiver can decode
-// exactly what this package encodes.
+// The wire types of the fake processor's API, exported so that the payments
+// server's client and webhook receiver decode exactly what this encodes.
 
 // Test payment methods (cf. Stripe's test cards). They are tokens: no card
 // number exists anywhere in the processor.
@@ -17,11 +16,10 @@ const (
 	// PaymentMethodVisa and PaymentMethodMastercard succeed.
 	PaymentMethodVisa       = "pm_card_visa"
 	PaymentMethodMastercard = "pm_card_mastercard"
-	// PaymentMethodChargeDeclined is declined with decline code
-	// generic_decline (402). A decline is an effect: a failed charge.
-	PaymentMethodChargeDeclined = "pm_card_chargeDeclined"
-	// PaymentMethodInsufficientFunds is declined with decline code
-	// insufficient_funds (402).
+	// PaymentMethodChargeDeclined and PaymentMethodInsufficientFunds are
+	// declined (402) with decline code generic_decline or
+	// insufficient_funds. A decline is an effect: a failed charge.
+	PaymentMethodChargeDeclined    = "pm_card_chargeDeclined"
 	PaymentMethodInsufficientFunds = "pm_card_insufficientFunds"
 
 	// PaymentMethodFlaky answers 503 to the first Config.FlakyFailures
@@ -30,40 +28,35 @@ const (
 	// PaymentMethodRateLimited answers 429 with Retry-After: 1 to the first
 	// attempt on a downstream key, without an effect, then succeeds.
 	PaymentMethodRateLimited = "pm_card_rateLimited"
-	// PaymentMethodInFlight answers 409 idempotency_key_in_use, with
-	// Retry-After: 1, to the first attempt on a downstream key, without an
-	// effect, then succeeds: what a processor answers (Stripe does) while an
-	// earlier request with the same key is still running. It is not a
-	// refusal, only "not yet".
+	// PaymentMethodInFlight answers 409 idempotency_key_in_use with
+	// Retry-After: 1 to the first attempt on a key, without an effect, then
+	// succeeds: what Stripe answers while an earlier request with the key
+	// still runs. Not a refusal, only "not yet".
 	PaymentMethodInFlight = "pm_card_inFlight"
 	// PaymentMethodTimeout charges on the first attempt, then withholds the
-	// answer until the client gives up (or Config.TimeoutHold passes): the
-	// client cannot know whether the charge happened. Later attempts on the
-	// key replay the stored success at once.
+	// answer until the client gives up (or Config.TimeoutHold passes), so
+	// the client cannot know whether it charged. Later attempts on the key
+	// replay the stored success at once.
 	PaymentMethodTimeout = "pm_card_timeout"
 	// PaymentMethodLostResponse charges on the first attempt, then drops the
-	// connection without answering. Later attempts replay the stored success.
+	// connection. Later attempts replay the stored success.
 	PaymentMethodLostResponse = "pm_card_lostResponse"
 )
 
-// Charge statuses, refund status, and object names.
+// Charge and refund statuses, object names, and webhook event types.
 const (
 	StatusSucceeded = "succeeded"
 	StatusFailed    = "failed"
 
 	ObjectCharge = "charge"
 	ObjectRefund = "refund"
-)
 
-// Webhook event types.
-const (
 	EventChargeSucceeded = "charge.succeeded"
 	EventChargeFailed    = "charge.failed"
 	EventRefundSucceeded = "refund.succeeded"
 )
 
-// Error types and codes in ErrorDetail. Type says who is at fault (as in
-// Stripe); Code is the machine-readable reason.
+// Error types (who is at fault, as in Stripe) and codes (the reason).
 const (
 	ErrorTypeInvalidRequest = "invalid_request_error"
 	ErrorTypeCard           = "card_error"
@@ -85,10 +78,8 @@ const (
 	CodeChargeNotRefundable   = "charge_not_refundable"
 	CodeProcessorUnavailable  = "processor_unavailable"
 	CodeRateLimited           = "rate_limited"
-)
 
-// Decline codes of the declining test payment methods.
-const (
+	// Decline codes, of the declining test payment methods.
 	DeclineGeneric           = "generic_decline"
 	DeclineInsufficientFunds = "insufficient_funds"
 )
@@ -111,10 +102,9 @@ type Charge struct {
 	Status        string            `json:"status"`
 	DeclineCode   *string           `json:"decline_code"`
 	Metadata      map[string]string `json:"metadata,omitempty"`
-	// IdempotencyKey is the downstream key the charge was made with.
+	// IdempotencyKey is the downstream key of the charge; Created is Unix seconds.
 	IdempotencyKey string `json:"idempotency_key"`
-	// Created is a Unix time in seconds.
-	Created int64 `json:"created"`
+	Created        int64  `json:"created"`
 }
 
 // CreateRefundRequest is the body of POST /v1/refunds.
@@ -151,7 +141,7 @@ type ErrorDetail struct {
 }
 
 // LedgerEntry is one effect the processor performed: a charge (succeeded
-// or failed) or a refund.
+// or failed), a refund or a payout.
 type LedgerEntry struct {
 	ID             string `json:"id"`
 	Object         string `json:"object"`
@@ -162,15 +152,13 @@ type LedgerEntry struct {
 	PaymentMethod  string `json:"payment_method,omitempty"`
 	DeclineCode    string `json:"decline_code,omitempty"`
 	Charge         string `json:"charge,omitempty"`
-	// Destination and FailureCode are set on payouts; a payout's Status
-	// moves from in_transit to paid or failed.
+	// Set on payouts, whose Status moves from in_transit to paid or failed.
 	Destination string `json:"destination,omitempty"`
 	FailureCode string `json:"failure_code,omitempty"`
 	Created     int64  `json:"created"`
 }
 
-// LedgerList is the answer of GET /v1/ledger, in the order the effects
-// happened.
+// LedgerList is the answer of GET /v1/ledger, in the order of the effects.
 type LedgerList struct {
 	Data []LedgerEntry `json:"data"`
 }
@@ -185,42 +173,36 @@ type Event struct {
 
 // EventData is the object an event is about.
 type EventData struct {
-	// ID is the charge (pch_…) or refund (pre_…) id.
+	// ID is the charge (pch_…), refund (pre_…) or payout (ppo_…) id.
 	ID string `json:"id"`
-	// DownstreamKey is the Idempotency-Key the effect was made with, so the
-	// receiver can find its own record even when it never saw the answer
-	// (a timeout or a lost response).
+	// DownstreamKey is the Idempotency-Key of the effect, so the receiver
+	// finds its record even when it never saw the answer (a timeout).
 	DownstreamKey string  `json:"downstream_key"`
 	Amount        int64   `json:"amount"`
 	Currency      string  `json:"currency"`
 	Status        string  `json:"status"`
 	DeclineCode   *string `json:"decline_code"`
-	// Charge is the refunded charge, on refund events.
-	Charge string `json:"charge,omitempty"`
-	// FailureCode is why a payout failed, on payout.failed.
-	FailureCode *string `json:"failure_code,omitempty"`
+	Charge        string  `json:"charge,omitempty"`       // the refunded charge, on refund events
+	FailureCode   *string `json:"failure_code,omitempty"` // why a payout failed, on payout.failed
 }
 
 // Chaos is the fault injection applied to every request, set in Config and
 // changed at runtime with PUT /admin/chaos.
 type Chaos struct {
-	// LatencyMS is added to every /v1 call before it is handled.
-	LatencyMS int `json:"latency_ms"`
-	// ErrorRate is the probability of a 503 before any effect.
-	ErrorRate float64 `json:"error_rate"`
-	// ErrorRetryAfter, when positive, is the Retry-After (seconds) those
-	// 503s carry: a processor telling its clients to stay away a while.
+	LatencyMS int     `json:"latency_ms"` // added to every /v1 call before it is handled
+	ErrorRate float64 `json:"error_rate"` // the probability of a 503 before any effect
+	// ErrorRetryAfter, if positive, is the Retry-After (seconds) of those
+	// 503s: a processor telling its clients to stay away a while.
 	ErrorRetryAfter int `json:"error_retry_after"`
-	// TimeoutRate is the probability that a request which performed an
-	// effect withholds its answer, as pm_card_timeout does.
+	// TimeoutRate is the probability that a request with an effect
+	// withholds its answer, as pm_card_timeout does.
 	TimeoutRate float64 `json:"timeout_rate"`
-	// DuplicateWebhookRate is the probability that an event is delivered
-	// twice.
+	// DuplicateWebhookRate is the probability of delivering an event twice.
 	DuplicateWebhookRate float64 `json:"duplicate_webhook_rate"`
 }
 
-// FetchLedger reads the ledger of the processor at baseURL: how tests (and
-// anyone else) check from outside that each downstream key had one effect.
+// FetchLedger reads the ledger of the processor at baseURL, so that tests can
+// check from outside that each downstream key had one effect.
 func FetchLedger(ctx context.Context, baseURL string) ([]LedgerEntry, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL+"/v1/ledger", nil)
 	if err != nil {

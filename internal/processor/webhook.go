@@ -6,51 +6,45 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 )
 
-// emit queues an event for delivery, twice with the chaos probability of a
-// duplicate. Both copies carry the same event id, which is what the
-// receiver deduplicates on. It never blocks, so it is safe to call while
-// holding a key's turn.
-func (s *Server) emit(eventType string, data EventData) {
+// emit queues an event about ledger entry e for delivery, twice with the
+// chaos probability of a duplicate. Both copies carry the same event id,
+// which is what the receiver deduplicates on. It never blocks, so it is
+// safe to call while holding a key's turn or s.mu.
+func (s *Server) emit(eventType string, e LedgerEntry) {
 	if s.webhooks == nil {
 		return
 	}
-	body := mustJSON(Event{ID: newID(prefixEvent), Type: eventType, Created: s.cfg.Now().Unix(), Data: data})
-	copies := 1
-	if s.draw(func(c Chaos) float64 { return c.DuplicateWebhookRate }) {
-		copies = 2
+	data := EventData{
+		ID: e.ID, DownstreamKey: e.IdempotencyKey, Amount: e.Amount, Currency: e.Currency, Status: e.Status,
+		DeclineCode: optional(e.DeclineCode), Charge: e.Charge, FailureCode: optional(e.FailureCode),
 	}
-	for range copies {
-		s.webhooks.enqueue(body)
+	body := mustJSON(Event{ID: newID("evt"), Type: eventType, Created: s.cfg.Now().Unix(), Data: data})
+	twice := s.draw(func(c Chaos) float64 { return c.DuplicateWebhookRate })
+	s.webhooks.enqueue(&pending{body: body, due: time.Now()})
+	if twice {
+		s.webhooks.enqueue(&pending{body: body, due: time.Now()})
 	}
 }
 
-// deliverer sends events to the webhook URL from one background goroutine,
-// at least once: an attempt that errs or answers anything but 2xx is retried
-// with capped, fully jittered exponential backoff, up to a bounded number of
-// attempts. One goroutine keeps the fake simple; it orders the queue by due
-// time, so an event that is backing off does not hold up the others, but a
-// receiver that hangs delays everything by up to WebhookTimeout per attempt.
-// Delivery order is not guaranteed (a retried event arrives after later
-// ones), as with any real webhook sender.
+// deliverer sends events to the webhook URL at least once, from one
+// goroutine: an attempt that errs or answers anything but 2xx is retried
+// with capped, fully jittered exponential backoff, a bounded number of
+// times. The queue is ordered by due time, so an event that is backing off
+// does not hold up the others, but a receiver that hangs delays everything
+// by up to WebhookTimeout per attempt. As with any real webhook sender,
+// delivery order is not guaranteed.
 type deliverer struct {
-	url         string
-	secret      []byte
-	client      *http.Client
-	maxAttempts int
-	base        time.Duration
-	backoffCap  time.Duration
-	timeout     time.Duration
-	now         func() time.Time
-	jitter      func(time.Duration) time.Duration
-	log         *slog.Logger
+	cfg    Config
+	jitter func(time.Duration) time.Duration
 
 	mu    sync.Mutex
 	queue []*pending
@@ -73,28 +67,20 @@ type pending struct {
 func newDeliverer(cfg Config, jitter func(time.Duration) time.Duration) *deliverer {
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &deliverer{
-		url:         cfg.WebhookURL,
-		secret:      cfg.WebhookSecret,
-		client:      cfg.HTTPClient,
-		maxAttempts: cfg.WebhookMaxAttempts,
-		base:        cfg.WebhookBackoffBase,
-		backoffCap:  cfg.WebhookBackoffCap,
-		timeout:     cfg.WebhookTimeout,
-		now:         cfg.Now,
-		jitter:      jitter,
-		log:         cfg.Logger,
-		wake:        make(chan struct{}, 1),
-		ctx:         ctx,
-		cancel:      cancel,
-		done:        make(chan struct{}),
+		cfg:    cfg,
+		jitter: jitter,
+		wake:   make(chan struct{}, 1),
+		ctx:    ctx,
+		cancel: cancel,
+		done:   make(chan struct{}),
 	}
 	go d.run()
 	return d
 }
 
-func (d *deliverer) enqueue(body []byte) {
+func (d *deliverer) enqueue(p *pending) {
 	d.mu.Lock()
-	d.queue = append(d.queue, &pending{body: body, due: time.Now()})
+	d.queue = append(d.queue, p)
 	d.mu.Unlock()
 	select {
 	case d.wake <- struct{}{}:
@@ -117,23 +103,15 @@ func (d *deliverer) run() {
 		}
 		// Nothing due: sleep until the earliest due time (wait > 0), or
 		// until something is queued (wait < 0: the queue is empty).
-		var timer *time.Timer
 		var fire <-chan time.Time
 		if wait >= 0 {
-			timer = time.NewTimer(wait)
-			fire = timer.C
+			fire = time.After(wait) // collected unfired since Go 1.23
 		}
 		select {
 		case <-d.ctx.Done():
-			if timer != nil {
-				timer.Stop()
-			}
 			return
 		case <-d.wake:
 		case <-fire:
-		}
-		if timer != nil {
-			timer.Stop()
 		}
 	}
 }
@@ -146,17 +124,11 @@ func (d *deliverer) next() (*pending, time.Duration) {
 	if len(d.queue) == 0 {
 		return nil, -1
 	}
-	earliest := 0
-	for i, p := range d.queue {
-		if p.due.Before(d.queue[earliest].due) {
-			earliest = i
-		}
-	}
-	p := d.queue[earliest]
+	p := slices.MinFunc(d.queue, func(a, b *pending) int { return a.due.Compare(b.due) })
 	if wait := time.Until(p.due); wait > 0 {
 		return nil, wait
 	}
-	d.queue = append(d.queue[:earliest], d.queue[earliest+1:]...)
+	d.queue = slices.DeleteFunc(d.queue, func(q *pending) bool { return q == p })
 	return p, 0
 }
 
@@ -164,50 +136,45 @@ func (d *deliverer) next() (*pending, time.Duration) {
 func (d *deliverer) attempt(p *pending) {
 	p.attempts++
 	err := d.send(p.body)
-	if err == nil {
-		return
+	if err == nil || d.ctx.Err() != nil {
+		return // delivered, or closing: the attempt was cut short, not refused
 	}
-	if d.ctx.Err() != nil {
-		return // closing: the attempt was cut short, not refused
-	}
-	if p.attempts >= d.maxAttempts {
-		d.log.Warn("webhook abandoned", "attempts", p.attempts, "err", err)
+	if p.attempts >= d.cfg.WebhookMaxAttempts {
+		d.cfg.Logger.Warn("webhook abandoned", "attempts", p.attempts, "err", err)
 		return
 	}
 	backoff := d.jitter(d.ceiling(p.attempts))
 	// Routine while the receiver restarts: debug. Giving up is the line an
 	// operator needs, and it is a warning (above).
-	d.log.Debug("webhook delivery failed; will retry", "attempt", p.attempts, "retry_in", backoff, "err", err)
+	d.cfg.Logger.Debug("webhook delivery failed; will retry", "attempt", p.attempts, "retry_in", backoff, "err", err)
 	p.due = time.Now().Add(backoff)
-	d.mu.Lock()
-	d.queue = append(d.queue, p)
-	d.mu.Unlock()
+	d.enqueue(p)
 }
 
 // ceiling is min(cap, base·2^(attempt-1)), doubling step by step so that it
 // cannot overflow.
 func (d *deliverer) ceiling(attempt int) time.Duration {
-	c := d.base
-	for i := 1; i < attempt && c < d.backoffCap; i++ {
+	c := d.cfg.WebhookBackoffBase
+	for i := 1; i < attempt && c < d.cfg.WebhookBackoffCap; i++ {
 		c *= 2
 	}
-	return min(c, d.backoffCap)
+	return min(c, d.cfg.WebhookBackoffCap)
 }
 
 // send POSTs the event, signed at the time of this attempt: a retry carries
 // a fresh timestamp, so a receiver's tolerance window applies to the
 // attempt rather than to when the event happened.
 func (d *deliverer) send(body []byte) error {
-	ctx, cancel := context.WithTimeout(d.ctx, d.timeout)
+	ctx, cancel := context.WithTimeout(d.ctx, d.cfg.WebhookTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.cfg.WebhookURL, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "payments-fake-processor")
-	req.Header.Set(SignatureHeader, sign(d.secret, d.now(), body))
-	res, err := d.client.Do(req)
+	req.Header.Set(SignatureHeader, sign(d.cfg.WebhookSecret, d.cfg.Now(), body))
+	res, err := d.cfg.HTTPClient.Do(req)
 	if err != nil {
 		return err
 	}
@@ -216,19 +183,14 @@ func (d *deliverer) send(body []byte) error {
 	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
 	_ = res.Body.Close()
 	if res.StatusCode < 200 || res.StatusCode > 299 {
-		return &statusError{res.StatusCode}
+		return fmt.Errorf("webhook receiver answered %d", res.StatusCode)
 	}
 	return nil
 }
 
-type statusError struct{ code int }
-
-func (e *statusError) Error() string { return "webhook receiver answered " + strconv.Itoa(e.code) }
-
 // sign is the Processor-Signature of body sent at t:
-// t=<unix>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>. The processor is a
-// service of its own; the payments server verifies the scheme with
-// cardprocessor.Verify.
+// t=<unix>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>. The processor shares
+// no code with the payments server, which verifies it (cardprocessor.Verify).
 func sign(secret []byte, t time.Time, body []byte) string {
 	ts := strconv.FormatInt(t.Unix(), 10)
 	h := hmac.New(sha256.New, secret)
