@@ -17,10 +17,9 @@ import (
 	"github.com/retrysafe/payments/internal/config"
 )
 
-// listenFDVar names the environment variable through which the demo's
-// supervisor hands the listening socket to the server (its file
-// descriptor number in the child), and readyFDVar the one through which
-// it hands a pipe the server writes a byte to once it serves.
+// The variables through which the demo's supervisor hands the server its
+// listening socket, and a pipe it writes a byte to once it serves (their
+// file descriptor numbers in the child).
 const (
 	listenFDVar = "LISTEN_FD"
 	readyFDVar  = "READY_FD"
@@ -39,10 +38,9 @@ func signalReady(fd string) error {
 	return err
 }
 
-// stopWhenOrphaned calls stop once this process's parent is gone (it is
-// then adopted by another, and its parent's pid changes), so that neither
-// the supervisor nor its server outlives the command that started it, or
-// its own supervisor, however that one ended.
+// stopWhenOrphaned calls stop once this process's parent is gone (its
+// parent's pid changes), so that neither the supervisor nor its server
+// outlives what started it, however that ended.
 func stopWhenOrphaned(ctx context.Context, stop func()) {
 	parent := os.Getppid()
 	tick := time.NewTicker(time.Second)
@@ -93,19 +91,17 @@ func openURL(addr net.Addr) string {
 	return "http://" + net.JoinHostPort(host, port) + "/"
 }
 
-// runDemo is `server demo`, what `make run` starts. The browser demo's
-// "Crash at" control kills the server with a real SIGKILL between two
-// phases of a charge, and the demo must show it coming back and the
-// charge being finished once. So this process is a small supervisor:
+// runDemo is `server demo`, what `make run` starts. The demo's "Crash at"
+// control kills the server with a real SIGKILL between two phases of a
+// charge, and the demo must show it coming back and the charge finished
+// once. So this process is a small supervisor that:
 //
-//   - it runs the fake card processor itself, so the processor (and its
-//     ledger, which shows one effect per downstream key) outlives the
-//     server's crashes;
-//   - it opens the listening socket and hands it to each server it starts
-//     (LISTEN_FD), so that a browser's requests during a restart wait in
-//     the socket's queue instead of being refused;
-//   - it runs the server (this same binary, `serve`) as a child process
-//     with DEMO_MODE on, and starts it again whenever it dies.
+//   - runs the fake card processor, so that it (and its ledger: one effect
+//     per downstream key) outlives the server's crashes;
+//   - hands its listening socket to each server it starts (LISTEN_FD), so
+//     requests during a restart wait in the socket's queue, not refused;
+//   - runs the server (this binary, `serve`) as a child with DEMO_MODE on,
+//     and starts it again whenever it dies.
 //
 // On SIGINT or SIGTERM it stops the server gracefully and returns.
 func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io.Writer) error {
@@ -114,19 +110,12 @@ func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io
 		return err
 	}
 	defer ln.Close()
-	port := ln.Addr().(*net.TCPAddr).Port
 	processorURL := cfg.ProcessorURL
 	// The environment the server starts with: this one, with the demo's
 	// settings last (the last value of a repeated variable wins).
 	env := append(os.Environ(), "DEMO_MODE=true", listenFDVar+"=3", readyFDVar+"=4")
 	if processorURL == "" {
-		// The fake processor and the server share a secret made now,
-		// unless one was given.
-		secret := cfg.ProcessorWebhookSecret
-		if len(secret) == 0 {
-			secret = newWebhookSecret()
-		}
-		stopProcessor, url, err := startProcessor(log, fmt.Sprintf("http://127.0.0.1:%d/webhooks/processor", port), secret)
+		stopProcessor, url, secret, err := startProcessor(log, ln.Addr().(*net.TCPAddr).Port, cfg.ProcessorWebhookSecret)
 		if err != nil {
 			return err
 		}
@@ -154,7 +143,7 @@ func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io
 	// started again at once. One that dies before it serves failed to
 	// start (a bad setting, no database): it is started again after a
 	// growing pause, and given up on after a few tries in a row.
-	const maxStartFailures = 5
+	const maxStartFailures, startBackoff = 5, 500 * time.Millisecond
 	delay, failures := startBackoff, 0
 	for {
 		server, err := startChild(exe, env, socket, stdout)
@@ -185,10 +174,6 @@ func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io
 		}
 	}
 }
-
-// startBackoff is the first pause before starting again a server that
-// failed to start; it doubles with each failure in a row.
-const startBackoff = 500 * time.Millisecond
 
 // child is a server the supervisor started.
 type child struct {

@@ -5,18 +5,13 @@
 //	                     child process with DEMO_MODE on, restarted whenever it crashes
 //	server migrate       migrate the database and exit
 //	server dead-letters  list the operations set aside for an operator (JSON lines)
-//	server callers add ID [--name NAME]
-//	                     create a caller and print its API key, once
-//	server callers list  list the callers (never a key: only hashes are stored)
+//	server callers ...   create and manage callers (see callersUsage)
 //
-// Configuration comes from the environment; see internal/config and the
-// README.
-//
-// The service itself is built by internal/app, which the end-to-end tests
-// use too; this command adds what belongs to a process: the environment,
-// the logger, the database pool and its migrations, the listening socket,
-// the in-process fake processor when no other is configured, the demo's
-// supervisor, and the signals.
+// Configuration comes from the environment (internal/config). The service
+// is built by internal/app, as the end-to-end tests build it; this command
+// adds what belongs to a process: the environment, logger, database pool
+// and migrations, socket, in-process fake processor, demo supervisor and
+// signals.
 package main
 
 import (
@@ -58,19 +53,24 @@ func main() {
 	}
 }
 
-// startProcessor serves the fake card processor on a loopback port.
-func startProcessor(log *slog.Logger, webhookURL string, webhookSecret []byte) (stop func(), url string, err error) {
+// startProcessor serves the fake card processor on a loopback port. It
+// signs its webhooks to the server on serverPort with secret or, if that is
+// empty, a random one (256 bits) that nobody else sees, which it returns.
+func startProcessor(log *slog.Logger, serverPort int, secret []byte) (stop func(), url string, _ []byte, err error) {
+	if len(secret) == 0 {
+		secret = []byte("whsec_" + rand.Text() + rand.Text())
+	}
 	p, err := processor.New(processor.Config{
-		WebhookURL:    webhookURL,
-		WebhookSecret: webhookSecret,
+		WebhookURL:    fmt.Sprintf("http://127.0.0.1:%d/webhooks/processor", serverPort),
+		WebhookSecret: secret,
 		Logger:        log.With("component", "processor"),
 	})
 	if err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
 	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
 	// Close releases answers the fake is withholding (pm_card_timeout), so
@@ -79,27 +79,23 @@ func startProcessor(log *slog.Logger, webhookURL string, webhookSecret []byte) (
 	go srv.Serve(ln)
 	url = "http://" + ln.Addr().String()
 	log.Info("in-process card processor", "url", url)
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, url, nil
+	return func() { _ = within(context.Background(), 5*time.Second, srv.Shutdown) }, url, secret, nil
 }
 
-// newWebhookSecret is a random webhook secret, for a processor started by
-// this program: 256 bits from the operating system's generator.
-func newWebhookSecret() []byte {
-	return []byte("whsec_" + rand.Text() + rand.Text())
+// within calls stop with d to finish, even if ctx is already canceled (as
+// it is at shutdown).
+func within(ctx context.Context, d time.Duration, stop func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	defer cancel()
+	return stop(ctx)
 }
 
 // listDeadLetters writes one JSON line per thing set aside for an operator:
-// every payout job given up on (kind "payout_job": discarded by River, or
-// cancelled by the job with its reason), every operation
-// the reconciler gave up on (kind "operation", status
-// dead; whether its external effect happened is on the processor's ledger
-// under the charge's or refund's downstream key), and every processor
-// event that contradicted a recorded final state and was not applied (kind
-// "processor_event").
+// each payout job given up on ("payout_job": discarded by River, or
+// cancelled by the job with its reason), each operation the reconciler
+// gave up on ("operation", status dead; whether its effect happened is on
+// the processor's ledger under its downstream key), and each processor
+// event that contradicted a recorded final state ("processor_event").
 func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) error {
 	enc := json.NewEncoder(out)
 	// Payout jobs given up on: the payout's state at the processor is GET
@@ -154,12 +150,10 @@ func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) err
 	return nil
 }
 
-// newLogger writes JSON lines, for a log collector, unless format says
-// text or (format unset) stdout is a terminal, where a person reads it.
-// Every line logged with a context carrying a request id has it. Each line
-// is written as it is logged: batching them saved one write per request,
-// under 5% of a create in make bench (docs/performance.md), and would lose
-// the last lines of a killed process.
+// newLogger writes JSON lines unless format says text or (unset) stdout is
+// a terminal; a line logged with a request's context has its request id.
+// Lines are not batched: that saved under 5% of a create in make bench
+// (docs/performance.md), and would lose a killed process's last lines.
 func newLogger(stdout io.Writer, format string) *slog.Logger {
 	if format == "" {
 		format = "json"
@@ -190,12 +184,10 @@ func newHTTPServer(cfg config.Server, handler http.Handler, base context.Context
 	}
 	if cfg.DemoMode {
 		// The demo crashes the server on purpose, and must show it. A
-		// browser (and Go's client) silently sends a POST again when a
-		// kept-alive connection breaks before any answer, and the new
-		// server would then answer it after waiting out the dead owner's
-		// lease: the crash would never be seen. Without keep-alive every
-		// request has a connection of its own, and a crash is a lost
-		// connection that the page can show.
+		// browser (and Go's client) silently resends a request that died
+		// on a kept-alive connection, and the restarted server would answer
+		// that copy (a 409, or a replay after the dead owner's lease): the
+		// crash would never be seen. On a fresh connection it can be.
 		srv.SetKeepAlivesEnabled(false)
 	}
 	return srv
@@ -272,9 +264,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := tracing.Shutdown(ctx); err != nil {
+		if err := within(ctx, 5*time.Second, tracing.Shutdown); err != nil {
 			log.Warn("flushing the last spans", "err", err)
 		}
 	}()
@@ -290,26 +280,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
 	if cfg.ProcessorURL == "" {
-		// The demo needs a card processor: run the fake one in this process,
-		// behind a real HTTP listener, so the server talks to it exactly as
-		// it would to a separate one (cmd/processor). Unless told one, the
-		// two share a secret made now, which nobody else ever sees.
-		if len(cfg.ProcessorWebhookSecret) == 0 {
-			cfg.ProcessorWebhookSecret = newWebhookSecret()
-		}
-		webhookURL := fmt.Sprintf("http://127.0.0.1:%d/webhooks/processor", ln.Addr().(*net.TCPAddr).Port)
-		stopProcessor, url, err := startProcessor(log, webhookURL, cfg.ProcessorWebhookSecret)
+		// Run the fake processor in this process, behind a real HTTP
+		// listener, so the server talks to it exactly as it would to a
+		// separate one (cmd/processor).
+		stopProcessor, url, secret, err := startProcessor(log, port, cfg.ProcessorWebhookSecret)
 		if err != nil {
 			return err
 		}
 		defer stopProcessor()
-		cfg.ProcessorURL = url
+		cfg.ProcessorURL, cfg.ProcessorWebhookSecret = url, secret
 	}
 
-	// The service, built in one place (internal/app): the same
-	// constructor the end-to-end tests use.
-	port := ln.Addr().(*net.TCPAddr).Port
+	// The service, built by internal/app, as the end-to-end tests build it.
 	service, err := app.New(cfg, pool, log, app.Options{
 		DemoReceiverURL: fmt.Sprintf("http://127.0.0.1:%d/demo/webhooks/", port),
 		Traces:          tracing.Recent,
@@ -321,30 +305,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err := service.Start(ctx); err != nil {
 		return err
 	}
-	// Stop the background work (the workers between records, the payout
-	// jobs after their step, within the shutdown timeout) before the pool
-	// closes.
+	// Stop the background work (workers between records, payout jobs after
+	// their step) before the pool closes.
 	defer func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
-		defer cancel()
-		if err := service.Stop(ctx); err != nil {
+		if err := within(ctx, cfg.ShutdownTimeout, service.Stop); err != nil {
 			log.Warn("stopping the background work", "err", err)
 		}
 	}()
-	handler := service.Handler
-	// Requests must not be canceled by SIGTERM: graceful shutdown lets them
-	// finish. ctx is canceled by the signal, so requests get a base context
-	// detached from it.
-	srv := newHTTPServer(cfg, handler, context.WithoutCancel(ctx))
-	if cfg.DemoMode {
-		// Every answer closes its connection, so a browser never sends a
-		// request on a kept-alive one. When the demo kills this server
-		// mid-request, Chromium resends a request that died on a reused
-		// connection, silently, to the restarted server: the page would
-		// see that copy's 409, never the attempt the crash killed. On a
-		// fresh connection the attempt fails where the page can see it.
-		srv.SetKeepAlivesEnabled(false)
-	}
+	// Requests must not be canceled by SIGTERM (ctx): graceful shutdown
+	// lets them finish.
+	srv := newHTTPServer(cfg, service.Handler, context.WithoutCancel(ctx))
 	serveErr := make(chan error, 2)
 	if cfg.MetricsAddr != "" {
 		metricsLn, err := net.Listen("tcp", cfg.MetricsAddr)
@@ -377,12 +347,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	case <-ctx.Done():
 	}
 
-	// Graceful shutdown: stop accepting, let in-flight requests finish (their
-	// record writes included), then close the pool.
+	// Graceful shutdown: stop accepting, let in-flight requests finish
+	// (record writes included), then close the pool.
 	log.Info("shutting down")
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
+	if err := within(ctx, cfg.ShutdownTimeout, srv.Shutdown); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil

@@ -56,8 +56,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if *batch < 1 {
 		return errors.New("--batch must be positive")
 	}
-	// DATABASE_URL and the retention windows, read as the server reads
-	// them; nothing that only the server uses.
 	cfg, err := config.LoadSweeper(getenv)
 	if err != nil {
 		return err
@@ -107,9 +105,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 }
 
-// writeMetrics writes the sweep's figures in the Prometheus text format,
-// through a temporary file and a rename so a collector never reads half a
-// file.
+// writeMetrics writes the sweep's figures in the Prometheus text format.
 func writeMetrics(path string, r sweeper.Report) error {
 	reg := prometheus.NewRegistry()
 	gauge := func(name, help string, v float64) {

@@ -5,14 +5,8 @@
 // and the retention windows here without linking the HTTP server, and
 // without being refused over a setting that only the server uses.
 //
-// Every program reports every invalid variable at once, so that an
-// operator fixes a deployment in one go (see Reader).
-//
-// The OpenTelemetry variables (OTEL_EXPORTER_OTLP_ENDPOINT,
-// OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER and the rest) are not read here:
-// the OpenTelemetry SDK reads them itself, as every program using it does,
-// when internal/app's SetupTracing installs it. The README's table lists
-// them with the others.
+// The OpenTelemetry variables (OTEL_*) are not read here: the SDK reads
+// them itself when internal/app's SetupTracing installs it.
 package config
 
 import (
@@ -35,172 +29,106 @@ const (
 	DefaultReconcilerMaxAge = time.Hour
 )
 
-// DemoProcessorWebhookSecret is the secret the fake card processor signs
-// its webhooks with unless told otherwise. It is published (in this file,
-// the README and every fork), so anyone could sign a webhook with it: the
+// DemoProcessorWebhookSecret is the fake card processor's default webhook
+// secret. It is published, so anyone could sign a webhook with it: the
 // server accepts it only in DEMO_MODE.
 const DemoProcessorWebhookSecret = "whsec_test_processor" // #nosec G101 -- published on purpose; refused outside DEMO_MODE
 
 // Server is the configuration of cmd/server: the API and the background
-// workers it runs.
+// workers it runs. Each field names its variable; docs/operations.md's
+// table gives the defaults.
 type Server struct {
-	// DatabaseURL is the PostgreSQL connection string (DATABASE_URL).
-	DatabaseURL string
-	// HTTPAddr is the listen address (HTTP_ADDR): every interface's port
-	// 8080, or only loopback's in DEMO_MODE.
-	HTTPAddr string
-	// CORSAllowedOrigins are the browser origins, other than the server's
-	// own, whose pages may call the API (CORS_ALLOWED_ORIGINS, separated
-	// by commas, e.g. https://shop.example). None by default: a browser
-	// page of any other origin is refused (403) before it can spend a key.
+	DatabaseURL string // DATABASE_URL
+	HTTPAddr    string // HTTP_ADDR; loopback only by default in DEMO_MODE
+	// CORSAllowedOrigins (CORS_ALLOWED_ORIGINS, comma-separated) are the
+	// other origins whose pages may call the API; any other origin's page
+	// is refused (403) before it can spend a key.
 	CORSAllowedOrigins []string
 	// The HTTP server's timeouts, so that a slow or idle client cannot hold
-	// a connection for ever:
-	//   - ReadHeaderTimeout (HTTP_READ_HEADER_TIMEOUT): the request line and
-	//     headers must arrive within it.
-	//   - ReadTimeout (HTTP_READ_TIMEOUT): the whole request, body included,
-	//     counted afresh for every request on a connection. The default 10s
-	//     lets the largest allowed body (MaxBodyBytes, 64 KiB) arrive at
-	//     6.4 KiB/s, and cuts off a client that trickles it byte by byte; the
-	//     body's reader then fails and the request is answered 408.
-	//   - WriteTimeout (HTTP_WRITE_TIMEOUT): from the end of the headers to
-	//     the end of the response. It covers reading the body (up to
-	//     ReadTimeout), waiting for an original request's answer (up to
-	//     IdempotencyWait), the operation (up to MaxRun) and the cleanup
-	//     writes after a failure (CleanupAllowance), so it must exceed their
-	//     sum, or a slow but healthy charge would lose its answer (the
-	//     client's retry would still get it, as a replay).
-	//   - IdleTimeout (HTTP_IDLE_TIMEOUT): how long a keep-alive connection
-	//     may wait for its next request.
+	// a connection for ever: HTTP_READ_HEADER_TIMEOUT, HTTP_READ_TIMEOUT
+	// (the whole request, else a 408; the default 10s lets the largest body
+	// arrive at 6.4 KiB/s), HTTP_WRITE_TIMEOUT and HTTP_IDLE_TIMEOUT. The
+	// write timeout runs from the end of the headers to the end of the
+	// response, so it must exceed ReadTimeout + IdempotencyWait + MaxRun +
+	// CleanupAllowance, or a slow but healthy charge would lose its answer
+	// (the client's retry would still get it, as a replay).
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
-	// Lease is how long an owner holds an idempotency key without renewing
-	// it (IDEMPOTENCY_LEASE). A live owner renews it every third of a lease,
-	// so only a dead (or cut-off) owner loses it: a crash is noticed within
-	// one lease, and then a retry or the reconciler takes the key over.
+	// Lease (IDEMPOTENCY_LEASE) is an owner's hold on a key. A live owner
+	// renews it every third of a lease, so only a dead (or cut-off) owner
+	// loses it, and a retry or the reconciler takes the key over.
 	Lease time.Duration
-	// IdempotencyWait is how long a request that finds its key in progress
-	// under a live lease waits on the server for the original's answer,
-	// holding no database connection, before it answers 409
-	// (IDEMPOTENCY_WAIT); 0 answers 409 at once.
+	// IdempotencyWait (IDEMPOTENCY_WAIT) is how long a duplicate waits,
+	// holding no connection, for the original's answer; 0 answers 409 at once.
 	IdempotencyWait time.Duration
-	// Retention is how long idempotency keys are remembered
-	// (IDEMPOTENCY_KEY_RETENTION); records show it as expires_at.
-	Retention time.Duration
-	// ReplayCacheSize is how many completed records' answers each process
-	// keeps in memory, to replay them without a database round trip
-	// (IDEMPOTENCY_REPLAY_CACHE_SIZE); 0 turns the cache off. An answer is
-	// kept for less than what is left of its record's retention window.
+	Retention       time.Duration // IDEMPOTENCY_KEY_RETENTION; records show it as expires_at
+	// ReplayCacheSize (IDEMPOTENCY_REPLAY_CACHE_SIZE) is how many answers each
+	// process replays from memory (0: none), each within its record's window.
 	ReplayCacheSize int
-	// MaxBodyBytes is the largest request body accepted; larger is a 413
-	// (MAX_BODY_BYTES).
-	MaxBodyBytes int64
-	// SeedDemoCallers creates the demo callers acme and globex at start-up
-	// (SEED_DEMO_CALLERS). Their API keys are published, so it is on by
-	// default only in DEMO_MODE; outside it they are refused even if an
-	// earlier demo left them in the database, unless it is set explicitly.
-	SeedDemoCallers bool
-	// ShutdownTimeout bounds the graceful shutdown (SHUTDOWN_TIMEOUT).
-	ShutdownTimeout time.Duration
-	// AuthCacheTTL is how long a known API key is trusted without asking the
-	// database again (AUTH_CACHE_TTL).
-	AuthCacheTTL time.Duration
-	// ProcessorURL is the card processor's base URL (PROCESSOR_URL). Empty
-	// means cmd/server starts the fake processor in-process.
-	ProcessorURL string
-	// ProcessorTimeout bounds one call to the processor (PROCESSOR_TIMEOUT).
-	// The lease is renewed while a call runs; MaxRun bounds the whole run.
-	ProcessorTimeout time.Duration
-	// ProcessorWebhookSecret verifies the processor's webhook signatures
-	// (PROCESSOR_WEBHOOK_SECRET). It must be set when ProcessorURL is, and
-	// may be the published demo secret only in DemoMode. Left empty with
-	// the in-process processor, cmd/server makes a random one at start-up
-	// and gives it to both.
+	MaxBodyBytes    int64 // MAX_BODY_BYTES; larger is a 413
+	// SeedDemoCallers (SEED_DEMO_CALLERS) creates the demo callers acme and
+	// globex. Their keys are published, so it defaults to on only in
+	// DEMO_MODE; off, their keys are refused even if left in the database.
+	SeedDemoCallers  bool
+	ShutdownTimeout  time.Duration // SHUTDOWN_TIMEOUT
+	AuthCacheTTL     time.Duration // AUTH_CACHE_TTL: how long a known API key is trusted
+	ProcessorURL     string        // PROCESSOR_URL; empty runs the fake one in-process
+	ProcessorTimeout time.Duration // PROCESSOR_TIMEOUT: one call; MaxRun bounds the run
+	// ProcessorWebhookSecret (PROCESSOR_WEBHOOK_SECRET) verifies the
+	// processor's webhooks: required with ProcessorURL, the published demo
+	// secret only in DemoMode, random (made by cmd/server) if left empty.
 	ProcessorWebhookSecret []byte
-	// DemoMode turns on the browser demo's powers (DEMO_MODE): the /demo
-	// endpoints that change the processor's chaos settings, arm a crash
-	// point and read the processor's ledger. `make run` turns it on; it is
-	// off everywhere else, and must never be on in production: anyone who
-	// can reach the server could crash it.
+	// DemoMode (DEMO_MODE) turns on the /demo endpoints: chaos settings, a
+	// crash point, the processor's ledger. Only `make run` sets it, never
+	// production: anyone who can reach the server could crash it.
 	DemoMode bool
-	// CrashPoints names the test facility's crash points
-	// (FAULT_CRASH_POINTS, comma-separated; see internal/app, which checks
-	// the names). Off by default; never set in production.
-	CrashPoints string
-	// StallPoints names the test facility's stall points
-	// (FAULT_STALL_POINTS, comma-separated; see internal/app): an owner
-	// stops there past its lease. Off by default; never set in production.
-	StallPoints string
-	// UnfencedCompletion writes every completion without its fence
-	// (FAULT_UNFENCED_COMPLETION): a planted bug, for the test that shows
-	// the history check catches it. Off by default; never set in production.
-	UnfencedCompletion bool
-	// Reconciler runs the reconciler in this process (RECONCILER_ENABLED),
-	// scanning every ReconcilerInterval (RECONCILER_INTERVAL) when idle and
-	// setting aside records past ReconcilerMaxAttempts of its own tries
-	// (RECONCILER_MAX_ATTEMPTS) or ReconcilerMaxAge (RECONCILER_MAX_AGE).
-	Reconciler            bool
-	ReconcilerInterval    time.Duration
-	ReconcilerMaxAttempts int
-	ReconcilerMaxAge      time.Duration
-	// Relay runs the outbox relay in this process (RELAY_ENABLED), scanning
-	// every RelayInterval (RELAY_INTERVAL) when idle.
-	Relay         bool
-	RelayInterval time.Duration
-	// LogFormat is how logs are written (LOG_FORMAT): json, text, or
-	// empty for text on a terminal and JSON otherwise.
-	LogFormat string
-	// PayoutWorkers is how many payout jobs this process runs at once
-	// (PAYOUT_WORKERS); 0 makes it only enqueue them, for a replica that
-	// serves the API while others do the jobs.
-	PayoutWorkers int
-	// PayoutGiveUpAfter bounds how long a payout job keeps asking a
-	// processor that gives no definite answer (429s and 503s whose
-	// Retry-After snoozes it, which uses up none of River's attempts), and
-	// how long after its expected arrival a transfer may stay in transit,
-	// before the job is set aside for an operator (PAYOUT_GIVE_UP_AFTER).
+	// The test faults, never set in production (internal/app checks the
+	// names): FAULT_CRASH_POINTS, FAULT_STALL_POINTS (an owner stops past
+	// its lease), both comma-separated, and FAULT_UNFENCED_COMPLETION, a
+	// planted bug the history check must catch.
+	CrashPoints, StallPoints string
+	UnfencedCompletion       bool
+	// The reconciler and the outbox relay run in this process when enabled,
+	// scanning every interval when idle; the reconciler sets a record aside
+	// past ReconcilerMaxAttempts of its own tries or ReconcilerMaxAge.
+	Reconciler            bool          // RECONCILER_ENABLED
+	ReconcilerInterval    time.Duration // RECONCILER_INTERVAL
+	ReconcilerMaxAttempts int           // RECONCILER_MAX_ATTEMPTS
+	ReconcilerMaxAge      time.Duration // RECONCILER_MAX_AGE
+	Relay                 bool          // RELAY_ENABLED
+	RelayInterval         time.Duration // RELAY_INTERVAL
+	LogFormat             string        // LOG_FORMAT: json, text, or empty for text on a terminal
+	PayoutWorkers         int           // PAYOUT_WORKERS: payout jobs run at once here; 0 only enqueues them
+	// PayoutGiveUpAfter (PAYOUT_GIVE_UP_AFTER) is how long a payout may go
+	// without a definite answer (429s and 503s snooze it, using none of
+	// River's attempts), or stay in transit, before it is set aside.
 	PayoutGiveUpAfter time.Duration
-	// RateLimit is how many requests per second each caller may send to
-	// one server process, with bursts of up to RateBurst
-	// (RATE_LIMIT_PER_SECOND, RATE_LIMIT_BURST); 0 turns the limit off.
-	// It is a token bucket per caller and per replica: n replicas behind a
-	// load balancer let a caller send up to n times as much.
-	RateLimit float64
-	RateBurst int
-	// MaxHeaderBytes bounds the request line and headers
-	// (HTTP_MAX_HEADER_BYTES; Go's server answers a larger one with 431
-	// itself), and MaxHeaders the number of header lines
-	// (HTTP_MAX_HEADERS; more is a 431 problem).
-	MaxHeaderBytes int
-	MaxHeaders     int
-	// MaxConnections is the most connections the server holds open at
-	// once (HTTP_MAX_CONNECTIONS); past it, new ones wait in the kernel's
-	// queue until one closes. An idle keep-alive connection costs tens of
-	// KiB for IdleTimeout, so without a cap one client could hold
-	// thousands. It is per process, not per address: the load balancer in
-	// front limits each address.
+	// RateLimit (RATE_LIMIT_PER_SECOND; 0: off) and RateBurst
+	// (RATE_LIMIT_BURST) are each caller's token bucket per replica: n
+	// replicas behind a load balancer let a caller send n times as much.
+	RateLimit      float64
+	RateBurst      int
+	MaxHeaderBytes int // HTTP_MAX_HEADER_BYTES; Go's server answers more with a 431
+	MaxHeaders     int // HTTP_MAX_HEADERS; more is a 431 problem
+	// MaxConnections (HTTP_MAX_CONNECTIONS) caps this process's open
+	// connections (more wait in the kernel's queue): an idle keep-alive
+	// one costs tens of KiB, so one client could otherwise hold thousands.
 	MaxConnections int
-	// WebhookAllowPrivate lets a caller's webhook endpoint be a loopback
-	// or private address (WEBHOOK_ALLOW_PRIVATE; on in DEMO_MODE, and for
-	// tests). Off, such an endpoint is refused when it is set and when
-	// the relay connects: the relay must not be a way into the network.
+	// WebhookAllowPrivate (WEBHOOK_ALLOW_PRIVATE; on in DEMO_MODE) allows
+	// loopback and private webhook endpoints. Off, they are refused when
+	// set and when the relay connects: it must not be a way into the network.
 	WebhookAllowPrivate bool
-	// MetricsAddr, when set, serves /metrics on a listener of its own
-	// (METRICS_ADDR, e.g. 127.0.0.1:9090), and not on HTTPAddr, so that
-	// the business volume the metrics show is not open to whoever can
-	// reach the API. Set it in production.
+	// MetricsAddr (METRICS_ADDR) serves /metrics on a listener of its own, so
+	// the business volume it shows is not open to the API's callers.
 	MetricsAddr string
-	// PayoutRescueAfter is how long a payout job may stay running before
-	// River treats it as abandoned (its process died) and runs it again
-	// (PAYOUT_RESCUE_AFTER). It must exceed PayoutJobTimeout, so that a live
-	// job is never rescued; running one twice would still pay once (the
-	// downstream key), but it would be work done twice.
+	// PayoutRescueAfter (PAYOUT_RESCUE_AFTER) is how long a payout job may
+	// run before River runs it again. It must exceed PayoutJobTimeout, so a
+	// live job is never rescued (it would still pay once, but work twice).
 	PayoutRescueAfter time.Duration
 }
 
 // MaxRun is the longest one execution of a keyed operation may take,
-// however long its owner keeps its lease renewed: a processor call and the
-// phases around it. A processor call that never returns must not hold the
-// key for ever.
+// however long its owner renews its lease (a processor call and the phases
+// around it): a call that never returns must not hold the key for ever.
 func (c Server) MaxRun() time.Duration { return c.ProcessorTimeout + 2*CleanupAllowance }
 
 // PayoutJobTimeout is the longest one run of a payout job may take: one
@@ -213,17 +141,16 @@ func (c Server) PayoutJobTimeout() time.Duration { return c.ProcessorTimeout + C
 func Load(getenv func(string) string) (Server, error) {
 	r := NewReader(getenv)
 	cfg := Server{
-		DatabaseURL:       r.String("DATABASE_URL", DefaultDatabaseURL),
-		ReadHeaderTimeout: r.Duration("HTTP_READ_HEADER_TIMEOUT", 5*time.Second),
-		ReadTimeout:       r.Duration("HTTP_READ_TIMEOUT", 10*time.Second),
-		WriteTimeout:      r.Duration("HTTP_WRITE_TIMEOUT", 60*time.Second),
-		IdleTimeout:       r.Duration("HTTP_IDLE_TIMEOUT", 60*time.Second),
-		Lease:             r.Duration("IDEMPOTENCY_LEASE", DefaultLease),
-		IdempotencyWait:   r.NonNegativeDuration("IDEMPOTENCY_WAIT", 5*time.Second),
-		Retention:         r.Duration("IDEMPOTENCY_KEY_RETENTION", DefaultRetention),
-		ReplayCacheSize:   r.Int("IDEMPOTENCY_REPLAY_CACHE_SIZE", 10_000, 0),
-		MaxBodyBytes:      int64(r.Int("MAX_BODY_BYTES", 64<<10, 1)),
-
+		DatabaseURL:            r.String("DATABASE_URL", DefaultDatabaseURL),
+		ReadHeaderTimeout:      r.Duration("HTTP_READ_HEADER_TIMEOUT", 5*time.Second),
+		ReadTimeout:            r.Duration("HTTP_READ_TIMEOUT", 10*time.Second),
+		WriteTimeout:           r.Duration("HTTP_WRITE_TIMEOUT", 60*time.Second),
+		IdleTimeout:            r.Duration("HTTP_IDLE_TIMEOUT", 60*time.Second),
+		Lease:                  r.Duration("IDEMPOTENCY_LEASE", DefaultLease),
+		IdempotencyWait:        r.NonNegativeDuration("IDEMPOTENCY_WAIT", 5*time.Second),
+		Retention:              r.Duration("IDEMPOTENCY_KEY_RETENTION", DefaultRetention),
+		ReplayCacheSize:        r.Int("IDEMPOTENCY_REPLAY_CACHE_SIZE", 10_000, 0),
+		MaxBodyBytes:           int64(r.Int("MAX_BODY_BYTES", 64<<10, 1)),
 		ShutdownTimeout:        r.Duration("SHUTDOWN_TIMEOUT", 15*time.Second),
 		AuthCacheTTL:           r.Duration("AUTH_CACHE_TTL", time.Minute),
 		ProcessorURL:           r.String("PROCESSOR_URL", ""),
@@ -260,8 +187,6 @@ func Load(getenv func(string) string) (Server, error) {
 		}
 	}
 	cfg.WebhookAllowPrivate = r.Bool("WEBHOOK_ALLOW_PRIVATE", cfg.DemoMode)
-	// The demo callers' keys are published: seeded by default only for
-	// the demo.
 	cfg.SeedDemoCallers = r.Bool("SEED_DEMO_CALLERS", cfg.DemoMode)
 	cfg.CrashPoints = r.String("FAULT_CRASH_POINTS", "")
 	cfg.StallPoints = r.String("FAULT_STALL_POINTS", "")
@@ -277,8 +202,7 @@ func Load(getenv func(string) string) (Server, error) {
 
 	// The rules between settings.
 	checkRetention(r, cfg.Retention, cfg.Lease, cfg.ReconcilerMaxAge)
-	// The lease is renewed every third of it; shorter than a second, the
-	// renewals would be most of the owner's work.
+	// Renewed every third of a lease, a shorter one would be mostly renewals.
 	r.Check(cfg.Lease >= time.Second,
 		"IDEMPOTENCY_LEASE (%s) must be at least 1s: a live owner renews it every third of a lease", cfg.Lease)
 	r.Check(cfg.ReadHeaderTimeout <= cfg.ReadTimeout,
@@ -294,19 +218,17 @@ func Load(getenv func(string) string) (Server, error) {
 	return cfg, r.Err()
 }
 
-// CleanupAllowance is how long an operation's wrap-up writes may take
-// after its handler failed, counted in the write timeout. It is the
-// idempotency store's cleanupTimeout (config imports nothing of the
-// service, so the figure is repeated; keep them equal).
+// CleanupAllowance is how long an operation's wrap-up writes may take after
+// its handler failed. It repeats the idempotency store's cleanupTimeout
+// (config imports nothing of the service): keep them equal.
 const CleanupAllowance = 5 * time.Second
 
 // checkRetention holds the rules that keep the retention window safe,
 // checked by every program that reads it: the sweeper deletes by the same
 // window the server promises its clients.
 func checkRetention(r *Reader, retention, lease, reconcilerMaxAge time.Duration) {
-	// A window shorter than the lease would let the sweeper forget an
-	// operation that is still allowed to be running (and a late retry
-	// would run it again).
+	// A shorter window would let the sweeper forget an operation that may
+	// still be running (and a late retry would run it again).
 	r.Check(retention > lease,
 		"IDEMPOTENCY_KEY_RETENTION (%s) must be longer than IDEMPOTENCY_LEASE (%s)", retention, lease)
 	// A record must be set aside before the sweeper could consider it.
@@ -314,17 +236,14 @@ func checkRetention(r *Reader, retention, lease, reconcilerMaxAge time.Duration)
 		"RECONCILER_MAX_AGE (%s) must be shorter than IDEMPOTENCY_KEY_RETENTION (%s)", reconcilerMaxAge, retention)
 }
 
-// Sweeper is the configuration of cmd/sweeper: the database and the
-// retention windows, read exactly as the server reads them and held to
-// the same rules (so it also reads IDEMPOTENCY_LEASE and
-// RECONCILER_MAX_AGE, which the window must outlast).
+// Sweeper is the configuration of cmd/sweeper: the retention windows, read
+// as the server reads them and held to the same rules (so it also reads
+// IDEMPOTENCY_LEASE and RECONCILER_MAX_AGE, which the window must outlast).
 type Sweeper struct {
-	DatabaseURL string // DATABASE_URL
-	// KeyRetention is IDEMPOTENCY_KEY_RETENTION, the server's window.
-	KeyRetention time.Duration
+	DatabaseURL  string        // DATABASE_URL
+	KeyRetention time.Duration // IDEMPOTENCY_KEY_RETENTION, the server's window
 	// EventRetention (OUTBOX_EVENT_RETENTION) and WebhookRetention
-	// (WEBHOOK_EVENT_RETENTION) keep delivered events and processed
-	// webhook ids; 30 days each by default.
+	// (WEBHOOK_EVENT_RETENTION) keep delivered events and webhook ids.
 	EventRetention, WebhookRetention time.Duration
 }
 
@@ -341,9 +260,10 @@ func LoadSweeper(getenv func(string) string) (Sweeper, error) {
 	return cfg, r.Err()
 }
 
-// Reader reads environment variables and collects what is wrong with
-// them, instead of stopping at the first: each method returns the default
-// for an invalid value and notes the error; Err reports them all.
+// Reader reads environment variables and collects what is wrong with them,
+// instead of stopping at the first, so that an operator fixes a deployment
+// in one go: each method returns the default for an invalid value and
+// notes the error; Err reports them all.
 type Reader struct {
 	getenv func(string) string
 	errs   []error
@@ -360,74 +280,60 @@ func (r *Reader) String(name, def string) string {
 	return def
 }
 
-// Duration is a positive Go duration such as 30s or 24h.
-func (r *Reader) Duration(name string, def time.Duration) time.Duration {
+// read is the variable name as parse reads it, or def when it is unset; a
+// value parse refuses is noted (the variable wants what want says) and
+// gives def.
+func read[T any](r *Reader, name string, def T, want string, parse func(string) (T, bool)) T {
 	v := r.String(name, "")
 	if v == "" {
 		return def
 	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		r.errs = append(r.errs, fmt.Errorf("%s=%q: want a positive Go duration such as 30s or 24h", name, v))
+	x, ok := parse(v)
+	if !ok {
+		r.errs = append(r.errs, fmt.Errorf("%s=%q: want %s", name, v, want))
 		return def
 	}
-	return d
+	return x
+}
+
+// Duration is a positive Go duration such as 30s or 24h.
+func (r *Reader) Duration(name string, def time.Duration) time.Duration {
+	return read(r, name, def, "a positive Go duration such as 30s or 24h", func(v string) (time.Duration, bool) {
+		d, err := time.ParseDuration(v)
+		return d, err == nil && d > 0
+	})
 }
 
 // NonNegativeDuration is a Go duration of 0 or more, such as 0 or 5s.
 func (r *Reader) NonNegativeDuration(name string, def time.Duration) time.Duration {
-	v := r.String(name, "")
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d < 0 {
-		r.errs = append(r.errs, fmt.Errorf("%s=%q: want a Go duration of 0 or more, such as 0 or 5s", name, v))
-		return def
-	}
-	return d
+	return read(r, name, def, "a Go duration of 0 or more, such as 0 or 5s", func(v string) (time.Duration, bool) {
+		d, err := time.ParseDuration(v)
+		return d, err == nil && d >= 0
+	})
 }
 
 // Int is an integer of at least least.
 func (r *Reader) Int(name string, def, least int) int {
-	v := r.String(name, "")
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < least {
-		r.errs = append(r.errs, fmt.Errorf("%s=%q: want an integer of at least %d", name, v, least))
-		return def
-	}
-	return n
+	return read(r, name, def, fmt.Sprintf("an integer of at least %d", least), func(v string) (int, bool) {
+		n, err := strconv.Atoi(v)
+		return n, err == nil && n >= least
+	})
 }
 
 // Float is a number of at least 0.
 func (r *Reader) Float(name string, def float64) float64 {
-	v := r.String(name, "")
-	if v == "" {
-		return def
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
-		r.errs = append(r.errs, fmt.Errorf("%s=%q: want a number of at least 0", name, v))
-		return def
-	}
-	return f
+	return read(r, name, def, "a number of at least 0", func(v string) (float64, bool) {
+		f, err := strconv.ParseFloat(v, 64)
+		return f, err == nil && f >= 0 && !math.IsInf(f, 0) && !math.IsNaN(f)
+	})
 }
 
 // Bool is true or false (strconv.ParseBool's spellings).
 func (r *Reader) Bool(name string, def bool) bool {
-	v := r.String(name, "")
-	if v == "" {
-		return def
-	}
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		r.errs = append(r.errs, fmt.Errorf("%s=%q: want true or false", name, v))
-		return def
-	}
-	return b
+	return read(r, name, def, "true or false", func(v string) (bool, bool) {
+		b, err := strconv.ParseBool(v)
+		return b, err == nil
+	})
 }
 
 // Check notes a rule between settings that does not hold.
