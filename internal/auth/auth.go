@@ -19,38 +19,34 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
 // Caller is an authenticated tenant.
 type Caller struct {
-	ID        string
-	Name      string
-	CreatedAt time.Time
-	// WebhookURL is where its events are pushed, "" for none (set by
-	// ListCallers only).
-	WebhookURL string
+	ID         string
+	Name       string
+	CreatedAt  time.Time
+	WebhookURL string // where its events are pushed, "" for none (set by ListCallers only)
 }
 
-// HashKey is how an API key is stored and looked up: SHA-256 of the key.
-// API keys are long random secrets, not passwords, so a fast hash is enough
-// and lets the database find the key by its hash with a unique index.
+// HashKey is how an API key is stored and looked up: its SHA-256. A fast
+// hash is enough for a long random secret (not a password), and the
+// database finds it with a unique index.
 func HashKey(apiKey string) []byte {
 	h := sha256.Sum256([]byte(apiKey))
 	return h[:]
 }
 
-// Authenticator maps API keys to callers. Known keys are cached in memory
-// for a short time so that authentication does not cost a database round
-// trip on every request; the price is that a revoked key keeps working for
-// up to the cache TTL. Unknown keys are not cached (that path is not hot,
-// and caching it would let garbage keys fill memory).
+// Authenticator maps API keys to callers. Known keys are cached briefly,
+// sparing a database round trip per request, at the price of a revoked key
+// working up to the TTL. Unknown keys are not (garbage would fill memory).
 type Authenticator struct {
 	pool *pgxpool.Pool
 	ttl  time.Duration
 	now  func() time.Time
-	// published holds the hashes of the demo callers' keys when they must
-	// not work (outside the demo): refused before any lookup, even if an
-	// earlier demo left them in the database.
+	// published holds the demo callers' key hashes when they must not work
+	// (outside the demo): refused before any lookup, even if left in the
+	// database by an earlier demo.
 	published map[[sha256.Size]byte]bool
 
 	mu    sync.RWMutex
@@ -65,10 +61,7 @@ type cached struct {
 // NewAuthenticator returns an Authenticator caching known keys for ttl.
 // Unless demoKeys, the demo callers' published keys are refused.
 func NewAuthenticator(pool *pgxpool.Pool, ttl time.Duration, demoKeys bool) *Authenticator {
-	a := &Authenticator{
-		pool: pool, ttl: ttl, now: time.Now,
-		cache: map[[sha256.Size]byte]cached{},
-	}
+	a := &Authenticator{pool: pool, ttl: ttl, now: time.Now, cache: map[[sha256.Size]byte]cached{}}
 	if !demoKeys {
 		a.published = map[[sha256.Size]byte]bool{}
 		for _, c := range DemoCallers {
@@ -78,8 +71,7 @@ func NewAuthenticator(pool *pgxpool.Pool, ttl time.Duration, demoKeys bool) *Aut
 	return a
 }
 
-// Authenticate returns the caller whose API key is apiKey, or an
-// unauthorized problem.
+// Authenticate returns apiKey's caller, or an unauthorized problem.
 func (a *Authenticator) Authenticate(ctx context.Context, apiKey string) (Caller, error) {
 	if apiKey == "" {
 		return Caller{}, problem.New(problem.Unauthorized, "send your API key as Authorization: Bearer <key>")
@@ -111,10 +103,9 @@ func (a *Authenticator) Authenticate(ctx context.Context, apiKey string) (Caller
 	return caller, nil
 }
 
-// DemoCallers are the callers seeded for the demo and the tests, with their
-// API keys. The keys are published (here and in the README), so they work
-// only where the demo callers are seeded on purpose: in DEMO_MODE, or with
-// SEED_DEMO_CALLERS=true.
+// DemoCallers are the callers seeded for the demo and the tests. Their API
+// keys are published (here and in the README), so they work only where they
+// are seeded on purpose: in DEMO_MODE, or with SEED_DEMO_CALLERS=true.
 var DemoCallers = []struct{ ID, Name, APIKey string }{
 	{"acme", "Acme Corp", "sk_test_acme"},
 	{"globex", "Globex Corporation", "sk_test_globex"},
@@ -130,8 +121,8 @@ func SeedDemoCallers(ctx context.Context, db dbsqlc.DBTX) error {
 	return nil
 }
 
-// WebhookSecret is the secret the caller's events are signed with when the
-// relay delivers them (a random one per caller, made with the caller).
+// WebhookSecret is the caller's random secret, made with it, that signs
+// the relay's deliveries of its events.
 func WebhookSecret(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ string, err error) {
 	defer postgres.Wrap(&err, "auth.WebhookSecret(%s)", callerID)
 	return queries.GetCallerWebhookSecret(ctx, db, callerID)
@@ -140,15 +131,13 @@ func WebhookSecret(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ stri
 // ErrCallerExists is CreateCaller's answer for an id already taken.
 var ErrCallerExists = errors.New("auth: a caller with this id exists")
 
-// callerID is what a caller's id may look like: it names the caller in
-// every tenant table, in logs and in the downstream keys sent to the
-// processor, so it is short, lower-case and plain.
+// callerID is what a caller's id may look like: short and plain, as it names
+// the caller in every tenant table, in logs and in downstream keys.
 var callerID = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
 
-// CreateCaller creates the caller id (named name, its events pushed to
-// webhookURL, or, if nil, kept for it to pull) with a fresh API key, and
-// returns the key and the secret its events are signed with. The key is
-// shown this once: only its hash is stored.
+// CreateCaller creates the caller id, named name, its events pushed to
+// webhookURL (or, if nil, kept for it to pull). It returns its fresh API key,
+// shown this once (only its hash is stored), and its events' signing secret.
 func CreateCaller(ctx context.Context, db dbsqlc.DBTX, id, name string, webhookURL *string) (apiKey, webhookSecret string, err error) {
 	if !callerID.MatchString(id) {
 		return "", "", fmt.Errorf("caller id %q: want 1 to 32 lower-case letters, digits or _, starting with a letter", id)
@@ -165,8 +154,7 @@ func CreateCaller(ctx context.Context, db dbsqlc.DBTX, id, name string, webhookU
 	return apiKey, webhookSecret, err
 }
 
-// ListCallers returns every caller, by id (never a key: only its hash is
-// stored).
+// ListCallers returns every caller, by id.
 func ListCallers(ctx context.Context, db dbsqlc.DBTX) ([]Caller, error) {
 	rows, err := queries.ListCallers(ctx, db)
 	if err != nil {
@@ -189,8 +177,6 @@ func WithCaller(ctx context.Context, c Caller) context.Context {
 	return context.WithValue(ctx, callerKey{}, c)
 }
 
-// CallerFrom returns the caller carried by ctx. Handlers behind the auth
-// middleware can rely on it; a missing caller is a wiring bug.
 // CallerOf returns the authenticated caller ctx carries, if any: for code
 // that runs outside the authentication middleware too (the request log).
 func CallerOf(ctx context.Context) (Caller, bool) {
@@ -198,8 +184,10 @@ func CallerOf(ctx context.Context) (Caller, bool) {
 	return c, ok
 }
 
+// CallerFrom returns the caller carried by ctx. Handlers behind the auth
+// middleware can rely on it; a missing caller is a wiring bug.
 func CallerFrom(ctx context.Context) Caller {
-	c, ok := ctx.Value(callerKey{}).(Caller)
+	c, ok := CallerOf(ctx)
 	if !ok {
 		panic("auth: no caller in context: is the handler behind the authentication middleware?")
 	}

@@ -13,11 +13,10 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// What an answer means to an operation. Charges and refunds make their
-// processor call through callProcessor: call under the operation's
-// downstream idempotency key, outside any transaction, then record a
-// definite answer in the operation's final phase. A new operation that
-// moves money follows the same rules:
+// What an answer means to an operation. Charges and refunds call the
+// processor through callProcessor: under the operation's downstream key,
+// outside any transaction, recording only a definite answer, in the final
+// phase. A new operation that moves money follows the same rules:
 //
 //   - no definite answer (a timeout, a 5xx, a 429) is never recorded: the
 //     client gets a 503 with Retry-After, the record stays at its recovery
@@ -25,23 +24,19 @@ import (
 //     processor collapses into one effect;
 //   - once the processor may have acted, no failure of ours becomes a final
 //     answer (the idempotency layer keeps the record resumable);
-//   - a processor that refuses the downstream key itself (it saw the key
-//     with another request) gives no answer about the money either: the
-//     operation is set aside for a person at once, never recorded as a
-//     decline.
+//   - a processor that refuses the downstream key itself (seen with another
+//     request) gives no answer about the money either: the operation is set
+//     aside for a person at once, never recorded as a decline.
 
-// A finishFunc is an operation's final phase: it records the processor's
-// definite answer inside tx and returns the operation's final response.
+// callProcessor makes the external call of the operation held by l, exactly
+// once (retries belong to the API's client and to the reconciler: a loop
+// here would multiply theirs), and passes a definite answer to finish, the
+// final phase, which records it in tx and returns the final response.
 // refusal is the processor's definite "no" (a *cardprocessor.DeclinedError
-// or *cardprocessor.RefusedError), or nil when answer is a success.
-type finishFunc[A any] func(ctx context.Context, tx pgx.Tx, answer A, refusal error) (idempotency.Result, error)
-
-// callProcessor makes the external call of the operation held by l and
-// finishes the operation with its answer. call makes exactly one attempt (retries
-// belong to the API's client and to the reconciler: a loop here would
-// multiply theirs). what names the operation for the client ("charge").
-func callProcessor[A any](ctx context.Context, l *idempotency.Lease, what string,
-	call func(context.Context) (A, error), finish finishFunc[A]) error {
+// or *cardprocessor.RefusedError), nil on success. what names the
+// operation for the client ("charge").
+func callProcessor[A any](ctx context.Context, l *idempotency.Lease, what string, call func(context.Context) (A, error),
+	finish func(ctx context.Context, tx pgx.Tx, answer A, refusal error) (idempotency.Result, error)) error {
 	answer, err := call(ctx)
 
 	var uncertain *cardprocessor.UncertainError
@@ -57,9 +52,9 @@ func callProcessor[A any](ctx context.Context, l *idempotency.Lease, what string
 		p.RetryAfter = max(1, int(math.Ceil(uncertain.RetryAfter.Seconds())))
 		return errors.Join(p, err)
 	case err != nil && !cardprocessor.IsDefinite(err):
-		// Neither an answer nor a "no": treat it as no answer. (The
-		// idempotency layer keeps any unexpected error after the first
-		// phase resumable, never final; see idempotency.Handler.)
+		// Neither an answer nor a "no": no answer. (The idempotency layer
+		// keeps any error after the first phase resumable; see
+		// idempotency.Handler.)
 		return err
 	}
 	refusal := err

@@ -7,23 +7,19 @@
 //
 //	started        → create (one transaction): lock the order, check it is
 //	                 payable, create the charge row (pending) with the
-//	                 downstream key that every attempt will send (derived
-//	                 from the request, so a retry after a lost row sends
-//	                 it again).
+//	                 downstream key every attempt will send.
 //	charge_created → the processor call with that key, outside any
-//	                 transaction (callProcessor, call.go). No definite answer
-//	                 (timeout, 5xx, 429): stop here, nothing stored; the
-//	                 next attempt calls again with the same key and the
-//	                 processor collapses the calls into one effect.
-//	               → finish (one transaction): the charge succeeded or
-//	                 failed, the order paid, the outbox events, the stored
-//	                 response, the record completed (finished).
+//	                 transaction; no definite answer: stop, nothing stored
+//	                 (callProcessor, call.go).
+//	               → finish (one transaction): the charge's outcome, the
+//	                 order paid, the outbox events, the stored response,
+//	                 the record finished.
 //
 // Lock order: every transaction that writes an order's charges, or the
-// order itself (cancel, too), locks the order's row first. With one order
-// of acquisition two such transactions queue instead of deadlocking (a
-// create holding the order and waiting on a charge's unique index entry,
-// while a finish holds that charge and waits for the order).
+// order itself (cancel, too), locks the order's row first, so two of them
+// queue instead of deadlocking (a create holding the order and waiting on a
+// charge's unique index entry, while a finish holds that charge and waits
+// for the order).
 package charges
 
 import (
@@ -48,8 +44,8 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// The contract's operationIds of a charge and of a refund: the names their
-// records carry, under which their handlers are registered for resuming.
+// The contract's operationIds of a charge and a refund: their records' names,
+// under which their handlers are registered for resuming.
 const (
 	OperationCharge = "createCharge"
 	OperationRefund = "createRefund"
@@ -59,18 +55,16 @@ const (
 // and recording the processor's answer.
 const RecoveryChargeCreated idempotency.RecoveryPoint = "charge_created"
 
-// Status is where a charge or a refund stands: both have the same three.
+// Status is where a charge or a refund stands: both have these three.
 type Status string
 
-// Charge and refund statuses.
 const (
 	StatusPending   Status = "pending"
 	StatusSucceeded Status = "succeeded"
 	StatusFailed    Status = "failed"
 )
 
-// Charge is a charge, as the rest of the service sees it (the sqlc row
-// stays in this package).
+// Charge is a charge as the rest of the service sees it (not the sqlc row).
 type Charge struct {
 	ID             string
 	CallerID       string
@@ -84,19 +78,11 @@ type Charge struct {
 	CreatedAt      time.Time
 }
 
-// API is the charge as the contract shows it. Each domain package converts
-// its own objects, next to them (see orders.Order.API for why).
+// API is the charge as the contract shows it (see orders.Order.API for why
+// it is built here).
 func (c Charge) API() apigen.Charge {
-	return apigen.Charge{
-		Id:            c.ID,
-		OrderId:       c.OrderID,
-		Amount:        c.Amount,
-		Currency:      apigen.Currency(c.Currency),
-		Status:        apigen.ChargeStatus(c.Status),
-		PaymentMethod: c.PaymentMethod,
-		FailureCode:   c.FailureCode,
-		CreatedAt:     c.CreatedAt,
-	}
+	return apigen.Charge{Id: c.ID, OrderId: c.OrderID, Amount: c.Amount, Currency: apigen.Currency(c.Currency),
+		Status: apigen.ChargeStatus(c.Status), PaymentMethod: c.PaymentMethod, FailureCode: c.FailureCode, CreatedAt: c.CreatedAt}
 }
 
 func chargeOf(r dbsqlc.Charge) Charge {
@@ -104,7 +90,7 @@ func chargeOf(r dbsqlc.Charge) Charge {
 		Currency: r.Currency, PaymentMethod: r.PaymentMethod, Status: Status(r.Status), FailureCode: r.FailureCode, CreatedAt: r.CreatedAt}
 }
 
-var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
 // Service runs charges and refunds.
 type Service struct {
@@ -123,8 +109,7 @@ type chargeBody struct {
 }
 
 // ChargeOperation declares createCharge, POST /v1/orders/{order_id}/charges:
-// its first phase creates the charge, and one step calls the processor
-// and records its answer.
+// createCharge, then one step that calls the processor and records its answer.
 func (s *Service) ChargeOperation() idempotency.Operation {
 	return idempotency.External[chargeBody]{
 		Name: OperationCharge,
@@ -139,9 +124,8 @@ func (s *Service) ChargeOperation() idempotency.Operation {
 	}.Operation()
 }
 
-// callForCharge asks the processor for the charge created in the first
-// phase, under its downstream key, and records the answer (the final
-// phase). It reads the charge from its row: the reconciler runs it too.
+// callForCharge is that step, reading the charge from its row (the
+// reconciler runs it too).
 func (s *Service) callForCharge(ctx context.Context, l *idempotency.Lease) error {
 	rec := l.Record()
 	ch, err := queries.GetChargeByKeyRecord(ctx, s.db, dbsqlc.GetChargeByKeyRecordParams{CallerID: rec.CallerID, IdempotencyKeyID: rec.ID})
@@ -150,9 +134,8 @@ func (s *Service) callForCharge(ctx context.Context, l *idempotency.Lease) error
 	}
 	return callProcessor(ctx, l, "charge",
 		func(ctx context.Context) (cardprocessor.ChargeResult, error) {
-			return s.processor.Charge(ctx, ch.DownstreamKey, cardprocessor.ChargeRequest{
-				Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod,
-			})
+			return s.processor.Charge(ctx, ch.DownstreamKey,
+				cardprocessor.ChargeRequest{Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod})
 		},
 		func(ctx context.Context, tx pgx.Tx, answer cardprocessor.ChargeResult, refusal error) (idempotency.Result, error) {
 			return finishCharge(ctx, tx, ch, answer, refusal)
@@ -171,24 +154,22 @@ func createCharge(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 	if o.Status != orders.StatusPending {
 		return nil, problem.New(problem.OrderNotPayable, "order %s is %s; only a pending order can be charged", o.ID, o.Status)
 	}
-	// Fixed here, with the row: every attempt of this operation sends the
-	// same key, and no other operation ever does. It is derived from the
-	// request, not from the row, so that a retry after a failover that lost
-	// the row sends the same key again (cardprocessor.DownstreamKey).
+	// Every attempt of this operation, and no other, sends this key. Derived
+	// from the request, not the row, so a retry after a failover that lost
+	// the row sends it again (cardprocessor.DownstreamKey).
 	downstreamKey, err := cardprocessor.NewDownstreamKey(ctx, tx, rec.CallerID, rec.Key, rec.RequestFingerprint)
 	if err != nil {
 		return nil, err
 	}
 	_, err = queries.CreateCharge(ctx, tx, dbsqlc.CreateChargeParams{
 		CallerID: in.CallerID, ID: postgres.NewID(postgres.PrefixCharge), OrderID: o.ID, IdempotencyKeyID: rec.ID,
-		Amount: o.Amount, Currency: o.Currency, PaymentMethod: in.Body.PaymentMethod,
-		DownstreamKey: downstreamKey,
+		Amount: o.Amount, Currency: o.Currency, PaymentMethod: in.Body.PaymentMethod, DownstreamKey: downstreamKey,
 	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.ConstraintName == "charges_one_live_per_order" {
-		// Another key's charge of this order is pending or succeeded. The
-		// unique index decided, not a check: two keys racing here cannot
-		// both get a charge row, so the processor is asked at most once.
+		// Another key's charge of this order is live. The unique index
+		// decides, not a check: two racing keys cannot both get a charge
+		// row, so the processor is asked at most once.
 		return nil, problem.New(problem.OrderNotPayable, "order %s already has a charge that is in progress or succeeded", o.ID)
 	}
 	if err != nil {
@@ -197,10 +178,9 @@ func createCharge(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 	return RecoveryChargeCreated, nil
 }
 
-// finishCharge is the final phase: record the processor's definite answer. A
-// webhook may have recorded it first (see ApplyChargeEvent); then there
-// is nothing left to change, and the stored response is built from the
-// charge as the webhook left it.
+// finishCharge is the final phase: record the processor's definite answer.
+// If a webhook recorded it first (ApplyChargeEvent), nothing changes, and
+// the response is built from the charge as the webhook left it.
 func finishCharge(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, answer cardprocessor.ChargeResult, refusal error) (idempotency.Result, error) {
 	outcome := Outcome{ProcessorChargeID: answer.ID, Succeeded: refusal == nil}
 	var declined *cardprocessor.DeclinedError
@@ -229,16 +209,12 @@ type Outcome struct {
 	Succeeded         bool
 	ProcessorChargeID string
 	DeclineCode       string
-	// Report is what a webhook said besides: checked against the charge.
-	Report events.Report
+	Report            events.Report // what a webhook said besides, checked against the charge
 }
 
 // ApplyChargeEvent is the inbox's Applier for charge.succeeded and
-// charge.failed: it records the outcome of the charge made under the
-// event's downstream key, and reports false for a charge we do not know.
-// It is idempotent, and agrees with the final phase of the charge's own
-// operation: whichever comes first records the outcome, the other finds it
-// recorded.
+// charge.failed. It agrees with the charge's own final phase: whichever
+// comes first records the outcome, the other finds it recorded.
 func ApplyChargeEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
 	defer postgres.Wrap(&err, "charges.ApplyChargeEvent(%s, %q)", callerID, ev.DownstreamKey)
 	o := Outcome{
@@ -261,12 +237,11 @@ func ApplyChargeEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events
 
 // applyOutcome moves a pending charge to its outcome, with the order and
 // the events, and returns the charge as it now is. A charge already at that
-// outcome is left alone; one at the other outcome is a contradiction from
-// the processor, which is an error, not something to paper over.
+// outcome is left alone; one at the other is a contradiction from the
+// processor: an error, not something to paper over.
 func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (dbsqlc.Charge, error) {
-	// The order first: see the lock order in the package comment. After the
-	// lock, read the charge again: a concurrent finish or webhook may have
-	// just recorded the outcome.
+	// The order first (the package comment's lock order), then the charge
+	// again: a concurrent finish or webhook may have just recorded it.
 	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return ch, err
 	}
@@ -295,20 +270,17 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 		if code == "" {
 			code = "generic_decline" // a failure the processor gave no reason for
 		}
-		if cur, err = queries.FailCharge(ctx, tx, dbsqlc.FailChargeParams{
-			CallerID: ch.CallerID, ID: ch.ID, FailureCode: &code, ProcessorChargeID: orNil(o.ProcessorChargeID),
-		}); err != nil {
+		if cur, err = queries.FailCharge(ctx, tx, dbsqlc.FailChargeParams{CallerID: ch.CallerID, ID: ch.ID,
+			FailureCode: &code, ProcessorChargeID: orNil(o.ProcessorChargeID)}); err != nil {
 			return cur, err
 		}
 		data["failure_code"] = code
 		return cur, events.Record(ctx, tx, ch.CallerID, events.ChargeFailed, data)
 	}
-	if cur, err = queries.SucceedCharge(ctx, tx, dbsqlc.SucceedChargeParams{
-		CallerID: ch.CallerID, ID: ch.ID, ProcessorChargeID: orNil(o.ProcessorChargeID),
-	}); err != nil {
+	if cur, err = queries.SucceedCharge(ctx, tx, dbsqlc.SucceedChargeParams{CallerID: ch.CallerID, ID: ch.ID,
+		ProcessorChargeID: orNil(o.ProcessorChargeID)}); err != nil {
 		return cur, err
 	}
-	// The money is the caller's to pay out from now on.
 	if err := ledger.Credit(ctx, tx, ch.CallerID, ch.Currency, ch.Amount); err != nil {
 		return cur, err
 	}
@@ -322,10 +294,9 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 	return cur, events.Record(ctx, tx, ch.CallerID, events.OrderPaid, data)
 }
 
-// HasLiveCharge reports whether the caller's order has a charge that is
-// pending or succeeded: what orders.Cancel asks before it cancels. Run it
-// after orders.Lock in the same transaction: the lock waits for any charge
-// being created, and this later statement's snapshot then sees it.
+// HasLiveCharge reports whether the order has a pending or succeeded charge,
+// for orders.Cancel, after orders.Lock in the same transaction: the lock
+// waits for any charge being created, which this later statement then sees.
 func HasLiveCharge(ctx context.Context, tx pgx.Tx, callerID, orderID string) (bool, error) {
 	return queries.OrderHasLiveCharge(ctx, tx, dbsqlc.OrderHasLiveChargeParams{CallerID: callerID, OrderID: orderID})
 }
@@ -342,8 +313,8 @@ func get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (ch dbsqlc.Ch
 	return ch, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no charge %q", id) })
 }
 
-// orNil is nil for "", so that a refusal the processor gave without its own
-// charge id is stored as NULL, not as an empty id.
+// orNil is nil for "": a refusal without the processor's charge id stores
+// NULL, not an empty id.
 func orNil(s string) *string {
 	if s == "" {
 		return nil

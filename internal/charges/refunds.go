@@ -1,20 +1,16 @@
-// Refunds return money from a succeeded charge through the card processor,
-// in full or in part. A refund follows the charge's pattern:
+// Refunds return money from a succeeded charge, in full or in part,
+// following the charge's pattern and lock order (see the package comment):
 //
-//	started        → createRefund (one transaction): lock the order,
-//	                 reserve the amount on the charge (a CHECK constraint
-//	                 keeps the reservations within the charged amount) and
-//	                 take it from the balance (another keeps that from
-//	                 going negative), create the refund row (pending) with
-//	                 its downstream key.
+//	started        → createRefund (one transaction): lock the order, reserve
+//	                 the amount on the charge (a CHECK keeps reservations
+//	                 within the charged amount) and take it from the balance
+//	                 (another keeps that from going negative), create the
+//	                 refund row (pending) with its downstream key.
 //	refund_created → the processor call with that key (callProcessor, call.go);
 //	                 no definite answer: stop here, nothing stored.
 //	               → finishRefund (one transaction): the refund succeeded
 //	                 (or was refused, and its reservation given back), the
 //	                 outbox event, the stored response.
-//
-// It takes the order's row lock first, as a charge does (see the package
-// comment).
 
 package charges
 
@@ -55,13 +51,7 @@ type Refund struct {
 
 // API is the refund as the contract shows it.
 func (r Refund) API() apigen.Refund {
-	return apigen.Refund{
-		Id:        r.ID,
-		ChargeId:  r.ChargeID,
-		Amount:    r.Amount,
-		Status:    apigen.RefundStatus(r.Status),
-		CreatedAt: r.CreatedAt,
-	}
+	return apigen.Refund{Id: r.ID, ChargeId: r.ChargeID, Amount: r.Amount, Status: apigen.RefundStatus(r.Status), CreatedAt: r.CreatedAt}
 }
 
 // Created is a refund's successful response, as stored and replayed.
@@ -78,9 +68,8 @@ type refundBody struct {
 	Amount *int64 `json:"amount"`
 }
 
-// RefundOperation declares createRefund, POST /v1/charges/{charge_id}/refunds:
-// its first phase reserves the amount and creates the refund, and one step
-// calls the processor and records its answer.
+// RefundOperation declares createRefund, POST /v1/charges/{charge_id}/refunds,
+// as ChargeOperation does createCharge.
 func (s *Service) RefundOperation() idempotency.Operation {
 	return idempotency.External[refundBody]{
 		Name: OperationRefund,
@@ -94,8 +83,7 @@ func (s *Service) RefundOperation() idempotency.Operation {
 	}.Operation()
 }
 
-// callForRefund asks the processor for the refund created in the first
-// phase and records the answer, from the refund's row.
+// callForRefund is callForCharge's counterpart, from the refund's row.
 func (s *Service) callForRefund(ctx context.Context, l *idempotency.Lease) error {
 	rec := l.Record()
 	re, err := queries.GetRefundByKeyRecord(ctx, s.db, dbsqlc.GetRefundByKeyRecordParams{CallerID: rec.CallerID, IdempotencyKeyID: rec.ID})
@@ -107,8 +95,8 @@ func (s *Service) callForRefund(ctx context.Context, l *idempotency.Lease) error
 		return fmt.Errorf("load charge %s of refund %s: %w", re.ChargeID, re.ID, err)
 	}
 	if ch.ProcessorChargeID == nil {
-		// The create phase refuses such a charge; this is a record from
-		// before that rule, or damaged data: a person must look.
+		// createRefund refuses such a charge: this is an older record, or
+		// damaged data, for a person to look at.
 		return fmt.Errorf("charge %s of refund %s has no processor charge id", ch.ID, re.ID)
 	}
 	return callProcessor(ctx, l, "refund",
@@ -127,8 +115,8 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 	if err != nil {
 		return nil, err
 	}
-	// The order first (see the lock order in the package comment), then
-	// the charge as it is now: concurrent refunds of one charge queue here.
+	// The order first (the lock order), then the charge as it is now:
+	// concurrent refunds of one charge queue here.
 	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return nil, err
 	}
@@ -142,9 +130,8 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 	case remaining == 0:
 		return nil, problem.New(problem.ChargeNotRefundable, "charge %s is already fully refunded", ch.ID)
 	case ch.ProcessorChargeID == nil:
-		// A success reported without the processor's id for it: there is
-		// nothing to name in a refund request. Refused before anything is
-		// reserved.
+		// A success reported without the processor's id: nothing to name
+		// in a refund request, so refuse before reserving anything.
 		return nil, problem.New(problem.ChargeNotRefundable, "charge %s has no processor charge id to refund against", ch.ID)
 	}
 	amount := remaining
@@ -157,16 +144,15 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 	_, err = queries.ReserveRefund(ctx, tx, dbsqlc.ReserveRefundParams{Amount: amount, CallerID: ch.CallerID, ID: ch.ID})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.ConstraintName == "refunds_within_charge" {
-		// The lock above makes this unreachable; the constraint is the
-		// guarantee that holds even if a future change forgets the lock.
+		// Unreachable under the lock above; the constraint still holds if
+		// a future change forgets the lock.
 		return nil, problem.New(problem.RefundExceedsCharge, "the refund is more than remains refundable on charge %s", ch.ID)
 	}
 	if err != nil {
 		return nil, err
 	}
-	// The refund also comes out of the balance: money already paid out
-	// cannot be refunded again (the CHECK on balances refuses it, as it
-	// refuses an overdrawing payout).
+	// Out of the balance too: money already paid out cannot be refunded
+	// again (the CHECK on balances refuses it, as an overdrawing payout).
 	if err := ledger.Debit(ctx, tx, ch.CallerID, ch.Currency, amount, "refund"); err != nil {
 		return nil, err
 	}
@@ -175,10 +161,8 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 	if err != nil {
 		return nil, err
 	}
-	if _, err := queries.CreateRefund(ctx, tx, dbsqlc.CreateRefundParams{
-		CallerID: ch.CallerID, ID: postgres.NewID(postgres.PrefixRefund), ChargeID: ch.ID, IdempotencyKeyID: rec.ID,
-		Amount: amount, DownstreamKey: downstreamKey,
-	}); err != nil {
+	if _, err := queries.CreateRefund(ctx, tx, dbsqlc.CreateRefundParams{CallerID: ch.CallerID, ID: postgres.NewID(postgres.PrefixRefund),
+		ChargeID: ch.ID, IdempotencyKeyID: rec.ID, Amount: amount, DownstreamKey: downstreamKey}); err != nil {
 		return nil, err
 	}
 	return RecoveryRefundCreated, nil
@@ -187,9 +171,8 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 // finishRefund is the final phase: record the processor's definite answer.
 func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
 	if refusal != nil {
-		// Definitely not refunded, whatever kind of "no" the processor
-		// gave (callProcessor lets only a definite one through): give the
-		// reservation back.
+		// A definite "no" of any kind (callProcessor lets through no
+		// other): not refunded, so give the reservation back.
 		if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 			return nil, err
 		}
@@ -211,9 +194,9 @@ func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Re
 	return refundOf(succeeded).Created()
 }
 
-// ListRefunds returns up to limit of the caller's refunds of the charge
-// chargeID, oldest first, starting after the refund startingAfter when it
-// is not empty, and whether more exist. An unknown charge is not found.
+// ListRefunds returns up to limit of the caller's refunds of chargeID,
+// oldest first, after the refund startingAfter when it is not empty, and
+// whether more exist. An unknown charge is not found.
 func ListRefunds(ctx context.Context, db dbsqlc.DBTX, callerID, chargeID string, limit int, startingAfter string) (_ []Refund, _ bool, err error) {
 	defer postgres.Wrap(&err, "charges.ListRefunds(%s, %q)", callerID, chargeID)
 	if _, err := get(ctx, db, callerID, chargeID); err != nil {
@@ -233,9 +216,8 @@ func ListRefunds(ctx context.Context, db dbsqlc.DBTX, callerID, chargeID string,
 		}, refundOf)
 }
 
-// ApplyRefundEvent is the inbox's Applier for refund.succeeded: it records
-// that the refund made under the event's downstream key succeeded, and
-// reports false for a refund we do not know. Like ApplyChargeEvent it is
+// ApplyRefundEvent is the inbox's Applier for refund.succeeded, about the
+// refund made under the event's downstream key. Like ApplyChargeEvent it is
 // idempotent and agrees with the refund's own final phase.
 func ApplyRefundEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
 	defer postgres.Wrap(&err, "charges.ApplyRefundEvent(%s, %q)", callerID, ev.DownstreamKey)

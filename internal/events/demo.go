@@ -8,10 +8,9 @@ import (
 	"github.com/retrysafe/payments/internal/postgres"
 )
 
-// The built-in demo receiver stands in for a caller's own webhook
-// endpoint (the demo callers have none): it records what the relay
-// delivered to it, deduplicated on the event id as every receiver must
-// be, so the demo page can show each event with its delivery count.
+// The demo receiver stands in for the demo callers' webhook endpoints: it
+// records what the relay delivered, deduplicated on the event id as every
+// receiver must be, for the demo page to show each with its delivery count.
 
 // DemoDelivery is an event as the demo receiver got it.
 type DemoDelivery struct {

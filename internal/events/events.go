@@ -28,7 +28,7 @@ const (
 	PayoutFailed    = "payout.failed"
 )
 
-var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
 // Event is an event of the outbox, as the rest of the service sees it.
 type Event struct {
@@ -48,20 +48,17 @@ func (e Event) API() (apigen.Event, error) {
 	return apigen.Event{Id: e.ID, Type: apigen.EventType(e.Type), CreatedAt: e.CreatedAt, Data: data}, nil
 }
 
-// Record writes an event. Call it with the transaction that makes the
-// change: the event then commits, or not, with it. When ctx's span is
-// recorded, the event keeps its trace context, and each delivery's trace
-// links to it.
+// Record writes an event in tx, the transaction that makes the change: the
+// event commits, or not, with it. When ctx's span is recorded, the event
+// keeps its trace context, for each delivery's trace to link to.
 func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map[string]any) (err error) {
 	defer postgres.Wrap(&err, "Record(%s, %s)", callerID, eventType)
 	b, err := json.Marshal(data)
 	if err != nil {
 		return err
 	}
-	return queries.InsertEvent(ctx, tx, dbsqlc.InsertEventParams{
-		CallerID: callerID, ID: postgres.NewID(postgres.PrefixEvent), Type: eventType, Data: b,
-		Traceparent: postgres.Traceparent(ctx),
-	})
+	return queries.InsertEvent(ctx, tx, dbsqlc.InsertEventParams{CallerID: callerID, ID: postgres.NewID(postgres.PrefixEvent),
+		Type: eventType, Data: b, Traceparent: postgres.Traceparent(ctx)})
 }
 
 // List returns up to limit of the caller's events, newest first, after the

@@ -17,15 +17,11 @@ import (
 	"github.com/retrysafe/payments/internal/postgres"
 )
 
-// The inbox is the outbox's mirror: the events the card processor sends us
-// (charge.succeeded, refund.succeeded, payout.failed, …), at least once and
-// maybe out of order. It owns the processor_events table, which records
-// each event id in the transaction that applies the event, so a redelivery
-// changes nothing and a crash between "applied" and "recorded" cannot
-// happen. What an event does is its domain's business: each kind of event
-// has an Applier, written by the package that owns the object (charges for
-// charges and refunds, payouts for payouts) and registered in internal/app,
-// so the inbox needs to know none of them.
+// The inbox is the outbox's mirror: the processor's events, at least once
+// and maybe out of order. Each event id is recorded (processor_events) in
+// the transaction that applies the event, so a redelivery changes nothing.
+// What an event does is the business of the package that owns its object,
+// which writes its Applier (registered in internal/app).
 
 // The processor's event types.
 const (
@@ -38,23 +34,19 @@ const (
 
 // ProcessorEvent is an event as the processor's webhook carries it.
 type ProcessorEvent struct {
-	ID   string // the processor's event id; deliveries are deduplicated on it
-	Type string // charge.succeeded, charge.failed, refund.succeeded, payout.paid, payout.failed
-	// DownstreamKey is the key we sent with the call the event is about: it
-	// names our object, and its caller.
-	DownstreamKey string
-	// ObjectID is the processor's id of its charge, refund or payout.
-	ObjectID    string
-	Amount      *int64
-	Currency    *string
-	DeclineCode *string // charge.failed
-	FailureCode *string // payout.failed
+	ID            string // the processor's event id; deliveries are deduplicated on it
+	Type          string // one of the processor's event types above
+	DownstreamKey string // sent with the call the event is about: it names our object, and its caller
+	ObjectID      string // the processor's id of its charge, refund or payout
+	Amount        *int64
+	Currency      *string
+	DeclineCode   *string // charge.failed
+	FailureCode   *string // payout.failed
 }
 
-// An Applier applies an event about one of its package's objects inside tx
-// and says whether it knew the object. It returns a *ContradictionError,
-// having written nothing, for an event that disagrees with what is
-// recorded.
+// An Applier applies, in tx, an event about one of its package's objects
+// and says whether it knew the object. For an event that disagrees with what
+// is recorded, it writes nothing and returns a *ContradictionError.
 type Applier func(ctx context.Context, tx pgx.Tx, callerID string, ev ProcessorEvent) (known bool, err error)
 
 // Inbox receives processor events.
@@ -69,8 +61,8 @@ func NewInbox(pool *pgxpool.Pool, log *slog.Logger) *Inbox {
 	return &Inbox{pool: pool, appliers: map[string]Applier{}, log: log}
 }
 
-// Handle registers apply for events of eventType. Registering a type twice
-// is a wiring mistake and panics at start-up.
+// Handle registers apply for events of eventType; registering a type twice
+// is a wiring mistake, and panics at start-up.
 func (in *Inbox) Handle(eventType string, apply Applier) {
 	if _, dup := in.appliers[eventType]; dup {
 		panic(fmt.Sprintf("events: %s handled twice", eventType))
@@ -78,19 +70,15 @@ func (in *Inbox) Handle(eventType string, apply Applier) {
 	in.appliers[eventType] = apply
 }
 
-// Receive applies ev once, whatever the number of deliveries, and says
-// whether it was a redelivery. Its signature was checked before. An event
-// about an object we do not know, of a type nobody handles, or for a caller
-// that does not exist is acknowledged and ignored: redelivering it could
-// never change that.
-//
-// An event that contradicts what is recorded (a decline we recorded,
-// reported as a success; the right key with the wrong amount) is
-// acknowledged all the same: the processor would otherwise redeliver it for
-// ever, and no redelivery can make it apply. Nothing about money changes;
-// the event is kept, marked with what it contradicts, for an operator
-// (`server dead-letters` lists it), counted, and logged once, when it first
-// arrives.
+// Receive applies ev (its signature already checked) once, whatever the
+// number of deliveries, and says whether it was a redelivery. An event
+// about an unknown object, of a type nobody handles, or for no caller is
+// acknowledged and ignored: no redelivery could change that. So is one that
+// contradicts what is recorded (a recorded decline reported as a success;
+// the right key, the wrong amount), or the processor would redeliver it for
+// ever: nothing about money changes, and the event is kept, marked with
+// what it contradicts, for an operator (`server dead-letters`), counted,
+// and logged once, on arrival.
 func (in *Inbox) Receive(ctx context.Context, ev ProcessorEvent) (duplicate bool, err error) {
 	defer postgres.Wrap(&err, "events.Receive(%s)", ev.ID)
 	callerID, ok := cardprocessor.CallerOfDownstreamKey(ev.DownstreamKey)
@@ -100,9 +88,8 @@ func (in *Inbox) Receive(ctx context.Context, ev ProcessorEvent) (duplicate bool
 	}
 	var contradiction *ContradictionError
 	err = postgres.Transact(ctx, in.pool, func(tx pgx.Tx) error {
-		n, err := queries.RecordProcessorEvent(ctx, tx, dbsqlc.RecordProcessorEventParams{
-			CallerID: callerID, EventID: ev.ID, Type: ev.Type,
-		})
+		n, err := queries.RecordProcessorEvent(ctx, tx,
+			dbsqlc.RecordProcessorEventParams{CallerID: callerID, EventID: ev.ID, Type: ev.Type})
 		if err != nil || n == 0 {
 			duplicate = n == 0
 			return err
@@ -112,9 +99,8 @@ func (in *Inbox) Receive(ctx context.Context, ev ProcessorEvent) (duplicate bool
 		// event id and the note commit with this transaction.
 		if errors.As(err, &contradiction) {
 			note := contradiction.Error()
-			return queries.SetProcessorEventContradiction(ctx, tx, dbsqlc.SetProcessorEventContradictionParams{
-				CallerID: callerID, EventID: ev.ID, Contradiction: &note,
-			})
+			return queries.SetProcessorEventContradiction(ctx, tx,
+				dbsqlc.SetProcessorEventContradictionParams{CallerID: callerID, EventID: ev.ID, Contradiction: &note})
 		}
 		return err
 	})
@@ -132,8 +118,8 @@ func (in *Inbox) Receive(ctx context.Context, ev ProcessorEvent) (duplicate bool
 	return duplicate, nil
 }
 
-// SetAsideEvent is a processor event that was acknowledged but not
-// applied, because it contradicts what is recorded.
+// SetAsideEvent is a processor event acknowledged but not applied, because
+// it contradicts what is recorded.
 type SetAsideEvent struct {
 	CallerID, EventID, Type string
 	Contradiction           string
@@ -153,10 +139,9 @@ func ListSetAside(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ []Set
 }
 
 // ContradictionError is a processor report that contradicts what is
-// already recorded: a charge recorded as failed now reported succeeded (or
-// the other way round), or a report about an object whose amount, currency
-// or processor id is not the one recorded. It is found before anything is
-// written. Nothing is ever changed on such a report; a person must look.
+// recorded: a failed charge reported succeeded (or the other way round), or
+// the wrong amount, currency or processor id. It is found before anything
+// is written, and nothing is changed on it: a person must look.
 type ContradictionError struct {
 	Object, ID string // "charge", "refund" or "payout", and its id
 	Field      string // what disagrees: "status", "amount", "currency" or "processor id"
@@ -176,10 +161,9 @@ type Report struct {
 	ProcessorID string
 }
 
-// Check returns a *ContradictionError when r disagrees with what is
-// recorded about object id: its amount, its currency, and its processor id
-// once one is recorded. A webhook that names the right downstream key but
-// the wrong money is not applied: the key alone does not make it true.
+// Check returns a *ContradictionError when r disagrees with what is recorded
+// about object id: its amount, currency, and processor id once recorded. The
+// right downstream key alone does not make a webhook true.
 func (r Report) Check(object, id string, amount int64, currency string, processorID *string) error {
 	switch {
 	case r.Amount != nil && *r.Amount != amount:

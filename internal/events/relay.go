@@ -1,13 +1,10 @@
 package events
 
-// The relay delivers the outbox: it posts each event to its caller's
-// webhook endpoint, signed, at least once, retrying with backoff until the
-// endpoint acknowledges it. Several relays (one per server replica) share
-// the queue through FOR UPDATE SKIP LOCKED.
-//
-// At least once, not exactly once: a relay that crashes after the endpoint
-// answered but before recording it delivers the event again. Receivers
-// deduplicate on the event id, as the built-in demo receiver does.
+// The relay posts each outbox event, signed, to its caller's endpoint,
+// retrying with backoff until acknowledged. Relays (one per replica) share
+// the queue through FOR UPDATE SKIP LOCKED. At least once: a relay that
+// crashes after the endpoint answered but before recording it delivers the
+// event again, so receivers deduplicate on the event id (as the demo's does).
 
 import (
 	"bytes"
@@ -40,18 +37,14 @@ const SignatureHeader = "Payments-Signature"
 
 // RelayConfig tunes the relay.
 type RelayConfig struct {
-	// Interval is the pause between scans that found nothing due.
-	Interval time.Duration
-	// Batch is the most events claimed per scan.
-	Batch int
+	Interval time.Duration // the pause between scans that found nothing due
+	Batch    int           // the most events claimed per scan
 	// Lease keeps other relays off a claimed event while it is delivered;
 	// it must exceed the HTTP timeout.
-	Lease time.Duration
-	// Timeout bounds one delivery.
-	Timeout time.Duration
-	// DemoURL is the built-in demo receiver's base URL (the caller id is
-	// appended), for callers without a webhook URL: in DEMO_MODE only.
-	// Empty, their events are not pushed: they wait to be pulled.
+	Lease   time.Duration
+	Timeout time.Duration // bounds one delivery
+	// DemoURL + the caller id is the demo receiver, for callers without a
+	// webhook URL (DEMO_MODE only); empty, their events wait to be pulled.
 	DemoURL string
 	// AllowPrivate lets endpoints be loopback or private addresses (the
 	// demo, tests); otherwise the relay refuses to connect to them.
@@ -69,21 +62,17 @@ type Relay struct {
 	log    *slog.Logger
 }
 
-func (c RelayConfig) validate() error {
-	var p config.Problems
-	p.Check(c.Interval > 0, "Interval must be positive")
-	p.Check(c.Batch >= 1, "Batch must be at least 1")
-	p.Check(c.Timeout > 0, "Timeout must be positive")
-	// A batch is delivered one event after another, each within Timeout,
-	// all under the lease taken when the batch was claimed.
-	p.Check(c.Lease > time.Duration(max(c.Batch, 1))*c.Timeout, "Lease must be longer than Batch deliveries of Timeout each")
-	p.Check(c.BackoffBase > 0 && c.BackoffCap >= c.BackoffBase, "BackoffBase must be positive and BackoffCap at least BackoffBase")
-	return p.Err("relay")
-}
-
 // NewRelay returns a relay. It refuses an invalid configuration.
 func NewRelay(cfg RelayConfig, pool *pgxpool.Pool, log *slog.Logger) (*Relay, error) {
-	if err := cfg.validate(); err != nil {
+	var p config.Problems
+	p.Check(cfg.Interval > 0, "Interval must be positive")
+	p.Check(cfg.Batch >= 1, "Batch must be at least 1")
+	p.Check(cfg.Timeout > 0, "Timeout must be positive")
+	// A batch is delivered one event after another, each within Timeout,
+	// all under the lease taken when the batch was claimed.
+	p.Check(cfg.Lease > time.Duration(max(cfg.Batch, 1))*cfg.Timeout, "Lease must be longer than Batch deliveries of Timeout each")
+	p.Check(cfg.BackoffBase > 0 && cfg.BackoffCap >= cfg.BackoffBase, "BackoffBase must be positive and BackoffCap at least BackoffBase")
+	if err := p.Err("relay"); err != nil {
 		return nil, err
 	}
 	// No proxy: the address checked must be the endpoint's own.
@@ -115,10 +104,9 @@ type Delivery struct {
 // RunOnce claims the due events and tries to deliver each once; it returns
 // how many it claimed.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
-	// As the reconciler's: a claim canceled mid-statement could commit
-	// without the relay learning what it took, and those events would wait
-	// out their lease. A stopped relay claims nothing; a claim, once made,
-	// is seen through.
+	// A claim canceled mid-statement could commit without the relay
+	// learning what it took, leaving those events to wait out their lease:
+	// a stopped relay claims nothing, and a claim, once made, is seen through.
 	if ctx.Err() != nil {
 		return 0, nil
 	}
@@ -133,25 +121,18 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	for _, ev := range due {
 		if ev.WebhookUrl == nil && r.cfg.DemoURL == "" {
 			// Nowhere to push it: it waits to be pulled.
-			if err := queries.ParkEvent(ctx, r.pool, dbsqlc.ParkEventParams{CallerID: ev.CallerID, ID: ev.ID}); err != nil {
-				return len(due), err
-			}
-			continue
-		}
-		if err := r.deliver(ctx, ev); err != nil {
+			err = queries.ParkEvent(ctx, r.pool, dbsqlc.ParkEventParams{CallerID: ev.CallerID, ID: ev.ID})
+		} else if failed := r.deliver(ctx, ev); failed != nil {
 			metrics.RelayDeliveries.WithLabelValues("failed").Inc()
-			delay := r.backoff(ev.DeliveryAttempts)
+			delay := retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, int(ev.DeliveryAttempts))
 			r.log.InfoContext(ctx, "relay: delivery failed, will retry", "caller", ev.CallerID, "event", ev.ID,
-				"attempt", ev.DeliveryAttempts, "retry_in", delay, "err", err)
-			if err := queries.RetryEventAfter(ctx, r.pool, dbsqlc.RetryEventAfterParams{
-				CallerID: ev.CallerID, ID: ev.ID, DelaySeconds: delay.Seconds(),
-			}); err != nil {
-				return len(due), err
-			}
-			continue
+				"attempt", ev.DeliveryAttempts, "retry_in", delay, "err", failed)
+			err = queries.RetryEventAfter(ctx, r.pool, dbsqlc.RetryEventAfterParams{CallerID: ev.CallerID, ID: ev.ID, DelaySeconds: delay.Seconds()})
+		} else {
+			metrics.RelayDeliveries.WithLabelValues("delivered").Inc()
+			err = queries.MarkEventDelivered(ctx, r.pool, dbsqlc.MarkEventDeliveredParams{CallerID: ev.CallerID, ID: ev.ID})
 		}
-		metrics.RelayDeliveries.WithLabelValues("delivered").Inc()
-		if err := queries.MarkEventDelivered(ctx, r.pool, dbsqlc.MarkEventDeliveredParams{CallerID: ev.CallerID, ID: ev.ID}); err != nil {
+		if err != nil {
 			return len(due), err
 		}
 	}
@@ -168,11 +149,9 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 var tracer = otel.Tracer("github.com/retrysafe/payments/internal/events")
 
 func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow) (err error) {
-	// Each delivery is a trace of its own (a root span), which the
-	// receiver may continue (traceparent): an event is delivered long
-	// after the request that caused it, perhaps many times. It links to
-	// the work that wrote the event (its stored traceparent), when that
-	// was traced.
+	// Each delivery is a trace of its own (the receiver may continue it): an
+	// event is delivered long after the request that caused it, perhaps many
+	// times. It links to the work that wrote the event, when that was traced.
 	ctx, span := tracer.Start(ctx, "relay delivery", append(postgres.LinkTo(ev.Traceparent),
 		trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attribute.String("event.id", ev.ID), attribute.String("event.type", ev.Type),
@@ -197,7 +176,7 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 	}
 	req.Header.Set("Content-Type", "application/json")
 	// Signed by the previous secret too while a rotation overlaps: the
-	// receiver accepts any signature it can verify.
+	// receiver accepts any signature it verifies.
 	var previous [][]byte
 	if ev.PreviousWebhookSecret != "" {
 		previous = append(previous, []byte(ev.PreviousWebhookSecret))
@@ -213,8 +192,4 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 		return fmt.Errorf("endpoint answered %d", res.StatusCode)
 	}
 	return nil
-}
-
-func (r *Relay) backoff(attempts int32) time.Duration {
-	return retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, int(attempts))
 }

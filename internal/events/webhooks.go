@@ -1,7 +1,7 @@
 package events
 
-// A caller's webhook endpoint: where the relay pushes its events, the
-// secret they are signed with, and the addresses an endpoint may not have.
+// A caller's webhook endpoint: where the relay pushes its events, their
+// signing secret, and the addresses an endpoint may not have.
 
 import (
 	"context"
@@ -30,12 +30,10 @@ var errPrivateAddress = errors.New("a webhook endpoint may not be a loopback, li
 
 // CheckWebhookURL says whether raw may be a caller's endpoint: an absolute
 // https URL (http too when allowPrivate) with no user info, whose host
-// resolves only to public addresses unless allowPrivate. A URL is the
-// caller's to choose, and the relay posts to it from inside the server's
-// network: an endpoint at 127.0.0.1, 10.x or 169.254.169.254 would make
-// the relay a way in (server-side request forgery). The relay checks the
-// address again as it connects (publicOnly), since a name may resolve
-// elsewhere later.
+// resolves only to public addresses unless allowPrivate: the relay posts to
+// it from inside our network, where 127.0.0.1, 10.x or 169.254.169.254 would
+// make it a way in (server-side request forgery). The relay checks again as
+// it connects (publicOnly): a name may resolve elsewhere later.
 func CheckWebhookURL(ctx context.Context, raw string, allowPrivate bool) error {
 	u, err := url.Parse(raw)
 	if err != nil || !u.IsAbs() || u.Host == "" || u.User != nil || (u.Scheme != "https" && (u.Scheme != "http" || !allowPrivate)) {
@@ -74,8 +72,8 @@ func publicOnly(_, address string, _ syscall.RawConn) error {
 }
 
 // SetWebhookURL sets where the caller's events are pushed (nil: nowhere,
-// it pulls them) and returns the secret they are signed with. The events
-// that waited for an endpoint are due at once.
+// it pulls them) and returns their signing secret. The events that waited
+// for an endpoint are due at once.
 func SetWebhookURL(ctx context.Context, pool *pgxpool.Pool, callerID string, webhookURL *string) (secret string, err error) {
 	defer postgres.Wrap(&err, "events.SetWebhookURL(%s)", callerID)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -92,8 +90,7 @@ func SetWebhookURL(ctx context.Context, pool *pgxpool.Pool, callerID string, web
 func RotateWebhookSecret(ctx context.Context, db dbsqlc.DBTX, callerID string) (secret string, oldUntil time.Time, err error) {
 	defer postgres.Wrap(&err, "events.RotateWebhookSecret(%s)", callerID)
 	secret = "whsec_" + rand.Text()
-	oldUntil, err = queries.RotateCallerWebhookSecret(ctx, db, dbsqlc.RotateCallerWebhookSecretParams{
-		ID: callerID, WebhookSecret: secret, OverlapSeconds: SecretOverlap.Seconds(),
-	})
+	oldUntil, err = queries.RotateCallerWebhookSecret(ctx, db,
+		dbsqlc.RotateCallerWebhookSecretParams{ID: callerID, WebhookSecret: secret, OverlapSeconds: SecretOverlap.Seconds()})
 	return secret, oldUntil, err
 }

@@ -7,10 +7,10 @@
 //	it succeeds                Settle    pending -= amount
 //	it fails                   Restore   available += amount, pending -= amount
 //
-// The debit is where overdrawing is refused, by the database: the CHECK
+// The database refuses overdrawing at the debit: the CHECK
 // balance_not_overdrawn (available >= 0) fails the UPDATE, and concurrent
-// debits queue on the balance row's lock, so no interleaving of payouts
-// and refunds can take available below zero.
+// debits queue on the balance row's lock, so no interleaving of payouts and
+// refunds takes available below zero.
 package ledger
 
 import (
@@ -27,19 +27,17 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
-// Credit adds a succeeded charge's amount to the caller's available
-// balance.
+// Credit adds a succeeded charge's amount to the caller's available balance.
 func Credit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
 	defer postgres.Wrap(&err, "ledger.Credit(%s, %s, %d)", callerID, currency, amount)
 	return queries.CreditBalance(ctx, tx, dbsqlc.CreditBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
-// Debit takes amount from the available balance into pending, for a
-// refund or payout being created in tx. When the balance does not cover
-// it, it returns a *problem.Error (insufficient_balance) and tx is
-// aborted: the caller returns the problem, and the whole phase rolls back.
+// Debit moves amount from available to pending for a refund or payout
+// created in tx. A balance that does not cover it aborts tx: it returns an
+// insufficient_balance *problem.Error, and the whole phase rolls back.
 func Debit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, what string) error {
 	n, err := queries.DebitBalance(ctx, tx, dbsqlc.DebitBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 	var pgErr *pgconn.PgError
@@ -65,19 +63,18 @@ func Restore(ctx context.Context, tx pgx.Tx, callerID, currency string, amount i
 	return queries.RestoreBalance(ctx, tx, dbsqlc.RestoreBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
-// Balance is one currency of a caller's balance: what can be paid out
-// (Available), and what refunds and payouts in flight hold (Pending).
+// Balance is one currency of a caller's balance.
 type Balance struct {
 	Currency  string
-	Available int64
-	Pending   int64
+	Available int64 // what can be paid out
+	Pending   int64 // what refunds and payouts in flight hold
 }
 
 // Balances is a caller's balance in every currency it has one in.
 type Balances []Balance
 
-// API is the balance as the contract shows it: one list of available
-// amounts and one of pending, a currency each.
+// API is the balance as the contract shows it: a list of available amounts
+// and one of pending, a currency each.
 func (bs Balances) API() apigen.Balance {
 	out := apigen.Balance{Available: []apigen.BalanceAmount{}, Pending: []apigen.BalanceAmount{}}
 	for _, b := range bs {

@@ -1,7 +1,7 @@
 // Package orders holds the order rules: creation, lookup, listing and
 // cancellation. Functions take the connection or transaction to run on, so
-// the idempotency layer can put an order's insert and its stored response in
-// one transaction.
+// the idempotency layer can put an order's insert and its stored response
+// in one transaction.
 package orders
 
 import (
@@ -20,8 +20,7 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// Order is an order, as the rest of the service sees it (the sqlc row stays
-// in this package).
+// Order is an order as the rest of the service sees it (not the sqlc row).
 type Order struct {
 	ID          string
 	CallerID    string
@@ -36,29 +35,19 @@ type Order struct {
 // Status is where an order stands.
 type Status string
 
-// Order statuses.
 const (
 	StatusPending  Status = "pending"
 	StatusPaid     Status = "paid"
 	StatusCanceled Status = "canceled"
 )
 
-// API is the order as the contract shows it.
-//
-// Every domain package converts its own objects to the API's types, next
-// to them, rather than the HTTP layer doing it: a keyed operation stores
-// its response in its final phase, inside the transaction that makes its
-// effect, so the API's representation must be built there; reads use the
-// same conversion, so a replay and a GET can never disagree.
+// API is the order as the contract shows it. Each domain package converts
+// its own objects, not the HTTP layer: a keyed operation stores its response
+// in the transaction that makes its effect, so it must be built there; reads
+// use the same conversion, so a replay and a GET never disagree.
 func (o Order) API() apigen.Order {
-	return apigen.Order{
-		Id:          o.ID,
-		Amount:      o.Amount,
-		Currency:    apigen.Currency(o.Currency),
-		Description: o.Description,
-		Status:      apigen.OrderStatus(o.Status),
-		CreatedAt:   o.CreatedAt,
-	}
+	return apigen.Order{Id: o.ID, Amount: o.Amount, Currency: apigen.Currency(o.Currency), Description: o.Description,
+		Status: apigen.OrderStatus(o.Status), CreatedAt: o.CreatedAt}
 }
 
 func orderOf(r dbsqlc.Order) Order {
@@ -66,20 +55,18 @@ func orderOf(r dbsqlc.Order) Order {
 		Status: Status(r.Status), CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
 }
 
-var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
-// NewOrder is what a caller asks for: the body of POST /v1/orders. It
-// was validated against the contract before any of this runs.
+// NewOrder is the body of POST /v1/orders, validated against the contract.
 type NewOrder struct {
 	Amount      int64   `json:"amount"`
 	Currency    string  `json:"currency"`
 	Description *string `json:"description"`
 }
 
-// CreateOperation declares createOrder, POST /v1/orders: a local
-// operation, so the order and its key's completed record, with this
-// answer, commit in one transaction. A crash before that commit leaves
-// nothing, and the retry runs it afresh.
+// CreateOperation declares createOrder, POST /v1/orders: a local operation,
+// so the order and its key's completed record, with this answer, commit in
+// one transaction; a crash before it leaves nothing, and the retry runs afresh.
 var CreateOperation = idempotency.Local("createOrder", func(ctx context.Context, tx pgx.Tx, in idempotency.Input[NewOrder]) (*idempotency.Response, error) {
 	o, err := Create(ctx, tx, in.CallerID, in.Body)
 	if err != nil {
@@ -89,20 +76,17 @@ var CreateOperation = idempotency.Local("createOrder", func(ctx context.Context,
 })
 
 // Create inserts a pending order for callerID. The id and the time are
-// chosen here, not by the database, so that the order is known before its
-// insert is sent: in a keyed create (idempotency.Store.ExecuteLocal) the
-// insert is held (postgres.Later) and travels with the key's record and
-// COMMIT, one round trip in all. The time is this server's clock; nothing
-// but the order's place in lists depends on it (leases and windows use the
-// database's).
+// chosen here, not by the database, so the order is known before its insert
+// is sent: in a keyed create (idempotency.Store.ExecuteLocal) the insert is
+// held (postgres.Later) and travels with the key's record and COMMIT, one
+// round trip. The time is this server's clock, which only lists depend on.
 func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (_ Order, err error) {
 	defer postgres.Wrap(&err, "orders.Create(%s)", callerID)
 	o := Order{ID: postgres.NewID(postgres.PrefixOrder), CallerID: callerID, Amount: n.Amount, Currency: n.Currency,
 		Description: n.Description, Status: StatusPending, CreatedAt: time.Now().Truncate(time.Microsecond)} // PostgreSQL keeps microseconds
 	o.UpdatedAt = o.CreatedAt
-	return o, queries.CreateOrder(ctx, postgres.Later(db), dbsqlc.CreateOrderParams{
-		CallerID: callerID, ID: o.ID, Amount: o.Amount, Currency: o.Currency, Description: o.Description, CreatedAt: o.CreatedAt,
-	})
+	return o, queries.CreateOrder(ctx, postgres.Later(db), dbsqlc.CreateOrderParams{CallerID: callerID, ID: o.ID,
+		Amount: o.Amount, Currency: o.Currency, Description: o.Description, CreatedAt: o.CreatedAt})
 }
 
 // Get returns the caller's order id. Another caller's order is "not found",
@@ -128,10 +112,9 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 		}, orderOf)
 }
 
-// Lock reads the caller's order id and locks its row until tx ends. Every
-// transaction that changes an order or its charges takes this lock first,
-// so that they queue in one order instead of deadlocking (see package
-// charges).
+// Lock reads the caller's order id and locks its row until tx ends: every
+// transaction that changes an order or its charges takes it first, so they
+// queue instead of deadlocking (see package charges).
 func Lock(ctx context.Context, tx pgx.Tx, callerID, id string) (Order, error) {
 	o, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: callerID, ID: id})
 	return orderOf(o), postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no order %q", id) })
@@ -150,20 +133,17 @@ func MarkPaid(ctx context.Context, tx pgx.Tx, callerID, id string) (err error) {
 	return err
 }
 
-// A LiveCharges says, inside tx, whether the caller's order has a charge
-// that is pending or succeeded. The charges package answers it
-// (charges.HasLiveCharge): charges are its rows, not this package's.
+// A LiveCharges says, inside tx, whether the caller's order has a pending or
+// succeeded charge: charges.HasLiveCharge, as charges are its rows.
 type LiveCharges func(ctx context.Context, tx pgx.Tx, callerID, orderID string) (bool, error)
 
-// Cancel cancels the caller's order. It is naturally idempotent: canceling a
-// canceled order returns it unchanged. A paid order, or one with a charge in
-// progress (as live says), cannot be canceled.
-//
-// It locks the order first, as creating a charge does, so the two are
-// ordered: a charge being created is waited for, and the check that follows
-// (a new statement, so a new snapshot) sees it. A check without the lock
-// could miss a charge committed a moment later and cancel an order whose
-// card is about to be charged.
+// Cancel cancels the caller's order, naturally idempotent: a canceled order
+// is returned unchanged. A paid order, or one with a charge in progress (as
+// live says), cannot be canceled. It locks the order first, as creating a
+// charge does: a charge being created is waited for, and the check that
+// follows (a new statement, so a new snapshot) sees it. Without the lock,
+// the check could miss a charge committed a moment later and cancel an
+// order about to be charged.
 func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string, live LiveCharges) (o Order, err error) {
 	defer postgres.Wrap(&err, "orders.Cancel(%s, %q)", callerID, id)
 	err = postgres.Transact(ctx, pool, func(tx pgx.Tx) error {

@@ -20,31 +20,24 @@ import (
 	"github.com/retrysafe/payments/internal/postgres"
 )
 
-// JobArgs names the payout a job carries out. The job holds nothing else:
-// everything it needs is in the payout's row, written when it was
-// accepted.
+// JobArgs names the payout a job carries out; all else it needs is in the
+// payout's row, written when it was accepted.
 type JobArgs struct {
 	CallerID string `json:"caller_id"`
 	PayoutID string `json:"payout_id"`
-	// Traceparent is the W3C trace context of the request that accepted
-	// the payout (of its phase), or "": each run of the job is a trace of
-	// its own, linked to it (see Work). It is a context, not an order:
-	// nothing but the link depends on it.
+	// Traceparent is the W3C trace context of the request that accepted the
+	// payout, or "": only each run's trace link (startJob) depends on it.
 	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // Kind is the job's kind in River's tables.
 func (JobArgs) Kind() string { return "payout" }
 
-// InsertOpts: enough attempts to ride out a processor outage of hours
-// (the backoff is capped at a minute, see NextRetry). A job that still
-// fails is discarded by River, and one that the processor keeps telling to
-// wait is cancelled by the job itself (Worker.giveUp); both are listed by
-// `server dead-letters`: the payout stays pending or in transit, with its
-// money held, until a person looks.
-func (JobArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{MaxAttempts: 200}
-}
+// InsertOpts: enough attempts to ride out a processor outage of hours (see
+// NextRetry). River discards a job that still fails; one the processor keeps
+// telling to wait cancels itself (Worker.giveUp). `server dead-letters` lists
+// both: the payout stays pending or in transit, its money held.
+func (JobArgs) InsertOpts() river.InsertOpts { return river.InsertOpts{MaxAttempts: 200} }
 
 // Worker runs payout jobs.
 type Worker struct {
@@ -56,10 +49,9 @@ type Worker struct {
 	log         *slog.Logger
 }
 
-// NewWorker returns a Worker that pays out through processor. timeout
-// bounds one run (a processor call and two short transactions);
-// giveUpAfter is how long a payout may go without a definite answer from
-// the processor before its job is set aside (PAYOUT_GIVE_UP_AFTER).
+// NewWorker returns a Worker that pays out through processor. timeout bounds
+// one run (a processor call, two short transactions); giveUpAfter sets aside
+// a job without a definite answer for that long (PAYOUT_GIVE_UP_AFTER).
 func NewWorker(db *pgxpool.Pool, processor cardprocessor.Processor, timeout, giveUpAfter time.Duration, log *slog.Logger) *Worker {
 	return &Worker{db: db, processor: processor, timeout: timeout, giveUpAfter: giveUpAfter, log: log}
 }
@@ -67,10 +59,9 @@ func NewWorker(db *pgxpool.Pool, processor cardprocessor.Processor, timeout, giv
 // Timeout bounds one run; River cancels a longer one and retries it.
 func (w *Worker) Timeout(*river.Job[JobArgs]) time.Duration { return w.timeout }
 
-// NextRetry is capped exponential backoff with full jitter: a random wait
-// up to 1s, 2s, 4s, … and at most a minute. River's own default (attempt⁴
-// seconds) would wait an hour by the eighth attempt, far too long for a
-// processor blip.
+// NextRetry is capped exponential backoff with full jitter: a random wait up
+// to 1s, 2s, 4s, … at most a minute. River's default (attempt⁴ seconds)
+// waits an hour by the eighth attempt, far too long for a processor blip.
 func (w *Worker) NextRetry(job *river.Job[JobArgs]) time.Time {
 	ceiling := time.Minute
 	if job.Attempt < 7 {
@@ -79,10 +70,9 @@ func (w *Worker) NextRetry(job *river.Job[JobArgs]) time.Time {
 	return time.Now().Add(time.Duration(rand.Int64N(int64(ceiling))) + 100*time.Millisecond) // #nosec G404 -- jitter, not a secret
 }
 
-// Work takes the payout one step: from pending to in transit (asking the
-// processor for the transfer), or from in transit to final (asking where
-// the transfer is). Between steps it snoozes: a snooze is not a failed
-// attempt, so a slow transfer never uses up the job's attempts.
+// Work takes the payout one step: pending to in transit (asking for the
+// transfer), or in transit to final (asking where it is). Between steps it
+// snoozes, not a failed attempt: a slow transfer never uses up attempts.
 func (w *Worker) Work(ctx context.Context, job *river.Job[JobArgs]) (err error) {
 	ctx, span := startJob(ctx, job)
 	defer func() { endJob(span, err) }()
@@ -101,15 +91,12 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[JobArgs]) (err error) 
 	return fmt.Errorf("payout %s has unknown status %q", po.ID, po.Status)
 }
 
-// start asks the processor for the transfer. The call is made outside any
-// transaction, under the payout's downstream key: a run that dies after
-// the processor acted (a crash point: after_processor_call) leaves the payout pending,
-// and the next run's call replays the processor's first answer instead of
-// starting a second transfer.
+// start asks for the transfer outside any transaction, under the payout's
+// downstream key: if a run dies after the processor acted (crash point
+// after_processor_call), the next run's call replays the first answer.
 func (w *Worker) start(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.Payout) error {
-	res, err := w.processor.Payout(ctx, po.DownstreamKey, cardprocessor.PayoutRequest{
-		Amount: po.Amount, Currency: po.Currency, Destination: po.Destination,
-	})
+	res, err := w.processor.Payout(ctx, po.DownstreamKey,
+		cardprocessor.PayoutRequest{Amount: po.Amount, Currency: po.Currency, Destination: po.Destination})
 	var rejected *cardprocessor.RejectedError
 	switch {
 	case cardprocessor.IsDefinite(err):
@@ -119,20 +106,18 @@ func (w *Worker) start(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.P
 			return err
 		})
 	case errors.As(err, &rejected):
-		// The processor refuses our key itself: no answer about the money,
-		// and no run of this job can get one. A person must look; the
-		// money stays held meanwhile (never restored on a guess).
+		// The processor refuses our key itself: no run of this job can get
+		// an answer about the money. A person must look; the money stays
+		// held meanwhile (never restored on a guess).
 		return w.giveUp(ctx, po, err)
 	case err != nil && time.Since(job.CreatedAt) > w.giveUpAfter:
-		// Still no definite answer, however many runs asked: snoozes do
-		// not use up River's attempts, so without this bound a processor
-		// that keeps answering 429 or 503 with a long Retry-After would
-		// keep the job waiting for ever.
+		// Snoozes do not use up River's attempts: without this bound, a
+		// processor answering 429 or 503 with a long Retry-After would keep
+		// the job waiting for ever.
 		return w.giveUp(ctx, po, fmt.Errorf("no definite answer from the processor after %s: %w", w.giveUpAfter, err))
 	case err != nil:
-		// No definite answer: River runs the job again after NextRetry
-		// (or, for a 429 or a 409, after the processor's Retry-After), and
-		// that run asks again under the same key.
+		// No definite answer: River runs the job again after NextRetry (or
+		// the processor's Retry-After), asking again under the same key.
 		var uncertain *cardprocessor.UncertainError
 		if errors.As(err, &uncertain) && uncertain.RetryAfter > time.Second {
 			return river.JobSnooze(uncertain.RetryAfter)
@@ -145,9 +130,8 @@ func (w *Worker) start(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.P
 	}
 	arrives := time.Unix(res.ArrivalDate, 0)
 	err = postgres.Transact(ctx, w.db, func(tx pgx.Tx) error {
-		_, err := queries.SetPayoutInTransit(ctx, tx, dbsqlc.SetPayoutInTransitParams{
-			CallerID: po.CallerID, ID: po.ID, ProcessorPayoutID: &res.ID, ArrivesAt: &arrives,
-		})
+		_, err := queries.SetPayoutInTransit(ctx, tx,
+			dbsqlc.SetPayoutInTransitParams{CallerID: po.CallerID, ID: po.ID, ProcessorPayoutID: &res.ID, ArrivesAt: &arrives})
 		if postgres.IsNotFound(err) {
 			return nil // a webhook recorded the outcome meanwhile
 		}
@@ -159,8 +143,7 @@ func (w *Worker) start(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.P
 	return river.JobSnooze(untilArrival(arrives))
 }
 
-// follow asks the processor where the transfer is, and records it once it
-// is final.
+// follow asks the processor where the transfer is, and records it once final.
 func (w *Worker) follow(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.Payout) error {
 	if po.ProcessorPayoutID == nil {
 		return fmt.Errorf("payout %s is in transit without a processor payout id", po.ID)
@@ -170,9 +153,8 @@ func (w *Worker) follow(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.
 		return err
 	}
 	if res.Status == cardprocessor.PayoutInTransit {
-		// A transfer may take days, and waiting for it is not a failure;
-		// one still in transit long after the processor said it would
-		// arrive is.
+		// A transfer may take days; one in transit long after its
+		// expected arrival is a failure.
 		arrives := time.Unix(res.ArrivalDate, 0)
 		if time.Since(arrives) > w.giveUpAfter {
 			return w.giveUp(ctx, po, fmt.Errorf("still in transit %s after its expected arrival (%s)", w.giveUpAfter, arrives.UTC().Format(time.RFC3339)))
@@ -182,10 +164,9 @@ func (w *Worker) follow(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.
 	return w.record(ctx, po, res)
 }
 
-// giveUp sets the job aside for a person, with its reason: River cancels
-// it (no further runs) and `server dead-letters` lists it. The payout keeps
-// its status and its money stays held: only a person, reading the
-// processor's records, can say where the money is.
+// giveUp sets the job aside: River cancels it, `server dead-letters` lists
+// it. The payout keeps its status and its money stays held: only a person,
+// reading the processor's records, can say where the money is.
 func (w *Worker) giveUp(ctx context.Context, po dbsqlc.Payout, reason error) error {
 	w.log.ErrorContext(ctx, "payout job set aside for an operator", "caller", po.CallerID, "payout", po.ID, "status", po.Status, "err", reason)
 	metrics.DeadLetters.WithLabelValues(metrics.DeadLetterPayoutJob).Inc()
@@ -204,32 +185,28 @@ func (w *Worker) record(ctx context.Context, po dbsqlc.Payout, res cardprocessor
 	})
 }
 
-// untilArrival is how long to snooze before looking again: until the
-// expected arrival, at least a quarter second (the processor's clock is in
-// whole seconds) and at most a minute.
+// untilArrival is how long to snooze: until the expected arrival, at least
+// a quarter second (the processor's clock is in whole seconds), at most a
+// minute.
 func untilArrival(arrives time.Time) time.Duration {
 	return min(time.Minute, max(250*time.Millisecond, time.Until(arrives)))
 }
 
 // JobsConfig configures the River client that carries payout jobs.
 type JobsConfig struct {
-	// Workers is how many payout jobs run at once in this process; 0
-	// makes the client insert-only (Start must not be called).
-	Workers int
-	// JobTimeout bounds one run; RescueAfter is how long a job may stay
-	// running before River considers its process dead and runs it again.
-	// RescueAfter must exceed JobTimeout.
+	Workers int // payout jobs run at once in this process; 0: insert-only (do not Start)
+	// JobTimeout bounds one run; RescueAfter (longer) is how long a job may
+	// run before River deems its process dead and runs it again.
 	JobTimeout, RescueAfter time.Duration
-	// FetchPollInterval is how often an idle client looks for jobs that
-	// became due (a snoozed or retried one); zero is River's default (1s).
-	// New jobs are announced at once through LISTEN/NOTIFY.
+	// FetchPollInterval is how often an idle client looks for snoozed or
+	// retried jobs come due (zero: River's 1s); new ones come by LISTEN/NOTIFY.
 	FetchPollInterval time.Duration
 	Logger            *slog.Logger
 }
 
-// NewJobs returns the River client for payout jobs, on River's schema
-// (postgres.RiverSchema). It inserts jobs (InsertTx) in any case, and runs
-// them with worker once started when cfg.Workers > 0.
+// NewJobs returns the River client for payout jobs, on postgres.RiverSchema.
+// It inserts jobs (InsertTx), and runs them with worker once started when
+// cfg.Workers > 0.
 func NewJobs(pool *pgxpool.Pool, worker *Worker, cfg JobsConfig) (*river.Client[pgx.Tx], error) {
 	workers := river.NewWorkers()
 	river.AddWorker(workers, worker)
@@ -248,8 +225,7 @@ func NewJobs(pool *pgxpool.Pool, worker *Worker, cfg JobsConfig) (*river.Client[
 }
 
 // GivenUpJob is a payout job given up on: discarded by River (out of
-// attempts) or cancelled by the job itself (Worker.giveUp). Its payout is
-// stuck pending or in transit, with its money held, until a person looks.
+// attempts) or cancelled by itself (Worker.giveUp).
 type GivenUpJob struct {
 	JobID       int64
 	CallerID    string

@@ -1,29 +1,23 @@
 // Package payouts pays money out of a caller's balance to a bank account:
 // the long-running half of the idempotency pattern. A payout takes seconds
-// to days, so no request can wait for it. Instead:
+// to days, so no request waits for it:
 //
-//	POST /v1/payouts   one transaction (a local operation): debit the balance (the
-//	                   database refuses an overdraw), create the payout row
+//	POST /v1/payouts   one transaction (a local operation): debit the balance
+//	                   (the database refuses an overdraw), create the payout
 //	                   (pending) with its downstream key, enqueue its River
-//	                   job, and store the key's 202 response. "Accepted" and
-//	                   "will run" commit together or not at all: there is no
-//	                   accepted payout without a job, and no job without a
-//	                   stored answer for its key.
-//	the job (Worker)   pending → ask the processor for the transfer under the
-//	                   downstream key → in_transit; then follow it until the
-//	                   processor says paid or failed, snoozing in between.
-//	GET /v1/payouts/…  the payout as it is now, with a Retry-After hint while
-//	                   it is not final.
+//	                   job, store the key's 202. "Accepted" and "will run"
+//	                   commit together or not at all.
+//	the job (Worker)   pending → ask for the transfer under the downstream
+//	                   key → in_transit → follow it, snoozing, until the
+//	                   processor says paid or failed.
+//	GET /v1/payouts/…  the payout now, with a Retry-After hint until final.
 //
-// A retry of the POST replays the stored 202, which describes the payout as
-// it was accepted; the client polls its Location for the current state.
-//
-// The job may run more than once for one step: River retries it after an
-// error or a timeout, and rescues it after its process died. Every run
-// sends the processor the same downstream key, so however many runs ask
-// for the transfer, the processor makes one; and every write is conditional
-// on the payout's current status, so a repeated or late run changes
-// nothing that is already recorded.
+// A retried POST replays the stored 202 (the payout as accepted); the client
+// polls its Location. The job may run more than once per step (River retries
+// it after an error or a timeout, and rescues it after its process died):
+// every run sends the same downstream key, so the processor makes one
+// transfer; and every write is conditional on the payout's current status,
+// so a repeated or late run changes nothing already recorded.
 package payouts
 
 import (
@@ -50,7 +44,6 @@ import (
 // Status is where a payout stands.
 type Status string
 
-// Payout statuses.
 const (
 	StatusPending   Status = "pending"
 	StatusInTransit Status = "in_transit"
@@ -58,8 +51,7 @@ const (
 	StatusFailed    Status = "failed"
 )
 
-// Payout is a payout, as the rest of the service sees it (the sqlc row
-// stays in this package).
+// Payout is a payout as the rest of the service sees it.
 type Payout struct {
 	ID          string
 	CallerID    string
@@ -72,18 +64,11 @@ type Payout struct {
 	CreatedAt   time.Time
 }
 
-// API is the payout as the contract shows it. Each domain package converts
-// its own objects, next to them (see orders.Order.API for why).
+// API is the payout as the contract shows it (see orders.Order.API for why
+// it is built here).
 func (p Payout) API() apigen.Payout {
-	return apigen.Payout{
-		Id:          p.ID,
-		Amount:      p.Amount,
-		Currency:    apigen.Currency(p.Currency),
-		Destination: p.Destination,
-		Status:      apigen.PayoutStatus(p.Status),
-		FailureCode: p.FailureCode,
-		CreatedAt:   p.CreatedAt,
-	}
+	return apigen.Payout{Id: p.ID, Amount: p.Amount, Currency: apigen.Currency(p.Currency), Destination: p.Destination,
+		Status: apigen.PayoutStatus(p.Status), FailureCode: p.FailureCode, CreatedAt: p.CreatedAt}
 }
 
 // Accepted is the stored and replayed answer to a payout request: 202, the
@@ -92,19 +77,15 @@ func (p Payout) Accepted() (*idempotency.Response, error) {
 	return idempotency.JSONResponse(http.StatusAccepted, http.Header{"Location": {"/v1/payouts/" + p.ID}}, p.API())
 }
 
-// PollAfter is the Retry-After hint for a payout that is not final (0 for
-// one that is): a second for a pending one, whose job is about to run; for
-// one in transit, the time until the processor expects it to arrive,
-// between 1 and 60 seconds.
+// PollAfter is the Retry-After hint, in seconds: 0 for a final payout; 1
+// for a pending one, whose job is about to run; for one in transit, the time
+// until its expected arrival, between 1 and 60.
 func (p Payout) PollAfter(now time.Time) int {
-	switch p.Status {
-	case StatusPending:
-		return 1
-	case StatusInTransit:
-		if p.ArrivesAt == nil {
-			return 1
-		}
+	switch {
+	case p.Status == StatusInTransit && p.ArrivesAt != nil:
 		return min(60, max(1, int(math.Ceil(p.ArrivesAt.Sub(now).Seconds()))))
+	case p.Status == StatusPending || p.Status == StatusInTransit:
+		return 1
 	}
 	return 0
 }
@@ -117,7 +98,7 @@ func payoutOf(r dbsqlc.Payout) Payout {
 // DefaultDestination is the test bank account paid when none is named.
 const DefaultDestination = "ba_test_ok"
 
-var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
 // Request is what a caller asks for: the body of POST /v1/payouts.
 type Request struct {
@@ -126,8 +107,7 @@ type Request struct {
 	Destination string `json:"destination"` // DefaultDestination when not given
 }
 
-// An Enqueuer inserts a job in a transaction: River's client, whose
-// InsertTx is the transactional enqueue.
+// An Enqueuer inserts a job in a transaction: River's client.
 type Enqueuer interface {
 	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
 }
@@ -140,38 +120,32 @@ type Service struct {
 // NewService returns a Service that enqueues payout jobs with jobs.
 func NewService(jobs Enqueuer) *Service { return &Service{jobs: jobs} }
 
-// Operation declares createPayout, POST /v1/payouts: a local operation,
-// which only accepts the payout. The job does the rest.
+// Operation declares createPayout, POST /v1/payouts: a local operation that
+// only accepts the payout. The job does the rest.
 func (s *Service) Operation() idempotency.Operation {
 	return idempotency.Local("createPayout", s.accept)
 }
 
-// accept debits the balance, creates the payout and enqueues its job, all
-// in tx, with the key's 202 answer.
+// accept debits the balance, creates the payout and enqueues its job in tx.
 func (s *Service) accept(ctx context.Context, tx pgx.Tx, in idempotency.Input[Request]) (*idempotency.Response, error) {
 	req := in.Body
 	if req.Destination == "" {
 		req.Destination = DefaultDestination
 	}
-	// The debit first: when it is refused (a business outcome, stored and
-	// replayed like a decline), nothing else was written. Its failed
-	// statement aborts tx; the idempotency layer stores the problem in a
-	// transaction of its own.
+	// The debit first: when it is refused (stored and replayed like a
+	// decline), nothing else was written. Its failed statement aborts tx;
+	// the idempotency layer stores the problem in a transaction of its own.
 	if err := ledger.Debit(ctx, tx, in.CallerID, req.Currency, req.Amount, "payout"); err != nil {
 		return nil, err
 	}
 	// Derived from the request, not the row (cardprocessor.DownstreamKey): a
-	// retry after a failover that lost this transaction asks the processor
-	// for the same transfer again, and gets its first answer.
+	// retry after a failover that lost this transaction gets the same transfer.
 	downstreamKey, err := cardprocessor.NewDownstreamKey(ctx, tx, in.CallerID, in.Key, in.Fingerprint)
 	if err != nil {
 		return nil, err
 	}
-	po, err := queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{
-		CallerID: in.CallerID, ID: postgres.NewID(postgres.PrefixPayout),
-		Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
-		DownstreamKey: downstreamKey,
-	})
+	po, err := queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{CallerID: in.CallerID, ID: postgres.NewID(postgres.PrefixPayout),
+		Amount: req.Amount, Currency: req.Currency, Destination: req.Destination, DownstreamKey: downstreamKey})
 	if err != nil {
 		return nil, err
 	}
@@ -206,10 +180,9 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 }
 
 // ApplyPayoutEvent is the inbox's Applier for payout.paid and
-// payout.failed: it records the final status of the payout made under the
-// event's downstream key, and reports false for a payout we do not know. It
-// agrees with the job, which records the same outcome when it polls:
-// whichever comes first records it, the other finds it recorded.
+// payout.failed, about the payout made under the event's downstream key. It
+// agrees with the job, which polls for the same outcome: whichever comes
+// first records it, the other finds it recorded.
 func ApplyPayoutEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
 	defer postgres.Wrap(&err, "payouts.ApplyPayoutEvent(%s, %q)", callerID, ev.DownstreamKey)
 	o := Outcome{
@@ -240,9 +213,9 @@ type Outcome struct {
 }
 
 // settle moves a payout that is not final to its outcome, with the balance
-// and the event, and returns it as it now is. It locks the row first and
-// decides on what it finds: a payout already at that outcome is left
-// alone; one at the other outcome is a contradiction, changed by nobody.
+// and the event, and returns it as it now is. It locks the row and decides
+// on what it finds: a payout already at that outcome is left alone; one at
+// the other is a contradiction, changed by nobody.
 func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc.Payout, error) {
 	cur, err := queries.LockPayout(ctx, tx, dbsqlc.LockPayoutParams{CallerID: po.CallerID, ID: po.ID})
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/retrysafe/payments/internal/postgres"
 )
 
-// tracer makes the span of each run of a payout job. The global API's, as
+// tracer makes the span of each run of a payout job; the global API's, as
 // everywhere: the process decides whether spans are recorded.
 var tracer = otel.Tracer("github.com/retrysafe/payments/internal/payouts")
 
@@ -29,27 +29,17 @@ func traceparentOf(ctx context.Context) string {
 	return carrier["traceparent"]
 }
 
-// startJob starts the span of one run of job: the root of a trace of its
-// own, not a child of the request's. A payout runs for seconds or days,
-// over many runs, each long after the request answered 202; as children
-// they would stretch the request's trace over all of that. Instead each
-// run links to the request that accepted the payout, so a reader goes from
-// either to the other.
+// startJob starts the span of one run of job: the root of its own trace,
+// linked to the request that accepted the payout. As the request's children,
+// the runs (over seconds or days after its 202) would stretch its trace.
 func startJob(ctx context.Context, job *river.Job[JobArgs]) (context.Context, trace.Span) {
-	opts := []trace.SpanStartOption{
-		trace.WithNewRoot(),
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			attribute.String("payout.id", job.Args.PayoutID),
-			attribute.Int("job.attempt", job.Attempt),
-		),
-	}
-	opts = append(opts, postgres.LinkTo(&job.Args.Traceparent)...)
-	return tracer.Start(ctx, "payout job", opts...)
+	return tracer.Start(ctx, "payout job", append(postgres.LinkTo(&job.Args.Traceparent),
+		trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("payout.id", job.Args.PayoutID), attribute.Int("job.attempt", job.Attempt)))...)
 }
 
-// endJob ends a run's span. A snooze (the transfer is still in transit)
-// is how a run ends between two steps, not a failure.
+// endJob ends a run's span. A snooze (the transfer still in transit) ends a
+// run between two steps: not a failure.
 func endJob(span trace.Span, err error) {
 	var snooze *river.JobSnoozeError
 	if err != nil && !errors.As(err, &snooze) {

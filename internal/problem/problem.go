@@ -1,10 +1,8 @@
 // Package problem is the API's error vocabulary: RFC 9457 problem details
 // with a stable type URI and a machine-readable code per kind of error.
-//
-// Domain code returns *problem.Error values (or wraps them); exactly one
-// place, the server's error handler, turns an error into an HTTP response.
-// Anything that is not a *problem.Error is an internal error: it is logged
-// once and answered as a generic 500 without internals.
+// Domain code returns (or wraps) *problem.Error values, and only the
+// server's error handler turns an error into a response: any other error
+// is internal, logged once and answered as a generic 500.
 package problem
 
 import (
@@ -54,8 +52,7 @@ const (
 	ServiceUnavailable    Code = "service_unavailable"
 )
 
-// kinds maps each code to its HTTP status and human title: the one table
-// from which every error response is built.
+// kinds maps each code to its HTTP status and title: every response's source.
 var kinds = map[Code]struct {
 	status int
 	title  string
@@ -87,8 +84,7 @@ var kinds = map[Code]struct {
 	ServiceUnavailable:    {http.StatusServiceUnavailable, "Service unavailable"},
 }
 
-// Codes returns every code this package knows, for checking them against
-// the contract.
+// Codes returns every code this package knows, to check against the contract.
 func Codes() []Code {
 	codes := make([]Code, 0, len(kinds))
 	for c := range kinds {
@@ -106,13 +102,11 @@ type FieldError struct {
 
 // Error is a problem that is also a Go error.
 type Error struct {
-	Code   Code
-	Detail string
-	Errors []FieldError
-	// DeclineCode is the processor's reason for a card_declined problem.
-	DeclineCode string
-	// RetryAfter, when positive, is sent as the Retry-After header (seconds).
-	RetryAfter int
+	Code        Code
+	Detail      string
+	Errors      []FieldError
+	DeclineCode string // the processor's reason for a card_declined problem
+	RetryAfter  int    // when positive, sent as the Retry-After header (seconds)
 }
 
 // New returns a problem of the given code.

@@ -1,11 +1,10 @@
-// Package sweeper keeps the retention promises: it deletes completed
-// idempotency records past their window (after which a reused key is a new
-// operation), outbox events delivered (or, for a caller without a webhook,
-// left to be pulled) and what the demo's receiver got, and processed
-// webhook event ids past theirs. It deletes in bounded batches (no long locks, no table scans) and
-// is safe with several sweepers at once. It never deletes an in-progress
-// record, whose external effect may be unresolved: those are counted and
-// left to the reconciler.
+// Package sweeper keeps the retention promises: it deletes, past their
+// windows, completed idempotency records (a reused key is then a new
+// operation), outbox events delivered (or parked for a caller without a
+// webhook) and what the demo's receiver got, and processed webhook event
+// ids. It deletes in bounded batches (no long locks, no table scans), safely
+// with several sweepers at once, and never an in-progress record, whose
+// effect may be unresolved: those are counted, left to the reconciler.
 package sweeper
 
 import (
@@ -18,22 +17,19 @@ import (
 	"github.com/retrysafe/payments/internal/dbsqlc"
 )
 
-var queries = dbsqlc.New() // stateless: every query takes its connection or transaction as an argument
+var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
 // Config is what to keep, and how much to delete per statement.
 type Config struct {
-	// KeyRetention is IDEMPOTENCY_KEY_RETENTION, shared with the server.
-	KeyRetention time.Duration
+	KeyRetention time.Duration // IDEMPOTENCY_KEY_RETENTION, shared with the server
 	// EventRetention is how long outbox events are kept once delivered
 	// (or, with nowhere to push them, once written).
 	EventRetention time.Duration
 	// WebhookRetention is how long processed webhook event ids are kept;
 	// it must exceed how long the processor may redeliver an event.
 	WebhookRetention time.Duration
-	// Batch is the most rows one DELETE removes.
-	Batch int
-	// DryRun counts what would be deleted and deletes nothing.
-	DryRun bool
+	Batch            int  // the most rows one DELETE removes
+	DryRun           bool // count what would be deleted, delete nothing
 }
 
 // Report is what one sweep did.
@@ -51,9 +47,8 @@ type Sweeper struct {
 	pool *pgxpool.Pool
 }
 
-// New returns a sweeper. It refuses a configuration that could not work: a
-// batch under one row, or a window that is not positive (which would delete
-// records the moment they complete).
+// New returns a sweeper. It refuses a batch under one row, or a window that
+// is not positive (which would delete records the moment they complete).
 func New(cfg Config, pool *pgxpool.Pool) (*Sweeper, error) {
 	var p config.Problems
 	p.Check(cfg.Batch >= 1, "Batch must be at least 1")
@@ -88,47 +83,35 @@ func (s *Sweeper) Sweep(ctx context.Context) (Report, error) {
 	}
 
 	batch := int32(s.cfg.Batch) // #nosec G115 -- the batch size is checked at start: at most 10,000
-	// Each DELETE runs to its end even when ctx is canceled (a SIGTERM):
-	// the sweep stops between batches, as promised, not in the middle of
-	// one. The statement is short (one bounded batch); the timeout only
-	// guards against a stuck connection.
-	stmt := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-	}
 	for _, table := range []struct {
 		count *int64
-		sweep func() (int64, error)
+		sweep func(context.Context) (int64, error)
 	}{
-		{&r.Keys, func() (int64, error) {
-			ctx, cancel := stmt()
-			defer cancel()
+		{&r.Keys, func(ctx context.Context) (int64, error) {
 			return queries.SweepIdempotencyKeys(ctx, s.pool, dbsqlc.SweepIdempotencyKeysParams{RetentionSeconds: keys, Batch: batch})
 		}},
-		{&r.Events, func() (int64, error) {
-			ctx, cancel := stmt()
-			defer cancel()
+		{&r.Events, func(ctx context.Context) (int64, error) {
 			return queries.SweepDeliveredEvents(ctx, s.pool, dbsqlc.SweepDeliveredEventsParams{RetentionSeconds: events, Batch: batch})
 		}},
-		{&r.Events, func() (int64, error) {
-			ctx, cancel := stmt()
-			defer cancel()
+		{&r.Events, func(ctx context.Context) (int64, error) {
 			return queries.SweepParkedEvents(ctx, s.pool, dbsqlc.SweepParkedEventsParams{RetentionSeconds: events, Batch: batch})
 		}},
-		{&r.Events, func() (int64, error) {
-			ctx, cancel := stmt()
-			defer cancel()
+		{&r.Events, func(ctx context.Context) (int64, error) {
 			return queries.SweepDemoReceivedEvents(ctx, s.pool, dbsqlc.SweepDemoReceivedEventsParams{RetentionSeconds: events, Batch: batch})
 		}},
-		{&r.WebhookEvents, func() (int64, error) {
-			ctx, cancel := stmt()
-			defer cancel()
+		{&r.WebhookEvents, func(ctx context.Context) (int64, error) {
 			return queries.SweepProcessorEvents(ctx, s.pool, dbsqlc.SweepProcessorEventsParams{RetentionSeconds: hooks, Batch: batch})
 		}},
 	} {
 		// Batch after batch until a short one: then nothing (visible to us)
 		// is left. Rows another sweeper holds are skipped, not waited for.
 		for ctx.Err() == nil {
-			n, err := table.sweep()
+			// Each DELETE runs to its end even when ctx is canceled (a
+			// SIGTERM): the sweep stops between batches, as promised. The
+			// timeout only guards against a stuck connection.
+			stmtCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			n, err := table.sweep(stmtCtx)
+			cancel()
 			if err != nil {
 				return r, err
 			}
