@@ -5,11 +5,10 @@ package postgres
 //
 //	defer Wrap(&err, "orders.Get(%q)", id)
 //
-// so that an unexpected error, logged once at the edge, says which
-// operation it came from ("orders.Get(\"ord_…\"): conn closed") instead of
-// the driver's bare words. It wraps with %w, so errors.Is and errors.As see
-// through it: a *problem.Error is still answered as itself. (pkgsite's
-// internal/derrors does the same.)
+// so that an unexpected error, logged once at the edge, says which operation
+// it came from ("orders.Get(\"ord_…\"): conn closed"). It wraps with %w:
+// errors.Is and errors.As see through it, and a *problem.Error is still
+// answered as itself.
 
 import "fmt"
 

@@ -6,11 +6,11 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// Every list is cut into pages by keyset pagination: a page starts
-// strictly after the (created_at, id) of the row the client names in
-// starting_after, in the list's own order (its query's ORDER BY). That row is looked up first, so that an unknown cursor
-// is an error rather than an empty page; and one row more than the page
-// is asked for: its presence is has_more.
+// Every list is cut into pages by keyset pagination: a page starts strictly
+// after the (created_at, id) of the row the client names in starting_after,
+// in the list's own order (its query's ORDER BY). That row is looked up
+// first (an unknown cursor is an error, not an empty page), and one row more
+// than the page is asked for: its presence is has_more.
 
 // A Cursor is where a page starts; the first page has none (Set false).
 type Cursor struct {

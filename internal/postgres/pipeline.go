@@ -41,8 +41,7 @@ func TransactPipelined(ctx context.Context, pool *pgxpool.Pool, fn func(tx *Pipe
 	// rollback) to the pool to be closed, never to the next caller.
 	defer conn.Release()
 	tx := &PipelinedTx{conn: conn}
-	// As in Transact: always, and on a context the request's cancellation
-	// does not reach (after a commit it does nothing).
+	// As in Transact: always, on a context the request's cancellation does not reach.
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if err := fn(tx); err != nil {
 		return err
@@ -51,40 +50,36 @@ func TransactPipelined(ctx context.Context, pool *pgxpool.Pool, fn func(tx *Pipe
 }
 
 // PipelinedTx is a pgx.Tx whose BEGIN is sent with its first statement.
-// Use it through TransactPipelined.
-//
-// Exec and QueryRow send BEGIN and the statement in one round trip (a
-// QueryRow's when its row is scanned, which sqlc's code does at once) with
-// pgx's Batch.BeginTx, whose transaction then serves every later call.
-// Anything else that comes first (Query, CopyFrom, SendBatch, Prepare,
-// Begin, LargeObjects) begins on a round trip of its own, as
-// pgx.Conn.Begin does.
+// Exec and QueryRow send both in one round trip (a QueryRow's when its row
+// is scanned, which sqlc's code does at once) with pgx's Batch.BeginTx,
+// whose transaction then serves every later call. Anything else that comes
+// first (Query, CopyFrom, ...) begins on a round trip of its own.
 type PipelinedTx struct {
 	conn      *pgxpool.Conn
-	tx        pgx.Tx // pgx's transaction, once BEGIN has been sent; nil before
-	committed bool   // by Commit, or by a statement sent through ThenCommit
-	ended     bool   // committed, rolled back, or a COMMIT was sent
-	commitErr error  // why a COMMIT sent through ThenCommit did not commit
-	later     []later
-}
-
-// later is a statement sent through Later, waiting for the next round trip.
-type later struct {
-	sql  string
-	args []any
+	tx        pgx.Tx             // pgx's transaction, once BEGIN has been sent; nil before
+	committed bool               // by Commit, or by a statement sent through ThenCommit
+	ended     bool               // committed, rolled back, or a COMMIT was sent
+	commitErr error              // why a COMMIT sent through ThenCommit did not commit
+	later     []*pgx.QueuedQuery // sent through Later, for the next round trip
 }
 
 // Later returns what to send statements through whose results nobody
 // reads: an Exec through it is held and sent with the transaction's next
 // statement (or COMMIT), in the same round trip, and its error is that
 // statement's; until then Exec returns nothing. For anything but a
-// PipelinedTx, Later is db itself, so the same code runs on a pool or a
-// pgx.Tx.
+// PipelinedTx (a pool, a pgx.Tx), Later is db itself.
 func Later(db Statements) Statements {
-	if t, ok := db.(*PipelinedTx); ok {
-		return execOnly{t.hold}
+	t, ok := db.(*PipelinedTx)
+	if !ok {
+		return db
 	}
-	return db
+	return execOnly{func(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+		if t.closed() {
+			return pgconn.CommandTag{}, pgx.ErrTxClosed
+		}
+		t.later = append(t.later, &pgx.QueuedQuery{SQL: sql, Arguments: args})
+		return pgconn.CommandTag{}, nil
+	}}
 }
 
 // Statements is what sqlc's generated code runs its queries on.
@@ -106,18 +101,11 @@ func (e execOnly) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 
 func (execOnly) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errOnlyExec }
 
-func (execOnly) QueryRow(context.Context, string, ...any) pgx.Row { return errRow{errOnlyExec} }
+func (execOnly) QueryRow(context.Context, string, ...any) pgx.Row {
+	return pendingRow(func([]any) error { return errOnlyExec })
+}
 
 var errOnlyExec = errors.New("postgres: only an Exec can be held for later or sent with the COMMIT")
-
-// hold is Later's Exec.
-func (t *PipelinedTx) hold(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.closed() {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
-	}
-	t.later = append(t.later, later{sql, args})
-	return pgconn.CommandTag{}, nil
-}
 
 var _ pgx.Tx = (*PipelinedTx)(nil)
 
@@ -129,16 +117,15 @@ func (t *PipelinedTx) closed() bool {
 	return t.ended || (t.tx != nil && t.conn.Conn().PgConn().TxStatus() == 'I')
 }
 
-// send sends b, which starts with BEGIN unless the transaction has begun
-// and then the statements held for later, and reads its results with read;
-// BEGIN's and the held statements' are read here.
+// send sends b and reads its results: BEGIN's (if b begins the
+// transaction) and the held statements' here, the rest with read.
 func (t *PipelinedTx) send(ctx context.Context, b *pgx.Batch, read func(pgx.BatchResults) error) error {
 	br := t.conn.SendBatch(ctx, b)
 	var err error
-	if t.tx == nil {
+	if tx := br.Tx(); tx != nil {
 		// BEGIN was sent, whatever happens next: the transaction is pgx's
 		// from now on, and its Rollback is what ends it after a failure.
-		t.tx = br.Tx()
+		t.tx = tx
 		_, err = br.Exec()
 	}
 	for range t.later {
@@ -157,14 +144,16 @@ func (t *PipelinedTx) send(ctx context.Context, b *pgx.Batch, read func(pgx.Batc
 }
 
 // batch is a Batch that begins the transaction if begin, then sends the
-// statements held for later.
-func (t *PipelinedTx) batch(begin bool) *pgx.Batch {
+// statements held for later, then sql unless it is "" (as from Commit,
+// which sends only what is held).
+func (t *PipelinedTx) batch(begin bool, sql string, args []any) *pgx.Batch {
 	b := &pgx.Batch{}
 	if begin {
 		b.BeginTx(pgx.TxOptions{})
 	}
-	for _, l := range t.later {
-		b.Queue(l.sql, l.args...)
+	b.QueuedQueries = append(b.QueuedQueries, t.later...)
+	if sql != "" {
+		b.Queue(sql, args...)
 	}
 	return b
 }
@@ -180,11 +169,21 @@ func (t *PipelinedTx) begun(ctx context.Context) (pgx.Tx, error) {
 		return nil, pgx.ErrTxClosed
 	}
 	if !t.direct() {
-		if err := t.send(ctx, t.batch(t.tx == nil), func(pgx.BatchResults) error { return nil }); err != nil {
+		if err := t.send(ctx, t.batch(t.tx == nil, "", nil), func(pgx.BatchResults) error { return nil }); err != nil {
 			return nil, err
 		}
 	}
 	return t.tx, nil
+}
+
+// onBegun runs f on pgx's transaction, once begun.
+func onBegun[T any](ctx context.Context, t *PipelinedTx, f func(tx pgx.Tx) (T, error)) (T, error) {
+	tx, err := t.begun(ctx)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return f(tx)
 }
 
 // Exec runs sql in the transaction.
@@ -195,10 +194,8 @@ func (t *PipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn
 	if t.direct() {
 		return t.tx.Exec(ctx, sql, args...)
 	}
-	b := t.batch(t.tx == nil)
-	b.Queue(sql, args...)
 	var tag pgconn.CommandTag
-	err := t.send(ctx, b, func(br pgx.BatchResults) (err error) {
+	err := t.send(ctx, t.batch(t.tx == nil, sql, args), func(br pgx.BatchResults) (err error) {
 		tag, err = br.Exec()
 		return err
 	})
@@ -218,28 +215,18 @@ func (t *PipelinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx
 		if t.direct() { // another statement went first meanwhile
 			return t.tx.QueryRow(ctx, sql, args...).Scan(dest...)
 		}
-		b := t.batch(t.tx == nil)
-		b.Queue(sql, args...)
-		return t.send(ctx, b, func(br pgx.BatchResults) error { return br.QueryRow().Scan(dest...) })
+		return t.send(ctx, t.batch(t.tx == nil, sql, args), func(br pgx.BatchResults) error { return br.QueryRow().Scan(dest...) })
 	})
 }
 
 // Query runs sql in the transaction.
 func (t *PipelinedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	tx, err := t.begun(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return tx.Query(ctx, sql, args...)
+	return onBegun(ctx, t, func(tx pgx.Tx) (pgx.Rows, error) { return tx.Query(ctx, sql, args...) })
 }
 
 // CopyFrom runs COPY FROM in the transaction.
 func (t *PipelinedTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	tx, err := t.begun(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return tx.CopyFrom(ctx, table, columns, src)
+	return onBegun(ctx, t, func(tx pgx.Tx) (int64, error) { return tx.CopyFrom(ctx, table, columns, src) })
 }
 
 // SendBatch sends b in the transaction.
@@ -253,20 +240,12 @@ func (t *PipelinedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResu
 
 // Prepare prepares a statement on the transaction's connection.
 func (t *PipelinedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	tx, err := t.begun(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return tx.Prepare(ctx, name, sql)
+	return onBegun(ctx, t, func(tx pgx.Tx) (*pgconn.StatementDescription, error) { return tx.Prepare(ctx, name, sql) })
 }
 
 // Begin starts a pseudo nested transaction (a savepoint), as pgx.Tx does.
 func (t *PipelinedTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := t.begun(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return tx.Begin(ctx)
+	return onBegun(ctx, t, func(tx pgx.Tx) (pgx.Tx, error) { return tx.Begin(ctx) })
 }
 
 // LargeObjects is the transaction's large objects.
@@ -286,10 +265,9 @@ func (t *PipelinedTx) Conn() *pgx.Conn { return t.conn.Conn() }
 
 // ThenCommit returns what to send the transaction's last statement
 // through: its Exec sends what is held, the statement and COMMIT in one
-// round trip (if nothing was sent before, that is the whole transaction,
-// sent with neither BEGIN nor COMMIT: implicit), and ends it. The
-// statement must fail, not just match nothing, when the transaction must
-// not commit: see the top of this file.
+// round trip (or, if nothing was sent before, all as one implicit
+// transaction), and ends it. The statement must fail, not just match
+// nothing, when the transaction must not commit: see the top of this file.
 func (t *PipelinedTx) ThenCommit() Statements { return execOnly{t.execThenCommit} }
 
 // execThenCommit is ThenCommit's Exec.
@@ -297,75 +275,45 @@ func (t *PipelinedTx) execThenCommit(ctx context.Context, sql string, args ...an
 	if t.closed() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
-	if t.tx == nil {
-		return t.implicit(ctx, sql, args)
+	// If nothing was sent before, b is the whole transaction, with no BEGIN
+	// and no COMMIT: PostgreSQL runs a pipeline's statements up to its Sync
+	// (pgx sends one) as one implicit transaction, committed at the Sync, or
+	// rolled back, with nothing left to end, at the first error.
+	implicit := t.tx == nil
+	b := t.batch(false, sql, args)
+	if !implicit {
+		b.Queue("commit")
 	}
-	b := t.batch(false)
-	if sql != "" { // empty from Commit, which sends only what is held
-		b.Queue(sql, args...)
-	}
-	b.Queue("commit")
 	var tag, commit pgconn.CommandTag
 	err := t.send(ctx, b, func(br pgx.BatchResults) (err error) {
 		if sql != "" {
 			if tag, err = br.Exec(); err != nil {
-				// The server skips the rest of the batch, COMMIT included:
-				// the transaction is aborted, and Rollback ends it.
+				// The server skips the rest of the batch, COMMIT included: an
+				// explicit transaction is aborted, and Rollback ends it.
 				return err
 			}
 		}
-		commit, err = br.Exec()
+		if !implicit {
+			commit, err = br.Exec()
+		}
 		return err
 	})
-	// A COMMIT was sent: whatever its fate, nothing more goes in this
-	// transaction, and Commit reports what happened here.
-	t.ended = true
 	if err == nil && commit.String() == "ROLLBACK" {
 		err = pgx.ErrTxCommitRollback
 	}
-	if err != nil {
-		t.commitErr = err
-		return tag, err
-	}
-	t.committed = true
-	return tag, nil
-}
-
-// implicit sends the whole transaction, the statements held for later and
-// sql (if not empty), in one batch with no BEGIN and no COMMIT: PostgreSQL
-// runs a pipeline's statements up to its Sync (pgx sends one) as one
-// implicit transaction, committed at the Sync, or rolled back, with nothing
-// left to end, at the first error.
-func (t *PipelinedTx) implicit(ctx context.Context, sql string, args []any) (tag pgconn.CommandTag, err error) {
-	b := t.batch(false)
-	if sql != "" {
-		b.Queue(sql, args...)
-	}
-	t.later, t.ended = nil, true
-	br := t.conn.SendBatch(ctx, b)
-	for range b.Len() {
-		if tag, err = br.Exec(); err != nil {
-			break
-		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.commitErr = err
-		return tag, err
-	}
-	t.committed = true
-	return tag, nil
+	// The commit was sent: whatever its fate, nothing more goes in this
+	// transaction, and Commit reports what happened here.
+	t.ended = true
+	t.committed = err == nil
+	t.commitErr = err
+	return tag, err
 }
 
 // Commit commits the transaction, unless a statement sent through
-// ThenCommit has. A transaction that sent nothing has nothing to commit.
+// ThenCommit has (or failed to). A transaction that sent nothing has
+// nothing to commit.
 func (t *PipelinedTx) Commit(ctx context.Context) error {
-	if t.committed {
-		return nil
-	}
-	if t.commitErr != nil {
+	if t.committed || t.commitErr != nil {
 		return t.commitErr
 	}
 	if t.closed() {
@@ -379,11 +327,9 @@ func (t *PipelinedTx) Commit(ctx context.Context) error {
 	if t.tx == nil {
 		return nil
 	}
-	if err := t.tx.Commit(ctx); err != nil {
-		return err
-	}
-	t.committed = true
-	return nil
+	err := t.tx.Commit(ctx)
+	t.committed = err == nil
+	return err
 }
 
 // Rollback rolls the transaction back; after a commit it does nothing.
@@ -404,7 +350,3 @@ func (t *PipelinedTx) Rollback(ctx context.Context) error {
 type pendingRow func(dest []any) error
 
 func (r pendingRow) Scan(dest ...any) error { return r(dest) }
-
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }

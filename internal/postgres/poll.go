@@ -14,8 +14,7 @@ type Scan func(ctx context.Context) (int, error)
 // rows (the reconciler, the outbox relay): it calls scan until ctx is done.
 // After a scan that filled its batch it scans again at once, since more
 // may be waiting; after a short scan, or a failed one (logged), it waits
-// interval. It checks ctx before every scan, so it returns promptly once
-// ctx is done, whatever the scans return.
+// interval. It checks ctx before every scan, so it returns promptly.
 func Poll(ctx context.Context, name string, interval time.Duration, batch int, log *slog.Logger, scan Scan) {
 	for ctx.Err() == nil {
 		n, err := scan(ctx)

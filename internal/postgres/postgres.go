@@ -39,24 +39,21 @@ func Open(ctx context.Context, databaseURL string, createIfMissing bool) (*pgxpo
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	// A connection whose server has become read-only is not handed out
-	// again: a primary fenced with default_transaction_read_only, or a
-	// server that is now a standby. Its writes would fail until the
-	// connection's lifetime ran out (an hour), while a new connection,
-	// which target_session_attrs=read-write sends to the current primary,
-	// would succeed. The server reports both settings on every change
-	// (PostgreSQL 14 and later), so the check costs no round trip; the
+	// A connection whose server has become read-only (a primary fenced with
+	// default_transaction_read_only, or now a standby) is not handed out
+	// again: its writes would fail for the connection's lifetime (an hour),
+	// while a new connection, which target_session_attrs=read-write sends to
+	// the current primary, would succeed. The server reports both settings
+	// on every change (PostgreSQL 14+), so the check costs no round trip; the
 	// request that found out has had a 503 (IsTransient).
 	//
-	// pgxpool runs this hook on a goroutine of its own for every release.
-	// PrepareConn, which runs inline at acquisition, would save that, but
-	// is not the same: refusing a connection there makes the pool dial
-	// another and refuse it too, as long as new connections reach a
+	// Not PrepareConn, which runs inline at acquisition and would save this
+	// hook's goroutine per release: refusing a connection there makes the
+	// pool dial another and refuse it too, while new connections reach a
 	// read-only server (one host, or a proxy still pointing at the old
-	// primary), until Acquire gives up with an error that is not a 503;
-	// even reads would fail. Here the connection that found out is
-	// dropped, and the next request gets a fresh one and its own answer
-	// (TestServerReadOnlyForEveryConnectionFailsOnlyWrites).
+	// primary), until Acquire fails with an error that is not a 503, even
+	// for reads. Here the connection that found out is dropped, and the next
+	// request gets a fresh one (TestServerReadOnlyForEveryConnectionFailsOnlyWrites).
 	cfg.AfterRelease = func(c *pgx.Conn) bool { return !ReadOnly(c.PgConn()) }
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -121,13 +118,11 @@ func Migrate(pool *pgxpool.Pool) error {
 	return nil
 }
 
-// Transact runs fn in a transaction and commits it if fn returns nil.
-//
-// The deferred rollback always runs (after a commit it does nothing), so a
-// panic in fn cannot leave the connection checked out and its locks held.
-// It runs on a context detached from ctx's cancellation: if the request that
-// started the transaction is canceled, the rollback must still reach the
-// server, or the connection would go back to the pool mid-transaction.
+// Transact runs fn in a transaction and commits it if fn returns nil. The
+// deferred rollback always runs (after a commit it does nothing), so a panic
+// in fn cannot leave the connection checked out and its locks held; and on a
+// context ctx's cancellation does not reach, or a canceled request's
+// connection would go back to the pool mid-transaction.
 func Transact(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -140,18 +135,14 @@ func Transact(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error)
 	return tx.Commit(ctx)
 }
 
-// IsTransient reports whether err is a database failure worth retrying: the
-// connection broke or timed out, the server is shutting down or out of
-// resources, a serialization failure or deadlock aborted the transaction,
-// or the server is read-only (a failover is under way: the old primary is
-// being fenced or turned into a standby, and the new one will take writes).
-// It is what separates "tell the client to retry" (503) from a final error,
-// so it errs towards transient for anything that looks like the network: a
-// blip must never be stored as an operation's final answer.
+// IsTransient reports whether err is a database failure worth retrying: a
+// connection broken or timed out, a server shutting down or out of
+// resources, a serialization failure or deadlock, or a read-only server (a
+// failover is under way: the new primary will take writes). It separates
+// "tell the client to retry" (503) from a final error, so it errs towards
+// transient for anything that looks like the network: a blip must never be
+// stored as an operation's final answer.
 func IsTransient(err error) bool {
-	if err == nil {
-		return false
-	}
 	// Canceled covers a worker stopped mid-operation (a deploy): the work is
 	// not done, and must stay resumable rather than be stored as failed.
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
@@ -196,9 +187,8 @@ func isCode(err error, code string) bool {
 
 // Redact names the database that databaseURL points to, for logs and
 // errors: its host, port, database and user as pgx's own parser reads them,
-// and nothing else. A password can be given in the URL's user part, as a
-// password query parameter, or as password= in the key=value form; none of
-// them is printed, whichever was used.
+// and nothing else, so no password is printed, wherever it was given (the
+// URL's user part, a password query parameter, or the key=value form).
 func Redact(databaseURL string) string {
 	cfg, err := pgconn.ParseConfig(databaseURL)
 	if err != nil {
@@ -208,10 +198,9 @@ func Redact(databaseURL string) string {
 }
 
 // NotFound translates the error of a single-row query: a missing row
-// becomes notFound() (the domain's own answer, such as a 404 problem), any
-// other error is returned as it is, and nil stays nil. With IsNotFound it
-// is the one place that knows how the driver says "no row" (pgx.ErrNoRows),
-// as River's driver translates it once into its own ErrNotFound.
+// becomes notFound() (the domain's own answer, such as a 404 problem); any
+// other error, or nil, is returned as it is. With IsNotFound it is the one
+// place that knows how the driver says "no row" (pgx.ErrNoRows).
 func NotFound(err error, notFound func() error) error {
 	if IsNotFound(err) {
 		return notFound()

@@ -20,16 +20,13 @@ func Traceparent(ctx context.Context) *string {
 	}
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)
-	tp := carrier["traceparent"]
-	if len(tp) != traceparentLen {
-		return nil // not the version-00 form the columns' CHECK accepts
+	// Only the version-00 form the columns' CHECK accepts: "00-" + 32 hex
+	// digits + "-" + 16 hex digits + "-" + 2 hex digits.
+	if tp := carrier["traceparent"]; len(tp) == 55 {
+		return &tp
 	}
-	return &tp
+	return nil
 }
-
-// traceparentLen is the length of a version-00 W3C traceparent:
-// "00-" + 32 hex digits + "-" + 16 hex digits + "-" + 2 hex digits.
-const traceparentLen = 55
 
 // LinkTo is the start option that links a new trace to the span a stored
 // traceparent names; none when nothing is stored or it does not parse.

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -44,9 +45,10 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		if !ok {
 			route, params, err := s.router.FindRoute(req)
 			switch {
-			case errors.Is(err, routers.ErrPathNotFound) && isAPIPath(req.URL.Path):
-				return problem.New(problem.NotFound, "no such resource: %s %s", req.Method, req.URL.Path)
 			case errors.Is(err, routers.ErrPathNotFound):
+				if p := req.URL.Path; strings.HasPrefix(p, "/v1/") || p == "/v1" || strings.HasPrefix(p, "/webhooks/") {
+					return problem.New(problem.NotFound, "no such resource: %s %s", req.Method, req.URL.Path)
+				}
 				return next(c) // not an API operation: the demo page or the spec
 			case errors.Is(err, routers.ErrMethodNotAllowed):
 				allow := s.allowedMethods(req)
@@ -71,7 +73,11 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		// 1. Authenticate, and take a token from the caller's bucket. Over
 		// the limit, nothing is stored: its retry runs the operation.
 		if r.requiresAuth {
-			caller, err := s.auth.Authenticate(ctx, bearerToken(req))
+			scheme, token, _ := strings.Cut(req.Header.Get("Authorization"), " ")
+			if !strings.EqualFold(scheme, "Bearer") {
+				token = ""
+			}
+			caller, err := s.auth.Authenticate(ctx, strings.TrimSpace(token))
 			if err != nil {
 				return err
 			}
@@ -180,10 +186,6 @@ func (s *Server) allowedMethods(req *http.Request) []string {
 	return allow
 }
 
-func isAPIPath(p string) bool {
-	return strings.HasPrefix(p, "/v1/") || p == "/v1" || strings.HasPrefix(p, "/webhooks/")
-}
-
 // requiresAuth reports whether the operation needs a bearer API key: by its
 // own security list if any (the probes and webhook set an empty one), else
 // the document's.
@@ -193,14 +195,6 @@ func requiresAuth(route *routers.Route) bool {
 		sec = *route.Operation.Security
 	}
 	return len(sec) > 0
-}
-
-func bearerToken(req *http.Request) string {
-	scheme, token, ok := strings.Cut(req.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return ""
-	}
-	return strings.TrimSpace(token)
 }
 
 // readBody reads the body, refusing one over the size limit (413) or not
@@ -246,8 +240,7 @@ func (s *Server) readBody(req *http.Request, op *openapi3.Operation) ([]byte, er
 // hold thousands of unknown members, and the answer must stay small.
 const maxFieldErrors = 20
 
-// validationProblem turns the validator's errors into one 400 listing the
-// invalid fields.
+// validationProblem turns the validator's errors into one 400 listing the invalid fields.
 func validationProblem(err error) *problem.Error {
 	var fields []problem.FieldError
 	collectFieldErrors(err, &fields)
@@ -274,18 +267,14 @@ func collectFieldErrors(err error, out *[]problem.FieldError) {
 	var multi openapi3.MultiError
 	switch {
 	case errors.As(err, &reqErr): // one parameter's, or the body's; before MultiError, which it unwraps to
-		field := "" // the body, unless a parameter is named
+		field := "" // a parameter's name; for the body, each error's JSON pointer
 		if reqErr.Parameter != nil {
 			field = reqErr.Parameter.Name
 		}
 		var schemaErrs []*openapi3.SchemaError
 		collectSchemaErrors(reqErr.Err, &schemaErrs)
 		for _, se := range schemaErrs {
-			f := field
-			if reqErr.Parameter == nil {
-				f = jsonPointer(se.JSONPointer())
-			}
-			*out = append(*out, problem.FieldError{Field: f, Message: se.Reason})
+			*out = append(*out, problem.FieldError{Field: cmp.Or(field, jsonPointer(se.JSONPointer())), Message: se.Reason})
 		}
 		if len(schemaErrs) == 0 {
 			msg := reqErr.Reason

@@ -3,7 +3,6 @@ package server
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"strings"
 
@@ -21,8 +20,7 @@ func (s *Server) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
-	p := s.toProblem(err, c)
-	if werr := p.Write(c.Response()); werr != nil {
+	if werr := s.toProblem(err, c).Write(c.Response()); werr != nil {
 		s.log.WarnContext(c.Request().Context(), "write error response", "err", werr)
 	}
 }
@@ -41,22 +39,22 @@ func (s *Server) toProblem(err error, c echo.Context) *problem.Error {
 		p.Errors = []problem.FieldError{{Field: field, Message: "must be " + ute.Type.String()}}
 		return p
 	}
+	req := c.Request()
 	var he *echo.HTTPError
 	if errors.As(err, &he) {
 		// Echo's own: unknown routes, the generated wrappers' binding.
-		msg := fmt.Sprint(he.Message)
 		switch he.Code {
 		case http.StatusNotFound:
-			return problem.New(problem.NotFound, "no such resource: %s %s", c.Request().Method, c.Request().URL.Path)
+			return problem.New(problem.NotFound, "no such resource: %s %s", req.Method, req.URL.Path)
 		case http.StatusMethodNotAllowed:
-			return problem.New(problem.MethodNotAllowed, "%s is not allowed on %s", c.Request().Method, c.Request().URL.Path)
+			return problem.New(problem.MethodNotAllowed, "%s is not allowed on %s", req.Method, req.URL.Path)
 		case http.StatusRequestEntityTooLarge:
 			return problem.New(problem.RequestTooLarge, "the request body exceeds %d bytes", s.cfg.MaxBodyBytes)
 		case http.StatusUnsupportedMediaType:
-			return problem.New(problem.UnsupportedMediaType, "%s", msg)
+			return problem.New(problem.UnsupportedMediaType, "%v", he.Message)
 		}
 		if he.Code < 500 {
-			return problem.New(problem.InvalidRequest, "%s", msg)
+			return problem.New(problem.InvalidRequest, "%v", he.Message)
 		}
 	}
 	// Backstop: characters PostgreSQL cannot store (the spec refuses NUL).
@@ -65,13 +63,11 @@ func (s *Server) toProblem(err error, c echo.Context) *problem.Error {
 		return problem.New(problem.InvalidRequest, "the request contains characters that cannot be stored")
 	}
 	if postgres.IsTransient(err) {
-		s.log.WarnContext(c.Request().Context(), "transient failure", "err", err,
-			"method", c.Request().Method, "path", c.Request().URL.Path)
+		s.log.WarnContext(req.Context(), "transient failure", "err", err, "method", req.Method, "path", req.URL.Path)
 		p = problem.New(problem.ServiceUnavailable, "a temporary failure prevented the request; retry it (with the same Idempotency-Key, if any)")
 		p.RetryAfter = 1
 		return p
 	}
-	s.log.ErrorContext(c.Request().Context(), "request failed", "err", err,
-		"method", c.Request().Method, "path", c.Request().URL.Path)
+	s.log.ErrorContext(req.Context(), "request failed", "err", err, "method", req.Method, "path", req.URL.Path)
 	return problem.New(problem.InternalError, "the request failed")
 }

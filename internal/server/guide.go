@@ -26,15 +26,12 @@ import (
 
 // The guide: the docs, rendered at /guide/<name> for the demo page's
 // links. Written for a code host, they get only what a server needs:
-//
-//   - headings get the code host's ids (githubIDs), so design.md#retries
-//     lands on the same section here, at design#retries;
-//   - a link to a file this server does not serve (../internal/...) is
-//     dropped, keeping its text, which names the file; the contract is
-//     linked at /openapi.yaml.
-//
-// /guide/design.md redirects to /guide/design: a copy of the Markdown
-// here would be a page whose relative links cannot work.
+// headings get the code host's ids (githubIDs), so design.md#retries lands
+// on the same section here, at design#retries; a link to a file this server
+// does not serve (../internal/...) is dropped, keeping its text, which
+// names the file; the contract is linked at /openapi.yaml. And
+// /guide/design.md redirects to /guide/design: a copy of the Markdown here
+// would be a page whose relative links cannot work.
 
 // guidePage is one rendered doc.
 type guidePage struct {
@@ -73,8 +70,7 @@ var renderedGuide = sync.OnceValues(func() (map[string]guidePage, error) {
 	return pages, nil
 })
 
-// firstHeading is the text of doc's first level-1 heading, without
-// markup, or fallback.
+// firstHeading is the text of doc's first level-1 heading, without markup, or fallback.
 func firstHeading(doc ast.Node, src []byte, fallback string) string {
 	for n := doc.FirstChild(); n != nil; n = n.NextSibling() {
 		if h, ok := n.(*ast.Heading); !ok || h.Level != 1 {

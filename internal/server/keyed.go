@@ -37,8 +37,7 @@ func (s *Server) GetIdempotencyKey(ctx context.Context, req apigen.GetIdempotenc
 		ExpiresAt:     rec.CreatedAt.Add(s.cfg.Retention),
 	}
 	if rec.ResponseStatus != nil {
-		status := int(*rec.ResponseStatus)
-		out.ResponseStatus = &status
+		out.ResponseStatus = new(int(*rec.ResponseStatus))
 	}
 	return out, nil
 }

@@ -18,13 +18,12 @@ import (
 // bodies in readBody and checkJSON.
 
 // boundHeaders refuses, before anything reads them, a request with more
-// header lines than the limit, and a request framed by Transfer-Encoding.
-//
-// With a Content-Length too, Transfer-Encoding is request smuggling's tool:
-// a proxy framing by one and this server by the other disagree on where
-// the next request starts. net/http hides the Content-Length from a
-// handler, and a JSON body of at most 64 KiB never needs chunks: so every
-// such request is a 400, and its connection closed (RFC 9112 §6.1).
+// header lines than the limit, and a request framed by Transfer-Encoding:
+// with a Content-Length too, that is request smuggling's tool (a proxy
+// framing by one and this server by the other disagree on where the next
+// request starts). net/http hides the Content-Length from a handler, and a
+// JSON body of at most 64 KiB never needs chunks: so every such request is
+// a 400, and its connection closed (RFC 9112 §6.1).
 func (s *Server) boundHeaders(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if te := c.Request().TransferEncoding; len(te) > 0 {

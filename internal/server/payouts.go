@@ -19,8 +19,7 @@ func (s *Server) GetPayout(ctx context.Context, req apigen.GetPayoutRequestObjec
 	}
 	out := apigen.GetPayout200JSONResponse{Body: po.API()}
 	if after := po.PollAfter(time.Now()); after > 0 {
-		s := strconv.Itoa(after)
-		out.Headers.RetryAfter = &s
+		out.Headers.RetryAfter = new(strconv.Itoa(after))
 	}
 	return out, nil
 }

@@ -16,7 +16,6 @@ import (
 // requestIDHeader carries the id, in both directions.
 const requestIDHeader = "X-Request-Id"
 
-// requestIDKey is the context key of the request id.
 type requestIDKey struct{}
 
 // requestIDFromClient returns the id a client sent if it is worth keeping

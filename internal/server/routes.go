@@ -116,11 +116,10 @@ func withoutSecurity(route *routers.Route) *routers.Route {
 
 // withoutKeyParameter is route for the validator without its
 // Idempotency-Key parameter, when its schema accepts every key ParseKey
-// does: the contract parsed the key (step 2) before validating (step 3),
-// so the check could only pass, at the cost of a decode and a schema walk.
-// ParseKey accepts at most 512 characters (255 escaped between quotes):
-// a plain string of minLength ≤ 1 and maxLength ≥ 512 refuses none. Any
-// other schema (a pattern, a format, a shorter bound) is kept.
+// does: the contract parsed the key (step 2) before validating (step 3), so
+// the check could only pass, at the cost of a decode and a schema walk. Any
+// schema but a plain string of minLength ≤ 1 and maxLength ≥ 512 (ParseKey's
+// limit: 255 characters, escaped, between quotes) is kept.
 func withoutKeyParameter(route *routers.Route) *routers.Route {
 	op := route.Operation
 	params := slices.DeleteFunc(slices.Clone(op.Parameters), func(p *openapi3.ParameterRef) bool {

@@ -4,6 +4,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -39,23 +40,20 @@ type Deps struct {
 	Operations *idempotency.Registry // every operation the spec marks keyed (declaredKeyed)
 	Inbox      *events.Inbox         // receives the processor's webhooks
 	Demo       *Demo                 // the demo's own endpoints (DEMO_MODE); nil leaves them out
-	// Tracing says spans are recorded; without it, no traceparent, no span.
-	Tracing bool
+	Tracing    bool                  // spans are recorded; without it, no traceparent, no span
 }
 
 // Server implements the API.
 type Server struct {
-	cfg        config.Server
-	pool       *pgxpool.Pool
-	log        *slog.Logger
-	auth       *auth.Authenticator
-	keys       *idempotency.Store
-	router     routers.Router
-	routes     map[routeKey]*apiRoute // the router's answers, found once (routes.go)
-	validation openapi3filter.Options
-	// validationNoBody skips the body: validateRequest checks it from its
-	// one decoding.
-	validationNoBody openapi3filter.Options
+	cfg              config.Server
+	pool             *pgxpool.Pool
+	log              *slog.Logger
+	auth             *auth.Authenticator
+	keys             *idempotency.Store
+	router           routers.Router
+	routes           map[routeKey]*apiRoute // the router's answers, found once (routes.go)
+	validation       openapi3filter.Options
+	validationNoBody openapi3filter.Options // without the body: validateRequest checks it from its one decoding
 	limits           *rateLimits
 	inbox            *events.Inbox
 	tracing          bool
@@ -128,9 +126,7 @@ func New(d Deps) (http.Handler, error) {
 	if s.cfg.MetricsAddr == "" {
 		e.GET("/metrics", echo.WrapHandler(metrics.Handler()))
 	}
-	e.GET("/openapi.yaml", func(c echo.Context) error {
-		return c.Blob(http.StatusOK, "application/yaml", api.Spec)
-	})
+	e.GET("/openapi.yaml", func(c echo.Context) error { return c.Blob(http.StatusOK, "application/yaml", api.Spec) })
 	e.GET("/*", echo.WrapHandler(http.FileServerFS(web.Files)))
 	return e, nil
 }
@@ -144,9 +140,7 @@ const outcomeHeader = "Idempotency-Outcome"
 // observe is the outermost middleware but Recover: it starts the span,
 // names the request (X-Request-Id: the client's if sane, else a new one),
 // sets outcomeHeader, and once the answer is written counts it and logs
-// one line: request id, caller, route, status, duration, outcome.
-//
-// It never logs headers, bodies, API keys or card data, nor a key, which
+// one line. Never headers, bodies, API keys or card data, nor a key, which
 // may mean something to the client: key_hash finds its lines, not its text.
 func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
@@ -172,8 +166,7 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 
 		req = c.Request() // as the inner middleware left it: with the caller and key
-		// Every label comes from a fixed set: registered route
-		// templates, methodLabel's methods, the statuses written.
+		// Every label is from a fixed set: route templates, methodLabel's, statuses.
 		route := routeLabel(c)
 		method := methodLabel(req.Method)
 		status := c.Response().Status
@@ -217,12 +210,7 @@ func (s *Server) observe(next echo.HandlerFunc) echo.HandlerFunc {
 
 // routeLabel is the route template Echo matched ("unmatched" for none),
 // never the path: the name for metric labels, spans and the log line.
-func routeLabel(c echo.Context) string {
-	if route := c.Path(); route != "" {
-		return route
-	}
-	return "unmatched"
-}
+func routeLabel(c echo.Context) string { return cmp.Or(c.Path(), "unmatched") }
 
 // GetHealthz reports that the process is up, and touches nothing else: a
 // slow database must not get a healthy process restarted.

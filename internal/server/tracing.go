@@ -18,12 +18,11 @@ var tracer = otel.Tracer("github.com/retrysafe/payments/internal/server")
 // startSpan starts the request's span (named by route template, never the
 // path; no header, query or body), continuing a client's traceparent, for
 // endSpan; nil when there is nothing to record. observe calls it first, so
-// its log line carries the span's ids.
-//
-// With tracing off and no traceparent it costs one map look-up, no
-// allocation (TestTracingOffAllocatesNothing): hence a function, not a
-// middleware (whose closure Echo builds per request), and no Header.Get
-// (which canonicalises the key). Else the no-op tracer carries the trace.
+// its log line carries the span's ids. With tracing off and no traceparent
+// it costs one map look-up, no allocation (TestTracingOffAllocatesNothing):
+// hence a function, not a middleware (whose closure Echo builds per
+// request), and no Header.Get (which canonicalises the key). With one, the
+// no-op tracer carries the trace.
 func (s *Server) startSpan(c echo.Context) trace.Span {
 	req := c.Request()
 	if !s.tracing && len(req.Header["Traceparent"]) == 0 {
