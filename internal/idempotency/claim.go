@@ -20,8 +20,7 @@ func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response,
 	if resp, err, ok := s.fromCache(ctx, req); ok {
 		return resp, err
 	}
-	// From here on, only waiting for another request's answer heeds the
-	// client's cancellation.
+	// From here on, only waiting for another's answer heeds the client's cancellation.
 	lease, resp, err := s.claim(ctx, req)
 	if lease != nil {
 		resp, err = s.run(ctx, req, lease, h)
@@ -48,15 +47,12 @@ func (s *Store) fromCache(ctx context.Context, req Request) (_ *Response, _ erro
 	}
 	ctx, span := startClaim(ctx, req)
 	defer span.End()
-	if span.IsRecording() {
-		span.SetAttributes(attrReplayCache.Bool(true))
-	}
+	annotate(ctx, attrReplayCache.Bool(true))
 	resp, err := replayCached(ctx, req, cached)
 	return resp, err, true
 }
 
-// replayCached answers req from the cache as the claim would from the
-// completed record: a 422 for a different request, else the response.
+// replayCached answers req from the cache as the claim would from the record: a 422, or the response.
 func replayCached(ctx context.Context, req Request, cached *cachedReplay) (*Response, error) {
 	if subtle.ConstantTimeCompare(cached.fingerprint, req.Fingerprint) != 1 {
 		observe(ctx, req.Operation, metrics.OutcomeMismatch)
@@ -102,7 +98,6 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		observe(observed, req.Operation, metrics.OutcomeNew)
 		return &Lease{store: s, record: rec, claimed: sent, age: age}, nil, nil
 	}
-
 	if subtle.ConstantTimeCompare(rec.RequestFingerprint, req.Fingerprint) != 1 {
 		observe(observed, req.Operation, metrics.OutcomeMismatch)
 		return nil, nil, reused(rec.RequestMethod, rec.RequestPath)
@@ -148,9 +143,8 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		observe(observed, req.Operation, metrics.OutcomeDead)
 		return nil, nil, dead()
 	default:
-		// A live owner holds it. Counted by the caller, if it answers 409:
-		// waiting may still end in an answer.
-		traceOutcome(observed, metrics.OutcomeInProgress)
+		// A live owner holds it. Counted by the caller if it answers 409: waiting may yet answer.
+		annotate(observed, attrOutcome.String(metrics.OutcomeInProgress))
 		return nil, nil, &busyError{rec: rec, leaseRemaining: row.LeaseRemainingSeconds}
 	}
 }

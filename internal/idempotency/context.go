@@ -28,11 +28,10 @@ func WithOutcome(ctx context.Context) (_ context.Context, outcome func() string)
 	return context.WithValue(ctx, outcomeKey{}, &o), func() string { return o }
 }
 
-// observe counts a claim's outcome and tells the request log and ctx's
-// (the claim's) span.
+// observe counts a claim's outcome, for the request log and ctx's span too.
 func observe(ctx context.Context, operation, outcome string) {
 	metrics.IdempotencyOutcomes.WithLabelValues(operation, outcome).Inc()
-	traceOutcome(ctx, outcome)
+	annotate(ctx, attrOutcome.String(outcome))
 	retell(ctx, outcome)
 }
 

@@ -10,7 +10,8 @@
 //
 // A local operation, one that touches only this database (an order
 // create), is one transaction: its effect and its record, inserted
-// completed with the answer. Nothing to claim, nothing to recover.
+// completed with the answer. Nothing to claim, nothing to recover: a crash
+// before the commit leaves nothing, and after it the retry is a replay.
 //
 // An operation with an outside effect (a charge) goes through:
 //
@@ -35,17 +36,14 @@
 // request's cancellation (bounded by StoreConfig.MaxRun instead), so a
 // client that hangs up cannot leave the effect done but unrecorded.
 //
-// The database clock is the only clock: leases are set and compared with
-// now() in SQL, so clock skew between replicas cannot break them
-// (TestClockSkewCannotBreakALease).
+// Leases run on the database's clock alone (now() in SQL): skew between
+// replicas cannot break them (TestClockSkewCannotBreakALease).
 //
 // Replays from memory: a completed record never changes until the sweeper
 // deletes it, so CacheReplays keeps recent answers in memory, each for
 // less than its record is certain to exist (replays.go).
 //
-// Read it in this order: operation.go (declaring a keyed operation, Local
-// or External), store.go, local.go (a local operation), claim.go, run.go
-// (driving an owned operation, and what its errors mean), lease.go
-// (phases, fencing, the heartbeat), wait.go (a duplicate waiting for its
-// original), replays.go, reconciler.go.
+// Read it in this order: operation.go, store.go, local.go, claim.go, run.go
+// (what a handler's errors mean), lease.go (phases, fencing, the
+// heartbeat), wait.go, replays.go, reconciler.go.
 package idempotency

@@ -34,14 +34,10 @@ func FingerprintOf(method, path string, doc *any) ([]byte, error) {
 }
 
 func fingerprint(method, path string, canonical []byte) []byte {
-	h := sha256.New()
 	// NUL separators keep ("POST", "/a") and ("POS", "T/a") apart.
-	h.Write([]byte(method))
-	h.Write([]byte{0})
-	h.Write([]byte(path))
-	h.Write([]byte{0})
-	h.Write(canonical)
-	return h.Sum(nil)
+	data := append([]byte(method+"\x00"+path+"\x00"), canonical...)
+	sum := sha256.Sum256(data)
+	return sum[:]
 }
 
 // ErrTrailingData is DecodeJSON's error for data after the JSON document.

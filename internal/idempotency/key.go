@@ -13,32 +13,29 @@ const MaxKeyLength = 255
 // ParseKey reads the Idempotency-Key header from all of its field lines.
 //
 // The IETF draft defines the value as a Structured Field string ("8e03...");
-// Stripe's clients send it bare, which names the same key. Either way the
-// key is 1 to 255 printable ASCII characters (0x20-0x7E).
+// Stripe's clients send it bare, which names the same key (CheckKey).
 //
 // A header on several lines is rejected, not joined or truncated: two keys
 // is a client bug, and guessing which was meant could replay the wrong
 // operation. So is a bare value with a comma, as HTTP folds two field
 // lines into one ("x1, x2"); a key that holds a comma can be sent quoted.
 func ParseKey(lines []string) (string, error) {
-	switch len(lines) {
-	case 0:
+	switch {
+	case len(lines) == 0:
 		return "", problem.New(problem.IdempotencyKeyMissing,
 			"this operation requires an Idempotency-Key header; generate one unique value (a UUID) per logical operation and send the same value on every retry of it")
-	case 1:
-	default:
+	case len(lines) > 1:
 		return "", problem.New(problem.IdempotencyKeyInvalid,
 			"the Idempotency-Key header was sent %d times; send it exactly once", len(lines))
 	}
 	// As HTTP does, for values that reach us through other paths.
-	v := strings.Trim(lines[0], " \t")
-	key := v
-	if strings.HasPrefix(v, `"`) {
+	key := strings.Trim(lines[0], " \t")
+	if strings.HasPrefix(key, `"`) {
 		var err error
-		if key, err = parseSFString(v); err != nil {
+		if key, err = parseSFString(key); err != nil {
 			return "", err
 		}
-	} else if strings.Contains(v, ",") {
+	} else if strings.Contains(key, ",") {
 		return "", problem.New(problem.IdempotencyKeyInvalid,
 			"the Idempotency-Key has a comma, as two keys folded into one field line do; send one key, quoted if it holds a comma")
 	}

@@ -36,11 +36,10 @@ func (l *Lease) Record() Record { return l.record }
 // RecoveryPoint is where the operation stands: where a Handler resumes.
 func (l *Lease) RecoveryPoint() RecoveryPoint { return l.record.RecoveryPoint }
 
-// A PhaseFunc does one phase's work inside tx and says how the phase ended:
-// with the next RecoveryPoint, or with the operation's final *Response.
+// A PhaseFunc does one phase's work inside tx and says how it ended.
 type PhaseFunc func(ctx context.Context, tx pgx.Tx) (Result, error)
 
-// Result is how a phase ends: a RecoveryPoint or a *Response.
+// Result is how a phase ends: with the next RecoveryPoint, or the final *Response.
 type Result interface{ isResult() }
 
 func (RecoveryPoint) isResult() {}
@@ -66,8 +65,7 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 	var result Result
 	// BEGIN goes with fn's first statement, and COMMIT with the fenced
 	// write (TransactPipelined): two round trips fewer.
-	err := postgres.TransactPipelined(ctx, l.store.pool, func(tx *postgres.PipelinedTx) error {
-		var err error
+	err := postgres.TransactPipelined(ctx, l.store.pool, func(tx *postgres.PipelinedTx) (err error) {
 		if result, err = fn(ctx, tx); err != nil {
 			return err
 		}
@@ -85,13 +83,9 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 	case RecoveryPoint:
 		l.record.RecoveryPoint = r
 	case *Response:
-		l.record.Status = StatusCompleted
-		l.record.RecoveryPoint = RecoveryFinished
-		l.response = r
+		l.record.Status, l.record.RecoveryPoint, l.response = StatusCompleted, RecoveryFinished, r
 	}
-	if span.IsRecording() {
-		span.SetAttributes(attrReachedPoint.String(string(l.record.RecoveryPoint)))
-	}
+	annotate(ctx, attrReachedPoint.String(string(l.record.RecoveryPoint)))
 	span.End()
 	if l.store.faults != nil {
 		l.store.faults.AfterPhase(l.record)
@@ -230,18 +224,15 @@ func (l *Lease) GiveBack() {
 // Abandon deletes a record that never passed its first phase (nothing was
 // done), freeing its key. It returns ErrLeaseLost if the record moved on.
 func (l *Lease) Abandon(ctx context.Context) error {
-	rec := l.record
 	return fenced(queries.AbandonIdempotencyKey(ctx, l.store.pool, dbsqlc.AbandonIdempotencyKeyParams{
-		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
+		CallerID: l.record.CallerID, ID: l.record.ID, Attempt: l.record.Attempt,
 	}))
 }
 
-// Bury sets the record aside for an operator (status dead). It returns
-// ErrLeaseLost if the record moved on.
+// Bury sets the record aside for an operator (dead), or returns ErrLeaseLost if it moved on.
 func (l *Lease) Bury(ctx context.Context) error {
-	rec := l.record
 	return fenced(queries.BuryIdempotencyKey(ctx, l.store.pool, dbsqlc.BuryIdempotencyKeyParams{
-		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
+		CallerID: l.record.CallerID, ID: l.record.ID, Attempt: l.record.Attempt,
 	}))
 }
 

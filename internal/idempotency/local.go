@@ -14,10 +14,6 @@ import (
 	"github.com/retrysafe/payments/internal/postgres"
 )
 
-// A local operation's effect and record commit in one transaction, with no
-// lease, recovery point or reconciler: a crash before the commit leaves
-// nothing, and after it the retry is a replay.
-//
 // A LocalFunc writes the effect inside tx and returns the answer to store.
 // A *problem.Error is a final answer, stored (its writes roll back); a
 // transient error stores nothing; any other error is stored as a 500. It
@@ -46,14 +42,12 @@ func (s *Store) ExecuteLocal(ctx context.Context, req Request, fn LocalFunc) (*R
 	defer cancel()
 	ctx, span := startClaim(ctx, req)
 	defer span.End()
-	// Again only if the record in the way is gone when read (swept, or
-	// abandoned below).
+	// Again only if the record in the way is gone when read (swept, or abandoned below).
 	for range 2 {
 		sent := s.replays.clock()
 		resp, err := s.commitLocal(run, req, fn)
 		if err != nil && !errors.Is(err, errKeyTaken) && !IsRetryable(err) {
-			// A final failure: its effect rolled back, the answer alone is
-			// stored, for every retry.
+			// A final failure: its effect rolled back, its answer alone is stored.
 			failed := s.finalAnswer(ctx, err, "caller", req.CallerID, "method", req.Method, "path", req.Path)
 			resp, err = s.commitLocal(run, req, func(context.Context, pgx.Tx) (*Response, error) { return failed, nil })
 		}
@@ -70,7 +64,7 @@ func (s *Store) ExecuteLocal(ctx context.Context, req Request, fn LocalFunc) (*R
 			return resp, err
 		}
 	}
-	return nil, resumable()
+	return nil, resumable("in time")
 }
 
 // errKeyTaken is commitLocal's answer when the key has a record already.
@@ -110,9 +104,7 @@ func (s *Store) commitLocal(ctx context.Context, req Request, fn LocalFunc) (*Re
 		endWithError(span, err)
 		return nil, err
 	}
-	if span.IsRecording() {
-		span.SetAttributes(attrReachedPoint.String(string(RecoveryFinished)))
-	}
+	annotate(ctx, attrReachedPoint.String(string(RecoveryFinished)))
 	span.End()
 	return resp, nil
 }
@@ -123,8 +115,7 @@ func keyTaken(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "idempotency_keys_caller_id_key_key"
 }
 
-// answerFromRecord answers req from its key's record, if found. observed
-// carries the claim's span.
+// answerFromRecord answers req from its key's record, if found (observed has the claim's span).
 func (s *Store) answerFromRecord(observed context.Context, req Request) (_ *Response, _ error, found bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(observed), cleanupTimeout)
 	defer cancel()
@@ -156,14 +147,13 @@ func (s *Store) answerFromRecord(observed context.Context, req Request) (_ *Resp
 		observe(observed, req.Operation, metrics.OutcomeInProgress)
 		return nil, (&busyError{rec: rec, leaseRemaining: row.LeaseRemainingSeconds}).problem(), true
 	default:
-		// A record in progress that nobody holds, left by an older version
-		// (which claimed local operations too) whose owner died: its one
-		// phase never committed. Delete it, as the reconciler would, and
-		// run the operation.
+		// Left in progress, unheld, by an older version (which claimed local
+		// operations too) whose owner died: its one phase never committed.
+		// Delete it, as the reconciler would, and run the operation.
 		switch err := (&Lease{store: s, record: rec}).Abandon(ctx); {
 		case errors.Is(err, ErrLeaseLost): // taken over or deleted first
 			observe(observed, req.Operation, metrics.OutcomeInProgress)
-			return nil, resumable(), true
+			return nil, resumable("in time"), true
 		case err != nil:
 			return nil, fmt.Errorf("abandon idempotency key: %w", err), true
 		}

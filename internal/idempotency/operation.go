@@ -24,18 +24,15 @@ type Input[B any] struct {
 
 // Operation is a declared keyed operation: what Local and External return.
 type Operation struct {
-	// Name is the contract's operationId, stored with every record.
-	Name  string
+	Name  string // the contract's operationId, stored with every record
 	serve func(ctx context.Context, s *Store, req Request, path map[string]string, body []byte) (*Response, error)
-	// Resume drives an external operation on from its recovery point, for
-	// the reconciler; nil for a local one.
+	// Resume drives an external operation on from its recovery point, for the reconciler; nil if local.
 	Resume  Handler
 	invalid string // why the declaration cannot work, for NewRegistry
 }
 
-// Local declares a local operation: run writes its effect in tx and
-// returns the answer to store, and both commit with the record
-// (Store.ExecuteLocal says what run's errors mean).
+// Local declares a local operation: run writes its effect in tx and returns
+// the answer to store, both committed with the record (LocalFunc says more).
 func Local[B any](name string, run func(ctx context.Context, tx pgx.Tx, in Input[B]) (*Response, error)) Operation {
 	return Operation{Name: name, serve: func(ctx context.Context, s *Store, req Request, path map[string]string, body []byte) (*Response, error) {
 		in, err := decode[B](req, path, body)
@@ -76,13 +73,11 @@ func (e External[B]) Operation() Operation {
 		Resume:  e.handler(nil),
 		serve: func(ctx context.Context, s *Store, req Request, path map[string]string, body []byte) (*Response, error) {
 			in, err := decode[B](req, path, body)
+			if err == nil && e.Check != nil {
+				err = e.Check(ctx, in)
+			}
 			if err != nil {
 				return nil, err
-			}
-			if e.Check != nil {
-				if err := e.Check(ctx, in); err != nil {
-					return nil, err
-				}
 			}
 			return s.Execute(ctx, req, e.handler(&in))
 		},
@@ -118,12 +113,10 @@ func (e External[B]) handler(in *Input[B]) Handler {
 // integer): a *json.UnmarshalTypeError, a 400 before anything is stored.
 func decode[B any](req Request, path map[string]string, body []byte) (Input[B], error) {
 	in := Input[B]{Request: req, Path: path}
-	if len(body) > 0 {
-		if err := json.Unmarshal(body, &in.Body); err != nil {
-			return in, err
-		}
+	if len(body) == 0 {
+		return in, nil
 	}
-	return in, nil
+	return in, json.Unmarshal(body, &in.Body)
 }
 
 // Serve runs the keyed request req as its declared operation op.
@@ -160,11 +153,6 @@ func (r *Registry) Lookup(name string) (Operation, bool) {
 
 // resumable lists the external operations, the ones the reconciler claims.
 func (r *Registry) resumable() []string {
-	var out []string
-	for _, name := range slices.Sorted(maps.Keys(r.ops)) {
-		if r.ops[name].Resume != nil {
-			out = append(out, name)
-		}
-	}
-	return out
+	names := slices.Sorted(maps.Keys(r.ops))
+	return slices.DeleteFunc(names, func(name string) bool { return r.ops[name].Resume == nil })
 }

@@ -7,9 +7,7 @@ package idempotency
 // replica; FOR UPDATE SKIP LOCKED gives each record to one of them.
 //
 // It runs the steps the operation declared (External), as a client's retry
-// does, so an operation's phases live in one place. It claims only records
-// that never passed their first phase (it abandons them), and those of
-// declared external operations.
+// does, so an operation's phases live in one place.
 
 import (
 	"context"
@@ -27,12 +25,9 @@ import (
 
 // ReconcilerConfig tunes the reconciler.
 type ReconcilerConfig struct {
-	// Interval is the pause between scans that found nothing to do.
-	Interval time.Duration
-	// Batch is the most records claimed per scan.
-	Batch int
-	// MaxRun bounds one record's run, as for a request.
-	MaxRun time.Duration
+	Interval time.Duration // the pause between scans that found nothing to do
+	Batch    int           // the most records claimed per scan
+	MaxRun   time.Duration // bounds one record's run, as for a request
 	// MaxAttempts and MaxAge decide when a record is set aside (dead).
 	// MaxAttempts counts the reconciler's own tries, not a client's: a
 	// client retrying through an outage must not use up its patience.
@@ -41,25 +36,12 @@ type ReconcilerConfig struct {
 	// BackoffBase and BackoffCap shape the delay before the next try after
 	// a transient failure: full jitter, random(0, min(cap, base·2^attempt)).
 	BackoffBase, BackoffCap time.Duration
-	// RetriesPerInterval and RetryBurst are the retry budget: at most
-	// RetriesPerInterval records taken per Interval, saved up to RetryBurst
-	// (full at start). It caps the load the reconciler adds to a processor
-	// in an outage, however fast it loops.
+	// RetriesPerInterval and RetryBurst are the retry budget (full at start):
+	// at most RetriesPerInterval records taken per Interval, saved up to
+	// RetryBurst. It caps the reconciler's load on a processor in an outage.
 	RetriesPerInterval, RetryBurst int
 	// Clock tells the time for the budget; nil is time.Now.
 	Clock func() time.Time
-}
-
-func (c ReconcilerConfig) validate() error {
-	var p config.Problems
-	p.Check(c.Interval > 0, "Interval must be positive")
-	p.Check(c.Batch >= 1, "Batch must be at least 1")
-	p.Check(c.MaxRun > 0, "MaxRun must be positive")
-	p.Check(c.MaxAttempts >= 1, "MaxAttempts must be at least 1")
-	p.Check(c.MaxAge > 0, "MaxAge must be positive")
-	p.Check(c.BackoffBase > 0 && c.BackoffCap >= c.BackoffBase, "BackoffBase must be positive and BackoffCap at least BackoffBase")
-	p.Check(c.RetriesPerInterval >= 1 && c.RetryBurst >= c.RetriesPerInterval, "RetriesPerInterval must be at least 1 and RetryBurst at least RetriesPerInterval")
-	return p.Err("reconciler")
 }
 
 // Reconciler is the background worker.
@@ -75,7 +57,16 @@ type Reconciler struct {
 // NewReconciler returns a reconciler over store that resumes each record
 // with the steps declared in operations, or refuses an invalid cfg.
 func NewReconciler(cfg ReconcilerConfig, store *Store, operations *Registry, log *slog.Logger) (*Reconciler, error) {
-	if err := cfg.validate(); err != nil {
+	var p config.Problems
+	p.Check(cfg.Interval > 0, "Interval must be positive")
+	p.Check(cfg.Batch >= 1, "Batch must be at least 1")
+	p.Check(cfg.MaxRun > 0, "MaxRun must be positive")
+	p.Check(cfg.MaxAttempts >= 1, "MaxAttempts must be at least 1")
+	p.Check(cfg.MaxAge > 0, "MaxAge must be positive")
+	p.Check(cfg.BackoffBase > 0 && cfg.BackoffCap >= cfg.BackoffBase, "BackoffBase must be positive and BackoffCap at least BackoffBase")
+	p.Check(cfg.RetriesPerInterval >= 1 && cfg.RetryBurst >= cfg.RetriesPerInterval,
+		"RetriesPerInterval must be at least 1 and RetryBurst at least RetriesPerInterval")
+	if err := p.Err("reconciler"); err != nil {
 		return nil, err
 	}
 	if cfg.Clock == nil {
@@ -104,10 +95,12 @@ func (r *Reconciler) refill() {
 	}
 }
 
-// RunOnce claims one batch of stale records, handles each, and says how
-// many it claimed.
+// RunOnce claims one batch of stale records, handles each, and says how many.
 func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	r.refill()
+	if ctx.Err() != nil {
+		return 0, nil
+	}
 	allowed := r.budget.SpendUpTo(r.cfg.Batch)
 	if allowed == 0 {
 		return 0, nil // out of budget: the records wait for a later scan
@@ -115,22 +108,16 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	// Detached: a claim canceled mid-statement could commit unseen, leaving
 	// its records leased to nobody (clients told 409) until the leases ran
 	// out. Every record it returns is handled or given back.
-	if ctx.Err() != nil {
-		r.budget.Deposit(allowed)
-		return 0, nil
-	}
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MaxRun)
 	leases, err := r.store.ClaimStale(claimCtx, allowed, r.operations.resumable())
 	cancel()
+	r.budget.Deposit(allowed - len(leases)) // only what was used is spent
 	if err != nil {
-		r.budget.Deposit(allowed)
 		return 0, err
 	}
-	r.budget.Deposit(allowed - len(leases)) // only what was used is spent
 	for _, l := range leases {
 		if ctx.Err() != nil {
-			// Stopping: give the rest back, so that nobody need wait for
-			// their leases to run out.
+			// Stopping: give the rest back, so nobody waits for their leases to run out.
 			l.GiveBack()
 			continue
 		}

@@ -13,11 +13,10 @@ import (
 // operation, from its claim to its stored response. Only this package
 // writes the idempotency_keys table.
 type Record struct {
-	ID       int64
-	CallerID string
-	Key      string
-	// Operation is the contract's operationId: which Handler resumes it.
-	Operation     string
+	ID            int64
+	CallerID      string
+	Key           string
+	Operation     string // the contract's operationId: which Handler resumes it
 	Status        Status
 	RecoveryPoint RecoveryPoint
 	// Attempt is the fencing token: it grows with every takeover, and every
@@ -38,12 +37,10 @@ type Record struct {
 	// The reconciler's schedule, and how many of its own tries it has made.
 	NextAttemptAt      time.Time
 	ReconcilerAttempts int32
-	// Traceparent is the W3C trace context of the request that claimed
-	// the key, if traced: the reconciler's trace links to it.
+	// Traceparent is the claiming request's W3C trace context, if traced:
+	// the reconciler's trace links to it.
 	Traceparent string
-	// Awaited: a duplicate waits for it, so its completion notifies
-	// (wait.go). Once set it stays set.
-	Awaited bool
+	Awaited     bool // a duplicate waits, so its completion notifies (wait.go); never unset
 }
 
 // Status is where a record stands.
@@ -95,8 +92,7 @@ func (s *Store) Get(ctx context.Context, callerID, key string) (Record, error) {
 	})
 }
 
-// ListDead returns the caller's records that were set aside for an
-// operator (status dead), oldest first.
+// ListDead returns the caller's records set aside for an operator (dead), oldest first.
 func ListDead(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ []Record, err error) {
 	defer postgres.Wrap(&err, "idempotency.ListDead(%s)", callerID)
 	rows, err := queries.ListDeadIdempotencyKeys(ctx, db, callerID)

@@ -23,8 +23,6 @@ import (
 // and the minute cover their rates differing and the database's clock
 // jumping. The sweeper must use the server's retention (restart the
 // servers with a shorter one before the sweeper runs with it).
-//
-// The cache is bounded (LRU), and entries are capped at maxReplayAge.
 type replayCache struct {
 	entries   *lru.Cache[replayKey, *cachedReplay]
 	retention time.Duration
@@ -34,9 +32,8 @@ type replayCache struct {
 // maxReplayAge caps any entry's life: retries come within minutes.
 const maxReplayAge = time.Hour
 
-// replayMargin is held back from every entry's life on top of the tenth,
-// for the database's clock to jump ahead (a failover to a primary whose
-// clock runs ahead), which brings every sweep closer.
+// replayMargin is the minute, for the database's clock to jump ahead (a
+// failover to a primary whose clock runs ahead), bringing every sweep closer.
 const replayMargin = time.Minute
 
 // replayKey is a caller's key: two callers' equal keys never share answers.
@@ -62,30 +59,27 @@ func newCachedReplay(req Request, resp *Response, expires time.Time) *cachedRepl
 	}
 }
 
-func newReplayCache(size int, retention time.Duration) *replayCache {
-	entries, err := lru.New[replayKey, *cachedReplay](size)
-	if err != nil { // only for a size below 1, which CacheReplays rules out
-		panic(err)
+// CacheReplays keeps the answers of up to size completed records in
+// memory; retention (IDEMPOTENCY_KEY_RETENTION) bounds how long one may be
+// kept. Call it before the Store is used. A size below 1 caches nothing.
+func (s *Store) CacheReplays(size int, retention time.Duration) {
+	if entries, err := lru.New[replayKey, *cachedReplay](size); err == nil {
+		s.replays = &replayCache{entries: entries, retention: retention, now: time.Now}
 	}
-	return &replayCache{entries: entries, retention: retention, now: time.Now}
 }
 
-// get returns the cached answer for the caller's key, if one is live. A
-// nil cache (CacheReplays was not called) has nothing.
+// get returns the caller's cached answer for key, if live (a nil cache has none).
 func (c *replayCache) get(callerID, key string) (*cachedReplay, bool) {
 	if c == nil {
 		return nil, false
 	}
 	k := replayKey{callerID, key}
 	e, ok := c.entries.Get(k)
-	if !ok {
-		return nil, false
-	}
-	if now := c.now(); !now.Before(e.expires) || !now.Before(e.expiresWall) {
+	if now := c.now(); ok && (!now.Before(e.expires) || !now.Before(e.expiresWall)) {
 		c.entries.Remove(k)
 		return nil, false
 	}
-	return e, true
+	return e, ok
 }
 
 // clock is when a claim is sent, for put; zero for a nil cache.
@@ -104,14 +98,11 @@ func (c *replayCache) put(req Request, resp *Response, sent time.Time, age time.
 		return
 	}
 	life := min(maxReplayAge, (c.retention-age)/10*9-replayMargin)
-	if life <= 0 {
-		return
-	}
 	// Kept on the monotonic clock, which wall-clock steps cannot move, and
 	// on the wall clock, which counts on while the process is frozen (a
 	// paused VM, SIGSTOP): the first of the two ends the entry.
 	expires := sent.Add(life)
-	if now := c.now(); !now.Before(expires) {
+	if !c.now().Before(expires) { // already over (as is any with life <= 0: sent is past)
 		return
 	}
 	c.entries.Add(replayKey{req.CallerID, req.Key}, newCachedReplay(req, resp, expires))

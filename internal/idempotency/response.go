@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 
 	"github.com/retrysafe/payments/internal/problem"
@@ -55,9 +56,7 @@ func ProblemResponse(p *problem.Error) *Response {
 
 // Write writes r to w. A replay is marked with Idempotent-Replayed: true.
 func (r *Response) Write(w http.ResponseWriter) error {
-	for k, v := range r.Header {
-		w.Header()[k] = v
-	}
+	maps.Copy(w.Header(), r.Header)
 	if r.Replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}

@@ -17,28 +17,25 @@ import (
 )
 
 // A Handler drives an owned operation from l.RecoveryPoint() to its final
-// response, one l.Phase at a time. It runs for a fresh claim (at
-// RecoveryStarted) and for a takeover (wherever the previous owner
-// stopped), so it must switch on the recovery point.
+// response, one l.Phase at a time. It runs for a fresh claim and for a
+// takeover, so it must switch on the recovery point (the last owner's).
 //
 // Its error decides what is kept:
 //   - nil: the last phase stored a response, which is returned.
-//   - a transient error (IsRetryable): the lease is released and the record
-//     stays at its recovery point, for a retry to resume. Nothing is
-//     stored: a retry must not replay a failure that was not final.
+//   - a transient error (IsRetryable): the lease is released, and the record
+//     stays at its recovery point for a retry to resume. Nothing is stored:
+//     a retry must not replay a failure that was not final.
 //   - a *problem.Error: a final outcome (a business-rule conflict), stored
 //     and replayed like a success.
 //   - any other error (a bug, a panic) before the first phase committed:
 //     nothing happened, so it is stored as a generic 500.
 //   - any other error after it: an effect may be pending outside our
 //     database (a charge at the processor), which a stored 500 would leave
-//     unrecorded for ever. The record stays resumable, as after a transient
-//     failure (the client gets a 503), and the reconciler sets it aside for
-//     a person if it keeps failing.
+//     unrecorded for ever. The record stays resumable (a 503), and the
+//     reconciler sets it aside for a person if it keeps failing.
 type Handler func(ctx context.Context, l *Lease) error
 
-// IsRetryable reports whether a Handler's error leaves the operation
-// resumable rather than final.
+// IsRetryable reports whether a Handler's error leaves the operation resumable, not final.
 func IsRetryable(err error) bool {
 	var p *problem.Error
 	if errors.As(err, &p) {
@@ -64,10 +61,9 @@ func (s *Store) run(ctx context.Context, req Request, lease *Lease, h Handler) (
 	return resp, err
 }
 
-// Drive runs h on a lease already held (from a claim, or the reconciler's
-// ClaimStale) and settles the outcome as Handler says. After a retryable
-// failure the lease is released at once, and the reconciler's next try is
-// scheduled reconcileAfter from now.
+// Drive runs h on a lease already held (a claim's, or ClaimStale's) and
+// settles the outcome as Handler says. A retryable failure releases the lease
+// at once, and the reconciler's next try is scheduled reconcileAfter later.
 func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAfter time.Duration) (*Response, error) {
 	// If a renewal finds the lease lost, the handler's context is canceled
 	// (a processor call in flight is abandoned: the new owner learns its
@@ -114,18 +110,17 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 		s.log.ErrorContext(ctx, "keyed operation failed after its first phase; left resumable, not final", "err", err,
 			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
 		s.release(lease, reconcileAfter)
-		p := problem.New(problem.ServiceUnavailable,
-			"the operation could not be completed now; retry with the same Idempotency-Key and it resumes where it stopped")
-		p.RetryAfter = 1
-		return nil, errors.Join(p, err)
+		return nil, errors.Join(resumable("now"), err)
 	}
-
 	// A final outcome: store it, so that every retry gets the same answer.
 	resp := s.finalAnswer(ctx, err, "caller", rec.CallerID, "method", rec.RequestMethod, "path", rec.RequestPath, "attempt", rec.Attempt)
-	if err := s.complete(lease, resp); err != nil {
-		if errors.Is(err, ErrLeaseLost) {
-			return s.current(ctx, lease.record)
-		}
+	storeCtx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	err = postgres.Transact(storeCtx, s.pool, func(tx pgx.Tx) error { return lease.writeResult(storeCtx, tx, resp) })
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		return s.current(ctx, lease.record)
+	case err != nil:
 		s.release(lease, reconcileAfter)
 		return nil, err
 	}
@@ -144,10 +139,9 @@ func (s *Store) finalAnswer(ctx context.Context, err error, attrs ...any) *Respo
 }
 
 // current answers from what the record says now, for a request that could
-// not drive it (fenced out, or beaten to a takeover): another owner's
-// stored response, a replay whatever this request's claim found; a 409
-// while another owner holds it; or, if its lease ran out with nobody
-// holding it since, a 503 for a retry to resume it at once.
+// not drive it (fenced out, or beaten to a takeover): another owner's stored
+// response, a replay whatever this request's claim found; a 409 while another
+// owner holds it; else (its lease ran out, nobody took it) a 503 to resume it.
 func (s *Store) current(reqCtx context.Context, rec Record) (*Response, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
@@ -155,7 +149,7 @@ func (s *Store) current(reqCtx context.Context, rec Record) (*Response, error) {
 	switch {
 	case postgres.IsNotFound(err):
 		// The reconciler freed a key whose first phase never committed.
-		return nil, resumable()
+		return nil, resumable("in time")
 	case err != nil:
 		return nil, fmt.Errorf("read idempotency key after losing its lease: %w", err)
 	}
@@ -168,7 +162,7 @@ func (s *Store) current(reqCtx context.Context, rec Record) (*Response, error) {
 	case row.LeaseRemainingSeconds > 0:
 		return nil, &busyError{rec: cur, leaseRemaining: row.LeaseRemainingSeconds}
 	default:
-		return nil, resumable()
+		return nil, resumable("in time")
 	}
 }
 
@@ -183,17 +177,6 @@ func recoverPanic(what string, err *error) {
 func runHandler(ctx context.Context, h Handler, l *Lease) (err error) {
 	defer recoverPanic("handler", &err)
 	return h(ctx, l)
-}
-
-// complete stores a final failure's response, outside any phase.
-func (s *Store) complete(l *Lease, resp *Response) error {
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	err := postgres.Transact(ctx, s.pool, func(tx pgx.Tx) error { return l.writeResult(ctx, tx, resp) })
-	if err == nil {
-		l.record.Status, l.response = StatusCompleted, resp
-	}
-	return err
 }
 
 // release gives the lease up now, for a client's retry, and schedules the

@@ -15,11 +15,9 @@ var queries = dbsqlc.New() // stateless: every query takes its connection or tra
 
 // Request is one keyed request: who asked for what, under which key.
 type Request struct {
-	CallerID string
-	Key      string
-	// Operation is the contract's operationId (createCharge), stored with
-	// the record: it names the declaration that resumes it.
-	Operation   string
+	CallerID    string
+	Key         string
+	Operation   string // the contract's operationId (createCharge), stored with the record
 	Method      string
 	Path        string
 	Fingerprint []byte
@@ -38,11 +36,10 @@ const (
 // found out has been rolled back and the caller must stop driving it.
 var ErrLeaseLost = errors.New("idempotency: lease lost to a newer attempt")
 
-// ErrSetAside marks a Handler's error (fmt.Errorf("%w: %w", ErrSetAside,
-// err)) as one no retry can fix and no final answer may record (the
-// processor refusing our downstream key, seen with another request): the
-// record is set aside for a person at once, not retried in vain nor stored
-// as a failure that may be false.
+// ErrSetAside marks a Handler's error (fmt.Errorf("%w: %w", ErrSetAside, err))
+// as one no retry can fix and no final answer may record (the processor
+// refusing our downstream key, seen with another request): the record is
+// set aside for a person at once, neither retried in vain nor stored.
 var ErrSetAside = errors.New("idempotency: set aside for an operator")
 
 // Store runs keyed operations against the idempotency_keys table.
@@ -61,23 +58,18 @@ type Store struct {
 // kill the process where they name, the history check's tests stall an
 // owner and plant a bug. Production passes none.
 type Faults interface {
-	AfterClaim(Record) // once a claim gave the record, before any work
-	AfterPhase(Record) // once a phase has committed
-	// BeforeFinalCommit runs in the final phase of a multi-phase operation,
-	// with the effect written, before the completion and the COMMIT.
-	BeforeFinalCommit(Record)
-	// Unfenced writes completions without their fence, a PLANTED BUG for
-	// the test that shows the history check catches it.
-	Unfenced() bool
+	AfterClaim(Record)        // once a claim gave the record, before any work
+	AfterPhase(Record)        // once a phase has committed
+	BeforeFinalCommit(Record) // a multi-phase operation's last phase: its effect written, not committed
+	Unfenced() bool           // completions skip their fence: a PLANTED BUG the history check must catch
 }
 
 // StoreConfig tunes a Store.
 type StoreConfig struct {
 	// Lease is how long an owner holds a record without renewing it
-	// (IDEMPOTENCY_LEASE). A live owner renews it every third of a lease; a
-	// crashed one is noticed within one lease, and a retry or the
-	// reconciler takes over. It is also the reconciler's grace after a
-	// transient failure, so that the client's own retry resumes the record.
+	// (IDEMPOTENCY_LEASE): a crashed owner is noticed within one lease, and
+	// a retry or the reconciler takes over. It is also the reconciler's grace
+	// after a transient failure, so that the client's own retry resumes it.
 	Lease time.Duration
 	// MaxRun bounds one execution however long it renews (a hung processor
 	// call must not hold the key for ever). Zero is three leases.
@@ -102,15 +94,6 @@ func NewStore(pool *pgxpool.Pool, cfg StoreConfig, log *slog.Logger) *Store {
 	return s
 }
 
-// CacheReplays keeps the answers of up to size completed records in
-// memory; retention (IDEMPOTENCY_KEY_RETENTION) bounds how long one may be
-// kept (replays.go says why). Call it before the Store is used.
-func (s *Store) CacheReplays(size int, retention time.Duration) {
-	if size > 0 {
-		s.replays = newReplayCache(size, retention)
-	}
-}
-
 // reused is the 422 for a key first used for another request.
 func reused(method, path string) *problem.Error {
 	return problem.New(problem.IdempotencyKeyReused,
@@ -118,11 +101,11 @@ func reused(method, path string) *problem.Error {
 		method, path)
 }
 
-// resumable is the 503 for an operation nobody holds any more: nothing
-// final was stored, and a retry with the same key resumes it at once.
-func resumable() *problem.Error {
+// resumable is the 503 for an operation left unfinished ("now", or "in
+// time"): nothing final was stored, and a retry with the same key resumes it.
+func resumable(when string) *problem.Error {
 	p := problem.New(problem.ServiceUnavailable,
-		"the operation could not be completed in time; retry with the same Idempotency-Key and it resumes where it stopped")
+		"the operation could not be completed %s; retry with the same Idempotency-Key and it resumes where it stopped", when)
 	p.RetryAfter = 1
 	return p
 }
@@ -132,8 +115,7 @@ func dead() *problem.Error {
 		"the operation under this Idempotency-Key was set aside for an operator (it failed too often, or the processor gave an answer no retry can change); do not retry it")
 }
 
-// cleanupTimeout bounds the writes that wrap up an execution, on a context
-// of their own: the execution's may be what expired.
+// cleanupTimeout bounds the writes wrapping up an execution, on a context of their own (the execution's may have expired).
 const cleanupTimeout = 5 * time.Second
 
 // secondsOf is a number of seconds the database computed, as a Duration.

@@ -11,9 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// tracer makes this package's spans (a key's claim, each phase). It is the
-// global API's, as an instrumentation library's is: the process decides
-// whether spans go anywhere.
+// tracer makes this package's spans (a key's claim, each phase) through the global
+// API, as an instrumentation library does: the process decides whether spans go anywhere.
 var tracer = otel.Tracer("github.com/retrysafe/payments/internal/idempotency")
 
 // The attributes of this package's spans. They never carry a key in clear:
@@ -60,15 +59,15 @@ func startPhase(ctx context.Context, rec Record) (context.Context, trace.Span) {
 	return ctx, span
 }
 
-// traceOutcome notes a claim's outcome on ctx's span.
-func traceOutcome(ctx context.Context, outcome string) {
+// annotate sets kv on ctx's span, if it records (one attribute: a slice
+// of them would be allocated even when tracing is off).
+func annotate(ctx context.Context, kv attribute.KeyValue) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.SetAttributes(attrOutcome.String(outcome))
+		span.SetAttributes(kv)
 	}
 }
 
-// traceRecord notes on ctx's span rec's attempt and recovery point, what a
-// reader of a resumed operation's trace looks for.
+// traceRecord notes rec's attempt and recovery point on ctx's span, for a resumed operation's reader.
 func traceRecord(ctx context.Context, rec Record) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.SetAttributes(attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint)))

@@ -53,9 +53,8 @@ func (s *Store) waitForOriginal(ctx context.Context, req Request, h Handler, bus
 			stop()
 			return nil, again
 		}
-		// Look again when woken, or at the first of the lease's lapse,
-		// the slow timer and the deadline.
-		lapse := time.Duration(again.leaseRemaining*float64(time.Second)) + 10*time.Millisecond
+		// Look again when woken, or at the lease's lapse, the slow timer or the deadline.
+		lapse := secondsOf(again.leaseRemaining) + 10*time.Millisecond
 		after, cause := recheckEvery, metrics.WakeTimer
 		if lapse < after {
 			after, cause = lapse, metrics.WakeLease
