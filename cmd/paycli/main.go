@@ -26,6 +26,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,6 +35,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -155,7 +157,7 @@ var commands = []command{
 		flags: func(fs *flag.FlagSet) action {
 			key := fs.String("key", "", "the idempotency `KEY` to look up (--idempotency-key works too)")
 			return func(ctx context.Context, c *client.Client, common *commonFlags) (any, client.Result, error) {
-				k := or(*key, common.key)
+				k := cmp.Or(*key, common.key)
 				if k == "" {
 					return nil, client.Result{}, errors.New("key needs --key (run 'paycli key --help')")
 				}
@@ -175,8 +177,8 @@ type commonFlags struct {
 
 // define defines the common flags on fs, their defaults read through getenv.
 func (f *commonFlags) define(fs *flag.FlagSet, getenv func(string) string) {
-	fs.StringVar(&f.url, "url", or(getenv("PAYMENTS_URL"), "http://localhost:8080"), "API base `URL`, or $PAYMENTS_URL")
-	fs.StringVar(&f.apiKey, "api-key", or(getenv("PAYMENTS_API_KEY"), "sk_test_acme"), "API `key`, or $PAYMENTS_API_KEY")
+	fs.StringVar(&f.url, "url", cmp.Or(getenv("PAYMENTS_URL"), "http://localhost:8080"), "API base `URL`, or $PAYMENTS_URL")
+	fs.StringVar(&f.apiKey, "api-key", cmp.Or(getenv("PAYMENTS_API_KEY"), "sk_test_acme"), "API `key`, or $PAYMENTS_API_KEY")
 	fs.StringVar(&f.key, "idempotency-key", "", "idempotency `key`, to retry an operation started before (default: a new one per operation)")
 	fs.BoolVar(&f.verbose, "v", false, "print every attempt: its key, status and wait")
 }
@@ -273,10 +275,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 // lookup finds the command called name.
 func lookup(name string) (command, error) {
-	for _, cmd := range commands {
-		if cmd.name == name {
-			return cmd, nil
-		}
+	if i := slices.IndexFunc(commands, func(c command) bool { return c.name == name }); i >= 0 {
+		return commands[i], nil
 	}
 	if strings.HasPrefix(name, "-") {
 		return command{}, fmt.Errorf("unknown flag %q: flags go after the command (run 'paycli --help')", name)
@@ -286,8 +286,7 @@ func lookup(name string) (command, error) {
 
 // printUsage prints the commands and the common flags.
 func printUsage(w io.Writer) {
-	fmt.Fprint(w, "paycli drives the payments API through the retry-safe client.\n\n")
-	fmt.Fprint(w, "Usage:\n  paycli <command> [flags]\n\nCommands:\n")
+	fmt.Fprint(w, "paycli drives the payments API through the retry-safe client.\n\nUsage:\n  paycli <command> [flags]\n\nCommands:\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
 	for _, cmd := range commands {
 		fmt.Fprintf(tw, "  %s\t%s\n", cmd.name, cmd.summary)
@@ -337,11 +336,4 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 		fmt.Fprintf(tw, "  %s\t%s\n", name, usage)
 	})
 	_ = tw.Flush()
-}
-
-func or(v, def string) string {
-	if v != "" {
-		return v
-	}
-	return def
 }

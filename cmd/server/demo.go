@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -138,7 +137,6 @@ func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go stopWhenOrphaned(ctx, stop)
-
 	// A server that dies after it began to serve (the demo's crash) is
 	// started again at once. One that dies before it serves failed to
 	// start (a bad setting, no database): it is started again after a
@@ -156,7 +154,7 @@ func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io
 			<-server.exited
 			return nil
 		case err := <-server.exited:
-			if server.ready.Load() {
+			if server.ready {
 				delay, failures = startBackoff, 0
 				log.Warn("demo: the server exited; starting it again", "err", err)
 				continue
@@ -178,10 +176,8 @@ func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io
 // child is a server the supervisor started.
 type child struct {
 	process *os.Process
-	// ready is set once the server has written to its ready pipe; it is
-	// final by the time exited receives.
-	ready  atomic.Bool
-	exited chan error
+	ready   bool // it wrote to its ready pipe; set before exited receives
+	exited  chan error
 }
 
 // startChild starts this binary's server as a child, serving on socket.
@@ -201,21 +197,14 @@ func startChild(exe string, env []string, socket *os.File, stdout io.Writer) (*c
 		return nil, err
 	}
 	c := &child{process: cmd.Process, exited: make(chan error, 1)}
-	readDone := make(chan struct{})
 	go func() {
-		defer close(readDone)
-		defer readR.Close()
+		// The read returns at the ready byte, or at the child's exit (its end
+		// of the pipe closes): either way before the wait does.
 		var b [1]byte
-		if n, _ := readR.Read(b[:]); n == 1 {
-			c.ready.Store(true)
-		}
-	}()
-	go func() {
-		err := cmd.Wait()
-		// The child's end of the pipe closed when it exited, so the read
-		// has returned: ready is final before anyone reads exited.
-		<-readDone
-		c.exited <- err
+		n, _ := readR.Read(b[:])
+		_ = readR.Close()
+		c.ready = n == 1
+		c.exited <- cmd.Wait()
 	}()
 	return c, nil
 }

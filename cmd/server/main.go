@@ -7,11 +7,10 @@
 //	server dead-letters  list the operations set aside for an operator (JSON lines)
 //	server callers ...   create and manage callers (see callersUsage)
 //
-// Configuration comes from the environment (internal/config). The service
-// is built by internal/app, as the end-to-end tests build it; this command
-// adds what belongs to a process: the environment, logger, database pool
-// and migrations, socket, in-process fake processor, demo supervisor and
-// signals.
+// The service is built by internal/app, as the end-to-end tests build it;
+// this command adds what belongs to a process: the configuration (from the
+// environment), logger, database pool and migrations, socket, in-process
+// fake processor, demo supervisor and signals.
 package main
 
 import (
@@ -60,11 +59,8 @@ func startProcessor(log *slog.Logger, serverPort int, secret []byte) (stop func(
 	if len(secret) == 0 {
 		secret = []byte("whsec_" + rand.Text() + rand.Text())
 	}
-	p, err := processor.New(processor.Config{
-		WebhookURL:    fmt.Sprintf("http://127.0.0.1:%d/webhooks/processor", serverPort),
-		WebhookSecret: secret,
-		Logger:        log.With("component", "processor"),
-	})
+	p, err := processor.New(processor.Config{WebhookURL: fmt.Sprintf("http://127.0.0.1:%d/webhooks/processor", serverPort),
+		WebhookSecret: secret, Logger: log.With("component", "processor")})
 	if err != nil {
 		return nil, "", nil, err
 	}
@@ -90,12 +86,11 @@ func within(ctx context.Context, d time.Duration, stop func(context.Context) err
 	return stop(ctx)
 }
 
-// listDeadLetters writes one JSON line per thing set aside for an operator:
-// each payout job given up on ("payout_job": discarded by River, or
-// cancelled by the job with its reason), each operation the reconciler
-// gave up on ("operation", status dead; whether its effect happened is on
-// the processor's ledger under its downstream key), and each processor
-// event that contradicted a recorded final state ("processor_event").
+// listDeadLetters writes a JSON line per thing set aside for an operator:
+// each payout job given up on (discarded by River, or cancelled by itself),
+// each operation the reconciler gave up on (whether its effect happened is
+// on the processor's ledger, under its downstream key), and each processor
+// event that contradicted a recorded final state.
 func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) error {
 	enc := json.NewEncoder(out)
 	// Payout jobs given up on: the payout's state at the processor is GET
@@ -173,21 +168,14 @@ func newLogger(stdout io.Writer, format string) *slog.Logger {
 // newHTTPServer returns the http.Server that serves handler with the
 // configured timeouts; requests get base as their context.
 func newHTTPServer(cfg config.Server, handler http.Handler, base context.Context) *http.Server {
-	srv := &http.Server{
-		Handler:           handler,
-		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
-		ReadTimeout:       cfg.ReadTimeout,
-		WriteTimeout:      cfg.WriteTimeout,
-		IdleTimeout:       cfg.IdleTimeout,
-		BaseContext:       func(net.Listener) context.Context { return base },
-	}
+	srv := &http.Server{Handler: handler, MaxHeaderBytes: cfg.MaxHeaderBytes, ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout, IdleTimeout: cfg.IdleTimeout,
+		BaseContext: func(net.Listener) context.Context { return base }}
 	if cfg.DemoMode {
-		// The demo crashes the server on purpose, and must show it. A
-		// browser (and Go's client) silently resends a request that died
-		// on a kept-alive connection, and the restarted server would answer
-		// that copy (a 409, or a replay after the dead owner's lease): the
-		// crash would never be seen. On a fresh connection it can be.
+		// The demo's crashes must be seen: a browser (and Go's client)
+		// silently resends a request that died on a kept-alive connection,
+		// and the restarted server would answer that copy (a 409, or a
+		// replay after the dead owner's lease). A fresh connection shows it.
 		srv.SetKeepAlivesEnabled(false)
 	}
 	return srv
@@ -282,9 +270,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	defer ln.Close()
 	port := ln.Addr().(*net.TCPAddr).Port
 	if cfg.ProcessorURL == "" {
-		// Run the fake processor in this process, behind a real HTTP
-		// listener, so the server talks to it exactly as it would to a
-		// separate one (cmd/processor).
+		// The fake processor, behind a real HTTP listener: the server talks
+		// to it exactly as to a separate one (cmd/processor).
 		stopProcessor, url, secret, err := startProcessor(log, port, cfg.ProcessorWebhookSecret)
 		if err != nil {
 			return err
@@ -293,20 +280,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		cfg.ProcessorURL, cfg.ProcessorWebhookSecret = url, secret
 	}
 
-	// The service, built by internal/app, as the end-to-end tests build it.
-	service, err := app.New(cfg, pool, log, app.Options{
-		DemoReceiverURL: fmt.Sprintf("http://127.0.0.1:%d/demo/webhooks/", port),
-		Traces:          tracing.Recent,
-		Tracing:         tracing.Recording(),
-	})
+	service, err := app.New(cfg, pool, log, app.Options{DemoReceiverURL: fmt.Sprintf("http://127.0.0.1:%d/demo/webhooks/", port),
+		Traces: tracing.Recent, Tracing: tracing.Recording()})
 	if err != nil {
 		return err
 	}
 	if err := service.Start(ctx); err != nil {
 		return err
 	}
-	// Stop the background work (workers between records, payout jobs after
-	// their step) before the pool closes.
+	// Deferred after pool.Close, so it runs first: the work stops, then the pool.
 	defer func() {
 		if err := within(ctx, cfg.ShutdownTimeout, service.Stop); err != nil {
 			log.Warn("stopping the background work", "err", err)

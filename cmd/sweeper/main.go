@@ -67,10 +67,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	defer pool.Close()
 
-	s, err := sweeper.New(sweeper.Config{
-		KeyRetention: cfg.KeyRetention, EventRetention: cfg.EventRetention, WebhookRetention: cfg.WebhookRetention,
-		Batch: *batch, DryRun: *dryRun,
-	}, pool)
+	s, err := sweeper.New(sweeper.Config{KeyRetention: cfg.KeyRetention, EventRetention: cfg.EventRetention,
+		WebhookRetention: cfg.WebhookRetention, Batch: *batch, DryRun: *dryRun}, pool)
 	if err != nil {
 		return err
 	}

@@ -34,13 +34,11 @@ import (
 
 // Options are what a caller may set beyond the configuration.
 type Options struct {
-	// JobPollInterval is how often an idle payout worker looks for jobs
-	// that became due (snoozed, retried); 0 is River's 1s. New jobs are
-	// announced at once (LISTEN/NOTIFY).
+	// JobPollInterval is how often an idle payout worker looks for jobs come
+	// due (snoozed, retried; new ones are announced at once); 0 is River's 1s.
 	JobPollInterval time.Duration
-	// DemoReceiverURL is the server's built-in demo receiver
-	// (/demo/webhooks/), where the relay delivers the events of callers
-	// without a webhook endpoint of their own (in DEMO_MODE only).
+	// DemoReceiverURL is the server's demo receiver (/demo/webhooks/), where the
+	// relay delivers the events of callers without an endpoint (DEMO_MODE only).
 	DemoReceiverURL string
 	// Traces is the demo's store of recent traces (SetupTracing makes it
 	// in DEMO_MODE), served at GET /demo/traces; nil serves none.
@@ -113,21 +111,15 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 		f.unfenced, storeFaults = true, f
 		log.Warn("FAULT_UNFENCED_COMPLETION is set: completions are written WITHOUT their fence, a planted bug; never in production")
 	}
-	a.Keys = idempotency.NewStore(pool, idempotency.StoreConfig{
-		Lease: cfg.Lease, MaxRun: cfg.MaxRun(), Wait: cfg.IdempotencyWait, Listener: a.listener, Faults: storeFaults,
-	}, log)
+	a.Keys = idempotency.NewStore(pool, idempotency.StoreConfig{Lease: cfg.Lease, MaxRun: cfg.MaxRun(),
+		Wait: cfg.IdempotencyWait, Listener: a.listener, Faults: storeFaults}, log)
 	a.Keys.CacheReplays(cfg.ReplayCacheSize, cfg.Retention)
 
 	// Payouts run as River jobs: a request enqueues one in its own
 	// transaction (payouts.Service); this process runs them if PAYOUT_WORKERS > 0.
 	worker := payouts.NewWorker(pool, processor, cfg.PayoutJobTimeout(), cfg.PayoutGiveUpAfter, log.With("component", "payouts"))
-	jobs, err := payouts.NewJobs(pool, worker, payouts.JobsConfig{
-		Workers:           cfg.PayoutWorkers,
-		JobTimeout:        cfg.PayoutJobTimeout(),
-		RescueAfter:       cfg.PayoutRescueAfter,
-		FetchPollInterval: opts.JobPollInterval,
-		Logger:            log.With("component", "river"),
-	})
+	jobs, err := payouts.NewJobs(pool, worker, payouts.JobsConfig{Workers: cfg.PayoutWorkers, JobTimeout: cfg.PayoutJobTimeout(),
+		RescueAfter: cfg.PayoutRescueAfter, FetchPollInterval: opts.JobPollInterval, Logger: log.With("component", "river")})
 	if err != nil {
 		return nil, fmt.Errorf("payout jobs: %w", err)
 	}
@@ -154,14 +146,11 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	inbox.Handle(events.ProcessorRefundSucceeded, charges.ApplyRefundEvent)
 	inbox.Handle(events.ProcessorPayoutPaid, payouts.ApplyPayoutEvent)
 	inbox.Handle(events.ProcessorPayoutFailed, payouts.ApplyPayoutEvent)
-
 	if err := a.addWorkers(pool, opts.DemoReceiverURL); err != nil {
 		return nil, err
 	}
-	a.Handler, err = server.New(server.Deps{
-		Config: cfg, Pool: pool, Log: log, Keys: a.Keys, Operations: a.Operations, Inbox: inbox,
-		Demo: demo, Tracing: opts.Tracing,
-	})
+	a.Handler, err = server.New(server.Deps{Config: cfg, Pool: pool, Log: log, Keys: a.Keys, Operations: a.Operations,
+		Inbox: inbox, Demo: demo, Tracing: opts.Tracing})
 	if err != nil {
 		return nil, err
 	}

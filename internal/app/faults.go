@@ -1,14 +1,13 @@
 package app
 
 // Crash points are a test facility: named places at which the server kills
-// itself with a real SIGKILL, so that tests can check that a restart
-// recovers the operation exactly once; the browser demo arms them one at a
-// time. They are off unless FAULT_CRASH_POINTS names points, or the demo
-// (DEMO_MODE) arms one. Never set either in production.
+// itself with a real SIGKILL, so that tests can check that a restart recovers
+// the operation exactly once. Off unless FAULT_CRASH_POINTS names points or
+// the demo (DEMO_MODE) arms one, one at a time; never in production.
 //
-// No operation's code knows about them: they reach it through two seams
-// every operation with an external effect passes, the idempotency store's
-// Faults (implemented by faults below) and the card processor (wrapped here).
+// No operation's code knows about them: they reach it through two seams every
+// operation with an external effect passes, the idempotency store's Faults
+// (implemented by faults below) and the card processor (wrapped here).
 
 import (
 	"context"
@@ -162,13 +161,11 @@ func (p crashingProcessor) Payout(ctx context.Context, key string, req cardproce
 }
 
 // Stall points are for the history check's planted-bug test (internal/soak):
-// places at which an owner stops, renewing nothing, as if its process were
-// paused (a long GC pause, a frozen VM), so that its lease lapses and
-// another request takes the record over; then it carries on, unaware. They
-// are off unless FAULT_STALL_POINTS names points. Never in production.
-//
-// AfterClaim, the only one: a request's claim has just inserted a new
-// record (attempt 1); nothing has run, and the heartbeat has not started.
+// places at which an owner stops, renewing nothing, as if paused (a long GC
+// pause, a frozen VM), so that its lease lapses and another request takes the
+// record over; then it carries on, unaware. Off unless FAULT_STALL_POINTS
+// names one; never in production. AfterClaim, the only one: a claim has just
+// inserted a new record (attempt 1); nothing has run, nor the heartbeat.
 const AfterClaim = "after_claim"
 
 // parseStalls reads FAULT_STALL_POINTS (comma-separated) and says how long

@@ -32,19 +32,17 @@ type Tracing struct {
 }
 
 // SetupTracing sets the W3C trace context propagator, always (a client's
-// traceparent is continued, and logged, even when nothing is recorded
-// here), and a tracer provider for what is to receive spans: an OTLP/HTTP
-// exporter when OTEL_EXPORTER_OTLP_ENDPOINT or _TRACES_ENDPOINT is set (the
-// exporter reads the OTEL_EXPORTER_OTLP_ variables itself), the demo's
-// store of recent traces (demo true), and extra (tests). With none, there
-// is no provider: the global tracer stays the no-op one, and a span costs
-// a context lookup.
+// traceparent is continued, and logged, even when nothing is recorded here),
+// and a tracer provider for what is to receive spans: an OTLP/HTTP exporter
+// when OTEL_EXPORTER_OTLP_ENDPOINT or _TRACES_ENDPOINT is set (it reads the
+// OTEL_EXPORTER_OTLP_ variables itself), the demo's recent traces (demo),
+// and extra (tests). With none, the global tracer stays the no-op one: a
+// span costs a context lookup.
 //
 // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES name the service
 // ("payments" by default), OTEL_TRACES_SAMPLER (and _ARG) the sampler
 // (parent-based, always on, by default), and OTEL_SDK_DISABLED=true turns
-// recording off whatever else is set. It is process-wide: call it once,
-// and Shutdown before exit to flush.
+// recording off. Process-wide: call it once, and Shutdown before exit.
 func SetupTracing(ctx context.Context, demo bool, extra ...sdktrace.SpanProcessor) (*Tracing, error) {
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	t := &Tracing{}
@@ -82,14 +80,8 @@ func SetupTracing(ctx context.Context, demo bool, extra ...sdktrace.SpanProcesso
 		sdktrace.WithResource(res),
 		// Every value bounded: an attribute is one of ours, but a bound
 		// keeps a bug from making a span (and the demo's store) large.
-		sdktrace.WithRawSpanLimits(sdktrace.SpanLimits{
-			AttributeValueLengthLimit:   256,
-			AttributeCountLimit:         32,
-			EventCountLimit:             8,
-			LinkCountLimit:              8,
-			AttributePerEventCountLimit: 8,
-			AttributePerLinkCountLimit:  4,
-		}),
+		sdktrace.WithRawSpanLimits(sdktrace.SpanLimits{AttributeValueLengthLimit: 256, AttributeCountLimit: 32,
+			EventCountLimit: 8, LinkCountLimit: 8, AttributePerEventCountLimit: 8, AttributePerLinkCountLimit: 4}),
 	)...)
 	otel.SetTracerProvider(t.provider)
 	return t, nil
@@ -131,14 +123,8 @@ func NewRecentTraces(maxTraces, maxSpans int) *RecentTraces {
 // OnEnd keeps s, if its trace is still kept and not full.
 func (r *RecentTraces) OnEnd(s sdktrace.ReadOnlySpan) {
 	sc := s.SpanContext()
-	span := server.TraceSpan{
-		Name:       s.Name(),
-		SpanID:     sc.SpanID().String(),
-		Start:      s.StartTime(),
-		End:        s.EndTime(),
-		Attributes: make(map[string]any, len(s.Attributes())),
-		Failed:     s.Status().Code == codes.Error,
-	}
+	span := server.TraceSpan{Name: s.Name(), SpanID: sc.SpanID().String(), Start: s.StartTime(), End: s.EndTime(),
+		Attributes: make(map[string]any, len(s.Attributes())), Failed: s.Status().Code == codes.Error}
 	if p := s.Parent(); p.IsValid() && p.TraceID() == sc.TraceID() {
 		span.Parent = p.SpanID().String()
 	}

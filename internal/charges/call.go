@@ -28,17 +28,15 @@ import (
 //     request) gives no answer about the money either: the operation is set
 //     aside for a person at once, never recorded as a decline.
 
-// callProcessor makes the external call of the operation held by l, exactly
-// once (retries belong to the API's client and to the reconciler: a loop
-// here would multiply theirs), and passes a definite answer to finish, the
-// final phase, which records it in tx and returns the final response.
-// refusal is the processor's definite "no" (a *cardprocessor.DeclinedError
-// or *cardprocessor.RefusedError), nil on success. what names the
-// operation for the client ("charge").
+// callProcessor makes the external call of l's operation, once (retries
+// belong to the API's client and the reconciler: a loop here would multiply
+// theirs), and passes a definite answer to finish, the final phase, which
+// records it in tx. refusal is the processor's definite "no" (a
+// *cardprocessor.DeclinedError or RefusedError), nil on success. what names
+// the operation for the client ("charge").
 func callProcessor[A any](ctx context.Context, l *idempotency.Lease, what string, call func(context.Context) (A, error),
 	finish func(ctx context.Context, tx pgx.Tx, answer A, refusal error) (idempotency.Result, error)) error {
 	answer, err := call(ctx)
-
 	var uncertain *cardprocessor.UncertainError
 	var rejected *cardprocessor.RejectedError
 	switch {
@@ -52,9 +50,8 @@ func callProcessor[A any](ctx context.Context, l *idempotency.Lease, what string
 		p.RetryAfter = max(1, int(math.Ceil(uncertain.RetryAfter.Seconds())))
 		return errors.Join(p, err)
 	case err != nil && !cardprocessor.IsDefinite(err):
-		// Neither an answer nor a "no": no answer. (The idempotency layer
-		// keeps any error after the first phase resumable; see
-		// idempotency.Handler.)
+		// Neither an answer nor a "no". (The idempotency layer keeps any
+		// error after the first phase resumable: idempotency.Handler.)
 		return err
 	}
 	refusal := err

@@ -103,7 +103,6 @@ func NewService(db *pgxpool.Pool, processor cardprocessor.Processor) *Service {
 	return &Service{db: db, processor: processor}
 }
 
-// chargeBody is a charge request's body.
 type chargeBody struct {
 	PaymentMethod string `json:"payment_method"`
 }
@@ -217,10 +216,8 @@ type Outcome struct {
 // comes first records the outcome, the other finds it recorded.
 func ApplyChargeEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
 	defer postgres.Wrap(&err, "charges.ApplyChargeEvent(%s, %q)", callerID, ev.DownstreamKey)
-	o := Outcome{
-		Succeeded: ev.Type == events.ProcessorChargeSucceeded, ProcessorChargeID: ev.ObjectID,
-		Report: events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID},
-	}
+	o := Outcome{Succeeded: ev.Type == events.ProcessorChargeSucceeded, ProcessorChargeID: ev.ObjectID,
+		Report: events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID}}
 	if ev.DeclineCode != nil {
 		o.DeclineCode = *ev.DeclineCode
 	}
@@ -263,7 +260,6 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 	default:
 		return cur, &events.ContradictionError{Object: "charge", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: string(want)}
 	}
-
 	data := map[string]any{"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency}
 	if !o.Succeeded {
 		code := o.DeclineCode

@@ -281,8 +281,7 @@ func (r *Reader) String(name, def string) string {
 }
 
 // read is the variable name as parse reads it, or def when it is unset; a
-// value parse refuses is noted (the variable wants what want says) and
-// gives def.
+// value parse refuses is noted (the variable wants what want says): def.
 func read[T any](r *Reader, name string, def T, want string, parse func(string) (T, bool)) T {
 	v := r.String(name, "")
 	if v == "" {

@@ -2,10 +2,9 @@ package config
 
 import "fmt"
 
-// Problems collects what is wrong with a background worker's
-// configuration, so that its constructor reports every mistake at once
-// and a bad configuration fails at start-up, never as a loop that
-// misbehaves later (River's maintenance services do the same).
+// Problems collects a background worker's configuration mistakes, so its
+// constructor reports them all at once and a bad one fails at start-up,
+// never as a loop that misbehaves later (as River's services do).
 type Problems []string
 
 // Check notes the problem when ok is false.

@@ -70,15 +70,14 @@ func (in *Inbox) Handle(eventType string, apply Applier) {
 	in.appliers[eventType] = apply
 }
 
-// Receive applies ev (its signature already checked) once, whatever the
-// number of deliveries, and says whether it was a redelivery. An event
-// about an unknown object, of a type nobody handles, or for no caller is
-// acknowledged and ignored: no redelivery could change that. So is one that
-// contradicts what is recorded (a recorded decline reported as a success;
-// the right key, the wrong amount), or the processor would redeliver it for
-// ever: nothing about money changes, and the event is kept, marked with
-// what it contradicts, for an operator (`server dead-letters`), counted,
-// and logged once, on arrival.
+// Receive applies ev (its signature already checked) once, however often it
+// is delivered, and says whether it was a redelivery. An event about an
+// unknown object or caller, or of a type nobody handles, is acknowledged and
+// ignored: no redelivery could change that. So is one that contradicts what
+// is recorded (a decline reported as a success; the wrong amount), or the
+// processor would redeliver it for ever: nothing about money changes, and
+// the event is kept with what it contradicts for an operator (`server
+// dead-letters`), counted, and logged once, on arrival.
 func (in *Inbox) Receive(ctx context.Context, ev ProcessorEvent) (duplicate bool, err error) {
 	defer postgres.Wrap(&err, "events.Receive(%s)", ev.ID)
 	callerID, ok := cardprocessor.CallerOfDownstreamKey(ev.DownstreamKey)

@@ -19,12 +19,10 @@ import (
 
 // Registry holds every metric of the server process, and the Go runtime's
 // and the process's own.
-var Registry = newRegistry()
+var Registry = prometheus.NewRegistry()
 
-func newRegistry() *prometheus.Registry {
-	r := prometheus.NewRegistry()
-	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return r
+func init() {
+	Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 }
 
 func register[C prometheus.Collector](c C) C {

@@ -137,13 +137,12 @@ func MarkPaid(ctx context.Context, tx pgx.Tx, callerID, id string) (err error) {
 // succeeded charge: charges.HasLiveCharge, as charges are its rows.
 type LiveCharges func(ctx context.Context, tx pgx.Tx, callerID, orderID string) (bool, error)
 
-// Cancel cancels the caller's order, naturally idempotent: a canceled order
-// is returned unchanged. A paid order, or one with a charge in progress (as
-// live says), cannot be canceled. It locks the order first, as creating a
-// charge does: a charge being created is waited for, and the check that
-// follows (a new statement, so a new snapshot) sees it. Without the lock,
-// the check could miss a charge committed a moment later and cancel an
-// order about to be charged.
+// Cancel cancels the caller's order; a canceled order is returned unchanged.
+// A paid order, or one with a charge in progress (as live says), cannot be.
+// It locks the order first, as creating a charge does: a charge being
+// created is waited for, and the check after (a new statement, so a new
+// snapshot) sees it. Without the lock, it could miss a charge committed a
+// moment later and cancel an order about to be charged.
 func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string, live LiveCharges) (o Order, err error) {
 	defer postgres.Wrap(&err, "orders.Cancel(%s, %q)", callerID, id)
 	err = postgres.Transact(ctx, pool, func(tx pgx.Tx) error {

@@ -125,8 +125,7 @@ func (w *Worker) start(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.P
 		return err
 	}
 	if res.Status != cardprocessor.PayoutInTransit {
-		// Already final: a replay of a transfer that has arrived since.
-		return w.record(ctx, po, res)
+		return w.record(ctx, po, res) // already final: a replayed transfer, arrived since
 	}
 	arrives := time.Unix(res.ArrivalDate, 0)
 	err = postgres.Transact(ctx, w.db, func(tx pgx.Tx) error {
@@ -210,14 +209,8 @@ type JobsConfig struct {
 func NewJobs(pool *pgxpool.Pool, worker *Worker, cfg JobsConfig) (*river.Client[pgx.Tx], error) {
 	workers := river.NewWorkers()
 	river.AddWorker(workers, worker)
-	rc := &river.Config{
-		Schema:               postgres.RiverSchema,
-		Workers:              workers,
-		JobTimeout:           cfg.JobTimeout,
-		RescueStuckJobsAfter: cfg.RescueAfter,
-		FetchPollInterval:    cfg.FetchPollInterval,
-		Logger:               cfg.Logger,
-	}
+	rc := &river.Config{Schema: postgres.RiverSchema, Workers: workers, JobTimeout: cfg.JobTimeout,
+		RescueStuckJobsAfter: cfg.RescueAfter, FetchPollInterval: cfg.FetchPollInterval, Logger: cfg.Logger}
 	if cfg.Workers > 0 {
 		rc.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.Workers}}
 	}

@@ -12,12 +12,11 @@
 //	                   processor says paid or failed.
 //	GET /v1/payouts/…  the payout now, with a Retry-After hint until final.
 //
-// A retried POST replays the stored 202 (the payout as accepted); the client
-// polls its Location. The job may run more than once per step (River retries
-// it after an error or a timeout, and rescues it after its process died):
-// every run sends the same downstream key, so the processor makes one
-// transfer; and every write is conditional on the payout's current status,
-// so a repeated or late run changes nothing already recorded.
+// A retried POST replays the stored 202; the client polls its Location. The
+// job may run more than once per step (River retries it after an error or a
+// timeout, and rescues it after its process died): every run sends the same
+// downstream key, so the processor makes one transfer, and every write is
+// conditional on the payout's status, so a late run changes nothing recorded.
 package payouts
 
 import (
@@ -185,10 +184,8 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 // first records it, the other finds it recorded.
 func ApplyPayoutEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
 	defer postgres.Wrap(&err, "payouts.ApplyPayoutEvent(%s, %q)", callerID, ev.DownstreamKey)
-	o := Outcome{
-		Paid: ev.Type == events.ProcessorPayoutPaid, ProcessorPayoutID: ev.ObjectID,
-		Report: events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID},
-	}
+	o := Outcome{Paid: ev.Type == events.ProcessorPayoutPaid, ProcessorPayoutID: ev.ObjectID,
+		Report: events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID}}
 	if ev.FailureCode != nil {
 		o.FailureCode = *ev.FailureCode
 	}
@@ -208,8 +205,7 @@ type Outcome struct {
 	Paid              bool
 	FailureCode       string // when not Paid
 	ProcessorPayoutID string
-	// Report is what a webhook said besides: checked against the payout.
-	Report events.Report
+	Report            events.Report // what a webhook said besides, checked against the payout
 }
 
 // settle moves a payout that is not final to its outcome, with the balance

@@ -14,8 +14,7 @@ import (
 	"github.com/retrysafe/payments/internal/postgres"
 )
 
-// tracer makes the span of each run of a payout job; the global API's, as
-// everywhere: the process decides whether spans are recorded.
+// tracer makes each job run's span; the global API's, as everywhere.
 var tracer = otel.Tracer("github.com/retrysafe/payments/internal/payouts")
 
 // traceparentOf is ctx's W3C trace context, for the job to link back to,

@@ -8,7 +8,9 @@ package problem
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -85,13 +87,7 @@ var kinds = map[Code]struct {
 }
 
 // Codes returns every code this package knows, to check against the contract.
-func Codes() []Code {
-	codes := make([]Code, 0, len(kinds))
-	for c := range kinds {
-		codes = append(codes, c)
-	}
-	return codes
-}
+func Codes() []Code { return slices.Collect(maps.Keys(kinds)) }
 
 // FieldError names one invalid part of a request by JSON pointer
 // ("/amount") or, for a parameter, by its name ("limit").
@@ -136,15 +132,9 @@ type body struct {
 // JSON is the problem document.
 func (e *Error) JSON() []byte {
 	k := kinds[e.Code]
-	b, err := json.Marshal(body{
-		Type:        TypeBase + strings.ReplaceAll(string(e.Code), "_", "-"),
-		Title:       k.title,
-		Status:      k.status,
-		Detail:      e.Detail,
-		Code:        e.Code,
-		Errors:      e.Errors,
-		DeclineCode: e.DeclineCode,
-	})
+	b, err := json.Marshal(body{Type: TypeBase + strings.ReplaceAll(string(e.Code), "_", "-"),
+		Title: k.title, Status: k.status, Detail: e.Detail, Code: e.Code,
+		Errors: e.Errors, DeclineCode: e.DeclineCode})
 	if err != nil { // only strings and ints: cannot happen
 		panic(err)
 	}
@@ -162,9 +152,7 @@ func (e *Error) Header() http.Header {
 
 // Write writes the problem as an HTTP response.
 func (e *Error) Write(w http.ResponseWriter) error {
-	for k, v := range e.Header() {
-		w.Header()[k] = v
-	}
+	maps.Copy(w.Header(), e.Header())
 	w.WriteHeader(e.Status())
 	_, err := w.Write(e.JSON())
 	return err
