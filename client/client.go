@@ -91,10 +91,8 @@ func New(baseURL, apiKey string, policy Policy, httpClient *http.Client) (*Clien
 type Result struct {
 	IdempotencyKey string
 	Attempts       int
-	// Replayed: the answer is the stored outcome of an earlier attempt
-	// (Idempotent-Replayed: true).
-	Replayed bool
-	Status   int
+	Replayed       bool // the answer is an earlier attempt's (Idempotent-Replayed: true)
+	Status         int
 }
 
 // Option adjusts one call.
@@ -102,9 +100,8 @@ type Option func(*callOptions)
 
 type callOptions struct{ key string }
 
-// WithIdempotencyKey sends key instead of a generated one: for a caller
-// that persists its keys, so that even a restart of the caller retries the
-// same operation.
+// WithIdempotencyKey sends key instead of a generated one, for a caller that
+// persists its keys: after a restart, it still retries the same operation.
 func WithIdempotencyKey(key string) Option { return func(o *callOptions) { o.key = key } }
 
 // Error is a final answer that is not a success: an RFC 9457 problem.
@@ -135,11 +132,10 @@ type answer struct {
 	body []byte
 }
 
-// do runs one logical operation: send is called with the same key on
-// every attempt, until an answer is final, the attempts or the budget run
-// out, or the context's deadline would pass before the next try. parts
-// picks out of send's response the raw answer and the value decoded for
-// the status want.
+// do runs one logical operation: send is called with the same key on every
+// attempt, until an answer is final, the attempts or the budget run out, or
+// the context's deadline would pass before the next try. parts picks out of
+// send's response the raw answer and the value decoded for the status want.
 func do[R, T any](ctx context.Context, c *Client, opts []Option, want int,
 	send func(ctx context.Context, key string) (*R, error), parts func(*R) (*http.Response, []byte, *T),
 ) (T, Result, error) {
@@ -220,10 +216,7 @@ func (c *Client) retryable(ctx context.Context, a answer, err error, attempt int
 		// client's own timeout too): the request may or may not have
 		// arrived. With the same key a retry is safe either way. Only the
 		// caller's context ending is the caller's decision to stop.
-		if ctx.Err() != nil {
-			return 0, false
-		}
-		return backoff, true
+		return backoff, ctx.Err() == nil
 	}
 	switch a.resp.StatusCode {
 	case http.StatusConflict:
@@ -261,12 +254,10 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-t.C:
+	case <-time.After(d): // collected unfired since Go 1.23
 		return nil
 	}
 }

@@ -11,11 +11,10 @@ import (
 	"time"
 )
 
-// FullJitter is the delay before retry number attempt:
-// random(0, min(cap, base·2^attempt)). Randomizing over the whole range
-// spreads the retries of many clients that failed together, so they do not
-// come back together (AWS Architecture Blog, "Exponential Backoff And
-// Jitter").
+// FullJitter is the delay before retry number attempt: random(0, min(cap,
+// base·2^attempt)). Randomizing over the whole range spreads the retries of
+// many clients that failed together, so they do not come back together
+// (AWS Architecture Blog, "Exponential Backoff And Jitter").
 func FullJitter(base, cap time.Duration, attempt int) time.Duration {
 	ceiling := cap
 	// base·2^attempt, without overflowing: only when it stays below cap.

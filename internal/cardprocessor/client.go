@@ -73,8 +73,7 @@ type RefundResult struct {
 	ID string `json:"id"`
 }
 
-// PayoutRequest is a transfer of amount in currency to destination (a
-// bank account token).
+// PayoutRequest is a transfer to destination, a bank account token.
 type PayoutRequest struct {
 	Amount      int64  `json:"amount"`
 	Currency    string `json:"currency"`
@@ -83,17 +82,15 @@ type PayoutRequest struct {
 
 // PayoutResult is a payout as the processor sees it.
 type PayoutResult struct {
-	ID string `json:"id"`
-	// Status is in_transit, paid or failed.
-	Status      string  `json:"status"`
+	ID          string  `json:"id"`
+	Status      string  `json:"status"` // in_transit, paid or failed
 	FailureCode *string `json:"failure_code"`
-	// ArrivalDate is when the transfer is expected to arrive, in Unix
-	// seconds.
-	ArrivalDate int64 `json:"arrival_date"`
+	ArrivalDate int64   `json:"arrival_date"` // when the transfer should arrive, Unix seconds
 }
 
-// Payout statuses on the wire.
+// Statuses on the wire: of a successful charge, and of a payout.
 const (
+	statusSucceeded = "succeeded"
 	PayoutInTransit = "in_transit"
 	PayoutPaid      = "paid"
 	PayoutFailed    = "failed"
@@ -102,9 +99,6 @@ const (
 // SignatureHeader carries the signature of the processor's webhooks (the
 // scheme in signature.go).
 const SignatureHeader = "Processor-Signature"
-
-// statusSucceeded is the status of a successful charge on the wire.
-const statusSucceeded = "succeeded"
 
 // errorResponse is the body of every error answer of the processor's API.
 type errorResponse struct {
@@ -132,9 +126,8 @@ func NewClient(baseURL string, timeout time.Duration) *Client {
 }
 
 // UncertainError means the processor gave no definite answer (see
-// Processor). The effect may or may not exist, so it is never recorded as
-// failed: the operation stays at its recovery point and a later attempt
-// asks again with the same downstream key.
+// Processor). It is never recorded as failed: the operation stays at its
+// recovery point and a later attempt asks again under the same key.
 type UncertainError struct {
 	Err        error
 	RetryAfter time.Duration
@@ -179,8 +172,7 @@ func (c *Client) Charge(ctx context.Context, downstreamKey string, req ChargeReq
 		return ch, &DeclinedError{DeclineCode: e.Error.DeclineCode, ProcessorChargeID: e.Error.Charge}
 	}
 	err = notDone(status, header, resBody)
-	var refused *RefusedError
-	if errors.As(err, &refused) {
+	if refused, ok := errors.AsType[*RefusedError](err); ok {
 		// The processor refused the charge request and did nothing: the
 		// charge is recorded as failed, with the processor's reason.
 		return ch, &DeclinedError{DeclineCode: refused.Code}
@@ -205,8 +197,7 @@ func notDone(status int, header http.Header, body []byte) error {
 }
 
 // RejectedError is the processor refusing our downstream key itself (422):
-// no retry under the key can succeed and the customer is not at fault, so
-// it is neither retried nor a decline: a person must look.
+// no retry can succeed and the customer is not at fault; a person must look.
 type RejectedError struct {
 	Status int
 	Code   string
@@ -238,17 +229,15 @@ func (c *Client) post(ctx context.Context, path, downstreamKey string, req any) 
 	httpReq.Header.Set("Content-Type", "application/json")
 	httpReq.Header.Set("Idempotency-Key", downstreamKey)
 	// net/http silently resends a request carrying an Idempotency-Key when a
-	// reused connection fails before any answer. Safe here, but it would be
-	// a second attempt hidden from our accounting; without GetBody the body
-	// cannot be rewound, so it is not resent.
+	// reused connection fails before any answer: safe, but an attempt hidden
+	// from our accounting. Without GetBody it cannot rewind the body to resend.
 	httpReq.GetBody = nil
 	return c.send(ctx, httpReq, strings.TrimPrefix(path, "/v1/"), downstreamKey, nil)
 }
 
-// send makes one call in its own span, and counts it (observe). A failure
-// to get a complete answer is an UncertainError: the processor may have
-// acted. check, if set, judges the answer, and the call is counted as
-// uncertain when it fails.
+// send makes one call in its own span, and counts it (observe). No complete
+// answer is an UncertainError: the processor may have acted. check, if set,
+// judges the answer; the call counts as uncertain when it fails.
 func (c *Client) send(ctx context.Context, req *http.Request, call, downstreamKey string, check func(status int, header http.Header, body []byte) error) (status int, header http.Header, body []byte, err error) {
 	start := time.Now()
 	ctx, span := startCall(ctx, call, downstreamKey)
@@ -269,9 +258,8 @@ func (c *Client) send(ctx context.Context, req *http.Request, call, downstreamKe
 	return res.StatusCode, res.Header, body, err
 }
 
-// observe counts one call by its result, as the caller will judge it: a
-// 2xx is a success; a 400, 402 or 404 a definite refusal; a 422 a rejected
-// key; anything else (no answer, a 5xx, a 429, a 409) uncertain.
+// observe counts one call by its result, as the caller will judge it (see
+// notDone; a 402 is a decline).
 func observe(call string, start time.Time, status int, err error) (result string) {
 	result = "uncertain"
 	switch {
@@ -320,8 +308,7 @@ func (c *Client) Payout(ctx context.Context, downstreamKey string, req PayoutReq
 }
 
 // create posts req under downstreamKey and reads a 201 as a T, which must
-// be valid: a 201 we cannot read is uncertain. Any other answer is
-// notDone's.
+// be valid: a 201 we cannot read is uncertain. Other answers are notDone's.
 func create[T any](ctx context.Context, c *Client, path, what, downstreamKey string, req any, valid func(T) bool) (T, error) {
 	var v T
 	status, header, body, err := c.post(ctx, path, downstreamKey, req)
@@ -337,9 +324,8 @@ func create[T any](ctx context.Context, c *Client, path, what, downstreamKey str
 	return v, nil
 }
 
-// GetPayout reads the processor's payout id. Any failure is an
-// UncertainError: reading changes nothing, so the caller simply asks
-// again later.
+// GetPayout reads the processor's payout id. Any failure is uncertain:
+// reading changes nothing, so the caller simply asks again later.
 func (c *Client) GetPayout(ctx context.Context, id string) (PayoutResult, error) {
 	var po PayoutResult
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.baseURL+"/v1/payouts/"+url.PathEscape(id), nil)
@@ -365,20 +351,18 @@ func knownPayoutStatus(s string) bool {
 // IsDefinite reports whether err is a definite "no" from the processor (a
 // decline or a refusal): nothing was done, and the outcome is final.
 func IsDefinite(err error) bool {
-	var declined *DeclinedError
-	var refused *RefusedError
-	return errors.As(err, &declined) || errors.As(err, &refused)
+	_, declined := errors.AsType[*DeclinedError](err)
+	_, refused := errors.AsType[*RefusedError](err)
+	return declined || refused
 }
 
 // RefusalCode is the processor's reason for a definite "no" (a decline
 // code, or a refusal code), or "" when err is not one.
 func RefusalCode(err error) string {
-	var declined *DeclinedError
-	var refused *RefusedError
-	switch {
-	case errors.As(err, &declined):
+	if declined, ok := errors.AsType[*DeclinedError](err); ok {
 		return declined.DeclineCode
-	case errors.As(err, &refused):
+	}
+	if refused, ok := errors.AsType[*RefusedError](err); ok {
 		return refused.Code
 	}
 	return ""

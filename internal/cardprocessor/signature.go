@@ -35,9 +35,6 @@ var (
 	ErrSignatureNoSecret  = errors.New("cardprocessor: signature: empty secret")
 )
 
-// maxSignatureHeader bounds the work a hostile header can cause.
-const maxSignatureHeader = 1024
-
 // Sign returns the signature header value for body sent at t: a v1
 // signature by secret, and one by each of more (an old secret, while it is
 // being rotated out).
@@ -52,8 +49,7 @@ func Sign(secret []byte, t time.Time, body []byte, more ...[]byte) string {
 
 func mac(secret []byte, ts string, body []byte) []byte {
 	h := hmac.New(sha256.New, secret)
-	h.Write([]byte(ts))
-	h.Write([]byte{'.'})
+	h.Write([]byte(ts + "."))
 	h.Write(body)
 	return h.Sum(nil)
 }
@@ -75,14 +71,13 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 	if tolerance <= 0 {
 		tolerance = SignatureTolerance
 	}
-	if len(header) > maxSignatureHeader {
+	if len(header) > 1024 { // bounds the work a hostile header can cause
 		return ErrSignatureMalformed
 	}
 	var (
 		ts   string // "" until t= is read
 		unix int64
 		sigs [][]byte
-		err  error
 	)
 	for part := range strings.SplitSeq(header, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
@@ -93,13 +88,11 @@ func Verify(secret []byte, header string, body []byte, now time.Time, tolerance 
 		case "t":
 			// Two timestamps would make it ambiguous which one was signed.
 			// Digits only: ParseInt alone would accept a sign.
-			if ts != "" || len(v) > 19 || strings.Trim(v, "0123456789") != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if ts != "" || err != nil || len(v) > 19 || strings.Trim(v, "0123456789") != "" {
 				return ErrSignatureMalformed
 			}
-			if unix, err = strconv.ParseInt(v, 10, 64); err != nil {
-				return ErrSignatureMalformed
-			}
-			ts = v
+			ts, unix = v, n
 		case "v1":
 			sig, err := hex.DecodeString(v)
 			if err != nil || len(sig) != sha256.Size {

@@ -16,11 +16,10 @@ import (
 // process decides whether spans are recorded.
 var tracer = otel.Tracer("github.com/retrysafe/payments/internal/cardprocessor")
 
-// startCall starts the span of one call ("processor charges"). The
-// downstream key is on it: it is what the processor's own logs and
-// ledger name the effect by, it is derived by hashing (it shows no
-// Idempotency-Key in clear), and it is what tells a reader that two
-// attempts' calls were one effect.
+// startCall starts the span of one call ("processor charges"), with the
+// downstream key on it: the processor's logs and ledger name the effect by
+// it, it tells a reader that two attempts' calls were one effect, and, a
+// hash, it shows no Idempotency-Key in clear.
 func startCall(ctx context.Context, call, downstreamKey string) (context.Context, trace.Span) {
 	// Outside any trace (tracing off, and no client's traceparent) there
 	// is nothing to join: no span, and nothing to send the processor.
@@ -37,20 +36,18 @@ func startCall(ctx context.Context, call, downstreamKey string) (context.Context
 	return ctx, span
 }
 
-// inject sends the call's trace context to the processor (W3C
-// traceparent), so that a processor that traces (the fake one does)
-// continues the operation's trace. The span is made here rather than by
-// otelhttp's transport, so that one call is one span, named for what it
-// does, with the answer as the operation reads it (endCall).
+// inject sends the call's trace context (W3C traceparent), so a processor
+// that traces (the fake one does) continues the operation's trace. The span
+// is ours, not otelhttp's transport's, so that one call is one span, named
+// for what it does, with the answer as the operation reads it (endCall).
 func inject(ctx context.Context, req *http.Request) {
 	otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(req.Header))
 }
 
-// endCall ends a call's span with its outcome, in the words of the
-// recovery-point pattern: definite (a success), declined (a definite
-// "no": nothing was done), rejected (the processor refused our key) or
-// uncertain (no definite answer: the next attempt asks again under the
-// same key). result is what observe counted.
+// endCall ends a call's span with its outcome (from what observe counted) in
+// the recovery-point pattern's words: definite (a success), declined (a
+// definite "no": nothing was done), rejected (the processor refused our key)
+// or uncertain (no definite answer: the next attempt asks again, same key).
 func endCall(span trace.Span, result string) {
 	defer span.End()
 	if !span.IsRecording() {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -21,8 +22,7 @@ func newID(prefix string) string {
 
 var currencyPattern = regexp.MustCompile(`^[a-z]{3}$`)
 
-// paymentMethods maps the test payment methods to their decline codes ("" if
-// they do not decline).
+// paymentMethods maps each test payment method to its decline code ("" if none).
 var paymentMethods = map[string]string{
 	PaymentMethodVisa: "", PaymentMethodMastercard: "", PaymentMethodFlaky: "", PaymentMethodRateLimited: "",
 	PaymentMethodInFlight: "", PaymentMethodTimeout: "", PaymentMethodLostResponse: "",
@@ -36,8 +36,7 @@ func validCharge(w http.ResponseWriter, req CreateChargeRequest) bool {
 }
 
 // earlyFault is the answer of a fault test method's attempt that fails
-// without an effect, if this attempt is one (ok false otherwise). The
-// in-flight 409 means "an earlier request with this key is still running".
+// without an effect, if this attempt is one (ok false otherwise).
 func (s *Server) earlyFault(method string, attempt int) (out outcome, ok bool) {
 	retryAfter := http.Header{"Retry-After": {"1"}}
 	switch {
@@ -79,16 +78,14 @@ func (s *Server) executeCharge(key string, req CreateChargeRequest, attempt int)
 		ID: e.ID, Object: e.Object, Amount: e.Amount, Currency: e.Currency, PaymentMethod: e.PaymentMethod, Status: e.Status,
 		DeclineCode: optional(e.DeclineCode), Metadata: req.Metadata, IdempotencyKey: key, Created: e.Created,
 	})}
-	eventType := EventChargeSucceeded
 	if e.Status == StatusFailed {
-		eventType = EventChargeFailed
 		out.status = http.StatusPaymentRequired
 		out.body = mustJSON(ErrorResponse{Error: ErrorDetail{
 			Type: ErrorTypeCard, Code: CodeCardDeclined, Message: "the card was declined",
 			DeclineCode: e.DeclineCode, Charge: e.ID,
 		}})
 	}
-	s.emit(eventType, e)
+	s.emit(e)
 
 	// The faults that strike after the effect, once per key: from now on
 	// the key has a stored answer, which later attempts replay.
@@ -152,7 +149,7 @@ func (s *Server) executeRefund(key string, req CreateRefundRequest, _ int) outco
 		Status: StatusSucceeded, Charge: req.Charge, Created: s.cfg.Now().Unix(),
 	}
 	s.ledger = append(s.ledger, e)
-	s.emit(EventRefundSucceeded, e)
+	s.emit(e)
 	return outcome{status: http.StatusCreated, effect: true, body: mustJSON(Refund{
 		ID: e.ID, Object: e.Object, Charge: e.Charge, Amount: e.Amount, Currency: e.Currency,
 		Status: e.Status, IdempotencyKey: key, Created: e.Created,
@@ -161,14 +158,10 @@ func (s *Server) executeRefund(key string, req CreateRefundRequest, _ int) outco
 
 func (s *Server) handleLedger(w http.ResponseWriter, r *http.Request) {
 	filter, byKey := r.URL.Query()["idempotency_key"]
-	list := LedgerList{Data: []LedgerEntry{}}
 	s.mu.Lock()
-	for _, e := range s.ledger {
-		if !byKey || e.IdempotencyKey == filter[0] {
-			list.Data = append(list.Data, e)
-		}
-	}
+	list := LedgerList{Data: append([]LedgerEntry{}, s.ledger...)}
 	s.mu.Unlock()
+	list.Data = slices.DeleteFunc(list.Data, func(e LedgerEntry) bool { return byKey && e.IdempotencyKey != filter[0] })
 	writeJSON(w, http.StatusOK, mustJSON(list), nil)
 }
 
@@ -198,11 +191,7 @@ func idempotencyKey(w http.ResponseWriter, r *http.Request) (string, bool) {
 		return "", false
 	}
 	key := vals[0]
-	valid := len(vals) == 1 && len(key) <= 255
-	for i := 0; valid && i < len(key); i++ {
-		valid = key[i] >= 0x20 && key[i] <= 0x7e
-	}
-	if !valid {
+	if len(vals) > 1 || len(key) > 255 || strings.ContainsFunc(key, func(r rune) bool { return r < 0x20 || r > 0x7e }) {
 		writeError(w, http.StatusBadRequest, ErrorTypeInvalidRequest, CodeIdempotencyKeyInvalid, "the Idempotency-Key must be one header of 1 to 255 printable ASCII characters", nil)
 		return "", false
 	}
@@ -218,9 +207,8 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
 		err = errors.New("trailing data after the JSON object")
 	}
-	var tooLarge *http.MaxBytesError
 	switch {
-	case errors.As(err, &tooLarge):
+	case errors.As(err, new(*http.MaxBytesError)):
 		writeError(w, http.StatusRequestEntityTooLarge, ErrorTypeInvalidRequest, CodeBodyTooLarge,
 			"the request body exceeds "+strconv.Itoa(maxBodyBytes)+" bytes", nil)
 	case err != nil:
@@ -234,15 +222,12 @@ func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 
 // faultOutcome is an answer without an effect: nothing is stored for the key.
 func faultOutcome(status int, typ, code, msg string, h http.Header) outcome {
-	return outcome{status: status, body: errorJSON(typ, code, msg), header: h}
+	return outcome{status: status, header: h, body: mustJSON(ErrorResponse{Error: ErrorDetail{Type: typ, Code: code, Message: msg}})}
 }
 
 func writeError(w http.ResponseWriter, status int, typ, code, msg string, h http.Header) {
-	writeJSON(w, status, errorJSON(typ, code, msg), h)
-}
-
-func errorJSON(typ, code, msg string) []byte {
-	return mustJSON(ErrorResponse{Error: ErrorDetail{Type: typ, Code: code, Message: msg}})
+	out := faultOutcome(status, typ, code, msg, h)
+	writeJSON(w, out.status, out.body, out.header)
 }
 
 // writeJSON writes body as is: a replay must be byte for byte the answer

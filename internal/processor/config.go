@@ -1,6 +1,7 @@
 package processor
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -58,13 +59,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		}
 	}
 
-	cfg := Config{Addr: str("PROCESSOR_ADDR"), WebhookURL: str("WEBHOOK_URL"), WebhookSecret: []byte(DefaultWebhookSecret)}
-	if cfg.Addr == "" {
-		cfg.Addr = ":8081"
-	}
-	if v := str("WEBHOOK_SECRET"); v != "" {
-		cfg.WebhookSecret = []byte(v)
-	}
+	cfg := Config{Addr: cmp.Or(str("PROCESSOR_ADDR"), ":8081"), WebhookURL: str("WEBHOOK_URL")}
+	cfg.WebhookSecret = []byte(cmp.Or(str("WEBHOOK_SECRET"), DefaultWebhookSecret))
 	integer("WEBHOOK_MAX_ATTEMPTS", 1, &cfg.WebhookMaxAttempts)
 	integer("PROCESSOR_FLAKY_FAILURES", 1, &cfg.FlakyFailures)
 	duration("PROCESSOR_TIMEOUT_HOLD", "30s", &cfg.TimeoutHold)
@@ -81,9 +77,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		}
 		cfg.Rand = rand.New(rand.NewPCG(seed, seed)) // #nosec G404 -- the fake's chaos draws: reproducible by design
 	}
-	// New checks what the parsers above cannot (the URL's shape, the
-	// latency bound); check it here too, so every error surfaces before the
-	// listener opens.
+	// New checks what the parsers cannot (the URL's shape, the latency
+	// bound): check it here too, so it surfaces before the listener opens.
 	if err := errors.Join(errs...); err != nil {
 		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)
 	}

@@ -2,7 +2,6 @@ package processor
 
 import (
 	"crypto/sha256"
-	"encoding/json"
 	"net/http"
 	"strconv"
 	"time"
@@ -24,18 +23,17 @@ import (
 //     an answer is stored before it is withheld or dropped (pm_card_timeout,
 //     pm_card_lostResponse), so a retry does not wait out that hold.
 //   - A stored answer is kept for Config.KeyRetention (24h, as Stripe),
-//     then the key is a new request. The payments server derives its
-//     downstream keys from its caller's (cardprocessor.DownstreamKey), so a
-//     retry after a failover that lost its rows sends the same key again:
-//     forgetting sooner than the server's own retention would charge it
-//     twice. Keeping keys longer is harmless (the server gives a new
-//     operation under an expired key its own, cardprocessor.NewDownstreamKey).
+//     then the key is a new request. A retry after a failover that lost the
+//     server's rows sends the same derived key (cardprocessor.DownstreamKey),
+//     so forgetting sooner than the server's own retention would charge
+//     twice. Keeping keys longer is harmless: a new operation under an
+//     expired key gets a new one (cardprocessor.NewDownstreamKey).
 
 // keyEntry is the state of one downstream key.
 type keyEntry struct {
-	// turn is a one-slot semaphore: whoever has put a token in it is the
-	// only request working on this key. It is a channel rather than a
-	// sync.Mutex so that a waiting request can give up when its client does.
+	// turn is a one-slot semaphore: whoever put a token in it is the only
+	// request working on this key. A channel, not a sync.Mutex, so that a
+	// waiting request can give up when its client does.
 	turn chan struct{}
 
 	// Guarded by turn.
@@ -66,12 +64,7 @@ func (s *Server) entry(endpoint, key string) *keyEntry {
 // encoding/json writes fields in a fixed order and map keys sorted, so key
 // order and whitespace in the body do not change it.
 func fingerprint(req any) [sha256.Size]byte {
-	b, err := json.Marshal(req)
-	if err != nil {
-		// The request types are plain structs of strings and numbers.
-		panic("processor: fingerprint: " + err.Error())
-	}
-	return sha256.Sum256(b)
+	return sha256.Sum256(mustJSON(req)) // cannot panic: plain structs of strings and numbers
 }
 
 // delivery says how an answer reaches the client.
@@ -92,11 +85,10 @@ type outcome struct {
 	how    delivery
 }
 
-// keyed is the handler of a POST on endpoint. It checks the key and the
-// body (valid) first: nothing before the key's turn is stored, so a
-// corrected retry works. Then come chaos, the key's turn, and a stored
-// answer or a new execution. execute runs holding the turn, given the
-// attempt number on this key (1 for the first that reached execution).
+// keyed is the handler of a POST on endpoint: the key and the body (valid)
+// are checked first, storing nothing, so a corrected retry works; then come
+// chaos, the key's turn, and a stored answer or execute, run holding the
+// turn with the attempt number on this key (1 for the first to get there).
 func keyed[T any](s *Server, endpoint string, valid func(http.ResponseWriter, T) bool, execute func(key string, req T, attempt int) outcome) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		key, ok := idempotencyKey(w, r)
@@ -137,10 +129,9 @@ func keyed[T any](s *Server, endpoint string, valid func(http.ResponseWriter, T)
 	}
 }
 
-// answerOnce runs holding e's turn and releases it on return: a stored
-// answer is replayed, otherwise execute runs and an answer with an effect
-// is stored. The turn is released after storing and before the answer is
-// withheld or dropped, so the client's retry replays it at once.
+// answerOnce replays e's stored answer, or runs execute and stores an
+// answer with an effect. It releases e's turn on return: after storing,
+// before the answer is withheld or dropped, so a retry replays it at once.
 func (s *Server) answerOnce(e *keyEntry, fp [sha256.Size]byte, execute func(attempt int) outcome) outcome {
 	defer func() { <-e.turn }()
 	if e.stored != nil && s.cfg.Now().Sub(e.storedAt) >= s.cfg.KeyRetention {
@@ -172,10 +163,8 @@ func (s *Server) answerOnce(e *keyEntry, fp [sha256.Size]byte, execute func(atte
 // crashed processor or a broken network would: the client sees EOF or a reset.
 func dropConnection(w http.ResponseWriter) {
 	conn, _, err := http.NewResponseController(w).Hijack()
-	if err == nil {
-		_ = conn.Close() // dropping it is the point; nothing to do if that fails
-		return
+	if err != nil {
+		panic(http.ErrAbortHandler) // not hijackable (HTTP/2): the standard way to abort a response
 	}
-	// Not hijackable (HTTP/2): the standard way to abort a response.
-	panic(http.ErrAbortHandler)
+	_ = conn.Close() // dropping it is the point; nothing to do if that fails
 }

@@ -90,15 +90,10 @@ func (s *Server) executePayout(key string, req CreatePayoutRequest, attempt int)
 		delay *= 10
 	}
 	now := s.cfg.Now()
-	p := &payoutState{
-		Payout: Payout{
-			ID: newID("ppo"), Object: ObjectPayout,
-			Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
-			Status: PayoutInTransit, ArrivalDate: now.Add(delay).Unix(),
-			IdempotencyKey: key, Created: now.Unix(),
-		},
-		arrives: now.Add(delay),
-	}
+	p := &payoutState{arrives: now.Add(delay), Payout: Payout{
+		ID: newID("ppo"), Object: ObjectPayout, Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
+		Status: PayoutInTransit, ArrivalDate: now.Add(delay).Unix(), IdempotencyKey: key, Created: now.Unix(),
+	}}
 
 	// The effect: the transfer has started.
 	s.mu.Lock()
@@ -126,14 +121,12 @@ func (s *Server) settlePayout(id string) (Payout, bool) {
 	}
 	if p.Status == PayoutInTransit && !s.cfg.Now().Before(p.arrives) {
 		p.Status = PayoutPaid
-		eventType := EventPayoutPaid
 		if p.Destination == DestinationClosed {
 			p.Status, p.FailureCode = PayoutFailed, optional(FailureAccountClosed)
 			s.ledger[p.ledger].FailureCode = FailureAccountClosed
-			eventType = EventPayoutFailed
 		}
 		s.ledger[p.ledger].Status = p.Status
-		s.emit(eventType, s.ledger[p.ledger])
+		s.emit(s.ledger[p.ledger])
 	}
 	return p.Payout, true
 }

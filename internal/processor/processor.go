@@ -57,8 +57,7 @@ type Config struct {
 	WebhookBackoffCap  time.Duration
 	// WebhookTimeout bounds one delivery attempt (default 5s).
 	WebhookTimeout time.Duration
-	// HTTPClient sends the webhooks (default: no timeout of its own;
-	// WebhookTimeout applies per attempt).
+	// HTTPClient sends the webhooks (default &http.Client{}; WebhookTimeout bounds each attempt).
 	HTTPClient *http.Client
 
 	// FlakyFailures is how many attempts on a key pm_card_flaky answers
@@ -69,7 +68,6 @@ type Config struct {
 	// TimeoutHold is how long a withheld answer (pm_card_timeout, chaos
 	// timeouts) waits for the client to give up, then is sent (default 30s).
 	TimeoutHold time.Duration
-
 	// KeyRetention is how long a downstream key's answer is remembered
 	// (default 24h, as Stripe); after it, the key is a new request. It must
 	// not be shorter than the server's IDEMPOTENCY_KEY_RETENTION (keys.go).
@@ -80,7 +78,6 @@ type Config struct {
 	// Rand is the source of every random choice, so a seeded one makes a
 	// run repeatable (default: randomly seeded). The Server owns it.
 	Rand *rand.Rand
-
 	// Now is the clock for created times and signatures (default time.Now).
 	Now func() time.Time
 	// Logger receives operational logs, never bodies (default: discarded).
@@ -114,7 +111,6 @@ func (cfg Config) withDefaults() Config {
 	return cfg
 }
 
-// orDefault sets *v to def if *v is the zero value.
 func orDefault[T comparable](v *T, def T) {
 	var zero T
 	if *v == zero {
@@ -136,9 +132,7 @@ func (cfg Config) validate() error {
 	if cfg.WebhookBackoffBase < 0 || cfg.WebhookBackoffCap < 0 || cfg.WebhookTimeout < 0 || cfg.TimeoutHold < 0 || cfg.PayoutDelay < 0 || cfg.KeyRetention < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
 	}
-	if err := cfg.Chaos.validate(); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, cfg.Chaos.validate()) // Join drops it if nil
 	return errors.Join(errs...)
 }
 
@@ -234,7 +228,8 @@ func (s *Server) routes() http.Handler {
 		writeJSON(w, http.StatusOK, []byte(`{"status":"ok"}`), nil)
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/v1/") && !s.chaosLatency(r.Context()) {
+		ms := s.Chaos().LatencyMS
+		if strings.HasPrefix(r.URL.Path, "/v1/") && ms > 0 && !sleep(r.Context(), time.Duration(ms)*time.Millisecond, nil) {
 			return // the client gave up during the latency; nobody to answer
 		}
 		mux.ServeHTTP(w, r)
@@ -270,12 +265,6 @@ func traced(h http.Handler) http.Handler {
 		}))
 }
 
-// chaosLatency sleeps the configured latency; false if ctx ended first.
-func (s *Server) chaosLatency(ctx context.Context) bool {
-	ms := s.Chaos().LatencyMS
-	return ms <= 0 || sleep(ctx, time.Duration(ms)*time.Millisecond, nil)
-}
-
 // sleep waits d or until stop closes (true), or until ctx ends (false).
 func sleep(ctx context.Context, d time.Duration, stop <-chan struct{}) bool {
 	select {
@@ -294,7 +283,8 @@ func (s *Server) Close() {
 	s.closeOnce.Do(func() {
 		close(s.closing)
 		if s.webhooks != nil {
-			s.webhooks.close()
+			s.webhooks.cancel()
+			<-s.webhooks.done // run has returned
 		}
 	})
 }

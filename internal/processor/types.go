@@ -30,20 +30,19 @@ const (
 	PaymentMethodRateLimited = "pm_card_rateLimited"
 	// PaymentMethodInFlight answers 409 idempotency_key_in_use with
 	// Retry-After: 1 to the first attempt on a key, without an effect, then
-	// succeeds: what Stripe answers while an earlier request with the key
-	// still runs. Not a refusal, only "not yet".
+	// succeeds: Stripe's "an earlier request with the key still runs", not a refusal.
 	PaymentMethodInFlight = "pm_card_inFlight"
 	// PaymentMethodTimeout charges on the first attempt, then withholds the
-	// answer until the client gives up (or Config.TimeoutHold passes), so
-	// the client cannot know whether it charged. Later attempts on the key
-	// replay the stored success at once.
+	// answer until the client gives up (or Config.TimeoutHold passes): did it
+	// charge? Later attempts on the key replay the stored success at once.
 	PaymentMethodTimeout = "pm_card_timeout"
 	// PaymentMethodLostResponse charges on the first attempt, then drops the
 	// connection. Later attempts replay the stored success.
 	PaymentMethodLostResponse = "pm_card_lostResponse"
 )
 
-// Charge and refund statuses, object names, and webhook event types.
+// Charge and refund statuses, object names, and webhook event types
+// (<object>.<status>).
 const (
 	StatusSucceeded = "succeeded"
 	StatusFailed    = "failed"

@@ -15,11 +15,11 @@ import (
 	"time"
 )
 
-// emit queues an event about ledger entry e for delivery, twice with the
-// chaos probability of a duplicate. Both copies carry the same event id,
-// which is what the receiver deduplicates on. It never blocks, so it is
-// safe to call while holding a key's turn or s.mu.
-func (s *Server) emit(eventType string, e LedgerEntry) {
+// emit queues the event of ledger entry e, typed <object>.<status> (such as
+// charge.failed), twice with the chaos probability of a duplicate. Both
+// copies carry the same event id, which the receiver deduplicates on. It
+// never blocks, so it is safe to call while holding a key's turn or s.mu.
+func (s *Server) emit(e LedgerEntry) {
 	if s.webhooks == nil {
 		return
 	}
@@ -27,7 +27,8 @@ func (s *Server) emit(eventType string, e LedgerEntry) {
 		ID: e.ID, DownstreamKey: e.IdempotencyKey, Amount: e.Amount, Currency: e.Currency, Status: e.Status,
 		DeclineCode: optional(e.DeclineCode), Charge: e.Charge, FailureCode: optional(e.FailureCode),
 	}
-	body := mustJSON(Event{ID: newID("evt"), Type: eventType, Created: s.cfg.Now().Unix(), Data: data})
+	event := Event{ID: newID("evt"), Type: e.Object + "." + e.Status, Created: s.cfg.Now().Unix(), Data: data}
+	body := mustJSON(event)
 	twice := s.draw(func(c Chaos) float64 { return c.DuplicateWebhookRate })
 	s.webhooks.enqueue(&pending{body: body, due: time.Now()})
 	if twice {
@@ -36,12 +37,11 @@ func (s *Server) emit(eventType string, e LedgerEntry) {
 }
 
 // deliverer sends events to the webhook URL at least once, from one
-// goroutine: an attempt that errs or answers anything but 2xx is retried
-// with capped, fully jittered exponential backoff, a bounded number of
-// times. The queue is ordered by due time, so an event that is backing off
-// does not hold up the others, but a receiver that hangs delays everything
-// by up to WebhookTimeout per attempt. As with any real webhook sender,
-// delivery order is not guaranteed.
+// goroutine, retrying an attempt that errs or answers anything but 2xx with
+// full-jitter backoff (see Config) a bounded number of times. The queue is
+// ordered by due time, so an event backing off does not hold up the others,
+// but a receiver that hangs delays everything by up to WebhookTimeout per
+// attempt. As with any real webhook sender, delivery order is not guaranteed.
 type deliverer struct {
 	cfg    Config
 	jitter func(time.Duration) time.Duration
@@ -52,7 +52,7 @@ type deliverer struct {
 	// sent while the loop is busy is still seen when it next waits.
 	wake chan struct{}
 
-	ctx    context.Context // canceled by close
+	ctx    context.Context // canceled by Server.Close
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returns
 }
@@ -65,15 +65,10 @@ type pending struct {
 }
 
 func newDeliverer(cfg Config, jitter func(time.Duration) time.Duration) *deliverer {
-	ctx, cancel := context.WithCancel(context.Background())
 	d := &deliverer{
-		cfg:    cfg,
-		jitter: jitter,
-		wake:   make(chan struct{}, 1),
-		ctx:    ctx,
-		cancel: cancel,
-		done:   make(chan struct{}),
+		cfg: cfg, jitter: jitter, wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
+	d.ctx, d.cancel = context.WithCancel(context.Background())
 	go d.run()
 	return d
 }
@@ -86,11 +81,6 @@ func (d *deliverer) enqueue(p *pending) {
 	case d.wake <- struct{}{}:
 	default: // a wake-up is already pending
 	}
-}
-
-func (d *deliverer) close() {
-	d.cancel()
-	<-d.done
 }
 
 func (d *deliverer) run() {
@@ -143,22 +133,17 @@ func (d *deliverer) attempt(p *pending) {
 		d.cfg.Logger.Warn("webhook abandoned", "attempts", p.attempts, "err", err)
 		return
 	}
-	backoff := d.jitter(d.ceiling(p.attempts))
+	// min(cap, base·2^(attempts-1)), doubled step by step so it cannot overflow.
+	ceiling := d.cfg.WebhookBackoffBase
+	for i := 1; i < p.attempts && ceiling < d.cfg.WebhookBackoffCap; i++ {
+		ceiling *= 2
+	}
+	backoff := d.jitter(min(ceiling, d.cfg.WebhookBackoffCap))
 	// Routine while the receiver restarts: debug. Giving up is the line an
 	// operator needs, and it is a warning (above).
 	d.cfg.Logger.Debug("webhook delivery failed; will retry", "attempt", p.attempts, "retry_in", backoff, "err", err)
 	p.due = time.Now().Add(backoff)
 	d.enqueue(p)
-}
-
-// ceiling is min(cap, base·2^(attempt-1)), doubling step by step so that it
-// cannot overflow.
-func (d *deliverer) ceiling(attempt int) time.Duration {
-	c := d.cfg.WebhookBackoffBase
-	for i := 1; i < attempt && c < d.cfg.WebhookBackoffCap; i++ {
-		c *= 2
-	}
-	return min(c, d.cfg.WebhookBackoffCap)
 }
 
 // send POSTs the event, signed at the time of this attempt: a retry carries
