@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 )
@@ -158,10 +157,14 @@ func (s *Server) executeRefund(key string, req CreateRefundRequest, _ int) outco
 
 func (s *Server) handleLedger(w http.ResponseWriter, r *http.Request) {
 	filter, byKey := r.URL.Query()["idempotency_key"]
+	list := LedgerList{Data: []LedgerEntry{}} // [] when empty, never null
 	s.mu.Lock()
-	list := LedgerList{Data: append([]LedgerEntry{}, s.ledger...)}
+	for _, e := range s.ledger {
+		if !byKey || e.IdempotencyKey == filter[0] {
+			list.Data = append(list.Data, e)
+		}
+	}
 	s.mu.Unlock()
-	list.Data = slices.DeleteFunc(list.Data, func(e LedgerEntry) bool { return byKey && e.IdempotencyKey != filter[0] })
 	writeJSON(w, http.StatusOK, mustJSON(list), nil)
 }
 
