@@ -188,6 +188,27 @@ func (e IdempotencyKeyRecordStatus) Valid() bool {
 	}
 }
 
+// Defines values for LedgerAccount.
+const (
+	LedgerAccountAvailable LedgerAccount = "available"
+	LedgerAccountPending   LedgerAccount = "pending"
+	LedgerAccountProcessor LedgerAccount = "processor"
+)
+
+// Valid indicates whether the value is a known member of the LedgerAccount enum.
+func (e LedgerAccount) Valid() bool {
+	switch e {
+	case LedgerAccountAvailable:
+		return true
+	case LedgerAccountPending:
+		return true
+	case LedgerAccountProcessor:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for OrderStatus.
 const (
 	OrderStatusCanceled OrderStatus = "canceled"
@@ -690,6 +711,63 @@ type IdempotencyKeyRecord struct {
 // Example: completed
 type IdempotencyKeyRecordStatus string
 
+// LedgerAccount `available` (what a payout can take), `pending` (refunds and payouts on their way out),
+// or `processor` (the world outside).
+//
+// Example: available
+type LedgerAccount string
+
+// LedgerEntry One movement of money between two of your accounts. Never changed once written.
+type LedgerEntry struct {
+	// Amount In the currency's minor unit; always positive.
+	//
+	// Example: 1999
+	Amount int64 `json:"amount"`
+
+	// CreatedAt Example: 2025-11-29T21:04:10Z
+	CreatedAt time.Time `json:"created_at"`
+
+	// Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
+	// are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
+	// whole yen for `jpy`, which has none).
+	//
+	//
+	// Example: usd
+	Currency Currency `json:"currency"`
+
+	// FromAccount `available` (what a payout can take), `pending` (refunds and payouts on their way out),
+	// or `processor` (the world outside).
+	//
+	//
+	// Example: available
+	FromAccount LedgerAccount `json:"from_account"`
+
+	// Id Opaque id, prefixed `le_`.
+	//
+	// Example: le_7hq2m4x9tb3nwz6ye1hvc8rd
+	Id string `json:"id"`
+
+	// ObjectId The charge, refund or payout whose money it moves.
+	//
+	// Example: ch_3kq7m2x9tb3nwz6ye1hvc8rd
+	ObjectId string `json:"object_id"`
+
+	// ToAccount `available` (what a payout can take), `pending` (refunds and payouts on their way out),
+	// or `processor` (the world outside).
+	//
+	//
+	// Example: available
+	ToAccount LedgerAccount `json:"to_account"`
+}
+
+// LedgerEntryList A page of ledger entries, newest first.
+type LedgerEntryList struct {
+	Data []LedgerEntry `json:"data"`
+
+	// HasMore Whether more entries follow; pass the last `id` as `starting_after` to get them.
+	HasMore bool `json:"has_more"`
+}
+
 // Order An amount owed in one currency, paid by at most one successful charge.
 type Order struct {
 	// Amount The amount owed, in the currency's minor unit.
@@ -1150,6 +1228,16 @@ type ListEventsParams struct {
 	// StartingAfter An event id. The page starts with the event that comes right after it in the
 	// listing (newest first), i.e. the next older one. An id that does not name one of
 	// your events is a `400`.
+	StartingAfter *string `form:"starting_after,omitempty" json:"starting_after,omitempty"`
+}
+
+// ListLedgerEntriesParams defines parameters for ListLedgerEntries.
+type ListLedgerEntriesParams struct {
+	// Limit The most items to return in one page, 1 to 100.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// StartingAfter A ledger entry id. The page starts with the entry right after it (newest first). An
+	// id that does not name one of your entries is a `400`.
 	StartingAfter *string `form:"starting_after,omitempty" json:"starting_after,omitempty"`
 }
 
@@ -1646,7 +1734,8 @@ type ClientInterface interface {
 	// less refunds and payouts that have not failed. `pending` is the part of those refunds
 	// and payouts still on its way out (not yet final); if one fails, its amount returns to
 	// `available`. Currencies you never charged in are absent. `available` is never negative:
-	// the database refuses any refund or payout that would overdraw it.
+	// the database refuses any refund or payout that would overdraw it. Each amount is the sum
+	// of your ledger entries (`GET /v1/ledger_entries`).
 	//
 	// Idempotency class: **safe** (changes nothing; retry freely).
 	//
@@ -1764,6 +1853,20 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/idempotency-keys/{key} (the `GetIdempotencyKey` operationId).
 	GetIdempotencyKey(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListLedgerEntries List your ledger entries
+	//
+	// The movements that make your balance, newest first. Each entry moves `amount` from one
+	// of your accounts to another: `processor` (the world outside) to `available` when a
+	// charge succeeds; `available` to `pending` when a refund or payout is accepted;
+	// `pending` to `processor` when it succeeds, or back to `available` when it fails. Each
+	// balance is the sum of these entries; none is ever changed or removed. Pages are
+	// cursor-based, as for orders.
+	//
+	// Idempotency class: **safe** (changes nothing; retry freely).
+	//
+	// Corresponds with GET /v1/ledger_entries (the `ListLedgerEntries` operationId).
+	ListLedgerEntries(ctx context.Context, params *ListLedgerEntriesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListOrders List orders
 	//
@@ -2083,7 +2186,8 @@ func (c *Client) GetReadyz(ctx context.Context, reqEditors ...RequestEditorFn) (
 // less refunds and payouts that have not failed. `pending` is the part of those refunds
 // and payouts still on its way out (not yet final); if one fails, its amount returns to
 // `available`. Currencies you never charged in are absent. `available` is never negative:
-// the database refuses any refund or payout that would overdraw it.
+// the database refuses any refund or payout that would overdraw it. Each amount is the sum
+// of your ledger entries (`GET /v1/ledger_entries`).
 //
 // Idempotency class: **safe** (changes nothing; retry freely).
 //
@@ -2262,6 +2366,30 @@ func (c *Client) ListEvents(ctx context.Context, params *ListEventsParams, reqEd
 // Corresponds with GET /v1/idempotency-keys/{key} (the `GetIdempotencyKey` operationId).
 func (c *Client) GetIdempotencyKey(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetIdempotencyKeyRequest(c.Server, key)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListLedgerEntries List your ledger entries
+//
+// The movements that make your balance, newest first. Each entry moves `amount` from one
+// of your accounts to another: `processor` (the world outside) to `available` when a
+// charge succeeds; `available` to `pending` when a refund or payout is accepted;
+// `pending` to `processor` when it succeeds, or back to `available` when it fails. Each
+// balance is the sum of these entries; none is ever changed or removed. Pages are
+// cursor-based, as for orders.
+//
+// Idempotency class: **safe** (changes nothing; retry freely).
+//
+// Corresponds with GET /v1/ledger_entries (the `ListLedgerEntries` operationId).
+func (c *Client) ListLedgerEntries(ctx context.Context, params *ListLedgerEntriesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListLedgerEntriesRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -3021,6 +3149,72 @@ func NewGetIdempotencyKeyRequest(server string, key string) (*http.Request, erro
 	return req, nil
 }
 
+// NewListLedgerEntriesRequest constructs an http.Request for the ListLedgerEntries method
+func NewListLedgerEntriesRequest(server string, params *ListLedgerEntriesParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/ledger_entries")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.StartingAfter != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "starting_after", *params.StartingAfter, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewListOrdersRequest constructs an http.Request for the ListOrders method
 func NewListOrdersRequest(server string, params *ListOrdersParams) (*http.Request, error) {
 	var err error
@@ -3548,7 +3742,8 @@ type ClientWithResponsesInterface interface {
 	// less refunds and payouts that have not failed. `pending` is the part of those refunds
 	// and payouts still on its way out (not yet final); if one fails, its amount returns to
 	// `available`. Currencies you never charged in are absent. `available` is never negative:
-	// the database refuses any refund or payout that would overdraw it.
+	// the database refuses any refund or payout that would overdraw it. Each amount is the sum
+	// of your ledger entries (`GET /v1/ledger_entries`).
 	//
 	// Idempotency class: **safe** (changes nothing; retry freely).
 	//
@@ -3676,6 +3871,22 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/idempotency-keys/{key} (the `GetIdempotencyKey` operationId).
 	GetIdempotencyKeyWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*GetIdempotencyKeyResponse, error)
+
+	// ListLedgerEntriesWithResponse List your ledger entries
+	//
+	// The movements that make your balance, newest first. Each entry moves `amount` from one
+	// of your accounts to another: `processor` (the world outside) to `available` when a
+	// charge succeeds; `available` to `pending` when a refund or payout is accepted;
+	// `pending` to `processor` when it succeeds, or back to `available` when it fails. Each
+	// balance is the sum of these entries; none is ever changed or removed. Pages are
+	// cursor-based, as for orders.
+	//
+	// Idempotency class: **safe** (changes nothing; retry freely).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/ledger_entries (the `ListLedgerEntries` operationId).
+	ListLedgerEntriesWithResponse(ctx context.Context, params *ListLedgerEntriesParams, reqEditors ...RequestEditorFn) (*ListLedgerEntriesResponse, error)
 
 	// ListOrdersWithResponse List orders
 	//
@@ -4830,6 +5041,119 @@ func (r GetIdempotencyKeyResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetIdempotencyKeyResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListLedgerEntriesResponse401Headers the declared response headers of an HTTP 401 response for ListLedgerEntries
+type ListLedgerEntriesResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// ListLedgerEntriesResponse429Headers the declared response headers of an HTTP 429 response for ListLedgerEntries
+type ListLedgerEntriesResponse429Headers struct {
+	RetryAfter string
+}
+
+// ListLedgerEntriesResponse500Headers the declared response headers of an HTTP 500 response for ListLedgerEntries
+type ListLedgerEntriesResponse500Headers struct {
+	IdempotencyOutcome *string
+	IdempotentReplayed *string
+}
+
+// ListLedgerEntriesResponse503Headers the declared response headers of an HTTP 503 response for ListLedgerEntries
+type ListLedgerEntriesResponse503Headers struct {
+	IdempotencyOutcome *string
+	RetryAfter         string
+}
+
+type ListLedgerEntriesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *LedgerEntryList
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON431 the response for an HTTP 431 `application/problem+json` response
+	ApplicationproblemJSON431 *RequestHeaderFieldsTooLarge
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *ServiceUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListLedgerEntriesResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListLedgerEntriesResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListLedgerEntriesResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListLedgerEntriesResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListLedgerEntriesResponse) GetJSON200() *LedgerEntryList {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListLedgerEntriesResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListLedgerEntriesResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListLedgerEntriesResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON431 returns the response for an HTTP 431 `application/problem+json` response
+func (r ListLedgerEntriesResponse) GetApplicationproblemJSON431() *RequestHeaderFieldsTooLarge {
+	return r.ApplicationproblemJSON431
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListLedgerEntriesResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ListLedgerEntriesResponse) GetApplicationproblemJSON503() *ServiceUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListLedgerEntriesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListLedgerEntriesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListLedgerEntriesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListLedgerEntriesResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -6159,7 +6483,8 @@ func (c *ClientWithResponses) GetReadyzWithResponse(ctx context.Context, reqEdit
 // less refunds and payouts that have not failed. `pending` is the part of those refunds
 // and payouts still on its way out (not yet final); if one fails, its amount returns to
 // `available`. Currencies you never charged in are absent. `available` is never negative:
-// the database refuses any refund or payout that would overdraw it.
+// the database refuses any refund or payout that would overdraw it. Each amount is the sum
+// of your ledger entries (`GET /v1/ledger_entries`).
 //
 // Idempotency class: **safe** (changes nothing; retry freely).
 //
@@ -6328,6 +6653,28 @@ func (c *ClientWithResponses) GetIdempotencyKeyWithResponse(ctx context.Context,
 		return nil, err
 	}
 	return ParseGetIdempotencyKeyResponse(rsp)
+}
+
+// ListLedgerEntriesWithResponse List your ledger entries
+//
+// The movements that make your balance, newest first. Each entry moves `amount` from one
+// of your accounts to another: `processor` (the world outside) to `available` when a
+// charge succeeds; `available` to `pending` when a refund or payout is accepted;
+// `pending` to `processor` when it succeeds, or back to `available` when it fails. Each
+// balance is the sum of these entries; none is ever changed or removed. Pages are
+// cursor-based, as for orders.
+//
+// Idempotency class: **safe** (changes nothing; retry freely).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/ledger_entries (the `ListLedgerEntries` operationId).
+func (c *ClientWithResponses) ListLedgerEntriesWithResponse(ctx context.Context, params *ListLedgerEntriesParams, reqEditors ...RequestEditorFn) (*ListLedgerEntriesResponse, error) {
+	rsp, err := c.ListLedgerEntries(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListLedgerEntriesResponse(rsp)
 }
 
 // ListOrdersWithResponse List orders
@@ -7633,6 +7980,131 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetIdempotencyKeyResponse503Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListLedgerEntriesResponse parses an HTTP response from a ListLedgerEntriesWithResponse call
+func ParseListLedgerEntriesResponse(rsp *http.Response) (*ListLedgerEntriesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListLedgerEntriesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest LedgerEntryList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 431:
+		var dest RequestHeaderFieldsTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON431 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListLedgerEntriesResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListLedgerEntriesResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListLedgerEntriesResponse500Headers
+		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotencyOutcome = &value
+		}
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListLedgerEntriesResponse503Headers
 		if values := rsp.Header.Values("Idempotency-Outcome"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotency-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {

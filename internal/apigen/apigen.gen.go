@@ -126,6 +126,27 @@ func (e IdempotencyKeyRecordStatus) Valid() bool {
 	}
 }
 
+// Defines values for LedgerAccount.
+const (
+	LedgerAccountAvailable LedgerAccount = "available"
+	LedgerAccountPending   LedgerAccount = "pending"
+	LedgerAccountProcessor LedgerAccount = "processor"
+)
+
+// Valid indicates whether the value is a known member of the LedgerAccount enum.
+func (e LedgerAccount) Valid() bool {
+	switch e {
+	case LedgerAccountAvailable:
+		return true
+	case LedgerAccountPending:
+		return true
+	case LedgerAccountProcessor:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for OrderStatus.
 const (
 	OrderStatusCanceled OrderStatus = "canceled"
@@ -511,6 +532,63 @@ type IdempotencyKeyRecord struct {
 //
 // Example: completed
 type IdempotencyKeyRecordStatus string
+
+// LedgerAccount `available` (what a payout can take), `pending` (refunds and payouts on their way out),
+// or `processor` (the world outside).
+//
+// Example: available
+type LedgerAccount string
+
+// LedgerEntry One movement of money between two of your accounts. Never changed once written.
+type LedgerEntry struct {
+	// Amount In the currency's minor unit; always positive.
+	//
+	// Example: 1999
+	Amount int64 `json:"amount"`
+
+	// CreatedAt Example: 2025-11-29T21:04:10Z
+	CreatedAt time.Time `json:"created_at"`
+
+	// Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
+	// are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
+	// whole yen for `jpy`, which has none).
+	//
+	//
+	// Example: usd
+	Currency Currency `json:"currency"`
+
+	// FromAccount `available` (what a payout can take), `pending` (refunds and payouts on their way out),
+	// or `processor` (the world outside).
+	//
+	//
+	// Example: available
+	FromAccount LedgerAccount `json:"from_account"`
+
+	// Id Opaque id, prefixed `le_`.
+	//
+	// Example: le_7hq2m4x9tb3nwz6ye1hvc8rd
+	Id string `json:"id"`
+
+	// ObjectId The charge, refund or payout whose money it moves.
+	//
+	// Example: ch_3kq7m2x9tb3nwz6ye1hvc8rd
+	ObjectId string `json:"object_id"`
+
+	// ToAccount `available` (what a payout can take), `pending` (refunds and payouts on their way out),
+	// or `processor` (the world outside).
+	//
+	//
+	// Example: available
+	ToAccount LedgerAccount `json:"to_account"`
+}
+
+// LedgerEntryList A page of ledger entries, newest first.
+type LedgerEntryList struct {
+	Data []LedgerEntry `json:"data"`
+
+	// HasMore Whether more entries follow; pass the last `id` as `starting_after` to get them.
+	HasMore bool `json:"has_more"`
+}
 
 // Order An amount owed in one currency, paid by at most one successful charge.
 type Order struct {
@@ -924,6 +1002,16 @@ type ListEventsParams struct {
 	StartingAfter *string `form:"starting_after,omitempty" json:"starting_after,omitempty"`
 }
 
+// ListLedgerEntriesParams defines parameters for ListLedgerEntries.
+type ListLedgerEntriesParams struct {
+	// Limit The most items to return in one page, 1 to 100.
+	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// StartingAfter A ledger entry id. The page starts with the entry right after it (newest first). An
+	// id that does not name one of your entries is a `400`.
+	StartingAfter *string `form:"starting_after,omitempty" json:"starting_after,omitempty"`
+}
+
 // ListOrdersParams defines parameters for ListOrders.
 type ListOrdersParams struct {
 	// Limit The most items to return in one page, 1 to 100.
@@ -1238,6 +1326,9 @@ type ServerInterface interface {
 	// GetIdempotencyKey Inspect one of your idempotency keys
 	// (GET /v1/idempotency-keys/{key})
 	GetIdempotencyKey(ctx echo.Context, key string) error
+	// ListLedgerEntries List your ledger entries
+	// (GET /v1/ledger_entries)
+	ListLedgerEntries(ctx echo.Context, params ListLedgerEntriesParams) error
 	// ListOrders List orders
 	// (GET /v1/orders)
 	ListOrders(ctx echo.Context, params ListOrdersParams) error
@@ -1376,6 +1467,31 @@ func (w *ServerInterfaceWrapper) GetIdempotencyKey(ctx echo.Context) error {
 
 	// Invoke the callback with all the unmarshaled arguments
 	err = w.Handler.GetIdempotencyKey(ctx, key)
+	return err
+}
+
+// ListLedgerEntries converts echo context to params.
+func (w *ServerInterfaceWrapper) ListLedgerEntries(ctx echo.Context) error {
+	var err error
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListLedgerEntriesParams
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", ctx.QueryParams(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter limit: %s", err))
+	}
+
+	// ------------- Optional query parameter "starting_after" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "starting_after", ctx.QueryParams(), &params.StartingAfter, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter starting_after: %s", err))
+	}
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.ListLedgerEntries(ctx, params)
 	return err
 }
 
@@ -1565,6 +1681,7 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 	router.GET(options.BaseURL+"/v1/payouts", wrapper.ListPayouts, options.OperationMiddlewares["listPayouts"]...)
 	router.GET(options.BaseURL+"/v1/payouts/:payout_id", wrapper.GetPayout, options.OperationMiddlewares["getPayout"]...)
 	router.GET(options.BaseURL+"/v1/balance", wrapper.GetBalance, options.OperationMiddlewares["getBalance"]...)
+	router.GET(options.BaseURL+"/v1/ledger_entries", wrapper.ListLedgerEntries, options.OperationMiddlewares["listLedgerEntries"]...)
 	router.GET(options.BaseURL+"/v1/events", wrapper.ListEvents, options.OperationMiddlewares["listEvents"]...)
 	router.GET(options.BaseURL+"/v1/idempotency-keys/:key", wrapper.GetIdempotencyKey, options.OperationMiddlewares["getIdempotencyKey"]...)
 	router.POST(options.BaseURL+"/webhooks/processor", wrapper.ReceiveProcessorWebhook, options.OperationMiddlewares["receiveProcessorWebhook"]...)
@@ -2396,6 +2513,138 @@ type GetIdempotencyKey503ApplicationProblemPlusJSONResponse struct {
 }
 
 func (response GetIdempotencyKey503ApplicationProblemPlusJSONResponse) VisitGetIdempotencyKeyResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListLedgerEntriesRequestObject struct {
+	Params ListLedgerEntriesParams
+}
+
+type ListLedgerEntriesResponseObject interface {
+	VisitListLedgerEntriesResponse(w http.ResponseWriter) error
+}
+
+type ListLedgerEntries200JSONResponse LedgerEntryList
+
+func (response ListLedgerEntries200JSONResponse) VisitListLedgerEntriesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListLedgerEntries400ApplicationProblemPlusJSONResponse struct {
+	BadRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListLedgerEntries400ApplicationProblemPlusJSONResponse) VisitListLedgerEntriesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListLedgerEntries401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListLedgerEntries401ApplicationProblemPlusJSONResponse) VisitListLedgerEntriesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListLedgerEntries429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response ListLedgerEntries429ApplicationProblemPlusJSONResponse) VisitListLedgerEntriesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListLedgerEntries431ApplicationProblemPlusJSONResponse struct {
+	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response ListLedgerEntries431ApplicationProblemPlusJSONResponse) VisitListLedgerEntriesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(431)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListLedgerEntries500ApplicationProblemPlusJSONResponse struct {
+	InternalErrorApplicationProblemPlusJSONResponse
+}
+
+func (response ListLedgerEntries500ApplicationProblemPlusJSONResponse) VisitListLedgerEntriesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	if response.Headers.IdempotencyOutcome != nil {
+		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
+	}
+	if response.Headers.IdempotentReplayed != nil {
+		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListLedgerEntries503ApplicationProblemPlusJSONResponse struct {
+	ServiceUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ListLedgerEntries503ApplicationProblemPlusJSONResponse) VisitListLedgerEntriesResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -3343,6 +3592,9 @@ type StrictServerInterface interface {
 	// GetIdempotencyKey Inspect one of your idempotency keys
 	// (GET /v1/idempotency-keys/{key})
 	GetIdempotencyKey(ctx context.Context, request GetIdempotencyKeyRequestObject) (GetIdempotencyKeyResponseObject, error)
+	// ListLedgerEntries List your ledger entries
+	// (GET /v1/ledger_entries)
+	ListLedgerEntries(ctx context.Context, request ListLedgerEntriesRequestObject) (ListLedgerEntriesResponseObject, error)
 	// ListOrders List orders
 	// (GET /v1/orders)
 	ListOrders(ctx context.Context, request ListOrdersRequestObject) (ListOrdersResponseObject, error)
@@ -3545,6 +3797,31 @@ func (sh *strictHandler) GetIdempotencyKey(ctx echo.Context, key string) error {
 	return nil
 }
 
+// ListLedgerEntries operation middleware
+func (sh *strictHandler) ListLedgerEntries(ctx echo.Context, params ListLedgerEntriesParams) error {
+	var request ListLedgerEntriesRequestObject
+
+	request.Params = params
+
+	handler := func(ctx echo.Context, request interface{}) (interface{}, error) {
+		return sh.ssi.ListLedgerEntries(ctx.Request().Context(), request.(ListLedgerEntriesRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListLedgerEntries")
+	}
+
+	response, err := handler(ctx, request)
+
+	if err != nil {
+		return err
+	} else if validResponse, ok := response.(ListLedgerEntriesResponseObject); ok {
+		return validResponse.VisitListLedgerEntriesResponse(ctx.Response())
+	} else if response != nil {
+		return fmt.Errorf("unexpected response type: %T", response)
+	}
+	return nil
+}
+
 // ListOrders operation middleware
 func (sh *strictHandler) ListOrders(ctx echo.Context, params ListOrdersParams) error {
 	var request ListOrdersRequestObject
@@ -3723,255 +4000,265 @@ func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params Receiv
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L3rchtHkj/6KhXYOWEQ0wABkJREMCZO0LI81o4saSV6PTOGl13oLhBtNqrgrgJB2FLEfNoH2N1XOPsK",
-	"5/s+ip/kH5WZVV19AQndPPOfnS8SAXTXNStv9cvMnzuJWq6UFNLozuTnzkLwVBTw59NULFfKCJlsX6xN",
-	"opbCfpsKnRTZymRKdiadbxfcMLMQTIviRhQszVK2ycyCmUWmWSF+XAttPtMsDhrr/0Fs44hxDS9ei+1n",
-	"9slEFSnTC7URKcvMVG4WQsID1AhLcp4tRepemrBYik3MumFP9YcYlykrODQ0lWolCm4HfhCxuBCrnG9F",
-	"Ci0Ipo0qRMq41BtRMDVnXDLBizwThWsc39LrJbwk1UylW7YQeTqVtgXfOuNzIwrGmSm41JmQhs15lq8L",
-	"ccaqg+VFkcF0mZJsXqglywyuxY0otlO5UpmEbg2/FvLSfkvDzQXXon2YbMFTlvOVFmnkh5IUXC+YKhif",
-	"Sm14nteGYpS6ZtVZ2N5w/XDOLIOhZPJyVairQmgds65WS6GkmMqFylPNOA3MWLJYcM2kMjSWCYuPh6ex",
-	"bWKZ6SU3yYLmYvdpwzWbZ4U2bK1FyuaqmEoulVmU87INjMfxgZ1FnApuN0ELw7jOUmHfsGuBw1eF623A",
-	"Xkgm7GrS1k6lUYzbPkUaTBYGXAieLIh4gJDOGJ9pu392U+F1za6yGyHZTMxVIezOdbntahhHUxkfD0dx",
-	"ZD8ew3+jI/hvfBoPBoODiG0WWbKwK3QjPIGupVFr2+uAPbfjJEKcMM6QQqdS860O6HXAntyulF0lo9is",
-	"UBtth2UWhVpfLVh8niRC6/5jJU2h8j4+2/8Kj3U8mMpO1BG3fLnKRWfSkWLTiTo6WYglt6dbyPWyM/mO",
-	"vnd9wp9ABJ2oU9JiJ+oE1NCJOm5jO1HHblDn+6hjtivbjzZFJq86b99GJVsxr1zzDbYSm2ItYkY8AOhU",
-	"r5TUgmXINei4KuRLOw4CMSLBNF+KqWzhQW6CbLY1SEP2j3Db4UwU2VUmee5HEW7BVH7oHti5tm4C/NC6",
-	"hq+EKbbn9mw31+4rtWG5kleWPDY8M45WC/tOJq+qy9LkzAP26svH7HQ0GjKe52qjp1JkcBA3C5VbTp8o",
-	"mWqGB+6ri4uX/ZQbx9tIDvB8Y6lWC/tk5b2IzdbGsqFVoW63LAPGZ9d6bk/Tkm/hJcaZbTRiWrEktzxU",
-	"W+GwzlPGk0SsDJspsxhM5Uc8C2Mg8x/XWWFJ0i5+uCn1TXgbdVa84EthSFw+XvDiSjxtoeYLy0/g1880",
-	"y1LWjZPF5S9/+e/4YFAZQLK4PHq2eqS/OLl5noyvv/3xoYAj1pl0VtzYUyX5Eh+0jV1m6Z0jXvLbZ0Je",
-	"mUVnMj45sadTus8jO3hjRGHb/rfvzvt/5v2fhv3Ty+9/+5tOG8E9y5aZaZ/ZUmnDMiOW2m5CIcy6kHZb",
-	"lRRsxa9ExEb2h9FwWJntaEhT+3Etim05txx6CueRijlf5wZfWfLbbGmPx2g4hCnRJz/oTBpxJQoY9Ysi",
-	"FcWuHVH2R7chqkjbdsR+/fCrH8fLP5ze/svx6tnRzZ9N+5ZAa7/mjrzkW7U2uya3gl/d7FaqbXIrdXl8",
-	"/ePD5fj21MyO5OanB1sxWtwkj4q0fY7Y6K83ybcgdoDjwgn7nKevkLXbT4mSVojYP/lqlWcJSPLDVaFm",
-	"uVj+9gdtF+NnN19oICtZ3eW12F5m8obnGSyhXi+XvNh2Jp2veT5XhVV4apyxE3VueL4W2HkKxLajQSv/",
-	"DM9y2o1aQ2y51pYts1F/fHLCVkUmDZ/lgp2/fvz0KbAKnli2EjESQ4mwW6cNN2vdmRxb0jeZgV0M2gaF",
-	"ohwCLefCmJWeHB6u+HZp+eiAVsStlD4MZtG/Ftu+a8JuQH2Gy0xruzuVJXuuGlO0GlNdy9pjAV3zlQXM",
-	"dKCpEeFpK3zqnaLxsvdSlZ2991K5JmCpcNkui5JGyyX63BoLs0Lwa1Jg8Ly0rEitlRopOd0GjQ+u2djt",
-	"OJtnIk81nPGiUFYoffdzB77sTDqHfKnW0ja3FFrzK9uVI0Nu+TVwTVCkDCjxho06b6OggWRdFHberU1Y",
-	"Zq/mbK3TiIl1EbGr2SpiP6y2EUsW84gl3Boj67Tz9nu7UNpwmdj3D29Gh8A69c5No9mV67H/ZuGrffcq",
-	"cJSSUf2mEPPOpPNPh6UFfIi/6sOX2Aa+0mSvbhcy7VbfKuxLzzlU4YiLeSXBfokEGjGO+wdWRwZW0lT+",
-	"8+sXzyPY0rW8lmojaUPtew3CYd24RihxVCp2aj4XMs3k1VRSG5lkMVJFfHDGVBHZA1o7ntqOyw27G+84",
-	"mmCATWU51+aTNLL4oE25fLwQybXVuFErdXZQpqeSjPcJ6/Ws3Yg6fq8HSuA8u614A9AwNcW2ps5ei63V",
-	"695GncdKzvMseQ9ZEZxGFOtSmcvEUmxu2XR4JEHDYG1qgt3XFc9SGGnCpZ3RTDBsRqRnrBDztUzB4kd9",
-	"jtlzIXha5V+n5VHAzmxDlcHsfR5gMn2pTD94/+MdCa3WRWJVXOQUdgO5ESxVAv0AYE1UnQwRE4OrAeO4",
-	"UjC+cq2m0i0WKmiNjbDm/RcK2gZSmEDj5MLZZHmOa7Xg8ko4oiiU1i/AnvsgukhsO5doGIb0cM7glz7+",
-	"4qkVfDvcWSgMDNr5WovaXh+Ve/24rRl66V32PBzOR9nrcz8L0E3A6KPpWW0fTXF03NDou3G4WnHEZltL",
-	"9VMZvxZJ/0thkkX/dWZEDJ4d3JyYWKX3mkjFzl8+RbHNr4Vmms/FxHXK5dZKoIRL8PJJloCpCMPYZFow",
-	"vUKjcrWe5ZleIIsmJ4JlGey5MgswjrlmqZJiwHAgmuWZNiKdykwGjs7PNIsfv3j1+vL82bMX3z754vLF",
-	"q6e/f/r8dcx4IZDS7Rl3piswevsLULazU62hO5XOusYJA7uAJ8Eb5MgEqfeptLozz59YTv5B9JtRS5cg",
-	"FCoULNlaituVSIxIGfzMVAJHukKtJ1Uhjc0x19w7yGh8s49vfhQKbZmBFZfhjMkz2HQEbhZKCyZuRbKG",
-	"zwueTuVMXK1lhLSeacbZHNxB5H2asAy4vXchp96vhDI5dD2ZvvN6TRg4uSJwO1XkF3uSa7FZCHQwon5A",
-	"raPPot1J3w+89G1LR28dtvj1K265fuiX26uh0pMH2/FcmS/VWqYfRKGW1c+hlYA4nysSEm0St8pLj0vq",
-	"fK4Mc03tTZhWTOJLH4Mmnyum18nCS0na9EyzhOe5sATqJxwfoCDLUrv3pAxGoAaKXMkrDV5Hx2TxfWBg",
-	"AY2ggyBXPL1Q6pnVLj5oM0gAXRqlLnNo7S6zRNwmQqSkrmY/CQY+ncr2jAJR96q8g2Cu8b23iTruG6X6",
-	"+PLH1vFhSpnGodlN4zVBALNj3bixSJbJBNvSAcctPIMuyC9BN/+oG4RH8xK1/vu3y1obj4ZO9OSZFPoM",
-	"JodzyjR7cFzZt6NRc9/obbI0PmgXsak+NvUJ99TOe2nNj3Dm9a0lT7OeynJvd6wv7XRNg+iSp9mRTibh",
-	"eqHsaCpxnTm450HSW+XIDuGri4uXbhyZ0SKfk33H2SrnmewbcWtYfHw0igcHeOBpPy6ypVBr83HOO7W1",
-	"g3zSLEXNviiyGwHjyyQbDfUZOvHt1K54JiM259rUPTOPWliA7+/dGQC9+pFJJaLzL5N8nVqB3j7nCkMo",
-	"BE/dVELioa/iMzYa+muU2ZaRg/vAqrOoMcLyWWKy1iG6CpRiOlebHHhRYhtW83kE2gbcVyopRQIqi/09",
-	"VxquFD33mVR3ZKfV/FoUN1kivpH8hmdoIb6fr3VVqERorYrLdbWt0icGjmr3WLmwaL/ZRc2WosVD1t5y",
-	"jUQTXqT3Nj5gr1pcCDWfxVntXhwMS7wOrerDgUh76TuuDnFvqvYj74cNgP8KN+juVU254TOO16VrCffa",
-	"NIL6YrY1V1vKHY3tnDyR0PtOnUZUm/jHMV1TYe1AcAA7iriyp5jbM5jJzDj3AR4sSSwd1f0FX62EtMeq",
-	"14O7+ql0LqoJ+aIQbhEDVfXhfjYu7z09lfV6ls56vaZ7DNzmU1kzSnAwmSGq04ybClCEAU6EdTMTeD0K",
-	"Afen5FpSxVSSw8lsskQcDKZyKvssbj1MMevie5qsGfuiJrW0PFQGoDZqbaxuOudZDogTa9MyPDN0O08W",
-	"zFYYBrrsAHpuobyYdbnclhMHjliiaDwhEpyGdTnLlTa2v5L/RYxbVpzxPPsJTyw9fnBmlzc+tOx5+1Mc",
-	"wRh3Efcns7MC2rivgeCWH6j5QqmvudySsNQfJuG5EZegfYi0cdviPC3g4Vmim5ZbwT50YlGzFXiALGmf",
-	"VYjfLmowR5aKnG8rgn8cuDQvlGJLu+eu3XcS/dyIvpvDx5H7pUFWzt1PGRYBDh43TkVGiITV/oMFjZFw",
-	"1bWQUzlbJ9fCwHph0+B7t4RGGkNTdawwn9KzsJYpLnArlkUrwAztYkPFWuqaJOsqaTkBO0dTcipxfJ/p",
-	"csrOZ8Xnc3CnNM7FB5DzN5KvzUIV2U/iw1wF67ChgJZfo88P748cTXPNPjunx6GDCftc8EIUbLoeDo+S",
-	"a7GFP8RnVW01MHy+qfa3N71Wxvmx9FQ3r0z7uxtVkE88UVcy0+A/D/tutVaq2/rtt9/27SoJaew+iHaU",
-	"AS+fsPQEIxbMKLbWooo1wCXu3AmoAZLQ69VKFUakX4s04xfwzAeRhm/wcmlbvIRu60Ri6vY+1yzsyHZQ",
-	"9V+chOTg+2DQB6M+3oEwfAt9aKEPr34sEnEeDHAjWrbGNYvr04uBSNpWq+bGsHaCHxnhMnK8zq3TyJ/U",
-	"umAz/DVCDkiXyHYxV4VlRSZDe6GizbaAjBF8YtmzZIZfW7a0abYJOKT7lovGe4434m/9RvGi4Fv7eYXW",
-	"V3Mkr1ATAv7sBsRzUChgUITijQONpuL6R0VyK8zHGuvbEInzXSdUuN0kSgChmv0gEmik2mpjmueSIVzA",
-	"4bju2LYdTTxFm9i9+JnlThLsocyc0eWGFFfcZDdVVnF0fHoadeaqWHKDFxUPjjtNdFfU8XiEe1bwsXuu",
-	"vlgBoIFm0bZUCOtrXyNjxHJlLMNb8S3AjwuU0Ig/NA07dP/1A/aKe4CqeBqx7I41RSi1w7Thm1W81+h0",
-	"34UF0yG95KbCUzvj4fikPxr1x6cX4+HkaDw5Hv25E7SYWnWMbPYac3+f3Yo6pLdfIi9vcoUt4yxGuyN2",
-	"hg5+xNXwy/6ZZqlI8sxSskoF3TrHmdTr+TxLrHFxCQcbwBH+0jCW6zyP7SLaP5A3IdqtMb2sBYf3YsV/",
-	"XAuWpRFbFWKe3YqUxcniMt4H9dnowQMMd4MZ6UIBF2LFt3ovMGOjJ5JTl0thFmo3vnAJCjI840i0hi9c",
-	"Xlrqv7zJNG/rxwnTBvibOFfMNossF6y+lc6HgwINoTKw3+48ZhqAzxlioGfCmr6AXj8Am0+yWK+TRIjU",
-	"0o0qPA0RIJjQ145/Rh3/dAdpUgCyvZxo+HsTqBmyHMDlBVBRD8oKeBEtS2Mfauehck5bGVdw4up+kFxt",
-	"RNFPrN379PULdjwePfRsBY4IyjFwiXndJs+0GTCUGRqZUab9a1NphRyxEfjZWkohg0rgKnxuF3yt0zhi",
-	"sVgX9r+r2cr+lyzm8B+H3/g6jc+mErHjWytZ7Ys/rKypg5AAjC+R4MsI9m2t7VqJtdU2r2arTtT5YWXX",
-	"NVnM7b8c1n1d20J8qUGiT25EG3N+reyeAH1hoAs6hiy1ba3Kg5ugI7YpMmOEdJwb3Ivgz+DoqqUYKISo",
-	"TO0qYUcz8rykIs9uBNwqO1Setdl8RxsxWyh1zYRMwQeEK1GVMPuz8/H+7DzlBrRSnqaZnQnPXwadIpNs",
-	"co2MVCdONKTmaJHicrHEzq2QIkWX61IsZ5aU0GkHvhtQRytcppSgKN9KaPwuzlpKItr1krO2s8i3LYdr",
-	"b34vbsxlPGBfiHSN+rZwm5oJbeeEF6PlttgXHvzr7Ch5/mj5Lz+Nbl+Zk23bDhgyjRzZwywGKw58BVdh",
-	"EDIm+or4l2VLVuJVHkGN1rVBn9oYXqWvPTge2UMBJRIFtfEtOHPPMt2ml3qIkbAP6YhJsQF8VVZo01Su",
-	"HJXupWnjWW+xBhZcXy5V0aqCCLiDBzcRDonNVZ6rzRlbcY2HO7enNs7SGMwubXhhJdMlR7eMUexKQAjl",
-	"clAu5kypXHDZWE2YUDCitvWDW2WPEKqRqBRVuDDAtZzp21xAAv+2zJugm4iuyfSEcfbPr188R1c03LAY",
-	"1TSruzHhkOODCFCocwxJbAXJWvkhLcfsxuBXs1Kh7vY6qAfxlDjnxonxqOVW+9IqDYVy4VGZobFZC5OM",
-	"/7KTe4HT950KXNdySG37+JXguVm0q19Wn8kNbt4CnrMa0kw0d3CnkqWuKb4O39/WdMXre+dALbcNPdil",
-	"P4jtK4jtbZ9IcGcKAcBq7qDkIN+yKmJft9hPqPO1tz4XMkEt8FrICYtHsQdbYbCpx3lZ4yophNW3RIrO",
-	"WSv6IKrwdmWnPJUY2pppsvQVuG6fwAWMlfPCizPvYM1ApjkJidyeHLUrvta2UZUD6I8014RLso1t69gq",
-	"ByZX2HWBdbI7X6P60d2RUHWTrnGYJWuPw63SRFNhGO6vMOAq6tYRxOXwYrbK15oYhxGSblxlqjasOz5m",
-	"C7UuKnfmA3ZO1w6Ze80S0lQu+dYeUb0RK4MXaDzA0a41am8OfI6rXG5dIzaQ5n40fI+5X4ttO31eiy1e",
-	"C6q1Ya9NsU7M2ip7wMLZj2tlRM2GeySGR6cPH4n+8TA96R8fiUf9WXJ61H/w6PSYnzycnx6Nj9uGkKvk",
-	"WqSXa2myvI0ErJ0FtO5xjxDPbfwgLZFYhoyHgHaTdd2dDzf+8mHJt1MJHjpLwwdnZEZjE1I1+siImlvX",
-	"8l7D292BXoLgaV9mkMCrBQamh+fTagG5MBCcDoJZpDGZiMj8UWmaypjUSiLUmHVVQY/QrWqM//snvKk5",
-	"zyQAjuMBO3eh9EEqAssgTCbXglDUVrLWic810WmdP2JL7jLWAUtEljrxKB/33x5/b2mySngvX7y+uKt/",
-	"iBTc4Sowi/futowPOmzTzQ/pmrp9ZBg6eLlLBPqlwQfcGOmyzb0OwEtPwvacWJuzvJWrjHc8HO2k2YAd",
-	"7xTKleQKpfcjiH5bSwgI2nB7GMG74YjqjMWenmM0EwFlH9zC09S6CE/WPljX2FOKKRXooMPO7MyuMJVd",
-	"4y5uSXRpWCc7KNefNlmew526VvkNmrCgMkpPhcjYa/Z7NaWAn1KQUyDwnQW/3q2tXIuKb6XGNiKvRzRO",
-	"VI3Em3RVY641MyeQe22aEoT03OWAx3woVS98hOEyM7v4GH5tfwVLTuv5Oie29V7OZtvf3Z7mT+pUHk2G",
-	"Dz+tU7ky87aFCL6hZB+c4DSgJ3puUGVUFxvFhF5ZqlXk5GBJoTKtOdDXx/MgWz4Yv59n936PK9CwF3yM",
-	"vAOadWNLcph8xV80gH5bhmi5P8Eow+dhIcof4B4M7sB2uVqd/4LeqJ728rE9fA5trtVw1gEzuMeRCmf0",
-	"PocECqmP6pBA3vD+Dgkc0l/fIYGZCpqD/VpJhzEC1Wcb3BYzyNIz4/Ka8SSxO/k+3OxdGBnEM30kRjaa",
-	"jIaT4dEnZ2Qmk3w3IwtXDyRGlWnM+KWxYq3N1L/v7u1LUH393Ru6Cq2VsHV3a9TvJSKR4099rbZSdZ54",
-	"d3aL92CNXQwHcN5pcOPPKR53K4zTbeGWySpyiFs0ce0uEiKdl+rG2Z9Lewq8tYBcM7yTYufuTtPn9CBR",
-	"jdqbdpcB0xJH6U7RLi5bjq5kuW1+3o/BcD2NBgz33S6ykH/cx4AJjvFROTBxrvdnwQ4j8tfnwYQQatM0",
-	"Id3T8clDRngkhtgoTfcyUTtmKMReoVsN06yBRxjQxXhbg84VjQlOvnn1FCA71xkaAfDwZCrj+zFSiM6D",
-	"u0nw0AIYUieqEBrDLRMMnllsVwshNWL4YmRHe3WQ8CLtE0wgxRnFcH/tvxtYCyvFKQEKE+7zslRIkxnE",
-	"jDG9UIVhS54sMin6heApTBwPzhmbFVwmC+cJtKwDrrUyk0P481TGuPj+khM0JlWwlVCrHIGhS74Ngtob",
-	"132tDBsSNdUHhc57+8IgvD+tohub+Uh252zZnQ6n+cvlWouWHwpBEe71H8D4i1ojEe8PfquhnZvhTTtx",
-	"grVA/zAqFQ1EyElAAd/+MrGRMKL8esW39F2FuPwNHTyEziR6jjxLFFV5iY/BzgTwFeL4SA6t4TFuI3V2",
-	"JblZF/hdLQy8LRykanHXBt28Gcbf7lAcaqcqagA8CsG1zw3RhtIBAXklpCiyxDVUE//Nt9oHiyjQplhZ",
-	"rJdcBkfldpVzSYkx5+htpqh4Ss4UmIIO9gXYWpqmi+vLtF5jIFzTRU5Ze1rXrJntBVprpP7ZS64FV4Qt",
-	"sq1Mz7O/O48b0lI+mvtuX68dSAS3JT5BYziK4+G4TZEn+G5z64GFR3UKoAArN/WKBKtO+rHd+7uOiLu6",
-	"b3RcCknJl/6CYndP7yjUQnNkXWT9QswF0O+9Cp4DNMOShZazPeQ79A08zh5Bsz9S5FziXTrqHXRuajhK",
-	"9lqA/AdhyNPUg0Uga63l63DPRsHzU+l+DrJzYFDVlSzTKrTiZu64MCt1enoW/Zt27GB5fiOzWxf+VTU2",
-	"Hz44Pj5+dPRgvJfJ6XTWeyDgwYJ/Yd/YYT9d1LgtrnWWnoXAFLtOaYlZSduQKitxYy6PL356dP0v4+Xn",
-	"DzbPR8kfbzr1hH/3Alc+MValpfl3RqzcBVdpWfh3xkWF24Hjjdy9klX9YHIlbYFGPbPz/cQukdP3QGK3",
-	"3L7dhzWsUtUOJN4+akVINaBAB6wjlMXv6YxI1UZqUwi+vNx5o1s+U8culOlxs0RQ7iRVYyNdhb4N/AFS",
-	"5OIvZZw3mBzK57Qm3ICDTfjAyTOWGQDPkLmpEp5PpQ8GddTVQlO1u0eeLEW/HUh3zzm/34MUV45tsGPe",
-	"t+LQ3K0+pYP3diHVz5zaSJalHhuy6wjW2F+yuDz98upo8c8Pr5+Nf/z2RLwy96/KXWpNOCTSbtyQnCmO",
-	"C7EDvtz5AFByjbiju+A9GAWzy6GLbimRuqxgfiAfci2FWxFeTSEp38/F9vbrlsDR3fmb/TjeC8K/n+t4",
-	"OJ6MTvd3He/tIi1E3UVaiMuTP25H/NWjq4vl0exf5YPFJ8bp34O//zXQ92HubO+y3PcqCCn/PlckL7N9",
-	"U+h8xFSefiyvJB2/9/dK0qD++l7JbxG+fp5c7zj8iaWaXKRXgMzDtS3FJUiulsV0Wut9dQW87EuhZoYL",
-	"5JsJIV0vVlmQQags+t2qx3/Ocy2a6wEgA5HdtJkQ55gen4bzy1/+qyqJNZ+LfEtQtlpvFTG3a/F9z1Gw",
-	"Gs0dgHQiybrIzPY1xO7C+s0gVvd83QboOZfV5ACWTvaKpo4H7KkhX+k8I7XE5T4zQnJpDgZT+YVYKkB6",
-	"Tlisr/GCyqogMevSwzF8PMCbZffIVa5m4jZ4iL4gaAkGJtv1cmHIQWguRs1mcq5cpDHHpLGU9fwlGdfM",
-	"m8tOi+u0ZBjRS57nLjwKMynY7e310A3S60Ws1yO3R6+HyXi0sSyjYuDap+iY2lcgqUavR9cJvV4ZnuPu",
-	"S20nmSSnMSqHkH61DxQLUeEhLNVSGKXrL7bgrX8uzEYV19pZgQFcshp7QtHlHHIfOGQlpS0CR5CVVAAD",
-	"olSuU2lEnuPQBuzJLU9Mvu1DWz0BeQV6dioFJgRO1NJh4czG6sEZZry7AgY2KWFIrmzLVGa6VLZN24js",
-	"LC3NZWbAIMdDqpL1kg4bZU8yBU8MlgBRZsEWPL8RGlbmn/6JnVcC3e2XiPuND29Gca2eD2QmD7INcIZU",
-	"RyhkuBmJ46lsPzYh0dODU3nhcKrV49PrIbn3euURYhcbxVJ7ivA3zcRtZrdubZzraqZuJ1MZ07GqHjM6",
-	"V/481U/YwVmIAwO8st5kJoFg1yVT8/lgKs/dwUYosxZCu1IrAF5LVJ5nqdCU0KySyNBq4wSloFMSeSE6",
-	"lRRjoZrI8AmjUkRM5JrqbLiSPVSQp2JCNSIJptKnX9uUi0cm1EYBkC0HVwiyZT1g52HGBZe0O8jHAJWB",
-	"RjFehh0izv6nOCpT0PghlTLNRXR140P6M0gG5W+FMj2VQfIFHHdmNIu9O6L/2vn5XS5dl1/6gEkh0iCj",
-	"rqPyMD9+knOthS5JvTx0wFc0Jq62T7lYvxA4Bb41lLHxbT/YrJiJWyOktjRvG39DbbxpPPeGLQWXdnXf",
-	"sIXaeG7F3ti3+v0+a/nX/gS87Q2L7f+2mVeCp/qMRLd24nwAv9j25oUQ+XaAL8OS8TzfBizFNkbf2/a+",
-	"UJiZDTMpYT0nXVIWZr2GtBr0HLC6Lt4HAacnyBQQ+oSAku7biMXj4RBzLgAhSVBu68M9Iwc8lUUqwwZL",
-	"3w4l4KaJYU6pNyyGP+w8HoOuq+HgoIYDbgK7FM8B9MVl85hgvxCZEAX120LoKZmu/rhV8bSWwUNuScQ0",
-	"BtGQ5RSbmbIgLW45jwioCDMOgwTxE+u7H+wMv1Z2ZwBhcVdQ/p3TBcQtsPFkwTOJgT5qmSWIKCcmVk3F",
-	"pZHZYPWj6vnmd7mIUlFYra2EQ2mf1gdLsAWwcR8pQpYpEOM9S3hWyxAU1oVj8cnwKPYpxjY+xAvx2c7T",
-	"pI1arYAc79iMYi1xyX5Qs3JnflAzuynnUJ2qX6wlHG56pcvJyXJwP/U5eatkvnVJOpEsVXGNScogmIN8",
-	"JpY32YHUCDIeD8fsnDA98W6ydAqFbcJJ+AwE6j2rHRhMJHPGw3F8xlYqz5EzPlOoUJRhSW0nt+KHf8Pi",
-	"8LNd0KdyptYy9TGRdb99aVpY084OGiOvIJtUIUjf02fMv0b3JKX1Vb0sscMCgWHbaeawQ2ljH3lFJknp",
-	"sCTuEzVPK+gdAaGUoTjs90IKSLlld2ZeCL2A5V3ZTnq9XF1lCc/LF6w6xNk33zz9gt0cM1QOeX7gjyTq",
-	"hC7vZTk2PBlQh4yy49n5QcJElOaNCB30M7Duqy8fs0enx6ODyVSyxopM2HSvuJ1px6oKjJ2zmV1+7NhF",
-	"B2EwEFTNfG2KbCXKsmiY1zOCMRI5Q7pQSCLmXMC24ZA4Jy3D3GeQ8cAtDCg5kJnW9jz65S//eXcxI9aN",
-	"h7fjYfzLX/4zHt4+fEK6JmCItehrqxRANhhYA8ksu9li9BEHloExcPY4bhmpjK7xyOGSSdMpxEo48td2",
-	"d3luW8U0v04zG+Jc/iC2SO86USsM4i9t0wmyYcdqUXFt11sHwaHwdR8yO2xYE/vrt45NwKyCTMPAkiix",
-	"vHuhdsk+Ya+/Ou+PTx6473s9BKBY+xA22NqHZmGNSmJ01j6QSsLpgODcmUq39nQgZwS9mWkAvURWOcyu",
-	"ZDbPEi6NVTON0CueQPKMpboR6cGAvRJ90Fks0cPLcJPQzyTYJXRf7bJNebZHEyANzD7G/amaWgPRNowB",
-	"eRyjgjDPcZrNweDG2OGIkAeFi2SibRyP46ls1qBBHFF8AIYx7h5nOsuBuWKkhLcNAUVZqzbq/ZcDNL8K",
-	"vqnm0XLJsPyeOxvSGWy0tWhUu2wZpPKFujv75d//g614octiOPYbAHbYn0OJ98u//4fdZyiU0+v557uQ",
-	"MxC1kkxqUZgztlkomDV+RpG1oRSAPgTvALrCj2KA+rjOzBp1jDel0vaGJvz/7tC+SRkoDaK22gpv8NSx",
-	"naWF2BtrlZSNlTWGgBlEmFxcyauIzXhaKZTmTzzVDdndmatOFHTmyzkRnKbrCM7Vd4xqNZnC5mvAHKRe",
-	"DK53QMqyJyd1ooC6wzPfbSN17G08bpkMkXlrD6i4ubmhlZGBZxOCq9ibkAP1ehBS1uuBKoJ1bedi4+AL",
-	"yKudQU0h8roZK+cKX4BTGVUf226E5XjbNuNyrUXsjjyiJ6uJK++fmrc93JTqo+r1KvVdez3gCt5aW1s1",
-	"237AxUdd7TGmHOxfAIj1MFTW7MsQpnxHWQ/2Bh67e9xW+bbUXQ+shR0PNsdAxRtfkLnXc1q6dwNW7Y9e",
-	"r737MkNrI7j6DZQn4jLtV+KgKa1Y7rwelv1dKSkOyg4sQwIsmQ5regGL8nnvKqW8OEtUUWB1lh0lvJBr",
-	"Ttg8u8Xi2piU0SlwLov5gPmucWplbPFMXHFZxhu5qERN4pEXwmVvrhRsYXl2LdylpYa0FkkA52Ld+Hg4",
-	"jg+ggpsVWULrfrHOgftDtTEsNDKV6RqkZDmgLp4AqALCNYsbiNA48kHEVagnAYPb4J4wEjiYUxnUvMkq",
-	"5XhYNz4Bj4Ldq3PW6wUZlUtblK7rwZfYnuU5ovNvbaeT21u8ujsen8YHvoYdl2VRnKAWV6bJutyVbhoI",
-	"oHLso1rybasq4H6VjjwiSYyFbc2JPbjTPqN2wmhsOlhnEHyUXF8VYFnZRmWS5VDYWCtvJEMl9UoJPcRJ",
-	"AaLA0joSr4+Lt3NJvaXqL5xcfDcMyFuMnolhvgfQM17Vji2evlpdS031JBDzhtXUSx9+SxIFu+dOERXG",
-	"QN3A+OkXT75++eLiyfPHf7r8w5M/Xb56cvHk+cXTF88tzQEOwzkqSi+QD+U+Y/Hvn1xM5eHNqF4yUx/+",
-	"fC22b2Oo9a9RS/hMs7gMlI3LnA4uRNieyI0QK8wnLYyzaZAC6ukdSK9ba6GrKR56vRYW1+u5Ak6kB6XI",
-	"XCw1Q+U+zARDF3ARYf0gybgVjajSDdhrFY7XZYghuwUyR2OQjmXelhzA9w/Gqrv+g2epCIYDT1SdL0Zh",
-	"DgauqeJdRIUpYMt+XIs15Q2jy49CwB2udrXlYU1IycbsBaUW0jCjI8fOoRZ/bUMCgoSi4mjtg/0s8215",
-	"wRoEnzsNylW7IoKDMuFqggY3AfJpEmVJC4RGI2dyu2zPk1WR+BZEzILfCFas5UEE2eWPh6dsh7JBNfkj",
-	"y5PG+N8R+R9OhsforqcL2mIH92g6PSqXC1ZaDdhXSqp1LQ33VHa9RgWLtCqEFtKEkDTLeJiaz0mTXOc5",
-	"+yEz1sqdyljnQqzY75ilY7XsDiO2zGQ34SurEmvB/uf/Z+N/I3o5OIh90Riqm83k2jIF9GK6wH3OjDLW",
-	"Qk4FT0HMWWMwFa2aQnnY7NLM1qllWFpRDhDg//zK5/y3ZyabZ2ApORoE/6O34ePj29v4zsqN7JyB1HVK",
-	"pBO8pcwF+WhlnDs2dcuDYpCAoxJJnpUF8Suah7unyjzTBVhT5KBGGR2xLNVIs70epUS0qkUtBWINaNnr",
-	"lSAly3bi0enpaQzFWdc6hbii34xOB6enZ+BHghnZH39YbeHH//n/ToZDPAVbISkBYgB8OnAHfZ4rbvQA",
-	"h/fYD5xG2IrIVGmoT1azPk6qGRthcJS0ERMytuRupM6fpq5Xwjaiz8zd/UGqbAIpTSi2nXWBpR5EmC3V",
-	"1aI4iBDDZHvvoqJkv1op+wj5jiNKuMe64PAs64N6+3pJ47rIlpY5LldueK++fMyOjo5OmUdbwQ5+c/HY",
-	"0QFqmuWNmMt9Zqn+nhg61t0dOxcxLQRl9acwvZiq/B54uwhdahRR982rp3QIGyFdGKAWxpnhNxE4WqrB",
-	"ZszFmg1YGar3TpF4BO2gIof3ROS9QyhesyB53zLuAftXdIoEIsGSJylxrugxa9Y8Pqto8Rr8+JA9OIQV",
-	"I+eHRA7YdsIhRZATxnILdnlkOQiwx41leZArrOQ0djyapFl8PDyJWdyME/NsWbL43H4V+6R3KJbJxcXR",
-	"EeAr6EKRGnDlduMvnjx7cvGElRE2lpD4ti21P43lUcwapahQCPHA6wWWVlmz9+4qV1DpBZti3faiVmct",
-	"5akABNisUYWSdznLrtZqXStC4cqjoaWww/VCCguXW1wBkWtB2VntnlCKQjqSILDQP84pfIRudLvxz1PC",
-	"Bk47EzaKWPhx/NZfwwNXKdxSeF0q356xp32s520Zw8Pj0yNvqNXwUpZdVl0NIMx2XKog6ErJoCiLkgL8",
-	"2gP2ta89gEuWqOWKQ+Y6cLBn0rvY8y3rxucBQ7JjBf9soYX53TcXX/YfATew3x+cudyOQBpOs4WHSjWQ",
-	"/IRUQgLImC4oAP1wh6NkyYtrDSRIJnjNfXNW8wd1MSWwU6OmEhFDjjB2qn1OwzsiKIirpueiK3wp9jJL",
-	"v+1LyKk0Ci/twC44OAt9QY6AXASQK/B5xuI/9qlST/9pGgdgfKfAdjFXsLUUM8h3OJWIqcMKf76m/srq",
-	"/aPxI5YLg87INLvKrOIW9y35XCIzH8QHE7wmAmyCcjJ8wM7zfCrntjNLFuJ2ZQ8eJI9ylYi78Tn4O/qW",
-	"FAuV95/AQ30qYOhwdHmWCKlFAI47X/FkIfrjwbATddZFHgSlbTabAYefB6q4OqR39eGzp4+fPH/9BN55",
-	"G5RMa8Lszl8+7USdG1FoRNcNByN8R62E5KusM+kcDYaDIwgAMgsALzqYjf37SrTWNiBQ0NjykAZyGSyV",
-	"FbmaCsjS8NXFxUtALyYLkVyDylXWEUOPlpxKVSQLoQ3iojz/JAvMc07LXmYi4Wvy9oflp2ZFJub5lvEN",
-	"R0hOA48zAQtkDk6aGpzFFWFCdAjtlxdLT9POpPN7Yb6ixSmzWMGijYfDO6qstFRXcZDwjrrev0oJJTTd",
-	"UaQkWH+eQ1GIt1Hn+Gi0q1U/gcO7aqqGENfO5Lvvo6BQ3rPsRoAdAalTO1HH8CvdmXzXQRLqfB91KpCk",
-	"zqRjFx/aJATX3lQmZIUErGaRQpmc+TpHZ1C3Tg6+FhmJDmBdU+ntRPKl5oqnDgUKF4kr7atHmoLP51mC",
-	"V5oZamVZwj8Rcb3CJfkbo61XWJxFoeLiluQjUVfUORke3d9GS1HNuwjTDjl7b8q8GR3OyoI8rdQZ1uWp",
-	"ltCplK7JNKq4Xki62juTRlCPjqYytyMuWirkUJL8G6qBg3HirAwfocvilWWUcLmttA9SQC+cawkvscjH",
-	"uuFbgLV2XQYekNsHZ1aaAlLEGmAI/2lkzJnKYKIDVprIVg5XgFWAYwQ4zMxK58YKVUvZTNDj688xqq2a",
-	"YYm7RkQnN2yj1nkKdztpwTfO7fDxT+fnPkHEhx3PoE7Td2XoFlbtqaXWf/t9UEopeBhzbTUe3vuwu6ns",
-	"KndFyY/giA/3OOLf1OqyHY9P73+pXozxo/GT4f1tPKX7HZ/C4YO4kOc7vxemkoQtYDx0AO/lPMQNDn/2",
-	"YVZvd3KhV3Qaw4TfHvPt/dplljEly4zD3NnyBFh3vGQq6amyOtMG2El5n1WrSopO6a2AVNLSe6mzFDBF",
-	"vF4aMfLwIfIUf/yT+njh89p80EGt1sUIYg93VXJqVMaohvDKdZ5jvOGOgMf7Cmk0SwvVawR52V8G9e3N",
-	"FWjZdjAFF3sKPGGPI/Y5T+mkvj8bGR7f/9JzZb5UFM73v5nvuJjJgOe45DA7eY6lJ4fQAQHTNo7yEaKQ",
-	"pyRrdrCrQ1I8drKtZ5k2zpBHXadWtMDzsDDms8LRvOaDzAo4VBDtv5tFIbMLGeKAveRXzuGzLrQq+lbx",
-	"SCc+qnMqIaKTUIN0d4iaCIRT8itxT7gnk+IWcgyHHNJlEwjZJPu1uKTdA6rF2HlXKniWLTN7qJvxu7Qs",
-	"WerzCRHXYJj46ArgQoXR5Y2gz6PADUWuFdnVwiAcBQo6dUMqQBmT0QveSwBVTniwLWEhtwpcdY/47cxO",
-	"5se1KLadyLlpqntbKcO65LcuX8H45KSev2BlpWhhW/y37877f+b9n4b908vvf/ublmDr7z9UYmEUdKAo",
-	"op54f0WnXbItCKaH19sXrE3ofB8GU0OA795yKIgRb61B76LEyywGZZz4P+TT36J8snvZEtQfiCr3zScU",
-	"VRjdcY9UAvnTVhtrQoAzSJiEF7bVtEjBd068QNBxXM+9FA/YE44xxpKqJr1DjTuWmaksg9W6PHwUYXoz",
-	"dXtAXlXqBCJYtTXrOdSBy7f2b4g/pMJ5GLxjRLpLHELgxNyKVrgr+1Qy6Qlu0kcTSdJnKLhDBuEj7SKI",
-	"YUgTqAF5pgGk3w0J4yBi2UAMAjEPBYmcsG8XVajtTGVAbneIKXFjLsd/SB/Ovxr98K0+/fHZ8nj19yGn",
-	"7jGqoJ6ir5T4K5QphB/vLiAYlO6z9PY3O4MWgqEZNBK6fYiwLosN3imrkcZ/Xen8v1nYCsdHnYClL+5z",
-	"P7VjTXcKzdcAQTUtdehAVKBN1+tZNtfrtaQc2FBWHUD8BmAzQGuXlXyiamWewtXa6e4ssOOQ+vUiO1MJ",
-	"3mOKrGiA+H1chjMgy+o7mGG+Bo8GaQz3TFZCmqBiXkw9xgT1LShc7e5KSXCtTnddDpzraoUN2NeCS8yw",
-	"kQteQPAvxPXj5Z9RicopWsq2Y5+jG+yzoDeo5YxYg0o41gKqQPM6YrOK6EMIPFilVoMIq1ChG9+lgNiq",
-	"dQTwOsgFBDXkvDzVLZBIVUzlTOQKU5XUzGG82jMbRfDAFOXwOtNwvceUZKt1sVJaHHwij2K1HuMHeRYp",
-	"x7gruzT5OTi650EkjvfmQKRfpVLj6F5vJNTWCysG7qq/B3kY9y2KV62Bh97Mevm4sNZavbSaq4FWLXn2",
-	"DjmOGxXJoFyYNz/LVcWERGUZrPoqo2OgUuPcpwhw/vFqAAdmOW/uxfjOvTg+piomd+yFfwb3YpSczo9n",
-	"Y9F/yI/S/rF4NO+fzh7w/jg9SR6J0XzIH8723Ytq0b333pHTV+ZYfj7e/FE82H7DR8ldO4Ij8VsSbgIo",
-	"CPtpFa31T3c4pjH8AXnlP8z/v0WN5KnUK5GYOwvTBqpKqJ7s7w9oK5Ze6eIzTUHTHO+oASqWmYj1epQj",
-	"gAKCd9QRncpuvFeAP5aliIOcBb/85b+nnfggYitRJEKavpCJSkXqLUtAqXLtIbJMiytIr9UNImdYfIh5",
-	"Bf+f8ZdxxDiD8HL6BhLeUA4B9CxT0gDInZMK6O8sDBwhMBbctuPPtD5dTuhpqKWJ9+tTSRhr5oaupGjU",
-	"jt5TjoDhSsUAyW69JqnqMvBhkr7AeL0rKax38SDP2sfF01pt7N6bANa4CIB2pvKdLwLOWOwsrhhDeJwq",
-	"DIncrFaGwONP4mV5gev0Eb0sVM7uLi8LPvJX87JQMbfdXpYdN65/R7cBx3gdcIe6cjIZjWsX2WJd1Ar/",
-	"hffYbepBeCPg/ST7X6a7CpYN70eNw99TL/KuW/RyeASuqXpALPPZW1Upixve6QAht+k/HCC/kgNEORbn",
-	"tAr64j4HCKm9PztX27uhb2iXd+Ng2K8Ig8Hyl78eCuZXPbjIV97ljO6yH9Ch+w/D4W8V10LKxTsc5XfV",
-	"a4A8wqvCBhM4xOSSdkrv23TUWam2rOePoWXgBSWqpYBQNq2sXgSJCpULhJ+5O29StVwsDIWyQuD0TnbS",
-	"lpuz1xswHAPmj6om16wn/UQ0Ma+C8yvJR6rvwySkaon3BuQvAKC7SoqpdPFDmm5FKVfeQSVaGmIbILDc",
-	"7jTl4/A1P2G8kDEZlokGMnGpc9oqy8UuEtbdhhZXYipdnle3MhhNT7U/glta7BJSn4ki47k94O4a1yGY",
-	"JxjqJm4ABAnXrC7PwyaTukzGgfLhShiSC6dxG1/HAf09s3Zfuvojsndrkm9Y18phTBlyEBTV/pV5/x6M",
-	"8XGhtH6BJRPfS14M95AXjyn4/3+zgPHH+x1kDDHR3Rqjd49+gLSgth1qfA+PRmv5Xqj2EiSz39PFAQ4N",
-	"7+OgYIt3Bzt+Iu/FS1qUj4dbpBne6b6gZ2pOi6qTgnwRJMzanBGVvbrDGXF38e2/I5/E6G6fRFAIvk32",
-	"lPXbq9XYd+Lu717XmnnxAbCIoOT2nW4BooR/+AV+Lb/AyjOPd43MoecOf8Y/3tk34A4915QtS6rNhLWU",
-	"x49ay+NP5f718dn+5fGnsouB/+GRiQ8G7NsysJu4YxjbX8md75J6V9IMUCCfS2hhFFy3ugwTK5WjvYFZ",
-	"CPf1lxD24BM5TKha/UdTq/8mWVtJOJ135GY7A899bT9KXmGbC0iheTxeYs4uSh4Q49gwe05gA1eI3JpR",
-	"QdaKGj1NZYWgWNdn6xudQfYfyCXp8gZArqHRaIi5CCGlDOQg+uri4mU/5QYuts5nlCokqZ8COAF1gT2u",
-	"SNy63Hz7D+/S32rU1Mod+r3lwbvqnXh6vFrfrEoDhkKrc+iiUWuDFWKlCu+roNyrGPZCGVrh2jaqFZ1a",
-	"CQIaIyp9pbTOZvnWlTWiHIxQ20nIFMFtmDW3LHPj0jw2Cuf43Fu7KudE7EYUkMbO+U96vYJvej3vvwIs",
-	"Wlv6oansJgoKqhtIKkZZeTIocH/SX2ZybQSWzDJ8uWJG5aKwZh16jsomy5jyjSqud4uQsPpDr9dW/+Ei",
-	"LHyXaV9mzl9hNiD8mNvPig1KYUM1rqk2CVWQEGlQSzasHYHpwWI/Lpf5h9xS1ao856tVDln5PPw/077O",
-	"QFmSB8jArmym4XMQkUUIx3luFRTuKyotud2hoKQJFBSy1Ejzc+lcfZ1cDzH2Xi7pEW5YTAzx/lg5l/JK",
-	"6UqiD2dETUE9uLusRotUf4V1/DxpUsHEzj3wkdj8DpO0rYMK5JisLboZ0W/aUTllcYuo5kusS/LPXPlg",
-	"nzBwIW6n8quvzx/3X391Pj55EFGuxdKLuuCWEtyqa5EUwkQOdeAJPbKm46CsyjWVBd9UjtOExUE/XdeQ",
-	"Yb9l085g2mG/hccO4gF7JX7AxMcl+NRPorRjl9wkkFU9NjFqmS6H1gnDc6gh906QBZFQwVOZ5Cq5Zl1M",
-	"+wVyNxVzwY0u65rNIU12WUO9AS8xvwvqvt+MfncyPnnIHz04FQ9FImYi5UdjPp/zB+MkTfjRnJ+MEp4+",
-	"FA8f8qE4eTCfnxw9SIeJeCRGw0fpo5m3pJFHlaZ0CyP7EHCKh9d9rtLtu6mSvoR+WPB+RzhBU4cMC36j",
-	"olivwL0j8AD1yfbyzO0R5vjGjnr2O+MO9tY/KyXiUQ+tbsfbD4bkVoqehmBRz56htI1nqi73tK9zGsJD",
-	"g8aQWMpKpjDat1EHWGi1ry+Bq7redrRHxVLrDe69lkHJ2B36PM5vw4NqOL/85b9IfKXWbEULjRbAfe80",
-	"8W5DTh0M2JMMrDnLHKrGql5A+hZt1KpcaSz7Zo9/qTfv2MowE2h9S2vpDauLXc40hMHDC+HK4+lpNGXX",
-	"zfAsp4YqWozL3IuNtZXbxfSYIHcg1WZn0jmEQxJ1lkJrfmW7dHkCyYdQPz2uvCNFG7oij7WwHndaj60p",
-	"6jLFPaUqHeVkgmqu9yQWxVf77lUEWuPaeIlRXejPecpKYWK33PA8EGR3rLYO2G9lvVs4dKACZtpnGLXE",
-	"ViqJTjUcdO5ZmbDjd16b8uV3OJaUuHbXmSwX0MpdrPYSBfVdVME2BdR1URhisWs1prK5HKwbN1Y8Pjjz",
-	"icazK2nPdwttA0VD9aBaJtFaFlXiEf5Ev88d2KO9jc0Lwuvb10Z7dPWSb3PF09AuPR6d7GN5+yzPkDr0",
-	"wlLK/72G8c5kaiBpSsnntbuqZRqY0M7ERRuaV2r/Wj3Bn97wnNWN7dAOo5NUjrBaZPu774HXgbKJbBUz",
-	"aR4CD6RRNe/OKHshmtCVjHEaiodWBz4oFUTKIte8SkJgLYpL6ZKmqQ2ahpaROy0tYiuege3MDVsqjeB4",
-	"KpoyX+c+3Y7vky4km31ipHvZaVnqYMW3/mozyNYKwHKMAInuqupZ9u0uNJudUw4R6BzLhGKKOFfagjcS",
-	"3cGVJOTkt5xKQtK6oCuXCKDZFV37BV1pT41h0i2IH2MzLq+t/mJ3wNW/8yUzy1DDsiDLeDhGg3qlrA17",
-	"5nEZrlk0oYOhOkdRc6hk1bq6FHOV52rTV5KRdNeUoR2IwAny0Fr+5S//ffCOeQHMAuqfYmKAYJQU+Nkc",
-	"5J8oeS6rxXy68sxRNdKwFlIY9BAe22Y31eKau5hH0JxnHq3rWimkjNXSwUvVVux0wIIycvCfxirbjujt",
-	"mUPrm6d8BUGafnxBOKrRLFVLDsSaXPMrCJjIeSE0hnq45jhbcJnmooCc5oNKdAPoY2//TwAAAP//",
+	"7L3tchs3tjZ6KyjuORWK06RISrItqqZOKY4z8Yxje2xlZ2bCbDXYDYqImgDTQItiYlfNr/cC3nffwtm3",
+	"cP7vS8mVnMJaABr9QYqy5cyc2fMnsdjd+FxYX1jrWT93ErlcScGEVp3Jz50FoynL4Z/PU7ZcSc1EsnlV",
+	"6EQumfk1ZSrJ+UpzKTqTzrcLqoleMKJYfsNykvKUrLleEL3giuTsx4Ip/ZkicdBY/49sE0eEKvjwmm0+",
+	"M28mMk+JWsg1SwnXU7FeMAEv2EZIklG+ZKn7aEJiwdYx6YY91V8iVKQkp9DQVMgVy6kZ+EFE4pytMrph",
+	"KbTAiNIyZymhQq1ZTuScUEEYzTPOctc4fqWKJXwk5EymG7JgWToVpgXfOqFzzXJCic6pUJwJTeaUZ0XO",
+	"zkh1sDTPOUyXSEHmuVwSrnEtbli+mYqV5AK61fSaiUvzqx1uxqhi7cMkC5qSjK4USyM/lCSnakFkTuhU",
+	"KE2zrDYULeU1qc7C9Ibrh3MmHIbCxeUql1c5UyomXSWXTAo2FQuZpYpQOzBtyGJBFRFS27FMSHw8PI1N",
+	"E0uullQnCzsXs09rqsic50qTQrGUzGU+FVRIvSjnZRoYj+MDM4s4ZdRsgmKaUMVTZr4wa4HDl7nrbUBe",
+	"CcLMatqtnQotCTV9sjSYLAw4ZzRZWOIBQjojdKbM/plNhc8VueI3TJAZm8ucmZ3rUtPVMI6mIj4ejuLI",
+	"/HkM/xsdwf/Gp/FgMDiIyHrBk4VZoRvmCbQQWham1wF5acZpCXFCKEEKnQpFNyqg1wF5druSZpW0JLNc",
+	"rpUZll7ksrhakPg8SZhS/adS6FxmfXy3/xUe63gwFZ2ow27pcpWxzqQj2LoTdVSyYEtqTjcTxbIz+c7+",
+	"7vqEfwIRdKJOSYudqBNQQyfquI3tRB2zQZ3vo47erEw/SudcXHXev49KtqLfuOYbbCXWecFiYnkA0Kla",
+	"SaEY4cg17HGVyJe2HATLiBhRdMmmooUHuQmS2UYjDZl/hNsOZyLnV1zQzI8i3IKp+Ng9MHNt3QR40LqG",
+	"b5jON+fmbDfX7iu5JpkUV4Y81pRrR6u5+YaLq+qyNDnzgLz58ik5HY2GhGaZXKupYBwO4nohM8PpEylS",
+	"RfDAfXVx8bqfUu14m5UDNFsbqlXMvFn5LiKzQhs2tMrl7YZwYHxmrefmNC3pBj4ilJhGI6IkSTLDQ5UR",
+	"DkWWEpokbKXJTOrFYCoe8CyMgcx/LHhuSNIsfrgp9U14H3VWNKdLpq24fLqg+RV73kLNF4afwNPPFOEp",
+	"6cbJ4vKXv/1XfDCoDCBZXB69WD1RX5zcvEzG19/++JjBEetMOiuqzakSdIkvmsYuebpzxEt6+4KJK73o",
+	"TMYnJ+Z0Cvf3yAxea5abtv/ju/P+X2n/p2H/9PL73/6m00ZwL/iS6/aZLaXShGu2VGYTcqaLXJhtlYKR",
+	"Fb1iERmZB6PhsDLb0dBO7ceC5Ztybhn0FM4jZXNaZBo/WdJbvjTHYzQcwpTsX37QXGh2xXIY9as8Zfm2",
+	"HZHmodsQmadtO2J+fvzVj+PlH09v/3S8enF081fdviXQ2q+5I6/pRhZ62+RW8NTNbiXbJreSl8fXPz5e",
+	"jm9P9exIrH96tGGjxU3yJE/b54iN/nqTfA9iBzgunLDPafoGWbv5K5HCCBHzT7paZTwBSX64yuUsY8vf",
+	"/qDMYvzs5gsN8JLVXV6zzSUXNzTjsISqWC5pvulMOl/TbC5zo/DUOGMn6tzQrGDYeQrEtqVBI/805Znd",
+	"jVpDZFkow5bJqD8+OSGrnAtNZxkj52+fPn8OrIImhq1ExIqhhJmtU5rqQnUmx4b0Ndewi0HboFCUQ7DL",
+	"udB6pSaHhyu6WRo+OrAr4lZKHQaz6F+zTd81YTagPsMlV8rsTmXJXsrGFI3GVNey9lhA13xlAbkKNDVL",
+	"eMoIn3qnaLzsvVRlZx+8VK4JWCpctsu8pNFyiT43xsIsZ/TaKjB4XlpWpNZKjZScboPGB1Vk7HaczDnL",
+	"UgVnPM+lEUrf/dyBHzuTziFdykKY5pZMKXplunJkSA2/Bq4JipQGJV6TUed9FDSQFHlu5t3ahGH2ck4K",
+	"lUaEFXlErmariPyw2kQkWcwjklBjjBRp5/33ZqGUpiIx3x/ejA6Bdaqtm2ZnV67H/puFn/bdp8BRSkb1",
+	"m5zNO5POvx2WFvAhPlWHr7EN/KTJXt0ucOVW3yjsS885ZO6Ii3glwfyIBBoRivsHVgcHK2kq/vD21csI",
+	"trQQ10Kuhd1Q812DcEg3rhFKHJWKnZzPmUi5uJoK2wYXJEaqiA/OiMwjc0Brx1OZcblhd+MtRxMMsKko",
+	"59p8044sPmhTLp8uWHJtNG7USp0dxNVUWON9Qno9Yzeijt/rgRI457cVbwAapjrf1NTZa7Yxet37qPNU",
+	"innGkw+QFcFpRLEupL5MDMVmhk2HRxI0DNKmJph9XVGewkgTKsyMZoxgMyw9IzmbFyIFix/1OWLOBaNp",
+	"lX+dlkcBOzMNVQaz93mAyfSF1P3g+4c7EkoWeWJUXOQUZgOpZiSVDP0AYE1UnQwRYYOrAaG4UjC+cq2m",
+	"wi0WKmiNjTDm/RcS2gZSmEDj1oWz5lmGa7Wg4oo5osilUq/AnvsoukhMO5doGIb0cE7gSR+feGoF3w51",
+	"FgoBg3ZeKFbb66Nyr5+2NWM/us+eh8N5kL0+97MA3QSMPjs9o+2jKY6OGzv6bhyuVhyR2cZQ/VTEb1nS",
+	"/5LpZNF/yzWLwbODmxNbVum9JkKS89fPUWzTa6aIonM2cZ1SsTESKKECvHyCJGAqwjDWXDGiVmhUropZ",
+	"xtUCWbR1IhiWQV5KvQDjmCqSSsEGBAeiSMaVZulUcBE4Oj9TJH766s3by/MXL159++yLy1dvnv/++cu3",
+	"MaE5Q0o3Z9yZrsDozROgbGenGkN3Kpx1jRMGdgFvgjfIkQlS73NhdGeaPTOc/KPol9uWLkEoVChYkEKw",
+	"2xVLNEsJPCYygSNdodaTqpDG5ohr7h4yGr/s45cPQqEtMzDiMpyx9Qw2HYHrhVSMsFuWFPD3gqZTMWNX",
+	"hYiQ1rkilMzBHWS9TxPCgdt7F3Lq/Uook0PXk+47r9eEgJMrArdTRX6RZ5li6wVDByPqB7Z19Fm0O+n7",
+	"gZe+bensV4ctfv2KW64f+uX2aqj05MF2vJT6S1mI9KMo1LD6ObQSEOdLaYVEm8St8tLjkjpfSk1cU3sT",
+	"phGT+NFD0ORLSVSRLLyUtJvOFUloljFDoH7C8QEKMp6avbfKYARqIMukuFLgdXRMFr8HBhbQCDoIMknT",
+	"CylfGO3iozbDCqBLLeVlBq3tMkvYbcJYatVV/hMj4NOpbM8oEHVvyjsI4hrfe5tsx30tZR8/fmgdH6bE",
+	"FQ7NbBqtCQKYHenGjUUyTCbYlg44buEddEF+Cbr5g24QHs1L1Prv3i5jbTwZOtGTccHUGUwO58QVeXRc",
+	"2bejUXPf7NfW0vioXcSm+tjUJ9xTM++lMT/Cmde31nqa1VSUe7tlfe1O1zSIrvU0O9LhAq4Xyo6mAteZ",
+	"gnseJL1RjswQvrq4eO3GwbVi2dzad5SsMspFX7NbTeLjo1E8OMADb/fjgi+ZLPTDnHfb1hbySXmKmn2e",
+	"8xsG4+OCjIbqDJ34ZmpXlIuIzKnSdc/MkxYW4Pu7PwOwnz4wqUT2/IskK1Ij0NvnXGEIOaOpm0pIPPan",
+	"+IyMhv4aZbYh1sF9YNRZ1Bhh+QwxGesQXQVSEpXJdQa8KDENy/k8Am0D7iulECwBlcU8z6SCK0XPfSbV",
+	"HdlqNb9l+Q1P2DeC3lCOFuKH+VpXuUyYUjK/LKptlT4xcFS718qFRfvNLCpfshYPWXvLNRJNaJ7e2fiA",
+	"vGlxIdR8Fme1e3EwLPE6tKoPByLtte+4OsS9qdqPvB82AP4r3KDdq5pSTWcUr0sLAffadgT1xWxrrraU",
+	"WxrbOnlLQh86dTui2sQfxnRNmbEDwQHsKOLKnGJqziAXXDv3AR4sYVk6qvsLuloxYY5Vrwd39VPhXFQT",
+	"64vCcIsYqKoP97Nxee/pqazXM3TW6zXdY+A2n4qaUYKD4dpSnSJUVwJFCMSJkC7XgdcjZ3B/al1LMp8K",
+	"63DSa56wg8FUTEWfxK2HKSZd/E5Za8Z8qKxaWh4qDaE2stBGN51TnkHEibFpCZ4ZeztvLZgN0wR02QH0",
+	"3EJ5MelSsSknDhyxjKLxhGjDaUiXkkwqbfor+V9EqGHFnGb8Jzyx9vWDM7O88aFhz5uf4gjGuI24P5md",
+	"FdDGXQ0Et/xAzRdSfk3FxgpL9XESnmp2CdoHSxu3Lc7TAh6eJbppqRHsQycWFVmBB8iQ9lmF+M2iBnMk",
+	"KcvopiL4x4FL80JKsjR77tq9l+inmvXdHB5G7pcGWTl3P2VYBDh4VDsVGUMkjPYfLGiMhCuvmZiKWZFc",
+	"Mw3rhU2D790QmtUYmqpjhfmUnoVCpLjArbEsSkLM0DY2lBdC1SRZVwrDCcg5mpJTgeP7TJVTdj4rOp+D",
+	"O6VxLj6CnL8RtNALmfOf2Me5CoqwoYCW36LPD++PHE1TRT47t69DBxPyOaM5y8m0GA6Pkmu2gX+wz6ra",
+	"amD4fFPtb296rYzzofRUNy+u/N2NzK1PPJFXgivwn4d9t1or1W399ttv+2aVmNBmH1h7lAEt3zD0BCNm",
+	"REtSKFaNNcAl7uwMqAGSUMVqJXPN0q9ZyukFvPNRpOEbvFyaFi+h2zqR6Lq9TxUJOzIdVP0XJyE5+D4I",
+	"9EFsH/cgDN9CH1row6cPRSLOgwFuRMPWqCJxfXoxEEnbatXcGMZO8COzcRkZXufWaeQvssjJDJ9GyAHt",
+	"JbJZzFVuWJHmaC9UtNmWIGMMPjHsWRBNrw1bWjfbhDiku5bLjvccb8Tf+42ieU435u8VWl/NkbxBTQj4",
+	"sxsQzUChgEHZKN440Ggqrn9UJDdMP9RY34eRON91QoXbTaIMIJSzH1gCjVRbbUzzXBAMF3BxXDu2bUsT",
+	"z9Emdh9+ZriTAHuI6zN7uSHYFdX8psoqjo5PT6POXOZLqvGi4tFxpxndFXV8PMIdK/jUvVdfrCCgwc6i",
+	"bakwrK99jbRmy5U2DG9FNxB+nKOExvhD3bBD918/YK+4B6iKpxHhO9YUQ6ldTBt+WY33Gp3uu7BgOqSX",
+	"VFd4amc8HJ/0R6P++PRiPJwcjSfHo792ghZTo45Zm73G3D9kt6KO1dsvkZc3ucKGUBKj3RE7Qwf/xNXw",
+	"y/6ZIilLMm4oWabM3jrHXKhiPueJMS4u4WBDcIS/NIxFkWWxWUTzD+RNGO3WmB5vicN7taI/FozwNCKr",
+	"nM35LUtJnCwu432iPhs9+ADD7cGM9kIBF2JFN2qvYMZGT1ZOXS6ZXsjt8YVLUJDhHUeitfjC5aWh/ssb",
+	"rmhbP06YNoK/LeeKyXrBM0bqW+l8OCjQMFQG9tudR64g8JljDPSMGdMXotcPwOYTJFZFkjCWGrqRuach",
+	"GxBso68d/4w6/u0O0iSDyPZyouHzZqBmyHIgLi8IFfVBWQEvssvS2Ifaeaic01bGFZy4uh8kk2uW9xNj",
+	"9z5/+4ocj0ePPVuBI4JyDFxiXrfJuNIDgjJDITPiyn82FUbIWTYCj42lFDKoBK7C52bBC5XGEYlZkZv/",
+	"Xc1W5n/JYg7/o/CMFml8NhUYO74xktV8+MPKmDoYEoD5JQJ8GcG+FcqsFSuMtnk1W3Wizg8rs67JYm7+",
+	"S2Hdi9oW4kcNEn12w9qY81tp9gToCxNd0DFkqG1jVB7cBBWRdc61ZsJxbnAvgj+DoqvW5kBhiMrUrBJ2",
+	"NLOel5Rl/IbBrbKLyjM2m+9ozWYLKa8JEyn4gHAlqhJmf3Y+3p+dp1SDVkrTlJuZ0Ox10CkyySbX4FZ1",
+	"opaG5BwtUlwukpi55YKl6HJdsuXMkBI67cB3A+pohcuUEhTlWxkav42zlpLI7nrJWdtZ5PuWw7U3v2c3",
+	"+jIekC9YWqC+zdymcqbMnPBitNwW88Gjf58dJS+fLP/00+j2jT7ZtO2AtqaRI3uYxWBFga/gKgxCxmR/",
+	"svzLsCUj8SqvoEbr2rB/tTG8Sl97cDxrDwWUaCmojW/BmXvBVZte6kOMmHlJRUSwNcRX8VzppnLlqHQv",
+	"TRvPeos1sKDqcinzVhWEwR08uIlwSGQus0yuz8iKKjzcmTm1MU9jMLuUprmRTJcU3TJakisGKZTLQbmY",
+	"MykzRkVjNWFCwYja1g9ulX2EUI1EBauGC0O4ljN9mwtog39b5m1DNzG6hqsJoeQPb1+9RFc03LBo2TSr",
+	"u7GNQ44PIohCnWNKYmuQrJEfwnDMbgx+NSMV6m6vg3oSTxnn3DgxPmq51b40SkMuXXoU13ZsxsK0xn/Z",
+	"yZ2B03edClzXckht+/gVo5letKtfRp/JNG7eAt4zGtKMNXdwq5Ilr21+HX6/qemK13fOwbbcNvRgl/7I",
+	"Nm8gt7d9IsGdKSQAy7kLJQf5xqsR+6rFfkKdr731ORMJaoHXTExIPIp9sBUmm/o4L2NcJTkz+hZL0Tlr",
+	"RB9kFd6uzJSnAlNbubKWvgTX7TO4gDFynnlx5h2sHGSak5DI7a2jdkULZRqVGQT9Wc01ocLaxqZ1bJUC",
+	"k8vNusA6mZ2vUf1odyZU3aRrHGZB2vNwqzTRVBiG+ysMuIqqdQRxObyYrLJCWcahmbA3riKVa9IdH5OF",
+	"LPLKnfmAnNtrB+4+M4Q0FUu6MUdUrdlK4wUaDeJoC4Xamws+x1Uut66RG2jnfjT8gLlfs007fV6zDV4L",
+	"ykKTtzovEl0YZQ9YOPmxkJrVbLgnbHh0+vgJ6x8P05P+8RF70p8lp0f9R09Oj+nJ4/np0fi4bQiZTK5Z",
+	"elkIzbM2EjB2FtC6j3uEfG7tB2mIxDBkPAR2N0nX3flQ7S8flnQzFeChMzR8cGbNaGxCyEYf3FJz61re",
+	"aXi7O9BLEDztywwSeLXAxPTwfBotIGMaktNBMLM0tiYiMn9UmqYitmqlJdSYdGVuX7G3qjH+37/hTc05",
+	"FxBwHA/IuUulD6AIDIPQXBTMRlEbyVonPtdEp3X+GFuyy1iHWCJrqVse5fP+2/PvDU1WCe/1q7cXu/qH",
+	"TMEtrgK9+OBuy/ygwzbd/NBeU7ePDFMHL7eJQL80+IIbo71sc59D4KUnYXNOjM1Z3spVxjsejrbSbMCO",
+	"twrlCrhC6f0Ist8KAQlBa2oOI3g3HFGdkdjTc4xmIkTZB7fwdmpdDE9WPllXm1OKkAr2oMPObEVXmIqu",
+	"dhe3VnQpWCczKNef0jzL4E5dyewGTVhQGYWnQmTsNfu9CingpxRgCgS+s+Dpbm3lmlV8KzW2EXk9onGi",
+	"aiTepKsac62ZOYHca9OUXrD0iuXnSdLuBQ4vErpr5LJol/l7kIOIlA6zbt5yQYEoBtwQzcbszkE0FYam",
+	"vU/N4nCsZZ5BOIfZ8tqm+HfNUrVfMpS70hL2Ux5LnPEzofNNu32ylDeghxkiWUrBjBjXa2aUlLX0miHF",
+	"JVMONgNdKCnSvXW7PNRthQUzWEnFG9cVD+pVH02Gx5PR8BN71XO5vKQlxe36rkqe9/F7ZKzu587Y5ePF",
+	"j+PlcWu6edPfDWdkq8MbGX/kxK/M3bnABA4kHK6BmlTT4b49773paJEfuFqtvl8/q3bnb2VzKn3f6e8N",
+	"DtZd3pMMXiVM6Jyzh/WihMf7I3wpOLK/vzMFUi53XZAiXlX1ljTCdMaZEY4Ij2GegqdNqXmRWeL9oMtA",
+	"09/um8BPeuk3mgwff1r2VJl520IEv1gwJmrDHcGO99pa9dBfrCVhamW0Cmmd0CTJJVeKwuF6uBs+o6fG",
+	"H3bzdveNGOgY3jAh1nurSDc2JIfgWP4iGPwPZQqt+yc4zfB9WIjyAcQpQIzCtqsw51+2X1TlfvnaHj7h",
+	"Nu4XzjpQ1u5gfHBG72J5aEQ8KKtD3vDhTA6H9PfncYgk0xzs1yBDIWAITNNNEM1DAEVtRsW108Q+hJvd",
+	"h5FBvumD6Vmj4WR49MkZmeaCbmdk4eqBxKgyjRm91MbsaHPF3hUb8SW4JnxsBKpGEVkvNi72wfZ7iZki",
+	"8acOe1jJOk/cjT70Aayxi+la7vYQrlnnFi9hw7TzPUAUgDG0Ma5cx7VYEUCiWMob5x8ETdJ7c5BrhjED",
+	"5NzFnHjMJSuq0bpW7rJ2Wsa5u1O0jcuWoytZbts93EMwXE+jAcO9X6AB8o+7GLC1Rh+UA1vO9eEs2JnI",
+	"f38ebCM42zRNgOM7PnlMbLwowdhVZe/No/aYzjA2Fq89EAYTbuwg+wNv09H5rRCA6ps3zyGk8pqjkwZe",
+	"nkxFfHcMK0ZPQ+wI3KBBsLpKZM4UpsMnmNy42KwWTCiMsY6RHe3VQULztG/DuFKcUQzxRf63AYlN/7EF",
+	"iZwKiLfgKROaa4zpJWohc02WNFlwwfo5oylMHA/OGZnlVCQLd1NjWAeEHXCdATzFVMS4+D4IBTQmY30y",
+	"ucowcH9JNwHoSCMco5VhA5BefVB4uWo+GITxLdXo8yZe1HZMre1wZc0nl4ViLQ9yZhFI6g/AORe1Zorf",
+	"nZxcy0Zppp9ujeOuAbGEqAHowAPMGAvI4YM9GoA+5c8rurG/VYjLR1DAS+h1sO9Zz7/Ner/E12BngvBC",
+	"y/GRHFrTF91GKn4lqC5y/K0G09GWrlf1iNYG3YzcwWc7FIfaqYoaAXg5o8pj97RFUYKAvGKC5TxxDdXE",
+	"f/Or9sFilH5TrCyKJRXBUbldZVRY4OI53gZa1BILnheYgi4sF3If7DRd3jVXqsBE5eYVpkVVa12zJhoX",
+	"tNaAZttLrgUhHC2yrYRP2/+6hWqrpTzY9cq+tyogEdyWeADdcBTHw3GbIm/TK5pbDyw8qlOATYB1U69I",
+	"sOqkn5q933VEXGhVo+NSSAq69BfI23u6p1ALzZEi5/2czRnQ750Knks4gSULLWdzyLfoG3icfYTj/pF8",
+	"5wJjnVDvsOemFudO3jKQ/yAMaZr6YD5AFTd8HeIgLLjJVLjHAXoSJr1eiRL2pjWucUdAQ6nT23fx/smM",
+	"HSzPbwS/dem5VWPz8aPj4+MnR4/Ge5mcTme9I0UnWPAvzBdb7KeLGrfFtebpWRg4aNYpLWMK07ZIwhW7",
+	"0ZfHFz89uf7TePn5o/XLUfLnm04dkPXOwMJPHEvY0vy9Iwp3hRO2LPy941bD7dh68eBpCzTqmZnvJ3aJ",
+	"nH5ApkxLdMRdseBVqtoSKb2PWhFSDSjQAesIZfEHOiNSuRZK54wuL7dG3JTv1GPLSvhynjCLbSdrbKQr",
+	"0beBDwDCHJ+UOBxgckhfc8DGdbmwNp/Yfka4huBGa27KhGZT4ZP1HXW10FQtNoQmS9ZvD3S+45zf7UGK",
+	"K8c22DHvW3HZNq0+pYMPdiHVz5xcC8JTH7u37QjW2F+yuDz98upo8YfH1y/GP357wt7ou1dll1oTDslq",
+	"N25IzhTHhdiSXtL5iKSRGnFHu8IvMUtxm0MX3VIsdaiNfiAfcy2FWxFeTSEp383F9vbrloH92++D/Tg+",
+	"KMVqzyv68WR0ur/reG8Xad64Mc/Z5cmfNyP65snVxfJo9u/i0eIT51HdkR/1a2RHhbUNvMty36sgpPy7",
+	"XJG0rMZg42UiIrP0obyS9vh9uFfSBfH83b2S32J60XlyveXwJ4ZqIJrARezQQFyC5GpZTKe13lX3xcu+",
+	"FGoauUTrGWPC9WKUBRFAGdgwoMo5mtNMseZ6QBAY4zdtJsQ5RvzY4fzyt/+sSmJF5yzb2FDjWm8VMbdt",
+	"8X3PUbAazR0AuKekyLnevAVsBVi/GWApnBdtAZfnogreYuhkL7SLeECea+srnXOrljhsSs0EFfpgMBVf",
+	"sKWESPwJidU1XlAZFSQmXftyDH8e4M2ye+UqkzN2G7xkf7BRZggcYdbLwUQE0AmIasDFXDokCIqg3rYq",
+	"xWtrXBNvLjstrtOCAKWWNMtc+ioi3Zjt7fXQDdLrRaTXs26PXg/B0pQ2LKNi4Jq37DE1nwDoUa9nrxN6",
+	"vTJ90t2Xmk64sE5jVA4BHrsPFAuoHWHagKEwW04l34C3/iXTa5lfK2cFBuHs1dxAi/5BAZvGRb5bWDlw",
+	"BBlJBWGaFmp7KjTLMhzagDy7pYnONn1oq8cA96VnppIjYHsily5WWa+NHswRkfQKGNikDBN1ZbWmgqtS",
+	"2dZtIzKzNDTH9YAABk8qk2JpD5tFt9M5TTSWaJJ6QRY0u2EKVubf/o2cV4BIzI+YlxEf3oziWr01qBwR",
+	"oMFQglRns0TgZiSOp6L92IREb1+ciguXR1A9Pr0eknuvVx4hcrGWJDWnCJ8pwm652bpCO9fVTN5OpiK2",
+	"x6p6zOy58uepfsIOzsI4XQgSVWuuEwAjWBI5nw+m4twdbEw1UYwpVwoLgosTmWU8ZcoCTlaAZo02bkMp",
+	"7CmJvBCdCpsDJ5uZOxNiS8URlilbB8mVVLMF0yomVCPTayo8POa6XDxrQq0lBBpn4ApBtqwG5DxExHFF",
+	"FQK8HKjcNorxMuwQ86B+iqMSIswPqZRpLuO2Gx/afwZgff5WiKupCMBxcNxcKxJ7d0T/rfPzO6xzh/9/",
+	"QARjaYB47qg8rF+SZFQppkpSLw8d8BWFhQXMWy4XOwycAt8aytj4th9sVkzYrWZCGZo3jb+zbbxrvPeO",
+	"LBkVZnXfkYVce25F3pmv+v0+afmveQS87R2Jzf9NM28YTdWZFd3KifMBPDHtzXPGss0AP4Ylo1m2CViK",
+	"acz+btr7QiJyJiLdYb09VVIWViUA2CP7HrC6Lt4HAae3IVNA6BMbyO5+jUg8Hg4REwcISYByWx/umXXA",
+	"27J1ZVp36duxBRLsxBDz7x2J4R9mHk9B11VwcFDDATeBWYqXEPRFRfOYYL+QORYF9TXD1ABruvrjVs13",
+	"MAwesH8xpjHIVi+n2EQyBNjych4RUBEiwoME8RPruwdmhl9LszMYq7sDNGXndCEjAth4sqBcYCKmXPIE",
+	"M34sE6tCJSpkNlidrnq+6S4XUcpyo7WV4VDKw65hicwgrcdn8lnLFIjxjiU8qyG4hXU7SXwyPIo9BOTa",
+	"p+Bi/ozzNCktVysgxx2bkRcCl+wHOSt35gc5M5tyDtUD+3kh4HDbT7ou8eDgbupz8laKbONAlInNMLhG",
+	"EElItrM+E8ObzEBqBBmPh2NybmN64u1k6RQK04ST8BwE6h2rHRhMVuaMh+P4jKxkliFnfCFRoSjTRttO",
+	"bsUP/47E4d9mQZ+LmSxE6nPW63770rQwpp0ZNGbGAtpfzqy+p86I/8zek5TWV/WyxAwLBIZpp4kxitLG",
+	"vPLGmiSlw9Jyn6h5WkHvCAilTJUkv2eCASSi2Zl5ztQClndlOun1MnnFE5qVHxh1iJJvvnn+Bbk5Jqgc",
+	"0uzAH0nUCR0ucTk2PBlQJ9Kil5r5AaAtSvNGBiX6GUj3zZdPyZPT49HBZCpIY0UmZLpXXuW0Y1QFQs7J",
+	"zCw/duyyNzFZE6oav9U5X7GybCXiLkcwRkvOAOcMII/OBWwaDolz0jLMfQYZD9zCgJIDyOGm59Evf/s/",
+	"u4vNkW48vB0P41/+9n/i4e3jZ1bXhBhixfrKKAWQ/gJrIIhhNxvMDqXAMjBH2RzHDbEqo2s8cnHJVtPJ",
+	"2Yo58ldmd2lmWkUYdqeZDXEuf2QbpHeVyBWCrJS26QTZsGO1qLi2662D4FD4ujzcDBvWxDz91rEJmFWA",
+	"BA8syRb+cB/ULtkn5O1X5/3xySP3e6+HASjGPoQNNvahXhij0jI6Yx8IKeB0AHjCTKYbczqQM4LeTBQE",
+	"vURGOeRXgs95QoU2aqZmakUTADdayhuWHgzIG9YHncUQPXwMNwl9LsAusffVDg3Qsz07AauBmdeoP1VT",
+	"YyCahjFhmmLWJuLQp3wOBjdiO0Q28iB3maZ2G8fjeCqaNcIwjig+AMMYd48SxTNgrpgp4W1DiKKsVYP2",
+	"/ssBml85XVdxDh1Yod9zZ0M6g81uLRrVDs3Iqnyh7k5++V//m6xorspiZeYXCOwwj0OJ98v/+t9mn6GQ",
+	"Wa/n3+8CpitqJVwoluszsl5ImDX+jSJrbSFafYr0AXSFf7IB6uOK6wJ1jHel0vbOTvj/3qJ9W2WgNIja",
+	"at+8w1NHtpZ+I++MVVI2VtaAA2YQYfEHKa4iMqNppZClP/G2rtP2zlz1uKAzX27PhtN0HcG5+rtRrWZe",
+	"2HwtMAepF8FPXCBl2ZOTOlFA3eGZ77aROvY2HrdMxpJ5aw+ouLm5oZXBwbMJya/kXciBej1I+e31QBXB",
+	"uuNztnbhC8irnUFtIUxUM5fZFSYCpzKqPqbdCMult23GZaFY7I48Rk9WgYXvnpq3PdyU6qPq9Sr1t3s9",
+	"4AreWiuMmm3+wMVHXe0pQsL2LyCI9TBU1szHACOxo+wSeQev7R63Ub4NddeBD2DHg83RUJHMF8zv9ZyW",
+	"7t2AVfuj12vvvkTQboBfvIPycVSk/QpOhYV9zJzXw7C/KynYQdmBYUgQS6bCmovAojwuaaXUIiWJzHOs",
+	"nrWlxCJyzQmZ89up8ELFK3CuysSA+K5xaiX2w4xdUVHmG7mscWXFI82ZQ9evFNQiGb9m7tJSAexQEoRz",
+	"kW58PBzHB1Bh04gsplQ/LzLg/lANEgtBTUVagJQsB9TFEwBVmqgicSMi1CjFraGeNjC4LdwTRgIHcyqC",
+	"mmS8Ui6NdOMT8CiYvTonvV6AeF/aova6HnyJ7Sj8kT3/xnY6ub3Fq7vj8Wl84GuMUlEWLQtqJXJlrctt",
+	"5QCAACrHPqoVRzCqAu5X6cizJIlYBa01CwY77TPbToiWYQ/WGSQfJddXOVhWplGR8AwKzyvpjWSlje4X",
+	"ljjFOCmIKDC0jsTrcUvMXFJvqfoLJ4e/AQPyFqNnYojHA3rGm9qxxdNXqzusbL0fjHljGNfgffgtIDdm",
+	"z50iyrSGuq7x8y+eff361cWzl0//cvnHZ3+5fPPs4tnLi+evXhqagzgM56govUAeauOMxL9/djEVhzej",
+	"ekljdfjzNdu8jw2vXyvUEj5TJC6BDOISc8dBOJgTuWZshXj/TDubBimgDr9j9bpCMVWF4On1Wlhcr+cK",
+	"7Fk9KEXmYqgZKqsiUpe9gItsrB8UgTCiEVW6AXkrw/E6BC9rtwCyPybpGOZtyAF8/2Csuus/eNcWKXLB",
+	"E1Xni5aIkUOVrUga2cJBsGU/FqywuI728iNncIfrQQxgTaySjegypRbSMKMjx84N96G1DQkIMt9A78ba",
+	"B/tZZJvygjUAB3EalKtGaAmOgg0yQYPbBuTbSZQlhzA0GjmT22VznoyKRDcgYhb0hpG8EAcRVP84Hp6S",
+	"LcpGhFwrMjxpjP87sv6Hk+ExuuvtBW2+hXs0nR6VywUjrQbkKylkUSuTMBVdr1HBIq1yppjQYUiaYTxE",
+	"zudWkyyyjPzAtbFypyJWGWMr8jti6Fguu8OILLnoJnRlVGLFyH//v2T8H5ZeDg5iX9RrSW/5slgSURim",
+	"gF5MB6xCiZbaWMgpoymIOWMMpqxVUygPm1maWZEahqWkxWgC/k+vfE0Wc2b4nIOl5GgQ/I/eho+Pb2/j",
+	"nZV1yTkBqeuUSCd4S5kL8tHIOHds6paHzUECjmpJ0lYVcVar1zzcPRX3TBfCmiIXasTtEeOpQprt9Sxk",
+	"rVEtahC1tUDLXq8MUjJsJx6dnp7GUDy7UCnkFf1mdDo4PT0DPxLMyDz8YbWBh//9/5wMh3gKNkxYgNog",
+	"8OnAHfR5JqlWAxzeUz9wO8LWiEyZhvpkFZV3UkXUhcFZUF0EzG3B1rWdP09drza2EX1m7u4PShnYIKWJ",
+	"zW0nXWCpBxGiWbtaQQcRxjCZ3i0ODWDTSPOK9R1HFhCVdMHhWdZv9vb10o7rgi8Nc1yu3PDefPmUHB0d",
+	"nRIfbQU7+M3FU0cHqGmWN2IOm9JQ/R05dKS7PXcuIooxW3XFpunFtgr7gbeL0KVmM+q+efPcHsJGShcm",
+	"qIV5ZvhLBI6WarIZcblmA1Km6t0rE8+GdtgitHdk5N0jFa+mMvS56BvGPSD/jk6RQCQY8rRKnCtKT5o1",
+	"6c8qWrwCPz6gu4dhxcj5AcgB204oQLg5YSw2YJdHDsKIAGASYDmWnMaMR1lpFh8PT2ISN/PEPFsWJD43",
+	"P8UelBTFsnVxUXQE+ArnUEQMXLnd+ItnL55dPCNlho0hJLppK71ix/IkJo1SgSiEaOD1AkurrKm+uwoh",
+	"VOLCpki3vejgWUv5QAgCbNYQRMm7nPGrQha1IkGufCVaCltcL1ZhoWKDK8AyxSx6ttkTCyFrjyQILPSP",
+	"U5s+Ym90u/HPUxsbOO1MyCgi4Z/j9/4aHrhK7pbC61LZ5ow875u+ImAMj49Pj7yhVouXMuyy6moAYbbl",
+	"UgWDrqQIimZJwcCvPSBf+9owuGSJXK4oIIuCg50L72LPNqQbnwcMyYwV/LO5Yvp331x82X8C3MD8fnDm",
+	"sHeBNJxmCy+VaqD1E9oSP0DG9oICoh92OEqWNL9WQILWBK+5b85q/qAuQrY7NWoqMGLIEcZWtc9peEc2",
+	"FMRVO3XZFdSXwvZVVExfTEyFlnhpB3bBwVnoC3IE5DKAXAHmMxL/uW8rqfWfp3EQjO8U2C5iuRtLkQPq",
+	"2FRgTB1WYHVAtcXK6P2j8ROSMY3OyJRfcaO4xX1DPpfIzAfxwQSviSA2QToZPiDnWTYVc0A1y8HFZA4e",
+	"gPu5SvHd+Bz8HX1DirnM+s/gpb4tMOvi6DKeMKFYEBx3vqLJgvXHg2En6hR5FiSlrdfrAYXHA5lfHdpv",
+	"1eGL50+fvXz7DL55H5S0bIbZnb9+3ok6NyxXGF03HIzwG7ligq54Z9I5GgwHR5AApBcQvOjCbMy/r1hr",
+	"7RkbFDQ2PKQRuQyWysq6mnJAafjq4uI1RC8mC5Zcg8pV1nlEj5aYCpknC6Y0xkV5/mktMM85DXuZsYQW",
+	"1tsflgec5ZzNsw2ha4ohOY14nAlYIHNw0tTCWVyRPIwOsfvlxdLztDPp/J7pr+zilCiDsGjj4XBHFayW",
+	"6lcuJLwjr/evImUBp7cUkQrWn2aAgvc+6hwfjba16idwuKvmdRji2pl8930UFDJ9wW8Y2BEAbd2JOppe",
+	"qc7kuw6SUOf7qFMJSepMOmbxoU0bwbU3lTFRIQGjWaRQxmxeZOgM6tbJwdeKtKIDWNdUeDvR+lIzSVMX",
+	"BQoXiSvlq/vqnM7nPMErTY5aGU/oJyKuN7gk/2C09QaLZ0lUXNySPBB1RZ2T4dHdbbQUPd5FmGbI/IMp",
+	"82Z0OCsLprVSZ1g3rVrirFJajCvSjgk6aST1qGgqMjPiNoBQW8TkxtYowzzxAFXUXhavDKOEy22pfJIC",
+	"euFcS3iJZX2sFm6UdB0CD8jtgzMjTSFSxBhgGP7TQMyZimCiA1KayEYOVwKrII4RwmFmRjo3VqhaamyC",
+	"Hl9/jlFtVQRLkDYyOqkma1lkKdztpDldQ4jyM2NSuAJp9iK9WBoLBzGyqvCKpBv//tkFGAL44NI+sB7/",
+	"hz/on3usiY876UFJvu/KLDAs0FarovL++6BqXvAywnY1Xt6bb7ipbKtsaHGUgFsM9+AW39RKcB6PT+/+",
+	"qF5398FY0/DuNp7bqyKPBvFRDM2zsN8zXcFzC3iYPct3MjHLWA5/9hlb77cytDf2YIe1HXz4uHeRl4Bl",
+	"UpTg8tS5BWzsu2NLU2HfKgvxIfZreTVWK0CN/u0Ng6oBwju8eQrhSbReBTfykUjW6fzwJ/XpwkPkfNRB",
+	"rZZACtIYtxXtaxRBqmYDiyLLMHVxS+7kXTWTmlXk6uXgvBpR5gfuzRXssm1hCi6NFXjCHkfsc5rak/rh",
+	"bGR4fPdHL6X+UtrMwP/JfMelXwY8x+HMbOU5hp5csA8ImLZxlK9YCnluZc0WdnVodZitbOsFV9r5BFBt",
+	"qtWn8TwsTB+tcDSvRCGzAg4VAAdsZ1HI7EKGOCCv6ZXzHRW5knnf6DDpxCeITgUkh9oARHsNiUoNZGbS",
+	"K3ZH5igR7BbgikMO6YAJQjZJfi0uafbAlt3t3JcKXvAlN4e6mQpsl4WnHprIcg2CGEpXEHmUa1VeLnpI",
+	"BqptElzOrxYaI1ugdl83pAKUMdx+4B0OUNCKBtsS1uysRL7ukQrOzWR+LFi+6UTO41Pd20rF7SW9ddAH",
+	"45OTOhTCykjR3LT4H9+d9/9K+z8N+6eX3//2Ny15299/rMTChOpAUUQ98e7ifdtkW5CXD5+3L1ib0Pk+",
+	"zMuGXOG95VCQbt4ii8qE8xIQoUw5/5d8+keUT2YvW/ABAlHlfvmEogoTRe6QSiB/2sogTmzsGmAv4d1v",
+	"FWEp+M2JF8hfjuswTrE1dX3e+73KmRKup6LMe+vS8FWM+JvJ2wProLWdQDKsInwO4g9iVfgcUxltjVTM",
+	"A9Is3SYOIQdjbkQrXLt9Kpn0DDfpwUSS8GAHO2QQvtIugghmR4EakHEF8f7dkDAOIsIHbBCIeag954R9",
+	"u6hCbWcqAnLbIabYjb4c/zF9PP9q9MO36vTHF8vj1T+HnLrDqILSub4o7q9QkRYe7q4VG1RpNfT2DzuD",
+	"FoKxM2hgw32MsC7ryu6U1Ujjv650/p8sbJnjo07A2h/ucj+1h61uFZpvIZpVt5QcBVGBNl2vZ9hcr9eC",
+	"XrC2AD0QPBzErUHgd1m0LaoWYctdWbXu1lpqLui/Xk8NanT5JI1GPoBP8XAGZFloDcHqa5HWII3hyspI",
+	"SB0UR41tj7GNGs5t5tvuonhwQ2+vzVycrysLOSBfMyoQrCNjNIc8YoAIwHtELROZ2cQr0455z16GnwW9",
+	"Qdl+DFuoZHYtoOA/rQd/VoMD0bcOVqnRIMKCg3gj4NAkNrKIIFIPYIWgXKiXp6olulLmUzFjmUTUk5o5",
+	"jLeEei1tpGGKcrjgCm4KiRRkVeQrqdin8v1XS+9+lGfRwpW7CnuTn4Ojex4k9XhvDiQNVoryju70RkKx",
+	"s7A47LZSqwDpuG/902q5U/Rm1iuFhmU161U0XbnLanXLe8AlN4pPQmVIb36Wq4rYRmXFw/oqo2NgTTnm",
+	"b4YFHz1IQDUXBAHTm3sx3rkXx8e2IMqOvfDv4F6MktP58WzM+o/pUdo/Zk/m/dPZI9ofpyfJEzaaD+nj",
+	"2b57Ua2v+sE7cvpGH4vPx+s/s0ebb+go2bUjOBK/JeEmgIKwn1bRWup6i2MaMymQV/7L/P9H1EieC7Vi",
+	"id5ZgzxQVUL1ZH9/QJMwal18pmz+NcXrbog64zoivZ6FG7C5xVtKRk9FN94LKwArXMQB/MEvf/uvaSc+",
+	"iMiK5QkTus9EIlOWessSAl6p8tG2RLErQOrqBkk4JD5EiML/a/xlHBFKIFPd/gLYORaOAD3LFn8AYHhS",
+	"Bv2dhTkoNq4LLu7xsV2fLrWB2FA2Ga/qp8KGaxM3dCl8NdP71tEGw9XWfbV267WVqg7MD/H+AuN1F76s",
+	"d/FUIwG2aq1QFsTWQ7VxGkt6zSpXt7WKOtZlIyClDfB1YrTmbPKFFKyMVHBVVANNZnJXYVjzbhhjgRHK",
+	"HrzYlaQ7q7xkvgngSG1Mcy3eIgDIOJuK8n34uByTK1HseoJrCUjKaRsZx4gWhQszFS6spgzcsDqu8mUn",
+	"z3yJ52pp2ZxYqIXA9TQVfwffU1lkk7OHvBUJAlc2dzii4JWa96nqbRqQczEVu7xK1odpw2S2e5V2V479",
+	"J7oEueP+PigP3Ly/r1T1rdRrBkfL7jUMiu3eVR43qIYbBAh9jGOmXrh2p3umGlv1LzfNr+WmaQls+4CY",
+	"IWSL+9xstNbrvPMCnDTuv6EdEHj3u/8+I7Gj5xiTYJ0HCKBQDbfC1J1PwuBf4To94OWCLQi7i6fjK3+3",
+	"ywVbDnW7GNgSaPRPxP+P8RZ8h5V+MhmNa/yfFXmtdG4YvtVmFYcX4f56YP8YMlcDuiGDarrrHRWXdwWP",
+	"lcOzMaVV+WJ07r3FS1keeKdgsRrbvwTKryRQpGNxTobYH/YTIYc/uxum+wWd2l3eHv5JfsXoTywg/esF",
+	"f/6qBxf5yn3O6Da3Gd5j/stf9o8azmmVi3sc5fvqNUAeYYRMgwkcIjyzmdKHNh11VrKtbshTaBl4QRnM",
+	"mUMyuJJGLwKoX+mgZGYu1MuqWi6b1IJBAPTIVnbShm7d6w0IjgERGKvw1HXYbMzHodX0tgp8V/V7mISQ",
+	"LYgpkDsDKURd8Bm5DFxlg4Es2uxBBW8EsgMBmsXstEW08lWzYbxQcwCWyQ5k4sDn2mqzxg5LwgUB5Vds",
+	"KhxSulsZxKOx1bOC4CTsEsBDWc5pZg64i15yOUATTBZnNxD7D9FFDilpzYUq4axQPlwxbeXCadzG13FA",
+	"/8ys3e3bQ7L3iAi5Jl0jhxF064DErp/4V+b9ezDGp7lU6hUWHf4geTHcQ148tfA5/5MFjD/e95Axlolu",
+	"1xj9reBHSAvbtnN87OHRaC2AD/XSgnIwe7o4wKHhfRzWfX7/GP9P5L14bRfl4RzT7oJgl/vCvnOnT5rw",
+	"1Aqz7T5pl8+63RmxkpfH272k/0w+6d0+idFkNLRRAW2yR3Msyt2ZdGYUK9XI613pZrvXtWZefITTGWn0",
+	"breApYR/+QV+Lb/AyjOP+zqX7XuHP+M/7u0bcIeeKos3KeR6Eij9XXc5GVWLoNr09qmwqj5E4MVcXCKO",
+	"q47riK1ckaW8cch2UP7kwFVedKqyT/2aii5C54RHJj4YkG9LaBR/fVqi41Sqz7iyGBWgHpsK7yChtIQo",
+	"I4fRtJIZ2huI47uvv8SG3H0ihwke2odTq/8hWVtJOJ17crOt0C2+Oq6FfzLNBaTQPB6vEfXSwu/EODbE",
+	"nwts4AqRGzMqwH2q0dNUVAiKdD3e7egM8PMAjdkh7wBa32g0RDRfAGUDFL+vLi5e91OqIZ7jfGbBtpL6",
+	"KYATUBfY44rErcvN9//yLv2jJguv3KHfWx7cV+/E0+PV+mZdNzAUWp1DF41qVSRnK5l7X4VFL8dIF4tx",
+	"DtFKUa1s44rZ/BpMxlpJpfgs27jCgBbFGKojMpFiTDfizpeF4hxQcqP0nEev3FZ7LiI3LAcgWOc/6fVy",
+	"uu71vP8KQrDbAPymoptIoTQVGmA5La4dV1JE5KS/5KLQDItOarpcES0zlhuzDj1HZZMlKsta5tfbRUhY",
+	"P6nXa6ugdBGWjuXKF2r1V5iNzDVExzViw4LAwee+upetwcTSoBp7WH0JATZjPy6HnWfdUtW6duerVQa4",
+	"tj7rjStfqacsagdkYFaWK/g7SES2gf3zzCgo1NckXFKzQ0FRMCjJZ6jRzs8BoteDtQLQduEDu7EcJ6a5",
+	"Ye15i8yoKlBZzoiagnqwuzBVi1R/g5VwPWnaksOdO6ImY/07hDktBL91MgfhTqObkX2mHJVbHNTIVk2L",
+	"VUn+3BXg95C7C3Y7FV99ff60//ar8/HJo8iiFZde1AU1lOBWXbEkZzpyUQee0CNjOg7KupZTkdN15ThN",
+	"SBz003UNafJbMu0Mph3yW3jtIB6QN+wHLB1Q5lz4SZR27JLqBOqSxDpGLdOhUJ4QPIcK0OsCHGGbDDMV",
+	"SSaTa9JF4EyQuymbM6pVWRl0DoUm7FngTDWiKvXvRo8fHR8fPzl6NDbbcDI+eUyfPDplj1nCZiylR2M6",
+	"n9NH4yRN6NGcnowSmj5mjx/TITt5NJ+fHD1Khwl7wkbDJ+mTmbekkUeVpnQLI/uYmEwfVf65TDf3UyVd",
+	"wPokmPi2LLqmDlli2zpFsVbmf1u+HeqTyeLy9Muro8UfHl+/GP/47Ql7o7cCq+AX7EZfHl/89OT6T+Pl",
+	"54/WL0fJn292pdvtrX+6DQF2gXpodTvef3QmSqVseJgj4dkzFIfzTNVVb/CVwsOsiKAxJJayFjiM9n3U",
+	"ARZa7etL4Kquty3t2XLj9Qb3Xsug6PoWfR7nt6ZBPblf/vafVnylxmxFC80ugPvdaeLdhpw6GJBnHKw5",
+	"wxyqxqpaAACa0nJVrjQWTjXHv9Sbt2xliKVd39IaQHB1scuZhtlf8EG48nh6Gk2ZddOUZ7ahihbjsO+x",
+	"sbaC9QgwDXIHwKo7k84hHJKos2RK0SvTpUPatT6E+ulxBZJtkr0rk1zLZnWn9diYog5r9bmtc1VOJqiH",
+	"fgc0N37ad59ifhGujZcY1YX+nKakFCZmyzXNAkG2Y7VVwH4r693CoQMVkCuP0W2IrVQSnWo46NyxMmHH",
+	"916b8uN7HEsL/b7tTJYLaOQu1kuLggppMifrHCqjScws3LYaU9FcDtKNGyseH5z5Uh38Spjz3ULbQNFQ",
+	"f6+GxV3DIbc8wp/oD7kDe7K3sXlh09TMZ6M9unpNN5mkaWiXHo9O9rG8fZ0EAN++MJTy/1/DeCscKUia",
+	"UvJ57a5qmQYmtDNx0Yamler5YfR4PzxndWM7tMPsSSpH+HMHq+qfF0br+u574HWgbCJbRSzqQ+CBdlTN",
+	"uzOL/4smdAVzVUH57erAB6WCaHFYm1dJGFiL4lI4DE+5RtPQMHKnpUVkRTnYzlSTpVSYE2bLjs2LzKPM",
+	"+T7thWSzTwR4KTstiwWt6MZfbQZ455BPhYmP0a662GXf7kKz2bmFzoLOsdA2gqy64lC0ARULV5JQ1cZw",
+	"KgGwr0FXDv+m2ZW99gu6Up4aw4QlSDYiMyquXf6RqyDri06XGfZlSbPxcIwG9UoaG/bMx2X4jB4woYOh",
+	"OkdRc6jWqnWVneYyy+S6LwWx0l3ZGidABE6Qh9byL3/7r4N7wuHoBVQQRzycYJQW76A5yL9Y+HlSgzqw",
+	"7gwVVRPsa5n0QQ/hsW12Uy1PvY15BM155tG6rkYL97sHbgf0UrWVCx+QoBAr/A9WbOmJ3pw5tL5pSleA",
+	"TeDHF6AwaEVSuaRArMk1vYI8wYzmTGGGo2uOkgUVacZyqAoyqCT1gT72/v8LAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

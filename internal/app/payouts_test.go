@@ -338,7 +338,7 @@ func TestConcurrentPayoutsNeverOverdraw(t *testing.T) {
 	}
 	// The database itself refuses an overdraw, whatever the application
 	// does.
-	if _, err := ts.db.Exec(context.Background(), `UPDATE balances SET available = available - 1 WHERE caller_id = 'acme'`); err == nil {
+	if _, err := ts.db.Exec(context.Background(), `SELECT ledger_debit('acme', 'usd', 1, 'le_test', 'po_test')`); err == nil {
 		t.Error("the database let the balance go negative")
 	}
 }

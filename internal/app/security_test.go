@@ -132,7 +132,7 @@ func (ts *testServer) snapshot(t *testing.T) string {
 			(SELECT string_agg(id || ':' || status || ':' || amount_refunded, ',' ORDER BY id) FROM charges WHERE caller_id = 'acme'),
 			(SELECT string_agg(id || ':' || status, ',' ORDER BY id) FROM refunds WHERE caller_id = 'acme'),
 			(SELECT string_agg(id || ':' || amount, ',' ORDER BY id) FROM payouts WHERE caller_id = 'acme'),
-			(SELECT string_agg(currency || ':' || (available + pending), ',') FROM balances WHERE caller_id = 'acme'),
+			(SELECT count(*)::text FROM ledger_entries WHERE caller_id = 'acme'),
 			(SELECT string_agg(key || ':' || status || ':' || attempt, ',' ORDER BY key) FROM idempotency_keys WHERE caller_id = 'acme'),
 			(SELECT count(*)::text FROM events WHERE caller_id = 'acme'))`).Scan(&s)
 	if err != nil {

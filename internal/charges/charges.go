@@ -277,7 +277,7 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 		ProcessorChargeID: orNil(o.ProcessorChargeID)}); err != nil {
 		return cur, err
 	}
-	if err := ledger.Credit(ctx, tx, ch.CallerID, ch.Currency, ch.Amount); err != nil {
+	if err := ledger.Credit(ctx, tx, ch.CallerID, ch.Currency, ch.Amount, ch.ID); err != nil {
 		return cur, err
 	}
 	if err := orders.MarkPaid(ctx, tx, ch.CallerID, ch.OrderID); err != nil {

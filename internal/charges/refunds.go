@@ -151,18 +151,19 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 	if err != nil {
 		return nil, err
 	}
-	// Out of the balance too: money already paid out cannot be refunded
-	// again (the CHECK on balances refuses it, as an overdrawing payout).
-	if err := ledger.Debit(ctx, tx, ch.CallerID, ch.Currency, amount, "refund"); err != nil {
-		return nil, err
-	}
 	// Derived from the request, not the row (cardprocessor.DownstreamKey).
 	downstreamKey, err := cardprocessor.NewDownstreamKey(ctx, tx, rec.CallerID, rec.Key, rec.RequestFingerprint)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := queries.CreateRefund(ctx, tx, dbsqlc.CreateRefundParams{CallerID: ch.CallerID, ID: postgres.NewID(postgres.PrefixRefund),
+	id := postgres.NewID(postgres.PrefixRefund)
+	if _, err := queries.CreateRefund(ctx, tx, dbsqlc.CreateRefundParams{CallerID: ch.CallerID, ID: id,
 		ChargeID: ch.ID, IdempotencyKeyID: rec.ID, Amount: amount, DownstreamKey: downstreamKey}); err != nil {
+		return nil, err
+	}
+	// Out of the balance too, last (it locks the caller's balance until the
+	// commit): money already paid out cannot be refunded again.
+	if err := ledger.Debit(ctx, tx, ch.CallerID, ch.Currency, amount, id, "refund"); err != nil {
 		return nil, err
 	}
 	return RecoveryRefundCreated, nil
@@ -182,7 +183,7 @@ func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Re
 		if err := queries.ReleaseRefund(ctx, tx, dbsqlc.ReleaseRefundParams{Amount: re.Amount, CallerID: ch.CallerID, ID: ch.ID}); err != nil {
 			return nil, err
 		}
-		if err := ledger.Restore(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {
+		if err := ledger.Restore(ctx, tx, ch.CallerID, ch.Currency, re.Amount, re.ID); err != nil {
 			return nil, err
 		}
 		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", cardprocessor.RefusalCode(refusal))), nil
@@ -260,7 +261,7 @@ func refundSucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc
 	if cur, err = queries.SucceedRefund(ctx, tx, dbsqlc.SucceedRefundParams{CallerID: re.CallerID, ID: re.ID, ProcessorRefundID: &r.ProcessorID}); err != nil {
 		return cur, err
 	}
-	if err := ledger.Settle(ctx, tx, ch.CallerID, ch.Currency, re.Amount); err != nil {
+	if err := ledger.Settle(ctx, tx, ch.CallerID, ch.Currency, re.Amount, re.ID); err != nil {
 		return cur, err
 	}
 	return cur, events.Record(ctx, tx, re.CallerID, events.RefundSucceeded, map[string]any{

@@ -60,14 +60,6 @@ func (ns NullRiverRiverJobState) Value() (driver.Value, error) {
 	return string(ns.RiverRiverJobState), nil
 }
 
-type Balance struct {
-	CallerID  string
-	Currency  string
-	Available int64
-	Pending   int64
-	UpdatedAt time.Time
-}
-
 type Caller struct {
 	ID                         string
 	Name                       string
@@ -138,6 +130,26 @@ type IdempotencyKey struct {
 	Operation          string
 	Awaited            bool
 	Traceparent        *string
+}
+
+type LedgerCheckpoint struct {
+	CallerID  string
+	Currency  string
+	Available int64
+	Pending   int64
+	Horizon   pgtype.Uint64
+}
+
+type LedgerEntry struct {
+	CallerID    string
+	ID          string
+	Currency    string
+	Amount      int64
+	FromAccount string
+	ToAccount   string
+	ObjectID    string
+	TxID        pgtype.Uint64
+	CreatedAt   time.Time
 }
 
 type Order struct {

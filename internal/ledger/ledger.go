@@ -1,16 +1,28 @@
-// Package ledger keeps each caller's balance: what it can pay out, per
-// currency, written in the transactions that move the money (see migration
-// 0020), by whichever operation moves it. It owns the balances table.
+// Package ledger moves money as immutable entries, written in the
+// transactions that move it, and derives each caller's balance from them
+// (migration 0026). It owns the ledger_entries and ledger_checkpoints
+// tables.
 //
-//	a charge succeeds          Credit    available += amount
-//	a refund or payout starts  Debit     available -= amount, pending += amount
-//	it succeeds                Settle    pending -= amount
-//	it fails                   Restore   available += amount, pending -= amount
+// An entry moves an amount from one of the caller's accounts to another,
+// so every movement sums to zero:
 //
-// The database refuses overdrawing at the debit: the CHECK
-// balance_not_overdrawn (available >= 0) fails the UPDATE, and concurrent
-// debits queue on the balance row's lock, so no interleaving of payouts and
-// refunds takes available below zero.
+//	a charge succeeds          Credit    processor -> available
+//	a refund or payout starts  Debit     available -> pending
+//	it succeeds                Settle    pending   -> processor
+//	it fails                   Restore   pending   -> available
+//
+// Why credits never queue: Credit, Settle and Restore only INSERT, and
+// nothing else of the caller's is locked by them; a merchant's charges run
+// side by side. (A counter row per caller that every charge updated made
+// them wait on each other: the hot-account problem.)
+//
+// Why no debit overdraws: Debit is one statement, ledger_debit, that locks
+// the caller's checkpoint row for the currency, reads the balance in a
+// snapshot taken after the lock, refuses if it does not cover the amount,
+// and inserts the entry. The lock is held to the end of the transaction,
+// so the next debit waits, then sees this one. Only debits take it, and
+// each for as long as its transaction has left after the debit: send it
+// last.
 package ledger
 
 import (
@@ -29,38 +41,49 @@ import (
 
 var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
-// Credit adds a succeeded charge's amount to the caller's available balance.
-func Credit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
-	defer postgres.Wrap(&err, "ledger.Credit(%s, %s, %d)", callerID, currency, amount)
-	return queries.CreditBalance(ctx, tx, dbsqlc.CreditBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
+// The accounts an entry moves money between.
+const (
+	Processor = "processor" // the world outside
+	Available = "available" // what a payout can take
+	Pending   = "pending"   // refunds and payouts on their way out
+)
+
+// move writes one entry: amount from one account to another, for object (a charge, refund or payout id).
+func move(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, from, to, object string) (err error) {
+	defer postgres.Wrap(&err, "ledger: move %d %s of %s from %s to %s for %s", amount, currency, callerID, from, to, object)
+	return queries.InsertLedgerEntry(ctx, tx, dbsqlc.InsertLedgerEntryParams{CallerID: callerID, ID: postgres.NewID(postgres.PrefixLedgerEntry),
+		Currency: currency, Amount: amount, FromAccount: from, ToAccount: to, ObjectID: object})
 }
 
-// Debit moves amount from available to pending for a refund or payout
-// created in tx. A balance that does not cover it aborts tx: it returns an
-// insufficient_balance *problem.Error, and the whole phase rolls back.
-func Debit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, what string) error {
-	n, err := queries.DebitBalance(ctx, tx, dbsqlc.DebitBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
-	var pgErr *pgconn.PgError
-	if (err == nil && n == 0) || (errors.As(err, &pgErr) && pgErr.ConstraintName == "balance_not_overdrawn") {
-		// No row: nothing was ever charged in this currency.
+// Credit records a succeeded charge's amount as available.
+func Credit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, chargeID string) error {
+	return move(ctx, tx, callerID, currency, amount, Processor, Available, chargeID)
+}
+
+// Settle records that a debited refund or payout succeeded: the money left.
+func Settle(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, objectID string) error {
+	return move(ctx, tx, callerID, currency, amount, Pending, Processor, objectID)
+}
+
+// Restore gives a failed refund's or payout's debit back to available.
+func Restore(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, objectID string) error {
+	return move(ctx, tx, callerID, currency, amount, Pending, Available, objectID)
+}
+
+// Debit moves amount from available to pending for the refund or payout
+// objectID, created in tx. A balance that does not cover it aborts tx: it
+// returns an insufficient_balance *problem.Error, and the whole phase rolls
+// back. what names the object for the client ("payout").
+func Debit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, objectID, what string) error {
+	err := queries.DebitLedger(ctx, tx, dbsqlc.DebitLedgerParams{CallerID: callerID, Currency: currency, Amount: amount,
+		ID: postgres.NewID(postgres.PrefixLedgerEntry), ObjectID: objectID})
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "RS002" {
 		return problem.New(problem.InsufficientBalance, "the %s of %d %s is more than the available balance", what, amount, currency)
 	}
 	if err != nil {
 		return fmt.Errorf("ledger.Debit(%s, %s, %d): %w", callerID, currency, amount, err)
 	}
 	return nil
-}
-
-// Settle records that a debited refund or payout succeeded.
-func Settle(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
-	defer postgres.Wrap(&err, "ledger.Settle(%s, %s, %d)", callerID, currency, amount)
-	return queries.SettleBalance(ctx, tx, dbsqlc.SettleBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
-}
-
-// Restore gives a failed refund's or payout's debit back to available.
-func Restore(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64) (err error) {
-	defer postgres.Wrap(&err, "ledger.Restore(%s, %s, %d)", callerID, currency, amount)
-	return queries.RestoreBalance(ctx, tx, dbsqlc.RestoreBalanceParams{CallerID: callerID, Currency: currency, Amount: amount})
 }
 
 // Balance is one currency of a caller's balance.
@@ -70,7 +93,7 @@ type Balance struct {
 	Pending   int64 // what refunds and payouts in flight hold
 }
 
-// Balances is a caller's balance in every currency it has one in.
+// Balances is a caller's balance in every currency it has entries in.
 type Balances []Balance
 
 // API is the balance as the contract shows it: a list of available amounts
@@ -84,16 +107,44 @@ func (bs Balances) API() apigen.Balance {
 	return out
 }
 
-// Get returns the caller's balance.
+// rollUpAfter is how many entries past its checkpoint a balance read
+// tolerates before it rolls the checkpoint up: what bounds a read's cost.
+const rollUpAfter = 1000
+
+// Get returns the caller's balance: each currency's checkpoint plus the
+// entries since. A currency with a long tail of entries is rolled up, so
+// that the next read (and debit) is short again.
 func Get(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ Balances, err error) {
 	defer postgres.Wrap(&err, "ledger.Get(%s)", callerID)
 	rows, err := queries.ListBalances(ctx, db, callerID)
-	if err != nil {
-		return nil, err
-	}
 	out := make(Balances, len(rows))
 	for i, b := range rows {
 		out[i] = Balance{Currency: b.Currency, Available: b.Available, Pending: b.Pending}
+		if err == nil && b.SinceEntries > rollUpAfter {
+			err = queries.RollUpLedger(ctx, db, dbsqlc.RollUpLedgerParams{CallerID: callerID, Currency: b.Currency})
+		}
 	}
-	return out, nil
+	return out, err
+}
+
+// Entry is one ledger entry, as the contract shows it.
+type Entry = apigen.LedgerEntry
+
+// List returns up to limit of the caller's entries, newest first, after
+// the entry startingAfter when it is not empty, and whether more exist.
+func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []Entry, _ bool, err error) {
+	defer postgres.Wrap(&err, "ledger.List(%s)", callerID)
+	return postgres.Page(limit, startingAfter, "ledger entry of yours",
+		func(id string) (postgres.Cursor, error) {
+			e, err := queries.GetLedgerEntry(ctx, db, dbsqlc.GetLedgerEntryParams{CallerID: callerID, ID: id})
+			return postgres.Cursor{CreatedAt: e.CreatedAt, ID: e.ID}, err
+		},
+		func(c postgres.Cursor, rowLimit int32) ([]dbsqlc.ListLedgerEntriesRow, error) {
+			return queries.ListLedgerEntries(ctx, db, dbsqlc.ListLedgerEntriesParams{CallerID: callerID, RowLimit: rowLimit,
+				HasCursor: c.Set, CursorCreatedAt: c.CreatedAt, CursorID: c.ID})
+		},
+		func(r dbsqlc.ListLedgerEntriesRow) Entry {
+			return Entry{Id: r.ID, ObjectId: r.ObjectID, Amount: r.Amount, Currency: apigen.Currency(r.Currency),
+				FromAccount: apigen.LedgerAccount(r.FromAccount), ToAccount: apigen.LedgerAccount(r.ToAccount), CreatedAt: r.CreatedAt}
+		})
 }

@@ -131,12 +131,6 @@ func (s *Service) accept(ctx context.Context, tx pgx.Tx, in idempotency.Input[Re
 	if req.Destination == "" {
 		req.Destination = DefaultDestination
 	}
-	// The debit first: when it is refused (stored and replayed like a
-	// decline), nothing else was written. Its failed statement aborts tx;
-	// the idempotency layer stores the problem in a transaction of its own.
-	if err := ledger.Debit(ctx, tx, in.CallerID, req.Currency, req.Amount, "payout"); err != nil {
-		return nil, err
-	}
 	// Derived from the request, not the row (cardprocessor.DownstreamKey): a
 	// retry after a failover that lost this transaction gets the same transfer.
 	downstreamKey, err := cardprocessor.NewDownstreamKey(ctx, tx, in.CallerID, in.Key, in.Fingerprint)
@@ -152,6 +146,12 @@ func (s *Service) accept(ctx context.Context, tx pgx.Tx, in idempotency.Input[Re
 	// the stored 202, or none of them does.
 	if _, err := s.jobs.InsertTx(ctx, tx, JobArgs{CallerID: po.CallerID, PayoutID: po.ID, Traceparent: traceparentOf(ctx)}, nil); err != nil {
 		return nil, fmt.Errorf("enqueue payout job: %w", err)
+	}
+	// The debit last: it locks the caller's balance until the commit. A
+	// refusal (stored and replayed like a decline) aborts tx, and the
+	// idempotency layer stores the problem in a transaction of its own.
+	if err := ledger.Debit(ctx, tx, in.CallerID, req.Currency, req.Amount, po.ID, "payout"); err != nil {
+		return nil, err
 	}
 	return payoutOf(po).Accepted()
 }
@@ -236,7 +236,7 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 		if cur, err = queries.SetPayoutPaid(ctx, tx, dbsqlc.SetPayoutPaidParams{CallerID: cur.CallerID, ID: cur.ID, ProcessorPayoutID: orNil(o.ProcessorPayoutID)}); err != nil {
 			return cur, err
 		}
-		if err := ledger.Settle(ctx, tx, cur.CallerID, cur.Currency, cur.Amount); err != nil {
+		if err := ledger.Settle(ctx, tx, cur.CallerID, cur.Currency, cur.Amount, cur.ID); err != nil {
 			return cur, err
 		}
 		return cur, events.Record(ctx, tx, cur.CallerID, events.PayoutPaid, data)
@@ -249,7 +249,7 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 		return cur, err
 	}
 	// The money did not leave: it is available again.
-	if err := ledger.Restore(ctx, tx, cur.CallerID, cur.Currency, cur.Amount); err != nil {
+	if err := ledger.Restore(ctx, tx, cur.CallerID, cur.Currency, cur.Amount, cur.ID); err != nil {
 		return cur, err
 	}
 	data["failure_code"] = code

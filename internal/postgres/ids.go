@@ -10,11 +10,12 @@ import (
 // it names in logs and support tickets (ord_…, ch_…); a table a fork adds
 // gets a prefix of its own here, so that no two kinds of row share one.
 const (
-	PrefixOrder  = "ord"
-	PrefixCharge = "ch"
-	PrefixRefund = "re"
-	PrefixPayout = "po"
-	PrefixEvent  = "evt"
+	PrefixOrder       = "ord"
+	PrefixCharge      = "ch"
+	PrefixRefund      = "re"
+	PrefixPayout      = "po"
+	PrefixEvent       = "evt"
+	PrefixLedgerEntry = "le"
 )
 
 var idEncoding = base32.StdEncoding.WithPadding(base32.NoPadding)

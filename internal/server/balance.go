@@ -16,3 +16,13 @@ func (s *Server) GetBalance(ctx context.Context, _ apigen.GetBalanceRequestObjec
 	}
 	return apigen.GetBalance200JSONResponse(b.API()), nil
 }
+
+// ListLedgerEntries is safe.
+func (s *Server) ListLedgerEntries(ctx context.Context, req apigen.ListLedgerEntriesRequestObject) (apigen.ListLedgerEntriesResponseObject, error) {
+	limit, startingAfter := page(req.Params.Limit, req.Params.StartingAfter)
+	entries, hasMore, err := ledger.List(ctx, s.pool, auth.CallerFrom(ctx).ID, limit, startingAfter)
+	if err != nil {
+		return nil, err
+	}
+	return apigen.ListLedgerEntries200JSONResponse{Data: entries, HasMore: hasMore}, nil
+}

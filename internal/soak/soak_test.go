@@ -783,20 +783,26 @@ func (s *soak) checkMoney(ctx context.Context, db *pgxpool.Pool, processorURL st
 		Scan(&s.payoutsPaid, &s.payoutsFailed); err != nil {
 		s.t.Fatal(err)
 	}
-	// The balance is what the money says it is: succeeded charges, less
-	// succeeded refunds and paid payouts, with nothing held once all are
-	// final.
-	var available, pending, want int64
+	// The balance is what the money says it is: the balance as read (its
+	// checkpoint and the entries since) is the sum of all its entries, and
+	// that is succeeded charges, less succeeded refunds and paid payouts,
+	// with nothing held once all are final, and what the processor's
+	// ledger moved.
+	var available, pending, entries, want int64
 	if err := db.QueryRow(ctx, `
-		SELECT coalesce((SELECT available FROM balances WHERE caller_id = 'acme' AND currency = 'usd'), 0),
-		       coalesce((SELECT pending FROM balances WHERE caller_id = 'acme' AND currency = 'usd'), 0),
+		SELECT b.available, b.pending,
+		       (SELECT coalesce(sum(amount) FILTER (WHERE to_account = 'available'), 0)
+		               - coalesce(sum(amount) FILTER (WHERE from_account = 'available'), 0)
+		        FROM ledger_entries WHERE caller_id = 'acme' AND currency = 'usd'),
 		       (SELECT coalesce(sum(amount), 0) FROM charges WHERE status = 'succeeded')
 		       - (SELECT coalesce(sum(amount), 0) FROM refunds WHERE status = 'succeeded')
-		       - (SELECT coalesce(sum(amount), 0) FROM payouts WHERE status = 'paid')`).Scan(&available, &pending, &want); err != nil {
+		       - (SELECT coalesce(sum(amount), 0) FROM payouts WHERE status = 'paid')
+		FROM ledger_balance('acme', 'usd') b`).Scan(&available, &pending, &entries, &want); err != nil {
 		s.t.Fatal(err)
 	}
-	if available != want || pending != 0 {
-		s.violation("balance: %d available and %d pending; the charges, refunds and payouts say %d and 0", available, pending, want)
+	if available != want || available != entries || available != ledgerNet || pending != 0 {
+		s.violation("balance: %d available and %d pending; its entries say %d available, the charges, refunds and payouts %d and 0, the processor %d",
+			available, pending, entries, want, ledgerNet)
 	}
 	var dead int
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'dead'`).Scan(&dead); err != nil {
