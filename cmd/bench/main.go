@@ -86,7 +86,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	for _, stmt := range []string{`CREATE EXTENSION IF NOT EXISTS pg_walinspect`,
-		`TRUNCATE idempotency_keys, orders, charges, refunds, payouts, balances, events, processor_events CASCADE`} {
+		`TRUNCATE idempotency_keys, orders, charges, refunds, payouts, ledger_entries, ledger_checkpoints, events, processor_events CASCADE`} {
 		if _, err := admin.Exec(ctx, stmt); err != nil {
 			return err
 		}
