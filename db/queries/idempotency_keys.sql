@@ -246,13 +246,15 @@ FROM idempotency_keys k
 WHERE k.caller_id = @caller_id AND k.id = @id;
 
 -- name: FindIdempotencyKey :one
--- A local operation's first look at its key: the record if there is one,
--- how much of its lease is left and how old it is (both on the database
--- clock, as in the claim). A record found here is answered from (replay,
--- 422, or busy); none means the operation runs.
+-- A local operation's look at the record its key has: how much of its
+-- lease is left and how old it is (both on the database clock, as in the
+-- claim). The record is answered from (replay, 422, or busy); a completed
+-- one is confirmed replicated in the same statement (ConfirmReplicated), so
+-- that a replay costs this one round trip.
 SELECT sqlc.embed(k),
        coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
-       greatest(extract(epoch FROM now() - k.created_at), 0)::float8 AS age_seconds
+       greatest(extract(epoch FROM now() - k.created_at), 0)::float8 AS age_seconds,
+       CASE WHEN k.status = 'completed' THEN idempotency_confirm_replicated() ELSE true END::boolean AS replicated
 FROM idempotency_keys k
 WHERE k.caller_id = @caller_id AND k.key = @key;
 
@@ -296,12 +298,11 @@ WHERE caller_id = @caller_id AND id = @id;
 
 -- name: ConfirmReplicated :exec
 -- Waits until everything this session has seen is on the synchronous
--- standby, when there is one. A transactional logical message is a write
--- (a WAL record, and an xid), so the statement's own transaction waits at
--- its commit for the standby to have the log up to that commit, which is
--- after every commit this session saw (a replay must not answer with a
--- record a failover could lose; see replayStored in internal/idempotency).
--- Nothing decodes the message. Without a synchronous standby it writes
--- nothing.
-SELECT CASE WHEN current_setting('synchronous_standby_names') <> ''
-            THEN pg_logical_emit_message(true, 'payments-confirm-replicated', '') END;
+-- standby, when there is one (migration 0027).
+SELECT idempotency_confirm_replicated();
+
+-- name: CheckIdempotencyKeyFree :exec
+-- Raises RS003 if the key has a record (migration 0027): the first
+-- statement of a local operation's transaction, so that a retry whose key
+-- is taken stops before anything is written.
+SELECT idempotency_key_free(@caller_id, @key);

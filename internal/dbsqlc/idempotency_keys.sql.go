@@ -82,6 +82,23 @@ func (q *Queries) BuryIdempotencyKey(ctx context.Context, db DBTX, arg BuryIdemp
 	return result.RowsAffected(), nil
 }
 
+const checkIdempotencyKeyFree = `-- name: CheckIdempotencyKeyFree :exec
+SELECT idempotency_key_free($1, $2)
+`
+
+type CheckIdempotencyKeyFreeParams struct {
+	CallerID string
+	Key      string
+}
+
+// Raises RS003 if the key has a record (migration 0027): the first
+// statement of a local operation's transaction, so that a retry whose key
+// is taken stops before anything is written.
+func (q *Queries) CheckIdempotencyKeyFree(ctx context.Context, db DBTX, arg CheckIdempotencyKeyFreeParams) error {
+	_, err := db.Exec(ctx, checkIdempotencyKeyFree, arg.CallerID, arg.Key)
+	return err
+}
+
 const claimIdempotencyKey = `-- name: ClaimIdempotencyKey :one
 WITH claimed AS (
     INSERT INTO idempotency_keys AS k (
@@ -383,18 +400,11 @@ func (q *Queries) CompleteIdempotencyKeyUnfenced(ctx context.Context, db DBTX, a
 }
 
 const confirmReplicated = `-- name: ConfirmReplicated :exec
-SELECT CASE WHEN current_setting('synchronous_standby_names') <> ''
-            THEN pg_logical_emit_message(true, 'payments-confirm-replicated', '') END
+SELECT idempotency_confirm_replicated()
 `
 
 // Waits until everything this session has seen is on the synchronous
-// standby, when there is one. A transactional logical message is a write
-// (a WAL record, and an xid), so the statement's own transaction waits at
-// its commit for the standby to have the log up to that commit, which is
-// after every commit this session saw (a replay must not answer with a
-// record a failover could lose; see replayStored in internal/idempotency).
-// Nothing decodes the message. Without a synchronous standby it writes
-// nothing.
+// standby, when there is one (migration 0027).
 func (q *Queries) ConfirmReplicated(ctx context.Context, db DBTX) error {
 	_, err := db.Exec(ctx, confirmReplicated)
 	return err
@@ -403,7 +413,8 @@ func (q *Queries) ConfirmReplicated(ctx context.Context, db DBTX) error {
 const findIdempotencyKey = `-- name: FindIdempotencyKey :one
 SELECT k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited, k.traceparent,
        coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
-       greatest(extract(epoch FROM now() - k.created_at), 0)::float8 AS age_seconds
+       greatest(extract(epoch FROM now() - k.created_at), 0)::float8 AS age_seconds,
+       CASE WHEN k.status = 'completed' THEN idempotency_confirm_replicated() ELSE true END::boolean AS replicated
 FROM idempotency_keys k
 WHERE k.caller_id = $1 AND k.key = $2
 `
@@ -417,12 +428,14 @@ type FindIdempotencyKeyRow struct {
 	IdempotencyKey        IdempotencyKey
 	LeaseRemainingSeconds float64
 	AgeSeconds            float64
+	Replicated            bool
 }
 
-// A local operation's first look at its key: the record if there is one,
-// how much of its lease is left and how old it is (both on the database
-// clock, as in the claim). A record found here is answered from (replay,
-// 422, or busy); none means the operation runs.
+// A local operation's look at the record its key has: how much of its
+// lease is left and how old it is (both on the database clock, as in the
+// claim). The record is answered from (replay, 422, or busy); a completed
+// one is confirmed replicated in the same statement (ConfirmReplicated), so
+// that a replay costs this one round trip.
 func (q *Queries) FindIdempotencyKey(ctx context.Context, db DBTX, arg FindIdempotencyKeyParams) (FindIdempotencyKeyRow, error) {
 	row := db.QueryRow(ctx, findIdempotencyKey, arg.CallerID, arg.Key)
 	var i FindIdempotencyKeyRow
@@ -450,6 +463,7 @@ func (q *Queries) FindIdempotencyKey(ctx context.Context, db DBTX, arg FindIdemp
 		&i.IdempotencyKey.Traceparent,
 		&i.LeaseRemainingSeconds,
 		&i.AgeSeconds,
+		&i.Replicated,
 	)
 	return i, err
 }

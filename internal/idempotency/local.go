@@ -71,13 +71,19 @@ func (s *Store) ExecuteLocal(ctx context.Context, req Request, fn LocalFunc) (*R
 var errKeyTaken = errors.New("idempotency: the key has a record already")
 
 // commitLocal runs fn and inserts req's completed record in one
-// transaction: the statements fn held for later (postgres.Later) go with
-// the insert, in one round trip if fn sent none itself.
+// transaction, after a check that the key is free: the check and the
+// statements fn held for later (postgres.Later) go with fn's first
+// statement or with the insert, in one round trip if fn sent none itself.
 func (s *Store) commitLocal(ctx context.Context, req Request, fn LocalFunc) (*Response, error) {
 	ctx, span := startPhase(ctx, Record{RecoveryPoint: RecoveryStarted, Attempt: 1})
 	var resp *Response
 	err := postgres.TransactPipelined(ctx, s.pool, func(tx *postgres.PipelinedTx) (err error) {
 		defer recoverPanic("local operation", &err)
+		// A retry whose key has a record stops here, having written nothing.
+		err = queries.CheckIdempotencyKeyFree(ctx, postgres.Later(tx), dbsqlc.CheckIdempotencyKeyFreeParams{CallerID: req.CallerID, Key: req.Key})
+		if err != nil {
+			return err
+		}
 		if resp, err = fn(ctx, tx); err != nil {
 			return err
 		}
@@ -91,11 +97,11 @@ func (s *Store) commitLocal(ctx context.Context, req Request, fn LocalFunc) (*Re
 			RequestFingerprint: req.Fingerprint, ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body,
 			Traceparent: postgres.Traceparent(ctx),
 		})
-		if keyTaken(err) {
-			return errKeyTaken
-		}
 		return err
 	})
+	if keyTaken(err) {
+		err = errKeyTaken
+	}
 	switch {
 	case errors.Is(err, errKeyTaken): // not a failure: the answer is the record's
 		span.End()
@@ -109,10 +115,13 @@ func (s *Store) commitLocal(ctx context.Context, req Request, fn LocalFunc) (*Re
 	return resp, nil
 }
 
-// keyTaken says whether err is the unique index on (caller, key).
+// keyTaken says whether err says the key has a record: the check's
+// RS003, or (when two requests found it free at once) the unique index on
+// (caller, key). Either may surface from fn's statements, sent with them.
 func keyTaken(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "idempotency_keys_caller_id_key_key"
+	return errors.As(err, &pgErr) && (pgErr.Code == "RS003" ||
+		pgErr.Code == "23505" && pgErr.ConstraintName == "idempotency_keys_caller_id_key_key")
 }
 
 // answerFromRecord answers req from its key's record, if found (observed has the claim's span).
@@ -135,7 +144,7 @@ func (s *Store) answerFromRecord(observed context.Context, req Request) (_ *Resp
 		return nil, reused(rec.RequestMethod, rec.RequestPath), true
 	case rec.Status == StatusCompleted:
 		observe(observed, req.Operation, metrics.OutcomeReplayed)
-		resp, err := s.replayStored(ctx, rec)
+		resp, err := storedResponse(rec) // confirmed replicated by the look-up
 		if err == nil {
 			s.replays.put(req, resp, sent, secondsOf(row.AgeSeconds))
 		}

@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -117,23 +119,30 @@ func (t *PipelinedTx) closed() bool {
 	return t.ended || (t.tx != nil && t.conn.Conn().PgConn().TxStatus() == 'I')
 }
 
-// send sends b and reads its results: BEGIN's (if b begins the
-// transaction) and the held statements' here, the rest with read.
+// send sends b and reads its results: the held statements' and BEGIN's
+// (if b begins the transaction) here, the rest with read.
 func (t *PipelinedTx) send(ctx context.Context, b *pgx.Batch, read func(pgx.BatchResults) error) error {
+	if err := t.prepare(ctx, b.QueuedQueries...); err != nil {
+		return err
+	}
 	br := t.conn.SendBatch(ctx, b)
 	var err error
-	if tx := br.Tx(); tx != nil {
-		// BEGIN was sent, whatever happens next: the transaction is pgx's
-		// from now on, and its Rollback is what ends it after a failure.
-		t.tx = tx
-		_, err = br.Exec()
-	}
 	for range t.later {
 		if err == nil {
 			_, err = br.Exec()
 		}
 	}
 	t.later = nil
+	if tx := br.Tx(); tx != nil {
+		// BEGIN was sent, whatever happens next: the transaction is pgx's
+		// from now on, and its Rollback is what ends it after a failure.
+		// (If a held statement failed first, BEGIN never ran, and there is
+		// nothing to end: closed says so.)
+		t.tx = tx
+		if err == nil {
+			_, err = br.Exec()
+		}
+	}
 	if err == nil {
 		err = read(br)
 	}
@@ -143,19 +152,38 @@ func (t *PipelinedTx) send(ctx context.Context, b *pgx.Batch, read func(pgx.Batc
 	return err
 }
 
-// batch is a Batch that begins the transaction if begin, then sends the
-// statements held for later, then sql unless it is "" (as from Commit,
-// which sends only what is held).
+// batch is a Batch of the statements held for later, then BEGIN if
+// begin, then sql unless it is "" (as from Commit, which sends only what is
+// held). The held statements go before BEGIN: PostgreSQL runs a pipeline's
+// statements up to BEGIN in an implicit transaction that BEGIN makes
+// explicit, so they are in the transaction all the same, and if one fails
+// (a key already taken) the rest is skipped and the implicit transaction
+// rolls back at the pipeline's end, leaving no transaction to end.
 func (t *PipelinedTx) batch(begin bool, sql string, args []any) *pgx.Batch {
 	b := &pgx.Batch{}
 	if begin {
 		b.BeginTx(pgx.TxOptions{})
 	}
-	b.QueuedQueries = append(b.QueuedQueries, t.later...)
+	b.QueuedQueries = slices.Concat(t.later, b.QueuedQueries)
 	if sql != "" {
 		b.Queue(sql, args...)
 	}
 	return b
+}
+
+// prepare prepares the generated queries among qs on the connection, by
+// name, once each: pgx drops the statements it caches for a batch after
+// any error in it, and the error that stops a retry whose key is taken
+// would cost the next batch two round trips to prepare them again.
+func (t *PipelinedTx) prepare(ctx context.Context, qs ...*pgx.QueuedQuery) error {
+	for _, q := range qs {
+		if strings.HasPrefix(q.SQL, "-- name: ") { // sqlc's
+			if _, err := t.conn.Conn().Prepare(ctx, q.SQL, q.SQL); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // direct says whether a statement can go straight to pgx's transaction: it

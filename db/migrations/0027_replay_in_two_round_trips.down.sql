@@ -1,0 +1,2 @@
+DROP FUNCTION idempotency_confirm_replicated();
+DROP FUNCTION idempotency_key_free(text, text);
