@@ -36,7 +36,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -86,7 +85,8 @@ func run(ctx context.Context) error {
 		return err
 	}
 	for _, stmt := range []string{`CREATE EXTENSION IF NOT EXISTS pg_walinspect`,
-		`TRUNCATE idempotency_keys, orders, charges, refunds, payouts, ledger_entries, ledger_checkpoints, events, processor_events CASCADE`} {
+		`TRUNCATE idempotency_keys, orders, charges, refunds, payouts, ledger_entries, ledger_checkpoints, events, processor_events CASCADE`,
+		`DELETE FROM callers WHERE id LIKE 'bench-%'`} {
 		if _, err := admin.Exec(ctx, stmt); err != nil {
 			return err
 		}
@@ -112,8 +112,15 @@ func run(ctx context.Context) error {
 	// at host, after stopping any it started before: the counted phase
 	// reaches the database through the counter, the timed ones without it
 	// (a relay on these shared cores would charge every round trip twice).
+	// A processor that sends no webhooks, for the charge's own line: with
+	// the in-process one, each charge's webhook lands in the same window.
+	quiet, quietSecret, err := startQuietProcessor()
+	if err != nil {
+		return err
+	}
 	var pool *pgxpool.Pool
 	var servers, uncached []child // servers[0] is this checkout's
+	var unhooked child            // this checkout's, with the quiet processor
 	binaries := map[string]string{"service": bin, "baseline": *baseline}
 	connect := func(host string) error {
 		stopServers()
@@ -137,7 +144,8 @@ func run(ctx context.Context) error {
 			}
 			servers, uncached = append(servers, c), append(uncached, noCache)
 		}
-		return nil
+		unhooked, err = startServer(ctx, "service", bin, u.String(), "PROCESSOR_URL="+quiet, "PROCESSOR_WEBHOOK_SECRET="+quietSecret)
+		return err
 	}
 	if err := connect(counted); err != nil {
 		return err
@@ -154,7 +162,7 @@ func run(ctx context.Context) error {
 	plain := phase{"plain order insert (SQL)", func(int64) error { return insert(pool) }}
 	floorCreate := phase{"floor: keyed create (SQL)", func(i int64) error {
 		return postgres.TransactPipelined(ctx, pool, func(tx *postgres.PipelinedTx) error {
-			if err := insert(postgres.Later(tx)); err != nil {
+			if err := insert(tx); err != nil {
 				return err
 			}
 			status := int32(201)
@@ -183,25 +191,48 @@ func run(ctx context.Context) error {
 			return c.post("/v1/orders", c.name+"-"+strconv.Itoa(rand.IntN(replayKeys)), body, 201)
 		}}
 	}
-	// Charges take fresh orders; payouts draw on what the charges credited.
-	orders := make([]string, 50_000)
-	for i := range orders {
-		orders[i] = postgres.NewID(postgres.PrefixOrder)
-	}
-	if _, err := admin.Exec(ctx, `INSERT INTO orders (caller_id, id, amount, currency) SELECT 'acme', unnest($1::text[]), 1999, 'usd'`, orders); err != nil {
+	// Charges take fresh orders, of one caller (acme) or of sixteen
+	// (bench-00 to bench-15, one picked per request in turn); payouts draw
+	// on what the charges credited.
+	sixteen, err := benchCallers(ctx, admin, 16)
+	if err != nil {
 		return err
 	}
-	var charged atomic.Int64
-	charge := phase{"service: charge (HTTP)", func(int64) error {
-		i := charged.Add(1) - 1
-		if i >= int64(len(orders)) {
-			return errors.New("ran out of orders to charge: raise the count")
+	one := []*caller{{id: "acme", apiKey: "sk_test_acme"}}
+	for _, c := range append(sixteen, one...) {
+		n := 100_000 / len(sixteen)
+		if c == one[0] {
+			n = 100_000
 		}
-		return servers[0].post("/v1/orders/"+orders[i]+"/charges", "charge-"+orders[i], []byte(`{"payment_method":"pm_card_visa"}`), 201)
-	}}
-	payout := phase{"service: payout accepted (HTTP)", func(i int64) error {
-		return servers[0].post("/v1/payouts", "payout-"+strconv.FormatInt(i, 10), []byte(`{"amount":1,"currency":"usd"}`), 202)
-	}}
+		if err := c.addOrders(ctx, admin, n); err != nil {
+			return err
+		}
+	}
+	chargeBody, payoutBody := []byte(`{"payment_method":"pm_card_visa"}`), []byte(`{"amount":1,"currency":"usd"}`)
+	charge := func(name string, callers []*caller, srv func() child) phase {
+		return phase{name, func(i int64) error {
+			c := callers[i%int64(len(callers))]
+			order, err := c.nextOrder()
+			if err != nil {
+				return err
+			}
+			return srv().postAs(c.apiKey, "/v1/orders/"+order+"/charges", "charge-"+order, chargeBody, 201)
+		}}
+	}
+	payout := func(name string, callers []*caller) phase {
+		return phase{name, func(i int64) error {
+			c := callers[i%int64(len(callers))]
+			return unhooked.postAs(c.apiKey, "/v1/payouts", "payout-"+strconv.FormatInt(i, 10), payoutBody, 202)
+		}}
+	}
+	chargeOne := charge("service: charge, one caller (HTTP)", one, func() child { return unhooked })
+	chargeSixteen := charge("service: charge, 16 callers (HTTP)", sixteen, func() child { return unhooked })
+	chargeHooked := charge("service: charge and its webhook (HTTP)", one, func() child { return servers[0] })
+	payoutOne, payoutSixteen := payout("service: payout accepted, one caller (HTTP)", one), payout("service: payout accepted, 16 callers (HTTP)", sixteen)
+	floorCharge, err := chargeFloor(ctx, func() *pgxpool.Pool { return pool }, one[0])
+	if err != nil {
+		return err
+	}
 
 	// 1. The database's work per request, first, so that no background
 	// work (webhooks, deliveries) runs on into the windows. The creates'
@@ -216,7 +247,7 @@ func run(ctx context.Context) error {
 		each = append(each, replay(c, "replay from the database"))
 	}
 	var work []dbWork
-	for _, p := range append(each, charge, payout) {
+	for _, p := range append(each, floorCharge, chargeOne, chargeHooked, payoutOne) {
 		w, err := countWork(ctx, admin, replayKeys, func(i int) error { return p.op(int64(i)) })
 		if err != nil {
 			return fmt.Errorf("%s: %w", p.name, err)
@@ -224,6 +255,9 @@ func run(ctx context.Context) error {
 		work = append(work, w)
 		fmt.Printf("  %-42s %s\n", p.name, w)
 	}
+	hooked, own := work[len(work)-2], work[len(work)-3]
+	fmt.Printf("  %-42s %s\n", "  of which the processor's webhook", dbWork{trips: hooked.trips - own.trips, commits: hooked.commits - own.commits,
+		tuples: hooked.tuples - own.tuples, records: hooked.records - own.records, bytes: hooked.bytes - own.bytes})
 	fmt.Printf("  keyed create / plain insert: %.2f times the round trips, %.2f the tuples, %.2f the WAL records\n",
 		work[2].trips/work[0].trips, work[2].tuples/work[0].tuples, work[2].records/work[0].records)
 
@@ -251,16 +285,23 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, p := range []phase{charge, payout} {
-		if _, err := alternate(*concurrency, *duration, p); err != nil {
-			return err
-		}
+	charged, err := alternate(*concurrency, *duration, floorCharge, chargeOne, chargeSixteen)
+	if err != nil {
+		return err
+	}
+	paid, err := alternate(*concurrency, *duration, payoutOne, payoutSixteen)
+	if err != nil {
+		return err
 	}
 	fmt.Printf("\nratios of requests/s (one run, same machine, same concurrency):\n")
 	fmt.Printf("  keyed create / plain insert           = %s\n", ratio(created[2], created[0]))
 	fmt.Printf("  keyed create: service / floor         = %s\n", ratio(created[2], created[1]))
 	fmt.Printf("  replay from the database / floor      = %s\n", ratio(replayed[1], replayed[0]))
 	fmt.Printf("  cached replay / from the database     = %s\n", ratio(replayed[2], replayed[1]))
+	fmt.Printf("  charge: service / floor               = %s\n", ratio(charged[1], charged[0]))
+	fmt.Printf("  charge: one caller / 16 callers       = %s\n", ratio(charged[1], charged[2]))
+	fmt.Printf("  charge (one caller) / keyed create    = %s\n", ratio(charged[1], created[2]))
+	fmt.Printf("  payout accepted: one caller / 16      = %s\n", ratio(paid[0], paid[1]))
 	if len(servers) > 1 {
 		fmt.Printf("  keyed create: service / baseline      = %s\n", ratio(created[2], created[3]))
 		fmt.Printf("  replay from the database: service / baseline = %s\n", ratio(replayed[1], replayed[3]))
@@ -344,12 +385,17 @@ func stopServers() {
 // fasthttp's client spends less CPU than net/http's, CPU taken from the
 // server and the database on this machine's shared cores.
 func (c child) post(path, key string, body []byte, want ...int) error {
+	return c.postAs("sk_test_acme", path, key, body, want...)
+}
+
+// postAs is post with another caller's API key.
+func (c child) postAs(apiKey, path, key string, body []byte, want ...int) error {
 	req, res := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(res)
 	req.SetRequestURI(c.base + path)
 	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.Set("Authorization", "Bearer sk_test_acme")
+	req.Header.Set("Authorization", "Bearer "+apiKey)
 	req.Header.SetContentType("application/json")
 	req.Header.Set("Idempotency-Key", key)
 	req.SetBody(body)

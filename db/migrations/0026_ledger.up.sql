@@ -139,7 +139,7 @@ BEGIN
         PERFORM ledger_roll_up(p_caller, p_currency);
     END IF;
     IF b.available < p_amount THEN
-        RAISE EXCEPTION 'the balance of % % does not cover % (available: %)', p_caller, p_currency, p_amount, b.available
+        RAISE EXCEPTION 'the debit of % % is more than the available balance', p_amount, p_currency
             USING ERRCODE = 'RS002';
     END IF;
     INSERT INTO ledger_entries (caller_id, id, currency, amount, from_account, to_account, object_id)

@@ -1,7 +1,8 @@
--- name: CreateCharge :one
+-- name: CreateCharge :exec
+-- The unique index charges_one_live_per_order refuses a second live
+-- charge of one order (a 409, declared in internal/charges).
 INSERT INTO charges (caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, downstream_key)
-VALUES (@caller_id, @id, @order_id, @idempotency_key_id, @amount, @currency, @payment_method, @downstream_key)
-RETURNING *;
+VALUES (@caller_id, @id, @order_id, @idempotency_key_id, @amount, @currency, @payment_method, @downstream_key);
 
 -- name: GetChargeByKeyRecord :one
 SELECT * FROM charges

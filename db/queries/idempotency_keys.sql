@@ -39,13 +39,16 @@ WITH claimed AS (
     ON CONFLICT (caller_id, key) DO NOTHING
     RETURNING k.*
 )
-SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, 0::float8 AS age_seconds, c.*
+SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, 0::float8 AS age_seconds, true AS replicated, c.*
 FROM claimed c
 UNION ALL
 SELECT false AS claimed,
        coalesce(e.locked_until <= now(), false) AS lease_expired,
        coalesce(greatest(extract(epoch FROM e.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
        greatest(extract(epoch FROM now() - e.created_at), 0)::float8 AS age_seconds,
+       -- A completed record is confirmed replicated here (ConfirmReplicated):
+       -- a replay costs this one round trip.
+       CASE WHEN e.status = 'completed' THEN idempotency_confirm_replicated() ELSE true END AS replicated,
        e.*
 FROM idempotency_keys e
 WHERE e.caller_id = @caller_id AND e.key = @key;
@@ -257,6 +260,26 @@ SELECT sqlc.embed(k),
        CASE WHEN k.status = 'completed' THEN idempotency_confirm_replicated() ELSE true END::boolean AS replicated
 FROM idempotency_keys k
 WHERE k.caller_id = @caller_id AND k.key = @key;
+
+-- name: InsertIdempotencyKey :one
+-- An external operation's claim, in the transaction of its first phase
+-- (idempotency.Store.start): the record in progress, leased to this
+-- request, its attempt 1. As InsertCompletedIdempotencyKey, the key's
+-- unique index is the lock: a second request under the same key waits
+-- here until this transaction ends, then fails (the key is taken) or
+-- goes on (this one rolled back, and nothing of it remains). A new
+-- record's next_attempt_at is its lease's end: if its owner crashes, the
+-- reconciler looks at it as soon as the lease runs out.
+INSERT INTO idempotency_keys (
+    caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until, next_attempt_at,
+    traceparent
+) VALUES (
+    @caller_id, @key, @operation, @request_method, @request_path, @request_fingerprint,
+    now() + make_interval(secs => @lease_seconds::float8),
+    now() + make_interval(secs => @lease_seconds::float8),
+    sqlc.narg(traceparent)
+)
+RETURNING *;
 
 -- name: InsertCompletedIdempotencyKey :exec
 -- A local operation's record, written once, completed, in the transaction

@@ -35,7 +35,10 @@ SELECT * FROM orders
 WHERE caller_id = @caller_id AND id = @id
 FOR UPDATE;
 
--- name: MarkOrderPaid :execrows
+-- name: MarkOrderPaid :exec
+-- Under the order's lock, by the phase that records its charge's success:
+-- a live charge keeps an order pending (cancel refuses it, and no other
+-- charge of it can exist), so this always moves it.
 UPDATE orders
 SET status = 'paid', updated_at = now()
 WHERE caller_id = @caller_id AND id = @id AND status = 'pending';

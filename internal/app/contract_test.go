@@ -149,7 +149,7 @@ func TestKeyReusedForDifferentRequest(t *testing.T) {
 }
 
 // Row: same key, first request still in progress (lease live) → 409 with
-// Retry-After. The first request, a charge, is held inside its first phase
+// Retry-After. The first request, a charge, is held inside its last phase
 // by a table lock, so "in progress" is a fact, not a timing accident. (An
 // order create is never seen in progress: it is one transaction, and a
 // copy waits on the key's unique index; TestLocalDuplicateWaitsOnTheUniqueIndex.)
@@ -159,7 +159,7 @@ func TestInProgressIsConflict(t *testing.T) {
 	// TestDuplicateGetsTheOriginalsAnswer); with 0 it is answered at once.
 	ts := newTestServer(t, withConfig(func(c *config.Server) { c.IdempotencyWait = 0 }))
 	o := ts.newOrder(t, "sk_test_acme", 1999)
-	release := ts.blockInserts(t, "charges")
+	release := ts.blockInserts(t, "ledger_entries")
 
 	firstDone := make(chan response, 1)
 	firstErr := make(chan error, 1)
@@ -168,7 +168,7 @@ func TestInProgressIsConflict(t *testing.T) {
 		firstDone <- res
 		firstErr <- err
 	}()
-	ts.waitForBlockedInserts(t, "charges", 1)
+	ts.waitForBlockedInserts(t, "ledger_entries", 1)
 
 	dup := ts.do(t, chargeRequest(o.ID, "slow", "pm_card_visa"))
 	dup.wantProblem(t, http.StatusConflict, "idempotency_key_in_use")

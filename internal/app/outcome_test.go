@@ -53,24 +53,25 @@ func TestIdempotencyOutcomeHeader(t *testing.T) {
 	})
 
 	t.Run("in_progress, then taken_over", func(t *testing.T) {
-		// The first request claims the key and is held inside its first
-		// phase (the charge insert waits on the test's lock): its lease has
-		// not lapsed, so a copy of it is told so.
+		// The first request claims the key and is held inside its last
+		// phase (the ledger entry's insert waits on the test's lock): its
+		// lease has not lapsed, so a copy of it is told so.
 		o := ts.newOrder(t, "sk_test_acme", 300)
-		release := ts.blockInserts(t, "charges")
+		release := ts.blockInserts(t, "ledger_entries")
 		charge := func() response { return ts.do(t, chargeRequest(o.ID, "outcome-stalled", "pm_card_visa")) }
 		var (
 			wg    sync.WaitGroup
 			first response
 		)
 		wg.Go(func() { first = charge() })
-		ts.waitForBlockedInserts(t, "charges", 1)
+		ts.waitForBlockedInserts(t, "ledger_entries", 1)
 		outcome(t, charge(), http.StatusConflict, "in_progress")
 
 		// Its lease lapses while it is still held: the database's clock
 		// passes locked_until (moved here to a moment between the claim
 		// and now, instead of waiting out the lease). The next copy takes
-		// the operation over, and is held at the same insert.
+		// the operation over, and is held behind the first (on the order's
+		// lock, which the first's last phase holds).
 		if _, err := ts.db.Exec(context.Background(), `
 			UPDATE idempotency_keys SET locked_until = updated_at + (clock_timestamp() - updated_at) / 2
 			WHERE key = 'outcome-stalled'`); err != nil {

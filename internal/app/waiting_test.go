@@ -21,16 +21,16 @@ import (
 
 // A duplicate of a charge still in progress is answered with that charge's
 // answer once it is stored: the same status and bytes, marked as a replay.
-// The original is held inside its first phase by a table lock, so "in
-// progress" is a fact, not a timing accident.
+// The original is held inside its last phase by a table lock (its ledger
+// entry's insert waits), so "in progress" is a fact, not a timing accident.
 func TestDuplicateGetsTheOriginalsAnswer(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, withConfig(func(c *config.Server) { c.IdempotencyWait = time.Minute }))
 	o := ts.newOrder(t, "sk_test_acme", 1999)
-	release := ts.blockInserts(t, "charges")
+	release := ts.blockInserts(t, "ledger_entries")
 	original := make(chan response, 1)
 	go func() { original <- ts.do(t, chargeRequest(o.ID, "waited", "pm_card_visa")) }()
-	ts.waitForBlockedInserts(t, "charges", 1)
+	ts.waitForBlockedInserts(t, "ledger_entries", 1)
 
 	duplicate := make(chan response, 1)
 	go func() { duplicate <- ts.do(t, chargeRequest(o.ID, "waited", "pm_card_visa")) }()
@@ -78,10 +78,10 @@ func TestTwoHundredDuplicatesWithTenConnections(t *testing.T) {
 			}
 		})
 	o := ts.newOrder(t, "sk_test_acme", 1999)
-	release := ts.blockInserts(t, "charges")
+	release := ts.blockInserts(t, "ledger_entries")
 	original := make(chan response, 1)
 	go func() { original <- ts.do(t, chargeRequest(o.ID, "storm", "pm_card_visa")) }()
-	ts.waitForBlockedInserts(t, "charges", 1)
+	ts.waitForBlockedInserts(t, "ledger_entries", 1)
 
 	const n = 200
 	answers := make([]response, n)

@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/apigen"
@@ -112,12 +111,8 @@ type chargeBody struct {
 func (s *Service) ChargeOperation() idempotency.Operation {
 	return idempotency.External[chargeBody]{
 		Name: OperationCharge,
-		// An unknown order is a 404 before the key is claimed, so it is not
-		// stored: the key stays free for a corrected request.
-		Check: func(ctx context.Context, in idempotency.Input[chargeBody]) error {
-			_, err := orders.Get(ctx, s.db, in.CallerID, in.Path["order_id"])
-			return err
-		},
+		// An unknown order's 404 is not stored: the key stays free for a
+		// corrected request.
 		Start: createCharge,
 		Steps: map[idempotency.RecoveryPoint]idempotency.Handler{RecoveryChargeCreated: s.callForCharge},
 	}.Operation()
@@ -160,21 +155,24 @@ func createCharge(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 	if err != nil {
 		return nil, err
 	}
-	_, err = queries.CreateCharge(ctx, tx, dbsqlc.CreateChargeParams{
+	err = queries.CreateCharge(ctx, tx, dbsqlc.CreateChargeParams{
 		CallerID: in.CallerID, ID: postgres.NewID(postgres.PrefixCharge), OrderID: o.ID, IdempotencyKeyID: rec.ID,
 		Amount: o.Amount, Currency: o.Currency, PaymentMethod: in.Body.PaymentMethod, DownstreamKey: downstreamKey,
 	})
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.ConstraintName == "charges_one_live_per_order" {
-		// Another key's charge of this order is live. The unique index
-		// decides, not a check: two racing keys cannot both get a charge
-		// row, so the processor is asked at most once.
-		return nil, problem.New(problem.OrderNotPayable, "order %s already has a charge that is in progress or succeeded", o.ID)
-	}
 	if err != nil {
 		return nil, err
 	}
 	return RecoveryChargeCreated, nil
+}
+
+func init() {
+	// Another key's charge of the order is live. The unique index decides,
+	// not a check: two racing keys cannot both get a charge row, so the
+	// processor is asked at most once.
+	postgres.Refuse("charges_one_live_per_order", problem.OrderNotPayable, "the order already has a charge that is in progress or succeeded")
+	// Unreachable under the order's lock (createRefund); the constraint
+	// still holds if a future change forgets the lock.
+	postgres.Refuse("refunds_within_charge", problem.RefundExceedsCharge, "the refund is more than remains refundable on the charge")
 }
 
 // finishCharge is the final phase: record the processor's definite answer.
@@ -237,12 +235,27 @@ func ApplyChargeEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events
 // outcome is left alone; one at the other is a contradiction from the
 // processor: an error, not something to paper over.
 func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (dbsqlc.Charge, error) {
-	// The order first (the package comment's lock order), then the charge
-	// again: a concurrent finish or webhook may have just recorded it.
+	// The order first (the package comment's lock order). Then the charge
+	// moves only if it is still pending: a concurrent finish or webhook may
+	// have just recorded it, and then it is read as it is.
 	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return ch, err
 	}
-	cur, err := queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: ch.CallerID, ID: ch.ID})
+	code := o.DeclineCode
+	if code == "" {
+		code = "generic_decline" // a failure the processor gave no reason for
+	}
+	var cur dbsqlc.Charge
+	var err error
+	if o.Succeeded {
+		cur, err = queries.SucceedCharge(ctx, tx, dbsqlc.SucceedChargeParams{CallerID: ch.CallerID, ID: ch.ID, ProcessorChargeID: orNil(o.ProcessorChargeID)})
+	} else {
+		cur, err = queries.FailCharge(ctx, tx, dbsqlc.FailChargeParams{CallerID: ch.CallerID, ID: ch.ID, FailureCode: &code, ProcessorChargeID: orNil(o.ProcessorChargeID)})
+	}
+	moved := err == nil
+	if postgres.IsNotFound(err) { // not pending: recorded already, or a contradiction
+		cur, err = queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: ch.CallerID, ID: ch.ID})
+	}
 	if err != nil {
 		return ch, err
 	}
@@ -253,29 +266,16 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 	if o.Succeeded {
 		want = StatusSucceeded
 	}
-	switch Status(cur.Status) {
-	case want:
-		return cur, nil // recorded already
-	case StatusPending:
-	default:
+	if Status(cur.Status) != want {
 		return cur, &events.ContradictionError{Object: "charge", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: string(want)}
+	}
+	if !moved {
+		return cur, nil // recorded already
 	}
 	data := map[string]any{"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency}
 	if !o.Succeeded {
-		code := o.DeclineCode
-		if code == "" {
-			code = "generic_decline" // a failure the processor gave no reason for
-		}
-		if cur, err = queries.FailCharge(ctx, tx, dbsqlc.FailChargeParams{CallerID: ch.CallerID, ID: ch.ID,
-			FailureCode: &code, ProcessorChargeID: orNil(o.ProcessorChargeID)}); err != nil {
-			return cur, err
-		}
 		data["failure_code"] = code
 		return cur, events.Record(ctx, tx, ch.CallerID, events.ChargeFailed, data)
-	}
-	if cur, err = queries.SucceedCharge(ctx, tx, dbsqlc.SucceedChargeParams{CallerID: ch.CallerID, ID: ch.ID,
-		ProcessorChargeID: orNil(o.ProcessorChargeID)}); err != nil {
-		return cur, err
 	}
 	if err := ledger.Credit(ctx, tx, ch.CallerID, ch.Currency, ch.Amount, ch.ID); err != nil {
 		return cur, err

@@ -9,10 +9,9 @@ import (
 	"context"
 )
 
-const createCharge = `-- name: CreateCharge :one
+const createCharge = `-- name: CreateCharge :exec
 INSERT INTO charges (caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, downstream_key)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-RETURNING caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, status, failure_code, downstream_key, processor_charge_id, created_at, updated_at, amount_refunded
 `
 
 type CreateChargeParams struct {
@@ -26,8 +25,10 @@ type CreateChargeParams struct {
 	DownstreamKey    string
 }
 
-func (q *Queries) CreateCharge(ctx context.Context, db DBTX, arg CreateChargeParams) (Charge, error) {
-	row := db.QueryRow(ctx, createCharge,
+// The unique index charges_one_live_per_order refuses a second live
+// charge of one order (a 409, declared in internal/charges).
+func (q *Queries) CreateCharge(ctx context.Context, db DBTX, arg CreateChargeParams) error {
+	_, err := db.Exec(ctx, createCharge,
 		arg.CallerID,
 		arg.ID,
 		arg.OrderID,
@@ -37,24 +38,7 @@ func (q *Queries) CreateCharge(ctx context.Context, db DBTX, arg CreateChargePar
 		arg.PaymentMethod,
 		arg.DownstreamKey,
 	)
-	var i Charge
-	err := row.Scan(
-		&i.CallerID,
-		&i.ID,
-		&i.OrderID,
-		&i.IdempotencyKeyID,
-		&i.Amount,
-		&i.Currency,
-		&i.PaymentMethod,
-		&i.Status,
-		&i.FailureCode,
-		&i.DownstreamKey,
-		&i.ProcessorChargeID,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.AmountRefunded,
-	)
-	return i, err
+	return err
 }
 
 const failCharge = `-- name: FailCharge :one

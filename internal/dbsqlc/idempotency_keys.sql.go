@@ -113,13 +113,16 @@ WITH claimed AS (
     ON CONFLICT (caller_id, key) DO NOTHING
     RETURNING k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited, k.traceparent
 )
-SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, 0::float8 AS age_seconds, c.caller_id, c.id, c.key, c.status, c.recovery_point, c.attempt, c.locked_until, c.request_method, c.request_path, c.request_fingerprint, c.response_status, c.response_headers, c.response_body, c.created_at, c.updated_at, c.completed_at, c.next_attempt_at, c.reconciler_attempts, c.operation, c.awaited, c.traceparent
+SELECT true AS claimed, false AS lease_expired, 0::float8 AS lease_remaining_seconds, 0::float8 AS age_seconds, true AS replicated, c.caller_id, c.id, c.key, c.status, c.recovery_point, c.attempt, c.locked_until, c.request_method, c.request_path, c.request_fingerprint, c.response_status, c.response_headers, c.response_body, c.created_at, c.updated_at, c.completed_at, c.next_attempt_at, c.reconciler_attempts, c.operation, c.awaited, c.traceparent
 FROM claimed c
 UNION ALL
 SELECT false AS claimed,
        coalesce(e.locked_until <= now(), false) AS lease_expired,
        coalesce(greatest(extract(epoch FROM e.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
        greatest(extract(epoch FROM now() - e.created_at), 0)::float8 AS age_seconds,
+       -- A completed record is confirmed replicated here (ConfirmReplicated):
+       -- a replay costs this one round trip.
+       CASE WHEN e.status = 'completed' THEN idempotency_confirm_replicated() ELSE true END AS replicated,
        e.caller_id, e.id, e.key, e.status, e.recovery_point, e.attempt, e.locked_until, e.request_method, e.request_path, e.request_fingerprint, e.response_status, e.response_headers, e.response_body, e.created_at, e.updated_at, e.completed_at, e.next_attempt_at, e.reconciler_attempts, e.operation, e.awaited, e.traceparent
 FROM idempotency_keys e
 WHERE e.caller_id = $1 AND e.key = $2
@@ -141,6 +144,7 @@ type ClaimIdempotencyKeyRow struct {
 	LeaseExpired          bool
 	LeaseRemainingSeconds float64
 	AgeSeconds            float64
+	Replicated            bool
 	CallerID              string
 	ID                    int64
 	Key                   string
@@ -208,6 +212,7 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, db DBTX, arg ClaimIde
 		&i.LeaseExpired,
 		&i.LeaseRemainingSeconds,
 		&i.AgeSeconds,
+		&i.Replicated,
 		&i.CallerID,
 		&i.ID,
 		&i.Key,
@@ -635,6 +640,76 @@ func (q *Queries) InsertCompletedIdempotencyKey(ctx context.Context, db DBTX, ar
 		arg.Traceparent,
 	)
 	return err
+}
+
+const insertIdempotencyKey = `-- name: InsertIdempotencyKey :one
+INSERT INTO idempotency_keys (
+    caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until, next_attempt_at,
+    traceparent
+) VALUES (
+    $1, $2, $3, $4, $5, $6,
+    now() + make_interval(secs => $7::float8),
+    now() + make_interval(secs => $7::float8),
+    $8
+)
+RETURNING caller_id, id, key, status, recovery_point, attempt, locked_until, request_method, request_path, request_fingerprint, response_status, response_headers, response_body, created_at, updated_at, completed_at, next_attempt_at, reconciler_attempts, operation, awaited, traceparent
+`
+
+type InsertIdempotencyKeyParams struct {
+	CallerID           string
+	Key                string
+	Operation          string
+	RequestMethod      string
+	RequestPath        string
+	RequestFingerprint []byte
+	LeaseSeconds       float64
+	Traceparent        *string
+}
+
+// An external operation's claim, in the transaction of its first phase
+// (idempotency.Store.start): the record in progress, leased to this
+// request, its attempt 1. As InsertCompletedIdempotencyKey, the key's
+// unique index is the lock: a second request under the same key waits
+// here until this transaction ends, then fails (the key is taken) or
+// goes on (this one rolled back, and nothing of it remains). A new
+// record's next_attempt_at is its lease's end: if its owner crashes, the
+// reconciler looks at it as soon as the lease runs out.
+func (q *Queries) InsertIdempotencyKey(ctx context.Context, db DBTX, arg InsertIdempotencyKeyParams) (IdempotencyKey, error) {
+	row := db.QueryRow(ctx, insertIdempotencyKey,
+		arg.CallerID,
+		arg.Key,
+		arg.Operation,
+		arg.RequestMethod,
+		arg.RequestPath,
+		arg.RequestFingerprint,
+		arg.LeaseSeconds,
+		arg.Traceparent,
+	)
+	var i IdempotencyKey
+	err := row.Scan(
+		&i.CallerID,
+		&i.ID,
+		&i.Key,
+		&i.Status,
+		&i.RecoveryPoint,
+		&i.Attempt,
+		&i.LockedUntil,
+		&i.RequestMethod,
+		&i.RequestPath,
+		&i.RequestFingerprint,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.CompletedAt,
+		&i.NextAttemptAt,
+		&i.ReconcilerAttempts,
+		&i.Operation,
+		&i.Awaited,
+		&i.Traceparent,
+	)
+	return i, err
 }
 
 const listDeadIdempotencyKeys = `-- name: ListDeadIdempotencyKeys :many

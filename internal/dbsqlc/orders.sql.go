@@ -179,7 +179,7 @@ func (q *Queries) LockOrder(ctx context.Context, db DBTX, arg LockOrderParams) (
 	return i, err
 }
 
-const markOrderPaid = `-- name: MarkOrderPaid :execrows
+const markOrderPaid = `-- name: MarkOrderPaid :exec
 UPDATE orders
 SET status = 'paid', updated_at = now()
 WHERE caller_id = $1 AND id = $2 AND status = 'pending'
@@ -190,10 +190,10 @@ type MarkOrderPaidParams struct {
 	ID       string
 }
 
-func (q *Queries) MarkOrderPaid(ctx context.Context, db DBTX, arg MarkOrderPaidParams) (int64, error) {
-	result, err := db.Exec(ctx, markOrderPaid, arg.CallerID, arg.ID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// Under the order's lock, by the phase that records its charge's success:
+// a live charge keeps an order pending (cancel refuses it, and no other
+// charge of it can exist), so this always moves it.
+func (q *Queries) MarkOrderPaid(ctx context.Context, db DBTX, arg MarkOrderPaidParams) error {
+	_, err := db.Exec(ctx, markOrderPaid, arg.CallerID, arg.ID)
+	return err
 }

@@ -6,6 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/metrics"
@@ -14,14 +18,22 @@ import (
 )
 
 // Execute runs the keyed request req, an operation with an outside effect:
-// it claims the key and either answers from the record (replay, 409, 422)
-// or runs h as the owner. An error is a problem that was not stored.
-func (s *Store) Execute(ctx context.Context, req Request, h Handler) (*Response, error) {
+// it claims the key with the operation's first phase, start, in one
+// transaction (Store.start), or finds the key taken and answers from the
+// record (replay, 409, 422) or takes it over; then, as the owner, it runs
+// h from the recovery point reached. An error is a problem that was not
+// stored.
+func (s *Store) Execute(ctx context.Context, req Request, start StartFunc, h Handler) (*Response, error) {
 	if resp, err, ok := s.fromCache(ctx, req); ok {
 		return resp, err
 	}
 	// From here on, only waiting for another's answer heeds the client's cancellation.
-	lease, resp, err := s.claim(ctx, req)
+	observed, span := startClaim(ctx, req)
+	lease, resp, err := s.start(ctx, observed, req, start)
+	if errors.Is(err, errKeyTaken) {
+		lease, resp, err = s.claimAs(observed, req)
+	}
+	span.End() // a no-op if start ended it, before its first phase
 	if lease != nil {
 		resp, err = s.run(ctx, req, lease, h)
 	}
@@ -65,12 +77,17 @@ func replayCached(ctx context.Context, req Request, cached *cachedReplay) (*Resp
 
 // claim takes the key for req, or answers from the existing record.
 func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, error) {
+	observed, span := startClaim(ctx, req)
+	defer span.End()
+	return s.claimAs(observed, req)
+}
+
+// claimAs is claim under the claim's span, observed.
+func (s *Store) claimAs(observed context.Context, req Request) (*Lease, *Response, error) {
 	// Detached: a claim cut off halfway could commit without this request
 	// learning that it owns the key, leaving it leased to nobody. A later
 	// resumption links to the request's span, not the claim's.
-	traceparent := postgres.Traceparent(ctx)
-	observed, span := startClaim(ctx, req)
-	defer span.End()
+	traceparent := postgres.Traceparent(observed)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(observed), cleanupTimeout)
 	defer cancel()
 	var row dbsqlc.ClaimIdempotencyKeyRow
@@ -105,7 +122,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	switch {
 	case rec.Status == StatusCompleted:
 		observe(observed, req.Operation, metrics.OutcomeReplayed)
-		resp, err := s.replayStored(ctx, rec)
+		resp, err := storedResponse(rec) // confirmed replicated by the claim
 		if err == nil {
 			s.replays.put(req, resp, sent, age)
 		}
@@ -147,6 +164,96 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 		annotate(observed, attrOutcome.String(metrics.OutcomeInProgress))
 		return nil, nil, &busyError{rec: rec, leaseRemaining: row.LeaseRemainingSeconds}
 	}
+}
+
+// A StartFunc is an external operation's first phase: it runs in the
+// transaction that claims the key, with the record just inserted, and
+// returns the recovery point it reached, or a final answer.
+type StartFunc func(ctx context.Context, tx pgx.Tx, rec Record) (Result, error)
+
+// start claims req's key and runs the first phase in one transaction, so
+// that a charge's claim and its create commit together: one commit, and
+// round trips fewer. The key's check and the record's insert go first, so
+// that a duplicate waits on the key's index before it locks anything.
+//
+// How the phase's error is kept differs from a later phase's (Handler),
+// because here it rolls the claim back with it: a 404 (the request names
+// nothing that exists) or a transient error stores nothing, and the key
+// stays free for a corrected request or a retry; any other problem, or a
+// bug's 500, is stored as the final answer in a transaction of its own.
+// errKeyTaken means the key has a record: Execute claims it as a retry.
+func (s *Store) start(ctx, observed context.Context, req Request, start StartFunc) (*Lease, *Response, error) {
+	traceparent := postgres.Traceparent(ctx)
+	// Detached, and bounded by MaxRun, as run is: a client hanging up must
+	// not cut a transaction whose claim may commit. The phase's span is the
+	// claim's sibling, as a later phase's is.
+	run, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.maxRun)
+	defer cancel()
+	sent := s.replays.clock()
+	var lease *Lease
+	var result Result
+	err := postgres.TransactPipelined(run, s.pool, func(tx *postgres.PipelinedTx) (err error) {
+		defer recoverPanic("first phase", &err)
+		err = queries.CheckIdempotencyKeyFree(run, tx, dbsqlc.CheckIdempotencyKeyFreeParams{CallerID: req.CallerID, Key: req.Key})
+		if err != nil {
+			return err
+		}
+		row, err := queries.InsertIdempotencyKey(run, tx, dbsqlc.InsertIdempotencyKeyParams{
+			CallerID: req.CallerID, Key: req.Key, Operation: req.Operation, RequestMethod: req.Method, RequestPath: req.Path,
+			RequestFingerprint: req.Fingerprint, LeaseSeconds: s.lease.Seconds(), Traceparent: traceparent,
+		})
+		if err != nil {
+			return err
+		}
+		lease = &Lease{store: s, record: recordOf(row), claimed: sent}
+		traceRecord(observed, lease.record)
+		observe(observed, req.Operation, metrics.OutcomeNew)
+		trace.SpanFromContext(observed).End() // the claim is made; the phase follows
+		ctx, span := startPhase(run, lease.record)
+		defer span.End()
+		if result, err = start(ctx, tx, lease.record); err == nil {
+			err = lease.writeResult(ctx, tx.ThenCommit(), result)
+		}
+		if err != nil {
+			endWithError(span, err)
+			return err
+		}
+		if p, ok := result.(RecoveryPoint); ok {
+			annotate(ctx, attrReachedPoint.String(string(p)))
+		} else {
+			annotate(ctx, attrReachedPoint.String(string(RecoveryFinished)))
+		}
+		return nil
+	})
+	var p *problem.Error
+	switch {
+	case keyTaken(err):
+		return nil, nil, errKeyTaken
+	case err == nil:
+		switch r := result.(type) {
+		case RecoveryPoint:
+			lease.record.RecoveryPoint = r
+		case *Response:
+			lease.record.Status, lease.record.RecoveryPoint, lease.response = StatusCompleted, RecoveryFinished, r
+		}
+		if s.faults != nil {
+			s.faults.AfterPhase(lease.record)
+		}
+		return lease, nil, nil
+	case errors.As(err, &p) && p.Status() == http.StatusNotFound, IsRetryable(err):
+		return nil, nil, err
+	case errors.Is(err, ErrLeaseLost):
+		// The phase outlasted its lease (nobody could take it: the claim
+		// was not committed); all of it rolled back. A retry starts anew.
+		return nil, nil, resumable("now")
+	}
+	// A final failure: its effect and its claim rolled back, its answer alone is stored.
+	failed := s.finalAnswer(observed, err, "caller", req.CallerID, "method", req.Method, "path", req.Path)
+	resp, err := s.commitLocal(run, req, func(context.Context, pgx.Tx) (*Response, error) { return failed, nil })
+	if errors.Is(err, errKeyTaken) { // a duplicate claimed it meanwhile
+		return nil, nil, err
+	}
+	return nil, resp, err
 }
 
 // busyError is a record a live owner holds, for leaseRemaining seconds.

@@ -31,7 +31,7 @@ type LocalFunc func(ctx context.Context, tx pgx.Tx) (*Response, error)
 //     unique index made this insert wait for its commit.
 //
 // There is no look-up first: a new key, the common case, costs one round
-// trip (postgres.Later); a replay the cache misses pays for a rollback.
+// trip (postgres.TransactPipelined); a replay the cache misses, two.
 func (s *Store) ExecuteLocal(ctx context.Context, req Request, fn LocalFunc) (*Response, error) {
 	if resp, err, ok := s.fromCache(ctx, req); ok {
 		return resp, err
@@ -71,16 +71,14 @@ func (s *Store) ExecuteLocal(ctx context.Context, req Request, fn LocalFunc) (*R
 var errKeyTaken = errors.New("idempotency: the key has a record already")
 
 // commitLocal runs fn and inserts req's completed record in one
-// transaction, after a check that the key is free: the check and the
-// statements fn held for later (postgres.Later) go with fn's first
-// statement or with the insert, in one round trip if fn sent none itself.
+// transaction, after a check that the key is free.
 func (s *Store) commitLocal(ctx context.Context, req Request, fn LocalFunc) (*Response, error) {
 	ctx, span := startPhase(ctx, Record{RecoveryPoint: RecoveryStarted, Attempt: 1})
 	var resp *Response
 	err := postgres.TransactPipelined(ctx, s.pool, func(tx *postgres.PipelinedTx) (err error) {
 		defer recoverPanic("local operation", &err)
 		// A retry whose key has a record stops here, having written nothing.
-		err = queries.CheckIdempotencyKeyFree(ctx, postgres.Later(tx), dbsqlc.CheckIdempotencyKeyFreeParams{CallerID: req.CallerID, Key: req.Key})
+		err = queries.CheckIdempotencyKeyFree(ctx, tx, dbsqlc.CheckIdempotencyKeyFreeParams{CallerID: req.CallerID, Key: req.Key})
 		if err != nil {
 			return err
 		}

@@ -48,12 +48,11 @@ func Local[B any](name string, run func(ctx context.Context, tx pgx.Tx, in Input
 // alike by a client's request, its retry and the reconciler.
 type External[B any] struct {
 	Name string
-	// Check, when set, runs before the claim: its error (an unknown
-	// order's 404) is not stored, so the key stays free for a fixed request.
-	Check func(ctx context.Context, in Input[B]) error
-	// Start is the first phase: it writes everything the later steps need
-	// (they have only the record and the rows it names, not the body) and
-	// returns the recovery point it reached, or a final answer.
+	// Start is the first phase, in the transaction that claims the key: it
+	// writes everything the later steps need (they have only the record and
+	// the rows it names, not the body) and returns the recovery point it
+	// reached, or a final answer. Its 404 (an unknown order) is not stored
+	// (Store.start), so the key stays free for a fixed request.
 	Start func(ctx context.Context, tx pgx.Tx, rec Record, in Input[B]) (Result, error)
 	// Steps moves the operation on from each later recovery point by one
 	// or more l.Phase, the last storing the final answer. A step's error
@@ -73,13 +72,11 @@ func (e External[B]) Operation() Operation {
 		Resume:  e.handler(nil),
 		serve: func(ctx context.Context, s *Store, req Request, path map[string]string, body []byte) (*Response, error) {
 			in, err := decode[B](req, path, body)
-			if err == nil && e.Check != nil {
-				err = e.Check(ctx, in)
-			}
 			if err != nil {
 				return nil, err
 			}
-			return s.Execute(ctx, req, e.handler(&in))
+			start := func(ctx context.Context, tx pgx.Tx, rec Record) (Result, error) { return e.Start(ctx, tx, rec, in) }
+			return s.Execute(ctx, req, start, e.handler(&in))
 		},
 	}
 }

@@ -27,11 +27,8 @@ package ledger
 
 import (
 	"context"
-	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/retrysafe/payments/internal/apigen"
 	"github.com/retrysafe/payments/internal/dbsqlc"
@@ -71,19 +68,18 @@ func Restore(ctx context.Context, tx pgx.Tx, callerID, currency string, amount i
 }
 
 // Debit moves amount from available to pending for the refund or payout
-// objectID, created in tx. A balance that does not cover it aborts tx: it
-// returns an insufficient_balance *problem.Error, and the whole phase rolls
-// back. what names the object for the client ("payout").
-func Debit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, objectID, what string) error {
-	err := queries.DebitLedger(ctx, tx, dbsqlc.DebitLedgerParams{CallerID: callerID, Currency: currency, Amount: amount,
+// objectID, created in tx. A balance that does not cover it aborts tx with
+// an insufficient_balance problem (declared below), here or, if the
+// statement was held for the commit, there.
+func Debit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, objectID string) (err error) {
+	defer postgres.Wrap(&err, "ledger.Debit(%s, %s, %d)", callerID, currency, amount)
+	return queries.DebitLedger(ctx, tx, dbsqlc.DebitLedgerParams{CallerID: callerID, Currency: currency, Amount: amount,
 		ID: postgres.NewID(postgres.PrefixLedgerEntry), ObjectID: objectID})
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "RS002" {
-		return problem.New(problem.InsufficientBalance, "the %s of %d %s is more than the available balance", what, amount, currency)
-	}
-	if err != nil {
-		return fmt.Errorf("ledger.Debit(%s, %s, %d): %w", callerID, currency, amount, err)
-	}
-	return nil
+}
+
+func init() {
+	// ledger_debit's refusal: stored and replayed like a decline.
+	postgres.Refuse("RS002", problem.InsufficientBalance, "")
 }
 
 // Balance is one currency of a caller's balance.

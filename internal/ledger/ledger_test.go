@@ -62,7 +62,7 @@ func TestMoneyIsExactUnderConcurrency(t *testing.T) {
 	})
 	run(func(w, i int) error {
 		id := fmt.Sprintf("po_%d_%d", w, i)
-		err := tx(func(tx pgx.Tx) error { return ledger.Debit(ctx, tx, "c1", "usd", 300, id, "payout") })
+		err := tx(func(tx pgx.Tx) error { return ledger.Debit(ctx, tx, "c1", "usd", 300, id) })
 		if errors.As(err, new(*problem.Error)) {
 			refused.Store(id, true)
 			return nil
@@ -121,7 +121,7 @@ func TestDebitRefusesWhatTheBalanceDoesNotCover(t *testing.T) {
 		if err := ledger.Credit(ctx, tx, "c1", "eur", 500, "ch_1"); err != nil {
 			return err
 		}
-		return ledger.Debit(ctx, tx, "c1", "eur", 501, "po_1", "payout")
+		return ledger.Debit(ctx, tx, "c1", "eur", 501, "po_1")
 	})
 	var p *problem.Error
 	if !errors.As(err, &p) || p.Code != problem.InsufficientBalance {

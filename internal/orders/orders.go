@@ -6,7 +6,6 @@ package orders
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -77,15 +76,16 @@ var CreateOperation = idempotency.Local("createOrder", func(ctx context.Context,
 
 // Create inserts a pending order for callerID. The id and the time are
 // chosen here, not by the database, so the order is known before its insert
-// is sent: in a keyed create (idempotency.Store.ExecuteLocal) the insert is
-// held (postgres.Later) and travels with the key's record and COMMIT, one
-// round trip. The time is this server's clock, which only lists depend on.
+// is sent: in a keyed create (idempotency.Store.ExecuteLocal) the insert
+// travels with the key's record and COMMIT, one round trip
+// (postgres.TransactPipelined). The time is this server's clock, which only
+// lists depend on.
 func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (_ Order, err error) {
 	defer postgres.Wrap(&err, "orders.Create(%s)", callerID)
 	o := Order{ID: postgres.NewID(postgres.PrefixOrder), CallerID: callerID, Amount: n.Amount, Currency: n.Currency,
 		Description: n.Description, Status: StatusPending, CreatedAt: time.Now().Truncate(time.Microsecond)} // PostgreSQL keeps microseconds
 	o.UpdatedAt = o.CreatedAt
-	return o, queries.CreateOrder(ctx, postgres.Later(db), dbsqlc.CreateOrderParams{CallerID: callerID, ID: o.ID,
+	return o, queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{CallerID: callerID, ID: o.ID,
 		Amount: o.Amount, Currency: o.Currency, Description: o.Description, CreatedAt: o.CreatedAt})
 }
 
@@ -124,13 +124,7 @@ func Lock(ctx context.Context, tx pgx.Tx, callerID, id string) (Order, error) {
 // that records its charge's success (which holds the order's lock).
 func MarkPaid(ctx context.Context, tx pgx.Tx, callerID, id string) (err error) {
 	defer postgres.Wrap(&err, "orders.MarkPaid(%s, %q)", callerID, id)
-	n, err := queries.MarkOrderPaid(ctx, tx, dbsqlc.MarkOrderPaidParams{CallerID: callerID, ID: id})
-	if err == nil && n != 1 {
-		// Cannot happen: a live charge keeps the order pending (cancel
-		// refuses it, and no other charge can exist).
-		err = fmt.Errorf("order %s was not pending when its charge succeeded", id)
-	}
-	return err
+	return queries.MarkOrderPaid(ctx, tx, dbsqlc.MarkOrderPaidParams{CallerID: callerID, ID: id})
 }
 
 // A LiveCharges says, inside tx, whether the caller's order has a pending or

@@ -150,7 +150,7 @@ func (s *Service) accept(ctx context.Context, tx pgx.Tx, in idempotency.Input[Re
 	// The debit last: it locks the caller's balance until the commit. A
 	// refusal (stored and replayed like a decline) aborts tx, and the
 	// idempotency layer stores the problem in a transaction of its own.
-	if err := ledger.Debit(ctx, tx, in.CallerID, req.Currency, req.Amount, po.ID, "payout"); err != nil {
+	if err := ledger.Debit(ctx, tx, in.CallerID, req.Currency, req.Amount, po.ID); err != nil {
 		return nil, err
 	}
 	return payoutOf(po).Accepted()

@@ -13,28 +13,39 @@ import (
 
 // A keyed order create is a transaction of two inserts: the order and the
 // key's completed record. Sent as BEGIN, two inserts and COMMIT, that is
-// four round trips, and a round trip costs more CPU than an insert. The
-// order's answer is known before anything is sent (the server picks its id
-// and time), so both inserts can go in one pipeline (a pgx.Batch), which
-// PostgreSQL runs as one implicit transaction: one round trip, the same
-// writes committed together. A transaction that must read first (a payout
-// reads the balance) still sends BEGIN with its first statement and COMMIT
-// with its last. docs/performance.md has what it saves.
+// four round trips, and a round trip costs more CPU than an insert. So a
+// PipelinedTx holds every statement whose result is only an error (sqlc's
+// :exec queries) and sends it with the transaction's next statement that
+// returns something, or with the COMMIT, in one pipeline (a pgx.Batch):
+// the order's insert travels with the record's, which carries the COMMIT,
+// and PostgreSQL runs the pipeline as one implicit transaction: one round
+// trip, the same writes committed together. A transaction that must read
+// first (a payout reads its downstream key) sends BEGIN with its first
+// read, and COMMIT with its last statement. No code above this package
+// knows which statements travel together. docs/performance.md has what it
+// saves.
 //
-// The one rule: a statement sent with the commit must fail, not merely
-// change nothing, when the transaction must not commit. After an error
-// PostgreSQL skips the rest of the pipeline, COMMIT included; an UPDATE
-// that matches no row is a success, and the COMMIT behind it would run. So
-// the key's record is inserted without ON CONFLICT (a taken key is an
-// error), and the fenced writes raise an error when they lose their fence
-// (migration 0023).
+// What a held statement changes for its caller: its error arrives with a
+// later statement's, or the commit's. So nothing may branch on an :exec
+// query's error inside a pipelined transaction; a refusal the caller must
+// see (a unique violation that is a 409) is declared once (Refuse) and
+// becomes that problem wherever it surfaces.
+//
+// And the one rule for what is sent with the commit: a statement must
+// fail, not merely change nothing, when the transaction must not commit.
+// After an error PostgreSQL skips the rest of the pipeline, COMMIT
+// included; an UPDATE that matches no row is a success, and the COMMIT
+// behind it would run. So the key's record is inserted without ON CONFLICT
+// (a taken key is an error), and the fenced writes raise an error when they
+// lose their fence (migration 0023).
 
 // TransactPipelined is Transact with a PipelinedTx: fn's first statement
-// carries BEGIN, statements fn sends through Later(tx) wait for the next
-// one, and a statement fn sends through tx.ThenCommit() carries COMMIT. If
-// fn returns nil without using ThenCommit, a COMMIT is sent on its own; if
-// fn sent no statement at all, nothing is.
-func TransactPipelined(ctx context.Context, pool *pgxpool.Pool, fn func(tx *PipelinedTx) error) error {
+// that returns something carries BEGIN and the statements held before it,
+// and a statement fn sends through tx.ThenCommit() carries what is held and
+// COMMIT. If fn returns nil without using ThenCommit, what is held is sent
+// with a COMMIT; if fn sent no statement at all, nothing is.
+func TransactPipelined(ctx context.Context, pool *pgxpool.Pool, fn func(tx *PipelinedTx) error) (err error) {
+	defer func() { err = Refusal(err) }()
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -62,26 +73,18 @@ type PipelinedTx struct {
 	committed bool               // by Commit, or by a statement sent through ThenCommit
 	ended     bool               // committed, rolled back, or a COMMIT was sent
 	commitErr error              // why a COMMIT sent through ThenCommit did not commit
-	later     []*pgx.QueuedQuery // sent through Later, for the next round trip
+	later     []*pgx.QueuedQuery // :exec queries held for the next round trip
 }
 
-// Later returns what to send statements through whose results nobody
-// reads: an Exec through it is held and sent with the transaction's next
-// statement (or COMMIT), in the same round trip, and its error is that
-// statement's; until then Exec returns nothing. For anything but a
-// PipelinedTx (a pool, a pgx.Tx), Later is db itself.
-func Later(db Statements) Statements {
-	t, ok := db.(*PipelinedTx)
-	if !ok {
-		return db
+// held holds sql for the next round trip if its result is only an error:
+// a query sqlc generated as :exec.
+func (t *PipelinedTx) held(sql string, args []any) bool {
+	header, _, _ := strings.Cut(sql, "\n")
+	if !strings.HasPrefix(header, "-- name: ") || !strings.HasSuffix(header, " :exec") {
+		return false
 	}
-	return execOnly{func(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-		if t.closed() {
-			return pgconn.CommandTag{}, pgx.ErrTxClosed
-		}
-		t.later = append(t.later, &pgx.QueuedQuery{SQL: sql, Arguments: args})
-		return pgconn.CommandTag{}, nil
-	}}
+	t.later = append(t.later, &pgx.QueuedQuery{SQL: sql, Arguments: args})
+	return true
 }
 
 // Statements is what sqlc's generated code runs its queries on.
@@ -91,7 +94,7 @@ type Statements interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// execOnly is Later's and ThenCommit's: Statements for :exec queries only,
+// execOnly is ThenCommit's: Statements for :exec queries only,
 // whose results nobody reads before the commit.
 type execOnly struct {
 	exec func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -107,7 +110,7 @@ func (execOnly) QueryRow(context.Context, string, ...any) pgx.Row {
 	return pendingRow(func([]any) error { return errOnlyExec })
 }
 
-var errOnlyExec = errors.New("postgres: only an Exec can be held for later or sent with the COMMIT")
+var errOnlyExec = errors.New("postgres: only an Exec can be sent with the COMMIT")
 
 var _ pgx.Tx = (*PipelinedTx)(nil)
 
@@ -214,10 +217,14 @@ func onBegun[T any](ctx context.Context, t *PipelinedTx, f func(tx pgx.Tx) (T, e
 	return f(tx)
 }
 
-// Exec runs sql in the transaction.
+// Exec runs sql in the transaction. An :exec query is held (see the top
+// of this file): it returns nil, and its error comes with a later one's.
 func (t *PipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.closed() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	if t.held(sql, args) {
+		return pgconn.CommandTag{}, nil
 	}
 	if t.direct() {
 		return t.tx.Exec(ctx, sql, args...)

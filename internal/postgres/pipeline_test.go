@@ -42,7 +42,7 @@ func newPipelineFixture(t *testing.T) *pipelineFixture {
 func (f *pipelineFixture) phase(ctx context.Context, orderID string, attempt int32) error {
 	q := dbsqlc.New()
 	return postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
-		if err := q.CreateOrder(ctx, postgres.Later(tx), dbsqlc.CreateOrderParams{CallerID: "acme", ID: orderID, Amount: 100, Currency: "usd", CreatedAt: time.Now()}); err != nil {
+		if err := q.CreateOrder(ctx, tx, dbsqlc.CreateOrderParams{CallerID: "acme", ID: orderID, Amount: 100, Currency: "usd", CreatedAt: time.Now()}); err != nil {
 			return err
 		}
 		status := int32(201)
@@ -55,6 +55,10 @@ func (f *pipelineFixture) phase(ctx context.Context, orderID string, attempt int
 
 // insertOrder inserts the order $1, for the tests that write SQL of their own.
 const insertOrder = `INSERT INTO orders (caller_id, id, amount, currency) VALUES ('acme', $1, 100, 'usd')`
+
+// heldInsert is insertOrder as sqlc writes an :exec query, which a
+// PipelinedTx holds for the next round trip.
+const heldInsert = "-- name: InsertOrder :exec\n" + insertOrder
 
 func (f *pipelineFixture) orders(t *testing.T) int {
 	t.Helper()
@@ -239,23 +243,24 @@ func TestPipelinedTxSendsNothingOnceItIsOver(t *testing.T) {
 	}
 }
 
-// A statement held for later is sent, in order, before the next one, and
-// its failure is that statement's: a held insert that breaks the primary
-// key stops the COMMIT sent with the statement after it. Held statements
-// with nothing after them are the whole transaction: one round trip.
+// An :exec query is held and sent, in order, before the next statement,
+// and its failure is that statement's: a held insert that breaks the
+// primary key stops the COMMIT sent with the statement after it. Held
+// statements with nothing after them are the whole transaction: one round
+// trip. Any other Exec is sent at once, with its own error.
 func TestPipelinedTxSendsHeldStatementsFirst(t *testing.T) {
 	t.Parallel()
 	f := newPipelineFixture(t)
 	ctx := context.Background()
 	err := postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
-		if _, err := postgres.Later(tx).Exec(ctx, insertOrder, "ord_1"); err != nil {
+		if _, err := tx.Exec(ctx, heldInsert, "ord_1"); err != nil {
 			return err
 		}
 		var seen int
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&seen); err != nil || seen != 1 {
 			t.Errorf("a read after a held insert saw %d orders (%v), want 1", seen, err)
 		}
-		if _, err := postgres.Later(tx).Exec(ctx, insertOrder, "ord_1"); err != nil { // held: no error yet
+		if _, err := tx.Exec(ctx, heldInsert, "ord_1"); err != nil { // held: no error yet
 			return err
 		}
 		_, err := tx.ThenCommit().Exec(ctx, insertOrder, "ord_2")
@@ -271,11 +276,20 @@ func TestPipelinedTxSendsHeldStatementsFirst(t *testing.T) {
 
 	f.counter.Reset()
 	err = postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
-		_, err := postgres.Later(tx).Exec(ctx, insertOrder, "ord_3")
+		_, err := tx.Exec(ctx, heldInsert, "ord_3")
 		return err
 	})
 	if err != nil || f.counter.Load().RoundTrips != 1 || f.orders(t) != 1 {
 		t.Errorf("a held insert alone: %v, %d round trips, %d orders; want it committed in 1", err, f.counter.Load().RoundTrips, f.orders(t))
+	}
+	err = postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
+		if _, err := tx.Exec(ctx, insertOrder, "ord_3"); err == nil { // not :exec: sent now
+			t.Error("an unmarked Exec's unique violation did not come back at once")
+		}
+		return nil
+	})
+	if err == nil {
+		t.Error("a transaction whose statement failed committed")
 	}
 	if !f.idle(t) {
 		t.Error("the connection went back to the pool inside a transaction")
@@ -329,6 +343,7 @@ func TestPipelinedTxIsOneTransaction(t *testing.T) {
 	if !f.idle(t) {
 		t.Error("the connection went back to the pool inside a transaction")
 	}
+
 }
 
 func claim(t *testing.T, pool *pgxpool.Pool, key string) dbsqlc.ClaimIdempotencyKeyRow {

@@ -122,8 +122,10 @@ func Migrate(pool *pgxpool.Pool) error {
 // deferred rollback always runs (after a commit it does nothing), so a panic
 // in fn cannot leave the connection checked out and its locks held; and on a
 // context ctx's cancellation does not reach, or a canceled request's
-// connection would go back to the pool mid-transaction.
-func Transact(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error) error {
+// connection would go back to the pool mid-transaction. An error that
+// names a declared refusal is returned as the caller's problem (Refuse).
+func Transact(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error) (err error) {
+	defer func() { err = Refusal(err) }()
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/retrysafe/payments/internal/auth"
+	"github.com/retrysafe/payments/internal/cardprocessor"
+	"github.com/retrysafe/payments/internal/charges"
+	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/internal/processor"
+)
+
+// caller is a caller the charges and payouts run as, with its orders to charge.
+type caller struct {
+	id, apiKey string
+	orders     []string
+	next       atomic.Int64
+}
+
+// benchCallers creates n callers, bench-00 and on.
+func benchCallers(ctx context.Context, admin *pgxpool.Pool, n int) ([]*caller, error) {
+	out := make([]*caller, n)
+	for i := range out {
+		id := fmt.Sprintf("bench-%02d", i)
+		key, _, err := auth.CreateCaller(ctx, admin, id, id, nil)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = &caller{id: id, apiKey: key}
+	}
+	return out, nil
+}
+
+// addOrders gives c n pending orders to charge.
+func (c *caller) addOrders(ctx context.Context, admin *pgxpool.Pool, n int) error {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = postgres.NewID(postgres.PrefixOrder)
+	}
+	c.orders = append(c.orders, ids...)
+	_, err := admin.Exec(ctx, `INSERT INTO orders (caller_id, id, amount, currency) SELECT $1, unnest($2::text[]), 1999, 'usd'`, c.id, ids)
+	return err
+}
+
+// nextOrder is an order of c's that nothing has charged yet.
+func (c *caller) nextOrder() (string, error) {
+	i := c.next.Add(1) - 1
+	if i >= int64(len(c.orders)) {
+		return "", errors.New("ran out of orders to charge: raise the count")
+	}
+	return c.orders[i], nil
+}
+
+// startQuietProcessor serves the fake processor with no webhooks on a
+// loopback port, and returns its URL and the secret a server must be
+// given for it (unused: it sends nothing).
+func startQuietProcessor() (url, secret string, err error) {
+	secret = "whsec_" + rand.Text()
+	p, err := processor.New(processor.Config{})
+	if err != nil {
+		return "", "", err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", "", err
+	}
+	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	stops = append(stops, func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String(), secret, nil
+}
+
+// answersAtOnce is a processor that charges every card at once, with no
+// network and no database: the charge's floor measures our statements alone.
+type answersAtOnce struct{ cardprocessor.Processor }
+
+func (answersAtOnce) Charge(context.Context, string, cardprocessor.ChargeRequest) (cardprocessor.ChargeResult, error) {
+	return cardprocessor.ChargeResult{ID: "pch_floor"}, nil
+}
+
+// chargeFloor is the floor of a charge: the service's own charge operation
+// (the claim and first phase, the load, the final phase), run in this
+// process through pgx on the pool pool() returns, with a processor that
+// answers at once and no HTTP.
+func chargeFloor(ctx context.Context, pool func() *pgxpool.Pool, c *caller) (phase, error) {
+	body := []byte(`{"payment_method":"pm_card_visa"}`)
+	var store *idempotency.Store
+	var op idempotency.Operation
+	var current *pgxpool.Pool
+	return phase{"floor: charge (SQL, no processor)", func(int64) error {
+		if p := pool(); p != current { // connect() opened another pool
+			current = p
+			store = idempotency.NewStore(p, idempotency.StoreConfig{Lease: 30 * time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			op = charges.NewService(p, answersAtOnce{}).ChargeOperation()
+		}
+		order, err := c.nextOrder()
+		if err != nil {
+			return err
+		}
+		path := "/v1/orders/" + order + "/charges"
+		fp, err := idempotency.Fingerprint("POST", path, body)
+		if err != nil {
+			return err
+		}
+		resp, err := store.Serve(ctx, op, idempotency.Request{CallerID: c.id, Key: "floor-" + order, Operation: charges.OperationCharge,
+			Method: "POST", Path: path, Fingerprint: fp}, map[string]string{"order_id": order}, body)
+		if err == nil && resp.Status != http.StatusCreated {
+			err = fmt.Errorf("floor charge: %d %s", resp.Status, resp.Body)
+		}
+		return err
+	}}, nil
+}
