@@ -235,6 +235,11 @@ func ApplyChargeEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events
 // outcome is left alone; one at the other is a contradiction from the
 // processor: an error, not something to paper over.
 func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (dbsqlc.Charge, error) {
+	// What a webhook reports is checked before anything is written: a
+	// contradiction is set aside, and nothing of it may commit.
+	if err := o.Report.Check("charge", ch.ID, ch.Amount, ch.Currency, ch.ProcessorChargeID); err != nil {
+		return ch, err
+	}
 	// The order first (the package comment's lock order). Then the charge
 	// moves only if it is still pending: a concurrent finish or webhook may
 	// have just recorded it, and then it is read as it is.
@@ -252,25 +257,21 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 	} else {
 		cur, err = queries.FailCharge(ctx, tx, dbsqlc.FailChargeParams{CallerID: ch.CallerID, ID: ch.ID, FailureCode: &code, ProcessorChargeID: orNil(o.ProcessorChargeID)})
 	}
-	moved := err == nil
-	if postgres.IsNotFound(err) { // not pending: recorded already, or a contradiction
-		cur, err = queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: ch.CallerID, ID: ch.ID})
+	if postgres.IsNotFound(err) {
+		// Not pending: recorded already, or a contradiction.
+		if cur, err = queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: ch.CallerID, ID: ch.ID}); err != nil {
+			return ch, err
+		}
+		if err := o.Report.Check("charge", cur.ID, cur.Amount, cur.Currency, cur.ProcessorChargeID); err != nil {
+			return cur, err
+		}
+		if want := outcomeStatus(o); Status(cur.Status) != want {
+			return cur, &events.ContradictionError{Object: "charge", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: string(want)}
+		}
+		return cur, nil // recorded already
 	}
 	if err != nil {
 		return ch, err
-	}
-	if err := o.Report.Check("charge", cur.ID, cur.Amount, cur.Currency, cur.ProcessorChargeID); err != nil {
-		return cur, err
-	}
-	want := StatusFailed
-	if o.Succeeded {
-		want = StatusSucceeded
-	}
-	if Status(cur.Status) != want {
-		return cur, &events.ContradictionError{Object: "charge", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: string(want)}
-	}
-	if !moved {
-		return cur, nil // recorded already
 	}
 	data := map[string]any{"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency}
 	if !o.Succeeded {
@@ -288,6 +289,14 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 		return cur, err
 	}
 	return cur, events.Record(ctx, tx, ch.CallerID, events.OrderPaid, data)
+}
+
+// outcomeStatus is the status a charge has once o is recorded.
+func outcomeStatus(o Outcome) Status {
+	if o.Succeeded {
+		return StatusSucceeded
+	}
+	return StatusFailed
 }
 
 // HasLiveCharge reports whether the order has a pending or succeeded charge,

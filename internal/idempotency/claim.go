@@ -30,8 +30,14 @@ func (s *Store) Execute(ctx context.Context, req Request, start StartFunc, h Han
 	// From here on, only waiting for another's answer heeds the client's cancellation.
 	observed, span := startClaim(ctx, req)
 	lease, resp, err := s.start(ctx, observed, req, start)
-	if errors.Is(err, errKeyTaken) {
-		lease, resp, err = s.claimAs(observed, req)
+	// Again only if the record in the way is gone when read (swept).
+	for try := 0; errors.Is(err, errKeyTaken) && try < 2; try++ {
+		if lease, resp, err = s.found(observed, req); errors.Is(err, errNoRecord) {
+			lease, resp, err = s.start(ctx, observed, req, start)
+		}
+	}
+	if errors.Is(err, errKeyTaken) || errors.Is(err, errNoRecord) {
+		err = resumable("in time")
 	}
 	span.End() // a no-op if start ended it, before its first phase
 	if lease != nil {
@@ -75,96 +81,77 @@ func replayCached(ctx context.Context, req Request, cached *cachedReplay) (*Resp
 	return cached.response(), nil
 }
 
-// claim takes the key for req, or answers from the existing record.
-func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, error) {
-	observed, span := startClaim(ctx, req)
-	defer span.End()
-	return s.claimAs(observed, req)
-}
-
-// claimAs is claim under the claim's span, observed.
-func (s *Store) claimAs(observed context.Context, req Request) (*Lease, *Response, error) {
-	// Detached: a claim cut off halfway could commit without this request
-	// learning that it owns the key, leaving it leased to nobody. A later
-	// resumption links to the request's span, not the claim's.
-	traceparent := postgres.Traceparent(observed)
+// found answers req from the record its key has: the one decision about a
+// found record, for every path that meets one. Another request's
+// fingerprint is a 422; a completed record, its stored answer (a replay,
+// confirmed replicated by the look-up); a dead one, the dead answer; one a
+// live owner holds, a *busyError (wait, or 409); one whose owner's lease
+// lapsed, taken over: a lease for the caller to drive (a local
+// operation's caller abandons it instead). errNoRecord: there is none.
+func (s *Store) found(observed context.Context, req Request) (*Lease, *Response, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(observed), cleanupTimeout)
 	defer cancel()
-	var row dbsqlc.ClaimIdempotencyKeyRow
-	var err error
-	// No row only when a concurrent request committed the key between this
-	// statement's snapshot and its insert; running it again sees that row.
-	// Twice is enough; a third try is for safety, not need.
 	sent := s.replays.clock()
-	for range 3 {
-		row, err = queries.ClaimIdempotencyKey(ctx, s.pool, dbsqlc.ClaimIdempotencyKeyParams{
-			CallerID: req.CallerID, Key: req.Key, Operation: req.Operation, RequestMethod: req.Method, RequestPath: req.Path,
-			RequestFingerprint: req.Fingerprint, LeaseSeconds: s.lease.Seconds(), Traceparent: traceparent,
-		})
-		if !postgres.IsNotFound(err) {
-			break
-		}
+	row, err := queries.FindIdempotencyKey(ctx, s.pool, dbsqlc.FindIdempotencyKeyParams{CallerID: req.CallerID, Key: req.Key})
+	switch {
+	case postgres.IsNotFound(err):
+		return nil, nil, errNoRecord
+	case err != nil:
+		return nil, nil, fmt.Errorf("look up idempotency key: %w", err)
 	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("claim idempotency key: %w", err)
-	}
-	rec := recordFromClaim(row)
+	rec, age := recordOf(row.IdempotencyKey), secondsOf(row.AgeSeconds)
 	traceRecord(observed, rec)
-	age := secondsOf(row.AgeSeconds)
-	if row.Claimed {
-		observe(observed, req.Operation, metrics.OutcomeNew)
-		return &Lease{store: s, record: rec, claimed: sent, age: age}, nil, nil
-	}
-	if subtle.ConstantTimeCompare(rec.RequestFingerprint, req.Fingerprint) != 1 {
+	switch {
+	case subtle.ConstantTimeCompare(rec.RequestFingerprint, req.Fingerprint) != 1:
 		observe(observed, req.Operation, metrics.OutcomeMismatch)
 		return nil, nil, reused(rec.RequestMethod, rec.RequestPath)
-	}
-	switch {
 	case rec.Status == StatusCompleted:
 		observe(observed, req.Operation, metrics.OutcomeReplayed)
-		resp, err := storedResponse(rec) // confirmed replicated by the claim
+		resp, err := storedResponse(rec)
 		if err == nil {
 			s.replays.put(req, resp, sent, age)
 		}
 		return nil, resp, err
-	case rec.Status == StatusInProgress && row.LeaseExpired:
-		// Its owner crashed, stalled past its lease, or gave up after a
-		// transient failure. Take over and resume now, whatever the
-		// reconciler's schedule: this is the caller asking again.
-		taken, err := queries.TakeOverIdempotencyKey(ctx, s.pool, dbsqlc.TakeOverIdempotencyKeyParams{
-			CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt, LeaseSeconds: s.lease.Seconds(),
-		})
-		if postgres.IsNotFound(err) {
-			// Another request (or the reconciler) took it over first.
-			resp, err := s.current(observed, rec)
-			if resp != nil {
-				observe(observed, req.Operation, metrics.OutcomeReplayed)
-			}
-			return nil, resp, err
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("take over idempotency key: %w", err)
-		}
-		newer := recordOf(taken)
-		traceRecord(observed, newer)
-		// A lease released after a transient failure ends in the statement
-		// that stamps updated_at; one that ran out ended later than its last
-		// write, and belonged to an owner that died or stalled.
-		if rec.LockedUntil == nil || !rec.LockedUntil.After(rec.UpdatedAt) {
-			observe(observed, req.Operation, metrics.OutcomeResumed)
-		} else {
-			observe(observed, req.Operation, metrics.OutcomeTakenOver)
-		}
-		return &Lease{store: s, record: newer, claimed: sent, age: age}, nil, nil
 	case rec.Status == StatusDead:
 		observe(observed, req.Operation, metrics.OutcomeDead)
 		return nil, nil, dead()
-	default:
+	case row.LeaseRemainingSeconds > 0:
 		// A live owner holds it. Counted by the caller if it answers 409: waiting may yet answer.
 		annotate(observed, attrOutcome.String(metrics.OutcomeInProgress))
 		return nil, nil, &busyError{rec: rec, leaseRemaining: row.LeaseRemainingSeconds}
 	}
+	// Its owner crashed, stalled past its lease, or gave up after a
+	// transient failure. Take over and resume now, whatever the
+	// reconciler's schedule: this is the caller asking again.
+	taken, err := queries.TakeOverIdempotencyKey(ctx, s.pool, dbsqlc.TakeOverIdempotencyKeyParams{
+		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt, LeaseSeconds: s.lease.Seconds(),
+	})
+	if postgres.IsNotFound(err) {
+		// Another request (or the reconciler) took it over first.
+		resp, err := s.current(observed, rec)
+		if resp != nil {
+			observe(observed, req.Operation, metrics.OutcomeReplayed)
+		}
+		return nil, resp, err
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("take over idempotency key: %w", err)
+	}
+	newer := recordOf(taken)
+	traceRecord(observed, newer)
+	// A lease released after a transient failure ends in the statement
+	// that stamps updated_at; one that ran out ended later than its last
+	// write, and belonged to an owner that died or stalled.
+	if rec.LockedUntil == nil || !rec.LockedUntil.After(rec.UpdatedAt) {
+		observe(observed, req.Operation, metrics.OutcomeResumed)
+	} else {
+		observe(observed, req.Operation, metrics.OutcomeTakenOver)
+	}
+	return &Lease{store: s, record: newer, claimed: sent, age: age}, nil, nil
 }
+
+// errNoRecord is found's answer when the key has no record (any more).
+var errNoRecord = errors.New("idempotency: the key has no record")
 
 // A StartFunc is an external operation's first phase: it runs in the
 // transaction that claims the key, with the record just inserted, and
@@ -190,8 +177,12 @@ func (s *Store) start(ctx, observed context.Context, req Request, start StartFun
 	run, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.maxRun)
 	defer cancel()
 	sent := s.replays.clock()
-	var lease *Lease
-	var result Result
+	var (
+		lease  *Lease
+		result Result
+		span   trace.Span
+		phase  context.Context
+	)
 	err := postgres.TransactPipelined(run, s.pool, func(tx *postgres.PipelinedTx) (err error) {
 		defer recoverPanic("first phase", &err)
 		err = queries.CheckIdempotencyKeyFree(run, tx, dbsqlc.CheckIdempotencyKeyFreeParams{CallerID: req.CallerID, Key: req.Key})
@@ -209,37 +200,17 @@ func (s *Store) start(ctx, observed context.Context, req Request, start StartFun
 		traceRecord(observed, lease.record)
 		observe(observed, req.Operation, metrics.OutcomeNew)
 		trace.SpanFromContext(observed).End() // the claim is made; the phase follows
-		ctx, span := startPhase(run, lease.record)
-		defer span.End()
-		if result, err = start(ctx, tx, lease.record); err == nil {
-			err = lease.writeResult(ctx, tx.ThenCommit(), result)
-		}
-		if err != nil {
-			endWithError(span, err)
-			return err
-		}
-		if p, ok := result.(RecoveryPoint); ok {
-			annotate(ctx, attrReachedPoint.String(string(p)))
-		} else {
-			annotate(ctx, attrReachedPoint.String(string(RecoveryFinished)))
-		}
-		return nil
+		phase, span = startPhase(run, lease.record)
+		result, err = lease.write(phase, tx, func(ctx context.Context, tx pgx.Tx) (Result, error) { return start(ctx, tx, lease.record) })
+		return err
 	})
+	if span != nil && lease.committed(phase, span, result, err) == nil {
+		return lease, nil, nil
+	}
 	var p *problem.Error
 	switch {
 	case keyTaken(err):
 		return nil, nil, errKeyTaken
-	case err == nil:
-		switch r := result.(type) {
-		case RecoveryPoint:
-			lease.record.RecoveryPoint = r
-		case *Response:
-			lease.record.Status, lease.record.RecoveryPoint, lease.response = StatusCompleted, RecoveryFinished, r
-		}
-		if s.faults != nil {
-			s.faults.AfterPhase(lease.record)
-		}
-		return lease, nil, nil
 	case errors.As(err, &p) && p.Status() == http.StatusNotFound, IsRetryable(err):
 		return nil, nil, err
 	case errors.Is(err, ErrLeaseLost):

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/postgres"
@@ -66,19 +67,32 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 	// BEGIN goes with fn's first statement, and COMMIT with the fenced
 	// write (TransactPipelined): two round trips fewer.
 	err := postgres.TransactPipelined(ctx, l.store.pool, func(tx *postgres.PipelinedTx) (err error) {
-		if result, err = fn(ctx, tx); err != nil {
-			return err
-		}
-		if _, final := result.(*Response); final && l.record.RecoveryPoint != RecoveryStarted && l.store.faults != nil {
-			l.store.faults.BeforeFinalCommit(l.record)
-		}
-		return l.writeResult(ctx, tx.ThenCommit(), result)
+		result, err = l.write(ctx, tx, fn)
+		return err
 	})
+	return l.committed(ctx, span, result, err)
+}
+
+// write runs fn in tx and writes its result to the record, fenced, with
+// the COMMIT.
+func (l *Lease) write(ctx context.Context, tx *postgres.PipelinedTx, fn PhaseFunc) (Result, error) {
+	result, err := fn(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	if _, final := result.(*Response); final && l.record.RecoveryPoint != RecoveryStarted && l.store.faults != nil {
+		l.store.faults.BeforeFinalCommit(l.record)
+	}
+	return result, l.writeResult(ctx, tx.ThenCommit(), result)
+}
+
+// committed ends a phase's span: with its error, or, once it committed,
+// with the in-memory record moved on to its result (only now).
+func (l *Lease) committed(ctx context.Context, span trace.Span, result Result, err error) error {
 	if err != nil {
 		endWithError(span, err)
 		return err
 	}
-	// Only now, after the commit, does the in-memory record move on.
 	switch r := result.(type) {
 	case RecoveryPoint:
 		l.record.RecoveryPoint = r

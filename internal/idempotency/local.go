@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 
@@ -60,7 +59,20 @@ func (s *Store) ExecuteLocal(ctx context.Context, req Request, fn LocalFunc) (*R
 		case !errors.Is(err, errKeyTaken):
 			return nil, err
 		}
-		if resp, err, found := s.answerFromRecord(ctx, req); found {
+		lease, resp, err := s.found(ctx, req)
+		var busy *busyError
+		switch {
+		case errors.As(err, &busy):
+			observe(ctx, req.Operation, metrics.OutcomeInProgress)
+			return nil, busy.problem()
+		case lease != nil:
+			// Left in progress by an older version (which claimed local
+			// operations too) whose owner died: its one phase never
+			// committed. Delete it, as the reconciler would, and run again.
+			if err := lease.Abandon(ctx); err != nil && !errors.Is(err, ErrLeaseLost) {
+				return nil, fmt.Errorf("abandon idempotency key: %w", err)
+			}
+		case !errors.Is(err, errNoRecord):
 			return resp, err
 		}
 	}
@@ -120,50 +132,4 @@ func keyTaken(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "RS003" ||
 		pgErr.Code == "23505" && pgErr.ConstraintName == "idempotency_keys_caller_id_key_key")
-}
-
-// answerFromRecord answers req from its key's record, if found (observed has the claim's span).
-func (s *Store) answerFromRecord(observed context.Context, req Request) (_ *Response, _ error, found bool) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(observed), cleanupTimeout)
-	defer cancel()
-	sent := s.replays.clock()
-	row, err := queries.FindIdempotencyKey(ctx, s.pool, dbsqlc.FindIdempotencyKeyParams{CallerID: req.CallerID, Key: req.Key})
-	switch {
-	case postgres.IsNotFound(err):
-		return nil, nil, false
-	case err != nil:
-		return nil, fmt.Errorf("look up idempotency key: %w", err), true
-	}
-	rec := recordOf(row.IdempotencyKey)
-	traceRecord(observed, rec)
-	switch {
-	case subtle.ConstantTimeCompare(rec.RequestFingerprint, req.Fingerprint) != 1:
-		observe(observed, req.Operation, metrics.OutcomeMismatch)
-		return nil, reused(rec.RequestMethod, rec.RequestPath), true
-	case rec.Status == StatusCompleted:
-		observe(observed, req.Operation, metrics.OutcomeReplayed)
-		resp, err := storedResponse(rec) // confirmed replicated by the look-up
-		if err == nil {
-			s.replays.put(req, resp, sent, secondsOf(row.AgeSeconds))
-		}
-		return resp, err, true
-	case rec.Status == StatusDead:
-		observe(observed, req.Operation, metrics.OutcomeDead)
-		return nil, dead(), true
-	case row.LeaseRemainingSeconds > 0:
-		observe(observed, req.Operation, metrics.OutcomeInProgress)
-		return nil, (&busyError{rec: rec, leaseRemaining: row.LeaseRemainingSeconds}).problem(), true
-	default:
-		// Left in progress, unheld, by an older version (which claimed local
-		// operations too) whose owner died: its one phase never committed.
-		// Delete it, as the reconciler would, and run the operation.
-		switch err := (&Lease{store: s, record: rec}).Abandon(ctx); {
-		case errors.Is(err, ErrLeaseLost): // taken over or deleted first
-			observe(observed, req.Operation, metrics.OutcomeInProgress)
-			return nil, resumable("in time"), true
-		case err != nil:
-			return nil, fmt.Errorf("abandon idempotency key: %w", err), true
-		}
-		return nil, nil, false
-	}
 }

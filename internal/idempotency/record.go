@@ -72,18 +72,6 @@ func deref(s *string) string {
 	return *s
 }
 
-func recordFromClaim(r dbsqlc.ClaimIdempotencyKeyRow) Record {
-	return recordOf(dbsqlc.IdempotencyKey{
-		CallerID: r.CallerID, ID: r.ID, Key: r.Key, Status: r.Status, RecoveryPoint: r.RecoveryPoint,
-		Attempt: r.Attempt, LockedUntil: r.LockedUntil, RequestMethod: r.RequestMethod,
-		RequestPath: r.RequestPath, RequestFingerprint: r.RequestFingerprint,
-		ResponseStatus: r.ResponseStatus, ResponseHeaders: r.ResponseHeaders, ResponseBody: r.ResponseBody,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
-		NextAttemptAt: r.NextAttemptAt, ReconcilerAttempts: r.ReconcilerAttempts, Operation: r.Operation,
-		Traceparent: r.Traceparent, Awaited: r.Awaited,
-	})
-}
-
 // Get returns the caller's record for key.
 func (s *Store) Get(ctx context.Context, callerID, key string) (Record, error) {
 	rec, err := queries.GetIdempotencyKey(ctx, s.pool, dbsqlc.GetIdempotencyKeyParams{CallerID: callerID, Key: key})

@@ -353,3 +353,15 @@ func TestPanicIsAFinalInternalError(t *testing.T) {
 // claimOnly is a first phase that does nothing but claim the key, for the
 // tests whose handler runs every phase from RecoveryStarted.
 func claimOnly(context.Context, pgx.Tx, Record) (Result, error) { return RecoveryStarted, nil }
+
+// claim claims req's key as Execute does, with claimOnly for a first
+// phase, or answers from the record the key has (found).
+func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, error) {
+	observed, span := startClaim(ctx, req)
+	defer span.End()
+	lease, resp, err := s.start(ctx, observed, req, claimOnly)
+	if errors.Is(err, errKeyTaken) {
+		lease, resp, err = s.found(observed, req)
+	}
+	return lease, resp, err
+}

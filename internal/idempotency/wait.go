@@ -18,13 +18,13 @@ import (
 // migration 0021) and reads it again: a completion committed before the
 // mark is found by that read, a later one notified. It sleeps until woken,
 // the lease could lapse (a dead owner notifies nobody), a slow timer (a
-// lost notification) or its deadline, then claims again.
+// lost notification) or its deadline, then looks again.
 
 // recheckEvery is the slow timer, for a notification that got lost.
 const recheckEvery = time.Second
 
 // waitForOriginal waits for the live owner of req's record (busy) to
-// finish, then answers as the claim does (taking over with h if the lease
+// finish, then answers as found does (taking over with h if the lease
 // lapsed). At StoreConfig.Wait, or when the client goes away, it gives up
 // with the last busyError.
 func (s *Store) waitForOriginal(ctx context.Context, req Request, h Handler, busy *busyError) (*Response, error) {
@@ -38,7 +38,12 @@ func (s *Store) waitForOriginal(ctx context.Context, req Request, h Handler, bus
 		if !busy.rec.Awaited {
 			s.await(ctx, busy.rec)
 		}
-		lease, resp, err := s.claim(ctx, req)
+		observed, span := startClaim(ctx, req)
+		lease, resp, err := s.found(observed, req)
+		span.End()
+		if errors.Is(err, errNoRecord) { // swept since: a retry starts anew
+			err = resumable("in time")
+		}
 		if lease != nil {
 			stop()
 			return s.run(ctx, req, lease, h)
@@ -77,7 +82,7 @@ func (s *Store) waitForOriginal(ctx context.Context, req Request, h Handler, bus
 			return nil, again // the client is gone: nobody to answer
 		}
 		// An owner in this process caches its answer once committed: a
-		// waiter woken then needs no claim (otherwise it claims again).
+		// waiter woken then needs no look-up (otherwise it looks again).
 		if cached, ok := s.replays.get(req.CallerID, req.Key); ok {
 			return replayCached(ctx, req, cached)
 		}

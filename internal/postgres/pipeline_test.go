@@ -20,7 +20,7 @@ import (
 type pipelineFixture struct {
 	pool    *pgxpool.Pool
 	counter *testdb.Counter
-	key     dbsqlc.ClaimIdempotencyKeyRow
+	key     dbsqlc.IdempotencyKey
 }
 
 func newPipelineFixture(t *testing.T) *pipelineFixture {
@@ -346,9 +346,9 @@ func TestPipelinedTxIsOneTransaction(t *testing.T) {
 
 }
 
-func claim(t *testing.T, pool *pgxpool.Pool, key string) dbsqlc.ClaimIdempotencyKeyRow {
+func claim(t *testing.T, pool *pgxpool.Pool, key string) dbsqlc.IdempotencyKey {
 	t.Helper()
-	row, err := dbsqlc.New().ClaimIdempotencyKey(context.Background(), pool, dbsqlc.ClaimIdempotencyKeyParams{
+	row, err := dbsqlc.New().InsertIdempotencyKey(context.Background(), pool, dbsqlc.InsertIdempotencyKeyParams{
 		CallerID: "acme", Key: key, Operation: "createOrder", RequestMethod: "POST", RequestPath: "/v1/orders",
 		RequestFingerprint: []byte("fp"), LeaseSeconds: 30,
 	})
