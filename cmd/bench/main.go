@@ -156,7 +156,7 @@ func run(ctx context.Context) error {
 	// in one transaction, one round trip) and for a replay.
 	body := []byte(`{"amount":1999,"currency":"usd","description":"Tea"}`)
 	fingerprint := sha256.Sum256(body)
-	insert := func(db postgres.Statements) error {
+	insert := func(db dbsqlc.DBTX) error {
 		return queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{CallerID: "acme", ID: postgres.NewID(postgres.PrefixOrder), Amount: 1999, Currency: "usd", CreatedAt: time.Now()})
 	}
 	plain := phase{"plain order insert (SQL)", func(int64) error { return insert(pool) }}
@@ -166,7 +166,7 @@ func run(ctx context.Context) error {
 				return err
 			}
 			status := int32(201)
-			return queries.InsertCompletedIdempotencyKey(ctx, tx.ThenCommit(), dbsqlc.InsertCompletedIdempotencyKeyParams{
+			return queries.InsertCompletedIdempotencyKey(ctx, tx, dbsqlc.InsertCompletedIdempotencyKeyParams{
 				CallerID: "acme", Key: "floor-" + strconv.FormatInt(i, 10), Operation: "createOrder", RequestMethod: "POST", RequestPath: "/v1/orders",
 				RequestFingerprint: fingerprint[:], ResponseStatus: &status,
 				ResponseHeaders: []byte(`{"Content-Type":["application/json"]}`), ResponseBody: body,

@@ -265,7 +265,7 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 		if err := o.Report.Check("charge", cur.ID, cur.Amount, cur.Currency, cur.ProcessorChargeID); err != nil {
 			return cur, err
 		}
-		if want := outcomeStatus(o); Status(cur.Status) != want {
+		if want := map[bool]Status{true: StatusSucceeded, false: StatusFailed}[o.Succeeded]; Status(cur.Status) != want {
 			return cur, &events.ContradictionError{Object: "charge", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: string(want)}
 		}
 		return cur, nil // recorded already
@@ -289,14 +289,6 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 		return cur, err
 	}
 	return cur, events.Record(ctx, tx, ch.CallerID, events.OrderPaid, data)
-}
-
-// outcomeStatus is the status a charge has once o is recorded.
-func outcomeStatus(o Outcome) Status {
-	if o.Succeeded {
-		return StatusSucceeded
-	}
-	return StatusFailed
 }
 
 // HasLiveCharge reports whether the order has a pending or succeeded charge,

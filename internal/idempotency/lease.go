@@ -83,12 +83,15 @@ func (l *Lease) write(ctx context.Context, tx *postgres.PipelinedTx, fn PhaseFun
 	if _, final := result.(*Response); final && l.record.RecoveryPoint != RecoveryStarted && l.store.faults != nil {
 		l.store.faults.BeforeFinalCommit(l.record)
 	}
-	return result, l.writeResult(ctx, tx.ThenCommit(), result)
+	return result, l.writeResult(ctx, tx, result) // held: it goes with the COMMIT
 }
 
 // committed ends a phase's span: with its error, or, once it committed,
 // with the in-memory record moved on to its result (only now).
 func (l *Lease) committed(ctx context.Context, span trace.Span, result Result, err error) error {
+	if leaseLost(err) { // the fenced write, sent with the COMMIT
+		err = ErrLeaseLost
+	}
 	if err != nil {
 		endWithError(span, err)
 		return err

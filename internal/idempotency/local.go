@@ -102,20 +102,17 @@ func (s *Store) commitLocal(ctx context.Context, req Request, fn LocalFunc) (*Re
 			return err
 		}
 		status := int32(resp.Status) // #nosec G115 -- an HTTP status code
-		err = queries.InsertCompletedIdempotencyKey(ctx, tx.ThenCommit(), dbsqlc.InsertCompletedIdempotencyKeyParams{
+		err = queries.InsertCompletedIdempotencyKey(ctx, tx, dbsqlc.InsertCompletedIdempotencyKeyParams{
 			CallerID: req.CallerID, Key: req.Key, Operation: req.Operation, RequestMethod: req.Method, RequestPath: req.Path,
 			RequestFingerprint: req.Fingerprint, ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body,
 			Traceparent: postgres.Traceparent(ctx),
 		})
 		return err
 	})
-	if keyTaken(err) {
-		err = errKeyTaken
-	}
 	switch {
-	case errors.Is(err, errKeyTaken): // not a failure: the answer is the record's
+	case keyTaken(err): // not a failure: the answer is the record's
 		span.End()
-		return nil, err
+		return nil, errKeyTaken
 	case err != nil:
 		endWithError(span, err)
 		return nil, err

@@ -82,40 +82,21 @@ func init() {
 	postgres.Refuse("RS002", problem.InsufficientBalance, "")
 }
 
-// Balance is one currency of a caller's balance.
-type Balance struct {
-	Currency  string
-	Available int64 // what can be paid out
-	Pending   int64 // what refunds and payouts in flight hold
-}
-
-// Balances is a caller's balance in every currency it has entries in.
-type Balances []Balance
-
-// API is the balance as the contract shows it: a list of available amounts
-// and one of pending, a currency each.
-func (bs Balances) API() apigen.Balance {
-	out := apigen.Balance{Available: []apigen.BalanceAmount{}, Pending: []apigen.BalanceAmount{}}
-	for _, b := range bs {
-		out.Available = append(out.Available, apigen.BalanceAmount{Currency: apigen.Currency(b.Currency), Amount: b.Available})
-		out.Pending = append(out.Pending, apigen.BalanceAmount{Currency: apigen.Currency(b.Currency), Amount: b.Pending})
-	}
-	return out
-}
-
 // rollUpAfter is how many entries past its checkpoint a balance read
 // tolerates before it rolls the checkpoint up: what bounds a read's cost.
 const rollUpAfter = 1000
 
-// Get returns the caller's balance: each currency's checkpoint plus the
-// entries since. A currency with a long tail of entries is rolled up, so
-// that the next read (and debit) is short again.
-func Get(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ Balances, err error) {
+// Get returns the caller's balance in every currency it has entries in,
+// as the contract shows it: each currency's checkpoint plus the entries
+// since. A long tail of entries is rolled up, so that the next read (and
+// debit) is short again.
+func Get(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ apigen.Balance, err error) {
 	defer postgres.Wrap(&err, "ledger.Get(%s)", callerID)
 	rows, err := queries.ListBalances(ctx, db, callerID)
-	out := make(Balances, len(rows))
-	for i, b := range rows {
-		out[i] = Balance{Currency: b.Currency, Available: b.Available, Pending: b.Pending}
+	out := apigen.Balance{Available: []apigen.BalanceAmount{}, Pending: []apigen.BalanceAmount{}}
+	for _, b := range rows {
+		out.Available = append(out.Available, apigen.BalanceAmount{Currency: apigen.Currency(b.Currency), Amount: b.Available})
+		out.Pending = append(out.Pending, apigen.BalanceAmount{Currency: apigen.Currency(b.Currency), Amount: b.Pending})
 		if err == nil && b.SinceEntries > rollUpAfter {
 			err = queries.RollUpLedger(ctx, db, dbsqlc.RollUpLedgerParams{CallerID: callerID, Currency: b.Currency})
 		}
@@ -123,12 +104,9 @@ func Get(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ Balances, err 
 	return out, err
 }
 
-// Entry is one ledger entry, as the contract shows it.
-type Entry = apigen.LedgerEntry
-
 // List returns up to limit of the caller's entries, newest first, after
 // the entry startingAfter when it is not empty, and whether more exist.
-func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []Entry, _ bool, err error) {
+func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, startingAfter string) (_ []apigen.LedgerEntry, _ bool, err error) {
 	defer postgres.Wrap(&err, "ledger.List(%s)", callerID)
 	return postgres.Page(limit, startingAfter, "ledger entry of yours",
 		func(id string) (postgres.Cursor, error) {
@@ -139,8 +117,8 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 			return queries.ListLedgerEntries(ctx, db, dbsqlc.ListLedgerEntriesParams{CallerID: callerID, RowLimit: rowLimit,
 				HasCursor: c.Set, CursorCreatedAt: c.CreatedAt, CursorID: c.ID})
 		},
-		func(r dbsqlc.ListLedgerEntriesRow) Entry {
-			return Entry{Id: r.ID, ObjectId: r.ObjectID, Amount: r.Amount, Currency: apigen.Currency(r.Currency),
+		func(r dbsqlc.ListLedgerEntriesRow) apigen.LedgerEntry {
+			return apigen.LedgerEntry{Id: r.ID, ObjectId: r.ObjectID, Amount: r.Amount, Currency: apigen.Currency(r.Currency),
 				FromAccount: apigen.LedgerAccount(r.FromAccount), ToAccount: apigen.LedgerAccount(r.ToAccount), CreatedAt: r.CreatedAt}
 		})
 }

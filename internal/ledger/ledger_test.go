@@ -127,7 +127,7 @@ func TestDebitRefusesWhatTheBalanceDoesNotCover(t *testing.T) {
 	if !errors.As(err, &p) || p.Code != problem.InsufficientBalance {
 		t.Fatalf("debit of 501 from 500: %v; want insufficient_balance", err)
 	}
-	if b := balance(t, pool); b != (ledger.Balance{}) {
+	if b := balance(t, pool); b != (usd{}) {
 		t.Errorf("balance after the rolled-back transaction: %+v; want none", b)
 	}
 	// An entry that moves nothing is not an entry.
@@ -137,15 +137,19 @@ func TestDebitRefusesWhatTheBalanceDoesNotCover(t *testing.T) {
 	}
 }
 
-// balance is c1's usd balance (eur in the test that uses it), as the API reads it.
-func balance(t *testing.T, pool *pgxpool.Pool) ledger.Balance {
+// usd is one currency's balance.
+type usd struct{ Available, Pending int64 }
+
+// balance is c1's balance in its one currency (usd, or eur in the test
+// that uses it), as the API reads it.
+func balance(t *testing.T, pool *pgxpool.Pool) usd {
 	t.Helper()
-	bs, err := ledger.Get(context.Background(), pool, "c1")
+	b, err := ledger.Get(context.Background(), pool, "c1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(bs) == 0 {
-		return ledger.Balance{}
+	if len(b.Available) == 0 {
+		return usd{}
 	}
-	return bs[0]
+	return usd{b.Available[0].Amount, b.Pending[0].Amount}
 }

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strings"
 
@@ -15,35 +14,25 @@ import (
 // key's completed record. Sent as BEGIN, two inserts and COMMIT, that is
 // four round trips, and a round trip costs more CPU than an insert. So a
 // PipelinedTx holds every statement whose result is only an error (sqlc's
-// :exec queries) and sends it with the transaction's next statement that
-// returns something, or with the COMMIT, in one pipeline (a pgx.Batch):
-// the order's insert travels with the record's, which carries the COMMIT,
-// and PostgreSQL runs the pipeline as one implicit transaction: one round
-// trip, the same writes committed together. A transaction that must read
-// first (a payout reads its downstream key) sends BEGIN with its first
-// read, and COMMIT with its last statement. No code above this package
-// knows which statements travel together. docs/performance.md has what it
-// saves.
+// :exec queries) and sends it with the next statement that returns
+// something, or with the COMMIT, in one pipeline (a pgx.Batch); BEGIN goes
+// with the first statement that returns something. The order's two inserts
+// travel with the COMMIT, as one implicit transaction: one round trip. No
+// code above this package knows what travels together.
 //
-// What a held statement changes for its caller: its error arrives with a
-// later statement's, or the commit's. So nothing may branch on an :exec
-// query's error inside a pipelined transaction; a refusal the caller must
-// see (a unique violation that is a 409) is declared once (Refuse) and
-// becomes that problem wherever it surfaces.
-//
-// And the one rule for what is sent with the commit: a statement must
-// fail, not merely change nothing, when the transaction must not commit.
-// After an error PostgreSQL skips the rest of the pipeline, COMMIT
-// included; an UPDATE that matches no row is a success, and the COMMIT
-// behind it would run. So the key's record is inserted without ON CONFLICT
-// (a taken key is an error), and the fenced writes raise an error when they
-// lose their fence (migration 0023).
+// What that changes for a caller: a held statement's error arrives with a
+// later statement's, or the commit's. So nothing branches on an :exec
+// query's error; a refusal the caller must see (a unique violation that is
+// a 409) is declared once (Refuse) and becomes that problem wherever it
+// surfaces. And a statement held for the commit must fail, not merely
+// change nothing, when the transaction must not commit: after an error
+// PostgreSQL skips the rest of the pipeline, COMMIT included, but an UPDATE
+// that matches no row is a success. So the key's record is inserted
+// without ON CONFLICT, and the fenced writes raise an error when they lose
+// their fence (migration 0023).
 
-// TransactPipelined is Transact with a PipelinedTx: fn's first statement
-// that returns something carries BEGIN and the statements held before it,
-// and a statement fn sends through tx.ThenCommit() carries what is held and
-// COMMIT. If fn returns nil without using ThenCommit, what is held is sent
-// with a COMMIT; if fn sent no statement at all, nothing is.
+// TransactPipelined is Transact with a PipelinedTx (what fn holds is sent
+// with the COMMIT).
 func TransactPipelined(ctx context.Context, pool *pgxpool.Pool, fn func(tx *PipelinedTx) error) (err error) {
 	defer func() { err = Refusal(err) }()
 	conn, err := pool.Acquire(ctx)
@@ -70,9 +59,8 @@ func TransactPipelined(ctx context.Context, pool *pgxpool.Pool, fn func(tx *Pipe
 type PipelinedTx struct {
 	conn      *pgxpool.Conn
 	tx        pgx.Tx             // pgx's transaction, once BEGIN has been sent; nil before
-	committed bool               // by Commit, or by a statement sent through ThenCommit
+	committed bool               // by Commit
 	ended     bool               // committed, rolled back, or a COMMIT was sent
-	commitErr error              // why a COMMIT sent through ThenCommit did not commit
 	later     []*pgx.QueuedQuery // :exec queries held for the next round trip
 }
 
@@ -86,31 +74,6 @@ func (t *PipelinedTx) held(sql string, args []any) bool {
 	t.later = append(t.later, &pgx.QueuedQuery{SQL: sql, Arguments: args})
 	return true
 }
-
-// Statements is what sqlc's generated code runs its queries on.
-type Statements interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// execOnly is ThenCommit's: Statements for :exec queries only,
-// whose results nobody reads before the commit.
-type execOnly struct {
-	exec func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-func (e execOnly) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	return e.exec(ctx, sql, args...)
-}
-
-func (execOnly) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errOnlyExec }
-
-func (execOnly) QueryRow(context.Context, string, ...any) pgx.Row {
-	return pendingRow(func([]any) error { return errOnlyExec })
-}
-
-var errOnlyExec = errors.New("postgres: only an Exec can be sent with the COMMIT")
 
 var _ pgx.Tx = (*PipelinedTx)(nil)
 
@@ -298,37 +261,28 @@ func (t *PipelinedTx) LargeObjects() pgx.LargeObjects {
 // Conn is the transaction's connection.
 func (t *PipelinedTx) Conn() *pgx.Conn { return t.conn.Conn() }
 
-// ThenCommit returns what to send the transaction's last statement
-// through: its Exec sends what is held, the statement and COMMIT in one
-// round trip (or, if nothing was sent before, all as one implicit
-// transaction), and ends it. The statement must fail, not just match
-// nothing, when the transaction must not commit: see the top of this file.
-func (t *PipelinedTx) ThenCommit() Statements { return execOnly{t.execThenCommit} }
-
-// execThenCommit is ThenCommit's Exec.
-func (t *PipelinedTx) execThenCommit(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+// Commit sends what is held with COMMIT, in one round trip. If nothing was
+// sent before, the held statements are the whole transaction, with no
+// BEGIN and no COMMIT: PostgreSQL runs a pipeline's statements up to its
+// Sync (pgx sends one) as one implicit transaction, committed at the Sync,
+// or rolled back, with nothing left to end, at the first error. A
+// transaction that sent nothing has nothing to commit.
+func (t *PipelinedTx) Commit(ctx context.Context) error {
 	if t.closed() {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
+		return pgx.ErrTxClosed
 	}
-	// If nothing was sent before, b is the whole transaction, with no BEGIN
-	// and no COMMIT: PostgreSQL runs a pipeline's statements up to its Sync
-	// (pgx sends one) as one implicit transaction, committed at the Sync, or
-	// rolled back, with nothing left to end, at the first error.
-	implicit := t.tx == nil
-	b := t.batch(false, sql, args)
-	if !implicit {
+	t.ended = true
+	explicit := t.tx != nil
+	if !explicit && len(t.later) == 0 {
+		return nil
+	}
+	b := t.batch(false, "", nil)
+	if explicit {
 		b.Queue("commit")
 	}
-	var tag, commit pgconn.CommandTag
+	var commit pgconn.CommandTag
 	err := t.send(ctx, b, func(br pgx.BatchResults) (err error) {
-		if sql != "" {
-			if tag, err = br.Exec(); err != nil {
-				// The server skips the rest of the batch, COMMIT included: an
-				// explicit transaction is aborted, and Rollback ends it.
-				return err
-			}
-		}
-		if !implicit {
+		if explicit {
 			commit, err = br.Exec()
 		}
 		return err
@@ -336,33 +290,6 @@ func (t *PipelinedTx) execThenCommit(ctx context.Context, sql string, args ...an
 	if err == nil && commit.String() == "ROLLBACK" {
 		err = pgx.ErrTxCommitRollback
 	}
-	// The commit was sent: whatever its fate, nothing more goes in this
-	// transaction, and Commit reports what happened here.
-	t.ended = true
-	t.committed = err == nil
-	t.commitErr = err
-	return tag, err
-}
-
-// Commit commits the transaction, unless a statement sent through
-// ThenCommit has (or failed to). A transaction that sent nothing has
-// nothing to commit.
-func (t *PipelinedTx) Commit(ctx context.Context) error {
-	if t.committed || t.commitErr != nil {
-		return t.commitErr
-	}
-	if t.closed() {
-		return pgx.ErrTxClosed
-	}
-	if len(t.later) > 0 {
-		_, err := t.execThenCommit(ctx, "")
-		return err
-	}
-	t.ended = true
-	if t.tx == nil {
-		return nil
-	}
-	err := t.tx.Commit(ctx)
 	t.committed = err == nil
 	return err
 }
@@ -373,7 +300,7 @@ func (t *PipelinedTx) Rollback(ctx context.Context) error {
 	if t.committed || t.tx == nil {
 		return nil
 	}
-	// A COMMIT sent through ThenCommit that failed has ended the
+	// A held statement that failed before BEGIN ran has ended the
 	// transaction already, and pgx does not know it: nothing to send.
 	if t.conn.Conn().PgConn().TxStatus() == 'I' {
 		return nil

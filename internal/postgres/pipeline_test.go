@@ -46,7 +46,7 @@ func (f *pipelineFixture) phase(ctx context.Context, orderID string, attempt int
 			return err
 		}
 		status := int32(201)
-		return q.CompleteIdempotencyKey(ctx, tx.ThenCommit(), dbsqlc.CompleteIdempotencyKeyParams{
+		return q.CompleteIdempotencyKey(ctx, tx, dbsqlc.CompleteIdempotencyKeyParams{
 			ResponseStatus: &status, ResponseHeaders: []byte(`{}`), ResponseBody: []byte(`{}`),
 			CallerID: "acme", ID: f.key.ID, Attempt: attempt,
 		})
@@ -207,7 +207,7 @@ func TestPipelinedTxSendsNothingOnceItIsOver(t *testing.T) {
 		if _, err := tx.Exec(ctx, insertOrder, "ord_after_failure"); err == nil {
 			t.Error("a statement after the failed BEGIN was sent")
 		}
-		_, err := tx.ThenCommit().Exec(ctx, insertOrder, "ord_last")
+		_, err := tx.Exec(ctx, heldInsert, "ord_last")
 		return err
 	})
 	if !errors.Is(err, pgx.ErrTxClosed) {
@@ -223,17 +223,20 @@ func TestPipelinedTxSendsNothingOnceItIsOver(t *testing.T) {
 		if _, err := tx.Exec(ctx, `INSERT INTO deferred_check VALUES (1), (1)`); err != nil {
 			return err
 		}
-		if _, err := tx.ThenCommit().Exec(ctx, insertOrder, "ord_in_failed_commit"); err == nil {
-			t.Error("a COMMIT that breaks a deferred constraint succeeded")
+		if _, err := tx.Exec(ctx, heldInsert, "ord_in_failed_commit"); err != nil {
+			return err
+		}
+		var pgErr *pgconn.PgError
+		if err := tx.Commit(ctx); !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+			t.Errorf("a COMMIT that breaks a deferred constraint: %v, want its unique violation", err)
 		}
 		if _, err := tx.Exec(ctx, insertOrder, "ord_after_commit"); !errors.Is(err, pgx.ErrTxClosed) {
 			t.Errorf("a statement after a failed COMMIT: %v, want pgx.ErrTxClosed", err)
 		}
 		return nil // the error ignored: TransactPipelined's Commit must not report success
 	})
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
-		t.Errorf("got %v, want the COMMIT's unique violation", err)
+	if !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("got %v, want pgx.ErrTxClosed from the second Commit", err)
 	}
 	if n := f.orders(t); n != 0 {
 		t.Errorf("%d orders committed, want 0", n)
@@ -263,7 +266,7 @@ func TestPipelinedTxSendsHeldStatementsFirst(t *testing.T) {
 		if _, err := tx.Exec(ctx, heldInsert, "ord_1"); err != nil { // held: no error yet
 			return err
 		}
-		_, err := tx.ThenCommit().Exec(ctx, insertOrder, "ord_2")
+		_, err := tx.Exec(ctx, heldInsert, "ord_2")
 		return err
 	})
 	var pgErr *pgconn.PgError

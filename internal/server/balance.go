@@ -14,7 +14,7 @@ func (s *Server) GetBalance(ctx context.Context, _ apigen.GetBalanceRequestObjec
 	if err != nil {
 		return nil, err
 	}
-	return apigen.GetBalance200JSONResponse(b.API()), nil
+	return apigen.GetBalance200JSONResponse(b), nil
 }
 
 // ListLedgerEntries is safe.
