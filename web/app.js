@@ -650,6 +650,8 @@ async function refreshPanels() {
     const cur = $("currency").value;
     const amount = (list) => ((list || []).find((b) => b.currency === cur) || { amount: 0 }).amount;
     $("balance").textContent = `${amount(balance.available)} ${cur} available, ${amount(balance.pending)} pending`;
+    const entries = await (await fetch("/v1/ledger_entries?limit=10", { headers })).json();
+    fillTable("entries", entries.data || [], (e) => [e.object_id, `${e.amount} ${e.currency}`, `${e.from_account} → ${e.to_account}`]);
     const ev = await (await fetch("/v1/events?limit=10", { headers })).json();
     let deliveries = {};
     if (demoMode) {

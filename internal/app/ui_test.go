@@ -300,6 +300,9 @@ func TestDemoPageFlakyChargeRetriedToSuccess(t *testing.T) {
 		t.Errorf("%d charges at the processor; want 1", n)
 	}
 	waitPage(t, ctx, `document.querySelectorAll("#ledger tbody tr").length === 1`)
+	// Our side: the one charge's one entry, from the processor to available.
+	waitPage(t, ctx, `document.querySelectorAll("#entries tbody tr").length === 1 &&
+		document.querySelector("#entries tbody tr").textContent.includes("processor → available")`)
 }
 
 // A message appears beside the control it is about, and the next request
