@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,11 +30,11 @@ type caller struct {
 	next       atomic.Int64
 }
 
-// benchCallers creates n callers, bench-00 and on.
+// benchCallers creates n callers, bench_00 and on.
 func benchCallers(ctx context.Context, admin *pgxpool.Pool, n int) ([]*caller, error) {
 	out := make([]*caller, n)
 	for i := range out {
-		id := fmt.Sprintf("bench-%02d", i)
+		id := fmt.Sprintf("bench_%02d", i)
 		key, _, err := auth.CreateCaller(ctx, admin, id, id, nil)
 		if err != nil {
 			return nil, err
@@ -77,8 +78,7 @@ func startQuietProcessor() (url, secret string, err error) {
 		return "", "", err
 	}
 	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)
-	stops = append(stops, func() { _ = srv.Close() })
+	go srv.Serve(ln) // for the whole run: connect's stopServers leaves it
 	return "http://" + ln.Addr().String(), secret, nil
 }
 
@@ -94,17 +94,24 @@ func (answersAtOnce) Charge(context.Context, string, cardprocessor.ChargeRequest
 // (the claim and first phase, the load, the final phase), run in this
 // process through pgx on the pool pool() returns, with a processor that
 // answers at once and no HTTP.
-func chargeFloor(ctx context.Context, pool func() *pgxpool.Pool, c *caller) (phase, error) {
+func chargeFloor(ctx context.Context, name string, pool func() *pgxpool.Pool, callers []*caller) (phase, error) {
 	body := []byte(`{"payment_method":"pm_card_visa"}`)
-	var store *idempotency.Store
-	var op idempotency.Operation
-	var current *pgxpool.Pool
-	return phase{"floor: charge (SQL, no processor)", func(int64) error {
+	var (
+		mu      sync.Mutex
+		store   *idempotency.Store
+		op      idempotency.Operation
+		current *pgxpool.Pool
+	)
+	return phase{name, func(i int64) error {
+		c := callers[i%int64(len(callers))]
+		mu.Lock()
 		if p := pool(); p != current { // connect() opened another pool
 			current = p
 			store = idempotency.NewStore(p, idempotency.StoreConfig{Lease: 30 * time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			op = charges.NewService(p, answersAtOnce{}).ChargeOperation()
 		}
+		store, op := store, op
+		mu.Unlock()
 		order, err := c.nextOrder()
 		if err != nil {
 			return err

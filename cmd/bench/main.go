@@ -86,7 +86,7 @@ func run(ctx context.Context) error {
 	}
 	for _, stmt := range []string{`CREATE EXTENSION IF NOT EXISTS pg_walinspect`,
 		`TRUNCATE idempotency_keys, orders, charges, refunds, payouts, ledger_entries, ledger_checkpoints, events, processor_events CASCADE`,
-		`DELETE FROM callers WHERE id LIKE 'bench-%'`} {
+		`DELETE FROM callers WHERE id LIKE 'bench\_%'`} {
 		if _, err := admin.Exec(ctx, stmt); err != nil {
 			return err
 		}
@@ -192,7 +192,7 @@ func run(ctx context.Context) error {
 		}}
 	}
 	// Charges take fresh orders, of one caller (acme) or of sixteen
-	// (bench-00 to bench-15, one picked per request in turn); payouts draw
+	// (bench_00 to bench_15, one picked per request in turn); payouts draw
 	// on what the charges credited.
 	sixteen, err := benchCallers(ctx, admin, 16)
 	if err != nil {
@@ -229,7 +229,11 @@ func run(ctx context.Context) error {
 	chargeSixteen := charge("service: charge, 16 callers (HTTP)", sixteen, func() child { return unhooked })
 	chargeHooked := charge("service: charge and its webhook (HTTP)", one, func() child { return servers[0] })
 	payoutOne, payoutSixteen := payout("service: payout accepted, one caller (HTTP)", one), payout("service: payout accepted, 16 callers (HTTP)", sixteen)
-	floorCharge, err := chargeFloor(ctx, func() *pgxpool.Pool { return pool }, one[0])
+	floorCharge, err := chargeFloor(ctx, "floor: charge, one caller (SQL)", func() *pgxpool.Pool { return pool }, one)
+	if err != nil {
+		return err
+	}
+	floorSixteen, err := chargeFloor(ctx, "floor: charge, 16 callers (SQL)", func() *pgxpool.Pool { return pool }, sixteen)
 	if err != nil {
 		return err
 	}
@@ -285,7 +289,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	charged, err := alternate(*concurrency, *duration, floorCharge, chargeOne, chargeSixteen)
+	charged, err := alternate(*concurrency, *duration, floorCharge, chargeOne, chargeSixteen, floorSixteen)
 	if err != nil {
 		return err
 	}
@@ -300,6 +304,7 @@ func run(ctx context.Context) error {
 	fmt.Printf("  cached replay / from the database     = %s\n", ratio(replayed[2], replayed[1]))
 	fmt.Printf("  charge: service / floor               = %s\n", ratio(charged[1], charged[0]))
 	fmt.Printf("  charge: one caller / 16 callers       = %s\n", ratio(charged[1], charged[2]))
+	fmt.Printf("  charge floor: one caller / 16 callers = %s\n", ratio(charged[0], charged[3]))
 	fmt.Printf("  charge (one caller) / keyed create    = %s\n", ratio(charged[1], created[2]))
 	fmt.Printf("  payout accepted: one caller / 16      = %s\n", ratio(paid[0], paid[1]))
 	if len(servers) > 1 {
