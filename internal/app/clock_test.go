@@ -98,19 +98,19 @@ func TestClockSkewCannotBreakALease(t *testing.T) {
 		return post(addr, "/v1/orders/"+o.ID+"/charges", "skewed", `{"payment_method":"pm_card_visa"}`)
 	}
 
-	// Replica A claims the charge's key and is held inside its first phase
-	// (every charge insert waits on a lock the test keeps); then it dies,
-	// as a crash kills it, leaving its lease to run out on its own.
+	// Replica A claims the charge's key and is held inside its last phase
+	// (every ledger entry's insert waits on a lock the test keeps); then it
+	// dies, as a crash kills it, leaving its lease to run out on its own.
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tx.Rollback(ctx) }) // released below; this is for a test that stops early
-	if _, err := tx.Exec(ctx, `LOCK TABLE charges IN SHARE MODE`); err != nil {
+	if _, err := tx.Exec(ctx, `LOCK TABLE ledger_entries IN SHARE MODE`); err != nil {
 		t.Fatal(err)
 	}
 	go charge(addrA)
-	waitForInsertsWaiting(t, db, "charges", 1)
+	waitForInsertsWaiting(t, db, "ledger_entries", 1)
 	if err := replicaA.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestClockSkewCannotBreakALease(t *testing.T) {
 	}
 
 	// Once the lease has lapsed on the database's clock, B takes over; it
-	// is held at the insert too, until the test lets the inserts go.
+	// is held at the same insert, until the test lets the inserts go.
 	waitFor(t, 30*time.Second, "A's lease to lapse on the database's clock", func() bool {
 		var lapsed bool
 		if err := db.QueryRow(ctx, `SELECT locked_until <= now() FROM idempotency_keys WHERE key = 'skewed'`).Scan(&lapsed); err != nil {
@@ -152,7 +152,7 @@ func TestClockSkewCannotBreakALease(t *testing.T) {
 		defer close(done)
 		taker = charge(addrB)
 	}()
-	waitFor(t, 30*time.Second, "B's takeover to wait at the charge insert", func() bool {
+	waitFor(t, 30*time.Second, "B's takeover to wait at the ledger insert", func() bool {
 		var attempt int
 		if err := db.QueryRow(ctx, `SELECT attempt FROM idempotency_keys WHERE key = 'skewed'`).Scan(&attempt); err != nil {
 			t.Fatal(err)
