@@ -74,7 +74,7 @@ func runCallers(ctx context.Context, pool *pgxpool.Pool, args []string, allowPri
 			fmt.Fprintf(stdout, "caller %s: no webhook; its events wait to be pulled (GET /v1/events)\n", args[1])
 			return nil
 		}
-		fmt.Fprintf(stdout, "caller %s: events go to %s, signed with:\n%s\n", args[1], *url, secret)
+		fmt.Fprintf(stdout, "caller %s: events go to %s, signed with:\n%s\n", args[1], events.Redact(*url), secret)
 		return nil
 	case "rotate-webhook-secret":
 		secret, until, err := events.RotateWebhookSecret(ctx, pool, args[1])
@@ -94,7 +94,7 @@ func runCallers(ctx context.Context, pool *pgxpool.Pool, args []string, allowPri
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ID\tNAME\tCREATED\tWEBHOOK")
 		for _, c := range callers {
-			webhook := c.WebhookURL
+			webhook := events.Redact(c.WebhookURL)
 			if webhook == "" {
 				webhook = "(none: pulls)"
 			}

@@ -114,7 +114,7 @@ func runDemo(ctx context.Context, cfg config.Server, log *slog.Logger, stdout io
 	// settings last (the last value of a repeated variable wins).
 	env := append(os.Environ(), "DEMO_MODE=true", listenFDVar+"=3", readyFDVar+"=4")
 	if processorURL == "" {
-		stopProcessor, url, secret, err := startProcessor(log, ln.Addr().(*net.TCPAddr).Port, cfg.ProcessorWebhookSecret)
+		stopProcessor, url, secret, err := startProcessor(log, ln.Addr().(*net.TCPAddr).Port, cfg.ProcessorWebhookSecret, true)
 		if err != nil {
 			return err
 		}

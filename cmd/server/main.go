@@ -55,12 +55,13 @@ func main() {
 // startProcessor serves the fake card processor on a loopback port. It
 // signs its webhooks to the server on serverPort with secret or, if that is
 // empty, a random one (256 bits) that nobody else sees, which it returns.
-func startProcessor(log *slog.Logger, serverPort int, secret []byte) (stop func(), url string, _ []byte, err error) {
+// Only the demo gets its admin and ledger routes.
+func startProcessor(log *slog.Logger, serverPort int, secret []byte, demo bool) (stop func(), url string, _ []byte, err error) {
 	if len(secret) == 0 {
 		secret = []byte("whsec_" + rand.Text() + rand.Text())
 	}
 	p, err := processor.New(processor.Config{WebhookURL: fmt.Sprintf("http://127.0.0.1:%d/webhooks/processor", serverPort),
-		WebhookSecret: secret, Logger: log.With("component", "processor")})
+		WebhookSecret: secret, Logger: log.With("component", "processor"), NoAdmin: !demo})
 	if err != nil {
 		return nil, "", nil, err
 	}
@@ -272,7 +273,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if cfg.ProcessorURL == "" {
 		// The fake processor, behind a real HTTP listener: the server talks
 		// to it exactly as to a separate one (cmd/processor).
-		stopProcessor, url, secret, err := startProcessor(log, port, cfg.ProcessorWebhookSecret)
+		stopProcessor, url, secret, err := startProcessor(log, port, cfg.ProcessorWebhookSecret, cfg.DemoMode)
 		if err != nil {
 			return err
 		}

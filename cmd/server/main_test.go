@@ -161,7 +161,7 @@ func TestCallersAddAndList(t *testing.T) {
 	dbURL := testdb.New(t)
 	vars := map[string]string{"DATABASE_URL": dbURL}
 	var out strings.Builder
-	if err := run(context.Background(), []string{"callers", "add", "initech", "--name", "Initech"}, env(vars), &out); err != nil {
+	if err := run(context.Background(), []string{"callers", "add", "initech", "--name", "Initech", "--webhook-url", "https://93.184.216.34/hook?token=s3cr3t"}, env(vars), &out); err != nil {
 		t.Fatal(err)
 	}
 	key := ""
@@ -183,8 +183,10 @@ func TestCallersAddAndList(t *testing.T) {
 	if err := run(context.Background(), []string{"callers", "list"}, env(vars), &out); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "initech") || strings.Contains(out.String(), key) {
-		t.Errorf("callers list:\n%s\nwant initech listed, and never its key", out.String())
+	// The webhook URL is shown without its query, where a receiver may keep a token.
+	if !strings.Contains(out.String(), "initech") || strings.Contains(out.String(), key) ||
+		!strings.Contains(out.String(), "https://93.184.216.34/hook") || strings.Contains(out.String(), "s3cr3t") {
+		t.Errorf("callers list:\n%s\nwant initech and its endpoint listed, and never its key or the endpoint's token", out.String())
 	}
 	var stored []byte
 	if err := testdb.Pool(t, dbURL).QueryRow(context.Background(), `SELECT api_key_hash FROM callers WHERE id = 'initech'`).Scan(&stored); err != nil || strings.Contains(string(stored), key) {
@@ -559,6 +561,34 @@ func TestConnectionsAreCapped(t *testing.T) {
 		t.Fatalf("after the first closed: %v, %v; want the server to accept again", res, err)
 	}
 	res.Body.Close()
+}
+
+// TestInProcessProcessorHasNoAdminOutsideTheDemo: the in-process
+// processor's URL is in the log, and any local process may call it; outside
+// the demo its chaos switch and its ledger of every caller's charges are
+// not served.
+func TestInProcessProcessorHasNoAdminOutsideTheDemo(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	startServer(t, map[string]string{"DATABASE_URL": testdb.New(t), "HTTP_ADDR": "127.0.0.1:0"}, &logs)
+	var processorURL string
+	for line := range strings.SplitSeq(logs.String(), "\n") {
+		var l struct{ Msg, URL string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "in-process card processor" {
+			processorURL = l.URL
+		}
+	}
+	for _, c := range []struct{ method, path string }{{"PUT", "/admin/chaos"}, {"GET", "/admin/chaos"}, {"GET", "/v1/ledger"}, {"GET", "/healthz"}} {
+		req, _ := http.NewRequest(c.method, processorURL+c.path, strings.NewReader(`{"error_rate":1}`))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if want := map[bool]int{true: http.StatusOK, false: http.StatusNotFound}[c.path == "/healthz"]; res.StatusCode != want {
+			t.Errorf("%s %s on the in-process processor: %d; want %d", c.method, c.path, res.StatusCode, want)
+		}
+	}
 }
 
 // TestMetricsOnTheirOwnAddress: with METRICS_ADDR, /metrics is served there

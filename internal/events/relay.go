@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -162,15 +163,15 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 		}
 		span.End()
 	}()
-	url := r.cfg.DemoURL + ev.CallerID
+	endpoint := r.cfg.DemoURL + ev.CallerID
 	if ev.WebhookUrl != nil {
-		url = *ev.WebhookUrl
+		endpoint = *ev.WebhookUrl
 	}
 	body, err := json.Marshal(Delivery{ID: ev.ID, Type: ev.Type, CreatedAt: ev.CreatedAt, Data: ev.Data})
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -185,7 +186,8 @@ func (r *Relay) deliver(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow
 	otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(req.Header))
 	res, err := r.client.Do(req)
 	if err != nil {
-		return err
+		// Not the *url.Error itself: its message has the whole URL.
+		return fmt.Errorf("posting to %s: %w", Redact(endpoint), errors.Unwrap(err))
 	}
 	_ = res.Body.Close()
 	if res.StatusCode/100 != 2 {

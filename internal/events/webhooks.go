@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,29 +38,62 @@ var errPrivateAddress = errors.New("a webhook endpoint may not be a loopback, li
 func CheckWebhookURL(ctx context.Context, raw string, allowPrivate bool) error {
 	u, err := url.Parse(raw)
 	if err != nil || !u.IsAbs() || u.Host == "" || u.User != nil || (u.Scheme != "https" && (u.Scheme != "http" || !allowPrivate)) {
-		return fmt.Errorf("webhook URL %q: want https://host/path, with no user info", raw)
+		return fmt.Errorf("webhook URL %q: want https://host/path, with no user info", Redact(raw))
 	}
 	if allowPrivate {
 		return nil
 	}
 	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", u.Hostname())
 	if err != nil {
-		return fmt.Errorf("webhook URL %q: %w", raw, err)
+		return fmt.Errorf("webhook URL %q: %w", Redact(raw), err)
 	}
 	for _, a := range addrs {
 		if !isPublic(a) {
-			return fmt.Errorf("webhook URL %q resolves to %s: %w", raw, a, errPrivateAddress)
+			return fmt.Errorf("webhook URL %q resolves to %s: %w", Redact(raw), a, errPrivateAddress)
 		}
 	}
 	return nil
 }
 
-// isPublic says whether a is an address on the internet at large.
+// Redact is a webhook URL as shown and logged: without its query string
+// and fragment, where a receiver may keep a token.
+func Redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(an unparseable URL)"
+	}
+	u.User, u.RawQuery, u.Fragment = nil, "", ""
+	return u.String()
+}
+
+// isPublic says whether a is an address on the internet at large: IPv6 in
+// 2000::/3 (the rest is not global unicast), and nothing the IANA
+// special-purpose registries mark as not globally reachable, nor a range
+// that embeds an IPv4 address (6to4, Teredo, NAT64; outside 2000::/3 too).
 func isPublic(a netip.Addr) bool {
 	a = a.Unmap()
-	return a.IsGlobalUnicast() && !a.IsPrivate() && !a.IsLoopback() && !a.IsLinkLocalUnicast() &&
-		!netip.MustParsePrefix("100.64.0.0/10").Contains(a) // carrier-grade NAT, private in practice
+	if !a.IsGlobalUnicast() || (a.Is6() && !globalUnicast6.Contains(a)) {
+		return false
+	}
+	for _, p := range notGlobal {
+		if p.Contains(a) {
+			return false
+		}
+	}
+	return true
 }
+
+var (
+	globalUnicast6 = netip.MustParsePrefix("2000::/3")
+	notGlobal      = func() (ps []netip.Prefix) {
+		for _, p := range strings.Fields(`0.0.0.0/8 10.0.0.0/8 100.64.0.0/10 127.0.0.0/8 169.254.0.0/16 172.16.0.0/12
+			192.0.0.0/24 192.0.2.0/24 192.88.99.0/24 192.168.0.0/16 198.18.0.0/15 198.51.100.0/24 203.0.113.0/24
+			240.0.0.0/4 2001::/23 2001:db8::/32 2002::/16 3fff::/20`) {
+			ps = append(ps, netip.MustParsePrefix(p))
+		}
+		return ps
+	}()
+)
 
 // publicOnly is a net.Dialer's Control: it refuses to connect to an address
 // that is not public, whatever name led there.

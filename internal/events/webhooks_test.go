@@ -2,6 +2,7 @@ package events_test
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -24,6 +25,12 @@ func TestWebhookURLMustBePublic(t *testing.T) {
 		"https://127.0.0.1/hook", "https://localhost/hook", "https://[::1]/hook", "https://10.1.2.3/hook",
 		"https://192.168.0.1/hook", "https://172.16.0.1/hook", "https://169.254.169.254/latest/meta-data",
 		"https://[fe80::1]/hook", "https://0.0.0.0/hook", "https://100.64.0.1/hook", "https://[::ffff:127.0.0.1]/hook",
+		// What the IANA special-purpose registries mark as not globally
+		// reachable, and IPv6 that embeds an IPv4 address (NAT64 and 6to4 of
+		// the metadata address, IPv4-compatible loopback).
+		"https://[64:ff9b::a9fe:a9fe]/hook", "https://[2002:a9fe:a9fe::1]/hook", "https://[::127.0.0.1]/hook",
+		"https://0.1.2.3/hook", "https://198.18.0.1/hook", "https://240.0.0.1/hook", "https://192.0.0.170/hook",
+		"https://[2001::1]/hook", "https://[fc00::1]/hook", "https://[2001:db8::1]/hook",
 		"http://93.184.216.34/hook", // public, but not https
 		"https://user:pw@93.184.216.34/hook", "/hook", "ftp://93.184.216.34/",
 	} {
@@ -31,8 +38,20 @@ func TestWebhookURLMustBePublic(t *testing.T) {
 			t.Errorf("%s: accepted; want refused", raw)
 		}
 	}
-	if err := events.CheckWebhookURL(ctx, "https://93.184.216.34/hook", false); err != nil {
-		t.Errorf("a public https endpoint: %v", err)
+	for _, public := range []string{"93.184.216.34", "[2606:2800:220:1::1]"} {
+		if err := events.CheckWebhookURL(ctx, "https://"+public+"/hook", false); err != nil {
+			t.Errorf("a public https endpoint: %v", err)
+		}
+	}
+	// The relay's guard as it connects refuses the same addresses, and
+	// lets the public ones through.
+	for addr, public := range map[string]bool{"93.184.216.34:443": true, "[2606:2800:220:1::1]:443": true,
+		"169.254.169.254:80": false, "[64:ff9b::a9fe:a9fe]:80": false, "[2002:a9fe:a9fe::1]:80": false,
+		"[::127.0.0.1]:80": false, "0.1.2.3:80": false, "198.18.0.1:80": false, "240.0.0.1:80": false,
+		"192.0.0.170:80": false, "[::ffff:10.0.0.1]:80": false} {
+		if err := events.PublicOnly("tcp", addr, nil); (err == nil) != public {
+			t.Errorf("connecting to %s: %v; want allowed %v", addr, err, public)
+		}
 	}
 	// The demo and the tests allow their loopback receivers.
 	if err := events.CheckWebhookURL(ctx, "http://127.0.0.1:8080/hook", true); err != nil {
@@ -162,5 +181,28 @@ func TestRelayDoesNotFollowRedirects(t *testing.T) {
 		if ev.delivered || followed.Load() != 0 {
 			t.Errorf("%s: delivered %v, redirect followed %d times; want neither", id, ev.delivered, followed.Load())
 		}
+	}
+}
+
+// TestWebhookURLsAreLoggedWithoutTheirQuery: a receiver may keep a token
+// in its URL's query; a failed delivery's log line names the endpoint
+// without it.
+func TestWebhookURLsAreLoggedWithoutTheirQuery(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	setWebhookURL(t, pool, "acme", gone.URL+"/hook?token=s3cr3t#s3cr3t")
+	recordEvent(t, pool, "acme", "order.paid", map[string]any{"id": "ord_1"})
+	var logs strings.Builder
+	r, err := events.NewRelay(goodConfig(), pool, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "posting to "+gone.URL+"/hook") || strings.Contains(logs.String(), "s3cr3t") {
+		t.Errorf("the relay logged:\n%s\nwant the failure, naming the endpoint without its query", logs.String())
 	}
 }

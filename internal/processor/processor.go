@@ -75,6 +75,10 @@ type Config struct {
 
 	// Chaos is the initial fault injection; PUT /admin/chaos replaces it.
 	Chaos Chaos
+	// NoAdmin serves neither /admin/chaos nor GET /v1/ledger (every
+	// caller's charges): the in-process processor outside the demo, where
+	// any local process could reach them.
+	NoAdmin bool
 	// Rand is the source of every random choice, so a seeded one makes a
 	// run repeatable (default: randomly seeded). The Server owns it.
 	Rand *rand.Rand
@@ -219,11 +223,13 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/refunds", keyed(s, "refunds", validRefund, s.executeRefund))
 	mux.HandleFunc("POST /v1/payouts", keyed(s, "payouts", validPayout, s.executePayout))
 	mux.HandleFunc("GET /v1/payouts/{id}", s.handleGetPayout)
-	mux.HandleFunc("GET /v1/ledger", s.handleLedger)
-	mux.HandleFunc("GET /admin/chaos", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, mustJSON(s.Chaos()), nil)
-	})
-	mux.HandleFunc("PUT /admin/chaos", s.handlePutChaos)
+	if !s.cfg.NoAdmin {
+		mux.HandleFunc("GET /v1/ledger", s.handleLedger)
+		mux.HandleFunc("GET /admin/chaos", func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusOK, mustJSON(s.Chaos()), nil)
+		})
+		mux.HandleFunc("PUT /admin/chaos", s.handlePutChaos)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, []byte(`{"status":"ok"}`), nil)
 	})
