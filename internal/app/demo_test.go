@@ -218,7 +218,8 @@ func TestDemoSupervisorRestartsAfterEveryCrash(t *testing.T) {
 
 // TestCrossOriginPagesAreRefused: a page of another origin, open in the
 // same browser, can neither arm a crash nor spend the demo's published key,
-// nor read the demo's ledger: each is a 403 that changes nothing. The demo
+// nor read the demo's ledger, nor can a page whose name was rebound to the
+// demo's address: each is a 403 that changes nothing. The demo
 // page's own requests (same-origin) and clients that are not browsers (no
 // Sec-Fetch-Site, no Origin) pass. No CORS header is sent unless
 // CORS_ALLOWED_ORIGINS names an origin.
@@ -235,6 +236,10 @@ func TestCrossOriginPagesAreRefused(t *testing.T) {
 	for _, h := range [][]string{
 		{"Sec-Fetch-Site", "cross-site", "Origin", "https://evil.example"},
 		{"Origin", "https://evil.example"}, // an older browser: no Sec-Fetch-Site
+		// DNS rebinding: the attacker's name now resolves to 127.0.0.1, so
+		// the browser calls its page's requests same-origin; their Host is
+		// still the attacker's name.
+		{"Host", "rebind.attacker.example:8080", "Origin", "http://rebind.attacker.example:8080", "Sec-Fetch-Site", "same-origin"},
 	} {
 		for _, r := range []request{
 			{method: "PUT", path: "/demo/crash", body: `{"point":"after_processor_call"}`},
@@ -258,8 +263,8 @@ func TestCrossOriginPagesAreRefused(t *testing.T) {
 	if n := ts.count(t, "orders") + ts.count(t, "idempotency_keys"); n != 0 {
 		t.Errorf("%d rows written by a foreign page; want none", n)
 	}
-	// The demo page itself: same-origin.
-	r := foreign(request{method: "POST", path: "/v1/orders", apiKey: "sk_test_acme", body: teaOrder}, "Sec-Fetch-Site", "same-origin")
+	// The demo page itself: same-origin, by address or as localhost.
+	r := foreign(request{method: "POST", path: "/v1/orders", apiKey: "sk_test_acme", body: teaOrder}, "Sec-Fetch-Site", "same-origin", "Host", "localhost:8080")
 	r.header.Set("Idempotency-Key", "from-the-demo-page")
 	if res := ts.do(t, r); res.Status != http.StatusCreated {
 		t.Errorf("same-origin create: %d %s", res.Status, res.Body)

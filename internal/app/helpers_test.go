@@ -246,6 +246,9 @@ func (ts *testServer) send(t testing.TB, ctx context.Context, r request) (respon
 	}
 	for k, v := range r.header {
 		req.Header[k] = v
+		if k == "Host" {
+			req.Host = v[0]
+		}
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -3,6 +3,8 @@ package server
 import (
 	"fmt"
 	"math"
+	"net"
+	"net/netip"
 	"net/http"
 	"strings"
 	"sync"
@@ -68,6 +70,28 @@ func sameOrigin(allowed []string) (echo.MiddlewareFunc, error) {
 			return next(c)
 		}
 	}, nil
+}
+
+// ownHost refuses (403, before anything is read) a request for a host name
+// the demo does not have. After DNS rebinding, an attacker's page reaches
+// the demo on 127.0.0.1 as same-origin, but its requests still name the
+// attacker's host. An address cannot be rebound, so any IP is ours, as are
+// localhost and HTTP_ADDR's host.
+func ownHost(httpAddr string) echo.MiddlewareFunc {
+	configured, _, _ := net.SplitHostPort(httpAddr)
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			host := c.Request().Host
+			if h, _, err := net.SplitHostPort(host); err == nil {
+				host = h
+			}
+			host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+			if _, err := netip.ParseAddr(host); err != nil && !strings.EqualFold(host, "localhost") && !strings.EqualFold(host, configured) {
+				return problem.New(problem.CrossOrigin, "the demo answers only for localhost, an IP address or HTTP_ADDR's host, not %q", host)
+			}
+			return next(c)
+		}
+	}
 }
 
 // rateLimits gives each caller a token bucket: rate requests a second, in

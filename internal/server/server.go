@@ -104,6 +104,9 @@ func New(d Deps) (http.Handler, error) {
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
 	e.Use(middleware.Recover(), s.observe, s.boundHeaders, refuseCrossOrigin)
+	if d.Demo != nil {
+		e.Use(ownHost(d.Config.HTTPAddr))
+	}
 	if origins := d.Config.CORSAllowedOrigins; len(origins) > 0 {
 		e.Use(middleware.CORSWithConfig(middleware.CORSConfig{
 			AllowOrigins:  origins,
