@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"net/netip"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 
