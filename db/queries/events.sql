@@ -19,15 +19,22 @@ LIMIT @row_limit;
 
 -- name: ClaimUndeliveredEvents :many
 -- The relay's claim: due, undelivered events, with their caller's endpoint.
--- SKIP LOCKED lets several relays share the queue; pushing next_attempt_at
+-- Every caller's first due event comes before anyone's second, so one
+-- caller's backlog takes one place in the batch, not all of them. SKIP
+-- LOCKED lets several relays share the queue; pushing next_attempt_at
 -- forward by the lease keeps another relay off an event while this one
 -- delivers it.
-WITH due AS (
-    SELECT e.caller_id, e.id FROM events e
+WITH ranked AS (
+    SELECT caller_id, id, next_attempt_at,
+           row_number() OVER (PARTITION BY caller_id ORDER BY next_attempt_at, id) AS place
+    FROM events
+    WHERE delivered_at IS NULL AND next_attempt_at <= now()
+), due AS (
+    SELECT e.caller_id, e.id FROM events e JOIN ranked r ON r.caller_id = e.caller_id AND r.id = e.id
     WHERE e.delivered_at IS NULL AND e.next_attempt_at <= now()
-    ORDER BY e.next_attempt_at
+    ORDER BY r.place, r.next_attempt_at
     LIMIT @max_events
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE events e
 SET next_attempt_at = now() + make_interval(secs => @lease_seconds::float8),
@@ -53,8 +60,11 @@ UPDATE events SET delivered_at = now()
 WHERE caller_id = @caller_id AND id = @id;
 
 -- name: RetryEventAfter :exec
+-- A failed delivery puts off the event, and the caller's other due events
+-- with it: an endpoint that fails or hangs is tried again after the
+-- backoff, not once for each event waiting for it.
 UPDATE events SET next_attempt_at = now() + make_interval(secs => @delay_seconds::float8)
-WHERE caller_id = @caller_id AND id = @id AND delivered_at IS NULL;
+WHERE caller_id = @caller_id AND delivered_at IS NULL AND (id = @id OR next_attempt_at <= now());
 
 -- name: RecordDemoDelivery :one
 -- The demo receiver's deduplication: the first delivery inserts, a repeat

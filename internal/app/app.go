@@ -176,8 +176,8 @@ func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
 	if cfg.Relay {
 		r, err := events.NewRelay(events.RelayConfig{
 			Interval: cfg.RelayInterval,
-			// One event at a time, the batch within the lease: 5 × 5s < 30s.
-			Batch:        5,
+			// Up to 16 deliveries at once, each within the lease.
+			Batch:        16,
 			Lease:        30 * time.Second,
 			Timeout:      5 * time.Second,
 			DemoURL:      demoReceiverURL,
@@ -189,7 +189,7 @@ func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
 			return err
 		}
 		a.workers = append(a.workers, func(ctx context.Context) {
-			postgres.Poll(ctx, "relay", cfg.RelayInterval, 5, a.log, r.RunOnce)
+			postgres.Poll(ctx, "relay", cfg.RelayInterval, 16, a.log, r.RunOnce)
 		})
 	}
 	return nil

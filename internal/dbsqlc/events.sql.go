@@ -11,12 +11,17 @@ import (
 )
 
 const claimUndeliveredEvents = `-- name: ClaimUndeliveredEvents :many
-WITH due AS (
-    SELECT e.caller_id, e.id FROM events e
+WITH ranked AS (
+    SELECT caller_id, id, next_attempt_at,
+           row_number() OVER (PARTITION BY caller_id ORDER BY next_attempt_at, id) AS place
+    FROM events
+    WHERE delivered_at IS NULL AND next_attempt_at <= now()
+), due AS (
+    SELECT e.caller_id, e.id FROM events e JOIN ranked r ON r.caller_id = e.caller_id AND r.id = e.id
     WHERE e.delivered_at IS NULL AND e.next_attempt_at <= now()
-    ORDER BY e.next_attempt_at
+    ORDER BY r.place, r.next_attempt_at
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE events e
 SET next_attempt_at = now() + make_interval(secs => $1::float8),
@@ -46,7 +51,9 @@ type ClaimUndeliveredEventsRow struct {
 }
 
 // The relay's claim: due, undelivered events, with their caller's endpoint.
-// SKIP LOCKED lets several relays share the queue; pushing next_attempt_at
+// Every caller's first due event comes before anyone's second, so one
+// caller's backlog takes one place in the batch, not all of them. SKIP
+// LOCKED lets several relays share the queue; pushing next_attempt_at
 // forward by the lease keeps another relay off an event while this one
 // delivers it.
 func (q *Queries) ClaimUndeliveredEvents(ctx context.Context, db DBTX, arg ClaimUndeliveredEventsParams) ([]ClaimUndeliveredEventsRow, error) {
@@ -301,7 +308,7 @@ func (q *Queries) RecordDemoDelivery(ctx context.Context, db DBTX, arg RecordDem
 
 const retryEventAfter = `-- name: RetryEventAfter :exec
 UPDATE events SET next_attempt_at = now() + make_interval(secs => $1::float8)
-WHERE caller_id = $2 AND id = $3 AND delivered_at IS NULL
+WHERE caller_id = $2 AND delivered_at IS NULL AND (id = $3 OR next_attempt_at <= now())
 `
 
 type RetryEventAfterParams struct {
@@ -310,6 +317,9 @@ type RetryEventAfterParams struct {
 	ID           string
 }
 
+// A failed delivery puts off the event, and the caller's other due events
+// with it: an endpoint that fails or hangs is tried again after the
+// backoff, not once for each event waiting for it.
 func (q *Queries) RetryEventAfter(ctx context.Context, db DBTX, arg RetryEventAfterParams) error {
 	_, err := db.Exec(ctx, retryEventAfter, arg.DelaySeconds, arg.CallerID, arg.ID)
 	return err

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -69,9 +70,9 @@ func NewRelay(cfg RelayConfig, pool *pgxpool.Pool, log *slog.Logger) (*Relay, er
 	p.Check(cfg.Interval > 0, "Interval must be positive")
 	p.Check(cfg.Batch >= 1, "Batch must be at least 1")
 	p.Check(cfg.Timeout > 0, "Timeout must be positive")
-	// A batch is delivered one event after another, each within Timeout,
-	// all under the lease taken when the batch was claimed.
-	p.Check(cfg.Lease > time.Duration(max(cfg.Batch, 1))*cfg.Timeout, "Lease must be longer than Batch deliveries of Timeout each")
+	// A batch is delivered at once, each within Timeout, under the lease
+	// taken when the batch was claimed.
+	p.Check(cfg.Lease > cfg.Timeout, "Lease must be longer than Timeout")
 	p.Check(cfg.BackoffBase > 0 && cfg.BackoffCap >= cfg.BackoffBase, "BackoffBase must be positive and BackoffCap at least BackoffBase")
 	if err := p.Err("relay"); err != nil {
 		return nil, err
@@ -102,8 +103,8 @@ type Delivery struct {
 	Data      json.RawMessage `json:"data"`
 }
 
-// RunOnce claims the due events and tries to deliver each once; it returns
-// how many it claimed.
+// RunOnce claims the due events and tries to deliver each once, all at
+// once; it returns how many it claimed.
 func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	// A claim canceled mid-statement could commit without the relay
 	// learning what it took, leaving those events to wait out their lease:
@@ -119,23 +120,15 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, ev := range due {
-		if ev.WebhookUrl == nil && r.cfg.DemoURL == "" {
-			// Nowhere to push it: it waits to be pulled.
-			err = queries.ParkEvent(ctx, r.pool, dbsqlc.ParkEventParams{CallerID: ev.CallerID, ID: ev.ID})
-		} else if failed := r.deliver(ctx, ev); failed != nil {
-			metrics.RelayDeliveries.WithLabelValues("failed").Inc()
-			delay := retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, int(ev.DeliveryAttempts))
-			r.log.InfoContext(ctx, "relay: delivery failed, will retry", "caller", ev.CallerID, "event", ev.ID,
-				"attempt", ev.DeliveryAttempts, "retry_in", delay, "err", failed)
-			err = queries.RetryEventAfter(ctx, r.pool, dbsqlc.RetryEventAfterParams{CallerID: ev.CallerID, ID: ev.ID, DelaySeconds: delay.Seconds()})
-		} else {
-			metrics.RelayDeliveries.WithLabelValues("delivered").Inc()
-			err = queries.MarkEventDelivered(ctx, r.pool, dbsqlc.MarkEventDeliveredParams{CallerID: ev.CallerID, ID: ev.ID})
-		}
-		if err != nil {
-			return len(due), err
-		}
+	// At once: an endpoint that hangs holds up only its own events.
+	errs := make([]error, len(due))
+	var wg sync.WaitGroup
+	for i, ev := range due {
+		wg.Go(func() { errs[i] = r.handle(ctx, ev) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return len(due), err
 	}
 	if len(due) < r.cfg.Batch {
 		// Caught up for now: how far behind is the outbox?
@@ -144,6 +137,23 @@ func (r *Relay) RunOnce(ctx context.Context) (int, error) {
 		}
 	}
 	return len(due), nil
+}
+
+// handle delivers ev once and records how it went.
+func (r *Relay) handle(ctx context.Context, ev dbsqlc.ClaimUndeliveredEventsRow) error {
+	if ev.WebhookUrl == nil && r.cfg.DemoURL == "" {
+		// Nowhere to push it: it waits to be pulled.
+		return queries.ParkEvent(ctx, r.pool, dbsqlc.ParkEventParams{CallerID: ev.CallerID, ID: ev.ID})
+	}
+	if failed := r.deliver(ctx, ev); failed != nil {
+		metrics.RelayDeliveries.WithLabelValues("failed").Inc()
+		delay := retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, int(ev.DeliveryAttempts))
+		r.log.InfoContext(ctx, "relay: delivery failed, will retry", "caller", ev.CallerID, "event", ev.ID,
+			"attempt", ev.DeliveryAttempts, "retry_in", delay, "err", failed)
+		return queries.RetryEventAfter(ctx, r.pool, dbsqlc.RetryEventAfterParams{CallerID: ev.CallerID, ID: ev.ID, DelaySeconds: delay.Seconds()})
+	}
+	metrics.RelayDeliveries.WithLabelValues("delivered").Inc()
+	return queries.MarkEventDelivered(ctx, r.pool, dbsqlc.MarkEventDeliveredParams{CallerID: ev.CallerID, ID: ev.ID})
 }
 
 // tracer makes the relay's spans; the global API's, as everywhere.

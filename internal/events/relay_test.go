@@ -186,10 +186,8 @@ func TestNewRefusesInvalidConfig(t *testing.T) {
 		{"Batch", func(c *events.RelayConfig) { c.Batch = 0 }},
 		{"Interval", func(c *events.RelayConfig) { c.Interval = 0 }},
 		{"Timeout", func(c *events.RelayConfig) { c.Timeout = 0 }},
-		// A batch is delivered under one lease: it must outlast Batch
-		// deliveries of Timeout each, strictly.
-		{"Lease", func(c *events.RelayConfig) { c.Lease = time.Duration(c.Batch) * c.Timeout }},
-		{"Lease", func(c *events.RelayConfig) { c.Batch = 20 }},
+		// A delivery runs under its claim's lease: it must outlast Timeout.
+		{"Lease", func(c *events.RelayConfig) { c.Lease = c.Timeout }},
 		{"BackoffCap", func(c *events.RelayConfig) { c.BackoffBase, c.BackoffCap = time.Second, time.Second-1 }},
 		{"BackoffBase", func(c *events.RelayConfig) { c.BackoffBase = 0 }},
 	} {
@@ -486,4 +484,54 @@ func TestRunReturnsPromptlyWhenCanceled(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestAHangingEndpointDelaysNoOtherCaller: acme's endpoint accepts and never
+// answers, and 30 of its events wait; globex's event, written after them,
+// still reaches its endpoint at once (the contract allows 15 s), since a
+// claim takes every caller's first event before anyone's second and
+// delivers them all at once. acme's endpoint is not tried once per waiting
+// event: after its deliveries time out, its other events wait out the
+// backoff with them.
+func TestAHangingEndpointDelaysNoOtherCaller(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	release := make(chan struct{})
+	var hung atomic.Int32
+	hanging := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hung.Add(1)
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(hanging.Close)
+	t.Cleanup(func() { close(release) })
+	setWebhookURL(t, pool, "acme", hanging.URL)
+	for i := range 30 {
+		recordEvent(t, pool, "acme", events.OrderPaid, map[string]any{"order_id": i})
+	}
+	ep := newEndpoint(t)
+	setWebhookURL(t, pool, "globex", ep.URL)
+	recordEvent(t, pool, "globex", events.OrderPaid, map[string]any{"order_id": "globex's"})
+	cfg := goodConfig()
+	cfg.Batch = 5
+	start := time.Now()
+	cancel, done := runInBackground(newRelay(t, pool, cfg))
+	defer func() { cancel(); <-done }()
+	waitFor(t, "globex's event", func() bool { return len(ep.requests()) == 1 })
+	t.Logf("globex's event arrived after %v", time.Since(start))
+	// The first batch: globex's event and four of acme's, which time out
+	// (5 s); then acme's untried events are put off too (by up to an hour).
+	waitFor(t, "acme's endpoint backing off", func() bool {
+		for _, ev := range outbox(t, pool) {
+			if ev.callerID == "acme" && ev.attempts == 0 && ev.due {
+				return false
+			}
+		}
+		return true
+	})
+	if n := hung.Load(); n != 4 {
+		t.Errorf("acme's endpoint got %d requests; want 4, the first batch's, then nothing until the backoff", n)
+	}
 }
