@@ -106,13 +106,20 @@ WHERE caller_id = @caller_id AND key = @key;
 -- (it abandons those, whatever the operation), and those of the operations
 -- it has a handler for. During a rolling deploy an older replica leaves a
 -- newer operation to the replicas that know it, instead of giving up on it.
-WITH stale AS (
-    SELECT caller_id, id FROM idempotency_keys
+-- Every caller's first record comes before anyone's second, so one caller's
+-- pile of stalled operations does not hold up another's recovery.
+WITH ranked AS (
+    SELECT caller_id, id, next_attempt_at,
+           row_number() OVER (PARTITION BY caller_id ORDER BY next_attempt_at, id) AS place
+    FROM idempotency_keys
     WHERE status = 'in_progress' AND next_attempt_at <= now() AND locked_until <= now()
       AND (recovery_point = 'started' OR operation = ANY(@operations::text[]))
-    ORDER BY next_attempt_at
+), stale AS (
+    SELECT k.caller_id, k.id FROM idempotency_keys k JOIN ranked r ON r.caller_id = k.caller_id AND r.id = k.id
+    WHERE k.status = 'in_progress' AND k.next_attempt_at <= now() AND k.locked_until <= now()
+    ORDER BY r.place, r.next_attempt_at
     LIMIT @max_records
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF k SKIP LOCKED
 )
 UPDATE idempotency_keys k
 SET attempt             = k.attempt + 1,

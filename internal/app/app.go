@@ -170,7 +170,7 @@ func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
 			return err
 		}
 		a.workers = append(a.workers, func(ctx context.Context) {
-			postgres.Poll(ctx, "reconciler", cfg.ReconcilerInterval, 1, a.log, r.RunOnce)
+			postgres.Poll(ctx, "reconciler", cfg.ReconcilerInterval, 5, a.log, r.RunOnce)
 		})
 	}
 	if cfg.Relay {
@@ -201,10 +201,9 @@ func (a *App) Reconciler(backoffBase time.Duration) (*idempotency.Reconciler, er
 	cfg := a.cfg
 	return idempotency.NewReconciler(idempotency.ReconcilerConfig{
 		Interval: cfg.ReconcilerInterval,
-		// One record per claim: a claimed record's lease starts at the
-		// claim, so a batch's last records would run on expired leases.
-		// The loop runs again at once while it finds work, within the budget.
-		Batch:       1,
+		// Up to 5 records at once (their leases start at the claim); the
+		// loop runs again at once while it finds work, within the budget.
+		Batch:       5,
 		MaxRun:      cfg.MaxRun(),
 		MaxAttempts: cfg.ReconcilerMaxAttempts,
 		MaxAge:      cfg.ReconcilerMaxAge,

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -115,14 +116,18 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// At once: each lease started at the claim, and an operation that
+	// hangs holds up only itself.
+	var wg sync.WaitGroup
 	for _, l := range leases {
 		if ctx.Err() != nil {
-			// Stopping: give the rest back, so nobody waits for their leases to run out.
+			// Stopping: give it back, so nobody waits for its lease to run out.
 			l.GiveBack()
 			continue
 		}
-		r.reconcile(ctx, l)
+		wg.Go(func() { r.reconcile(ctx, l) })
 	}
+	wg.Wait()
 	return len(leases), nil
 }
 

@@ -84,14 +84,19 @@ func (f *fixture) reconciler(t *testing.T, maxAttempts int) *idempotency.Reconci
 // is back-dated past that grace, on the database clock.
 func (f *fixture) stalledCharge(t *testing.T, key string) {
 	t.Helper()
+	f.stalledChargeOf(t, "acme", key)
+}
+
+func (f *fixture) stalledChargeOf(t *testing.T, caller, key string) {
+	t.Helper()
 	ctx := context.Background()
-	o, err := orders.Create(ctx, f.pool, "acme", orders.NewOrder{Amount: 100, Currency: "usd"})
+	o, err := orders.Create(ctx, f.pool, caller, orders.NewOrder{Amount: 100, Currency: "usd"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	body := []byte(`{"payment_method":"pm_card_flaky"}`)
 	fp, _ := idempotency.Fingerprint("POST", "/v1/orders/"+o.ID+"/charges", body)
-	req := idempotency.Request{CallerID: "acme", Key: key, Operation: charges.OperationCharge, Method: "POST", Path: "/v1/orders/" + o.ID + "/charges", Fingerprint: fp}
+	req := idempotency.Request{CallerID: caller, Key: key, Operation: charges.OperationCharge, Method: "POST", Path: "/v1/orders/" + o.ID + "/charges", Fingerprint: fp}
 	_, err = f.store.Serve(ctx, f.charges.ChargeOperation(), req, map[string]string{"order_id": o.ID}, body)
 	if !idempotency.IsRetryable(err) {
 		t.Fatalf("the first charge attempt: %v; want a retryable processor failure", err)
@@ -187,6 +192,26 @@ func TestTwoReconcilersFinishEachChargeOnce(t *testing.T) {
 	var paid int
 	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM orders WHERE status = 'paid'`).Scan(&paid); err != nil || paid != n {
 		t.Errorf("%d paid orders (%v); want %d", paid, err, n)
+	}
+}
+
+// One caller's pile of stalled operations does not hold up another's
+// recovery: a scan takes every caller's first record before anyone's
+// second, so globex's charge, stalled after six of acme's, is finished by
+// the first scan of four.
+func TestOneCallersBacklogDoesNotDelayAnother(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	for i := range 6 {
+		f.stalledCharge(t, fmt.Sprintf("acme-%d", i))
+	}
+	f.stalledChargeOf(t, "globex", "globex-0")
+	if n, err := f.reconciler(t, 5).RunOnce(context.Background()); n != 4 || err != nil {
+		t.Fatalf("the first scan claimed %d (%v); want a batch of 4", n, err)
+	}
+	var status string
+	if err := f.pool.QueryRow(context.Background(), `SELECT status FROM idempotency_keys WHERE caller_id = 'globex'`).Scan(&status); err != nil || status != "completed" {
+		t.Errorf("globex's charge after the first scan: %s (%v); want completed", status, err)
 	}
 }
 
