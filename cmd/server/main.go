@@ -29,7 +29,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/net/netutil"
 
 	"github.com/retrysafe/payments/internal/app"
 	"github.com/retrysafe/payments/internal/auth"
@@ -310,8 +309,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		go func() { serveErr <- metricsSrv.Serve(metricsLn) }()
 	}
 	log.Info("listening", "addr", ln.Addr().String(), "url", openURL(ln.Addr()))
-	// At most MaxConnections open at once; the rest wait to be accepted.
-	go func() { serveErr <- srv.Serve(netutil.LimitListener(ln, cfg.MaxConnections)) }()
+	// At most MaxConnections open at once, idle ones closed to make room.
+	slots := newSlots(cfg.MaxConnections, cfg.MaxConnectionsPerAddress)
+	srv.ConnState = slots.track
+	go func() { serveErr <- srv.Serve(slots.listener(ln)) }()
 	// Under the demo's supervisor: say we are serving (so that a crash from
 	// now on is the demo's, not a failure to start), and stop if the
 	// supervisor is gone.

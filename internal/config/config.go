@@ -110,9 +110,13 @@ type Server struct {
 	MaxHeaderBytes int // HTTP_MAX_HEADER_BYTES; Go's server answers more with a 431
 	MaxHeaders     int // HTTP_MAX_HEADERS; more is a 431 problem
 	// MaxConnections (HTTP_MAX_CONNECTIONS) caps this process's open
-	// connections (more wait in the kernel's queue): an idle keep-alive
-	// one costs tens of KiB, so one client could otherwise hold thousands.
-	MaxConnections int
+	// connections: an idle keep-alive one costs tens of KiB, so one client
+	// could otherwise hold thousands. At the cap the one idle longest is
+	// closed; only while all are busy do more wait in the kernel's queue.
+	// One client address (an IPv6 /64) holds at most
+	// MaxConnectionsPerAddress (HTTP_MAX_CONNECTIONS_PER_ADDRESS, a quarter
+	// of the cap by default; behind a proxy, raise it to the cap).
+	MaxConnections, MaxConnectionsPerAddress int
 	// WebhookAllowPrivate (WEBHOOK_ALLOW_PRIVATE; on in DEMO_MODE) allows
 	// loopback and private webhook endpoints. Off, they are refused when
 	// set and when the relay connects: it must not be a way into the network.
@@ -174,6 +178,7 @@ func Load(getenv func(string) string) (Server, error) {
 		MaxConnections:         r.Int("HTTP_MAX_CONNECTIONS", 1000, 1),
 		MetricsAddr:            r.String("METRICS_ADDR", ""),
 	}
+	cfg.MaxConnectionsPerAddress = r.Int("HTTP_MAX_CONNECTIONS_PER_ADDRESS", max(1, cfg.MaxConnections/4), 1)
 	// The demo crashes and moves money for whoever reaches it: it listens
 	// on loopback unless told otherwise.
 	addr := ":8080"
