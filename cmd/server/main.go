@@ -310,9 +310,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	log.Info("listening", "addr", ln.Addr().String(), "url", openURL(ln.Addr()))
 	// At most MaxConnections open at once, idle ones closed to make room.
-	slots := newSlots(cfg.MaxConnections, cfg.MaxConnectionsPerAddress)
+	slots := newSlots(ln, cfg.MaxConnections, cfg.MaxConnectionsPerAddress)
 	srv.ConnState = slots.track
-	go func() { serveErr <- srv.Serve(slots.listener(ln)) }()
+	go func() { serveErr <- srv.Serve(slots) }()
 	// Under the demo's supervisor: say we are serving (so that a crash from
 	// now on is the demo's, not a failure to start), and stop if the
 	// supervisor is gone.

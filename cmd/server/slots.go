@@ -8,12 +8,13 @@ import (
 	"time"
 )
 
-// slots caps the open connections without letting anyone hoard them. At
-// the cap, the connection idle longest is closed to make room (its client
-// reconnects, as after a keep-alive timeout), and no one address holds more
-// than its share. A newcomer waits, in the kernel's queue, only while every
-// connection is serving a request.
+// slots is a listener that caps the open connections without letting
+// anyone hoard them. At the cap, the connection idle longest is closed to
+// make room (its client reconnects, as after a keep-alive timeout), and no
+// one address holds more than its share. A newcomer waits, in the kernel's
+// queue, only while every connection is serving a request.
 type slots struct {
+	net.Listener
 	max, perAddress int
 	mu              sync.Mutex
 	freed           *sync.Cond
@@ -21,78 +22,66 @@ type slots struct {
 }
 
 type slot struct {
-	address   string    // the client's IP (its /64 for IPv6)
+	address   string    // the client's IP, or its IPv6 /64
 	idleSince time.Time // zero while it serves a request
 }
 
-func newSlots(max, perAddress int) *slots {
-	s := &slots{max: max, perAddress: perAddress, open: map[net.Conn]*slot{}}
+func newSlots(ln net.Listener, max, perAddress int) *slots {
+	s := &slots{Listener: ln, max: max, perAddress: perAddress, open: map[net.Conn]*slot{}}
 	s.freed = sync.NewCond(&s.mu)
 	return s
 }
 
-// listener is ln, making room for each connection it accepts.
-func (s *slots) listener(ln net.Listener) net.Listener { return slotListener{ln, s} }
-
-type slotListener struct {
-	net.Listener
-	slots *slots
-}
-
-func (l slotListener) Accept() (net.Conn, error) {
+// Accept makes room for each connection, or closes it when its address
+// holds its share and all of it is busy.
+func (s *slots) Accept() (net.Conn, error) {
 	for {
-		c, err := l.Listener.Accept()
-		if err != nil || l.slots.admit(c) {
+		c, err := s.Listener.Accept()
+		if err != nil || s.admit(c) {
 			return c, err
 		}
-		c.Close() // its address holds its share, all of it busy
+		c.Close()
 	}
 }
 
-// admit makes room for c by closing the connection idle longest (of c's
-// address, when that holds its share), or waits while all are busy. It
-// refuses c when c's address holds its share and all of it is busy.
 func (s *slots) admit(c net.Conn) bool {
-	address := addressOf(c.RemoteAddr())
+	ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+	ip := ap.Addr().Unmap()
+	address := ip.String()
+	if ip.Is6() {
+		address = netip.PrefixFrom(ip, 64).Masked().String() // one host often has a whole /64
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
 		mine := 0
-		var oldest, oldestMine net.Conn
-		for o, sl := range s.open {
-			same := sl.address == address
-			if same {
+		for _, sl := range s.open {
+			if sl.address == address {
 				mine++
 			}
-			if sl.idleSince.IsZero() {
-				continue
-			}
-			if oldest == nil || sl.idleSince.Before(s.open[oldest].idleSince) {
+		}
+		if mine < s.perAddress && len(s.open) < s.max {
+			s.open[c] = &slot{address, time.Now()} // idle until its first request
+			return true
+		}
+		// Over its share, c's address makes room among its own.
+		var oldest net.Conn
+		for o, sl := range s.open {
+			if !sl.idleSince.IsZero() && (mine < s.perAddress || sl.address == address) &&
+				(oldest == nil || sl.idleSince.Before(s.open[oldest].idleSince)) {
 				oldest = o
-			}
-			if same && (oldestMine == nil || sl.idleSince.Before(s.open[oldestMine].idleSince)) {
-				oldestMine = o
 			}
 		}
 		switch {
-		case mine >= s.perAddress && oldestMine == nil:
-			return false
+		case oldest != nil:
+			delete(s.open, oldest)
+			oldest.Close()
 		case mine >= s.perAddress:
-			s.closeIdle(oldestMine)
-		case len(s.open) >= s.max && oldest != nil:
-			s.closeIdle(oldest)
-		case len(s.open) >= s.max:
-			s.freed.Wait()
+			return false
 		default:
-			s.open[c] = &slot{address: address, idleSince: time.Now()} // idle until its first request
-			return true
+			s.freed.Wait()
 		}
 	}
-}
-
-func (s *slots) closeIdle(c net.Conn) {
-	delete(s.open, c)
-	c.Close()
 }
 
 // track is the http.Server's ConnState hook.
@@ -110,18 +99,4 @@ func (s *slots) track(c net.Conn, state http.ConnState) {
 		delete(s.open, c)
 		s.freed.Signal()
 	}
-}
-
-// addressOf is a client's address for its share: its IP, or its /64 for
-// IPv6, which a single host usually has whole.
-func addressOf(a net.Addr) string {
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
-		return a.String()
-	}
-	if ip := ap.Addr().Unmap(); ip.Is4() {
-		return ip.String()
-	}
-	p, _ := ap.Addr().Prefix(64)
-	return p.String()
 }

@@ -28,7 +28,6 @@ import (
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/payouts"
-	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/server"
 )
 
@@ -169,9 +168,7 @@ func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
 		if err != nil {
 			return err
 		}
-		a.workers = append(a.workers, func(ctx context.Context) {
-			postgres.Poll(ctx, "reconciler", cfg.ReconcilerInterval, 5, a.log, r.RunOnce)
-		})
+		a.workers = append(a.workers, r.Run)
 	}
 	if cfg.Relay {
 		r, err := events.NewRelay(events.RelayConfig{
@@ -188,9 +185,7 @@ func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
 		if err != nil {
 			return err
 		}
-		a.workers = append(a.workers, func(ctx context.Context) {
-			postgres.Poll(ctx, "relay", cfg.RelayInterval, 16, a.log, r.RunOnce)
-		})
+		a.workers = append(a.workers, r.Run)
 	}
 	return nil
 }

@@ -1,13 +1,11 @@
 package processor
 
 import (
-	"cmp"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
-	"time"
+
+	"github.com/retrysafe/payments/internal/config"
 )
 
 // LoadConfig reads a Config from the environment through getenv, reporting
@@ -27,60 +25,25 @@ import (
 //	CHAOS_DUPLICATE_WEBHOOK_RATE   0..1, event delivered twice
 //	CHAOS_SEED                     seeds the random source (unset: random)
 func LoadConfig(getenv func(string) string) (Config, error) {
-	var errs []error
-	str := func(name string) string { return strings.TrimSpace(getenv(name)) }
-	integer := func(name string, least int, dst *int) {
-		if v := str(name); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < least {
-				errs = append(errs, fmt.Errorf("%s=%q: want an integer >= %d", name, v, least))
-				return
-			}
-			*dst = n
-		}
+	r := config.NewReader(getenv) // the server's reader: one way to read the environment
+	cfg := Config{Addr: r.String("PROCESSOR_ADDR", ":8081"), WebhookURL: r.String("WEBHOOK_URL", ""),
+		WebhookSecret: []byte(r.String("WEBHOOK_SECRET", DefaultWebhookSecret)),
+		// A zero is New's default.
+		WebhookMaxAttempts: r.Int("WEBHOOK_MAX_ATTEMPTS", 0, 1), FlakyFailures: r.Int("PROCESSOR_FLAKY_FAILURES", 0, 1),
+		TimeoutHold: r.Duration("PROCESSOR_TIMEOUT_HOLD", 0), PayoutDelay: r.Duration("PROCESSOR_PAYOUT_DELAY", 0),
+		KeyRetention: r.Duration("PROCESSOR_KEY_RETENTION", 0),
+		Chaos: Chaos{LatencyMS: r.Int("CHAOS_LATENCY_MS", 0, 0), ErrorRate: r.Float("CHAOS_ERROR_RATE", 0),
+			TimeoutRate: r.Float("CHAOS_TIMEOUT_RATE", 0), DuplicateWebhookRate: r.Float("CHAOS_DUPLICATE_WEBHOOK_RATE", 0)},
 	}
-	rate := func(name string, dst *float64) {
-		if v := str(name); v != "" {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(f >= 0 && f <= 1) {
-				errs = append(errs, fmt.Errorf("%s=%q: want a probability from 0 to 1", name, v))
-				return
-			}
-			*dst = f
-		}
-	}
-	duration := func(name, example string, dst *time.Duration) {
-		if v := str(name); v != "" {
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				errs = append(errs, fmt.Errorf("%s=%q: want a positive Go duration such as %s", name, v, example))
-			}
-			*dst = d
-		}
-	}
-
-	cfg := Config{Addr: cmp.Or(str("PROCESSOR_ADDR"), ":8081"), WebhookURL: str("WEBHOOK_URL")}
-	cfg.WebhookSecret = []byte(cmp.Or(str("WEBHOOK_SECRET"), DefaultWebhookSecret))
-	integer("WEBHOOK_MAX_ATTEMPTS", 1, &cfg.WebhookMaxAttempts)
-	integer("PROCESSOR_FLAKY_FAILURES", 1, &cfg.FlakyFailures)
-	duration("PROCESSOR_TIMEOUT_HOLD", "30s", &cfg.TimeoutHold)
-	duration("PROCESSOR_PAYOUT_DELAY", "2s", &cfg.PayoutDelay)
-	duration("PROCESSOR_KEY_RETENTION", "24h", &cfg.KeyRetention)
-	integer("CHAOS_LATENCY_MS", 0, &cfg.Chaos.LatencyMS)
-	rate("CHAOS_ERROR_RATE", &cfg.Chaos.ErrorRate)
-	rate("CHAOS_TIMEOUT_RATE", &cfg.Chaos.TimeoutRate)
-	rate("CHAOS_DUPLICATE_WEBHOOK_RATE", &cfg.Chaos.DuplicateWebhookRate)
-	if v := str("CHAOS_SEED"); v != "" {
+	if v := r.String("CHAOS_SEED", ""); v != "" {
 		seed, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("CHAOS_SEED=%q: want an unsigned integer", v))
-		}
+		r.Check(err == nil, "CHAOS_SEED=%q: want an unsigned integer", v)
 		cfg.Rand = rand.New(rand.NewPCG(seed, seed)) // #nosec G404 -- the fake's chaos draws: reproducible by design
 	}
-	// New checks what the parsers cannot (the URL's shape, the latency
-	// bound): check it here too, so it surfaces before the listener opens.
-	if err := errors.Join(errs...); err != nil {
-		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)
+	// New checks what the reader cannot (the URL's shape, rates above 1):
+	// check it here too, so it surfaces before the listener opens.
+	if err := r.Err(); err != nil {
+		return Config{}, err
 	}
 	if err := cfg.validate(); err != nil {
 		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)
