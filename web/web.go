@@ -14,3 +14,8 @@ import "embed"
 //
 //go:embed index.html style.css app.js docs/index.html docs/redoc.standalone.js docs/redoc.LICENSE
 var Files embed.FS
+
+// GuideTemplate is the page around each doc at /guide/ (internal/server).
+//
+//go:embed guide.html
+var GuideTemplate string

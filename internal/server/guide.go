@@ -22,6 +22,7 @@ import (
 	"github.com/yuin/goldmark/util"
 
 	"github.com/retrysafe/payments/docs"
+	"github.com/retrysafe/payments/web"
 )
 
 // The guide: the docs, rendered at /guide/<name> for the demo page's
@@ -151,28 +152,7 @@ func (g *githubIDs) Generate(value []byte, _ ast.NodeKind) []byte {
 
 func (g *githubIDs) Put(value []byte) { g.used[string(value)] = true }
 
-var guideTemplate = template.Must(template.New("guide").Parse(`<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{{.Page.Title}}</title>
-<link rel="icon" href="data:,">
-<link rel="stylesheet" href="/style.css">
-</head>
-<body class="guide">
-<header>
-<nav aria-label="Guide"><a href="/">The demo</a> · <a href="/guide/">The guide</a> · <a href="/docs/">The API reference</a></nav>
-</header>
-<main>
-{{if .Index}}<h1>The guide</h1>
-<p>The documentation of this repository, as written there. File names in code (<code>internal/idempotency/store.go</code>) are files of the repository; this server does not serve the source.</p>
-<ul>{{range .Index}}<li><a href="{{.Name}}">{{.Title}}</a></li>{{end}}</ul>
-{{else}}{{.Page.Body}}{{end}}
-</main>
-</body>
-</html>
-`))
+var guideTemplate = template.Must(template.New("guide").Parse(web.GuideTemplate))
 
 func (s *Server) registerGuide(e *echo.Echo) {
 	render := func(c echo.Context, data any) error {
