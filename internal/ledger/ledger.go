@@ -1,28 +1,17 @@
 // Package ledger moves money as immutable entries, written in the
-// transactions that move it, and derives each caller's balance from them
-// (migration 0026). It owns the ledger_entries and ledger_checkpoints
-// tables.
-//
-// An entry moves an amount from one of the caller's accounts to another,
-// so every movement sums to zero:
+// transactions that move it, and derives each caller's balance from them.
+// It owns ledger_entries and ledger_checkpoints (migration 0026). Each
+// entry moves an amount between two of the caller's accounts:
 //
 //	a charge succeeds          Credit    processor -> available
 //	a refund or payout starts  Debit     available -> pending
 //	it succeeds                Settle    pending   -> processor
 //	it fails                   Restore   pending   -> available
 //
-// Why credits never queue: Credit, Settle and Restore only INSERT, and
-// nothing else of the caller's is locked by them; a merchant's charges run
-// side by side. (A counter row per caller that every charge updated made
-// them wait on each other: the hot-account problem.)
-//
-// Why no debit overdraws: Debit is one statement, ledger_debit, that locks
-// the caller's checkpoint row for the currency, reads the balance in a
-// snapshot taken after the lock, refuses if it does not cover the amount,
-// and inserts the entry. The lock is held to the end of the transaction,
-// so the next debit waits, then sees this one. Only debits take it, and
-// each for as long as its transaction has left after the debit: send it
-// last.
+// Credits only insert, so no charge waits for another. A debit locks the
+// caller's checkpoint row, reads the balance after the lock and inserts
+// (ledger_debit), so the next one waits and sees it; send it last, as it
+// holds the lock to the commit. docs/design.md ("The ledger") says more.
 package ledger
 
 import (
