@@ -110,12 +110,9 @@ type Server struct {
 	MaxHeaderBytes int // HTTP_MAX_HEADER_BYTES; Go's server answers more with a 431
 	MaxHeaders     int // HTTP_MAX_HEADERS; more is a 431 problem
 	// MaxConnections (HTTP_MAX_CONNECTIONS) caps this process's open
-	// connections: an idle keep-alive one costs tens of KiB, so one client
-	// could otherwise hold thousands. At the cap the one idle longest is
-	// closed; only while all are busy do more wait in the kernel's queue.
-	// One client address (an IPv6 /64) holds at most
-	// MaxConnectionsPerAddress (HTTP_MAX_CONNECTIONS_PER_ADDRESS, a quarter
-	// of the cap by default; behind a proxy, raise it to the cap).
+	// connections (an idle one costs tens of KiB), closing the one idle
+	// longest at the cap; one address holds at most MaxConnectionsPerAddress
+	// (HTTP_MAX_CONNECTIONS_PER_ADDRESS: a quarter; the cap behind a proxy).
 	MaxConnections, MaxConnectionsPerAddress int
 	// WebhookAllowPrivate (WEBHOOK_ALLOW_PRIVATE; on in DEMO_MODE) allows
 	// loopback and private webhook endpoints. Off, they are refused when

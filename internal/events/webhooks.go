@@ -55,8 +55,8 @@ func CheckWebhookURL(ctx context.Context, raw string, allowPrivate bool) error {
 	return nil
 }
 
-// Redact is a webhook URL as shown and logged: without its query string
-// and fragment, where a receiver may keep a token.
+// Redact is a webhook URL as shown and logged: without its query, where a
+// receiver may keep a token.
 func Redact(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {

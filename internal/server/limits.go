@@ -72,11 +72,10 @@ func sameOrigin(allowed []string) (echo.MiddlewareFunc, error) {
 	}, nil
 }
 
-// ownHost refuses (403, before anything is read) a request for a host name
-// the demo does not have. After DNS rebinding, an attacker's page reaches
-// the demo on 127.0.0.1 as same-origin, but its requests still name the
-// attacker's host. An address cannot be rebound, so any IP is ours, as are
-// localhost and HTTP_ADDR's host.
+// ownHost refuses (403) the demo's requests for a host it does not have:
+// after DNS rebinding an attacker's page is same-origin with 127.0.0.1, but
+// names its own host. Any IP (it cannot be rebound), localhost and
+// HTTP_ADDR's host pass.
 func ownHost(httpAddr string) echo.MiddlewareFunc {
 	configured, _, _ := net.SplitHostPort(httpAddr)
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
