@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"runtime/debug"
 	"time"
@@ -70,10 +71,16 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 	// outcome, under the same downstream key) and its next phase refused.
 	work, cancelWork := context.WithCancel(ctx)
 	stopHeartbeat := lease.heartbeat(work, cancelWork)
-	err := runHandler(work, h, lease)
+	err := func() (err error) {
+		defer recoverPanic("handler", &err)
+		return h(work, lease)
+	}()
 	stopHeartbeat()
 	cancelWork()
 	rec := lease.record
+	log := func(level slog.Level, msg string, err error) {
+		s.log.Log(ctx, level, msg, "err", err, "caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
+	}
 	switch {
 	case err == nil && lease.response != nil:
 		return lease.response, nil
@@ -81,14 +88,12 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 		// Fenced out (its last phase rolled back), or a renewal found the
 		// lease lost, whatever the handler's error says about the call it
 		// was cut off in. Rare, and a sign of a stalled owner: logged.
-		s.log.WarnContext(ctx, "keyed operation's owner lost its lease", "err", err,
-			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
+		log(slog.LevelWarn, "keyed operation's owner lost its lease", err)
 		return s.current(ctx, lease.record)
 	case err == nil:
 		err = fmt.Errorf("idempotency: handler for %s %s returned without a response", rec.RequestMethod, rec.RequestPath)
 	case errors.Is(err, ErrSetAside):
-		s.log.ErrorContext(ctx, "keyed operation set aside for an operator (dead)", "err", err,
-			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
+		log(slog.LevelError, "keyed operation set aside for an operator (dead)", err)
 		buryCtx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
 		switch berr := lease.Bury(buryCtx); {
@@ -102,13 +107,11 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 		metrics.DeadLetters.WithLabelValues(metrics.DeadLetterOperation).Inc()
 		return nil, dead()
 	case IsRetryable(err):
-		s.log.WarnContext(ctx, "keyed operation left resumable", "err", err,
-			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
+		log(slog.LevelWarn, "keyed operation left resumable", err)
 		s.release(lease, reconcileAfter)
 		return nil, err
 	case !errors.As(err, new(*problem.Error)) && rec.RecoveryPoint != RecoveryStarted:
-		s.log.ErrorContext(ctx, "keyed operation failed after its first phase; left resumable, not final", "err", err,
-			"caller", rec.CallerID, "path", rec.RequestPath, "recovery_point", rec.RecoveryPoint, "attempt", rec.Attempt)
+		log(slog.LevelError, "keyed operation failed after its first phase; left resumable, not final", err)
 		s.release(lease, reconcileAfter)
 		return nil, errors.Join(resumable("now"), err)
 	}
@@ -172,11 +175,6 @@ func recoverPanic(what string, err *error) {
 	if r := recover(); r != nil {
 		*err = fmt.Errorf("%s panic: %v\n%s", what, r, debug.Stack())
 	}
-}
-
-func runHandler(ctx context.Context, h Handler, l *Lease) (err error) {
-	defer recoverPanic("handler", &err)
-	return h(ctx, l)
 }
 
 // release gives the lease up now, for a client's retry, and schedules the
