@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -75,12 +76,7 @@ func isPublic(a netip.Addr) bool {
 	if !a.IsGlobalUnicast() || (a.Is6() && !globalUnicast6.Contains(a)) {
 		return false
 	}
-	for _, p := range notGlobal {
-		if p.Contains(a) {
-			return false
-		}
-	}
-	return true
+	return !slices.ContainsFunc(notGlobal, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
 var (

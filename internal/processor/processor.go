@@ -15,8 +15,7 @@
 //	POST /v1/payouts       start a payout to a test bank account (Idempotency-Key required)
 //	GET  /v1/payouts/{id}  a payout as it is now (in_transit, then paid or failed)
 //	GET  /v1/ledger        every effect, in order (?idempotency_key= filters)
-//	GET  /admin/chaos      the chaos settings
-//	PUT  /admin/chaos      replace the chaos settings
+//	GET, PUT /admin/chaos  the chaos settings, read or replaced
 //	GET  /healthz          200 while serving
 //
 // State lives in memory. Run it as its own process (cmd/processor) when the
@@ -75,9 +74,8 @@ type Config struct {
 
 	// Chaos is the initial fault injection; PUT /admin/chaos replaces it.
 	Chaos Chaos
-	// NoAdmin serves neither /admin/chaos nor GET /v1/ledger (every
-	// caller's charges): the in-process processor outside the demo, where
-	// any local process could reach them.
+	// NoAdmin serves neither /admin/chaos nor GET /v1/ledger: the
+	// in-process processor outside the demo, which any local process reaches.
 	NoAdmin bool
 	// Rand is the source of every random choice, so a seeded one makes a
 	// run repeatable (default: randomly seeded). The Server owns it.
