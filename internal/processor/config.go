@@ -26,21 +26,26 @@ import (
 //	CHAOS_SEED                     seeds the random source (unset: random)
 func LoadConfig(getenv func(string) string) (Config, error) {
 	r := config.NewReader(getenv) // the server's reader: one way to read the environment
+	rate := func(name string) float64 {
+		v := r.Float(name, 0)
+		r.Check(v <= 1, "%s=%v: want a probability from 0 to 1", name, v)
+		return v
+	}
 	cfg := Config{Addr: r.String("PROCESSOR_ADDR", ":8081"), WebhookURL: r.String("WEBHOOK_URL", ""),
 		WebhookSecret: []byte(r.String("WEBHOOK_SECRET", DefaultWebhookSecret)),
 		// A zero is New's default.
 		WebhookMaxAttempts: r.Int("WEBHOOK_MAX_ATTEMPTS", 0, 1), FlakyFailures: r.Int("PROCESSOR_FLAKY_FAILURES", 0, 1),
 		TimeoutHold: r.Duration("PROCESSOR_TIMEOUT_HOLD", 0), PayoutDelay: r.Duration("PROCESSOR_PAYOUT_DELAY", 0),
 		KeyRetention: r.Duration("PROCESSOR_KEY_RETENTION", 0),
-		Chaos: Chaos{LatencyMS: r.Int("CHAOS_LATENCY_MS", 0, 0), ErrorRate: r.Float("CHAOS_ERROR_RATE", 0),
-			TimeoutRate: r.Float("CHAOS_TIMEOUT_RATE", 0), DuplicateWebhookRate: r.Float("CHAOS_DUPLICATE_WEBHOOK_RATE", 0)},
+		Chaos: Chaos{LatencyMS: r.Int("CHAOS_LATENCY_MS", 0, 0), ErrorRate: rate("CHAOS_ERROR_RATE"),
+			TimeoutRate: rate("CHAOS_TIMEOUT_RATE"), DuplicateWebhookRate: rate("CHAOS_DUPLICATE_WEBHOOK_RATE")},
 	}
 	if v := r.String("CHAOS_SEED", ""); v != "" {
 		seed, err := strconv.ParseUint(v, 10, 64)
 		r.Check(err == nil, "CHAOS_SEED=%q: want an unsigned integer", v)
 		cfg.Rand = rand.New(rand.NewPCG(seed, seed)) // #nosec G404 -- the fake's chaos draws: reproducible by design
 	}
-	// New checks what the reader cannot (the URL's shape, rates above 1):
+	// New checks what the reader cannot (the URL's shape, the latency bound):
 	// check it here too, so it surfaces before the listener opens.
 	if err := r.Err(); err != nil {
 		return Config{}, err

@@ -36,6 +36,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+
+	"github.com/retrysafe/payments/internal/config"
 )
 
 // Config configures a Server. The zero value is usable: no webhooks, no
@@ -121,40 +123,27 @@ func orDefault[T comparable](v *T, def T) {
 }
 
 func (cfg Config) validate() error {
-	var errs []error
-	if cfg.WebhookURL != "" {
-		u, err := url.Parse(cfg.WebhookURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			errs = append(errs, fmt.Errorf("webhook URL %q: want an absolute http(s) URL", cfg.WebhookURL))
-		}
-	}
-	if cfg.WebhookMaxAttempts < 0 || cfg.FlakyFailures < 0 {
-		errs = append(errs, errors.New("webhook max attempts and flaky failures must not be negative"))
-	}
-	if cfg.WebhookBackoffBase < 0 || cfg.WebhookBackoffCap < 0 || cfg.WebhookTimeout < 0 || cfg.TimeoutHold < 0 || cfg.PayoutDelay < 0 || cfg.KeyRetention < 0 {
-		errs = append(errs, errors.New("durations must not be negative"))
-	}
-	errs = append(errs, cfg.Chaos.validate()) // Join drops it if nil
-	return errors.Join(errs...)
+	var p config.Problems
+	u, err := url.Parse(cfg.WebhookURL)
+	p.Check(cfg.WebhookURL == "" || err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "",
+		"webhook URL %q: want an absolute http(s) URL", cfg.WebhookURL)
+	p.Check(cfg.WebhookMaxAttempts >= 0 && cfg.FlakyFailures >= 0, "webhook max attempts and flaky failures must not be negative")
+	p.Check(min(cfg.WebhookBackoffBase, cfg.WebhookBackoffCap, cfg.WebhookTimeout, cfg.TimeoutHold, cfg.PayoutDelay, cfg.KeyRetention) >= 0,
+		"durations must not be negative")
+	return errors.Join(p.Err("processor"), cfg.Chaos.validate())
 }
 
 func (c Chaos) validate() error {
-	var errs []error
-	if c.LatencyMS < 0 || c.LatencyMS > 600_000 {
-		errs = append(errs, fmt.Errorf("latency_ms %d: want 0..600000", c.LatencyMS))
+	var p config.Problems
+	p.Check(c.LatencyMS >= 0 && c.LatencyMS <= 600_000, "latency_ms %d: want 0..600000", c.LatencyMS)
+	p.Check(c.ErrorRetryAfter >= 0 && c.ErrorRetryAfter <= 86_400, "error_retry_after %d: want 0..86400 seconds", c.ErrorRetryAfter)
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"error_rate", c.ErrorRate}, {"timeout_rate", c.TimeoutRate}, {"duplicate_webhook_rate", c.DuplicateWebhookRate}} {
+		p.Check(r.v >= 0 && r.v <= 1, "%s %v: want 0..1", r.name, r.v) // written so that NaN fails too
 	}
-	if c.ErrorRetryAfter < 0 || c.ErrorRetryAfter > 86_400 {
-		errs = append(errs, fmt.Errorf("error_retry_after %d: want 0..86400 seconds", c.ErrorRetryAfter))
-	}
-	rate := func(name string, v float64) {
-		if !(v >= 0 && v <= 1) { // written so that NaN fails too
-			errs = append(errs, fmt.Errorf("%s %v: want 0..1", name, v))
-		}
-	}
-	rate("error_rate", c.ErrorRate)
-	rate("timeout_rate", c.TimeoutRate)
-	rate("duplicate_webhook_rate", c.DuplicateWebhookRate)
-	return errors.Join(errs...)
+	return p.Err("chaos")
 }
 
 // Server is the fake processor. It is an http.Handler; serve it with any
