@@ -19,9 +19,25 @@ func Fingerprint(method, path string, body []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return fingerprint(method, path, canonical), nil
+}
+
+// FingerprintOf is Fingerprint of a body already decoded by DecodeJSON and
+// checked by ijson.Check, so that the server parses a body once for its
+// validation and its fingerprint. A nil doc is the empty body.
+func FingerprintOf(method, path string, doc *any) ([]byte, error) {
+	canonical, err := canonicalOf(doc)
+	if err != nil {
+		return nil, err
+	}
+	return fingerprint(method, path, canonical), nil
+}
+
+func fingerprint(method, path string, canonical []byte) []byte {
 	// NUL separators keep ("POST", "/a") and ("POS", "T/a") apart.
-	sum := sha256.Sum256(append([]byte(method+"\x00"+path+"\x00"), canonical...))
-	return sum[:], nil
+	data := append([]byte(method+"\x00"+path+"\x00"), canonical...)
+	sum := sha256.Sum256(data)
+	return sum[:]
 }
 
 // ErrTrailingData is DecodeJSON's error for data after the JSON document.
@@ -32,7 +48,7 @@ var ErrTrailingData = errors.New("unexpected data after the JSON document")
 // Data after the document returns it and ErrTrailingData: the request
 // validator reads only the first document (as kin-openapi's decoder does),
 // the fingerprint refuses the body. It does not run ijson.Check: callers
-// must, as Fingerprint does.
+// must, or use Fingerprint.
 func DecodeJSON(body []byte) (*any, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, nil
@@ -66,7 +82,15 @@ func CanonicalJSON(body []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	// encoding/json writes map keys sorted: the whole trick.
+	return canonicalOf(doc)
+}
+
+// canonicalOf is encoding/json's encoding of a decoded document, without
+// HTML escaping (map keys come out sorted, the whole trick); nil is empty.
+func canonicalOf(doc *any) ([]byte, error) {
+	if doc == nil {
+		return nil, nil
+	}
 	var out bytes.Buffer
 	enc := json.NewEncoder(&out)
 	enc.SetEscapeHTML(false)

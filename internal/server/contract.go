@@ -114,6 +114,7 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		if err := checkJSON(body); err != nil {
 			return err
 		}
+		// Decoded once, for validation and fingerprint alike.
 		doc, decodeErr := idempotency.DecodeJSON(body)
 		input := &openapi3filter.RequestValidationInput{Request: req, PathParams: pathParams, Route: r.route}
 		if err := s.validateRequest(ctx, input, body, doc, decodeErr); err != nil {
@@ -122,10 +123,14 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 		// The validator may have consumed the body.
 		req.Body = io.NopCloser(bytes.NewReader(body))
 
-		// 4. Fingerprint the request for the handler's claim (it refuses
-		// data after the JSON document, which the validator does not read).
+		// 4. Fingerprint the request for the handler's claim (checkJSON
+		// was the fingerprint's I-JSON check too).
 		if r.keyed {
-			fp, err := idempotency.Fingerprint(req.Method, req.URL.Path, body)
+			err := decodeErr // data after the JSON document (ErrTrailingData), which the validator does not read
+			var fp []byte
+			if err == nil {
+				fp, err = idempotency.FingerprintOf(req.Method, req.URL.Path, doc)
+			}
 			if err != nil {
 				return problem.New(problem.InvalidRequest, "the body is not valid JSON: %v", err)
 			}
