@@ -1,22 +1,9 @@
 // Command paycli drives the payments API through the retry-safe client
 // (package client), for demos and scripts. It prints the API's answer as
-// indented JSON on stdout.
-//
-//	paycli order  --amount 1999 [--currency usd] [--description "…"]
-//	paycli charge --order ord_… [--payment-method pm_card_flaky]
-//	paycli refund --charge ch_… [--amount 500]
-//	paycli payout --amount 1500 [--currency usd] [--destination ba_test_ok] [--wait=false]
-//	paycli balance
-//	paycli key    --key <idempotency key>
-//
-// Every command also takes the common flags: --url (default $PAYMENTS_URL,
-// else http://localhost:8080), --api-key (default $PAYMENTS_API_KEY, else
-// sk_test_acme), --idempotency-key to retry a logical operation you started
-// before, and -v to print every attempt with its key, status and wait.
-// Flags go after the command, with one or two dashes.
-//
-//	paycli help                 the commands and the common flags
-//	paycli help refund          refund's flags (or: paycli refund --help)
+// indented JSON on stdout. `paycli help` lists the commands (the table
+// below) and the flags they all take: --url, --api-key, --idempotency-key
+// to retry a logical operation you started before, and -v to print every
+// attempt with its key, status and wait; `paycli help refund`, refund's.
 //
 // Why the standard library's flag package and not cobra: six commands fit
 // in one table (commands, below) with a flag.FlagSet each, readable top to

@@ -8,11 +8,10 @@ import (
 	"time"
 )
 
-// slots is a listener that caps the open connections without letting
-// anyone hoard them. At the cap, the connection idle longest is closed to
-// make room (its client reconnects, as after a keep-alive timeout), and no
-// one address holds more than its share. A newcomer waits, in the kernel's
-// queue, only while every connection is serving a request.
+// slots is a listener that caps the open connections, closing the one idle
+// longest to make room (its client reconnects, as after a keep-alive
+// timeout); no one address holds more than its share. A newcomer waits, in
+// the kernel's queue, only while every connection serves a request.
 type slots struct {
 	net.Listener
 	max, perAddress int

@@ -1,6 +1,10 @@
 -- name: CreatePayout :one
+-- No row when an earlier payout of the caller has the downstream key: the
+-- caller tries the key's next generation (cardprocessor.NewDownstreamKey).
+-- Only a payout can have a payout's key, which hashes the request's path.
 INSERT INTO payouts (caller_id, id, amount, currency, destination, downstream_key)
-VALUES (@caller_id, @id, @amount, @currency, @destination, @downstream_key)
+SELECT @caller_id, @id, @amount, @currency, @destination, @downstream_key
+WHERE NOT EXISTS (SELECT 1 FROM payouts WHERE caller_id = @caller_id AND downstream_key = @downstream_key)
 RETURNING *;
 
 -- name: GetPayout :one

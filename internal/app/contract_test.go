@@ -393,7 +393,7 @@ func (ts *testServer) expire(t *testing.T, key string) {
 // operation too, with an effect of its own at the processor. Downstream
 // keys are derived from the caller, the key and the request, which are
 // the same here; the new operation finds the first one's key taken and
-// takes the next generation (cardprocessor.NewDownstreamKey), so it neither
+// takes the next generation (CreatePayout), so it neither
 // collides with the old payout's row nor replays its transfer.
 func TestSameRequestAfterRetentionIsANewEffect(t *testing.T) {
 	t.Parallel()

@@ -12,7 +12,8 @@ import (
 
 const createPayout = `-- name: CreatePayout :one
 INSERT INTO payouts (caller_id, id, amount, currency, destination, downstream_key)
-VALUES ($1, $2, $3, $4, $5, $6)
+SELECT $1, $2, $3, $4, $5, $6
+WHERE NOT EXISTS (SELECT 1 FROM payouts WHERE caller_id = $1 AND downstream_key = $6)
 RETURNING caller_id, id, idempotency_key_id, amount, currency, destination, status, failure_code, downstream_key, processor_payout_id, arrives_at, created_at, updated_at
 `
 
@@ -25,6 +26,9 @@ type CreatePayoutParams struct {
 	DownstreamKey string
 }
 
+// No row when an earlier payout of the caller has the downstream key: the
+// caller tries the key's next generation (cardprocessor.NewDownstreamKey).
+// Only a payout can have a payout's key, which hashes the request's path.
 func (q *Queries) CreatePayout(ctx context.Context, db DBTX, arg CreatePayoutParams) (Payout, error) {
 	row := db.QueryRow(ctx, createPayout,
 		arg.CallerID,

@@ -70,8 +70,7 @@ func NewRelay(cfg RelayConfig, pool *pgxpool.Pool, log *slog.Logger) (*Relay, er
 	p.Check(cfg.Interval > 0, "Interval must be positive")
 	p.Check(cfg.Batch >= 1, "Batch must be at least 1")
 	p.Check(cfg.Timeout > 0, "Timeout must be positive")
-	// A batch is delivered at once, each within Timeout, under the lease
-	// taken when the batch was claimed.
+	// A batch is delivered at once, under the lease taken at its claim.
 	p.Check(cfg.Lease > cfg.Timeout, "Lease must be longer than Timeout")
 	p.Check(cfg.BackoffBase > 0 && cfg.BackoffCap >= cfg.BackoffBase, "BackoffBase must be positive and BackoffCap at least BackoffBase")
 	if err := p.Err("relay"); err != nil {

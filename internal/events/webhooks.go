@@ -67,10 +67,9 @@ func Redact(raw string) string {
 	return u.String()
 }
 
-// isPublic says whether a is an address on the internet at large: IPv6 in
-// 2000::/3 (the rest is not global unicast), and nothing the IANA
-// special-purpose registries mark as not globally reachable, nor a range
-// that embeds an IPv4 address (6to4, Teredo, NAT64; outside 2000::/3 too).
+// isPublic says whether a is on the internet at large: IPv6 in 2000::/3, and
+// nothing the IANA special-purpose registries mark as not globally
+// reachable, nor 6to4 or Teredo (which embed an IPv4 address, as NAT64 does).
 func isPublic(a netip.Addr) bool {
 	a = a.Unmap()
 	if !a.IsGlobalUnicast() || (a.Is6() && !globalUnicast6.Contains(a)) {

@@ -116,8 +116,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	// At once: each lease started at the claim, and an operation that
-	// hangs holds up only itself.
+	// At once: each lease started at the claim; a hang holds up only itself.
 	var wg sync.WaitGroup
 	for _, l := range leases {
 		if ctx.Err() != nil {

@@ -131,14 +131,16 @@ func (s *Service) accept(ctx context.Context, tx pgx.Tx, in idempotency.Input[Re
 	if req.Destination == "" {
 		req.Destination = DefaultDestination
 	}
-	// Derived from the request, not the row (cardprocessor.DownstreamKey): a
-	// retry after a failover that lost this transaction gets the same transfer.
-	downstreamKey, err := cardprocessor.NewDownstreamKey(ctx, tx, in.CallerID, in.Key, in.Fingerprint)
-	if err != nil {
-		return nil, err
+	// Its downstream key is derived from the request, not the row
+	// (cardprocessor.DownstreamKey): a retry after a failover that lost this
+	// transaction gets the same transfer. The insert checks it is free.
+	var po dbsqlc.Payout
+	err := pgx.ErrNoRows
+	for generation := 0; postgres.IsNotFound(err); generation++ {
+		po, err = queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{CallerID: in.CallerID, ID: postgres.NewID(postgres.PrefixPayout),
+			Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
+			DownstreamKey: cardprocessor.DownstreamKey(in.CallerID, in.Key, in.Fingerprint, generation)})
 	}
-	po, err := queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{CallerID: in.CallerID, ID: postgres.NewID(postgres.PrefixPayout),
-		Amount: req.Amount, Currency: req.Currency, Destination: req.Destination, DownstreamKey: downstreamKey})
 	if err != nil {
 		return nil, err
 	}

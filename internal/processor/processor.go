@@ -8,15 +8,9 @@
 // random, and it delivers signed webhooks at least once. Its ledger lists
 // every effect, so a test can show that retries made exactly one charge.
 //
-// Routes:
-//
-//	POST /v1/charges       create a charge (Idempotency-Key required)
-//	POST /v1/refunds       refund part or all of a charge (Idempotency-Key required)
-//	POST /v1/payouts       start a payout to a test bank account (Idempotency-Key required)
-//	GET  /v1/payouts/{id}  a payout as it is now (in_transit, then paid or failed)
-//	GET  /v1/ledger        every effect, in order (?idempotency_key= filters)
-//	GET, PUT /admin/chaos  the chaos settings, read or replaced
-//	GET  /healthz          200 while serving
+// Its routes (routes, below): POST /v1/charges, /v1/refunds and /v1/payouts,
+// each under an Idempotency-Key; GET /v1/payouts/{id}; GET /v1/ledger,
+// every effect; GET and PUT /admin/chaos; GET /healthz.
 //
 // State lives in memory. Run it as its own process (cmd/processor) when the
 // state must outlive restarts of the payments server.

@@ -72,10 +72,9 @@ func sameOrigin(allowed []string) (echo.MiddlewareFunc, error) {
 	}, nil
 }
 
-// ownHost refuses (403) the demo's requests for a host it does not have:
-// after DNS rebinding an attacker's page is same-origin with 127.0.0.1, but
-// names its own host. Any IP (it cannot be rebound), localhost and
-// HTTP_ADDR's host pass.
+// ownHost refuses (403) the demo's requests for a host it does not have: a
+// page whose name was rebound to 127.0.0.1 is same-origin but names its own
+// host. Any IP (it cannot be rebound), localhost and HTTP_ADDR's host pass.
 func ownHost(httpAddr string) echo.MiddlewareFunc {
 	configured, _, _ := net.SplitHostPort(httpAddr)
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
