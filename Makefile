@@ -95,7 +95,8 @@ check-fast: check-generated check-vet check-staticcheck check-gosec
 # tests, so they need PostgreSQL too).
 check-static: check-generated check-docs-ui check-spec check-vet check-staticcheck check-gosec check-docs check-walkthrough check-model check-fuzz check-rename
 
-# Regenerate the committed code: oapi-codegen (api/openapi.yaml ->
+# Regenerate the committed code, after checking (before writing anything)
+# that each query file has one package calling it: oapi-codegen (api/openapi.yaml ->
 # internal/apigen and client/apiclient), River's migrations (the River in
 # go.mod -> db/migrations/*_river_*, see internal/postgres/river.go) and sqlc
 # (db/ -> internal/dbsqlc). The tools are pinned in tools/go.mod, apart
@@ -104,6 +105,7 @@ check-static: check-generated check-docs-ui check-spec check-vet check-staticche
 # docs/architecture.md, from the import graph (make check-docs fails while
 # it is stale).
 generate:
+	bash scripts/architecture.sh --owners
 	go generate ./...
 	bash scripts/architecture.sh --write
 

@@ -7,6 +7,7 @@
 #   bash scripts/architecture.sh --write  put them in docs/architecture.md
 #   bash scripts/architecture.sh --check  fail if the doc's map is not the code's,
 #                                         or if a query file has two owners
+#   bash scripts/architecture.sh --owners only the owners' check (make generate's first step)
 #
 # Edges to the packages nearly everything uses (apigen, dbsqlc, postgres,
 # problem, metrics, config: the generated code and the plumbing) are left
@@ -58,19 +59,20 @@ owners() {
   done
 }
 
-# check_owners fails (--check) or warns (--write, so that make generate
-# still writes the code a new query file's owner will call) when a query
-# file has no owner or more than one.
+# check_owners fails when a query file has no owner or more than one. make
+# generate runs it first (--owners), before anything is written: the owner's
+# calls are found by name, so its code can be written before sqlc generates
+# what it calls.
 check_owners() {
   local bad=0 n
   for f in db/queries/*.sql; do
     n=$(callers_of "$f" | grep -vc '^cmd/bench$' || true)
     if ((n != 1)); then
-      echo "architecture: $f is called from $n packages (not counting tests and cmd/bench); each query file has one owner: call its queries from one package's code (make check fails until then)" >&2
+      echo "architecture: $f is called from $n packages (not counting tests and cmd/bench); each query file has one owner: write the package that calls its queries (queries.Name(...)) first, then make generate" >&2
       bad=1
     fi
   done
-  [[ $1 == --write ]] || return $bad
+  return $bad
 }
 
 generated() {
@@ -83,6 +85,9 @@ begin='<!-- BEGIN scripts/architecture.sh: do not edit; `make generate` writes i
 end='<!-- END scripts/architecture.sh -->'
 doc=docs/architecture.md
 case "${1:-}" in
+  --owners)
+    check_owners
+    ;;
   --write | --check)
     # The doc holds each marker once, on a line of its own; without them
     # there would be nothing to write, and nothing to check.
@@ -94,7 +99,7 @@ case "${1:-}" in
     done
     tmp=$(mktemp)
     trap 'rm -f "$tmp"' EXIT
-    check_owners "$1"
+    check_owners
     awk -v begin="$begin" -v end="$end" -v graph="$(generated)" '
       $0 == begin { print; print graph; skipping = 1; next }
       $0 == end   { skipping = 0 }
