@@ -24,8 +24,9 @@ CREATE TABLE callers (
 CREATE TABLE idempotency_keys (
     caller_id           text        NOT NULL REFERENCES callers (id),
     -- A surrogate id, unique per row ever created, so that a key reused
-    -- after the retention window (a new operation) gets a new identity; the
-    -- downstream idempotency key sent to the processor is derived from it.
+    -- after the retention window (a new operation) gets a new identity.
+    -- (The downstream key sent to the processor was once derived from it;
+    -- it is now derived from the request: cardprocessor.DownstreamKey.)
     id                  bigint      GENERATED ALWAYS AS IDENTITY,
     key                 text        NOT NULL CHECK (length(key) BETWEEN 1 AND 255),
     status              text        NOT NULL DEFAULT 'in_progress'
