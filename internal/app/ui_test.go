@@ -400,7 +400,8 @@ func storyInView(t *testing.T, ctx context.Context, step string, firstScreen boo
 const axeCorePath = "../../.cache/npm/node_modules/axe-core/axe.min.js"
 
 // axe-core finds no serious or critical accessibility violation on the
-// page, before and after a request fills its panels.
+// page, on a desktop and on a phone, on load and with the story filled (an
+// order, its charge, a replay).
 func TestDemoPageAccessibility(t *testing.T) {
 	t.Parallel()
 	axe, err := os.ReadFile(axeCorePath)
@@ -410,28 +411,37 @@ func TestDemoPageAccessibility(t *testing.T) {
 		}
 		t.Skipf("no axe-core (%v): run 'make check-tools' to install it", err)
 	}
-	ts := newTestServer(t, withDemo)
-	ctx := browser(t, ts.URL, 1280, 1000)
-	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](string(axe))); err != nil {
-		t.Fatal(err)
-	}
-	check := func(when string) {
-		t.Helper()
-		result, err := chromedp.Run(ctx, chromedp.Evaluate[string](`axe.run(document, {resultTypes: ["violations"]}).then(r =>
-			JSON.stringify(r.violations.filter(v => v.impact === "serious" || v.impact === "critical")
-				.map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.map(n => n.target.join(" "))}))))`,
-			chromedp.EvalAwaitPromise))
-		if err != nil {
+	for _, size := range []struct {
+		name          string
+		width, height int
+	}{{"desktop", 1280, 800}, {"phone", 390, 844}} {
+		ts := newTestServer(t, withDemo)
+		ctx := browser(t, ts.URL, size.width, size.height)
+		if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](string(axe))); err != nil {
 			t.Fatal(err)
 		}
-		if result != "[]" {
-			t.Errorf("%s: serious or critical accessibility violations: %s", when, result)
+		check := func(when string) {
+			t.Helper()
+			result, err := chromedp.Run(ctx, chromedp.Evaluate[string](`axe.run(document, {resultTypes: ["violations"]}).then(r =>
+				JSON.stringify(r.violations.filter(v => v.impact === "serious" || v.impact === "critical")
+					.map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.map(n => n.target.join(" "))}))))`,
+				chromedp.EvalAwaitPromise))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if result != "[]" {
+				t.Errorf("%s, %s: serious or critical accessibility violations: %s", size.name, when, result)
+			}
 		}
+		check("on load")
+		createOrderOnPage(t, ctx)
+		waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
+		click(t, ctx, "charge")
+		waitPage(t, ctx, attemptStatuses+`[0] === "201" && document.querySelectorAll("#attempts tbody tr").length === 2`)
+		click(t, ctx, "send-again")
+		waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 3`)
+		check("with the story filled")
 	}
-	check("on load")
-	createOrderOnPage(t, ctx)
-	waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
-	check("after a request")
 }
 
 // Every link on the page leads somewhere: the docs it points to are served
