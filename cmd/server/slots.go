@@ -39,7 +39,7 @@ func (s *slots) Accept() (net.Conn, error) {
 		if err != nil || s.admit(c) {
 			return c, err
 		}
-		c.Close()
+		_ = c.Close() // its address holds its share, all of it busy
 	}
 }
 
@@ -74,7 +74,7 @@ func (s *slots) admit(c net.Conn) bool {
 		switch {
 		case oldest != nil:
 			delete(s.open, oldest)
-			oldest.Close()
+			_ = oldest.Close()
 		case mine >= s.perAddress:
 			return false
 		default:
