@@ -44,14 +44,19 @@ func benchCallers(ctx context.Context, admin *pgxpool.Pool, n int) ([]*caller, e
 	return out, nil
 }
 
-// addOrders gives c n pending orders to charge.
-func (c *caller) addOrders(ctx context.Context, admin *pgxpool.Pool, n int) error {
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = postgres.NewID(postgres.PrefixOrder)
+// addOrders gives the callers n pending orders to charge, the k-th to
+// callers[k % len(callers)], written in that order. Requests take the
+// callers in turn, so the orders charged at once lie side by side in the
+// table whether one caller has them or sixteen, as orders created side by
+// side in time do: the two phases differ in their callers alone.
+func addOrders(ctx context.Context, admin *pgxpool.Pool, callers []*caller, n int) error {
+	ids, owners := make([]string, n), make([]string, n)
+	for k := range ids {
+		c := callers[k%len(callers)]
+		ids[k], owners[k] = postgres.NewID(postgres.PrefixOrder), c.id
+		c.orders = append(c.orders, ids[k])
 	}
-	c.orders = append(c.orders, ids...)
-	_, err := admin.Exec(ctx, `INSERT INTO orders (caller_id, id, amount, currency) SELECT $1, unnest($2::text[]), 1999, 'usd'`, c.id, ids)
+	_, err := admin.Exec(ctx, `INSERT INTO orders (caller_id, id, amount, currency) SELECT unnest($1::text[]), unnest($2::text[]), 1999, 'usd'`, owners, ids)
 	return err
 }
 

@@ -199,12 +199,8 @@ func run(ctx context.Context) error {
 		return err
 	}
 	one := []*caller{{id: "acme", apiKey: "sk_test_acme"}}
-	for _, c := range append(sixteen, one...) {
-		n := 100_000 / len(sixteen)
-		if c == one[0] {
-			n = 100_000
-		}
-		if err := c.addOrders(ctx, admin, n); err != nil {
+	for _, callers := range [][]*caller{sixteen, one} {
+		if err := addOrders(ctx, admin, callers, 100_000); err != nil {
 			return err
 		}
 	}
