@@ -6,7 +6,8 @@
 #   bash scripts/architecture.sh          print them
 #   bash scripts/architecture.sh --write  put them in docs/architecture.md
 #   bash scripts/architecture.sh --check  fail if the doc's map is not the code's,
-#                                         or if a query file has two owners
+#                                         if a query file has two owners, or if
+#                                         its table of packages misses one
 #   bash scripts/architecture.sh --owners only the owners' check (make generate's first step)
 #
 # Edges to the packages nearly everything uses (apigen, dbsqlc, postgres,
@@ -75,6 +76,29 @@ check_owners() {
   return $bad
 }
 
+# check_table fails when the doc's hand-written table of packages or its
+# count of packages and commands is not the tree's: each package under
+# internal/ is a row `| \`internal/name\` |`, and no row names a package gone.
+check_table() {
+  local bad=0 pkg want have
+  want=$(find internal -name '*.go' -printf '%h\n' | LC_ALL=C sort -u)
+  have=$(sed -n 's/^| `\(internal\/[a-z0-9_]*\)` |.*/\1/p' "$doc" | LC_ALL=C sort -u)
+  for pkg in $(comm -23 <(echo "$want") <(echo "$have")); do
+    echo "architecture: $pkg has no row in $doc's table of packages: add one (what it owns, what it does)" >&2
+    bad=1
+  done
+  for pkg in $(comm -13 <(echo "$want") <(echo "$have")); do
+    echo "architecture: $doc's table of packages names $pkg, which does not exist: remove its row" >&2
+    bad=1
+  done
+  local count="There are $(echo "$want" | wc -l) packages under \`internal/\` and $(find cmd -mindepth 1 -maxdepth 1 -type d | wc -l) commands under \`cmd/\`."
+  if ! grep -qF -- "$count" "$doc"; then
+    echo "architecture: $doc must say \"$count\"" >&2
+    bad=1
+  fi
+  return $bad
+}
+
 generated() {
   graph
   echo
@@ -100,6 +124,7 @@ case "${1:-}" in
     tmp=$(mktemp)
     trap 'rm -f "$tmp"' EXIT
     check_owners
+    [[ $1 == --write ]] || check_table
     awk -v begin="$begin" -v end="$end" -v graph="$(generated)" '
       $0 == begin { print; print graph; skipping = 1; next }
       $0 == end   { skipping = 0 }
