@@ -298,7 +298,7 @@ func TestProblemCodesAreInTheContract(t *testing.T) {
 	}
 	for _, code := range problem.Codes() {
 		if !declared[string(code)] {
-			t.Errorf("problem code %q is not in the contract's Problem.code enum", code)
+			t.Errorf("problem code %q is not in the contract's Problem.code enum: add it there, in api/openapi.yaml", code)
 		}
 	}
 }
