@@ -581,6 +581,63 @@ func TestIdleConnectionsMakeRoom(t *testing.T) {
 	}
 }
 
+// TestAWaitingNewcomerIsServedWhenASlotGoesIdle: with every slot busy
+// (two connections with a body on its way), a newcomer waits; it is served
+// as soon as one of them is answered and goes idle, not when one closes
+// (the idle timeout, here an hour; a busy one is cut off after a minute).
+// And a server stopped while a newcomer
+// waits for room stops within its shutdown timeout.
+func TestAWaitingNewcomerIsServedWhenASlotGoesIdle(t *testing.T) {
+	t.Parallel()
+	base, stop, done := startServer(t, map[string]string{"DATABASE_URL": testdb.New(t), "HTTP_ADDR": "127.0.0.1:0",
+		"HTTP_MAX_CONNECTIONS": "2", "HTTP_MAX_CONNECTIONS_PER_ADDRESS": "2", "HTTP_IDLE_TIMEOUT": "1h",
+		"HTTP_READ_TIMEOUT": "1m", "HTTP_WRITE_TIMEOUT": "2m", "SHUTDOWN_TIMEOUT": "5s"})
+	addr := strings.TrimPrefix(base, "http://")
+	busy := func() net.Conn {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		fmt.Fprint(conn, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n")
+		return conn
+	}
+	first, _ := busy(), busy()
+	time.Sleep(200 * time.Millisecond) // both read their headers: busy
+	newcomer := make(chan error, 1)
+	go func() {
+		res, err := (&http.Client{Timeout: 10 * time.Second}).Get(base + "/healthz")
+		if err == nil {
+			res.Body.Close()
+		}
+		newcomer <- err
+	}()
+	select {
+	case err := <-newcomer:
+		t.Fatalf("the newcomer was answered (%v) while every slot was busy", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	fmt.Fprint(first, "{}") // its answer (a 401) leaves it idle
+	start := time.Now()
+	if err := <-newcomer; err != nil || time.Since(start) > 3*time.Second {
+		t.Fatalf("the newcomer: %v after %v; want it answered once a slot went idle", err, time.Since(start))
+	}
+	// Every slot busy again, a newcomer waiting, and the server told to stop.
+	busy()
+	go func() {
+		if res, err := (&http.Client{Timeout: 30 * time.Second}).Get(base + "/healthz"); err == nil {
+			res.Body.Close()
+		}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	stop()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the server did not stop within 15 s of being told to, with a newcomer waiting for room")
+	}
+}
+
 // TestInProcessProcessorHasNoAdminOutsideTheDemo: the in-process
 // processor's URL is in the log, and any local process may call it; outside
 // the demo its chaos switch and its ledger of every caller's charges are

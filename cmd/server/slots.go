@@ -16,7 +16,7 @@ type slots struct {
 	net.Listener
 	max, perAddress int
 	mu              sync.Mutex
-	freed           *sync.Cond
+	freed           *sync.Cond // a slot closed or went idle
 	open            map[net.Conn]*slot
 }
 
@@ -32,7 +32,7 @@ func newSlots(ln net.Listener, max, perAddress int) *slots {
 }
 
 // Accept makes room for each connection, or closes it when its address
-// holds its share and all of it is busy.
+// holds its share, all of it busy, and the rest is for others.
 func (s *slots) Accept() (net.Conn, error) {
 	for {
 		c, err := s.Listener.Accept()
@@ -75,8 +75,8 @@ func (s *slots) admit(c net.Conn) bool {
 		case oldest != nil:
 			delete(s.open, oldest)
 			_ = oldest.Close()
-		case mine >= s.perAddress:
-			return false
+		case mine >= s.perAddress && len(s.open) < s.max:
+			return false // the room left is for other addresses
 		default:
 			s.freed.Wait()
 		}
@@ -94,6 +94,7 @@ func (s *slots) track(c net.Conn, state http.ConnState) {
 		sl.idleSince = time.Time{}
 	case state == http.StateIdle:
 		sl.idleSince = time.Now()
+		s.freed.Signal() // room, for an Accept that waits
 	case state == http.StateClosed || state == http.StateHijacked:
 		delete(s.open, c)
 		s.freed.Signal()

@@ -20,13 +20,15 @@ LIMIT @row_limit;
 -- name: ClaimUndeliveredEvents :many
 -- The relay's claim: due, undelivered events, with their caller's endpoint.
 -- Every caller's first due event comes before anyone's second, so one
--- caller's backlog takes one place in the batch, not all of them. SKIP
+-- caller's backlog takes one place in the batch, not all of them; of
+-- events due at once, the least tried first, so one that always fails
+-- cannot hold back the rest. SKIP
 -- LOCKED lets several relays share the queue; pushing next_attempt_at
 -- forward by the lease keeps another relay off an event while this one
 -- delivers it.
 WITH ranked AS (
     SELECT caller_id, id, next_attempt_at,
-           row_number() OVER (PARTITION BY caller_id ORDER BY next_attempt_at, id) AS place
+           row_number() OVER (PARTITION BY caller_id ORDER BY next_attempt_at, delivery_attempts, id) AS place
     FROM events
     WHERE delivered_at IS NULL AND next_attempt_at <= now()
 ), due AS (

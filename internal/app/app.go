@@ -173,7 +173,6 @@ func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
 	if cfg.Relay {
 		r, err := events.NewRelay(events.RelayConfig{
 			Interval: cfg.RelayInterval,
-			// Up to 16 deliveries at once, each within the lease.
 			Batch:        16,
 			Lease:        30 * time.Second,
 			Timeout:      5 * time.Second,

@@ -535,3 +535,47 @@ func TestAHangingEndpointDelaysNoOtherCaller(t *testing.T) {
 		t.Errorf("acme's endpoint got %d requests; want 4, the first batch's, then nothing until the backoff", n)
 	}
 }
+
+// TestAnEventThatAlwaysFailsHoldsBackNoOther: acme's endpoint refuses one
+// event (evt_a) for ever and takes the rest. A failure puts off all of
+// acme's due events together, so they fall due together again; of those,
+// the least tried goes first, so evt_b and evt_c are delivered, one claim
+// at a time, while evt_a keeps failing.
+func TestAnEventThatAlwaysFailsHoldsBackNoOther(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	var mu sync.Mutex
+	got := map[string]int{}
+	ep := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var d events.Delivery
+		_ = json.NewDecoder(r.Body).Decode(&d)
+		mu.Lock()
+		got[d.ID]++
+		mu.Unlock()
+		if d.ID == "evt_a" {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}))
+	t.Cleanup(ep.Close)
+	setWebhookURL(t, pool, "acme", ep.URL)
+	if _, err := pool.Exec(context.Background(), `INSERT INTO events (caller_id, id, type, data, created_at)
+		SELECT 'acme', id, 'order.paid', '{}', now() + n * interval '1 ms' FROM unnest('{evt_a,evt_b,evt_c}'::text[]) WITH ORDINALITY AS e(id, n)`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := goodConfig()
+	cfg.Batch, cfg.BackoffBase, cfg.BackoffCap = 1, time.Millisecond, time.Millisecond
+	r := newRelay(t, pool, cfg)
+	for range 8 {
+		if _, err := pool.Exec(context.Background(), `UPDATE events SET next_attempt_at = now() WHERE delivered_at IS NULL AND next_attempt_at > now()`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.RunOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got["evt_b"] != 1 || got["evt_c"] != 1 {
+		t.Errorf("deliveries %v; want evt_b and evt_c delivered once each, evt_a failing", got)
+	}
+}
