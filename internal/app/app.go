@@ -172,7 +172,7 @@ func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
 	}
 	if cfg.Relay {
 		r, err := events.NewRelay(events.RelayConfig{
-			Interval: cfg.RelayInterval,
+			Interval:     cfg.RelayInterval,
 			Batch:        16,
 			Lease:        30 * time.Second,
 			Timeout:      5 * time.Second,
