@@ -16,8 +16,9 @@ type slots struct {
 	net.Listener
 	max, perAddress int
 	mu              sync.Mutex
-	freed           *sync.Cond // a slot closed or went idle
+	freed           *sync.Cond // a slot closed or went idle, or the listener closed
 	open            map[net.Conn]*slot
+	closed          bool
 }
 
 type slot struct {
@@ -31,8 +32,7 @@ func newSlots(ln net.Listener, max, perAddress int) *slots {
 	return s
 }
 
-// Accept makes room for each connection, or closes it when its address
-// holds its share, all of it busy, and the rest is for others.
+// Accept makes room for each connection, or refuses it (admit).
 func (s *slots) Accept() (net.Conn, error) {
 	for {
 		c, err := s.Listener.Accept()
@@ -72,6 +72,8 @@ func (s *slots) admit(c net.Conn) bool {
 			}
 		}
 		switch {
+		case s.closed: // Shutdown waits for Serve to return, not for room
+			return false
 		case oldest != nil:
 			delete(s.open, oldest)
 			_ = oldest.Close()
@@ -99,4 +101,13 @@ func (s *slots) track(c net.Conn, state http.ConnState) {
 		delete(s.open, c)
 		s.freed.Signal()
 	}
+}
+
+// Close closes the listener, and wakes an Accept that waits for room.
+func (s *slots) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.freed.Broadcast()
+	s.mu.Unlock()
+	return s.Listener.Close()
 }

@@ -33,13 +33,11 @@ func DownstreamKey(callerID, idempotencyKey string, fingerprint []byte, generati
 // downstreamHashLen is how many base32 characters of the hash a key keeps.
 const downstreamHashLen = 26
 
-// NewDownstreamKey is the key a create phase stores with its new object:
-// the first generation of DownstreamKey that no earlier object of the
-// caller uses. After the retention window the same Idempotency-Key and
-// request are a new operation, which must not be answered with the
-// earlier one's effect; the earlier objects are that old, so no failover
-// lost them, and every retry counts the same generations. The claim lets
-// one operation of a (caller, key) count at a time.
+// NewDownstreamKey is the first generation of DownstreamKey that no earlier
+// object of the caller uses: after the retention window the same key and
+// request are a new operation, which must not get the earlier one's effect.
+// Those objects are that old, so no failover lost them: every retry counts
+// the same generations (one at a time: the claim).
 func NewDownstreamKey(ctx context.Context, tx dbsqlc.DBTX, callerID, idempotencyKey string, fingerprint []byte) (string, error) {
 	for generation := 0; ; generation++ {
 		key := DownstreamKey(callerID, idempotencyKey, fingerprint, generation)

@@ -56,8 +56,7 @@ func CheckWebhookURL(ctx context.Context, raw string, allowPrivate bool) error {
 	return nil
 }
 
-// Redact is a webhook URL as shown and logged: without its query, where a
-// receiver may keep a token.
+// Redact is a webhook URL as shown and logged: without its query (a receiver's token).
 func Redact(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -67,28 +66,24 @@ func Redact(raw string) string {
 	return u.String()
 }
 
-// isPublic says whether a is on the internet at large: IPv6 in 2000::/3, and
-// nothing the IANA special-purpose registries mark as not globally
-// reachable, nor 6to4 or Teredo (which embed an IPv4 address, as NAT64 does).
+// isPublic: IPv6 in 2000::/3, nothing the IANA special-purpose registries mark as not
+// globally reachable, nor 6to4 or Teredo (which embed an IPv4 address, as NAT64 does).
 func isPublic(a netip.Addr) bool {
 	a = a.Unmap()
-	if !a.IsGlobalUnicast() || (a.Is6() && !globalUnicast6.Contains(a)) {
+	if !a.IsGlobalUnicast() || (a.Is6() && !netip.MustParsePrefix("2000::/3").Contains(a)) {
 		return false
 	}
 	return !slices.ContainsFunc(notGlobal, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
-var (
-	globalUnicast6 = netip.MustParsePrefix("2000::/3")
-	notGlobal      = func() (ps []netip.Prefix) {
-		for _, p := range strings.Fields(`0.0.0.0/8 10.0.0.0/8 100.64.0.0/10 127.0.0.0/8 169.254.0.0/16 172.16.0.0/12
-			192.0.0.0/24 192.0.2.0/24 192.88.99.0/24 192.168.0.0/16 198.18.0.0/15 198.51.100.0/24 203.0.113.0/24
-			240.0.0.0/4 2001::/23 2001:db8::/32 2002::/16 3fff::/20`) {
-			ps = append(ps, netip.MustParsePrefix(p))
-		}
-		return ps
-	}()
-)
+var notGlobal = func() (ps []netip.Prefix) {
+	for _, p := range strings.Fields(`0.0.0.0/8 10.0.0.0/8 100.64.0.0/10 127.0.0.0/8 169.254.0.0/16 172.16.0.0/12
+		192.0.0.0/24 192.0.2.0/24 192.88.99.0/24 192.168.0.0/16 198.18.0.0/15 198.51.100.0/24 203.0.113.0/24
+		240.0.0.0/4 2001::/23 2001:db8::/32 2002::/16 3fff::/20`) {
+		ps = append(ps, netip.MustParsePrefix(p))
+	}
+	return ps
+}()
 
 // publicOnly is a net.Dialer's Control: it refuses to connect to an address
 // that is not public, whatever name led there.

@@ -4,8 +4,7 @@
 // maps the article's words to this code and says where it departs.
 //
 // A local operation (an order create) is one transaction: its effect and
-// its key's record, inserted completed with the answer. A crash before the
-// commit leaves nothing; after it, a retry is a replay.
+// its key's record, inserted completed with the answer.
 //
 // An operation with an outside effect (a charge) inserts its key's record
 // in the transaction of its first phase, then runs as a chain of phases:
@@ -22,7 +21,6 @@
 // client's cancellation, bounded by StoreConfig.MaxRun, and leases run on
 // the database's clock alone. docs/design.md is the full account.
 //
-// Read it in this order: operation.go, store.go, local.go, claim.go, run.go
-// (what a handler's errors mean), lease.go (phases, fencing, the
-// heartbeat), wait.go, replays.go, reconciler.go.
+// Read it in this order: operation.go, store.go, local.go, claim.go, run.go,
+// lease.go, wait.go, replays.go, reconciler.go.
 package idempotency

@@ -8,10 +8,8 @@
 //	it succeeds                Settle    pending   -> processor
 //	it fails                   Restore   pending   -> available
 //
-// Credits only insert, so no charge waits for another. A debit locks the
-// caller's checkpoint row, reads the balance after the lock and inserts
-// (ledger_debit), so the next one waits and sees it; send it last, as it
-// holds the lock to the commit. docs/design.md ("The ledger") says more.
+// Credits only insert. A debit (ledger_debit) locks the caller's checkpoint
+// row to the commit, so send it last (docs/design.md, "The ledger").
 package ledger
 
 import (

@@ -70,8 +70,7 @@ type Config struct {
 
 	// Chaos is the initial fault injection; PUT /admin/chaos replaces it.
 	Chaos Chaos
-	// NoAdmin serves neither /admin/chaos nor GET /v1/ledger: the
-	// in-process processor outside the demo, which any local process reaches.
+	// NoAdmin hides /admin/chaos and GET /v1/ledger (in-process, outside the demo).
 	NoAdmin bool
 	// Rand is the source of every random choice, so a seeded one makes a
 	// run repeatable (default: randomly seeded). The Server owns it.

@@ -72,9 +72,8 @@ func sameOrigin(allowed []string) (echo.MiddlewareFunc, error) {
 	}, nil
 }
 
-// ownHost refuses (403) the demo's requests for a host it does not have: a
-// page whose name was rebound to 127.0.0.1 is same-origin but names its own
-// host. Any IP (it cannot be rebound), localhost and HTTP_ADDR's host pass.
+// ownHost refuses (403) a demo request for another host: a page whose name was rebound
+// to 127.0.0.1 is same-origin. Any IP (it cannot be rebound), localhost and HTTP_ADDR's host pass.
 func ownHost(httpAddr string) echo.MiddlewareFunc {
 	configured, _, _ := net.SplitHostPort(httpAddr)
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
