@@ -1,22 +1,19 @@
 package charges
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// What an answer means to an operation. Charges and refunds call the
-// processor through callProcessor: under the operation's downstream key,
-// outside any transaction, recording only a definite answer, in the final
-// phase. A new operation that moves money follows the same rules:
+// What an answer means to an operation. A charge's or a refund's step
+// loads its row, calls the processor under the downstream key (outside any
+// transaction), classifies the answer, and records only a definite one, in
+// the final phase. A new operation that moves money follows the same rules:
 //
 //   - no definite answer (a timeout, a 5xx, a 429) is never recorded: the
 //     client gets a 503 with Retry-After, the record stays at its recovery
@@ -28,34 +25,30 @@ import (
 //     request) gives no answer about the money either: the operation is set
 //     aside for a person at once, never recorded as a decline.
 
-// callProcessor makes the external call of l's operation, once (retries
-// belong to the API's client and the reconciler: a loop here would multiply
-// theirs), and passes a definite answer to finish, the final phase, which
-// records it in tx. refusal is the processor's definite "no" (a
-// *cardprocessor.DeclinedError or RefusedError), nil on success. what names
-// the operation for the client ("charge").
-func callProcessor[A any](ctx context.Context, l *idempotency.Lease, what string, call func(context.Context) (A, error),
-	finish func(ctx context.Context, tx pgx.Tx, answer A, refusal error) (idempotency.Result, error)) error {
-	answer, err := call(ctx)
+// classify reads the processor's answer to the one call of an operation's
+// step (retries belong to the API's client and the reconciler: a loop here
+// would multiply theirs). A definite answer is for the final phase to
+// record: refusal is the processor's definite "no" (a
+// *cardprocessor.DeclinedError or RefusedError), nil on success. Anything
+// else is stop, for the step to return. what names the operation for the
+// client ("charge").
+func classify(err error, what string) (refusal, stop error) {
 	var uncertain *cardprocessor.UncertainError
 	var rejected *cardprocessor.RejectedError
 	switch {
 	case errors.As(err, &rejected):
 		// The processor refuses our key itself: no answer about the
 		// customer's money, and no retry can change that.
-		return fmt.Errorf("%w: %w", idempotency.ErrSetAside, err)
+		return nil, fmt.Errorf("%w: %w", idempotency.ErrSetAside, err)
 	case errors.As(err, &uncertain):
 		p := problem.New(problem.ProcessorUnavailable,
 			"the card processor did not give a definite answer; retry with the same Idempotency-Key and the %s resumes (it will not happen twice)", what)
 		p.RetryAfter = max(1, int(math.Ceil(uncertain.RetryAfter.Seconds())))
-		return errors.Join(p, err)
+		return nil, errors.Join(p, err)
 	case err != nil && !cardprocessor.IsDefinite(err):
 		// Neither an answer nor a "no". (The idempotency layer keeps any
 		// error after the first phase resumable: idempotency.Handler.)
-		return err
+		return nil, err
 	}
-	refusal := err
-	return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
-		return finish(ctx, tx, answer, refusal)
-	})
+	return err, nil
 }

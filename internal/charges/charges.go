@@ -10,7 +10,7 @@
 //	                 downstream key every attempt will send.
 //	charge_created → the processor call with that key, outside any
 //	                 transaction; no definite answer: stop, nothing stored
-//	                 (callProcessor, call.go).
+//	                 (classify, call.go).
 //	               → finish (one transaction): the charge's outcome, the
 //	                 order paid, the outbox events, the stored response,
 //	                 the record finished.
@@ -126,14 +126,15 @@ func (s *Service) callForCharge(ctx context.Context, l *idempotency.Lease) error
 	if err != nil {
 		return fmt.Errorf("load charge of key record %d: %w", rec.ID, err)
 	}
-	return callProcessor(ctx, l, "charge",
-		func(ctx context.Context) (cardprocessor.ChargeResult, error) {
-			return s.processor.Charge(ctx, ch.DownstreamKey,
-				cardprocessor.ChargeRequest{Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod})
-		},
-		func(ctx context.Context, tx pgx.Tx, answer cardprocessor.ChargeResult, refusal error) (idempotency.Result, error) {
-			return finishCharge(ctx, tx, ch, answer, refusal)
-		})
+	answer, err := s.processor.Charge(ctx, ch.DownstreamKey,
+		cardprocessor.ChargeRequest{Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod})
+	refusal, err := classify(err, "charge")
+	if err != nil {
+		return err
+	}
+	return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
+		return finishCharge(ctx, tx, ch, answer, refusal)
+	})
 }
 
 // createCharge is the first phase: one transaction that checks the order is

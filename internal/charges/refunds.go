@@ -6,7 +6,7 @@
 //	                 within the charged amount) and take it from the balance
 //	                 (another keeps that from going negative), create the
 //	                 refund row (pending) with its downstream key.
-//	refund_created → the processor call with that key (callProcessor, call.go);
+//	refund_created → the processor call with that key (classify, call.go);
 //	                 no definite answer: stop here, nothing stored.
 //	               → finishRefund (one transaction): the refund succeeded
 //	                 (or was refused, and its reservation given back), the
@@ -93,13 +93,14 @@ func (s *Service) callForRefund(ctx context.Context, l *idempotency.Lease) error
 		// damaged data, for a person to look at.
 		return fmt.Errorf("charge %s of refund %s has no processor charge id", ch.ID, re.ID)
 	}
-	return callProcessor(ctx, l, "refund",
-		func(ctx context.Context) (cardprocessor.RefundResult, error) {
-			return s.processor.Refund(ctx, re.DownstreamKey, cardprocessor.RefundRequest{Charge: *ch.ProcessorChargeID, Amount: re.Amount})
-		},
-		func(ctx context.Context, tx pgx.Tx, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
-			return finishRefund(ctx, tx, ch, re, answer, refusal)
-		})
+	answer, err := s.processor.Refund(ctx, re.DownstreamKey, cardprocessor.RefundRequest{Charge: *ch.ProcessorChargeID, Amount: re.Amount})
+	refusal, err := classify(err, "refund")
+	if err != nil {
+		return err
+	}
+	return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
+		return finishRefund(ctx, tx, ch, re, answer, refusal)
+	})
 }
 
 // createRefund is the first phase.
@@ -160,7 +161,7 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 // finishRefund is the final phase: record the processor's definite answer.
 func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
 	if refusal != nil {
-		// A definite "no" of any kind (callProcessor lets through no
+		// A definite "no" of any kind (classify lets through no
 		// other): not refunded, so give the reservation back.
 		if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 			return nil, err
