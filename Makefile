@@ -39,10 +39,15 @@ test:
 	go tool -modfile=tools/go.mod gotestsum --format pkgname --format-hide-empty-pkg -- -race -count=1 ./...
 
 # Tools from the npm registry, at pinned versions, into .cache/ (ignored by
-# git): axe-core for the browser tests' accessibility check, and Redocly's
-# CLI to lint the spec.
+# git): axe-core for the browser tests' accessibility check, Redocly's CLI
+# to lint the spec, and Mermaid's bundle (alone: it needs none of its
+# dependencies) to draw docs/learn.md's diagram.
 check-tools:
 	npm install --no-save --silent --prefix .cache/npm axe-core@4.14.1 @redocly/cli@2.77.0
+	test -f .cache/mermaid/mermaid-$(MERMAID_VERSION).tgz || (rm -rf .cache/mermaid && mkdir -p .cache/mermaid && \
+		cd .cache/mermaid && npm pack --silent mermaid@$(MERMAID_VERSION) >/dev/null && \
+		tar xzf mermaid-$(MERMAID_VERSION).tgz package/dist/mermaid.min.js)
+MERMAID_VERSION = 12.3.0
 
 # The API reference's renderer, Redoc, served at /docs/: its standalone
 # bundle from the npm registry at a pinned version (npm checks the
