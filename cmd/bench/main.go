@@ -152,7 +152,7 @@ func run(ctx context.Context) error {
 	}
 
 	// The phases. The floor is the service's statements for a keyed create
-	// (idempotency.Store.ExecuteLocal: the order and the completed record
+	// (idempotency.Store.Serve of a Local operation: the order and the completed record
 	// in one transaction, one round trip) and for a replay.
 	body := []byte(`{"amount":1999,"currency":"usd","description":"Tea"}`)
 	fingerprint := sha256.Sum256(body)

@@ -146,7 +146,7 @@ WHERE caller_id = @caller_id
   AND attempt = @attempt
   AND status = 'in_progress';
 
--- name: GiveBackIdempotencyKey :execrows
+-- name: UnclaimIdempotencyKey :execrows
 -- A reconciler that claimed the record and is stopping before it tried
 -- gives it back: the lease ends now and the record is due at once (a
 -- client's retry, or another reconciler, may take it), and the claim's
@@ -163,7 +163,7 @@ WHERE caller_id = @caller_id
   AND attempt = @attempt
   AND status = 'in_progress';
 
--- name: AbandonIdempotencyKey :execrows
+-- name: DeleteUnstartedIdempotencyKey :execrows
 -- Forget an operation that never got past its first phase: nothing was
 -- done (the phase is one transaction and did not commit), so the key can
 -- be freed; a client that retries with it runs the operation afresh.
@@ -174,7 +174,7 @@ WHERE caller_id = @caller_id
   AND status = 'in_progress'
   AND recovery_point = 'started';
 
--- name: BuryIdempotencyKey :execrows
+-- name: MarkIdempotencyKeyDead :execrows
 -- Set an operation aside for a person: it failed too often or for too
 -- long. It is never deleted while its external effect may be unresolved.
 UPDATE idempotency_keys

@@ -276,7 +276,7 @@ func TestChargeInProgressBlocksCancel(t *testing.T) {
 
 // A charge the reconciler set aside (dead) is answered with its own 409:
 // not "in progress" (which tells the client to retry), and not replayed.
-func TestSetAsideChargeIsNotRetried(t *testing.T) {
+func TestDeadChargeIsNotRetried(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t)
 	o := ts.newOrder(t, "sk_test_acme", 400)

@@ -13,7 +13,7 @@ import (
 )
 
 // An order create is a local operation: the order and its completed
-// record commit in one transaction (idempotency.Store.ExecuteLocal).
+// record commit in one transaction (idempotency.Store.Serve of a Local operation).
 
 // One keyed create is one commit and two rows: the order and the record,
 // written by the same transaction (the same xmin), and neither updated

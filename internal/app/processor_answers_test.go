@@ -153,7 +153,7 @@ func TestWebhookWithTheWrongAmountIsNotApplied(t *testing.T) {
 // The key is taken from us the way it would happen in life: the first
 // attempt gets no answer (a 503 before any effect), and before the retry
 // someone else sends the processor a different charge under that key.
-func TestProcessorRefusingOurKeyIsSetAsideNotDeclined(t *testing.T) {
+func TestProcessorRefusingOurKeyIsDeadNotDeclined(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	ts := newTestServer(t)

@@ -39,7 +39,7 @@ func classify(err error, what string) (refusal, stop error) {
 	case errors.As(err, &rejected):
 		// The processor refuses our key itself: no answer about the
 		// customer's money, and no retry can change that.
-		return nil, fmt.Errorf("%w: %w", idempotency.ErrSetAside, err)
+		return nil, fmt.Errorf("%w: %w", idempotency.ErrDead, err)
 	case errors.As(err, &uncertain):
 		p := problem.New(problem.ProcessorUnavailable,
 			"the card processor did not give a definite answer; retry with the same Idempotency-Key and the %s resumes (it will not happen twice)", what)
@@ -47,7 +47,7 @@ func classify(err error, what string) (refusal, stop error) {
 		return nil, errors.Join(p, err)
 	case err != nil && !cardprocessor.IsDefinite(err):
 		// Neither an answer nor a "no". (The idempotency layer keeps any
-		// error after the first phase resumable: idempotency.Handler.)
+		// error after the first phase resumable: idempotency.Step.)
 		return nil, err
 	}
 	return err, nil

@@ -114,7 +114,7 @@ func (s *Service) ChargeOperation() idempotency.Operation {
 		// An unknown order's 404 is not stored: the key stays free for a
 		// corrected request.
 		Start: createCharge,
-		Steps: map[idempotency.RecoveryPoint]idempotency.Handler{RecoveryChargeCreated: s.callForCharge},
+		Steps: map[idempotency.RecoveryPoint]idempotency.Step{RecoveryChargeCreated: s.callForCharge},
 	}.Operation()
 }
 
@@ -126,14 +126,14 @@ func (s *Service) callForCharge(ctx context.Context, l *idempotency.Lease) error
 	if err != nil {
 		return fmt.Errorf("load charge of key record %d: %w", rec.ID, err)
 	}
-	answer, err := s.processor.Charge(ctx, ch.DownstreamKey,
+	result, err := s.processor.Charge(ctx, ch.DownstreamKey,
 		cardprocessor.ChargeRequest{Amount: ch.Amount, Currency: ch.Currency, PaymentMethod: ch.PaymentMethod})
 	refusal, err := classify(err, "charge")
 	if err != nil {
 		return err
 	}
 	return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
-		return finishCharge(ctx, tx, ch, answer, refusal)
+		return finishCharge(ctx, tx, ch, result, refusal)
 	})
 }
 
@@ -179,13 +179,13 @@ func init() {
 // finishCharge is the final phase: record the processor's definite answer.
 // If a webhook recorded it first (ApplyChargeEvent), nothing changes, and
 // the response is built from the charge as the webhook left it.
-func finishCharge(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, answer cardprocessor.ChargeResult, refusal error) (idempotency.Result, error) {
-	outcome := Outcome{ProcessorChargeID: answer.ID, Succeeded: refusal == nil}
+func finishCharge(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, result cardprocessor.ChargeResult, refusal error) (idempotency.Result, error) {
+	a := Answer{ProcessorChargeID: result.ID, Succeeded: refusal == nil}
 	var declined *cardprocessor.DeclinedError
 	if errors.As(refusal, &declined) {
-		outcome.ProcessorChargeID, outcome.DeclineCode = declined.ProcessorChargeID, declined.DeclineCode
+		a.ProcessorChargeID, a.DeclineCode = declined.ProcessorChargeID, declined.DeclineCode
 	}
-	cur, err := applyOutcome(ctx, tx, ch, outcome)
+	cur, err := applyAnswer(ctx, tx, ch, a)
 	if err != nil {
 		return nil, err
 	}
@@ -202,8 +202,8 @@ func (c Charge) Created() (*idempotency.Response, error) {
 	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/charges/" + c.ID}}, c.API())
 }
 
-// Outcome is the processor's definite answer about a charge.
-type Outcome struct {
+// Answer is the processor's definite answer about a charge.
+type Answer struct {
 	Succeeded         bool
 	ProcessorChargeID string
 	DeclineCode       string
@@ -215,7 +215,7 @@ type Outcome struct {
 // comes first records the outcome, the other finds it recorded.
 func ApplyChargeEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
 	defer postgres.Wrap(&err, "charges.ApplyChargeEvent(%s, %q)", callerID, ev.DownstreamKey)
-	o := Outcome{Succeeded: ev.Type == events.ProcessorChargeSucceeded, ProcessorChargeID: ev.ObjectID,
+	o := Answer{Succeeded: ev.Type == events.ProcessorChargeSucceeded, ProcessorChargeID: ev.ObjectID,
 		Report: events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID}}
 	if ev.DeclineCode != nil {
 		o.DeclineCode = *ev.DeclineCode
@@ -227,15 +227,15 @@ func ApplyChargeEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events
 	if err != nil {
 		return false, err
 	}
-	_, err = applyOutcome(ctx, tx, ch, o)
+	_, err = applyAnswer(ctx, tx, ch, o)
 	return err == nil, err
 }
 
-// applyOutcome moves a pending charge to its outcome, with the order and
+// applyAnswer moves a pending charge to the answer's outcome, with the order and
 // the events, and returns the charge as it now is. A charge already at that
 // outcome is left alone; one at the other is a contradiction from the
 // processor: an error, not something to paper over.
-func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (dbsqlc.Charge, error) {
+func applyAnswer(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Answer) (dbsqlc.Charge, error) {
 	// What a webhook reports is checked before anything is written: a
 	// contradiction is set aside, and nothing of it may commit.
 	if err := o.Report.Check("charge", ch.ID, ch.Amount, ch.Currency, ch.ProcessorChargeID); err != nil {
@@ -277,7 +277,7 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 	data := map[string]any{"charge_id": ch.ID, "order_id": ch.OrderID, "amount": ch.Amount, "currency": ch.Currency}
 	if !o.Succeeded {
 		data["failure_code"] = code
-		return cur, events.Record(ctx, tx, ch.CallerID, events.ChargeFailed, data)
+		return cur, events.Emit(ctx, tx, ch.CallerID, events.ChargeFailed, data)
 	}
 	if err := ledger.Credit(ctx, tx, ch.CallerID, ch.Currency, ch.Amount, ch.ID); err != nil {
 		return cur, err
@@ -286,10 +286,10 @@ func applyOutcome(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Outcome) (
 		return cur, err
 	}
 	// The outbox: the events commit with the change they describe.
-	if err := events.Record(ctx, tx, ch.CallerID, events.ChargeSucceeded, data); err != nil {
+	if err := events.Emit(ctx, tx, ch.CallerID, events.ChargeSucceeded, data); err != nil {
 		return cur, err
 	}
-	return cur, events.Record(ctx, tx, ch.CallerID, events.OrderPaid, data)
+	return cur, events.Emit(ctx, tx, ch.CallerID, events.OrderPaid, data)
 }
 
 // HasLiveCharge reports whether the order has a pending or succeeded charge,

@@ -30,7 +30,7 @@ import (
 )
 
 // These tests drive the charge operation the way the HTTP layer and the
-// reconciler do (idempotency.Store.Execute, ClaimStale and Drive), against
+// reconciler do (idempotency.Store.Serve, ClaimStale and Drive), against
 // a real PostgreSQL and the fake card processor over HTTP. They pin down
 // the package's own contract: what each phase writes, what is stored as the
 // final answer, and that the processor is asked for one effect per charge.
@@ -228,7 +228,7 @@ func (f *fixture) resume(t *testing.T, key string) *idempotency.Response {
 // transaction that is committed whatever ApplyChargeEvent returns, as the
 // inbox commits its note about a contradiction: whatever the function wrote
 // would stick.
-func (f *fixture) applyOutcome(t *testing.T, downstreamKey string, o charges.Outcome) (bool, error) {
+func (f *fixture) applyOutcome(t *testing.T, downstreamKey string, o charges.Answer) (bool, error) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := f.pool.Begin(ctx)
@@ -532,7 +532,7 @@ func TestApplyChargeOutcomeRecordsSuccessOnce(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, processor.Config{FlakyFailures: 100}, 5*time.Second, nil)
 	pending := f.pendingCharge(t, "webhook-success")
-	succeeded := charges.Outcome{Succeeded: true, ProcessorChargeID: "pch_from_webhook"}
+	succeeded := charges.Answer{Succeeded: true, ProcessorChargeID: "pch_from_webhook"}
 
 	for i := range 2 {
 		if known, err := f.applyOutcome(t, pending.DownstreamKey, succeeded); !known || err != nil {
@@ -550,7 +550,7 @@ func TestApplyChargeOutcomeRecordsSuccessOnce(t *testing.T) {
 		t.Errorf("events %v after two deliveries; want one set: charge.succeeded, order.paid", got)
 	}
 
-	known, err := f.applyOutcome(t, pending.DownstreamKey, charges.Outcome{ProcessorChargeID: "pch_from_webhook", DeclineCode: "card_declined"})
+	known, err := f.applyOutcome(t, pending.DownstreamKey, charges.Answer{ProcessorChargeID: "pch_from_webhook", DeclineCode: "card_declined"})
 	if known {
 		t.Errorf("a contradiction reported the outcome applied")
 	}
@@ -592,7 +592,7 @@ func TestApplyChargeOutcomeRecordsDeclineOnce(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, processor.Config{FlakyFailures: 100}, 5*time.Second, nil)
 	pending := f.pendingCharge(t, "webhook-decline")
-	declined := charges.Outcome{ProcessorChargeID: "pch_declined"} // no decline code given
+	declined := charges.Answer{ProcessorChargeID: "pch_declined"} // no decline code given
 
 	for i := range 2 {
 		if known, err := f.applyOutcome(t, pending.DownstreamKey, declined); !known || err != nil {
@@ -607,7 +607,7 @@ func TestApplyChargeOutcomeRecordsDeclineOnce(t *testing.T) {
 		t.Errorf("events %v after two deliveries; want one charge.failed", got)
 	}
 
-	known, err := f.applyOutcome(t, pending.DownstreamKey, charges.Outcome{Succeeded: true, ProcessorChargeID: "pch_declined"})
+	known, err := f.applyOutcome(t, pending.DownstreamKey, charges.Answer{Succeeded: true, ProcessorChargeID: "pch_declined"})
 	if known {
 		t.Errorf("a contradiction reported the outcome applied")
 	}
@@ -643,7 +643,7 @@ func TestWebhookAndResumedChargeAgree(t *testing.T) {
 	}
 
 	// The processor's webhook arrives first.
-	if known, err := f.applyOutcome(t, pending.DownstreamKey, charges.Outcome{Succeeded: true, ProcessorChargeID: made[0].ID}); !known || err != nil {
+	if known, err := f.applyOutcome(t, pending.DownstreamKey, charges.Answer{Succeeded: true, ProcessorChargeID: made[0].ID}); !known || err != nil {
 		t.Fatalf("webhook: %v, %v", known, err)
 	}
 

@@ -73,7 +73,7 @@ func (s *Service) RefundOperation() idempotency.Operation {
 		Name:  OperationRefund,
 		Start: createRefund, // an unknown charge's 404 is not stored
 
-		Steps: map[idempotency.RecoveryPoint]idempotency.Handler{RecoveryRefundCreated: s.callForRefund},
+		Steps: map[idempotency.RecoveryPoint]idempotency.Step{RecoveryRefundCreated: s.callForRefund},
 	}.Operation()
 }
 
@@ -93,13 +93,13 @@ func (s *Service) callForRefund(ctx context.Context, l *idempotency.Lease) error
 		// damaged data, for a person to look at.
 		return fmt.Errorf("charge %s of refund %s has no processor charge id", ch.ID, re.ID)
 	}
-	answer, err := s.processor.Refund(ctx, re.DownstreamKey, cardprocessor.RefundRequest{Charge: *ch.ProcessorChargeID, Amount: re.Amount})
+	result, err := s.processor.Refund(ctx, re.DownstreamKey, cardprocessor.RefundRequest{Charge: *ch.ProcessorChargeID, Amount: re.Amount})
 	refusal, err := classify(err, "refund")
 	if err != nil {
 		return err
 	}
 	return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (idempotency.Result, error) {
-		return finishRefund(ctx, tx, ch, re, answer, refusal)
+		return finishRefund(ctx, tx, ch, re, result, refusal)
 	})
 }
 
@@ -159,7 +159,7 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 }
 
 // finishRefund is the final phase: record the processor's definite answer.
-func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, answer cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
+func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, result cardprocessor.RefundResult, refusal error) (idempotency.Result, error) {
 	if refusal != nil {
 		// A definite "no" of any kind (classify lets through no
 		// other): not refunded, so give the reservation back.
@@ -177,7 +177,7 @@ func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Re
 		}
 		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", cardprocessor.RefusalCode(refusal))), nil
 	}
-	succeeded, err := refundSucceeded(ctx, tx, ch, re, events.Report{ProcessorID: answer.ID})
+	succeeded, err := refundSucceeded(ctx, tx, ch, re, events.Report{ProcessorID: result.ID})
 	if err != nil {
 		return nil, err
 	}
@@ -253,7 +253,7 @@ func refundSucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc
 	if err := ledger.Settle(ctx, tx, ch.CallerID, ch.Currency, re.Amount, re.ID); err != nil {
 		return cur, err
 	}
-	return cur, events.Record(ctx, tx, re.CallerID, events.RefundSucceeded, map[string]any{
+	return cur, events.Emit(ctx, tx, re.CallerID, events.RefundSucceeded, map[string]any{
 		"refund_id": re.ID, "charge_id": ch.ID, "order_id": ch.OrderID, "amount": re.Amount, "currency": ch.Currency,
 	})
 }

@@ -30,7 +30,7 @@ import (
 )
 
 // These tests drive refunds as the HTTP layer and the reconciler do
-// (idempotency.Store.Execute, ClaimStale and Drive), against a real
+// (idempotency.Store.Serve, ClaimStale and Drive), against a real
 // PostgreSQL and the fake card processor over HTTP. The money rule they pin
 // down: what we record as refunded never exceeds the charge, and always
 // matches what the processor refunded.

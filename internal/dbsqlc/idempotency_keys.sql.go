@@ -9,32 +9,6 @@ import (
 	"context"
 )
 
-const abandonIdempotencyKey = `-- name: AbandonIdempotencyKey :execrows
-DELETE FROM idempotency_keys
-WHERE caller_id = $1
-  AND id = $2
-  AND attempt = $3
-  AND status = 'in_progress'
-  AND recovery_point = 'started'
-`
-
-type AbandonIdempotencyKeyParams struct {
-	CallerID string
-	ID       int64
-	Attempt  int32
-}
-
-// Forget an operation that never got past its first phase: nothing was
-// done (the phase is one transaction and did not commit), so the key can
-// be freed; a client that retries with it runs the operation afresh.
-func (q *Queries) AbandonIdempotencyKey(ctx context.Context, db DBTX, arg AbandonIdempotencyKeyParams) (int64, error) {
-	result, err := db.Exec(ctx, abandonIdempotencyKey, arg.CallerID, arg.ID, arg.Attempt)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const awaitIdempotencyKey = `-- name: AwaitIdempotencyKey :exec
 UPDATE idempotency_keys
 SET awaited = true
@@ -52,33 +26,6 @@ type AwaitIdempotencyKeyParams struct {
 func (q *Queries) AwaitIdempotencyKey(ctx context.Context, db DBTX, arg AwaitIdempotencyKeyParams) error {
 	_, err := db.Exec(ctx, awaitIdempotencyKey, arg.CallerID, arg.ID)
 	return err
-}
-
-const buryIdempotencyKey = `-- name: BuryIdempotencyKey :execrows
-UPDATE idempotency_keys
-SET status       = 'dead',
-    locked_until = NULL,
-    updated_at   = now()
-WHERE caller_id = $1
-  AND id = $2
-  AND attempt = $3
-  AND status = 'in_progress'
-`
-
-type BuryIdempotencyKeyParams struct {
-	CallerID string
-	ID       int64
-	Attempt  int32
-}
-
-// Set an operation aside for a person: it failed too often or for too
-// long. It is never deleted while its external effect may be unresolved.
-func (q *Queries) BuryIdempotencyKey(ctx context.Context, db DBTX, arg BuryIdempotencyKeyParams) (int64, error) {
-	result, err := db.Exec(ctx, buryIdempotencyKey, arg.CallerID, arg.ID, arg.Attempt)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }
 
 const checkIdempotencyKeyFree = `-- name: CheckIdempotencyKeyFree :exec
@@ -282,6 +229,32 @@ func (q *Queries) ConfirmReplicated(ctx context.Context, db DBTX) error {
 	return err
 }
 
+const deleteUnstartedIdempotencyKey = `-- name: DeleteUnstartedIdempotencyKey :execrows
+DELETE FROM idempotency_keys
+WHERE caller_id = $1
+  AND id = $2
+  AND attempt = $3
+  AND status = 'in_progress'
+  AND recovery_point = 'started'
+`
+
+type DeleteUnstartedIdempotencyKeyParams struct {
+	CallerID string
+	ID       int64
+	Attempt  int32
+}
+
+// Forget an operation that never got past its first phase: nothing was
+// done (the phase is one transaction and did not commit), so the key can
+// be freed; a client that retries with it runs the operation afresh.
+func (q *Queries) DeleteUnstartedIdempotencyKey(ctx context.Context, db DBTX, arg DeleteUnstartedIdempotencyKeyParams) (int64, error) {
+	result, err := db.Exec(ctx, deleteUnstartedIdempotencyKey, arg.CallerID, arg.ID, arg.Attempt)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const findIdempotencyKey = `-- name: FindIdempotencyKey :one
 SELECT k.caller_id, k.id, k.key, k.status, k.recovery_point, k.attempt, k.locked_until, k.request_method, k.request_path, k.request_fingerprint, k.response_status, k.response_headers, k.response_body, k.created_at, k.updated_at, k.completed_at, k.next_attempt_at, k.reconciler_attempts, k.operation, k.awaited, k.traceparent,
        coalesce(greatest(extract(epoch FROM k.locked_until - now()), 0), 0)::float8 AS lease_remaining_seconds,
@@ -426,38 +399,6 @@ func (q *Queries) GetIdempotencyKeyWithLease(ctx context.Context, db DBTX, arg G
 		&i.LeaseRemainingSeconds,
 	)
 	return i, err
-}
-
-const giveBackIdempotencyKey = `-- name: GiveBackIdempotencyKey :execrows
-UPDATE idempotency_keys
-SET locked_until        = now(),
-    next_attempt_at     = now(),
-    reconciler_attempts = greatest(reconciler_attempts - 1, 0),
-    updated_at          = now()
-WHERE caller_id = $1
-  AND id = $2
-  AND attempt = $3
-  AND status = 'in_progress'
-`
-
-type GiveBackIdempotencyKeyParams struct {
-	CallerID string
-	ID       int64
-	Attempt  int32
-}
-
-// A reconciler that claimed the record and is stopping before it tried
-// gives it back: the lease ends now and the record is due at once (a
-// client's retry, or another reconciler, may take it), and the claim's
-// count of the reconciler's tries is undone, since nothing was tried.
-// Otherwise every restart of a replica would push a record one try
-// closer to being set aside.
-func (q *Queries) GiveBackIdempotencyKey(ctx context.Context, db DBTX, arg GiveBackIdempotencyKeyParams) (int64, error) {
-	result, err := db.Exec(ctx, giveBackIdempotencyKey, arg.CallerID, arg.ID, arg.Attempt)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }
 
 const insertCompletedIdempotencyKey = `-- name: InsertCompletedIdempotencyKey :exec
@@ -626,6 +567,33 @@ func (q *Queries) ListDeadIdempotencyKeys(ctx context.Context, db DBTX, callerID
 		return nil, err
 	}
 	return items, nil
+}
+
+const markIdempotencyKeyDead = `-- name: MarkIdempotencyKeyDead :execrows
+UPDATE idempotency_keys
+SET status       = 'dead',
+    locked_until = NULL,
+    updated_at   = now()
+WHERE caller_id = $1
+  AND id = $2
+  AND attempt = $3
+  AND status = 'in_progress'
+`
+
+type MarkIdempotencyKeyDeadParams struct {
+	CallerID string
+	ID       int64
+	Attempt  int32
+}
+
+// Set an operation aside for a person: it failed too often or for too
+// long. It is never deleted while its external effect may be unresolved.
+func (q *Queries) MarkIdempotencyKeyDead(ctx context.Context, db DBTX, arg MarkIdempotencyKeyDeadParams) (int64, error) {
+	result, err := db.Exec(ctx, markIdempotencyKeyDead, arg.CallerID, arg.ID, arg.Attempt)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const releaseIdempotencyKey = `-- name: ReleaseIdempotencyKey :execrows
@@ -801,4 +769,36 @@ func (q *Queries) TakeOverIdempotencyKey(ctx context.Context, db DBTX, arg TakeO
 		&i.Traceparent,
 	)
 	return i, err
+}
+
+const unclaimIdempotencyKey = `-- name: UnclaimIdempotencyKey :execrows
+UPDATE idempotency_keys
+SET locked_until        = now(),
+    next_attempt_at     = now(),
+    reconciler_attempts = greatest(reconciler_attempts - 1, 0),
+    updated_at          = now()
+WHERE caller_id = $1
+  AND id = $2
+  AND attempt = $3
+  AND status = 'in_progress'
+`
+
+type UnclaimIdempotencyKeyParams struct {
+	CallerID string
+	ID       int64
+	Attempt  int32
+}
+
+// A reconciler that claimed the record and is stopping before it tried
+// gives it back: the lease ends now and the record is due at once (a
+// client's retry, or another reconciler, may take it), and the claim's
+// count of the reconciler's tries is undone, since nothing was tried.
+// Otherwise every restart of a replica would push a record one try
+// closer to being set aside.
+func (q *Queries) UnclaimIdempotencyKey(ctx context.Context, db DBTX, arg UnclaimIdempotencyKeyParams) (int64, error) {
+	result, err := db.Exec(ctx, unclaimIdempotencyKey, arg.CallerID, arg.ID, arg.Attempt)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }

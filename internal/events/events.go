@@ -48,10 +48,10 @@ func (e Event) API() (apigen.Event, error) {
 	return apigen.Event{Id: e.ID, Type: apigen.EventType(e.Type), CreatedAt: e.CreatedAt, Data: data}, nil
 }
 
-// Record writes an event in tx, the transaction that makes the change: the
+// Emit writes an event in tx, the transaction that makes the change: the
 // event commits, or not, with it. When ctx's span is recorded, the event
 // keeps its trace context, for each delivery's trace to link to.
-func Record(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map[string]any) (err error) {
+func Emit(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map[string]any) (err error) {
 	defer postgres.Wrap(&err, "Record(%s, %s)", callerID, eventType)
 	b, err := json.Marshal(data)
 	if err != nil {

@@ -64,7 +64,7 @@ func newRelay(t *testing.T, pool *pgxpool.Pool, cfg events.RelayConfig) *events.
 func recordEvent(t *testing.T, pool *pgxpool.Pool, callerID, eventType string, data map[string]any) {
 	t.Helper()
 	if err := postgres.Transact(context.Background(), pool, func(tx pgx.Tx) error {
-		return events.Record(context.Background(), tx, callerID, eventType, data)
+		return events.Emit(context.Background(), tx, callerID, eventType, data)
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -17,13 +17,13 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// Execute runs the keyed request req, an operation with an outside effect:
+// serveExternal runs the keyed request req, an operation with an outside effect:
 // it claims the key with the operation's first phase, start, in one
 // transaction (Store.start), or finds the key taken and answers from the
 // record (replay, 409, 422) or takes it over; then, as the owner, it runs
 // h from the recovery point reached. An error is a problem that was not
 // stored.
-func (s *Store) Execute(ctx context.Context, req Request, start StartFunc, h Handler) (*Response, error) {
+func (s *Store) serveExternal(ctx context.Context, req Request, start StartFunc, h Step) (*Response, error) {
 	if resp, err, ok := s.fromCache(ctx, req); ok {
 		return resp, err
 	}
@@ -41,7 +41,7 @@ func (s *Store) Execute(ctx context.Context, req Request, start StartFunc, h Han
 	}
 	span.End() // a no-op if start ended it, before its first phase
 	if lease != nil {
-		resp, err = s.run(ctx, req, lease, h)
+		resp, err = s.driveFor(ctx, req, lease, h)
 	}
 	// A live owner holds the key (found by the claim, or by an owner that
 	// lost its lease to it): wait for its answer, or say when to retry.
@@ -52,6 +52,23 @@ func (s *Store) Execute(ctx context.Context, req Request, start StartFunc, h Han
 	if errors.As(err, &busy) {
 		observe(ctx, req.Operation, metrics.OutcomeInProgress)
 		return nil, busy.problem()
+	}
+	return resp, err
+}
+
+// driveFor drives the operation lease holds to its answer, for req: detached
+// from the client's cancellation and bounded by MaxRun however long it
+// renews. A retryable failure releases the lease at once, so the client's
+// retry finds the record free; the reconciler waits a lease before it steps in.
+func (s *Store) driveFor(ctx context.Context, req Request, lease *Lease, h Step) (*Response, error) {
+	if s.faults != nil {
+		s.faults.AfterClaim(lease.record)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.maxRun)
+	defer cancel()
+	resp, err := s.Drive(ctx, lease, h, s.lease)
+	if err == nil { // a completed record: this lease's, or its fencer's
+		s.replays.put(req, resp, lease.claimed, lease.age)
 	}
 	return resp, err
 }
@@ -87,7 +104,7 @@ func replayCached(ctx context.Context, req Request, cached *cachedReplay) (*Resp
 // confirmed replicated by the look-up); a dead one, the dead answer; one a
 // live owner holds, a *busyError (wait, or 409); one whose owner's lease
 // lapsed, taken over: a lease for the caller to drive (a local
-// operation's caller abandons it instead). errNoRecord: there is none.
+// operation's caller deletes it instead). errNoRecord: there is none.
 func (s *Store) found(observed context.Context, req Request) (*Lease, *Response, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(observed), cleanupTimeout)
 	defer cancel()
@@ -114,7 +131,7 @@ func (s *Store) found(observed context.Context, req Request) (*Lease, *Response,
 		return nil, resp, err
 	case rec.Status == StatusDead:
 		observe(observed, req.Operation, metrics.OutcomeDead)
-		return nil, nil, dead()
+		return nil, nil, deadAnswer()
 	case row.LeaseRemainingSeconds > 0:
 		// A live owner holds it. Counted by the caller if it answers 409: waiting may yet answer.
 		annotate(observed, attrOutcome.String(metrics.OutcomeInProgress))
@@ -163,15 +180,15 @@ type StartFunc func(ctx context.Context, tx pgx.Tx, rec Record) (Result, error)
 // round trips fewer. The key's check and the record's insert go first, so
 // that a duplicate waits on the key's index before it locks anything.
 //
-// How the phase's error is kept differs from a later phase's (Handler),
+// How the phase's error is kept differs from a later phase's (Step),
 // because here it rolls the claim back with it: a 404 (the request names
 // nothing that exists) or a transient error stores nothing, and the key
 // stays free for a corrected request or a retry; any other problem, or a
 // bug's 500, is stored as the final answer in a transaction of its own.
-// errKeyTaken means the key has a record: Execute claims it as a retry.
+// errKeyTaken means the key has a record: serveExternal claims it as a retry.
 func (s *Store) start(ctx, observed context.Context, req Request, start StartFunc) (*Lease, *Response, error) {
 	traceparent := postgres.Traceparent(ctx)
-	// Detached, and bounded by MaxRun, as run is: a client hanging up must
+	// Detached, and bounded by MaxRun, as driveFor is: a client hanging up must
 	// not cut a transaction whose claim may commit. The phase's span is the
 	// claim's sibling, as a later phase's is.
 	run, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.maxRun)

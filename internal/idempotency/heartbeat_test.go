@@ -72,7 +72,7 @@ func TestRenewalAfterTakeoverIsRefused(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT locked_until FROM idempotency_keys WHERE key = 'renewed'`).Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	// The new owner's heartbeat starts with its claim, as Execute's does.
+	// The new owner's heartbeat starts with its claim, as serveExternal's does.
 	stopNewer := newer.heartbeat(ctx, func() { t.Error("the new owner lost its lease") })
 	defer stopNewer()
 
@@ -137,7 +137,7 @@ func TestHeartbeatKeepsALiveOwnersLease(t *testing.T) {
 	release := make(chan struct{})
 	done := make(chan *Response, 1)
 	go func() {
-		resp, err := s.Execute(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error {
+		resp, err := s.serveExternal(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error {
 			<-release // a slow operation: a processor call that takes its time
 			return l.Phase(ctx, createOrderPhase)
 		})
@@ -187,7 +187,7 @@ func TestDuplicateWaitsForTheOriginal(t *testing.T) {
 	release := make(chan struct{})
 	original := make(chan *Response, 1)
 	go func() {
-		resp, err := s.Execute(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error {
+		resp, err := s.serveExternal(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error {
 			<-release
 			return l.Phase(ctx, createOrderPhase)
 		})
@@ -203,7 +203,7 @@ func TestDuplicateWaitsForTheOriginal(t *testing.T) {
 	})
 	duplicate := make(chan *Response, 1)
 	go func() {
-		resp, err := s.Execute(ctx, req, claimOnly, func(context.Context, *Lease) error {
+		resp, err := s.serveExternal(ctx, req, claimOnly, func(context.Context, *Lease) error {
 			t.Error("the duplicate ran the operation")
 			return nil
 		})
@@ -243,7 +243,7 @@ func TestWaitEndsAtItsDeadline(t *testing.T) {
 	if _, _, err := s.claim(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Execute(ctx, req, claimOnly, func(context.Context, *Lease) error { return errors.New("must not run") })
+	_, err := s.serveExternal(ctx, req, claimOnly, func(context.Context, *Lease) error { return errors.New("must not run") })
 	wantInProgress(t, err)
 }
 

@@ -34,7 +34,7 @@ type Lease struct {
 // Record is the record as of the last phase this lease committed.
 func (l *Lease) Record() Record { return l.record }
 
-// RecoveryPoint is where the operation stands: where a Handler resumes.
+// RecoveryPoint is where the operation stands: where a Step resumes.
 func (l *Lease) RecoveryPoint() RecoveryPoint { return l.record.RecoveryPoint }
 
 // A PhaseFunc does one phase's work inside tx and says how it ended.
@@ -225,30 +225,30 @@ func (s *Store) ClaimStale(ctx context.Context, n int, operations []string) ([]*
 	return leases, nil
 }
 
-// GiveBack gives a lease from ClaimStale up unused, for a reconciler that
+// unclaim gives a lease from ClaimStale up unused, for a reconciler that
 // is stopping: anyone may take the record at once, and no try is counted.
-func (l *Lease) GiveBack() {
+func (l *Lease) unclaim() {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	rec := l.record
-	if _, err := queries.GiveBackIdempotencyKey(ctx, l.store.pool, dbsqlc.GiveBackIdempotencyKeyParams{
+	if _, err := queries.UnclaimIdempotencyKey(ctx, l.store.pool, dbsqlc.UnclaimIdempotencyKeyParams{
 		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
 	}); err != nil {
 		l.store.log.WarnContext(ctx, "give back idempotency key", "err", err, "caller", rec.CallerID, "key_id", rec.ID)
 	}
 }
 
-// Abandon deletes a record that never passed its first phase (nothing was
+// deleteUnstarted deletes a record that never passed its first phase (nothing was
 // done), freeing its key. It returns ErrLeaseLost if the record moved on.
-func (l *Lease) Abandon(ctx context.Context) error {
-	return fenced(queries.AbandonIdempotencyKey(ctx, l.store.pool, dbsqlc.AbandonIdempotencyKeyParams{
+func (l *Lease) deleteUnstarted(ctx context.Context) error {
+	return fenced(queries.DeleteUnstartedIdempotencyKey(ctx, l.store.pool, dbsqlc.DeleteUnstartedIdempotencyKeyParams{
 		CallerID: l.record.CallerID, ID: l.record.ID, Attempt: l.record.Attempt,
 	}))
 }
 
-// Bury sets the record aside for an operator (dead), or returns ErrLeaseLost if it moved on.
-func (l *Lease) Bury(ctx context.Context) error {
-	return fenced(queries.BuryIdempotencyKey(ctx, l.store.pool, dbsqlc.BuryIdempotencyKeyParams{
+// markDead sets the record aside for an operator (dead), or returns ErrLeaseLost if it moved on.
+func (l *Lease) markDead(ctx context.Context) error {
+	return fenced(queries.MarkIdempotencyKeyDead(ctx, l.store.pool, dbsqlc.MarkIdempotencyKeyDeadParams{
 		CallerID: l.record.CallerID, ID: l.record.ID, Attempt: l.record.Attempt,
 	}))
 }

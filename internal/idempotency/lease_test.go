@@ -75,7 +75,7 @@ func TestTransientFailureFreesTheRecordForTheClient(t *testing.T) {
 	ctx := context.Background()
 	req := testRequest(t, "outage")
 	unavailable := problem.New(problem.ServiceUnavailable, "downstream is down")
-	_, err := s.Execute(ctx, req, claimOnly, func(context.Context, *Lease) error { return unavailable })
+	_, err := s.serveExternal(ctx, req, claimOnly, func(context.Context, *Lease) error { return unavailable })
 	if !errors.Is(err, unavailable) {
 		t.Fatalf("first attempt: %v; want the transient failure", err)
 	}
@@ -98,7 +98,7 @@ func TestTransientFailureFreesTheRecordForTheClient(t *testing.T) {
 	}
 
 	// The client's retry takes over at once and finishes the operation.
-	resp, err := s.Execute(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error { return l.Phase(ctx, createOrderPhase) })
+	resp, err := s.serveExternal(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error { return l.Phase(ctx, createOrderPhase) })
 	if err != nil || resp.Status != 201 {
 		t.Fatalf("retry: %v, %v; want 201 at once", resp, err)
 	}
@@ -112,7 +112,7 @@ func TestLapsedOwnerIsToldToRetry(t *testing.T) {
 	s, pool := newStore(t, time.Minute)
 	ctx := context.Background()
 	req := testRequest(t, "lapsed-answer")
-	_, err := s.Execute(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error {
+	_, err := s.serveExternal(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error {
 		expireLease(t, pool, "lapsed-answer")
 		return l.Phase(ctx, createOrderPhase)
 	})
@@ -135,7 +135,7 @@ func TestFailureAfterTheFirstPhaseIsNeverFinal(t *testing.T) {
 	s, pool := newStore(t, time.Minute)
 	ctx := context.Background()
 	req := testRequest(t, "half-done")
-	_, err := s.Execute(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error {
+	_, err := s.serveExternal(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error {
 		if err := l.Phase(ctx, func(context.Context, pgx.Tx) (Result, error) { return RecoveryPoint("charge_created"), nil }); err != nil {
 			return err
 		}

@@ -20,7 +20,7 @@ import (
 // so it must do nothing outside tx.
 type LocalFunc func(ctx context.Context, tx pgx.Tx) (*Response, error)
 
-// ExecuteLocal runs the keyed request req, a local operation:
+// serveLocal runs the keyed request req, a local operation:
 //
 //  1. Run fn and insert the key's completed record in one transaction.
 //  2. If the key has a record already, the transaction rolls back, effect
@@ -31,7 +31,7 @@ type LocalFunc func(ctx context.Context, tx pgx.Tx) (*Response, error)
 //
 // There is no look-up first: a new key, the common case, costs one round
 // trip (postgres.TransactPipelined); a replay the cache misses, two.
-func (s *Store) ExecuteLocal(ctx context.Context, req Request, fn LocalFunc) (*Response, error) {
+func (s *Store) serveLocal(ctx context.Context, req Request, fn LocalFunc) (*Response, error) {
 	if resp, err, ok := s.fromCache(ctx, req); ok {
 		return resp, err
 	}
@@ -41,7 +41,7 @@ func (s *Store) ExecuteLocal(ctx context.Context, req Request, fn LocalFunc) (*R
 	defer cancel()
 	ctx, span := startClaim(ctx, req)
 	defer span.End()
-	// Again only if the record in the way is gone when read (swept, or abandoned below).
+	// Again only if the record in the way is gone when read (swept, or deleted below).
 	for range 2 {
 		sent := s.replays.clock()
 		resp, err := s.commitLocal(run, req, fn)
@@ -69,8 +69,8 @@ func (s *Store) ExecuteLocal(ctx context.Context, req Request, fn LocalFunc) (*R
 			// Left in progress by an older version (which claimed local
 			// operations too) whose owner died: its one phase never
 			// committed. Delete it, as the reconciler would, and run again.
-			if err := lease.Abandon(ctx); err != nil && !errors.Is(err, ErrLeaseLost) {
-				return nil, fmt.Errorf("abandon idempotency key: %w", err)
+			if err := lease.deleteUnstarted(ctx); err != nil && !errors.Is(err, ErrLeaseLost) {
+				return nil, fmt.Errorf("delete unstarted idempotency key: %w", err)
 			}
 		case !errors.Is(err, errNoRecord):
 			return resp, err

@@ -166,7 +166,7 @@ func TestKeyRecordStateMachine(t *testing.T) {
 				if l == nil {
 					rt.Skip("no lease")
 				}
-				l.store.release(l, 0) // as Drive does after a transient failure
+				l.store.releaseForRetry(l, 0) // as Drive does after a transient failure
 				if holds(actor) {
 					m.live = false
 				}
@@ -177,7 +177,7 @@ func TestKeyRecordStateMachine(t *testing.T) {
 					rt.Skip("the reconciler holds nothing")
 				}
 				ok := leaseRecord[reconciler] == m.record && m.exists && m.status == StatusInProgress && l.record.Attempt == m.attempt && m.point == string(RecoveryStarted)
-				err := l.Abandon(ctx)
+				err := l.deleteUnstarted(ctx)
 				if ok != (err == nil) {
 					rt.Fatalf("abandon (attempt %d, model %+v): %v", l.record.Attempt, m, err)
 				}

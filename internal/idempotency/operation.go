@@ -27,7 +27,7 @@ type Operation struct {
 	Name  string // the contract's operationId, stored with every record
 	serve func(ctx context.Context, s *Store, req Request, path map[string]string, body []byte) (*Response, error)
 	// Resume drives an external operation on from its recovery point, for the reconciler; nil if local.
-	Resume  Handler
+	Resume  Step
 	invalid string // why the declaration cannot work, for NewRegistry
 }
 
@@ -39,7 +39,7 @@ func Local[B any](name string, run func(ctx context.Context, tx pgx.Tx, in Input
 		if err != nil {
 			return nil, err
 		}
-		return s.ExecuteLocal(ctx, req, func(ctx context.Context, tx pgx.Tx) (*Response, error) { return run(ctx, tx, in) })
+		return s.serveLocal(ctx, req, func(ctx context.Context, tx pgx.Tx) (*Response, error) { return run(ctx, tx, in) })
 	}}
 }
 
@@ -56,8 +56,8 @@ type External[B any] struct {
 	Start func(ctx context.Context, tx pgx.Tx, rec Record, in Input[B]) (Result, error)
 	// Steps moves the operation on from each later recovery point by one
 	// or more l.Phase, the last storing the final answer. A step's error
-	// means what a Handler's does.
-	Steps map[RecoveryPoint]Handler
+	// means what a Step's does.
+	Steps map[RecoveryPoint]Step
 }
 
 // Operation is the declaration, for NewRegistry.
@@ -69,22 +69,22 @@ func (e External[B]) Operation() Operation {
 	return Operation{
 		Name:    e.Name,
 		invalid: invalid,
-		Resume:  e.handler(nil),
+		Resume:  e.loop(nil),
 		serve: func(ctx context.Context, s *Store, req Request, path map[string]string, body []byte) (*Response, error) {
 			in, err := decode[B](req, path, body)
 			if err != nil {
 				return nil, err
 			}
 			start := func(ctx context.Context, tx pgx.Tx, rec Record) (Result, error) { return e.Start(ctx, tx, rec, in) }
-			return s.Execute(ctx, req, start, e.handler(&in))
+			return s.serveExternal(ctx, req, start, e.loop(&in))
 		},
 	}
 }
 
-// handler runs the step for the record's recovery point until a phase
+// loop runs the step for the record's recovery point until a phase
 // stores the final answer. The reconciler has no input (in is nil), and
-// never needs to start an operation: it abandons those not started.
-func (e External[B]) handler(in *Input[B]) Handler {
+// never needs to start an operation: it deletes those not started.
+func (e External[B]) loop(in *Input[B]) Step {
 	return func(ctx context.Context, l *Lease) error {
 		for l.response == nil {
 			var err error

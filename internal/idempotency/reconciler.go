@@ -29,7 +29,7 @@ type ReconcilerConfig struct {
 	Interval time.Duration // the pause between scans that found nothing to do
 	Batch    int           // the most records claimed per scan
 	MaxRun   time.Duration // bounds one record's run, as for a request
-	// MaxAttempts and MaxAge decide when a record is set aside (dead).
+	// MaxAttempts and MaxAge decide when a record is dead.
 	// MaxAttempts counts the reconciler's own tries, not a client's: a
 	// client retrying through an outage must not use up its patience.
 	MaxAttempts int
@@ -120,8 +120,8 @@ func (r *Reconciler) RunOnce(ctx context.Context) (int, error) {
 	var wg sync.WaitGroup
 	for _, l := range leases {
 		if ctx.Err() != nil {
-			// Stopping: give it back, so nobody waits for its lease to run out.
-			l.GiveBack()
+			// Stopping: unclaim it, so nobody waits for its lease to run out.
+			l.unclaim()
 			continue
 		}
 		wg.Go(func() { r.reconcile(ctx, l) })
@@ -153,14 +153,14 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 		// free the key for a retry to run afresh. Before the check for
 		// giving up: setting it aside would tell its client never to retry
 		// an operation that never began.
-		switch err := l.Abandon(ctx); {
+		switch err := l.deleteUnstarted(ctx); {
 		case errors.Is(err, ErrLeaseLost):
-			log.InfoContext(ctx, "reconciler: the record moved on before it could be abandoned")
+			log.InfoContext(ctx, "reconciler: the record moved on before it could be deleted")
 		case err != nil:
-			log.WarnContext(ctx, "reconciler: abandon failed", "err", err)
+			log.WarnContext(ctx, "reconciler: delete failed", "err", err)
 		default:
 			metrics.ReconcilerResumes.WithLabelValues("abandoned").Inc()
-			log.InfoContext(ctx, "reconciler: abandoned an operation that never started")
+			log.InfoContext(ctx, "reconciler: deleted an operation that never started")
 		}
 		return
 	}
@@ -168,12 +168,12 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	switch {
 	case int(rec.ReconcilerAttempts) > r.cfg.MaxAttempts || time.Since(rec.CreatedAt) > r.cfg.MaxAge:
 		// (On this process's clock: MaxAge is hours, so skew does not matter.)
-		bury(ctx, l, log, slog.LevelWarn, "reconciler: operation set aside for an operator (dead)")
+		markDeadAndLog(ctx, l, log, slog.LevelWarn, "reconciler: operation dead, left for an operator")
 		return
 	case !ok || op.Resume == nil:
 		// ClaimStale claims only registered operations past 'started': the
 		// registry changed under a running reconciler, a wiring bug.
-		bury(ctx, l, log, slog.LevelError, "reconciler: no handler registered for the operation; set aside")
+		markDeadAndLog(ctx, l, log, slog.LevelError, "reconciler: no step declared for the operation; dead")
 		return
 	}
 	// After a transient failure Drive releases the lease at once, for a
@@ -189,10 +189,10 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	log.InfoContext(ctx, "reconciler: finished an operation", "status", resp.Status)
 }
 
-// bury sets l's record aside for a person, and logs msg at level.
-func bury(ctx context.Context, l *Lease, log *slog.Logger, level slog.Level, msg string) {
-	if err := l.Bury(ctx); err != nil {
-		log.WarnContext(ctx, "reconciler: set aside failed", "err", err)
+// markDeadAndLog marks l's record dead, for a person, and logs msg at level.
+func markDeadAndLog(ctx context.Context, l *Lease, log *slog.Logger, level slog.Level, msg string) {
+	if err := l.markDead(ctx); err != nil {
+		log.WarnContext(ctx, "reconciler: marking dead failed", "err", err)
 		return
 	}
 	metrics.ReconcilerDeadLetters.Inc()

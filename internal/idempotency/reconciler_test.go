@@ -217,7 +217,7 @@ func TestOneCallersBacklogDoesNotDelayAnother(t *testing.T) {
 
 // A transient failure during reconciliation stores nothing and backs off;
 // too many attempts set the record aside (dead), never deleting it.
-func TestReconcilerBacksOffThenSetsAside(t *testing.T) {
+func TestReconcilerBacksOffThenMarksDead(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 100) // the processor keeps failing
 	f.stalledCharge(t, "hopeless")
@@ -249,7 +249,7 @@ func TestReconcilerBacksOffThenSetsAside(t *testing.T) {
 
 // A record that never passed its first phase did nothing: the reconciler
 // frees its key.
-func TestReconcilerAbandonsNeverStarted(t *testing.T) {
+func TestReconcilerDeletesNeverStarted(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
 	ctx := context.Background()
@@ -577,7 +577,7 @@ func TestStoppingReconcilerGivesBackUntriedRecords(t *testing.T) {
 // check found the reconciler setting such a record aside instead, when
 // its first abandon had been lost to a stall and it came back past its
 // maximum attempts.)
-func TestNeverStartedRecordIsAbandonedNotSetAside(t *testing.T) {
+func TestNeverStartedRecordIsDeletedNotDead(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 0)
 	ctx := context.Background()

@@ -16,7 +16,7 @@ type Record struct {
 	ID            int64
 	CallerID      string
 	Key           string
-	Operation     string // the contract's operationId: which Handler resumes it
+	Operation     string // the contract's operationId: which Step resumes it
 	Status        Status
 	RecoveryPoint RecoveryPoint
 	// Attempt is the fencing token: it grows with every takeover, and every
@@ -50,7 +50,7 @@ type Status string
 const (
 	StatusInProgress Status = "in_progress"
 	StatusCompleted  Status = "completed"
-	StatusDead       Status = "dead" // set aside for an operator
+	StatusDead       Status = "dead" // left for an operator
 )
 
 func recordOf(r dbsqlc.IdempotencyKey) Record {
@@ -80,7 +80,7 @@ func (s *Store) Get(ctx context.Context, callerID, key string) (Record, error) {
 	})
 }
 
-// ListDead returns the caller's records set aside for an operator (dead), oldest first.
+// ListDead returns the caller's dead records, left for an operator, oldest first.
 func ListDead(ctx context.Context, db dbsqlc.DBTX, callerID string) (_ []Record, err error) {
 	defer postgres.Wrap(&err, "idempotency.ListDead(%s)", callerID)
 	rows, err := queries.ListDeadIdempotencyKeys(ctx, db, callerID)

@@ -54,13 +54,13 @@ func TestReplayCacheAnswersWithoutTheDatabase(t *testing.T) {
 	s, _, _ := cachingStore(t)
 	ctx := context.Background()
 	req := testRequest(t, "cached")
-	first, err := s.Execute(ctx, req, claimOnly, createOrder)
+	first, err := s.serveExternal(ctx, req, claimOnly, createOrder)
 	if err != nil || first.Replayed {
 		t.Fatalf("first: %+v, %v", first, err)
 	}
 	s.pool.Close()
 
-	replay, err := s.Execute(ctx, req, claimOnly, createOrder)
+	replay, err := s.serveExternal(ctx, req, claimOnly, createOrder)
 	if err != nil {
 		t.Fatalf("replay with the database gone: %v; want it from the cache", err)
 	}
@@ -72,7 +72,7 @@ func TestReplayCacheAnswersWithoutTheDatabase(t *testing.T) {
 	other := req
 	other.Fingerprint = bytes.Clone(req.Fingerprint)
 	other.Fingerprint[0] ^= 1
-	_, err = s.Execute(ctx, other, claimOnly, createOrder)
+	_, err = s.serveExternal(ctx, other, claimOnly, createOrder)
 	var p *problem.Error
 	if !errors.As(err, &p) || p.Code != problem.IdempotencyKeyReused {
 		t.Fatalf("another request under a cached key: %v; want 422 reused", err)
@@ -86,13 +86,13 @@ func TestReplayCacheKeepsCallersApart(t *testing.T) {
 	s, _, orders := cachingStore(t)
 	ctx := context.Background()
 	acme := testRequest(t, "shared-key")
-	first, err := s.Execute(ctx, acme, claimOnly, createOrder)
+	first, err := s.serveExternal(ctx, acme, claimOnly, createOrder)
 	if err != nil {
 		t.Fatal(err)
 	}
 	globex := acme
 	globex.CallerID = "globex"
-	other, err := s.Execute(ctx, globex, claimOnly, createOrder)
+	other, err := s.serveExternal(ctx, globex, claimOnly, createOrder)
 	if err != nil || other.Replayed || bytes.Equal(other.Body, first.Body) {
 		t.Fatalf("globex under acme's key: %+v, %v; want its own new order", other, err)
 	}
@@ -112,7 +112,7 @@ func TestReplayCacheNeverOutlivesTheRecord(t *testing.T) {
 	s, clock, orders := cachingStore(t)
 	ctx := context.Background()
 	req := testRequest(t, "old")
-	first, err := s.Execute(ctx, req, claimOnly, createOrder)
+	first, err := s.serveExternal(ctx, req, claimOnly, createOrder)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestReplayCacheNeverOutlivesTheRecord(t *testing.T) {
 	if _, err := s.pool.Exec(ctx, `UPDATE idempotency_keys SET created_at = now() - interval '23 hours 30 minutes' WHERE key = 'old'`); err != nil {
 		t.Fatal(err)
 	}
-	replay, err := s.Execute(ctx, req, claimOnly, createOrder)
+	replay, err := s.serveExternal(ctx, req, claimOnly, createOrder)
 	if err != nil || !replay.Replayed || !bytes.Equal(replay.Body, first.Body) {
 		t.Fatalf("replay: %+v, %v", replay, err)
 	}
@@ -154,7 +154,7 @@ func TestReplayCacheNeverOutlivesTheRecord(t *testing.T) {
 	if n, err := queries.SweepIdempotencyKeys(ctx, s.pool, dbsqlc.SweepIdempotencyKeysParams{RetentionSeconds: (24 * time.Hour).Seconds(), Batch: 10}); err != nil || n != 1 {
 		t.Fatalf("sweep: %d, %v", n, err)
 	}
-	again, err := s.Execute(ctx, req, claimOnly, createOrder)
+	again, err := s.serveExternal(ctx, req, claimOnly, createOrder)
 	if err != nil || again.Replayed || bytes.Equal(again.Body, first.Body) {
 		t.Fatalf("after the sweep: %+v, %v; want a new operation", again, err)
 	}
@@ -167,7 +167,7 @@ func TestReplayCacheNeverOutlivesTheRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.replays.entries.Purge()
-	if _, err := s.Execute(ctx, req, claimOnly, createOrder); err != nil {
+	if _, err := s.serveExternal(ctx, req, claimOnly, createOrder); err != nil {
 		t.Fatal(err)
 	}
 	if e, ok := s.replays.get("acme", "old"); ok {
@@ -186,7 +186,7 @@ func TestReplayCacheHoldsOnlyCompletedRecords(t *testing.T) {
 	entered, finish := make(chan struct{}), make(chan struct{})
 	done := make(chan *Response)
 	go func() {
-		resp, err := s.Execute(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error {
+		resp, err := s.serveExternal(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error {
 			close(entered)
 			<-finish
 			return l.Phase(ctx, createOrderPhase)
@@ -197,7 +197,7 @@ func TestReplayCacheHoldsOnlyCompletedRecords(t *testing.T) {
 		done <- resp
 	}()
 	<-entered
-	if _, err := s.Execute(ctx, req, claimOnly, createOrder); err == nil {
+	if _, err := s.serveExternal(ctx, req, claimOnly, createOrder); err == nil {
 		t.Fatal("a second request while the first runs succeeded; want 409")
 	} else {
 		wantInProgress(t, err)
@@ -207,7 +207,7 @@ func TestReplayCacheHoldsOnlyCompletedRecords(t *testing.T) {
 	}
 	close(finish)
 	first := <-done
-	replay, err := s.Execute(ctx, req, claimOnly, createOrder)
+	replay, err := s.serveExternal(ctx, req, claimOnly, createOrder)
 	if err != nil || !replay.Replayed || !bytes.Equal(replay.Body, first.Body) {
 		t.Fatalf("replay after completion: %+v, %v; want %s", replay, err, first.Body)
 	}

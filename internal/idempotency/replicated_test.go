@@ -150,7 +150,7 @@ func TestReplayWaitsUntilTheRecordIsReplicated(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		// It runs (there is no look-up first) and rolls back: the key is taken.
-		resp, err := s.ExecuteLocal(ctx, req, func(context.Context, pgx.Tx) (*Response, error) {
+		resp, err := s.serveLocal(ctx, req, func(context.Context, pgx.Tx) (*Response, error) {
 			return JSONResponse(201, nil, map[string]string{"id": "ord_again"})
 		})
 		answered <- answer{resp, err}

@@ -17,7 +17,7 @@ import (
 	"github.com/retrysafe/payments/internal/problem"
 )
 
-// A Handler drives an owned operation from l.RecoveryPoint() to its final
+// A Step drives an owned operation from l.RecoveryPoint() to its final
 // response, one l.Phase at a time. It runs for a fresh claim and for a
 // takeover, so it must switch on the recovery point (the last owner's).
 //
@@ -34,9 +34,9 @@ import (
 //     database (a charge at the processor), which a stored 500 would leave
 //     unrecorded for ever. The record stays resumable (a 503), and the
 //     reconciler sets it aside for a person if it keeps failing.
-type Handler func(ctx context.Context, l *Lease) error
+type Step func(ctx context.Context, l *Lease) error
 
-// IsRetryable reports whether a Handler's error leaves the operation resumable, not final.
+// IsRetryable reports whether a Step's error leaves the operation resumable, not final.
 func IsRetryable(err error) bool {
 	var p *problem.Error
 	if errors.As(err, &p) {
@@ -45,34 +45,17 @@ func IsRetryable(err error) bool {
 	return postgres.IsTransient(err)
 }
 
-// run drives the operation lease holds to its answer, detached from the
-// client's cancellation and bounded by MaxRun however long it renews.
-func (s *Store) run(ctx context.Context, req Request, lease *Lease, h Handler) (*Response, error) {
-	if s.faults != nil {
-		s.faults.AfterClaim(lease.record)
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.maxRun)
-	defer cancel()
-	// A retryable failure releases the lease at once, so the client's retry
-	// finds the record free; the reconciler waits a lease before it steps in.
-	resp, err := s.Drive(ctx, lease, h, s.lease)
-	if err == nil { // a completed record: this lease's, or its fencer's
-		s.replays.put(req, resp, lease.claimed, lease.age)
-	}
-	return resp, err
-}
-
 // Drive runs h on a lease already held (a claim's, or ClaimStale's) and
-// settles the outcome as Handler says. A retryable failure releases the lease
+// settles the outcome as Step says. A retryable failure releases the lease
 // at once, and the reconciler's next try is scheduled reconcileAfter later.
-func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAfter time.Duration) (*Response, error) {
-	// If a renewal finds the lease lost, the handler's context is canceled
+func (s *Store) Drive(ctx context.Context, lease *Lease, h Step, reconcileAfter time.Duration) (*Response, error) {
+	// If a renewal finds the lease lost, the step's context is canceled
 	// (a processor call in flight is abandoned: the new owner learns its
 	// outcome, under the same downstream key) and its next phase refused.
 	work, cancelWork := context.WithCancel(ctx)
 	stopHeartbeat := lease.heartbeat(work, cancelWork)
 	err := func() (err error) {
-		defer recoverPanic("handler", &err)
+		defer recoverPanic("step", &err)
 		return h(work, lease)
 	}()
 	stopHeartbeat()
@@ -86,33 +69,33 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 		return lease.response, nil
 	case lease.lost.Load() || errors.Is(err, ErrLeaseLost):
 		// Fenced out (its last phase rolled back), or a renewal found the
-		// lease lost, whatever the handler's error says about the call it
+		// lease lost, whatever the step's error says about the call it
 		// was cut off in. Rare, and a sign of a stalled owner: logged.
 		log(slog.LevelWarn, "keyed operation's owner lost its lease", err)
 		return s.current(ctx, lease.record)
 	case err == nil:
-		err = fmt.Errorf("idempotency: handler for %s %s returned without a response", rec.RequestMethod, rec.RequestPath)
-	case errors.Is(err, ErrSetAside):
-		log(slog.LevelError, "keyed operation set aside for an operator (dead)", err)
-		buryCtx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		err = fmt.Errorf("idempotency: step for %s %s returned without a response", rec.RequestMethod, rec.RequestPath)
+	case errors.Is(err, ErrDead):
+		log(slog.LevelError, "keyed operation dead, left for an operator", err)
+		deadCtx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
-		switch berr := lease.Bury(buryCtx); {
+		switch berr := lease.markDead(deadCtx); {
 		case errors.Is(berr, ErrLeaseLost):
 			return s.current(ctx, lease.record)
 		case berr != nil:
 			// Left resumable: the reconciler meets the same answer again.
-			s.release(lease, reconcileAfter)
+			s.releaseForRetry(lease, reconcileAfter)
 			return nil, errors.Join(berr, err)
 		}
 		metrics.DeadLetters.WithLabelValues(metrics.DeadLetterOperation).Inc()
-		return nil, dead()
+		return nil, deadAnswer()
 	case IsRetryable(err):
 		log(slog.LevelWarn, "keyed operation left resumable", err)
-		s.release(lease, reconcileAfter)
+		s.releaseForRetry(lease, reconcileAfter)
 		return nil, err
 	case !errors.As(err, new(*problem.Error)) && rec.RecoveryPoint != RecoveryStarted:
 		log(slog.LevelError, "keyed operation failed after its first phase; left resumable, not final", err)
-		s.release(lease, reconcileAfter)
+		s.releaseForRetry(lease, reconcileAfter)
 		return nil, errors.Join(resumable("now"), err)
 	}
 	// A final outcome: store it, so that every retry gets the same answer.
@@ -124,7 +107,7 @@ func (s *Store) Drive(ctx context.Context, lease *Lease, h Handler, reconcileAft
 	case errors.Is(err, ErrLeaseLost):
 		return s.current(ctx, lease.record)
 	case err != nil:
-		s.release(lease, reconcileAfter)
+		s.releaseForRetry(lease, reconcileAfter)
 		return nil, err
 	}
 	return resp, nil
@@ -161,7 +144,7 @@ func (s *Store) current(reqCtx context.Context, rec Record) (*Response, error) {
 		retell(reqCtx, metrics.OutcomeReplayed)
 		return s.replayStored(ctx, cur)
 	case cur.Status == StatusDead:
-		return nil, dead()
+		return nil, deadAnswer()
 	case row.LeaseRemainingSeconds > 0:
 		return nil, &busyError{rec: cur, leaseRemaining: row.LeaseRemainingSeconds}
 	default:
@@ -170,16 +153,16 @@ func (s *Store) current(reqCtx context.Context, rec Record) (*Response, error) {
 }
 
 // recoverPanic, deferred, turns a panic into *err. A panic is a bug, so it
-// is treated like any unexpected error (see Handler and LocalFunc).
+// is treated like any unexpected error (see Step and LocalFunc).
 func recoverPanic(what string, err *error) {
 	if r := recover(); r != nil {
 		*err = fmt.Errorf("%s panic: %v\n%s", what, r, debug.Stack())
 	}
 }
 
-// release gives the lease up now, for a client's retry, and schedules the
+// releaseForRetry gives the lease up now, for a client's retry, and schedules the
 // reconciler's next try. Best effort: if it fails, the lease expires.
-func (s *Store) release(l *Lease, reconcileAfter time.Duration) {
+func (s *Store) releaseForRetry(l *Lease, reconcileAfter time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	rec := l.record

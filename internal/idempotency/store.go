@@ -36,11 +36,11 @@ const (
 // found out has been rolled back and the caller must stop driving it.
 var ErrLeaseLost = errors.New("idempotency: lease lost to a newer attempt")
 
-// ErrSetAside marks a Handler's error (fmt.Errorf("%w: %w", ErrSetAside, err))
+// ErrDead marks a Step's error (fmt.Errorf("%w: %w", ErrDead, err))
 // as one no retry can fix and no final answer may record (the processor
 // refusing our downstream key, seen with another request): the record is
-// set aside for a person at once, neither retried in vain nor stored.
-var ErrSetAside = errors.New("idempotency: set aside for an operator")
+// dead at once, left for a person, neither retried in vain nor stored.
+var ErrDead = errors.New("idempotency: dead, left for an operator")
 
 // Store runs keyed operations against the idempotency_keys table.
 type Store struct {
@@ -110,7 +110,7 @@ func resumable(when string) *problem.Error {
 	return p
 }
 
-func dead() *problem.Error {
+func deadAnswer() *problem.Error {
 	return problem.New(problem.IdempotencyKeyDead,
 		"the operation under this Idempotency-Key was set aside for an operator (it failed too often, or the processor gave an answer no retry can change); do not retry it")
 }

@@ -73,7 +73,7 @@ func createOrderPhase(ctx context.Context, tx pgx.Tx) (Result, error) {
 }
 
 // asAnswered is err as a client would get it: a claim that found a live
-// owner is a 409 (Execute, with no time to wait, answers so).
+// owner is a 409 (serveExternal, with no time to wait, answers so).
 func asAnswered(err error) error {
 	var busy *busyError
 	if errors.As(err, &busy) {
@@ -273,16 +273,16 @@ func TestStaleOwnerCannotOverwrite(t *testing.T) {
 	}
 }
 
-func TestExecuteDetachesFromCancellation(t *testing.T) {
+func TestServeDetachesFromCancellation(t *testing.T) {
 	t.Parallel()
 	s, pool := newStore(t, time.Minute)
 	ctx, cancel := context.WithCancel(context.Background())
-	resp, err := s.Execute(ctx, testRequest(t, "detached"), claimOnly, func(ctx context.Context, l *Lease) error {
+	resp, err := s.serveExternal(ctx, testRequest(t, "detached"), claimOnly, func(ctx context.Context, l *Lease) error {
 		cancel() // the client hangs up mid-operation
 		return l.Phase(ctx, createOrderPhase)
 	})
 	if err != nil || resp.Status != http.StatusCreated {
-		t.Fatalf("Execute after the caller's cancellation: %v, %v; want the operation to finish", resp, err)
+		t.Fatalf("Serve after the caller's cancellation: %v, %v; want the operation to finish", resp, err)
 	}
 	if n := countOrders(t, pool); n != 1 {
 		t.Errorf("%d orders; want 1", n)
@@ -327,7 +327,7 @@ func TestPanicIsAFinalInternalError(t *testing.T) {
 	s, pool := newStore(t, time.Minute)
 	ctx := context.Background()
 	req := testRequest(t, "panics")
-	resp, err := s.Execute(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error {
+	resp, err := s.serveExternal(ctx, req, claimOnly, func(ctx context.Context, l *Lease) error {
 		return l.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (Result, error) {
 			if _, err := createOrderPhase(ctx, tx); err != nil {
 				return nil, err
@@ -336,9 +336,9 @@ func TestPanicIsAFinalInternalError(t *testing.T) {
 		})
 	})
 	if err != nil || resp.Status != http.StatusInternalServerError {
-		t.Fatalf("Execute with a panicking handler: %v, %v; want a stored 500", resp, err)
+		t.Fatalf("serveExternal with a panicking step: %v, %v; want a stored 500", resp, err)
 	}
-	again, err := s.Execute(ctx, req, claimOnly, func(context.Context, *Lease) error {
+	again, err := s.serveExternal(ctx, req, claimOnly, func(context.Context, *Lease) error {
 		t.Error("the handler ran again for a completed key")
 		return nil
 	})
@@ -354,7 +354,7 @@ func TestPanicIsAFinalInternalError(t *testing.T) {
 // tests whose handler runs every phase from RecoveryStarted.
 func claimOnly(context.Context, pgx.Tx, Record) (Result, error) { return RecoveryStarted, nil }
 
-// claim claims req's key as Execute does, with claimOnly for a first
+// claim claims req's key as serveExternal does, with claimOnly for a first
 // phase, or answers from the record the key has (found).
 func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, error) {
 	observed, span := startClaim(ctx, req)

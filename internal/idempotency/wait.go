@@ -27,7 +27,7 @@ const recheckEvery = time.Second
 // finish, then answers as found does (taking over with h if the lease
 // lapsed). At StoreConfig.Wait, or when the client goes away, it gives up
 // with the last busyError.
-func (s *Store) waitForOriginal(ctx context.Context, req Request, h Handler, busy *busyError) (*Response, error) {
+func (s *Store) waitForOriginal(ctx context.Context, req Request, h Step, busy *busyError) (*Response, error) {
 	deadline := time.Now().Add(s.wait)
 	started := time.Now()
 	defer func() { metrics.IdempotencyWaitSeconds.Observe(time.Since(started).Seconds()) }()
@@ -46,7 +46,7 @@ func (s *Store) waitForOriginal(ctx context.Context, req Request, h Handler, bus
 		}
 		if lease != nil {
 			stop()
-			return s.run(ctx, req, lease, h)
+			return s.driveFor(ctx, req, lease, h)
 		}
 		var again *busyError
 		if !errors.As(err, &again) {

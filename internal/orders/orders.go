@@ -76,7 +76,7 @@ var CreateOperation = idempotency.Local("createOrder", func(ctx context.Context,
 
 // Create inserts a pending order for callerID. The id and the time are
 // chosen here, not by the database, so the order is known before its insert
-// is sent: in a keyed create (idempotency.Store.ExecuteLocal) the insert
+// is sent: in a keyed create (idempotency.Store.Serve of a Local operation) the insert
 // travels with the key's record and COMMIT, one round trip
 // (postgres.TransactPipelined). The time is this server's clock, which only
 // lists depend on.

@@ -241,7 +241,7 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 		if err := ledger.Settle(ctx, tx, cur.CallerID, cur.Currency, cur.Amount, cur.ID); err != nil {
 			return cur, err
 		}
-		return cur, events.Record(ctx, tx, cur.CallerID, events.PayoutPaid, data)
+		return cur, events.Emit(ctx, tx, cur.CallerID, events.PayoutPaid, data)
 	}
 	code := o.FailureCode
 	if code == "" {
@@ -255,7 +255,7 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 		return cur, err
 	}
 	data["failure_code"] = code
-	return cur, events.Record(ctx, tx, cur.CallerID, events.PayoutFailed, data)
+	return cur, events.Emit(ctx, tx, cur.CallerID, events.PayoutFailed, data)
 }
 
 func orNil(s string) *string {
