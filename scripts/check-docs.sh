@@ -59,6 +59,34 @@ if ((steps == 0 || steps > 8 || words > 2000)); then
 fi
 echo "check-docs: $learn: $steps steps, $words words, each naming what its file defines"
 
+# Its glossary ("## Words"): at most 20 words, each naming the identifier
+# that carries it, which must exist: `Name` (a query, or a Go func, type,
+# var, const or field), `pkg.Name` (in internal/pkg) or `Type.Name` (a
+# method or field of Type, in a package that defines Type).
+defines() { # defines DIR NAME: a non-test Go file in DIR defines NAME
+  find "$1" -maxdepth 1 -name '*.go' ! -name '*_test.go' -exec grep -Eqs \
+    "^(func (\([^)]*\) )?$2[[(]|type $2\b|(var|const) $2\b|[[:space:]]+$2[[:space:]])" {} +
+}
+terms=0
+while IFS= read -r id; do
+  terms=$((terms + 1))
+  name=${id##*.} owner=${id%.*} ok=0
+  if [[ $id != *.* ]]; then
+    grep -qs -- "-- name: $name " db/queries/*.sql && ok=1
+    for dir in $(find internal cmd -type d); do defines "$dir" "$name" && ok=1 && break; done
+  elif [[ -d internal/$owner ]]; then
+    defines "internal/$owner" "$name" && ok=1
+  else
+    for file in $(grep -rlE --include='*.go' "^type $owner\b" internal); do
+      defines "$(dirname "$file")" "$name" && ok=1 && break
+    done
+  fi
+  [[ $ok -eq 1 ]] || { echo "check-docs: $learn's glossary names \`$id\`, which the code does not define" >&2; exit 1; }
+done < <(awk '/^## Words/ { on = 1; next } /^## / { on = 0 } on && /^\| [a-z]/ && !/^\| word/' "$learn" |
+  cut -d'|' -f3 | tr -d ' `')
+((terms > 0 && terms <= 20)) || { echo "check-docs: $learn's glossary has $terms words; it must have 1 to 20" >&2; exit 1; }
+echo "check-docs: $learn's glossary: $terms words, each an identifier the code defines"
+
 # Every relative link in the README and docs must name a file of the
 # repository: a clone or a fork has nothing else.
 dead=0
