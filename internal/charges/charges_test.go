@@ -368,6 +368,26 @@ func TestFreshChargeIsCreatedCalledAndFinished(t *testing.T) {
 	}
 }
 
+// A failover can lose our last commits (the record, the charge, the order
+// paid) but not the processor's charge. The client's retry, the same key
+// and request, then runs the operation afresh on new rows, and must send
+// the processor the downstream key the lost attempt sent: the processor
+// replays its charge instead of making a second one.
+func TestRetryAfterLostRowsChargesOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, processor.Config{}, 5*time.Second, nil)
+	o := f.order(t, "acme", 4200)
+	f.mustCharge(t, "lost", o.ID, processor.PaymentMethodVisa)
+	// The failover: what the charge wrote is gone, the order is pending again.
+	if _, err := f.pool.Exec(context.Background(), `DELETE FROM charges; DELETE FROM idempotency_keys; UPDATE orders SET status = 'pending'`); err != nil {
+		t.Fatal(err)
+	}
+	f.mustCharge(t, "lost", o.ID, processor.PaymentMethodVisa)
+	if effects := f.effects(t); len(effects) != 1 {
+		t.Fatalf("the processor made %d charges for one charge request; want 1", len(effects))
+	}
+}
+
 // A decline is a definite "no": it is the final answer (a stored 402
 // carrying the processor's decline code), the charge is failed, and the
 // order stays pending, so that the caller can pay it with another card

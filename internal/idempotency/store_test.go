@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -127,6 +128,44 @@ func TestClaimIsAtomicUnderConcurrency(t *testing.T) {
 	}
 	if l := <-leases; l.record.Attempt != 1 || l.RecoveryPoint() != RecoveryStarted {
 		t.Errorf("owner has attempt %d at %q; want 1 at started", l.record.Attempt, l.RecoveryPoint())
+	}
+}
+
+// Two copies of a local operation that both found the key free (each ran
+// the key's check, and its effect, before either wrote its record) are
+// still one execution: the key's unique index decides, not the check. The
+// second insert waits for the first's commit and fails, its effect rolls
+// back, and it is answered with the first's answer, replayed.
+func TestUniqueIndexDecidesBetweenCopiesPastTheCheck(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t, time.Minute)
+	req := testRequest(t, "twins")
+	var bothChecked, wg sync.WaitGroup
+	bothChecked.Add(2)
+	answers, errs := make([]*Response, 2), make([]error, 2)
+	for i := range 2 {
+		var once sync.Once
+		wg.Go(func() {
+			answers[i], errs[i] = s.serveLocal(context.Background(), req, func(ctx context.Context, tx pgx.Tx) (*Response, error) {
+				res, err := createOrderPhase(ctx, tx) // sent with the key's check: the key was found free
+				// Neither copy writes its record before both found the key free.
+				once.Do(func() { bothChecked.Done(); bothChecked.Wait() })
+				if err != nil {
+					return nil, err
+				}
+				return res.(*Response), nil
+			})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if answers[0].Replayed == answers[1].Replayed || !bytes.Equal(answers[0].Body, answers[1].Body) {
+		t.Errorf("replayed %v and %v, bodies %s and %s; want one answer and its replay", answers[0].Replayed, answers[1].Replayed, answers[0].Body, answers[1].Body)
+	}
+	if n := countOrders(t, pool); n != 1 {
+		t.Errorf("%d orders; want 1", n)
 	}
 }
 
@@ -317,6 +356,35 @@ func TestLapsedOwnerCannotWrite(t *testing.T) {
 	}
 	if n := countOrders(t, pool); n != 1 {
 		t.Errorf("%d orders; want 1", n)
+	}
+}
+
+// A phase that outlasts its lease cannot commit, even with nobody taking
+// the record over: the fenced write compares the lease with
+// clock_timestamp(), the time of the write, not with now(), which inside
+// the phase's transaction is the time the transaction began.
+func TestPhaseThatOutlastsItsLeaseCannotCommit(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t, time.Minute)
+	ctx := context.Background()
+	owner, _, err := s.claim(ctx, testRequest(t, "outlasted"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = owner.Phase(ctx, func(ctx context.Context, tx pgx.Tx) (Result, error) {
+		res, err := createOrderPhase(ctx, tx) // the phase's transaction has begun
+		// The lease runs out while the phase works: it ends now, after the
+		// transaction began (moved here, instead of waiting it out).
+		if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = clock_timestamp() WHERE caller_id = 'acme' AND key = 'outlasted'`); err != nil {
+			return nil, err
+		}
+		return res, err
+	})
+	if !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("a phase that outlasted its lease returned %v; want ErrLeaseLost", err)
+	}
+	if n := countOrders(t, pool); n != 0 {
+		t.Errorf("%d orders; the phase that outlasted its lease should have rolled back", n)
 	}
 }
 
