@@ -5,7 +5,7 @@
 
 .PHONY: help run test check check-fast generate rename bench fuzz soak soak-failover ha screenshots \
 	check-static check-tools check-docs-ui check-spec check-generated check-vet check-staticcheck check-gosec \
-	check-docs check-walkthrough check-model check-rename check-fuzz bench-go bench-sweeper
+	check-docs check-walkthrough check-exercises check-model check-rename check-fuzz bench-go bench-sweeper
 
 # The public targets, one line each.
 help:
@@ -98,7 +98,7 @@ check-fast: check-generated check-vet check-staticcheck check-gosec
 # of docs/adding-an-operation.md added to a copy of the tree, the lease
 # protocol's model, and a renamed copy of the module (the two copies run
 # tests, so they need PostgreSQL too).
-check-static: check-generated check-docs-ui check-spec check-vet check-staticcheck check-gosec check-docs check-walkthrough check-model check-fuzz check-rename
+check-static: check-generated check-docs-ui check-spec check-vet check-staticcheck check-gosec check-docs check-walkthrough check-exercises check-model check-fuzz check-rename
 
 # Regenerate the committed code, after checking (before writing anything)
 # that each query file has one package calling it: oapi-codegen (api/openapi.yaml ->
@@ -153,6 +153,11 @@ check-docs:
 # all of them). Needs PostgreSQL, and Redocly (hence npm-tools).
 check-walkthrough: check-tools
 	bash scripts/check-walkthrough.sh
+
+# Remove each guard docs/exercises.md breaks, on a copy of the tree, and
+# check that the command the exercise names then fails.
+check-exercises:
+	bash scripts/check-exercises.sh
 
 # Model-check the lease protocol (model/idempotency.pml) with spin: safety
 # (every assertion, in every reachable state, every statement reached) and

@@ -36,12 +36,7 @@ finish() {
 }
 trap finish EXIT
 
-# Files listed by the index but deleted from the work tree are skipped.
-git ls-files -z --cached --others --exclude-standard |
-  while IFS= read -r -d '' f; do
-    if [[ -e $f || -L $f ]]; then printf '%s\0' "$f"; fi
-  done |
-  xargs -0 -r cp -P --preserve=mode --parents -t "$tmp"
+bash scripts/copy-tree.sh "$tmp"
 
 # Test tools installed under .cache/ (make check-tools) are ignored by git but
 # needed by the copy's browser tests.

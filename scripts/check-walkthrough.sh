@@ -108,12 +108,7 @@ blocks() {
   ' "$1"
 }
 
-mkdir "$copy"
-git ls-files -z --cached --others --exclude-standard |
-  while IFS= read -r -d '' f; do
-    if [[ -e $f || -L $f ]]; then printf '%s\0' "$f"; fi
-  done |
-  xargs -0 -r cp -P --preserve=mode --parents -t "$copy"
+bash scripts/copy-tree.sh "$copy"
 # Redocly, for make check-spec, from the tree (ignored by git, like all of
 # .cache). Checked now rather than after minutes of work.
 [[ -x .cache/npm/node_modules/.bin/redocly ]] || fail "Redocly is not installed: run make check-tools (make check-walkthrough does)"
