@@ -36,28 +36,49 @@ for doc in "${docs[@]}"; do
 done
 # docs/learn.md, the reading path: at most eight steps and 2,000 words,
 # each step a file that exists, whose "Read `X` and `Y`." line names what
-# that file defines (the tests it names are checked below, with every doc's).
+# that file defines (the tests it names are checked below, with every doc's),
+# and at most 2,000 words of code to read: each name's definition, with the
+# comment above it (a query: its comment and SQL).
 learn=docs/learn.md
-steps=0
+steps=0 code=0
 file=""
+# definition FILE NAME prints NAME's definition in FILE, or nothing.
+definition() {
+  awk -v name="$2" '
+    !found && ($0 ~ "^-- name: " name " ") { found = 1 }
+    !found && /^\/\/|^-- / { doc = doc $0 "\n"; next }
+    !found && ($0 ~ "^(func (\\([^)]*\\) )?|type |var )" name "[^A-Za-z0-9_]") {
+      printf "%s%s\n", doc, $0
+      if ($0 !~ /[{(]$/) exit # one line
+      found = 1; next
+    }
+    found { print; if ($0 ~ /^[})]$/ || $0 ~ /;$/) exit }
+    { doc = "" }
+  ' "$1"
+}
 while IFS= read -r line; do
   if [[ $line =~ ^##\ [0-9]+\..*\]\(\.\./([^\)]+)\)$ ]]; then
     file=${BASH_REMATCH[1]} steps=$((steps + 1))
     [[ -f $file ]] || { echo "check-docs: $learn reads $file, which does not exist" >&2; exit 1; }
   elif [[ $line == Read\ * && -n $file ]]; then
     for name in $(grep -o '`[A-Za-z_][A-Za-z0-9_]*`' <<<"$line" | tr -d '`'); do
-      grep -Eq "^(func (\([^)]*\) )?|type |var )$name\b" "$file" ||
-        { echo "check-docs: $learn says to read $name in $file, which does not define it" >&2; exit 1; }
+      def=$(definition "$file" "$name")
+      [[ -n $def ]] || { echo "check-docs: $learn says to read $name in $file, which does not define it" >&2; exit 1; }
+      code=$((code + $(wc -w <<<"$def")))
     done
     file=""
   fi
 done <"$learn"
+if ((code > 2000)); then
+  echo "check-docs: $learn sends a reader to $code words of code; at most 2,000" >&2
+  exit 1
+fi
 words=$(wc -w <"$learn")
 if ((steps == 0 || steps > 8 || words > 2000)); then
   echo "check-docs: $learn has $steps steps and $words words; it must have 1 to 8, in at most 2,000 words" >&2
   exit 1
 fi
-echo "check-docs: $learn: $steps steps, $words words, each naming what its file defines"
+echo "check-docs: $learn: $steps steps, $words words, each naming what its file defines, $code words of code"
 
 # Its glossary ("## Words"): at most 20 words, each naming the identifier
 # that carries it, which must exist: `Name` (a query, or a Go func, type,

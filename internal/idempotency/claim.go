@@ -99,12 +99,10 @@ func replayCached(ctx context.Context, req Request, cached *cachedReplay) (*Resp
 }
 
 // found answers req from the record its key has: the one decision about a
-// found record, for every path that meets one. Another request's
-// fingerprint is a 422; a completed record, its stored answer (a replay,
-// confirmed replicated by the look-up); a dead one, the dead answer; one a
-// live owner holds, a *busyError (wait, or 409); one whose owner's lease
-// lapsed, taken over: a lease for the caller to drive (a local
-// operation's caller deletes it instead). errNoRecord: there is none.
+// found record, for every path that meets one. A replay is confirmed
+// replicated by the look-up; a *busyError is waited on, or a 409; a lease,
+// taken over, is the caller's to drive (a local operation's caller deletes
+// it instead). errNoRecord: there is none.
 func (s *Store) found(observed context.Context, req Request) (*Lease, *Response, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(observed), cleanupTimeout)
 	defer cancel()

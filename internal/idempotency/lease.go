@@ -51,21 +51,16 @@ func (*Response) isResult() {}
 // phase's effects and "this phase is done" commit together or not at all.
 //
 // The fenced update comes last and succeeds only while this attempt holds
-// a live lease. Otherwise (taken over while fn ran, or the lease ran out)
-// it raises SQLSTATE RS001 (migration 0023), rather than matching no row,
-// to stop the COMMIT sent with it; everything rolls back and Phase returns
-// ErrLeaseLost. A racing takeover waits on the update's row lock, then
-// re-reads the row: if this phase completed the record there is nothing to
-// take over; if not, it proceeds from the new recovery point and this
-// owner's next write is refused. The record moves forward exactly once.
+// a live lease; otherwise it raises RS001 (migration 0023), which stops the
+// COMMIT sent with it, and Phase returns ErrLeaseLost. A racing takeover
+// waits on the update's row lock, then sees what this phase did: the
+// record moves forward exactly once.
 func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 	if l.lost.Load() {
 		return ErrLeaseLost // a renewal found it lost: the write would be fenced out
 	}
 	ctx, span := startPhase(ctx, l.record) // shows which phases this attempt ran
 	var result Result
-	// BEGIN goes with fn's first statement, and COMMIT with the fenced
-	// write (TransactPipelined): two round trips fewer.
 	err := postgres.TransactPipelined(ctx, l.store.pool, func(tx *postgres.PipelinedTx) (err error) {
 		result, err = l.write(ctx, tx, fn)
 		return err

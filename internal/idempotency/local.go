@@ -20,17 +20,11 @@ import (
 // so it must do nothing outside tx.
 type LocalFunc func(ctx context.Context, tx pgx.Tx) (*Response, error)
 
-// serveLocal runs the keyed request req, a local operation:
-//
-//  1. Run fn and insert the key's completed record in one transaction.
-//  2. If the key has a record already, the transaction rolls back, effect
-//     and all, and the request is answered from that record: a replay, a
-//     422 for a different request, a 409 for an external operation still
-//     in progress. A concurrent request's record is a replay too: the
-//     unique index made this insert wait for its commit.
-//
-// There is no look-up first: a new key, the common case, costs one round
-// trip (postgres.TransactPipelined); a replay the cache misses, two.
+// serveLocal runs req, a local operation: fn's effect and the key's
+// completed record commit in one transaction, with no look-up first (one
+// round trip). If the key has a record already (a concurrent copy's too:
+// the unique index made this insert wait for its commit), it all rolls
+// back, and found answers from the record.
 func (s *Store) serveLocal(ctx context.Context, req Request, fn LocalFunc) (*Response, error) {
 	if resp, err, ok := s.fromCache(ctx, req); ok {
 		return resp, err

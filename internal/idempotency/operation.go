@@ -48,15 +48,13 @@ func Local[B any](name string, run func(ctx context.Context, tx pgx.Tx, in Input
 // alike by a client's request, its retry and the reconciler.
 type External[B any] struct {
 	Name string
-	// Start is the first phase, in the transaction that claims the key: it
-	// writes everything the later steps need (they have only the record and
-	// the rows it names, not the body) and returns the recovery point it
-	// reached, or a final answer. Its 404 (an unknown order) is not stored
-	// (Store.start), so the key stays free for a fixed request.
+	// Start is the first phase, in the claim's transaction: it writes all
+	// the later steps need (they have the record and its rows, not the
+	// body) and returns the recovery point reached, or a final answer. Its
+	// 404 is not stored: the key stays free for a fixed request.
 	Start func(ctx context.Context, tx pgx.Tx, rec Record, in Input[B]) (Result, error)
 	// Steps moves the operation on from each later recovery point by one
-	// or more l.Phase, the last storing the final answer. A step's error
-	// means what a Step's does.
+	// or more l.Phase, the last storing the final answer.
 	Steps map[RecoveryPoint]Step
 }
 

@@ -16,8 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/postgres"
@@ -139,19 +137,12 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.MaxRun)
 	defer cancel()
 	metrics.ReconcilerTakeovers.Inc()
-	// A trace of its own, for its phases and processor call: it may run an
-	// hour after the request, whose trace it would stretch over the hour
-	// as a child. It links to that request instead, if it was traced.
-	ctx, span := tracer.Start(ctx, "reconciler resume", append(postgres.LinkTo(&rec.Traceparent),
-		trace.WithNewRoot(), trace.WithAttributes(
-			attrOperation.String(rec.Operation), attrKeyHash.String(KeyHash(rec.CallerID, rec.Key)),
-			attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint))))...)
+	ctx, span := startResume(ctx, rec)
 	defer span.End()
 
 	if l.RecoveryPoint() == RecoveryStarted {
-		// The first phase never committed, so nothing happened anywhere:
-		// free the key for a retry to run afresh. Before the check for
-		// giving up: setting it aside would tell its client never to retry
+		// Nothing happened anywhere: free the key for a retry. Before the
+		// give-up check: a dead answer would tell its client never to retry
 		// an operation that never began.
 		switch err := l.deleteUnstarted(ctx); {
 		case errors.Is(err, ErrLeaseLost):

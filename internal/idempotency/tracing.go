@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/retrysafe/payments/internal/postgres"
 )
 
 // tracer makes this package's spans (a key's claim, each phase) through the global
@@ -47,6 +49,17 @@ func startClaim(ctx context.Context, req Request) (context.Context, trace.Span) 
 		span.SetAttributes(attrOperation.String(req.Operation), attrKeyHash.String(KeyHash(req.CallerID, req.Key)))
 	}
 	return ctx, span
+}
+
+// startResume starts the reconciler's span for rec: a trace of its own, for
+// its phases and processor call, since it may run an hour after the
+// request, whose trace it would stretch over the hour as a child. It links
+// to that request instead, if it was traced.
+func startResume(ctx context.Context, rec Record) (context.Context, trace.Span) {
+	return tracer.Start(ctx, "reconciler resume", append(postgres.LinkTo(&rec.Traceparent),
+		trace.WithNewRoot(), trace.WithAttributes(
+			attrOperation.String(rec.Operation), attrKeyHash.String(KeyHash(rec.CallerID, rec.Key)),
+			attrAttempt.Int64(int64(rec.Attempt)), attrRecoveryPoint.String(string(rec.RecoveryPoint))))...)
 }
 
 // startPhase starts the span of one phase of rec's operation.

@@ -23,6 +23,21 @@ import (
 // recheckEvery is the slow timer, for a notification that got lost.
 const recheckEvery = time.Second
 
+// nextLook says when a waiter looks again at busy, with left to wait: at
+// the lease's lapse, the slow timer or the deadline, whichever is first
+// (unless woken).
+func nextLook(busy *busyError, left time.Duration) (time.Duration, string) {
+	lapse := secondsOf(busy.leaseRemaining) + 10*time.Millisecond
+	after, cause := recheckEvery, metrics.WakeTimer
+	if lapse < after {
+		after, cause = lapse, metrics.WakeLease
+	}
+	if left < after {
+		after, cause = left, metrics.WakeDeadline
+	}
+	return after, cause
+}
+
 // waitForOriginal waits for the live owner of req's record (busy) to
 // finish, then answers as found does (taking over with h if the lease
 // lapsed). At StoreConfig.Wait, or when the client goes away, it gives up
@@ -33,8 +48,7 @@ func (s *Store) waitForOriginal(ctx context.Context, req Request, h Step, busy *
 	defer func() { metrics.IdempotencyWaitSeconds.Observe(time.Since(started).Seconds()) }()
 	for {
 		wake, stop := s.waiters.watch(busy.rec.CallerID, busy.rec.ID)
-		// A record already marked notifies (the flag is never cleared):
-		// marking it again would cost each waiter of a storm a round trip.
+		// Marked once (never cleared): a storm's waiters need not each mark it.
 		if !busy.rec.Awaited {
 			s.await(ctx, busy.rec)
 		}
@@ -58,15 +72,7 @@ func (s *Store) waitForOriginal(ctx context.Context, req Request, h Step, busy *
 			stop()
 			return nil, again
 		}
-		// Look again when woken, or at the lease's lapse, the slow timer or the deadline.
-		lapse := secondsOf(again.leaseRemaining) + 10*time.Millisecond
-		after, cause := recheckEvery, metrics.WakeTimer
-		if lapse < after {
-			after, cause = lapse, metrics.WakeLease
-		}
-		if left < after {
-			after, cause = left, metrics.WakeDeadline
-		}
+		after, cause := nextLook(again, left)
 		timer := time.NewTimer(after)
 		select {
 		case <-wake:
@@ -81,8 +87,7 @@ func (s *Store) waitForOriginal(ctx context.Context, req Request, h Step, busy *
 		if ctx.Err() != nil {
 			return nil, again // the client is gone: nobody to answer
 		}
-		// An owner in this process caches its answer once committed: a
-		// waiter woken then needs no look-up (otherwise it looks again).
+		// A waiter woken by an owner in this process finds its answer cached.
 		if cached, ok := s.replays.get(req.CallerID, req.Key); ok {
 			return replayCached(ctx, req, cached)
 		}
