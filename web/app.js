@@ -182,7 +182,7 @@ function marks(spans) {
       const prev = out[out.length - 1];
       if (outcome === "in_progress" && prev && prev.wait) { prev.end = m.end; continue; }
       const words = { new: "claimed the key", replayed: "found the answer: replay", resumed: "resumed",
-        taken_over: "took over from a dead owner", mismatch: "another request's key: 422", dead: "set aside" }[outcome];
+        taken_over: "took over from a dead owner", mismatch: "another request's key: 422", dead: "dead: left for a person" }[outcome];
       const attempt = a["idempotency.attempt"] !== undefined && outcome !== "replayed" ? `, attempt ${a["idempotency.attempt"]}` : "";
       out.push({ ...m, lane: 2, wait: outcome === "in_progress", label: (words || outcome) + attempt });
     } else if (s.name.startsWith("phase ")) {
@@ -309,24 +309,39 @@ const OUTCOMES = {
   taken_over: "taken over",
   in_progress: "in flight",
   mismatch: "other request",
-  dead: "set aside",
+  dead: "dead",
 };
 
+// An attempt's row: time, request, status, outcome, Retry-After, next try,
+// key and trace. The trace is drawn on a line of its own under the others
+// (style.css).
 function addAttempt(method, path, key) {
   const tr = document.createElement("tr");
-  const cells = [new Date().toLocaleTimeString([], { hour12: false }), `${method} ${path}`, "sending…", "", "", "", key || "", ""];
+  const cells = [new Date().toLocaleTimeString([], { hour12: false }), "", "sending…", "", "", "", key || "", ""];
   for (const c of cells) {
     const td = document.createElement("td");
     td.textContent = c;
     tr.appendChild(td);
   }
+  tr.children[0].className = "time";
+  showPath(tr.children[1], `${method} ${path}`);
   // The key, short: its first characters tell the attempts of one
   // operation apart; the whole key is its title.
   tr.children[6].className = "key";
   tr.children[6].title = key || "";
   tr.children[6].textContent = key ? key.slice(0, 8) + "…" : "";
+  tr.children[7].className = "trace-cell";
   $("attempts").tBodies[0].prepend(tr);
   return tr;
+}
+
+// showPath shows a request in few lines: an id by its first characters
+// (the whole request is the cell's title), and a line may end after a "/",
+// never inside a segment.
+function showPath(td, request) {
+  td.title = request;
+  const parts = request.split(/(?<=\/)/).map((p) => p.replace(/^([a-z]+_[a-z0-9]{4})[a-z0-9]{8,}/, "$1…"));
+  td.replaceChildren(...parts.flatMap((p, i) => (i ? [document.createElement("wbr"), p] : [p])));
 }
 
 function fillAttempt(tr, res, json, err) {
@@ -337,10 +352,12 @@ function fillAttempt(tr, res, json, err) {
     outcome.textContent = "unknown";
     return;
   }
-  const cls = res.ok ? "ok" : RETRYABLE.has(res.status) || res.status === 409 ? "warn" : "bad";
-  const code = json && json.code ? ` ${json.code}` : "";
-  status.innerHTML = `<span class="badge ${cls}"></span>`;
-  status.firstChild.textContent = `${res.status}${code}`;
+  // The status in a badge, and the problem's code, if any, after it.
+  const badge = document.createElement("span");
+  badge.className = "badge " + (res.ok ? "ok" : RETRYABLE.has(res.status) || res.status === 409 ? "warn" : "bad");
+  badge.textContent = res.status;
+  status.replaceChildren(badge);
+  if (json && json.code) status.append(" ", Object.assign(document.createElement("small"), { textContent: json.code }));
   const o = res.headers.get("Idempotency-Outcome");
   outcome.textContent = o ? OUTCOMES[o] || o : "";
   retryAfter.textContent = res.headers.get("Retry-After") || "";

@@ -395,6 +395,131 @@ func storyInView(t *testing.T, ctx context.Context, step string, firstScreen boo
 	}
 }
 
+// No word breaks in two: at 1280x800, with the story filled (an order,
+// its charge, a replay, and a charge retried after 503s), no line of the attempts table or of the key
+// record panel ends inside a word (a time, a key, an id, a status), and
+// at 390x844 the attempts table's headers each fit their own cell.
+func TestDemoPageBreaksNoWordAt1280(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, withDemo)
+	ctx := browser(t, ts.URL, 1280, 800)
+	createOrderOnPage(t, ctx)
+	waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
+	click(t, ctx, "charge")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201" && document.querySelectorAll("#attempts tbody tr").length === 2`)
+	click(t, ctx, "send-again")
+	waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 3`)
+	// And the longest cells: a charge retried after two 503s, each with
+	// its problem's code, its Retry-After and its next try.
+	createOrderOnPage(t, ctx)
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("payment-method"), "pm_card_flaky")); err != nil {
+		t.Fatal(err)
+	}
+	click(t, ctx, "charge")
+	waitPage(t, ctx, attemptStatuses+`.join() === "201,503 processor_unavailable,503 processor_unavailable,201,201,201,201"`)
+	// Every attempt's sequence drawn, and the key record of the charge.
+	waitPage(t, ctx, `[...document.querySelectorAll("#attempts tbody tr")].every(r => r.querySelector("svg.sequence"))`)
+	waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed" && document.querySelectorAll("#points li").length === 3`)
+	if broken := pageText(t, ctx, wordsBroken); broken != "" {
+		t.Errorf("at 1280x800, words broken across lines (| marks the break):\n%s", broken)
+	}
+	// Nor is a word kept whole by running out of its cell.
+	if over := pageText(t, ctx, overflowing); over != "" {
+		t.Errorf("at 1280x800, text wider than its box:\n%s", over)
+	}
+
+	phone := newTestServer(t, withDemo)
+	ctx = browser(t, phone.URL, 390, 844)
+	// A headless window is at least 500px wide: the viewport is set as a phone's.
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(390, 844)); err != nil {
+		t.Fatal(err)
+	}
+	createOrderOnPage(t, ctx)
+	click(t, ctx, "charge")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201" && document.querySelectorAll("#attempts tbody tr").length === 2`)
+	if width := pageText(t, ctx, `String(window.innerWidth)`); width != "390" {
+		t.Fatalf("the phone's viewport is %spx wide; want 390", width)
+	}
+	if overlaps := pageText(t, ctx, headersOverlap); overlaps != "" {
+		t.Errorf("at 390x844, the attempts table's headers run into each other:\n%s", overlaps)
+	}
+}
+
+// wordsBroken lists, one a line, each place where a line of text in the
+// attempts table or the key record panel breaks between two characters of
+// a word: letters, digits, '_', and ':' or '.' between digits (a time, a
+// number). A break at a space, or after '/', '-' or '→', is a line's end.
+// Each character's line is the top of its box (a Range over it).
+const wordsBroken = `(() => {
+	const word = (s, i) => /[\p{L}\p{N}_]/u.test(s[i]) || (/[:.]/.test(s[i]) && /\d/.test(s[i - 1] ?? "") && /\d/.test(s[i + 1] ?? ""));
+	const out = [];
+	for (const root of document.querySelectorAll("#attempts, #record-panel")) {
+		// The characters of each text, in order, across the texts of one
+		// block (a cell, say), with a gap where one was not drawn.
+		let last = null, gap = false, block = null;
+		const walk = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+		for (let n; (n = walk.nextNode()); ) {
+			const el = n.parentElement;
+			if (el.closest("svg")) continue; // its text is drawn, not laid out in lines
+			let b = el;
+			while (b !== root && getComputedStyle(b).display === "inline") b = b.parentElement;
+			if (b !== block) { block = b; last = null; gap = false; }
+			const s = n.data;
+			for (let i = 0; i < s.length; i++) {
+				const r = document.createRange();
+				r.setStart(n, i);
+				r.setEnd(n, i + 1);
+				const box = [...r.getClientRects()].find((x) => x.width > 0);
+				if (!box || /\s/.test(s[i])) { gap = true; continue; }
+				const c = { box, isWord: word(s, i), at: s.slice(0, i) + "|" + s.slice(i) };
+				if (last && !gap && box.top > last.box.top + last.box.height / 2 && last.isWord && c.isWord) {
+					const cell = b.closest("td, th, dd, dt, li, output, p, h2") || b;
+					out.push(cell.tagName.toLowerCase() + " in #" + (cell.closest("[id]")?.id ?? "") + ": " + JSON.stringify(c.at));
+				}
+				last = c;
+				gap = false;
+			}
+		}
+	}
+	return out.join("\n");
+})()`
+
+// overflowing lists the cells of the attempts table and of the key record
+// whose text is wider than the cell, and the attempts table if it is wider
+// than its panel (it then scrolls sideways).
+const overflowing = `(() => {
+	const out = [];
+	const scroll = document.querySelector("#attempts-panel .scroll");
+	if (scroll.scrollWidth > scroll.clientWidth) out.push("#attempts is " + scroll.scrollWidth + "px wide in a panel of " + scroll.clientWidth + "px");
+	for (const el of document.querySelectorAll("#attempts td, #attempts th, #record dt, #record dd, #points li")) {
+		const r = el.getBoundingClientRect();
+		if (r.width > 1 && el.scrollWidth > el.clientWidth) out.push(el.tagName.toLowerCase() + " " + JSON.stringify(el.textContent.slice(0, 80)) + " is " + el.scrollWidth + "px wide in " + el.clientWidth + "px");
+	}
+	return out.join("\n");
+})()`
+
+// headersOverlap lists the attempts table's headers whose text is wider
+// than their cell, or whose text's box meets another header's. A header
+// visually hidden (for screen readers only) has no box to speak of.
+const headersOverlap = `(() => {
+	const out = [];
+	const heads = [...document.querySelectorAll("#attempts thead th")].filter((th) => {
+		const r = th.getBoundingClientRect();
+		return r.width > 1 && r.height > 1;
+	});
+	const text = (th) => { const r = document.createRange(); r.selectNodeContents(th); return [...r.getClientRects()]; };
+	for (const th of heads) {
+		if (th.scrollWidth > th.clientWidth) out.push(JSON.stringify(th.textContent) + " is " + th.scrollWidth + "px wide in a cell of " + th.clientWidth + "px");
+	}
+	for (const [i, a] of heads.entries()) {
+		for (const b of heads.slice(i + 1)) {
+			const meet = text(a).some((x) => text(b).some((y) => x.left < y.right && y.left < x.right && x.top < y.bottom && y.top < x.bottom));
+			if (meet) out.push(JSON.stringify(a.textContent) + " runs into " + JSON.stringify(b.textContent));
+		}
+	}
+	return out.join("\n");
+})()`
+
 // axeCore is the axe-core accessibility engine, installed from the npm
 // registry at a pinned version by `make check-tools` (.ci/run does it) under .cache/.
 const axeCorePath = "../../.cache/npm/node_modules/axe-core/axe.min.js"
