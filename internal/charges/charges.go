@@ -254,9 +254,9 @@ func applyAnswer(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Answer) (db
 	var cur dbsqlc.Charge
 	var err error
 	if o.Succeeded {
-		cur, err = queries.SucceedCharge(ctx, tx, dbsqlc.SucceedChargeParams{CallerID: ch.CallerID, ID: ch.ID, ProcessorChargeID: orNil(o.ProcessorChargeID)})
+		cur, err = queries.SucceedCharge(ctx, tx, dbsqlc.SucceedChargeParams{CallerID: ch.CallerID, ID: ch.ID, ProcessorChargeID: postgres.Nullable(o.ProcessorChargeID)})
 	} else {
-		cur, err = queries.FailCharge(ctx, tx, dbsqlc.FailChargeParams{CallerID: ch.CallerID, ID: ch.ID, FailureCode: &code, ProcessorChargeID: orNil(o.ProcessorChargeID)})
+		cur, err = queries.FailCharge(ctx, tx, dbsqlc.FailChargeParams{CallerID: ch.CallerID, ID: ch.ID, FailureCode: &code, ProcessorChargeID: postgres.Nullable(o.ProcessorChargeID)})
 	}
 	if postgres.IsNotFound(err) {
 		// Not pending: recorded already, or a contradiction.
@@ -309,13 +309,4 @@ func get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (ch dbsqlc.Ch
 	defer postgres.Wrap(&err, "charges.Get(%s, %q)", callerID, id)
 	ch, err = queries.GetCharge(ctx, db, dbsqlc.GetChargeParams{CallerID: callerID, ID: id})
 	return ch, postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no charge %q", id) })
-}
-
-// orNil is nil for "": a refusal without the processor's charge id stores
-// NULL, not an empty id.
-func orNil(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
 }

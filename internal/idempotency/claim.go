@@ -50,7 +50,7 @@ func (s *Store) serveExternal(ctx context.Context, req Request, start StartFunc,
 		resp, err = s.waitForOriginal(ctx, req, h, busy)
 	}
 	if errors.As(err, &busy) {
-		observe(ctx, req.Operation, metrics.OutcomeInProgress)
+		observe(ctx, req.Operation, OutcomeInProgress)
 		return nil, busy.problem()
 	}
 	return resp, err
@@ -87,22 +87,54 @@ func (s *Store) fromCache(ctx context.Context, req Request) (_ *Response, _ erro
 	return resp, err, true
 }
 
-// replayCached answers req from the cache as the claim would from the record: a 422, or the response.
+// replayCached answers req from the cache as found would from the
+// record (a completed one): a 422, or the response.
 func replayCached(ctx context.Context, req Request, cached *cachedReplay) (*Response, error) {
-	if subtle.ConstantTimeCompare(cached.fingerprint, req.Fingerprint) != 1 {
-		observe(ctx, req.Operation, metrics.OutcomeMismatch)
+	if decide(Record{Status: StatusCompleted, RequestFingerprint: cached.fingerprint}, req.Fingerprint, 0) == OutcomeMismatch {
+		observe(ctx, req.Operation, OutcomeMismatch)
 		return nil, reused(cached.method, cached.path)
 	}
-	observe(ctx, req.Operation, metrics.OutcomeReplayed)
+	observe(ctx, req.Operation, OutcomeReplayed)
 	metrics.ReplayCacheHits.Inc()
 	return cached.response(), nil
 }
 
-// found answers req from the record its key has: the one decision about a
-// found record, for every path that meets one. A replay is confirmed
-// replicated by the look-up; a *busyError is waited on, or a 409; a lease,
-// taken over, is the caller's to drive (a local operation's caller deletes
-// it instead). errNoRecord: there is none.
+// What a keyed request met, as counted (payments_idempotency_requests_total)
+// and answered (the Idempotency-Outcome header).
+const (
+	OutcomeNew        = "new"         // the first request with this key: it runs the operation
+	OutcomeReplayed   = "replayed"    // the stored response, replayed
+	OutcomeInProgress = "in_progress" // a live owner holds it: wait, or 409 with Retry-After
+	OutcomeMismatch   = "mismatch"    // the key was used for another request: 422
+	OutcomeResumed    = "resumed"     // nobody held it (released after a transient failure): resumed at once
+	OutcomeTakenOver  = "taken_over"  // its owner's lease ran out (a crash, a stall): taken over and resumed
+	OutcomeDead       = "dead"        // dead, left for an operator: 409
+)
+
+// decide is what rec, its lease with leaseRemaining seconds left, means to
+// a request with fingerprint: the one decision, which every path that
+// meets a record takes (found, current, the replay cache).
+func decide(rec Record, fingerprint []byte, leaseRemaining float64) string {
+	switch {
+	case subtle.ConstantTimeCompare(rec.RequestFingerprint, fingerprint) != 1:
+		return OutcomeMismatch
+	case rec.Status == StatusCompleted:
+		return OutcomeReplayed
+	case rec.Status == StatusDead:
+		return OutcomeDead
+	case leaseRemaining > 0:
+		return OutcomeInProgress
+	case rec.LockedUntil == nil || !rec.LockedUntil.After(rec.UpdatedAt):
+		// Released (a transient failure) by its last write, which stamped
+		// updated_at; else it ran out: its owner died or stalled.
+		return OutcomeResumed
+	}
+	return OutcomeTakenOver
+}
+
+// found looks up req's record and answers as decide says: a *busyError is
+// waited on, or a 409; a lease, taken over, is the caller's to drive (a
+// local operation's caller deletes it). errNoRecord: there is none.
 func (s *Store) found(observed context.Context, req Request) (*Lease, *Response, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(observed), cleanupTimeout)
 	defer cancel()
@@ -116,36 +148,35 @@ func (s *Store) found(observed context.Context, req Request) (*Lease, *Response,
 	}
 	rec, age := recordOf(row.IdempotencyKey), secondsOf(row.AgeSeconds)
 	traceRecord(observed, rec)
-	switch {
-	case subtle.ConstantTimeCompare(rec.RequestFingerprint, req.Fingerprint) != 1:
-		observe(observed, req.Operation, metrics.OutcomeMismatch)
+	outcome := decide(rec, req.Fingerprint, row.LeaseRemainingSeconds)
+	switch outcome {
+	case OutcomeMismatch:
+		observe(observed, req.Operation, outcome)
 		return nil, nil, reused(rec.RequestMethod, rec.RequestPath)
-	case rec.Status == StatusCompleted:
-		observe(observed, req.Operation, metrics.OutcomeReplayed)
+	case OutcomeReplayed:
+		observe(observed, req.Operation, outcome)
 		resp, err := storedResponse(rec)
 		if err == nil {
 			s.replays.put(req, resp, sent, age)
 		}
 		return nil, resp, err
-	case rec.Status == StatusDead:
-		observe(observed, req.Operation, metrics.OutcomeDead)
+	case OutcomeDead:
+		observe(observed, req.Operation, outcome)
 		return nil, nil, deadAnswer()
-	case row.LeaseRemainingSeconds > 0:
-		// A live owner holds it. Counted by the caller if it answers 409: waiting may yet answer.
-		annotate(observed, attrOutcome.String(metrics.OutcomeInProgress))
+	case OutcomeInProgress:
+		// Counted by the caller if it answers 409 (waiting may answer).
+		annotate(observed, attrOutcome.String(outcome))
 		return nil, nil, &busyError{rec: rec, leaseRemaining: row.LeaseRemainingSeconds}
 	}
-	// Its owner crashed, stalled past its lease, or gave up after a
-	// transient failure. Take over and resume now, whatever the
-	// reconciler's schedule: this is the caller asking again.
+	// Take over now, whatever the reconciler's schedule: a caller asks.
 	taken, err := queries.TakeOverIdempotencyKey(ctx, s.pool, dbsqlc.TakeOverIdempotencyKeyParams{
 		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt, LeaseSeconds: s.lease.Seconds(),
 	})
 	if postgres.IsNotFound(err) {
-		// Another request (or the reconciler) took it over first.
+		// Another request, or the reconciler, took it first.
 		resp, err := s.current(observed, rec)
 		if resp != nil {
-			observe(observed, req.Operation, metrics.OutcomeReplayed)
+			observe(observed, req.Operation, OutcomeReplayed)
 		}
 		return nil, resp, err
 	}
@@ -154,14 +185,7 @@ func (s *Store) found(observed context.Context, req Request) (*Lease, *Response,
 	}
 	newer := recordOf(taken)
 	traceRecord(observed, newer)
-	// A lease released after a transient failure ends in the statement
-	// that stamps updated_at; one that ran out ended later than its last
-	// write, and belonged to an owner that died or stalled.
-	if rec.LockedUntil == nil || !rec.LockedUntil.After(rec.UpdatedAt) {
-		observe(observed, req.Operation, metrics.OutcomeResumed)
-	} else {
-		observe(observed, req.Operation, metrics.OutcomeTakenOver)
-	}
+	observe(observed, req.Operation, outcome) // resumed, or taken over
 	return &Lease{store: s, record: newer, claimed: sent, age: age}, nil, nil
 }
 
@@ -213,7 +237,7 @@ func (s *Store) start(ctx, observed context.Context, req Request, start StartFun
 		}
 		lease = &Lease{store: s, record: recordOf(row), claimed: sent}
 		traceRecord(observed, lease.record)
-		observe(observed, req.Operation, metrics.OutcomeNew)
+		observe(observed, req.Operation, OutcomeNew)
 		trace.SpanFromContext(observed).End() // the claim is made; the phase follows
 		phase, span = startPhase(run, lease.record)
 		result, err = lease.write(phase, tx, func(ctx context.Context, tx pgx.Tx) (Result, error) { return start(ctx, tx, lease.record) })

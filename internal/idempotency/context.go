@@ -22,7 +22,7 @@ func RequestFrom(ctx context.Context) (Request, bool) {
 type outcomeKey struct{}
 
 // WithOutcome returns ctx carrying a place for what the claim of a keyed
-// request found (a metrics.Outcome value), for the request log to read.
+// request found (an Outcome value), for the request log to read.
 func WithOutcome(ctx context.Context) (_ context.Context, outcome func() string) {
 	var o string
 	return context.WithValue(ctx, outcomeKey{}, &o), func() string { return o }

@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/retrysafe/payments/internal/dbsqlc"
-	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/postgres"
 )
 
@@ -46,7 +45,7 @@ func (s *Store) serveLocal(ctx context.Context, req Request, fn LocalFunc) (*Res
 		}
 		switch {
 		case err == nil:
-			observe(ctx, req.Operation, metrics.OutcomeNew)
+			observe(ctx, req.Operation, OutcomeNew)
 			traceRecord(ctx, Record{Attempt: 1, RecoveryPoint: RecoveryStarted})
 			s.replays.put(req, resp, sent, 0)
 			return resp, nil
@@ -57,7 +56,7 @@ func (s *Store) serveLocal(ctx context.Context, req Request, fn LocalFunc) (*Res
 		var busy *busyError
 		switch {
 		case errors.As(err, &busy):
-			observe(ctx, req.Operation, metrics.OutcomeInProgress)
+			observe(ctx, req.Operation, OutcomeInProgress)
 			return nil, busy.problem()
 		case lease != nil:
 			// Left in progress by an older version (which claimed local

@@ -61,15 +61,8 @@ func recordOf(r dbsqlc.IdempotencyKey) Record {
 		ResponseStatus: r.ResponseStatus, ResponseHeaders: r.ResponseHeaders, ResponseBody: r.ResponseBody,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
 		NextAttemptAt: r.NextAttemptAt, ReconcilerAttempts: r.ReconcilerAttempts,
-		Traceparent: deref(r.Traceparent), Awaited: r.Awaited,
+		Traceparent: postgres.Text(r.Traceparent), Awaited: r.Awaited,
 	}
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 // Get returns the caller's record for key.

@@ -139,15 +139,16 @@ func (s *Store) current(reqCtx context.Context, rec Record) (*Response, error) {
 	case err != nil:
 		return nil, fmt.Errorf("read idempotency key after losing its lease: %w", err)
 	}
-	switch cur := recordOf(row.IdempotencyKey); {
-	case cur.Status == StatusCompleted:
-		retell(reqCtx, metrics.OutcomeReplayed)
+	cur := recordOf(row.IdempotencyKey)
+	switch decide(cur, rec.RequestFingerprint, row.LeaseRemainingSeconds) {
+	case OutcomeReplayed:
+		retell(reqCtx, OutcomeReplayed)
 		return s.replayStored(ctx, cur)
-	case cur.Status == StatusDead:
+	case OutcomeDead:
 		return nil, deadAnswer()
-	case row.LeaseRemainingSeconds > 0:
+	case OutcomeInProgress:
 		return nil, &busyError{rec: cur, leaseRemaining: row.LeaseRemainingSeconds}
-	default:
+	default: // its lease lapsed: a retry takes it over
 		return nil, resumable("in time")
 	}
 }

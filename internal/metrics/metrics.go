@@ -63,17 +63,6 @@ const (
 	DeadLetterProcessorEvent = "processor_event"
 )
 
-// Idempotency outcomes: what a keyed request found when it claimed its key.
-const (
-	OutcomeNew        = "new"         // the first request with this key: it runs the operation
-	OutcomeReplayed   = "replayed"    // the stored response, replayed
-	OutcomeInProgress = "in_progress" // a lease on the key has not lapsed (its holder working, or dead): 409 with Retry-After
-	OutcomeMismatch   = "mismatch"    // the key was used for another request: 422
-	OutcomeResumed    = "resumed"     // nobody held it (released after a transient failure): resumed at once
-	OutcomeTakenOver  = "taken_over"  // its owner's lease ran out (a crash, a stall): taken over and resumed
-	OutcomeDead       = "dead"        // set aside for an operator: 409
-)
-
 // Why a waiting duplicate woke up to look at its record again.
 const (
 	WakeNotified = "notified" // its record's NOTIFY, or the listener's reconnection

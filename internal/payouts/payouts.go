@@ -235,7 +235,7 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 	}
 	data := map[string]any{"payout_id": cur.ID, "amount": cur.Amount, "currency": cur.Currency, "destination": cur.Destination}
 	if o.Paid {
-		if cur, err = queries.SetPayoutPaid(ctx, tx, dbsqlc.SetPayoutPaidParams{CallerID: cur.CallerID, ID: cur.ID, ProcessorPayoutID: orNil(o.ProcessorPayoutID)}); err != nil {
+		if cur, err = queries.SetPayoutPaid(ctx, tx, dbsqlc.SetPayoutPaidParams{CallerID: cur.CallerID, ID: cur.ID, ProcessorPayoutID: postgres.Nullable(o.ProcessorPayoutID)}); err != nil {
 			return cur, err
 		}
 		if err := ledger.Settle(ctx, tx, cur.CallerID, cur.Currency, cur.Amount, cur.ID); err != nil {
@@ -247,7 +247,7 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 	if code == "" {
 		code = "payout_failed" // a failure the processor gave no reason for
 	}
-	if cur, err = queries.SetPayoutFailed(ctx, tx, dbsqlc.SetPayoutFailedParams{CallerID: cur.CallerID, ID: cur.ID, FailureCode: &code, ProcessorPayoutID: orNil(o.ProcessorPayoutID)}); err != nil {
+	if cur, err = queries.SetPayoutFailed(ctx, tx, dbsqlc.SetPayoutFailedParams{CallerID: cur.CallerID, ID: cur.ID, FailureCode: &code, ProcessorPayoutID: postgres.Nullable(o.ProcessorPayoutID)}); err != nil {
 		return cur, err
 	}
 	// The money did not leave: it is available again.
@@ -256,11 +256,4 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc
 	}
 	data["failure_code"] = code
 	return cur, events.Emit(ctx, tx, cur.CallerID, events.PayoutFailed, data)
-}
-
-func orNil(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
 }

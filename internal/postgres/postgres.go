@@ -213,3 +213,19 @@ func NotFound(err error, notFound func() error) error {
 // IsNotFound reports whether err says a single-row query found no row, for
 // the places where a missing row is not an error but a branch.
 func IsNotFound(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
+
+// Nullable is NULL for "" (an optional text column), and Text its inverse.
+func Nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// Text is "" for NULL (see Nullable).
+func Text(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
