@@ -122,7 +122,8 @@ func chargeFloor(ctx context.Context, name string, pool func() *pgxpool.Pool, ca
 			return err
 		}
 		path := "/v1/orders/" + order + "/charges"
-		fp, err := idempotency.Fingerprint("POST", path, body)
+		doc, _ := idempotency.DecodeJSON(body)
+		fp, err := idempotency.Fingerprint("POST", path, doc)
 		if err != nil {
 			return err
 		}

@@ -210,7 +210,8 @@ func TestInProgressIsConflict(t *testing.T) {
 func TestExpiredLeaseIsTakenOver(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t)
-	fp, err := idempotency.Fingerprint("POST", "/v1/orders", []byte(teaOrder))
+	doc, _ := idempotency.DecodeJSON([]byte(teaOrder))
+	fp, err := idempotency.Fingerprint("POST", "/v1/orders", doc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -155,7 +155,8 @@ func TestDemoCrashIsRecoveredOnce(t *testing.T) {
 		t.Fatalf("ledger: %v %s", err, body)
 	}
 	// The downstream key is derived from the caller, the key and the request.
-	fingerprint, err := idempotency.Fingerprint("POST", path, []byte(charge))
+	doc, _ := idempotency.DecodeJSON([]byte(charge))
+	fingerprint, err := idempotency.Fingerprint("POST", path, doc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,7 +90,8 @@ func (f *fixture) charge(t *testing.T, callerID, key, orderID, paymentMethod str
 	t.Helper()
 	path := "/v1/orders/" + orderID + "/charges"
 	body := []byte(`{"payment_method":"` + paymentMethod + `"}`)
-	fp, err := idempotency.Fingerprint("POST", path, body)
+	doc, _ := idempotency.DecodeJSON(body)
+	fp, err := idempotency.Fingerprint("POST", path, doc)
 	if err != nil {
 		return nil, err // not t.Fatal: this may run on another goroutine
 	}

@@ -83,7 +83,8 @@ func (f *refundFixture) chargeWith(t *testing.T, amount int64, paymentMethod str
 	key := "charge-" + o.ID
 	path := "/v1/orders/" + o.ID + "/charges"
 	body := []byte(`{"payment_method":"` + paymentMethod + `"}`)
-	fp, err := idempotency.Fingerprint("POST", path, body)
+	doc, _ := idempotency.DecodeJSON(body)
+	fp, err := idempotency.Fingerprint("POST", path, doc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +125,8 @@ func (f *refundFixture) refundWith(t *testing.T, service *charges.Service, calle
 		body = `{"amount":` + strconv.FormatInt(*amt, 10) + `}`
 	}
 	path := "/v1/charges/" + chargeID + "/refunds"
-	fp, err := idempotency.Fingerprint("POST", path, []byte(body))
+	doc, _ := idempotency.DecodeJSON([]byte(body))
+	fp, err := idempotency.Fingerprint("POST", path, doc)
 	if err != nil {
 		return nil, err // not t.Fatal: this may run on another goroutine
 	}

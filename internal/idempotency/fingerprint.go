@@ -6,26 +6,16 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-
-	"github.com/retrysafe/payments/internal/ijson"
 )
 
 // Fingerprint identifies what a keyed request asked for: SHA-256 over its
 // method, its path and its canonical body (which is never stored). A retry
 // with another fingerprint reused a key for another operation: a 422,
 // rather than a silent replay of something the client did not ask for.
-func Fingerprint(method, path string, body []byte) ([]byte, error) {
-	canonical, err := CanonicalJSON(body)
-	if err != nil {
-		return nil, err
-	}
-	return fingerprint(method, path, canonical), nil
-}
-
-// FingerprintOf is Fingerprint of a body already decoded by DecodeJSON and
-// checked by ijson.Check, so that the server parses a body once for its
-// validation and its fingerprint. A nil doc is the empty body.
-func FingerprintOf(method, path string, doc *any) ([]byte, error) {
+// doc is the body as DecodeJSON decodes it, from a body ijson.Check
+// accepted (the server parses a body once, for its validation and its
+// fingerprint); nil is the empty body.
+func Fingerprint(method, path string, doc *any) ([]byte, error) {
 	canonical, err := canonicalOf(doc)
 	if err != nil {
 		return nil, err
@@ -48,7 +38,7 @@ var ErrTrailingData = errors.New("unexpected data after the JSON document")
 // Data after the document returns it and ErrTrailingData: the request
 // validator reads only the first document (as kin-openapi's decoder does),
 // the fingerprint refuses the body. It does not run ijson.Check: callers
-// must, or use Fingerprint.
+// must.
 func DecodeJSON(body []byte) (*any, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, nil
@@ -65,28 +55,12 @@ func DecodeJSON(body []byte) (*any, error) {
 	return &v, nil
 }
 
-// CanonicalJSON re-encodes a JSON document with object keys sorted and
+// canonicalOf is a decoded document re-encoded with object keys sorted and
 // insignificant whitespace removed, so that the same request with its keys
-// in another order has the same fingerprint. Numbers keep their literal
-// text (1e2 and 100 differ: two requests are the same only if they plainly
-// are). An empty body is its own canonical form. A member named twice in
-// one object has no canonical form (which value?) and is refused.
-func CanonicalJSON(body []byte) ([]byte, error) {
-	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, nil
-	}
-	if err := ijson.Check(body); err != nil {
-		return nil, err
-	}
-	doc, err := DecodeJSON(body)
-	if err != nil {
-		return nil, err
-	}
-	return canonicalOf(doc)
-}
-
-// canonicalOf is encoding/json's encoding of a decoded document, without
-// HTML escaping (map keys come out sorted, the whole trick); nil is empty.
+// in another order has the same fingerprint: encoding/json's encoding,
+// without HTML escaping (map keys come out sorted, the whole trick). Numbers
+// keep their literal text (1e2 and 100 differ: two requests are the same
+// only if they plainly are). nil, the empty body, is empty.
 func canonicalOf(doc *any) ([]byte, error) {
 	if doc == nil {
 		return nil, nil

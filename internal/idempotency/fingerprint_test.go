@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/retrysafe/payments/internal/ijson"
 )
 
 func TestFingerprintIgnoresKeyOrderAndWhitespace(t *testing.T) {
@@ -54,30 +56,30 @@ func TestFingerprintChangesWithAnyValue(t *testing.T) {
 	}
 }
 
-func TestCanonicalJSON(t *testing.T) {
+func TestCanonicalForm(t *testing.T) {
 	t.Parallel()
-	got, err := CanonicalJSON([]byte(` {"b": "<&>", "a": [3, 1.50, 2e3]} `))
+	got, err := canonicalBody([]byte(` {"b": "<&>", "a": [3, 1.50, 2e3]} `))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := `{"a":[3,1.50,2e3],"b":"<&>"}`; string(got) != want {
-		t.Errorf("CanonicalJSON = %s, want %s", got, want)
+		t.Errorf("canonical form %s, want %s", got, want)
 	}
-	if got, err := CanonicalJSON([]byte("  ")); err != nil || got != nil {
+	if got, err := canonicalBody([]byte("  ")); err != nil || got != nil {
 		t.Errorf("empty body: %q, %v", got, err)
 	}
 	for _, bad := range []string{`{"a":`, `{"a":1} {"b":2}`, `nope`} {
-		if _, err := CanonicalJSON([]byte(bad)); err == nil {
-			t.Errorf("CanonicalJSON(%q) accepted invalid JSON", bad)
+		if _, err := canonicalBody([]byte(bad)); err == nil {
+			t.Errorf("%q accepted as JSON", bad)
 		}
 	}
 }
 
 func mustFingerprint(t *testing.T, method, path, body string) []byte {
 	t.Helper()
-	fp, err := Fingerprint(method, path, []byte(body))
+	fp, err := fingerprintBody(method, path, []byte(body))
 	if err != nil {
-		t.Fatalf("Fingerprint(%s %s %q): %v", method, path, body, err)
+		t.Fatalf("fingerprint of %s %s %q: %v", method, path, body, err)
 	}
 	return fp
 }
@@ -106,14 +108,14 @@ func FuzzFingerprint(f *testing.F) {
 		if dec.Decode(&v) != nil || dec.More() {
 			return // not one JSON document: the validator refuses it first
 		}
-		want, err := Fingerprint("POST", "/v1/x", body)
+		want, err := fingerprintBody("POST", "/v1/x", body)
 		if err != nil {
 			return // refused (a member named twice): nothing to compare
 		}
 		// The same document, re-encoded: members in Go's map order, no
 		// insignificant whitespace, a different indentation.
 		for _, other := range [][]byte{mustMarshal(t, v), mustIndent(t, v)} {
-			got, err := Fingerprint("POST", "/v1/x", other)
+			got, err := fingerprintBody("POST", "/v1/x", other)
 			if err != nil {
 				t.Fatalf("re-encoded %s: %v", other, err)
 			}
@@ -123,7 +125,7 @@ func FuzzFingerprint(f *testing.F) {
 		}
 		// Any value changed: a different fingerprint.
 		if changed, ok := changeOneValue(v); ok {
-			got, err := Fingerprint("POST", "/v1/x", mustMarshal(t, changed))
+			got, err := fingerprintBody("POST", "/v1/x", mustMarshal(t, changed))
 			if err == nil && bytes.Equal(got, want) {
 				t.Fatalf("%s and the changed %s have the same fingerprint", body, mustMarshal(t, changed))
 			}
@@ -189,4 +191,31 @@ func changeOneValue(v any) (any, bool) {
 		return false, true
 	}
 	return nil, false
+}
+
+// decodeBody decodes a raw body as the server does: checked by
+// ijson.Check, then decoded once (DecodeJSON).
+func decodeBody(body []byte) (*any, error) {
+	if err := ijson.Check(body); err != nil {
+		return nil, err
+	}
+	return DecodeJSON(body)
+}
+
+// canonicalBody is a raw body's canonical form.
+func canonicalBody(body []byte) ([]byte, error) {
+	doc, err := decodeBody(body)
+	if err != nil {
+		return nil, err
+	}
+	return canonicalOf(doc)
+}
+
+// fingerprintBody is a raw body's fingerprint, as the server takes it.
+func fingerprintBody(method, path string, body []byte) ([]byte, error) {
+	doc, err := decodeBody(body)
+	if err != nil {
+		return nil, err
+	}
+	return Fingerprint(method, path, doc)
 }

@@ -95,7 +95,8 @@ func (f *fixture) stalledChargeOf(t *testing.T, caller, key string) {
 		t.Fatal(err)
 	}
 	body := []byte(`{"payment_method":"pm_card_flaky"}`)
-	fp, _ := idempotency.Fingerprint("POST", "/v1/orders/"+o.ID+"/charges", body)
+	doc, _ := idempotency.DecodeJSON(body)
+	fp, _ := idempotency.Fingerprint("POST", "/v1/orders/"+o.ID+"/charges", doc)
 	req := idempotency.Request{CallerID: caller, Key: key, Operation: charges.OperationCharge, Method: "POST", Path: "/v1/orders/" + o.ID + "/charges", Fingerprint: fp}
 	_, err = f.store.Serve(ctx, f.charges.ChargeOperation(), req, map[string]string{"order_id": o.ID}, body)
 	if !idempotency.IsRetryable(err) {
@@ -253,7 +254,8 @@ func TestReconcilerDeletesNeverStarted(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
 	ctx := context.Background()
-	fp, _ := idempotency.Fingerprint("POST", "/v1/orders", []byte(`{}`))
+	doc, _ := idempotency.DecodeJSON([]byte(`{}`))
+	fp, _ := idempotency.Fingerprint("POST", "/v1/orders", doc)
 	_, err := f.pool.Exec(ctx, `
 		INSERT INTO idempotency_keys (caller_id, key, operation, request_method, request_path, request_fingerprint, locked_until)
 		VALUES ('acme', 'never-started', 'createOrder', 'POST', '/v1/orders', $1, now() - interval '1 second')`, fp)
@@ -446,7 +448,8 @@ func TestStalledOwnerCannotOverwriteRecoveredCharge(t *testing.T) {
 	}
 	path := "/v1/orders/" + o.ID + "/charges"
 	body := []byte(`{"payment_method":"pm_card_visa"}`)
-	fp, _ := idempotency.Fingerprint("POST", path, body)
+	doc, _ := idempotency.DecodeJSON(body)
+	fp, _ := idempotency.Fingerprint("POST", path, doc)
 	req := idempotency.Request{CallerID: "acme", Key: "stalled-owner", Operation: charges.OperationCharge, Method: "POST", Path: path, Fingerprint: fp}
 	type result struct {
 		resp *idempotency.Response

@@ -35,7 +35,7 @@ func newStore(t *testing.T, lease time.Duration) (*Store, *pgxpool.Pool) {
 
 func testRequest(t *testing.T, key string) Request {
 	t.Helper()
-	fp, err := Fingerprint("POST", "/v1/orders", []byte(`{"amount":100,"currency":"usd"}`))
+	fp, err := fingerprintBody("POST", "/v1/orders", []byte(`{"amount":100,"currency":"usd"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

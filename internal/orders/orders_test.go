@@ -121,7 +121,8 @@ func (p *payments) chargeAfterClaim(t *testing.T, key, orderID, paymentMethod st
 	t.Helper()
 	path := "/v1/orders/" + orderID + "/charges"
 	body := []byte(`{"payment_method":"` + paymentMethod + `"}`)
-	fp, err := idempotency.Fingerprint("POST", path, body)
+	doc, _ := idempotency.DecodeJSON(body)
+	fp, err := idempotency.Fingerprint("POST", path, doc)
 	if err != nil {
 		return nil, err // not t.Fatal: this may run on another goroutine
 	}

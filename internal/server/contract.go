@@ -129,7 +129,7 @@ func (s *Server) contract(next echo.HandlerFunc) echo.HandlerFunc {
 			err := decodeErr // data after the JSON document (ErrTrailingData), which the validator does not read
 			var fp []byte
 			if err == nil {
-				fp, err = idempotency.FingerprintOf(req.Method, req.URL.Path, doc)
+				fp, err = idempotency.Fingerprint(req.Method, req.URL.Path, doc)
 			}
 			if err != nil {
 				return problem.New(problem.InvalidRequest, "the body is not valid JSON: %v", err)
