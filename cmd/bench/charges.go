@@ -18,9 +18,9 @@ import (
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/postgres"
-	"github.com/retrysafe/payments/internal/processor"
 )
 
 // caller is a caller the charges and payouts run as, with its orders to charge.
@@ -74,7 +74,7 @@ func (c *caller) nextOrder() (string, error) {
 // given for it (unused: it sends nothing).
 func startQuietProcessor() (url, secret string, err error) {
 	secret = "whsec_" + rand.Text()
-	p, err := processor.New(processor.Config{})
+	p, err := fakeprocessor.New(fakeprocessor.Config{})
 	if err != nil {
 		return "", "", err
 	}

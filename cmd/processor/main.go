@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 )
 
 func main() {
@@ -40,13 +40,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if len(args) > 0 {
 		return fmt.Errorf("unexpected arguments %q: configure with environment variables", args)
 	}
-	cfg, err := processor.LoadConfig(getenv)
+	cfg, err := fakeprocessor.LoadConfig(getenv)
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(stdout, nil))
 	cfg.Logger = log
-	p, err := processor.New(cfg)
+	p, err := fakeprocessor.New(cfg)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 )
 
 func env(vars map[string]string) func(string) string {
@@ -77,7 +77,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ledger processor.LedgerList
+	var ledger fakeprocessor.LedgerList
 	err = json.NewDecoder(res.Body).Decode(&ledger)
 	res.Body.Close()
 	if err != nil || len(ledger.Data) != 1 {
@@ -101,7 +101,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var l processor.LedgerList
+		var l fakeprocessor.LedgerList
 		json.NewDecoder(res.Body).Decode(&l)
 		res.Body.Close()
 		if len(l.Data) == 1 {

@@ -34,11 +34,11 @@ import (
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/config"
 	"github.com/retrysafe/payments/internal/events"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/payouts"
 	"github.com/retrysafe/payments/internal/postgres"
-	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/server"
 )
 
@@ -59,7 +59,7 @@ func startProcessor(log *slog.Logger, serverPort int, secret []byte, demo bool) 
 	if len(secret) == 0 {
 		secret = []byte("whsec_" + rand.Text() + rand.Text())
 	}
-	p, err := processor.New(processor.Config{WebhookURL: fmt.Sprintf("http://127.0.0.1:%d/webhooks/processor", serverPort),
+	p, err := fakeprocessor.New(fakeprocessor.Config{WebhookURL: fmt.Sprintf("http://127.0.0.1:%d/webhooks/processor", serverPort),
 		WebhookSecret: secret, Logger: log.With("component", "processor"), NoAdmin: !demo})
 	if err != nil {
 		return nil, "", nil, err

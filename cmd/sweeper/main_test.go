@@ -91,7 +91,7 @@ func TestSweeperLinksNoServerCode(t *testing.T) {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
 	for dep := range strings.FieldsSeq(string(out)) {
-		for _, banned := range []string{"github.com/labstack/echo", "github.com/getkin/kin-openapi", "/internal/server", "/internal/charges", "/internal/processor", "/internal/events"} {
+		for _, banned := range []string{"github.com/labstack/echo", "github.com/getkin/kin-openapi", "/internal/server", "/internal/charges", "/internal/fakeprocessor", "/internal/events"} {
 			if strings.Contains(dep, banned) {
 				t.Errorf("cmd/sweeper depends on %s", dep)
 			}

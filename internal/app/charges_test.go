@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/config"
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 )
 
 type charge struct {
@@ -29,9 +29,9 @@ func chargeRequest(orderID, key, paymentMethod string) request {
 }
 
 // effects returns the processor's ledger entries: every charge it made.
-func (ts *testServer) effects(t *testing.T) []processor.LedgerEntry {
+func (ts *testServer) effects(t *testing.T) []fakeprocessor.LedgerEntry {
 	t.Helper()
-	effects, err := processor.FetchLedger(context.Background(), ts.processorURL)
+	effects, err := fakeprocessor.FetchLedger(context.Background(), ts.processorURL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,8 @@ import (
 
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/config"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/idempotency"
-	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -42,7 +42,7 @@ func TestDemoEndpoints(t *testing.T) {
 	if res := ts.do(t, request{method: "PUT", path: "/demo/chaos", body: `{"error_rate":0.5,"latency_ms":20}`}); res.Status != http.StatusOK {
 		t.Fatalf("set chaos: %d %s", res.Status, res.Body)
 	}
-	var chaos processor.Chaos
+	var chaos fakeprocessor.Chaos
 	ts.do(t, request{method: "GET", path: "/demo/chaos"}).decode(t, &chaos)
 	if chaos.ErrorRate != 0.5 || chaos.LatencyMS != 20 {
 		t.Errorf("chaos %+v; want what was set", chaos)
@@ -62,7 +62,7 @@ func TestDemoEndpoints(t *testing.T) {
 
 	ch := ts.paidCharge(t, 1200)
 	var ledger struct {
-		Data []processor.LedgerEntry `json:"data"`
+		Data []fakeprocessor.LedgerEntry `json:"data"`
 	}
 	ts.do(t, request{method: "GET", path: "/demo/ledger"}).decode(t, &ledger)
 	if len(ledger.Data) != 1 || ledger.Data[0].Amount != 1200 {
@@ -149,7 +149,7 @@ func TestDemoCrashIsRecoveredOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ledger struct {
-		Data []processor.LedgerEntry `json:"data"`
+		Data []fakeprocessor.LedgerEntry `json:"data"`
 	}
 	if err := json.Unmarshal(body, &ledger); err != nil {
 		t.Fatalf("ledger: %v %s", err, body)

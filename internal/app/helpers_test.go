@@ -21,8 +21,8 @@ import (
 	"github.com/retrysafe/payments/api"
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/config"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/idempotency"
-	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/server"
 	"github.com/retrysafe/payments/internal/testdb"
 )
@@ -81,7 +81,7 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	// The real fake processor, over HTTP, one per test, sharing a secret
 	// made for the test with the server (as cmd/server does).
 	webhookSecret := "whsec_" + rand.Text()
-	procCfg := processor.Config{
+	procCfg := fakeprocessor.Config{
 		WebhookURL:    srv.URL + "/webhooks/processor",
 		WebhookSecret: []byte(webhookSecret),
 		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -91,7 +91,7 @@ func newTestServer(t testing.TB, opts ...func(*serverOptions)) *testServer {
 	if o.noWebhooks {
 		procCfg.WebhookURL = ""
 	}
-	proc, err := processor.New(procCfg)
+	proc, err := fakeprocessor.New(procCfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/retrysafe/payments/client"
 	"github.com/retrysafe/payments/client/apiclient"
 	"github.com/retrysafe/payments/internal/config"
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -29,7 +29,7 @@ import (
 // worst over the iterations, and the mean).
 func BenchmarkDuplicateDuringSlowCharge(b *testing.B) {
 	ts := newTestServer(b, withConfig(func(c *config.Server) { c.RateLimit = 0 }))
-	ts.setChaos(b, processor.Chaos{LatencyMS: 1500})
+	ts.setChaos(b, fakeprocessor.Chaos{LatencyMS: 1500})
 	c, err := client.New(ts.URL, "sk_test_acme", client.DefaultPolicy(), nil)
 	if err != nil {
 		b.Fatal(err)

@@ -9,12 +9,12 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/config"
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 )
 
 // setChaos replaces the fake processor's chaos settings through its admin
 // endpoint, as an operator (or the demo) would.
-func (ts *testServer) setChaos(t testing.TB, c processor.Chaos) {
+func (ts *testServer) setChaos(t testing.TB, c fakeprocessor.Chaos) {
 	t.Helper()
 	body, _ := json.Marshal(c)
 	req, _ := http.NewRequest(http.MethodPut, ts.processorURL+"/admin/chaos", bytes.NewReader(body))
@@ -45,7 +45,7 @@ func TestClientRetryIsNotLockedOutAfterAnOutage(t *testing.T) {
 	o := ts.newOrder(t, "sk_test_acme", 2500)
 	retry := chargeRequest(o.ID, "through-the-outage", "pm_card_visa")
 
-	ts.setChaos(t, processor.Chaos{ErrorRate: 1})
+	ts.setChaos(t, fakeprocessor.Chaos{ErrorRate: 1})
 	for i := range 3 {
 		res := ts.do(t, retry)
 		res.wantProblem(t, http.StatusServiceUnavailable, "processor_unavailable")
@@ -77,7 +77,7 @@ func TestClientRetryIsNotLockedOutAfterAnOutage(t *testing.T) {
 
 	// The processor recovers, and the client's very next retry resumes the
 	// charge: no 409, however the reconciler has scheduled its next try.
-	ts.setChaos(t, processor.Chaos{})
+	ts.setChaos(t, fakeprocessor.Chaos{})
 	res := ts.do(t, retry)
 	if res.Status != http.StatusCreated {
 		t.Fatalf("first retry after the outage: %d %s; want 201 at once", res.Status, res.Body)
@@ -117,11 +117,11 @@ func TestClientRetryingThroughAnOutageNeverMeetsA409(t *testing.T) {
 
 	o := ts.newOrder(t, "sk_test_acme", 3100)
 	retry := chargeRequest(o.ID, "fast-retries", "pm_card_visa")
-	ts.setChaos(t, processor.Chaos{ErrorRate: 1})
+	ts.setChaos(t, fakeprocessor.Chaos{ErrorRate: 1})
 	for range 20 {
 		ts.do(t, retry).wantProblem(t, http.StatusServiceUnavailable, "processor_unavailable")
 	}
-	ts.setChaos(t, processor.Chaos{})
+	ts.setChaos(t, fakeprocessor.Chaos{})
 	if res := ts.do(t, retry); res.Status != http.StatusCreated {
 		t.Fatalf("first retry after the outage: %d %s; want 201", res.Status, res.Body)
 	}

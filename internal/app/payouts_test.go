@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 )
 
 type payout struct {
@@ -120,11 +120,11 @@ func (ts *testServer) pollPayout(t *testing.T, apiKey, location string) (payout,
 }
 
 // payoutTransfers returns the processor's ledger entries for payouts.
-func (ts *testServer) payoutTransfers(t *testing.T) []processor.LedgerEntry {
+func (ts *testServer) payoutTransfers(t *testing.T) []fakeprocessor.LedgerEntry {
 	t.Helper()
-	var out []processor.LedgerEntry
+	var out []fakeprocessor.LedgerEntry
 	for _, e := range ts.effects(t) {
-		if e.Object == processor.ObjectPayout {
+		if e.Object == fakeprocessor.ObjectPayout {
 			out = append(out, e)
 		}
 	}

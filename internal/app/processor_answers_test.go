@@ -10,7 +10,7 @@ import (
 
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/config"
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 )
 
 // A processor answer that does not say "done" or "definitely not" never
@@ -35,7 +35,7 @@ func TestProcessorInFlightIsNotADecline(t *testing.T) {
 	}
 	charges := 0
 	for _, e := range ts.effects(t) {
-		if e.Object == processor.ObjectCharge {
+		if e.Object == fakeprocessor.ObjectCharge {
 			charges++
 		}
 	}
@@ -75,7 +75,7 @@ func TestPayoutJobGivesUpWhenTheProcessorKeepsSayingWait(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, withConfig(func(c *config.Server) { c.PayoutGiveUpAfter = 3 * time.Second }))
 	ts.fund(t, "sk_test_acme", 3000)
-	ts.setChaos(t, processor.Chaos{ErrorRate: 1, ErrorRetryAfter: 2})
+	ts.setChaos(t, fakeprocessor.Chaos{ErrorRate: 1, ErrorRetryAfter: 2})
 	res := ts.do(t, payoutRequest("sk_test_acme", "po-wait", `{"amount":1200,"currency":"usd"}`))
 	if res.Status != http.StatusAccepted {
 		t.Fatalf("payout: %d %s", res.Status, res.Body)
@@ -112,7 +112,7 @@ func TestPayoutJobGivesUpWhenTheProcessorKeepsSayingWait(t *testing.T) {
 func TestWebhookWithTheWrongAmountIsNotApplied(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t)
-	ts.setChaos(t, processor.Chaos{}) // no duplicates: one delivery per event
+	ts.setChaos(t, fakeprocessor.Chaos{}) // no duplicates: one delivery per event
 	ts.fund(t, "sk_test_acme", 5000)
 	res := ts.do(t, payoutRequest("sk_test_acme", "po-slow", `{"amount":5000,"currency":"usd","destination":"ba_test_slow"}`))
 	if res.Status != http.StatusAccepted {
@@ -158,16 +158,16 @@ func TestProcessorRefusingOurKeyIsDeadNotDeclined(t *testing.T) {
 	ctx := context.Background()
 	ts := newTestServer(t)
 	o := ts.newOrder(t, "sk_test_acme", 1300)
-	ts.setChaos(t, processor.Chaos{ErrorRate: 1})
+	ts.setChaos(t, fakeprocessor.Chaos{ErrorRate: 1})
 	ts.do(t, chargeRequest(o.ID, "taken-key", "pm_card_visa")).wantProblem(t, http.StatusServiceUnavailable, "processor_unavailable")
-	ts.setChaos(t, processor.Chaos{})
+	ts.setChaos(t, fakeprocessor.Chaos{})
 
 	var downstreamKey string
 	if err := ts.db.QueryRow(ctx, `SELECT downstream_key FROM charges WHERE order_id = $1`, o.ID).Scan(&downstreamKey); err != nil {
 		t.Fatal(err)
 	}
 	other, err := cardprocessor.NewClient(ts.processorURL, 5*time.Second).Charge(ctx, downstreamKey,
-		cardprocessor.ChargeRequest{Amount: 999, Currency: "usd", PaymentMethod: processor.PaymentMethodVisa})
+		cardprocessor.ChargeRequest{Amount: 999, Currency: "usd", PaymentMethod: fakeprocessor.PaymentMethodVisa})
 	if err != nil {
 		t.Fatalf("the other charge under our key: %v", err)
 	}
@@ -192,9 +192,9 @@ func TestProcessorRefusingOurKeyIsDeadNotDeclined(t *testing.T) {
 	// A retry gets the same answer, and the processor still has only the
 	// other charge: ours was never made.
 	ts.do(t, chargeRequest(o.ID, "taken-key", "pm_card_visa")).wantProblem(t, http.StatusConflict, "idempotency_key_dead")
-	var made []processor.LedgerEntry
+	var made []fakeprocessor.LedgerEntry
 	for _, e := range ts.effects(t) {
-		if e.Object == processor.ObjectCharge {
+		if e.Object == fakeprocessor.ObjectCharge {
 			made = append(made, e)
 		}
 	}
@@ -213,7 +213,7 @@ func TestPayoutJobWhoseKeyIsRefusedIsCancelled(t *testing.T) {
 	ts.fund(t, "sk_test_acme", 3000)
 	// The job's first run gets a 503 and waits 5 s before the next: the
 	// time to take its key.
-	ts.setChaos(t, processor.Chaos{ErrorRate: 1, ErrorRetryAfter: 5})
+	ts.setChaos(t, fakeprocessor.Chaos{ErrorRate: 1, ErrorRetryAfter: 5})
 	res := ts.do(t, payoutRequest("sk_test_acme", "po-taken", `{"amount":1200,"currency":"usd"}`))
 	if res.Status != http.StatusAccepted {
 		t.Fatalf("payout: %d %s", res.Status, res.Body)
@@ -232,7 +232,7 @@ func TestPayoutJobWhoseKeyIsRefusedIsCancelled(t *testing.T) {
 		}
 		return putOff
 	})
-	ts.setChaos(t, processor.Chaos{})
+	ts.setChaos(t, fakeprocessor.Chaos{})
 	if _, err := cardprocessor.NewClient(ts.processorURL, 5*time.Second).Payout(ctx, downstreamKey,
 		cardprocessor.PayoutRequest{Amount: 700, Currency: "usd", Destination: "ba_test_ok"}); err != nil {
 		t.Fatalf("the other payout under our key: %v", err)

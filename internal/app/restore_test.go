@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -48,7 +48,7 @@ func TestNoDownstreamKeyReuseAfterARestore(t *testing.T) {
 	ctx := context.Background()
 	processorURL := startProcessorProcess(t)
 	ledgerKeys := func() map[string]int {
-		entries, err := processor.FetchLedger(ctx, processorURL)
+		entries, err := fakeprocessor.FetchLedger(ctx, processorURL)
 		if err != nil {
 			t.Fatal(err)
 		}

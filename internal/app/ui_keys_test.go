@@ -10,7 +10,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -142,7 +142,7 @@ func TestDemoPageOperationsHaveTheirOwnKeys(t *testing.T) {
 	ctx := browser(t, ts.URL, 1280, 1000)
 	createOrderOnPage(t, ctx)
 
-	ts.setChaos(t, processor.Chaos{ErrorRate: 1})
+	ts.setChaos(t, fakeprocessor.Chaos{ErrorRate: 1})
 	click(t, ctx, "charge")
 	waitPage(t, ctx, attemptStatuses+`[0] === "503 processor_unavailable"`)
 	// The charge is still retrying (5 attempts, a second apart as
@@ -179,7 +179,7 @@ func TestDemoPageOperationsHaveTheirOwnKeys(t *testing.T) {
 
 	// The processor is back: charging the order again is the same
 	// operation, retried under its key, and it resumes.
-	ts.setChaos(t, processor.Chaos{})
+	ts.setChaos(t, fakeprocessor.Chaos{})
 	click(t, ctx, "charge")
 	waitPage(t, ctx, attemptStatuses+`[0] === "201"`)
 	rows = readAttempts(t, ctx)
@@ -237,14 +237,14 @@ func TestDemoPageTurnsChaosOff(t *testing.T) {
 	addr, _ := startCommand(t, "cmd/server", []string{"demo"}, "DATABASE_URL="+dbURL, "HTTP_ADDR=127.0.0.1:0", "RECONCILER_ENABLED=false")
 	ctx := browser(t, "http://"+addr, 1280, 1000)
 	waitPage(t, ctx, `!document.getElementById("chaos").disabled`)
-	chaos := func() processor.Chaos {
+	chaos := func() fakeprocessor.Chaos {
 		t.Helper()
 		res, err := http.Get("http://" + addr + "/demo/chaos")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer res.Body.Close()
-		var c processor.Chaos
+		var c fakeprocessor.Chaos
 		if err := json.NewDecoder(res.Body).Decode(&c); err != nil {
 			t.Fatal(err)
 		}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 )
 
 // These tests drive the demo page in a real headless Chromium against the
@@ -292,7 +292,7 @@ func TestDemoPageFlakyChargeRetriedToSuccess(t *testing.T) {
 	}
 	n := 0
 	for _, e := range ts.effects(t) {
-		if e.Object == processor.ObjectCharge {
+		if e.Object == fakeprocessor.ObjectCharge {
 			n++
 		}
 	}

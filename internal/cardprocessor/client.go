@@ -1,6 +1,6 @@
 // Package cardprocessor is our side of the card processor: the interface
 // the charge, refund and payout operations need (Processor), and a client
-// of the processor's HTTP API (Client), which the fake in internal/processor
+// of the processor's HTTP API (Client), which the fake in internal/fakeprocessor
 // serves. A fork that uses a real processor implements Processor for it
 // and builds it in internal/app (app.New) instead.
 package cardprocessor

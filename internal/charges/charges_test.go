@@ -22,10 +22,10 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/events"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/problem"
-	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -50,14 +50,14 @@ type fixture struct {
 // newFixture returns a fresh database with the demo callers, a fake
 // processor configured by cfg, and a charge service that reaches it through
 // the HTTP client, wrapped by wrap when it is not nil.
-func newFixture(t *testing.T, cfg processor.Config, clientTimeout time.Duration, wrap func(cardprocessor.Processor) cardprocessor.Processor) *fixture {
+func newFixture(t *testing.T, cfg fakeprocessor.Config, clientTimeout time.Duration, wrap func(cardprocessor.Processor) cardprocessor.Processor) *fixture {
 	t.Helper()
 	pool := testdb.NewPool(t)
 	if err := auth.SeedDemoCallers(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Logger = quiet
-	proc, err := processor.New(cfg)
+	proc, err := fakeprocessor.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,9 +170,9 @@ func (f *fixture) countCharges(t *testing.T, orderID string) int {
 }
 
 // effects is the processor's ledger: what it really did.
-func (f *fixture) effects(t *testing.T) []processor.LedgerEntry {
+func (f *fixture) effects(t *testing.T) []fakeprocessor.LedgerEntry {
 	t.Helper()
-	effects, err := processor.FetchLedger(context.Background(), f.processorURL)
+	effects, err := fakeprocessor.FetchLedger(context.Background(), f.processorURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,9 +180,9 @@ func (f *fixture) effects(t *testing.T) []processor.LedgerEntry {
 }
 
 // effectsUnder is the processor's effects made under downstreamKey.
-func (f *fixture) effectsUnder(t *testing.T, downstreamKey string) []processor.LedgerEntry {
+func (f *fixture) effectsUnder(t *testing.T, downstreamKey string) []fakeprocessor.LedgerEntry {
 	t.Helper()
-	var out []processor.LedgerEntry
+	var out []fakeprocessor.LedgerEntry
 	for _, e := range f.effects(t) {
 		if e.IdempotencyKey == downstreamKey {
 			out = append(out, e)
@@ -298,7 +298,7 @@ func TestFreshChargeIsCreatedCalledAndFinished(t *testing.T) {
 	var mu sync.Mutex
 	var seenDuringCall []string
 	var f *fixture
-	f = newFixture(t, processor.Config{}, 5*time.Second, func(p cardprocessor.Processor) cardprocessor.Processor {
+	f = newFixture(t, fakeprocessor.Config{}, 5*time.Second, func(p cardprocessor.Processor) cardprocessor.Processor {
 		return processorSpy{Processor: p, duringCharge: func(downstreamKey string) {
 			var status, recoveryPoint, recordStatus string
 			err := f.pool.QueryRow(context.Background(), `
@@ -312,7 +312,7 @@ func TestFreshChargeIsCreatedCalledAndFinished(t *testing.T) {
 	})
 	o := f.order(t, "acme", 4200)
 
-	resp := f.mustCharge(t, "pay", o.ID, processor.PaymentMethodVisa)
+	resp := f.mustCharge(t, "pay", o.ID, fakeprocessor.PaymentMethodVisa)
 
 	mu.Lock()
 	during := slices.Clone(seenDuringCall)
@@ -323,7 +323,7 @@ func TestFreshChargeIsCreatedCalledAndFinished(t *testing.T) {
 
 	ch := f.chargeOf(t, "pay")
 	if charges.Status(ch.Status) != charges.StatusSucceeded || ch.Amount != 4200 || ch.Currency != "usd" || ch.OrderID != o.ID ||
-		ch.PaymentMethod != processor.PaymentMethodVisa || ch.FailureCode != nil {
+		ch.PaymentMethod != fakeprocessor.PaymentMethodVisa || ch.FailureCode != nil {
 		t.Errorf("charge %+v; want a succeeded charge of the order's 4200 usd", ch)
 	}
 	// Derived from the request, which every retry carries again, not from
@@ -360,7 +360,7 @@ func TestFreshChargeIsCreatedCalledAndFinished(t *testing.T) {
 	}
 
 	// A retry is answered from the record, without a second call.
-	again := f.mustCharge(t, "pay", o.ID, processor.PaymentMethodVisa)
+	again := f.mustCharge(t, "pay", o.ID, fakeprocessor.PaymentMethodVisa)
 	if !again.Replayed || !bytes.Equal(again.Body, resp.Body) {
 		t.Errorf("retry: replayed %v, %s; want the stored answer", again.Replayed, again.Body)
 	}
@@ -376,14 +376,14 @@ func TestFreshChargeIsCreatedCalledAndFinished(t *testing.T) {
 // replays its charge instead of making a second one.
 func TestRetryAfterLostRowsChargesOnce(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, processor.Config{}, 5*time.Second, nil)
+	f := newFixture(t, fakeprocessor.Config{}, 5*time.Second, nil)
 	o := f.order(t, "acme", 4200)
-	f.mustCharge(t, "lost", o.ID, processor.PaymentMethodVisa)
+	f.mustCharge(t, "lost", o.ID, fakeprocessor.PaymentMethodVisa)
 	// The failover: what the charge wrote is gone, the order is pending again.
 	if _, err := f.pool.Exec(context.Background(), `DELETE FROM charges; DELETE FROM idempotency_keys; UPDATE orders SET status = 'pending'`); err != nil {
 		t.Fatal(err)
 	}
-	f.mustCharge(t, "lost", o.ID, processor.PaymentMethodVisa)
+	f.mustCharge(t, "lost", o.ID, fakeprocessor.PaymentMethodVisa)
 	if effects := f.effects(t); len(effects) != 1 {
 		t.Fatalf("the processor made %d charges for one charge request; want 1", len(effects))
 	}
@@ -395,17 +395,17 @@ func TestRetryAfterLostRowsChargesOnce(t *testing.T) {
 // under a new key.
 func TestDeclineIsStoredAndLeavesTheOrderPayable(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, processor.Config{}, 5*time.Second, nil)
+	f := newFixture(t, fakeprocessor.Config{}, 5*time.Second, nil)
 	o := f.order(t, "acme", 1500)
 
-	resp := f.mustCharge(t, "declined", o.ID, processor.PaymentMethodChargeDeclined)
+	resp := f.mustCharge(t, "declined", o.ID, fakeprocessor.PaymentMethodChargeDeclined)
 	p := f.wantStoredProblem(t, "declined", resp, http.StatusPaymentRequired, problem.CardDeclined)
-	if p.DeclineCode != processor.DeclineGeneric {
-		t.Errorf("decline_code %q; want %q", p.DeclineCode, processor.DeclineGeneric)
+	if p.DeclineCode != fakeprocessor.DeclineGeneric {
+		t.Errorf("decline_code %q; want %q", p.DeclineCode, fakeprocessor.DeclineGeneric)
 	}
 	ch := f.chargeOf(t, "declined")
-	if charges.Status(ch.Status) != charges.StatusFailed || ch.FailureCode == nil || *ch.FailureCode != processor.DeclineGeneric {
-		t.Errorf("charge %s with failure code %v; want failed with %q", ch.Status, ch.FailureCode, processor.DeclineGeneric)
+	if charges.Status(ch.Status) != charges.StatusFailed || ch.FailureCode == nil || *ch.FailureCode != fakeprocessor.DeclineGeneric {
+		t.Errorf("charge %s with failure code %v; want failed with %q", ch.Status, ch.FailureCode, fakeprocessor.DeclineGeneric)
 	}
 	declines := f.effectsUnder(t, ch.DownstreamKey)
 	if len(declines) != 1 || declines[0].Status != "failed" || ch.ProcessorChargeID == nil || *ch.ProcessorChargeID != declines[0].ID {
@@ -417,12 +417,12 @@ func TestDeclineIsStoredAndLeavesTheOrderPayable(t *testing.T) {
 	if got := f.eventTypes(t, ch.ID); !slices.Equal(got, []string{"charge.failed"}) {
 		t.Errorf("events %v; want charge.failed only", got)
 	}
-	if again := f.mustCharge(t, "declined", o.ID, processor.PaymentMethodChargeDeclined); !again.Replayed || !bytes.Equal(again.Body, resp.Body) {
+	if again := f.mustCharge(t, "declined", o.ID, fakeprocessor.PaymentMethodChargeDeclined); !again.Replayed || !bytes.Equal(again.Body, resp.Body) {
 		t.Errorf("retry: replayed %v, %s; want the stored decline", again.Replayed, again.Body)
 	}
 
 	// The failed charge does not hold the order: another card, another key.
-	if paid := f.mustCharge(t, "second-card", o.ID, processor.PaymentMethodVisa); paid.Status != http.StatusCreated {
+	if paid := f.mustCharge(t, "second-card", o.ID, fakeprocessor.PaymentMethodVisa); paid.Status != http.StatusCreated {
 		t.Fatalf("charge with another card: %d %s; want 201", paid.Status, paid.Body)
 	}
 	if got := f.orderStatus(t, o.ID); got != orders.StatusPaid {
@@ -442,10 +442,10 @@ func TestDeclineIsStoredAndLeavesTheOrderPayable(t *testing.T) {
 // new key would fail again), and the charge is made exactly once.
 func TestChargeIsCreatedOnceAcrossTakeover(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, processor.Config{FlakyFailures: 1}, 5*time.Second, nil)
+	f := newFixture(t, fakeprocessor.Config{FlakyFailures: 1}, 5*time.Second, nil)
 	o := f.order(t, "acme", 2500)
 
-	resp, err := f.charge(t, "acme", "flaky", o.ID, processor.PaymentMethodFlaky)
+	resp, err := f.charge(t, "acme", "flaky", o.ID, fakeprocessor.PaymentMethodFlaky)
 	if resp != nil || !idempotency.IsRetryable(err) {
 		t.Fatalf("first attempt: %v, %v; want no response and a retryable error", resp, err)
 	}
@@ -496,7 +496,7 @@ func TestChargeIsCreatedOnceAcrossTakeover(t *testing.T) {
 	}
 
 	// The client that was told to retry comes back and gets the result.
-	again, err := f.charge(t, "acme", "flaky", o.ID, processor.PaymentMethodFlaky)
+	again, err := f.charge(t, "acme", "flaky", o.ID, fakeprocessor.PaymentMethodFlaky)
 	if err != nil || !again.Replayed || !bytes.Equal(again.Body, resumed.Body) {
 		t.Errorf("client retry: %v, %v; want the resumed answer replayed", again, err)
 	}
@@ -510,7 +510,7 @@ func TestChargeIsCreatedOnceAcrossTakeover(t *testing.T) {
 func (f *fixture) pendingCharge(t *testing.T, key string) dbsqlc.Charge {
 	t.Helper()
 	o := f.order(t, "acme", 900)
-	if _, err := f.charge(t, "acme", key, o.ID, processor.PaymentMethodFlaky); !idempotency.IsRetryable(err) {
+	if _, err := f.charge(t, "acme", key, o.ID, fakeprocessor.PaymentMethodFlaky); !idempotency.IsRetryable(err) {
 		t.Fatalf("charge under %q: %v; want a retryable failure", key, err)
 	}
 	ch := f.chargeOf(t, key)
@@ -551,7 +551,7 @@ func wantContradiction(t *testing.T, err error, ch dbsqlc.Charge, recorded, repo
 // transaction that commits: money state never moves backwards on a report.
 func TestApplyChargeOutcomeRecordsSuccessOnce(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, processor.Config{FlakyFailures: 100}, 5*time.Second, nil)
+	f := newFixture(t, fakeprocessor.Config{FlakyFailures: 100}, 5*time.Second, nil)
 	pending := f.pendingCharge(t, "webhook-success")
 	succeeded := charges.Answer{Succeeded: true, ProcessorChargeID: "pch_from_webhook"}
 
@@ -611,7 +611,7 @@ func TestApplyChargeOutcomeRecordsSuccessOnce(t *testing.T) {
 // order nor writes an event.
 func TestApplyChargeOutcomeRecordsDeclineOnce(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, processor.Config{FlakyFailures: 100}, 5*time.Second, nil)
+	f := newFixture(t, fakeprocessor.Config{FlakyFailures: 100}, 5*time.Second, nil)
 	pending := f.pendingCharge(t, "webhook-decline")
 	declined := charges.Answer{ProcessorChargeID: "pch_declined"} // no decline code given
 
@@ -651,10 +651,10 @@ func TestApplyChargeOutcomeRecordsDeclineOnce(t *testing.T) {
 // second effect or a second set of events.
 func TestWebhookAndResumedChargeAgree(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, processor.Config{}, 2*time.Second, nil)
+	f := newFixture(t, fakeprocessor.Config{}, 2*time.Second, nil)
 	o := f.order(t, "acme", 3100)
 
-	if _, err := f.charge(t, "acme", "lost-answer", o.ID, processor.PaymentMethodTimeout); !idempotency.IsRetryable(err) {
+	if _, err := f.charge(t, "acme", "lost-answer", o.ID, fakeprocessor.PaymentMethodTimeout); !idempotency.IsRetryable(err) {
 		t.Fatalf("first attempt: %v; want a retryable failure (the answer never came)", err)
 	}
 	pending := f.chargeOf(t, "lost-answer")
@@ -692,15 +692,15 @@ func TestWebhookAndResumedChargeAgree(t *testing.T) {
 // order is still pending then), and for a canceled order.
 func TestSecondChargeOfAnOrderIsNotPayable(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, processor.Config{FlakyFailures: 100}, 5*time.Second, nil)
+	f := newFixture(t, fakeprocessor.Config{FlakyFailures: 100}, 5*time.Second, nil)
 	ctx := context.Background()
 
 	paid := f.order(t, "acme", 100)
-	if resp := f.mustCharge(t, "paid-first", paid.ID, processor.PaymentMethodVisa); resp.Status != http.StatusCreated {
+	if resp := f.mustCharge(t, "paid-first", paid.ID, fakeprocessor.PaymentMethodVisa); resp.Status != http.StatusCreated {
 		t.Fatalf("first charge: %d %s", resp.Status, resp.Body)
 	}
 	inFlight := f.order(t, "acme", 200)
-	if _, err := f.charge(t, "acme", "in-flight-first", inFlight.ID, processor.PaymentMethodFlaky); !idempotency.IsRetryable(err) {
+	if _, err := f.charge(t, "acme", "in-flight-first", inFlight.ID, fakeprocessor.PaymentMethodFlaky); !idempotency.IsRetryable(err) {
 		t.Fatalf("first charge: %v; want it left pending", err)
 	}
 	canceled := f.order(t, "acme", 300)
@@ -719,9 +719,9 @@ func TestSecondChargeOfAnOrderIsNotPayable(t *testing.T) {
 		{"canceled", canceled, 0, orders.StatusCanceled},
 	} {
 		key := c.name + "-second"
-		resp := f.mustCharge(t, key, c.order.ID, processor.PaymentMethodVisa)
+		resp := f.mustCharge(t, key, c.order.ID, fakeprocessor.PaymentMethodVisa)
 		f.wantStoredProblem(t, key, resp, http.StatusConflict, problem.OrderNotPayable)
-		if again := f.mustCharge(t, key, c.order.ID, processor.PaymentMethodVisa); !again.Replayed || !bytes.Equal(again.Body, resp.Body) {
+		if again := f.mustCharge(t, key, c.order.ID, fakeprocessor.PaymentMethodVisa); !again.Replayed || !bytes.Equal(again.Body, resp.Body) {
 			t.Errorf("%s: retry: replayed %v %s; want the stored 409", c.name, again.Replayed, again.Body)
 		}
 		if n := f.countCharges(t, c.order.ID); n != c.wantRows {
@@ -741,7 +741,7 @@ func TestSecondChargeOfAnOrderIsNotPayable(t *testing.T) {
 // processor is asked once.
 func TestRacingKeysChargeAnOrderOnce(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, processor.Config{}, 5*time.Second, nil)
+	f := newFixture(t, fakeprocessor.Config{}, 5*time.Second, nil)
 	o := f.order(t, "acme", 5000)
 	const n = 8
 	resps := make([]*idempotency.Response, n)
@@ -749,7 +749,7 @@ func TestRacingKeysChargeAnOrderOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			resps[i], errs[i] = f.charge(t, "acme", fmt.Sprintf("racer-%d", i), o.ID, processor.PaymentMethodVisa)
+			resps[i], errs[i] = f.charge(t, "acme", fmt.Sprintf("racer-%d", i), o.ID, fakeprocessor.PaymentMethodVisa)
 		})
 	}
 	wg.Wait()
@@ -781,11 +781,11 @@ func TestRacingKeysChargeAnOrderOnce(t *testing.T) {
 // another caller's charge.
 func TestChargeOfAnotherCallersOrderIsNotFound(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, processor.Config{}, 5*time.Second, nil)
+	f := newFixture(t, fakeprocessor.Config{}, 5*time.Second, nil)
 	ctx := context.Background()
 	o := f.order(t, "acme", 700)
 
-	if _, err := f.charge(t, "globex", "foreign", o.ID, processor.PaymentMethodVisa); !isProblem(err, problem.NotFound) {
+	if _, err := f.charge(t, "globex", "foreign", o.ID, fakeprocessor.PaymentMethodVisa); !isProblem(err, problem.NotFound) {
 		t.Fatalf("globex charging acme's order: %v; want not_found", err)
 	}
 	if _, err := f.store.Get(ctx, "globex", "foreign"); !isProblem(err, problem.NotFound) {
@@ -798,7 +798,7 @@ func TestChargeOfAnotherCallersOrderIsNotFound(t *testing.T) {
 		t.Errorf("%d processor effects; want none", n)
 	}
 
-	f.mustCharge(t, "own", o.ID, processor.PaymentMethodVisa)
+	f.mustCharge(t, "own", o.ID, fakeprocessor.PaymentMethodVisa)
 	ch := f.chargeOf(t, "own")
 	if _, err := charges.Get(ctx, f.pool, "globex", ch.ID); !isProblem(err, problem.NotFound) {
 		t.Errorf("globex reading acme's charge: %v; want not_found", err)

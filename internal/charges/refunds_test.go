@@ -22,10 +22,10 @@ import (
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/events"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/problem"
-	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -40,7 +40,7 @@ type refundFixture struct {
 	store        *idempotency.Store
 	charges      *charges.Service
 	refunds      *charges.Service
-	proc         *processor.Server
+	proc         *fakeprocessor.Server
 	processorURL string
 }
 
@@ -53,7 +53,7 @@ func newRefundFixture(t *testing.T) *refundFixture {
 	if err := auth.SeedDemoCallers(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
-	proc, err := processor.New(processor.Config{FlakyFailures: 100, Logger: quiet})
+	proc, err := fakeprocessor.New(fakeprocessor.Config{FlakyFailures: 100, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func (f *refundFixture) chargeWith(t *testing.T, amount int64, paymentMethod str
 
 func (f *refundFixture) paidCharge(t *testing.T, amount int64) dbsqlc.Charge {
 	t.Helper()
-	ch := f.chargeWith(t, amount, processor.PaymentMethodVisa)
+	ch := f.chargeWith(t, amount, fakeprocessor.PaymentMethodVisa)
 	if charges.Status(ch.Status) != charges.StatusSucceeded {
 		t.Fatalf("charge is %s; want succeeded", ch.Status)
 	}
@@ -173,13 +173,13 @@ func (f *refundFixture) getCharge(t *testing.T, id string) dbsqlc.Charge {
 }
 
 // refundEffects is the processor's refunds: what it really gave back.
-func (f *refundFixture) refundEffects(t *testing.T) []processor.LedgerEntry {
+func (f *refundFixture) refundEffects(t *testing.T) []fakeprocessor.LedgerEntry {
 	t.Helper()
-	effects, err := processor.FetchLedger(context.Background(), f.processorURL)
+	effects, err := fakeprocessor.FetchLedger(context.Background(), f.processorURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []processor.LedgerEntry
+	var out []fakeprocessor.LedgerEntry
 	for _, e := range effects {
 		if e.Object == "refund" {
 			out = append(out, e)
@@ -413,14 +413,14 @@ func TestApplySucceededIsIdempotent(t *testing.T) {
 
 	// From now on the processor withholds every answer with an effect; a
 	// service with a short client timeout gives up on it.
-	if err := f.proc.SetChaos(processor.Chaos{TimeoutRate: 1}); err != nil {
+	if err := f.proc.SetChaos(fakeprocessor.Chaos{TimeoutRate: 1}); err != nil {
 		t.Fatal(err)
 	}
 	impatient := charges.NewService(f.pool, cardprocessor.NewClient(f.processorURL, 2*time.Second))
 	if _, err := f.refundWith(t, impatient, "acme", "lost", ch.ID, amount(250)); !idempotency.IsRetryable(err) {
 		t.Fatalf("refund: %v; want a retryable failure (the answer never came)", err)
 	}
-	if err := f.proc.SetChaos(processor.Chaos{}); err != nil {
+	if err := f.proc.SetChaos(fakeprocessor.Chaos{}); err != nil {
 		t.Fatal(err)
 	}
 	pending := f.refundOf(t, "lost")
@@ -539,8 +539,8 @@ func TestRefusedRefundGivesItsReservationBack(t *testing.T) {
 func TestRefundOfAChargeThatDidNotSucceedIsRefused(t *testing.T) {
 	t.Parallel()
 	f := newRefundFixture(t)
-	declined := f.chargeWith(t, 500, processor.PaymentMethodChargeDeclined)
-	pending := f.chargeWith(t, 500, processor.PaymentMethodFlaky)
+	declined := f.chargeWith(t, 500, fakeprocessor.PaymentMethodChargeDeclined)
+	pending := f.chargeWith(t, 500, fakeprocessor.PaymentMethodFlaky)
 	if charges.Status(declined.Status) != charges.StatusFailed || charges.Status(pending.Status) != charges.StatusPending {
 		t.Fatalf("charges are %s and %s; want failed and pending", declined.Status, pending.Status)
 	}

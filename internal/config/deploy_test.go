@@ -38,7 +38,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/retrysafe/payments/internal/config"
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -100,7 +100,7 @@ func readBy(load func(getenv func(string) string)) map[string]bool {
 var programs = map[string]map[string]bool{
 	"server":    readBy(func(g func(string) string) { _, _ = config.Load(g) }),
 	"sweeper":   readBy(func(g func(string) string) { _, _ = config.LoadSweeper(g) }),
-	"processor": readBy(func(g func(string) string) { _, _ = processor.LoadConfig(g) }),
+	"processor": readBy(func(g func(string) string) { _, _ = fakeprocessor.LoadConfig(g) }),
 }
 
 func TestDockerfile(t *testing.T) {
@@ -195,7 +195,7 @@ func TestComposeNamesOnlyWhatTheProgramsAccept(t *testing.T) {
 		case "sweeper":
 			_, err = config.LoadSweeper(getenv)
 		case "processor":
-			_, err = processor.LoadConfig(getenv)
+			_, err = fakeprocessor.LoadConfig(getenv)
 		}
 		if err != nil {
 			t.Errorf("%s: its environment is refused: %v", name, err)

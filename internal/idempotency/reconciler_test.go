@@ -20,10 +20,10 @@ import (
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/problem"
-	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -43,7 +43,7 @@ func newFixture(t *testing.T, flakyFailures int) *fixture {
 	if err := auth.SeedDemoCallers(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
-	proc, err := processor.New(processor.Config{FlakyFailures: flakyFailures, Logger: quiet})
+	proc, err := fakeprocessor.New(fakeprocessor.Config{FlakyFailures: flakyFailures, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,9 +133,9 @@ func (f *fixture) statuses(t *testing.T) map[string]int {
 	return out
 }
 
-func (f *fixture) effects(t *testing.T) []processor.LedgerEntry {
+func (f *fixture) effects(t *testing.T) []fakeprocessor.LedgerEntry {
 	t.Helper()
-	effects, err := processor.FetchLedger(context.Background(), f.processorURL)
+	effects, err := fakeprocessor.FetchLedger(context.Background(), f.processorURL)
 	if err != nil {
 		t.Fatal(err)
 	}

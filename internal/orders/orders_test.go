@@ -22,11 +22,11 @@ import (
 	"github.com/retrysafe/payments/internal/cardprocessor"
 	"github.com/retrysafe/payments/internal/charges"
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/idempotency"
 	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/postgres"
 	"github.com/retrysafe/payments/internal/problem"
-	"github.com/retrysafe/payments/internal/processor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -92,7 +92,7 @@ type payments struct {
 // pm_card_flaky never succeeds, so a charge with it stays pending.
 func newPayments(t *testing.T, pool *pgxpool.Pool) *payments {
 	t.Helper()
-	proc, err := processor.New(processor.Config{FlakyFailures: 100, Logger: quiet})
+	proc, err := fakeprocessor.New(fakeprocessor.Config{FlakyFailures: 100, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,15 +314,15 @@ func TestCancelIsRefusedWhileAChargeIsLive(t *testing.T) {
 	pay := newPayments(t, pool)
 
 	paid := create(t, pool, "acme", 100)
-	if resp, err := pay.charge(t, "paid", paid.ID, processor.PaymentMethodVisa); err != nil || resp.Status != http.StatusCreated {
+	if resp, err := pay.charge(t, "paid", paid.ID, fakeprocessor.PaymentMethodVisa); err != nil || resp.Status != http.StatusCreated {
 		t.Fatalf("charge: %v, %v", resp, err)
 	}
 	pending := create(t, pool, "acme", 100)
-	if _, err := pay.charge(t, "pending", pending.ID, processor.PaymentMethodFlaky); !idempotency.IsRetryable(err) {
+	if _, err := pay.charge(t, "pending", pending.ID, fakeprocessor.PaymentMethodFlaky); !idempotency.IsRetryable(err) {
 		t.Fatalf("charge: %v; want it left pending", err)
 	}
 	declined := create(t, pool, "acme", 100)
-	if resp, err := pay.charge(t, "declined", declined.ID, processor.PaymentMethodChargeDeclined); err != nil || resp.Status != http.StatusPaymentRequired {
+	if resp, err := pay.charge(t, "declined", declined.ID, fakeprocessor.PaymentMethodChargeDeclined); err != nil || resp.Status != http.StatusPaymentRequired {
 		t.Fatalf("charge: %v, %v; want a decline", resp, err)
 	}
 
@@ -375,12 +375,12 @@ func TestCancelAndChargeRaceOneWins(t *testing.T) {
 		})
 		wg.Go(func() {
 			defer release() // also when the claim itself failed
-			results[i].resp, results[i].chargeErr = pay.chargeAfterClaim(t, fmt.Sprintf("race-%d", i), id, processor.PaymentMethodVisa, release)
+			results[i].resp, results[i].chargeErr = pay.chargeAfterClaim(t, fmt.Sprintf("race-%d", i), id, fakeprocessor.PaymentMethodVisa, release)
 		})
 	}
 	wg.Wait()
 
-	effects, err := processor.FetchLedger(ctx, pay.procURL)
+	effects, err := fakeprocessor.FetchLedger(ctx, pay.procURL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/retrysafe/payments/client"
 	"github.com/retrysafe/payments/client/apiclient"
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -180,10 +180,10 @@ func TestAsyncFailoverLosesAcknowledgedWritesButChargesOnce(t *testing.T) {
 	if got := effectsUnder(t, ctx, sv.processorURL, chargeKey); len(got) != 1 {
 		t.Errorf("charges under %s: %+v; want the one", chargeKey, got)
 	}
-	if got := effectsUnder(t, ctx, sv.processorURL, payoutKey); len(got) != 1 || got[0].Status != processor.PayoutPaid {
+	if got := effectsUnder(t, ctx, sv.processorURL, payoutKey); len(got) != 1 || got[0].Status != fakeprocessor.PayoutPaid {
 		t.Errorf("payouts under %s: %+v; want the one, paid", payoutKey, got)
 	}
-	ledger, err := processor.FetchLedger(ctx, sv.processorURL)
+	ledger, err := fakeprocessor.FetchLedger(ctx, sv.processorURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,20 +191,20 @@ func TestAsyncFailoverLosesAcknowledgedWritesButChargesOnce(t *testing.T) {
 	for _, e := range ledger {
 		counts[e.Object]++
 	}
-	if counts[processor.ObjectCharge] != 2 || counts[processor.ObjectPayout] != 1 {
-		t.Errorf("the processor made %d charges and %d payouts; want 2 charges (charge-1, charge-2) and 1 payout", counts[processor.ObjectCharge], counts[processor.ObjectPayout])
+	if counts[fakeprocessor.ObjectCharge] != 2 || counts[fakeprocessor.ObjectPayout] != 1 {
+		t.Errorf("the processor made %d charges and %d payouts; want 2 charges (charge-1, charge-2) and 1 payout", counts[fakeprocessor.ObjectCharge], counts[fakeprocessor.ObjectPayout])
 	}
 	s := newSoak(t, sv.urls)
 	s.checkMoney(ctx, testdb.Pool(t, ha.url), sv.processorURL)
 }
 
 // effectsUnder is the processor's ledger for one downstream key.
-func effectsUnder(t *testing.T, ctx context.Context, processorURL, key string) []processor.LedgerEntry {
-	ledger, err := processor.FetchLedger(ctx, processorURL)
+func effectsUnder(t *testing.T, ctx context.Context, processorURL, key string) []fakeprocessor.LedgerEntry {
+	ledger, err := fakeprocessor.FetchLedger(ctx, processorURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []processor.LedgerEntry
+	var out []fakeprocessor.LedgerEntry
 	for _, e := range ledger {
 		if e.IdempotencyKey == key {
 			out = append(out, e)

@@ -29,7 +29,7 @@ import (
 
 	"github.com/retrysafe/payments/client"
 	"github.com/retrysafe/payments/client/apiclient"
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 	"github.com/retrysafe/payments/internal/testdb"
 )
 
@@ -202,7 +202,7 @@ func (s *soak) runClients(ctx context.Context) {
 // everything from the outside.
 func (s *soak) settle(db *pgxpool.Pool, sv *servers) {
 	t := s.t
-	setChaos(t, sv.processorURL, processor.Chaos{})
+	setChaos(t, sv.processorURL, fakeprocessor.Chaos{})
 	settle, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s.finishAll(settle)
@@ -686,20 +686,20 @@ func (s *soak) checkAcknowledged(ctx context.Context, db *pgxpool.Pool) {
 
 // checkMoney compares the processor's ledger with our records.
 func (s *soak) checkMoney(ctx context.Context, db *pgxpool.Pool, processorURL string) {
-	ledger, err := processor.FetchLedger(ctx, processorURL)
+	ledger, err := fakeprocessor.FetchLedger(ctx, processorURL)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	effects := map[string][]processor.LedgerEntry{}
+	effects := map[string][]fakeprocessor.LedgerEntry{}
 	var ledgerNet int64
 	for _, e := range ledger {
 		effects[e.IdempotencyKey] = append(effects[e.IdempotencyKey], e)
 		switch {
-		case e.Object == processor.ObjectCharge && e.Status == processor.StatusSucceeded:
+		case e.Object == fakeprocessor.ObjectCharge && e.Status == fakeprocessor.StatusSucceeded:
 			ledgerNet += e.Amount
-		case e.Object == processor.ObjectRefund:
+		case e.Object == fakeprocessor.ObjectRefund:
 			ledgerNet -= e.Amount
-		case e.Object == processor.ObjectPayout && e.Status == processor.PayoutPaid:
+		case e.Object == fakeprocessor.ObjectPayout && e.Status == fakeprocessor.PayoutPaid:
 			ledgerNet -= e.Amount
 		}
 	}
@@ -708,9 +708,9 @@ func (s *soak) checkMoney(ctx context.Context, db *pgxpool.Pool, processorURL st
 		local, remote string
 		sign          int64
 	}{
-		"charge": {"succeeded", processor.StatusSucceeded, 1},
-		"refund": {"succeeded", processor.StatusSucceeded, -1},
-		"payout": {"paid", processor.PayoutPaid, -1},
+		"charge": {"succeeded", fakeprocessor.StatusSucceeded, 1},
+		"refund": {"succeeded", fakeprocessor.StatusSucceeded, -1},
+		"payout": {"paid", fakeprocessor.PayoutPaid, -1},
 	}
 	known := map[string]bool{}
 	rows, err := db.Query(ctx, `
@@ -736,7 +736,7 @@ func (s *soak) checkMoney(ctx context.Context, db *pgxpool.Pool, processorURL st
 		if kind == "payout" && len(got) == 1 && got[0].Status != status {
 			s.violation("payout %s is %s here and %s at the processor", key, status, got[0].Status)
 		}
-		succeeded := slices.ContainsFunc(got, func(e processor.LedgerEntry) bool { return e.Status == f.remote })
+		succeeded := slices.ContainsFunc(got, func(e fakeprocessor.LedgerEntry) bool { return e.Status == f.remote })
 		switch {
 		case status == f.local && !succeeded:
 			s.violation("%s %s %s here, not at the processor (%+v)", kind, key, status, got)
@@ -964,7 +964,7 @@ func (p *process) running() bool {
 	}
 }
 
-func setChaos(t *testing.T, processorURL string, c processor.Chaos) {
+func setChaos(t *testing.T, processorURL string, c fakeprocessor.Chaos) {
 	t.Helper()
 	b, _ := json.Marshal(c)
 	req, _ := http.NewRequest(http.MethodPut, processorURL+"/admin/chaos", bytes.NewReader(b))

@@ -14,7 +14,7 @@
 //
 // State lives in memory. Run it as its own process (cmd/processor) when the
 // state must outlive restarts of the payments server.
-package processor
+package fakeprocessor
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package processor_test
+package fakeprocessor_test
 
 import (
 	"encoding/json"
@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/retrysafe/payments/internal/cardprocessor"
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 )
 
 // receiver is a webhook endpoint that verifies every delivery, as the
@@ -20,7 +20,7 @@ type receiver struct {
 	URL    string
 	secret []byte
 	// accepted gets every verified delivery it answered with 204.
-	accepted chan processor.Event
+	accepted chan fakeprocessor.Event
 
 	mu       sync.Mutex
 	failNext int            // answer this many next deliveries with 500
@@ -29,19 +29,19 @@ type receiver struct {
 
 func newReceiver(t *testing.T, secret string) *receiver {
 	t.Helper()
-	rc := &receiver{secret: []byte(secret), accepted: make(chan processor.Event, 100), attempts: map[string]int{}}
+	rc := &receiver{secret: []byte(secret), accepted: make(chan fakeprocessor.Event, 100), attempts: map[string]int{}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			return
 		}
 		// Verify first, before looking at the body at all.
-		if err := cardprocessor.Verify(rc.secret, r.Header.Get(processor.SignatureHeader), body, time.Now(), cardprocessor.SignatureTolerance); err != nil {
+		if err := cardprocessor.Verify(rc.secret, r.Header.Get(fakeprocessor.SignatureHeader), body, time.Now(), cardprocessor.SignatureTolerance); err != nil {
 			t.Errorf("delivery failed verification: %v", err)
 			http.Error(w, "bad signature", http.StatusBadRequest)
 			return
 		}
-		var ev processor.Event
+		var ev fakeprocessor.Event
 		if err := json.Unmarshal(body, &ev); err != nil {
 			t.Errorf("delivery is not an event: %v", err)
 			http.Error(w, "bad event", http.StatusBadRequest)
@@ -68,14 +68,14 @@ func newReceiver(t *testing.T, secret string) *receiver {
 
 // next waits for the next accepted event. The deadline only bounds a
 // failing test; the test is synchronised by the channel.
-func (rc *receiver) next(t *testing.T) processor.Event {
+func (rc *receiver) next(t *testing.T) fakeprocessor.Event {
 	t.Helper()
 	select {
 	case ev := <-rc.accepted:
 		return ev
 	case <-time.After(10 * time.Second):
 		t.Fatal("no webhook delivered within 10s")
-		return processor.Event{}
+		return fakeprocessor.Event{}
 	}
 }
 
@@ -86,8 +86,8 @@ func (rc *receiver) attemptsFor(id string) int {
 }
 
 // fastRetries makes retries quick: the backoff is real time.
-func fastRetries(url string) processor.Config {
-	return processor.Config{
+func fastRetries(url string) fakeprocessor.Config {
+	return fakeprocessor.Config{
 		WebhookURL:         url,
 		WebhookSecret:      []byte("whsec_test_webhooks"),
 		WebhookBackoffBase: time.Millisecond,
@@ -100,16 +100,16 @@ func TestWebhooksAreSignedAndDeliveredForEveryEffect(t *testing.T) {
 	rc := newReceiver(t, "whsec_test_webhooks")
 	f := newFake(t, fastRetries(rc.URL))
 
-	var ch processor.Charge
-	decodeInto(t, f.post(t, "/v1/charges", "wh-ok", chargeBody(1500, processor.PaymentMethodVisa)), http.StatusCreated, &ch)
-	declined := wantError(t, f.post(t, "/v1/charges", "wh-no", chargeBody(800, processor.PaymentMethodInsufficientFunds)), http.StatusPaymentRequired, processor.CodeCardDeclined)
-	var re processor.Refund
+	var ch fakeprocessor.Charge
+	decodeInto(t, f.post(t, "/v1/charges", "wh-ok", chargeBody(1500, fakeprocessor.PaymentMethodVisa)), http.StatusCreated, &ch)
+	declined := wantError(t, f.post(t, "/v1/charges", "wh-no", chargeBody(800, fakeprocessor.PaymentMethodInsufficientFunds)), http.StatusPaymentRequired, fakeprocessor.CodeCardDeclined)
+	var re fakeprocessor.Refund
 	decodeInto(t, f.post(t, "/v1/refunds", "wh-re", fmt.Sprintf(`{"charge":%q,"amount":1500}`, ch.ID)), http.StatusCreated, &re)
 	// A replay is not an effect and sends no event.
-	f.post(t, "/v1/charges", "wh-ok", chargeBody(1500, processor.PaymentMethodVisa))
+	f.post(t, "/v1/charges", "wh-ok", chargeBody(1500, fakeprocessor.PaymentMethodVisa))
 
 	// Delivery order is not guaranteed: collect by type.
-	got := map[string]processor.Event{}
+	got := map[string]fakeprocessor.Event{}
 	for range 3 {
 		ev := rc.next(t)
 		if _, dup := got[ev.Type]; dup {
@@ -117,13 +117,13 @@ func TestWebhooksAreSignedAndDeliveredForEveryEffect(t *testing.T) {
 		}
 		got[ev.Type] = ev
 	}
-	if ev := got[processor.EventChargeSucceeded].Data; ev.ID != ch.ID || ev.DownstreamKey != "wh-ok" || ev.Amount != 1500 || ev.Status != processor.StatusSucceeded || ev.DeclineCode != nil {
+	if ev := got[fakeprocessor.EventChargeSucceeded].Data; ev.ID != ch.ID || ev.DownstreamKey != "wh-ok" || ev.Amount != 1500 || ev.Status != fakeprocessor.StatusSucceeded || ev.DeclineCode != nil {
 		t.Errorf("charge.succeeded: %+v", ev)
 	}
-	if ev := got[processor.EventChargeFailed].Data; ev.ID != declined.Charge || ev.DownstreamKey != "wh-no" || ev.Status != processor.StatusFailed || ev.DeclineCode == nil || *ev.DeclineCode != processor.DeclineInsufficientFunds {
+	if ev := got[fakeprocessor.EventChargeFailed].Data; ev.ID != declined.Charge || ev.DownstreamKey != "wh-no" || ev.Status != fakeprocessor.StatusFailed || ev.DeclineCode == nil || *ev.DeclineCode != fakeprocessor.DeclineInsufficientFunds {
 		t.Errorf("charge.failed: %+v", ev)
 	}
-	if ev := got[processor.EventRefundSucceeded].Data; ev.ID != re.ID || ev.Charge != ch.ID || ev.DownstreamKey != "wh-re" || ev.Amount != 1500 {
+	if ev := got[fakeprocessor.EventRefundSucceeded].Data; ev.ID != re.ID || ev.Charge != ch.ID || ev.DownstreamKey != "wh-re" || ev.Amount != 1500 {
 		t.Errorf("refund.succeeded: %+v", ev)
 	}
 	for _, ev := range got {
@@ -139,7 +139,7 @@ func TestWebhookIsRetriedAfterAFailedDelivery(t *testing.T) {
 	rc.failNext = 2
 	f := newFake(t, fastRetries(rc.URL))
 
-	decodeInto(t, f.post(t, "/v1/charges", "retried", chargeBody(100, processor.PaymentMethodVisa)), http.StatusCreated, new(processor.Charge))
+	decodeInto(t, f.post(t, "/v1/charges", "retried", chargeBody(100, fakeprocessor.PaymentMethodVisa)), http.StatusCreated, new(fakeprocessor.Charge))
 	ev := rc.next(t)
 	if n := rc.attemptsFor(ev.ID); n != 3 {
 		t.Fatalf("event %s accepted after %d deliveries; want 3 (two refused)", ev.ID, n)
@@ -153,7 +153,7 @@ func TestWebhookDeliveryGivesUpAfterMaxAttempts(t *testing.T) {
 	cfg := fastRetries(rc.URL)
 	cfg.WebhookMaxAttempts = 3
 	f := newFake(t, cfg)
-	decodeInto(t, f.post(t, "/v1/charges", "doomed", chargeBody(100, processor.PaymentMethodVisa)), http.StatusCreated, new(processor.Charge))
+	decodeInto(t, f.post(t, "/v1/charges", "doomed", chargeBody(100, fakeprocessor.PaymentMethodVisa)), http.StatusCreated, new(fakeprocessor.Charge))
 
 	// Let the receiver start accepting, and send a second event: the
 	// deliverer handles one delivery at a time in due order, so once the
@@ -162,7 +162,7 @@ func TestWebhookDeliveryGivesUpAfterMaxAttempts(t *testing.T) {
 	rc.mu.Lock()
 	rc.failNext = 0
 	rc.mu.Unlock()
-	decodeInto(t, f.post(t, "/v1/charges", "fine", chargeBody(100, processor.PaymentMethodVisa)), http.StatusCreated, new(processor.Charge))
+	decodeInto(t, f.post(t, "/v1/charges", "fine", chargeBody(100, fakeprocessor.PaymentMethodVisa)), http.StatusCreated, new(fakeprocessor.Charge))
 	for {
 		ev := rc.next(t)
 		if ev.Data.DownstreamKey == "fine" {
@@ -186,7 +186,7 @@ func TestDuplicateWebhooksWithChaos(t *testing.T) {
 	cfg.Chaos.DuplicateWebhookRate = 1
 	f := newFake(t, cfg)
 
-	decodeInto(t, f.post(t, "/v1/charges", "twice", chargeBody(100, processor.PaymentMethodVisa)), http.StatusCreated, new(processor.Charge))
+	decodeInto(t, f.post(t, "/v1/charges", "twice", chargeBody(100, fakeprocessor.PaymentMethodVisa)), http.StatusCreated, new(fakeprocessor.Charge))
 	first, second := rc.next(t), rc.next(t)
 	if first.ID != second.ID || first.Data != second.Data {
 		t.Fatalf("duplicates differ:\n%+v\n%+v", first, second)

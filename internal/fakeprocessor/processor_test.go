@@ -1,4 +1,4 @@
-package processor_test
+package fakeprocessor_test
 
 import (
 	"bytes"
@@ -13,17 +13,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 )
 
 func TestChargeSameKeyIsOneEffectAndByteIdenticalReplay(t *testing.T) {
 	t.Parallel()
-	f := newFake(t, processor.Config{})
+	f := newFake(t, fakeprocessor.Config{})
 
 	first := f.post(t, "/v1/charges", "key-1", `{"amount":1999,"currency":"usd","payment_method":"pm_card_visa","metadata":{"order":"ord_1","b":"2"}}`)
-	var ch processor.Charge
+	var ch fakeprocessor.Charge
 	decodeInto(t, first, http.StatusCreated, &ch)
-	if ch.Status != processor.StatusSucceeded || ch.DeclineCode != nil || ch.Amount != 1999 || ch.IdempotencyKey != "key-1" || ch.Object != "charge" {
+	if ch.Status != fakeprocessor.StatusSucceeded || ch.DeclineCode != nil || ch.Amount != 1999 || ch.IdempotencyKey != "key-1" || ch.Object != "charge" {
 		t.Fatalf("charge: %+v", ch)
 	}
 	if first.header.Get("Idempotent-Replayed") != "" {
@@ -37,19 +37,19 @@ func TestChargeSameKeyIsOneEffectAndByteIdenticalReplay(t *testing.T) {
 
 	// The same key with another request is refused, never answered with
 	// the first request's result.
-	wantError(t, f.post(t, "/v1/charges", "key-1", chargeBody(2000, processor.PaymentMethodVisa)), http.StatusUnprocessableEntity, processor.CodeIdempotencyKeyReused)
+	wantError(t, f.post(t, "/v1/charges", "key-1", chargeBody(2000, fakeprocessor.PaymentMethodVisa)), http.StatusUnprocessableEntity, fakeprocessor.CodeIdempotencyKeyReused)
 
-	if got := f.ledger(t, "key-1"); len(got) != 1 || got[0].ID != ch.ID || got[0].PaymentMethod != processor.PaymentMethodVisa {
+	if got := f.ledger(t, "key-1"); len(got) != 1 || got[0].ID != ch.ID || got[0].PaymentMethod != fakeprocessor.PaymentMethodVisa {
 		t.Fatalf("ledger for key-1: %+v; want the one charge %s", got, ch.ID)
 	}
 
 	// Keys are scoped per endpoint: a refund may use the charge's key.
-	var re processor.Refund
+	var re fakeprocessor.Refund
 	decodeInto(t, f.post(t, "/v1/refunds", "key-1", fmt.Sprintf(`{"charge":%q,"amount":500}`, ch.ID)), http.StatusCreated, &re)
-	if re.Charge != ch.ID || re.Amount != 500 || re.Currency != "usd" || re.Status != processor.StatusSucceeded {
+	if re.Charge != ch.ID || re.Amount != 500 || re.Currency != "usd" || re.Status != fakeprocessor.StatusSucceeded {
 		t.Fatalf("refund: %+v", re)
 	}
-	if got := f.ledger(t, "key-1"); len(got) != 2 || got[1].Object != processor.ObjectRefund || got[1].Charge != ch.ID {
+	if got := f.ledger(t, "key-1"); len(got) != 2 || got[1].Object != fakeprocessor.ObjectRefund || got[1].Charge != ch.ID {
 		t.Fatalf("ledger for key-1 after the refund: %+v", got)
 	}
 	if got := f.ledger(t, ""); len(got) != 2 {
@@ -66,8 +66,8 @@ func TestKeyIsForgottenAfterTheRetentionWindow(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
-	f := newFake(t, processor.Config{KeyRetention: time.Hour, Now: clock})
-	body := chargeBody(1999, processor.PaymentMethodVisa)
+	f := newFake(t, fakeprocessor.Config{KeyRetention: time.Hour, Now: clock})
+	body := chargeBody(1999, fakeprocessor.PaymentMethodVisa)
 
 	first := f.post(t, "/v1/charges", "key-1", body)
 	advance(time.Hour - time.Second)
@@ -86,19 +86,19 @@ func TestKeyIsForgottenAfterTheRetentionWindow(t *testing.T) {
 
 func TestInvalidRequestsStoreNothing(t *testing.T) {
 	t.Parallel()
-	f := newFake(t, processor.Config{})
-	visa := chargeBody(100, processor.PaymentMethodVisa)
+	f := newFake(t, fakeprocessor.Config{})
+	visa := chargeBody(100, fakeprocessor.PaymentMethodVisa)
 
-	wantError(t, f.post(t, "/v1/charges", "", visa), http.StatusBadRequest, processor.CodeIdempotencyKeyMissing)
+	wantError(t, f.post(t, "/v1/charges", "", visa), http.StatusBadRequest, fakeprocessor.CodeIdempotencyKeyMissing)
 	res, err := f.do(t, http.DefaultClient, http.MethodPost, "/v1/refunds", "", `{"charge":"pch_x","amount":1}`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantError(t, res, http.StatusBadRequest, processor.CodeIdempotencyKeyMissing)
+	wantError(t, res, http.StatusBadRequest, fakeprocessor.CodeIdempotencyKeyMissing)
 
 	for name, body := range map[string]string{
-		"zero amount":      chargeBody(0, processor.PaymentMethodVisa),
-		"negative amount":  chargeBody(-5, processor.PaymentMethodVisa),
+		"zero amount":      chargeBody(0, fakeprocessor.PaymentMethodVisa),
+		"negative amount":  chargeBody(-5, fakeprocessor.PaymentMethodVisa),
 		"fractional":       `{"amount":1.5,"currency":"usd","payment_method":"pm_card_visa"}`,
 		"currency":         `{"amount":100,"currency":"USD","payment_method":"pm_card_visa"}`,
 		"unknown field":    `{"amount":100,"currency":"usd","payment_method":"pm_card_visa","card_number":"4242424242424242"}`,
@@ -112,12 +112,12 @@ func TestInvalidRequestsStoreNothing(t *testing.T) {
 			t.Errorf("%s: status %d, want 400: %s", name, res.status, res.body)
 		}
 	}
-	wantError(t, f.post(t, "/v1/charges", "key-bad", `{"amount":`+strings.Repeat("1", 70<<10)+`}`), http.StatusRequestEntityTooLarge, processor.CodeBodyTooLarge)
-	wantError(t, f.post(t, "/v1/refunds", "key-bad", `{"amount":1}`), http.StatusBadRequest, processor.CodeParameterInvalid)
+	wantError(t, f.post(t, "/v1/charges", "key-bad", `{"amount":`+strings.Repeat("1", 70<<10)+`}`), http.StatusRequestEntityTooLarge, fakeprocessor.CodeBodyTooLarge)
+	wantError(t, f.post(t, "/v1/refunds", "key-bad", `{"amount":1}`), http.StatusBadRequest, fakeprocessor.CodeParameterInvalid)
 
 	// None of that was stored: the corrected request with the same key is
 	// executed, not refused as a reuse.
-	var ch processor.Charge
+	var ch fakeprocessor.Charge
 	decodeInto(t, f.post(t, "/v1/charges", "key-bad", visa), http.StatusCreated, &ch)
 	if n := len(f.ledger(t, "")); n != 1 {
 		t.Fatalf("ledger has %d entries, want 1", n)
@@ -126,8 +126,8 @@ func TestInvalidRequestsStoreNothing(t *testing.T) {
 
 func TestConcurrentSameKeyRequestsMakeOneEffect(t *testing.T) {
 	t.Parallel()
-	f := newFake(t, processor.Config{})
-	body := chargeBody(4200, processor.PaymentMethodMastercard)
+	f := newFake(t, fakeprocessor.Config{})
+	body := chargeBody(4200, fakeprocessor.PaymentMethodMastercard)
 
 	const n = 20
 	var (
@@ -168,40 +168,40 @@ func TestConcurrentSameKeyRequestsMakeOneEffect(t *testing.T) {
 
 func TestDeclineIsAnEffectStoredAndReplayed(t *testing.T) {
 	t.Parallel()
-	f := newFake(t, processor.Config{})
+	f := newFake(t, fakeprocessor.Config{})
 	for pm, code := range map[string]string{
-		processor.PaymentMethodChargeDeclined:    processor.DeclineGeneric,
-		processor.PaymentMethodInsufficientFunds: processor.DeclineInsufficientFunds,
+		fakeprocessor.PaymentMethodChargeDeclined:    fakeprocessor.DeclineGeneric,
+		fakeprocessor.PaymentMethodInsufficientFunds: fakeprocessor.DeclineInsufficientFunds,
 	} {
 		key := "decline-" + pm
 		first := f.post(t, "/v1/charges", key, chargeBody(700, pm))
-		e := wantError(t, first, http.StatusPaymentRequired, processor.CodeCardDeclined)
-		if e.DeclineCode != code || e.Type != processor.ErrorTypeCard || e.Charge == "" {
+		e := wantError(t, first, http.StatusPaymentRequired, fakeprocessor.CodeCardDeclined)
+		if e.DeclineCode != code || e.Type != fakeprocessor.ErrorTypeCard || e.Charge == "" {
 			t.Fatalf("%s: %+v", pm, e)
 		}
 		wantReplay(t, first, f.post(t, "/v1/charges", key, chargeBody(700, pm)))
 
 		got := f.ledger(t, key)
-		if len(got) != 1 || got[0].ID != e.Charge || got[0].Status != processor.StatusFailed || got[0].DeclineCode != code {
+		if len(got) != 1 || got[0].ID != e.Charge || got[0].Status != fakeprocessor.StatusFailed || got[0].DeclineCode != code {
 			t.Fatalf("%s: ledger %+v", pm, got)
 		}
 		// A failed charge has nothing to refund.
-		wantError(t, f.post(t, "/v1/refunds", key, fmt.Sprintf(`{"charge":%q,"amount":1}`, e.Charge)), http.StatusBadRequest, processor.CodeChargeNotRefundable)
+		wantError(t, f.post(t, "/v1/refunds", key, fmt.Sprintf(`{"charge":%q,"amount":1}`, e.Charge)), http.StatusBadRequest, fakeprocessor.CodeChargeNotRefundable)
 	}
 }
 
 func TestFlakyFailsTheFirstAttemptsThenSucceedsOnce(t *testing.T) {
 	t.Parallel()
-	f := newFake(t, processor.Config{FlakyFailures: 3})
-	body := chargeBody(300, processor.PaymentMethodFlaky)
+	f := newFake(t, fakeprocessor.Config{FlakyFailures: 3})
+	body := chargeBody(300, fakeprocessor.PaymentMethodFlaky)
 	for i := range 3 {
-		wantError(t, f.post(t, "/v1/charges", "flaky", body), http.StatusServiceUnavailable, processor.CodeProcessorUnavailable)
+		wantError(t, f.post(t, "/v1/charges", "flaky", body), http.StatusServiceUnavailable, fakeprocessor.CodeProcessorUnavailable)
 		if got := f.ledger(t, "flaky"); len(got) != 0 {
 			t.Fatalf("after failed attempt %d the ledger has %+v", i+1, got)
 		}
 	}
 	first := f.post(t, "/v1/charges", "flaky", body)
-	var ch processor.Charge
+	var ch fakeprocessor.Charge
 	decodeInto(t, first, http.StatusCreated, &ch)
 	wantReplay(t, first, f.post(t, "/v1/charges", "flaky", body))
 	if got := f.ledger(t, "flaky"); len(got) != 1 {
@@ -210,26 +210,26 @@ func TestFlakyFailsTheFirstAttemptsThenSucceedsOnce(t *testing.T) {
 
 	// The count is per key: another key fails from the start again, with
 	// the default of 2.
-	g := newFake(t, processor.Config{})
+	g := newFake(t, fakeprocessor.Config{})
 	for range 2 {
-		wantError(t, g.post(t, "/v1/charges", "flaky-2", body), http.StatusServiceUnavailable, processor.CodeProcessorUnavailable)
+		wantError(t, g.post(t, "/v1/charges", "flaky-2", body), http.StatusServiceUnavailable, fakeprocessor.CodeProcessorUnavailable)
 	}
 	decodeInto(t, g.post(t, "/v1/charges", "flaky-2", body), http.StatusCreated, &ch)
 }
 
 func TestRateLimitedAnswers429WithRetryAfterThenSucceeds(t *testing.T) {
 	t.Parallel()
-	f := newFake(t, processor.Config{})
-	body := chargeBody(300, processor.PaymentMethodRateLimited)
+	f := newFake(t, fakeprocessor.Config{})
+	body := chargeBody(300, fakeprocessor.PaymentMethodRateLimited)
 	res := f.post(t, "/v1/charges", "rl", body)
-	wantError(t, res, http.StatusTooManyRequests, processor.CodeRateLimited)
+	wantError(t, res, http.StatusTooManyRequests, fakeprocessor.CodeRateLimited)
 	if got := res.header.Get("Retry-After"); got != "1" {
 		t.Errorf("Retry-After %q, want 1", got)
 	}
 	if got := f.ledger(t, "rl"); len(got) != 0 {
 		t.Fatalf("a 429 had an effect: %+v", got)
 	}
-	var ch processor.Charge
+	var ch fakeprocessor.Charge
 	decodeInto(t, f.post(t, "/v1/charges", "rl", body), http.StatusCreated, &ch)
 	if got := f.ledger(t, "rl"); len(got) != 1 {
 		t.Fatalf("ledger: %+v", got)
@@ -238,8 +238,8 @@ func TestRateLimitedAnswers429WithRetryAfterThenSucceeds(t *testing.T) {
 
 func TestLostResponseChargesButDropsTheConnection(t *testing.T) {
 	t.Parallel()
-	f := newFake(t, processor.Config{})
-	body := chargeBody(900, processor.PaymentMethodLostResponse)
+	f := newFake(t, fakeprocessor.Config{})
+	body := chargeBody(900, fakeprocessor.PaymentMethodLostResponse)
 
 	// A fresh transport: Go's transport silently retries a request that
 	// carries an Idempotency-Key when a *reused* connection closes before
@@ -252,11 +252,11 @@ func TestLostResponseChargesButDropsTheConnection(t *testing.T) {
 	}
 
 	got := f.ledger(t, "lost")
-	if len(got) != 1 || got[0].Status != processor.StatusSucceeded {
+	if len(got) != 1 || got[0].Status != fakeprocessor.StatusSucceeded {
 		t.Fatalf("ledger: %+v; want the charge made before the connection dropped", got)
 	}
 	retry := f.post(t, "/v1/charges", "lost", body)
-	var ch processor.Charge
+	var ch fakeprocessor.Charge
 	decodeInto(t, retry, http.StatusCreated, &ch)
 	if ch.ID != got[0].ID || retry.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %+v; want the replayed charge %s", ch, got[0].ID)
@@ -270,17 +270,17 @@ func TestTimeoutChargesButWithholdsTheAnswer(t *testing.T) {
 	t.Parallel()
 	for name, c := range map[string]struct {
 		pm    string
-		chaos processor.Chaos
+		chaos fakeprocessor.Chaos
 	}{
-		"pm_card_timeout":  {pm: processor.PaymentMethodTimeout},
-		"chaos timeout":    {pm: processor.PaymentMethodVisa, chaos: processor.Chaos{TimeoutRate: 1}},
-		"chaos on decline": {pm: processor.PaymentMethodChargeDeclined, chaos: processor.Chaos{TimeoutRate: 1}},
+		"pm_card_timeout":  {pm: fakeprocessor.PaymentMethodTimeout},
+		"chaos timeout":    {pm: fakeprocessor.PaymentMethodVisa, chaos: fakeprocessor.Chaos{TimeoutRate: 1}},
+		"chaos on decline": {pm: fakeprocessor.PaymentMethodChargeDeclined, chaos: fakeprocessor.Chaos{TimeoutRate: 1}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			// TimeoutHold stays at its 30s default: the client gives up
 			// long before.
-			f := newFake(t, processor.Config{Chaos: c.chaos})
+			f := newFake(t, fakeprocessor.Config{Chaos: c.chaos})
 			body := chargeBody(1200, c.pm)
 
 			client := &http.Client{Timeout: time.Second}
@@ -311,16 +311,16 @@ func TestTimeoutChargesButWithholdsTheAnswer(t *testing.T) {
 
 func TestWithheldAnswerIsSentAfterTimeoutHold(t *testing.T) {
 	t.Parallel()
-	f := newFake(t, processor.Config{TimeoutHold: time.Millisecond})
-	var ch processor.Charge
-	decodeInto(t, f.post(t, "/v1/charges", "late", chargeBody(5, processor.PaymentMethodTimeout)), http.StatusCreated, &ch)
+	f := newFake(t, fakeprocessor.Config{TimeoutHold: time.Millisecond})
+	var ch fakeprocessor.Charge
+	decodeInto(t, f.post(t, "/v1/charges", "late", chargeBody(5, fakeprocessor.PaymentMethodTimeout)), http.StatusCreated, &ch)
 }
 
 func TestConcurrentRefundsNeverExceedTheCharge(t *testing.T) {
 	t.Parallel()
-	f := newFake(t, processor.Config{})
-	var ch processor.Charge
-	decodeInto(t, f.post(t, "/v1/charges", "to-refund", chargeBody(1000, processor.PaymentMethodVisa)), http.StatusCreated, &ch)
+	f := newFake(t, fakeprocessor.Config{})
+	var ch fakeprocessor.Charge
+	decodeInto(t, f.post(t, "/v1/charges", "to-refund", chargeBody(1000, fakeprocessor.PaymentMethodVisa)), http.StatusCreated, &ch)
 	refund := fmt.Sprintf(`{"charge":%q,"amount":300}`, ch.ID)
 
 	const n = 10
@@ -339,7 +339,7 @@ func TestConcurrentRefundsNeverExceedTheCharge(t *testing.T) {
 			}
 			status[i] = res.status
 			if res.status != http.StatusCreated {
-				wantError(t, res, http.StatusBadRequest, processor.CodeAmountTooLarge)
+				wantError(t, res, http.StatusBadRequest, fakeprocessor.CodeAmountTooLarge)
 			}
 		})
 	}
@@ -354,7 +354,7 @@ func TestConcurrentRefundsNeverExceedTheCharge(t *testing.T) {
 	}
 	var refunded int64
 	for _, e := range f.ledger(t, "") {
-		if e.Object == processor.ObjectRefund {
+		if e.Object == fakeprocessor.ObjectRefund {
 			refunded += e.Amount
 		}
 	}
@@ -370,21 +370,21 @@ func TestConcurrentRefundsNeverExceedTheCharge(t *testing.T) {
 			break
 		}
 	}
-	decodeInto(t, f.post(t, "/v1/refunds", failedKey, fmt.Sprintf(`{"charge":%q,"amount":100}`, ch.ID)), http.StatusCreated, new(processor.Refund))
-	wantError(t, f.post(t, "/v1/refunds", "one-more", fmt.Sprintf(`{"charge":%q,"amount":1}`, ch.ID)), http.StatusBadRequest, processor.CodeAmountTooLarge)
-	wantError(t, f.post(t, "/v1/refunds", "nothing", `{"charge":"pch_nope","amount":1}`), http.StatusNotFound, processor.CodeResourceMissing)
+	decodeInto(t, f.post(t, "/v1/refunds", failedKey, fmt.Sprintf(`{"charge":%q,"amount":100}`, ch.ID)), http.StatusCreated, new(fakeprocessor.Refund))
+	wantError(t, f.post(t, "/v1/refunds", "one-more", fmt.Sprintf(`{"charge":%q,"amount":1}`, ch.ID)), http.StatusBadRequest, fakeprocessor.CodeAmountTooLarge)
+	wantError(t, f.post(t, "/v1/refunds", "nothing", `{"charge":"pch_nope","amount":1}`), http.StatusNotFound, fakeprocessor.CodeResourceMissing)
 }
 
 func TestAdminChaosRoundTrips(t *testing.T) {
 	t.Parallel()
-	f := newFake(t, processor.Config{})
-	get := func() processor.Chaos {
+	f := newFake(t, fakeprocessor.Config{})
+	get := func() fakeprocessor.Chaos {
 		t.Helper()
 		res, err := f.do(t, http.DefaultClient, http.MethodGet, "/admin/chaos", "", "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		var c processor.Chaos
+		var c fakeprocessor.Chaos
 		decodeInto(t, res, http.StatusOK, &c)
 		return c
 	}
@@ -396,12 +396,12 @@ func TestAdminChaosRoundTrips(t *testing.T) {
 		}
 		return res
 	}
-	if c := get(); c != (processor.Chaos{}) {
+	if c := get(); c != (fakeprocessor.Chaos{}) {
 		t.Fatalf("initial chaos %+v, want none", c)
 	}
-	want := processor.Chaos{LatencyMS: 5, ErrorRate: 0.25, TimeoutRate: 0.5, DuplicateWebhookRate: 1}
+	want := fakeprocessor.Chaos{LatencyMS: 5, ErrorRate: 0.25, TimeoutRate: 0.5, DuplicateWebhookRate: 1}
 	b, _ := json.Marshal(want)
-	var echoed processor.Chaos
+	var echoed fakeprocessor.Chaos
 	decodeInto(t, put(string(b)), http.StatusOK, &echoed)
 	if echoed != want || get() != want || f.Chaos() != want {
 		t.Fatalf("after PUT %+v: echoed %+v, GET %+v", want, echoed, get())
@@ -418,18 +418,18 @@ func TestAdminChaosRoundTrips(t *testing.T) {
 
 	// error_rate 1: every call is a 503 before any effect.
 	decodeInto(t, put(`{"error_rate":1}`), http.StatusOK, &echoed)
-	body := chargeBody(100, processor.PaymentMethodVisa)
-	wantError(t, f.post(t, "/v1/charges", "chaos", body), http.StatusServiceUnavailable, processor.CodeProcessorUnavailable)
+	body := chargeBody(100, fakeprocessor.PaymentMethodVisa)
+	wantError(t, f.post(t, "/v1/charges", "chaos", body), http.StatusServiceUnavailable, fakeprocessor.CodeProcessorUnavailable)
 	if got := f.ledger(t, ""); len(got) != 0 {
 		t.Fatalf("an injected 503 had an effect: %+v", got)
 	}
 	decodeInto(t, put(`{}`), http.StatusOK, &echoed)
-	decodeInto(t, f.post(t, "/v1/charges", "chaos", body), http.StatusCreated, new(processor.Charge))
+	decodeInto(t, f.post(t, "/v1/charges", "chaos", body), http.StatusCreated, new(fakeprocessor.Charge))
 }
 
 func TestChaosLatencyIsAddedAndRespectsTheClient(t *testing.T) {
 	t.Parallel()
-	f := newFake(t, processor.Config{Chaos: processor.Chaos{LatencyMS: 60_000}})
+	f := newFake(t, fakeprocessor.Config{Chaos: fakeprocessor.Chaos{LatencyMS: 60_000}})
 	// The client gives up long before the latency passes; nothing happens.
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
@@ -439,7 +439,7 @@ func TestChaosLatencyIsAddedAndRespectsTheClient(t *testing.T) {
 	if _, err := http.DefaultClient.Do(req); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v; want the client's deadline", err)
 	}
-	if err := f.SetChaos(processor.Chaos{LatencyMS: 50}); err != nil {
+	if err := f.SetChaos(fakeprocessor.Chaos{LatencyMS: 50}); err != nil {
 		t.Fatal(err)
 	}
 	began := time.Now()
@@ -451,14 +451,14 @@ func TestChaosLatencyIsAddedAndRespectsTheClient(t *testing.T) {
 
 func TestNewRejectsInvalidConfig(t *testing.T) {
 	t.Parallel()
-	for _, cfg := range []processor.Config{
+	for _, cfg := range []fakeprocessor.Config{
 		{WebhookURL: "not a url"},
 		{WebhookURL: "ftp://example.com/hook"},
-		{Chaos: processor.Chaos{ErrorRate: 1.5}},
+		{Chaos: fakeprocessor.Chaos{ErrorRate: 1.5}},
 		{FlakyFailures: -1},
 		{TimeoutHold: -time.Second},
 	} {
-		if _, err := processor.New(cfg); err == nil {
+		if _, err := fakeprocessor.New(cfg); err == nil {
 			t.Errorf("New(%+v) accepted it", cfg)
 		}
 	}
@@ -467,14 +467,14 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 func TestLoadConfig(t *testing.T) {
 	t.Parallel()
 	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-	cfg, err := processor.LoadConfig(env(nil))
+	cfg, err := fakeprocessor.LoadConfig(env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(cfg.WebhookSecret) != processor.DefaultWebhookSecret || cfg.WebhookURL != "" || cfg.Chaos != (processor.Chaos{}) {
+	if string(cfg.WebhookSecret) != fakeprocessor.DefaultWebhookSecret || cfg.WebhookURL != "" || cfg.Chaos != (fakeprocessor.Chaos{}) {
 		t.Fatalf("defaults: %+v", cfg)
 	}
-	cfg, err = processor.LoadConfig(env(map[string]string{
+	cfg, err = fakeprocessor.LoadConfig(env(map[string]string{
 		"WEBHOOK_URL": "http://127.0.0.1:8080/webhooks/processor", "WEBHOOK_SECRET": "whsec_x",
 		"PROCESSOR_FLAKY_FAILURES": "4", "PROCESSOR_TIMEOUT_HOLD": "2s", "PROCESSOR_KEY_RETENTION": "1h", "CHAOS_LATENCY_MS": "10",
 		"CHAOS_ERROR_RATE": "0.1", "CHAOS_TIMEOUT_RATE": "0.2", "CHAOS_DUPLICATE_WEBHOOK_RATE": "1", "CHAOS_SEED": "7",
@@ -483,10 +483,10 @@ func TestLoadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.FlakyFailures != 4 || cfg.TimeoutHold != 2*time.Second || cfg.KeyRetention != time.Hour || cfg.Rand == nil ||
-		cfg.Chaos != (processor.Chaos{LatencyMS: 10, ErrorRate: 0.1, TimeoutRate: 0.2, DuplicateWebhookRate: 1}) {
+		cfg.Chaos != (fakeprocessor.Chaos{LatencyMS: 10, ErrorRate: 0.1, TimeoutRate: 0.2, DuplicateWebhookRate: 1}) {
 		t.Fatalf("loaded: %+v", cfg)
 	}
-	_, err = processor.LoadConfig(env(map[string]string{
+	_, err = fakeprocessor.LoadConfig(env(map[string]string{
 		"CHAOS_ERROR_RATE": "lots", "PROCESSOR_TIMEOUT_HOLD": "forever", "CHAOS_SEED": "-1", "PROCESSOR_FLAKY_FAILURES": "0",
 		"PROCESSOR_KEY_RETENTION": "0s",
 	}))
@@ -502,8 +502,8 @@ func TestLoadConfig(t *testing.T) {
 // payments server's retry after its own timeout never waits for the hold.
 func TestRetryDuringAWithheldAnswerIsReplayedAtOnce(t *testing.T) {
 	t.Parallel()
-	f := newFake(t, processor.Config{})
-	body := chargeBody(250, processor.PaymentMethodTimeout)
+	f := newFake(t, fakeprocessor.Config{})
+	body := chargeBody(250, fakeprocessor.PaymentMethodTimeout)
 
 	ctx, giveUp := context.WithCancel(context.Background())
 	defer giveUp()
@@ -521,7 +521,7 @@ func TestRetryDuringAWithheldAnswerIsReplayedAtOnce(t *testing.T) {
 	for len(f.ledger(t, "held")) == 0 {
 	}
 
-	var ch processor.Charge
+	var ch fakeprocessor.Charge
 	retry := f.post(t, "/v1/charges", "held", body)
 	decodeInto(t, retry, http.StatusCreated, &ch)
 	if retry.header.Get("Idempotent-Replayed") != "true" {

@@ -1,4 +1,4 @@
-package processor_test
+package fakeprocessor_test
 
 import (
 	"bytes"
@@ -9,18 +9,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/retrysafe/payments/internal/processor"
+	"github.com/retrysafe/payments/internal/fakeprocessor"
 )
 
 // fake is a processor served over real HTTP by an httptest server.
 type fake struct {
-	*processor.Server
+	*fakeprocessor.Server
 	URL string
 }
 
-func newFake(t *testing.T, cfg processor.Config) *fake {
+func newFake(t *testing.T, cfg fakeprocessor.Config) *fake {
 	t.Helper()
-	p, err := processor.New(cfg)
+	p, err := fakeprocessor.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func (f *fake) post(t *testing.T, path, key, body string) response {
 }
 
 // ledger returns the effects recorded for key ("" for all of them).
-func (f *fake) ledger(t *testing.T, key string) []processor.LedgerEntry {
+func (f *fake) ledger(t *testing.T, key string) []fakeprocessor.LedgerEntry {
 	t.Helper()
 	path := "/v1/ledger"
 	if key != "" {
@@ -83,7 +83,7 @@ func (f *fake) ledger(t *testing.T, key string) []processor.LedgerEntry {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var list processor.LedgerList
+	var list fakeprocessor.LedgerList
 	decodeInto(t, res, http.StatusOK, &list)
 	return list.Data
 }
@@ -100,9 +100,9 @@ func decodeInto(t *testing.T, res response, status int, v any) {
 }
 
 // wantError checks an error answer's status and code.
-func wantError(t *testing.T, res response, status int, code string) processor.ErrorDetail {
+func wantError(t *testing.T, res response, status int, code string) fakeprocessor.ErrorDetail {
 	t.Helper()
-	var e processor.ErrorResponse
+	var e fakeprocessor.ErrorResponse
 	decodeInto(t, res, status, &e)
 	if e.Error.Code != code {
 		t.Fatalf("error code %q, want %q: %s", e.Error.Code, code, res.body)
@@ -121,6 +121,6 @@ func wantReplay(t *testing.T, first, again response) {
 }
 
 func chargeBody(amount int, pm string) string {
-	b, _ := json.Marshal(processor.CreateChargeRequest{Amount: int64(amount), Currency: "usd", PaymentMethod: pm})
+	b, _ := json.Marshal(fakeprocessor.CreateChargeRequest{Amount: int64(amount), Currency: "usd", PaymentMethod: pm})
 	return string(b)
 }
