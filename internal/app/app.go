@@ -199,7 +199,7 @@ func (a *App) Reconciler(backoffBase time.Duration) (*idempotency.Reconciler, er
 		// loop runs again at once while it finds work, within the budget.
 		Batch:       5,
 		MaxRun:      cfg.MaxRun(),
-		MaxAttempts: cfg.ReconcilerMaxAttempts,
+		MaxTries:    cfg.ReconcilerMaxAttempts,
 		MaxAge:      cfg.ReconcilerMaxAge,
 		BackoffBase: backoffBase,
 		BackoffCap:  5 * time.Minute,

@@ -126,7 +126,7 @@ type IdempotencyKey struct {
 	UpdatedAt          time.Time
 	CompletedAt        *time.Time
 	NextAttemptAt      time.Time
-	ReconcilerAttempts int32
+	ReconcilerTries    int32
 	Operation          string
 	Awaited            bool
 	Traceparent        *string

@@ -27,11 +27,11 @@ type ReconcilerConfig struct {
 	Interval time.Duration // the pause between scans that found nothing to do
 	Batch    int           // the most records claimed per scan
 	MaxRun   time.Duration // bounds one record's run, as for a request
-	// MaxAttempts and MaxAge decide when a record is dead.
-	// MaxAttempts counts the reconciler's own tries, not a client's: a
+	// MaxTries and MaxAge decide when a record is dead.
+	// MaxTries counts the reconciler's own tries, not a client's: a
 	// client retrying through an outage must not use up its patience.
-	MaxAttempts int
-	MaxAge      time.Duration
+	MaxTries int
+	MaxAge   time.Duration
 	// BackoffBase and BackoffCap shape the delay before the next try after
 	// a transient failure: full jitter, random(0, min(cap, base·2^attempt)).
 	BackoffBase, BackoffCap time.Duration
@@ -60,7 +60,7 @@ func NewReconciler(cfg ReconcilerConfig, store *Store, operations *Registry, log
 	p.Check(cfg.Interval > 0, "Interval must be positive")
 	p.Check(cfg.Batch >= 1, "Batch must be at least 1")
 	p.Check(cfg.MaxRun > 0, "MaxRun must be positive")
-	p.Check(cfg.MaxAttempts >= 1, "MaxAttempts must be at least 1")
+	p.Check(cfg.MaxTries >= 1, "MaxTries must be at least 1")
 	p.Check(cfg.MaxAge > 0, "MaxAge must be positive")
 	p.Check(cfg.BackoffBase > 0 && cfg.BackoffCap >= cfg.BackoffBase, "BackoffBase must be positive and BackoffCap at least BackoffBase")
 	p.Check(cfg.RetriesPerInterval >= 1 && cfg.RetryBurst >= cfg.RetriesPerInterval,
@@ -157,7 +157,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	}
 	op, ok := r.operations.Lookup(rec.Operation)
 	switch {
-	case int(rec.ReconcilerAttempts) > r.cfg.MaxAttempts || time.Since(rec.CreatedAt) > r.cfg.MaxAge:
+	case int(rec.ReconcilerTries) > r.cfg.MaxTries || time.Since(rec.CreatedAt) > r.cfg.MaxAge:
 		// (On this process's clock: MaxAge is hours, so skew does not matter.)
 		markDeadAndLog(ctx, l, log, slog.LevelWarn, "reconciler: operation dead, left for an operator")
 		return
@@ -169,7 +169,7 @@ func (r *Reconciler) reconcile(ctx context.Context, l *Lease) {
 	}
 	// After a transient failure Drive releases the lease at once, for a
 	// client's retry; the reconciler's own next try waits out its backoff.
-	backoff := retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, int(rec.ReconcilerAttempts))
+	backoff := retry.FullJitter(r.cfg.BackoffBase, r.cfg.BackoffCap, int(rec.ReconcilerTries))
 	resp, err := r.store.Drive(ctx, l, op.Resume, backoff)
 	if err != nil {
 		metrics.ReconcilerResumes.WithLabelValues("not_finished").Inc()

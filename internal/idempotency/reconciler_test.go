@@ -67,7 +67,7 @@ func (f *fixture) reconciler(t *testing.T, maxAttempts int) *idempotency.Reconci
 	t.Helper()
 	r, err := idempotency.NewReconciler(idempotency.ReconcilerConfig{
 		Interval: time.Millisecond, Batch: 4, MaxRun: time.Minute,
-		MaxAttempts: maxAttempts, MaxAge: time.Hour,
+		MaxTries: maxAttempts, MaxAge: time.Hour,
 		BackoffBase: time.Millisecond, BackoffCap: time.Millisecond,
 		RetriesPerInterval: 100, RetryBurst: 100,
 	}, f.store, f.operations, quiet)
@@ -284,7 +284,7 @@ func TestRetryBudgetThrottlesTheReconciler(t *testing.T) {
 	}
 	now := time.Now()
 	r, err := idempotency.NewReconciler(idempotency.ReconcilerConfig{
-		Interval: time.Second, Batch: 10, MaxRun: time.Minute, MaxAttempts: 100, MaxAge: time.Hour,
+		Interval: time.Second, Batch: 10, MaxRun: time.Minute, MaxTries: 100, MaxAge: time.Hour,
 		BackoffBase: time.Hour, BackoffCap: time.Hour, // a record tried once is not due again here
 		RetriesPerInterval: 1, RetryBurst: 2,
 		Clock: func() time.Time { return now },
@@ -316,7 +316,7 @@ func TestReconcilerRefusesInvalidConfig(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
 	good := idempotency.ReconcilerConfig{
-		Interval: time.Second, Batch: 1, MaxRun: time.Minute, MaxAttempts: 3, MaxAge: time.Hour,
+		Interval: time.Second, Batch: 1, MaxRun: time.Minute, MaxTries: 3, MaxAge: time.Hour,
 		BackoffBase: time.Second, BackoffCap: time.Minute, RetriesPerInterval: 1, RetryBurst: 1,
 	}
 	if _, err := idempotency.NewReconciler(good, f.store, f.operations, quiet); err != nil {
@@ -326,7 +326,7 @@ func TestReconcilerRefusesInvalidConfig(t *testing.T) {
 		"Batch":              func(c *idempotency.ReconcilerConfig) { c.Batch = 0 },
 		"Interval":           func(c *idempotency.ReconcilerConfig) { c.Interval = 0 },
 		"MaxRun":             func(c *idempotency.ReconcilerConfig) { c.MaxRun = -time.Second },
-		"MaxAttempts":        func(c *idempotency.ReconcilerConfig) { c.MaxAttempts = 0 },
+		"MaxTries":           func(c *idempotency.ReconcilerConfig) { c.MaxTries = 0 },
 		"MaxAge":             func(c *idempotency.ReconcilerConfig) { c.MaxAge = 0 },
 		"BackoffCap":         func(c *idempotency.ReconcilerConfig) { c.BackoffCap = time.Millisecond },
 		"RetriesPerInterval": func(c *idempotency.ReconcilerConfig) { c.RetriesPerInterval = 0 },
@@ -369,7 +369,7 @@ func TestUnknownOperationIsLeftToAReconcilerThatKnowsIt(t *testing.T) {
 	f := newFixture(t, 1)
 	f.stalledCharge(t, "orphan")
 	cfg := idempotency.ReconcilerConfig{
-		Interval: time.Second, Batch: 1, MaxRun: time.Minute, MaxAttempts: 3, MaxAge: time.Hour,
+		Interval: time.Second, Batch: 1, MaxRun: time.Minute, MaxTries: 3, MaxAge: time.Hour,
 		BackoffBase: time.Second, BackoffCap: time.Minute, RetriesPerInterval: 1, RetryBurst: 1,
 	}
 	noOperations, err := idempotency.NewRegistry() // an older replica's: it knows no operation

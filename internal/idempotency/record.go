@@ -35,8 +35,8 @@ type Record struct {
 	UpdatedAt       time.Time
 	CompletedAt     *time.Time
 	// The reconciler's schedule, and how many of its own tries it has made.
-	NextAttemptAt      time.Time
-	ReconcilerAttempts int32
+	NextAttemptAt   time.Time
+	ReconcilerTries int32
 	// Traceparent is the claiming request's W3C trace context, if traced:
 	// the reconciler's trace links to it.
 	Traceparent string
@@ -60,7 +60,7 @@ func recordOf(r dbsqlc.IdempotencyKey) Record {
 		RequestMethod: r.RequestMethod, RequestPath: r.RequestPath, RequestFingerprint: r.RequestFingerprint,
 		ResponseStatus: r.ResponseStatus, ResponseHeaders: r.ResponseHeaders, ResponseBody: r.ResponseBody,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
-		NextAttemptAt: r.NextAttemptAt, ReconcilerAttempts: r.ReconcilerAttempts,
+		NextAttemptAt: r.NextAttemptAt, ReconcilerTries: r.ReconcilerTries,
 		Traceparent: postgres.Text(r.Traceparent), Awaited: r.Awaited,
 	}
 }
