@@ -433,3 +433,47 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 	}
 	return lease, resp, err
 }
+
+// In this test binary, a second order under an id already taken is a
+// refusal, as a unique field of a fork's resource would be (its package
+// declares it with postgres.Refuse).
+func init() {
+	postgres.Refuse("orders_pkey", problem.OrderNotCancelable, "an order with this id exists")
+}
+
+// A local operation whose insert breaks a unique constraint declared a
+// refusal answers with that problem, stored under the key and replayed,
+// never a 500: the insert is sent with the key's record and COMMIT, so the
+// violation surfaces from the batch, where the refusal still names it.
+func TestLocalUniqueViolationIsAStoredRefusal(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t, time.Minute)
+	ctx := context.Background()
+	insert := func(ctx context.Context, tx pgx.Tx) (*Response, error) {
+		if _, err := tx.Exec(ctx, `INSERT INTO orders (caller_id, id, amount, currency) VALUES ('acme', 'ord_twice', 100, 'usd')`); err != nil {
+			return nil, err
+		}
+		return JSONResponse(http.StatusCreated, nil, map[string]string{"id": "ord_twice"})
+	}
+	if _, err := s.serveLocal(ctx, testRequest(t, "first"), insert); err != nil {
+		t.Fatal(err)
+	}
+	req := testRequest(t, "second")
+	refused, err := s.serveLocal(ctx, req, insert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refused.Status != http.StatusConflict || !bytes.Contains(refused.Body, []byte(`"order_not_cancelable"`)) {
+		t.Fatalf("a duplicate id answered %d %s; want the declared 409", refused.Status, refused.Body)
+	}
+	replay, err := s.serveLocal(ctx, req, insert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !replay.Replayed || replay.Status != refused.Status || !bytes.Equal(replay.Body, refused.Body) {
+		t.Errorf("the retry answered %d %s (replayed %v); want the stored 409, replayed", replay.Status, replay.Body, replay.Replayed)
+	}
+	if n := countOrders(t, pool); n != 1 {
+		t.Errorf("%d orders; want 1", n)
+	}
+}
