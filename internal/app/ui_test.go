@@ -403,12 +403,7 @@ func TestDemoPageBreaksNoWordAt1280(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t, withDemo)
 	ctx := browser(t, ts.URL, 1280, 800)
-	createOrderOnPage(t, ctx)
-	waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
-	click(t, ctx, "charge")
-	waitPage(t, ctx, attemptStatuses+`[0] === "201" && document.querySelectorAll("#attempts tbody tr").length === 2`)
-	click(t, ctx, "send-again")
-	waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 3`)
+	fillStory(t, ctx)
 	// And the longest cells: a charge retried after two 503s, each with
 	// its problem's code, its Retry-After and its next try.
 	createOrderOnPage(t, ctx)
@@ -559,12 +554,7 @@ func TestDemoPageAccessibility(t *testing.T) {
 			}
 		}
 		check("on load")
-		createOrderOnPage(t, ctx)
-		waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
-		click(t, ctx, "charge")
-		waitPage(t, ctx, attemptStatuses+`[0] === "201" && document.querySelectorAll("#attempts tbody tr").length === 2`)
-		click(t, ctx, "send-again")
-		waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 3`)
+		fillStory(t, ctx)
 		check("with the story filled")
 	}
 }
@@ -632,4 +622,16 @@ func TestAPIReferenceRendersOffline(t *testing.T) {
 	if !strings.Contains(loaded, ts.URL+"/openapi.yaml") || !strings.Contains(loaded, ts.URL+"/docs/redoc.standalone.js") {
 		t.Errorf("loaded:\n%s\nwant the spec and the embedded Redoc", loaded)
 	}
+}
+
+// fillStory tells the demo's story on the page: an order, its charge, and
+// the charge sent again (a replay).
+func fillStory(t *testing.T, ctx context.Context) {
+	t.Helper()
+	createOrderOnPage(t, ctx)
+	waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
+	click(t, ctx, "charge")
+	waitPage(t, ctx, attemptStatuses+`[0] === "201" && document.querySelectorAll("#attempts tbody tr").length === 2`)
+	click(t, ctx, "send-again")
+	waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 3`)
 }
