@@ -102,7 +102,7 @@ func (w *Worker) start(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.P
 	case cardprocessor.IsDefinite(err):
 		// A definite "no": no transfer was started.
 		return postgres.Transact(ctx, w.db, func(tx pgx.Tx) error {
-			_, err := settle(ctx, tx, po, Outcome{FailureCode: cardprocessor.RefusalCode(err)})
+			_, err := settle(ctx, tx, po, Answer{FailureCode: cardprocessor.RefusalCode(err)})
 			return err
 		})
 	case errors.As(err, &rejected):
@@ -174,7 +174,7 @@ func (w *Worker) giveUp(ctx context.Context, po dbsqlc.Payout, reason error) err
 
 // record writes a final status the processor reported.
 func (w *Worker) record(ctx context.Context, po dbsqlc.Payout, res cardprocessor.PayoutResult) error {
-	o := Outcome{Paid: res.Status == cardprocessor.PayoutPaid, ProcessorPayoutID: res.ID}
+	o := Answer{Paid: res.Status == cardprocessor.PayoutPaid, ProcessorPayoutID: res.ID}
 	if !o.Paid && res.FailureCode != nil {
 		o.FailureCode = *res.FailureCode
 	}

@@ -186,7 +186,7 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 // first records it, the other finds it recorded.
 func ApplyPayoutEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
 	defer postgres.Wrap(&err, "payouts.ApplyPayoutEvent(%s, %q)", callerID, ev.DownstreamKey)
-	o := Outcome{Paid: ev.Type == events.ProcessorPayoutPaid, ProcessorPayoutID: ev.ObjectID,
+	o := Answer{Paid: ev.Type == events.ProcessorPayoutPaid, ProcessorPayoutID: ev.ObjectID,
 		Report: events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID}}
 	if ev.FailureCode != nil {
 		o.FailureCode = *ev.FailureCode
@@ -202,8 +202,8 @@ func ApplyPayoutEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events
 	return err == nil, err
 }
 
-// Outcome is how a payout ended at the processor.
-type Outcome struct {
+// Answer is the processor's definite answer about a payout: how it ended.
+type Answer struct {
 	Paid              bool
 	FailureCode       string // when not Paid
 	ProcessorPayoutID string
@@ -214,7 +214,7 @@ type Outcome struct {
 // and the event, and returns it as it now is. It locks the row and decides
 // on what it finds: a payout already at that outcome is left alone; one at
 // the other is a contradiction, changed by nobody.
-func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Outcome) (dbsqlc.Payout, error) {
+func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Answer) (dbsqlc.Payout, error) {
 	cur, err := queries.LockPayout(ctx, tx, dbsqlc.LockPayoutParams{CallerID: po.CallerID, ID: po.ID})
 	if err != nil {
 		return po, err
