@@ -45,36 +45,54 @@ func browser(t *testing.T, url string, width, height int) context.Context {
 	return ctx
 }
 
-// newTab opens a tab on the page at url. Console errors and uncaught
-// exceptions on the page fail the test (a page asset that fails to load,
-// too; an API answer with an error status does not). Without Chromium the test is
-// skipped with a hint, except under CI, where it fails.
-func newTab(t *testing.T, url string, width, height int) context.Context {
-	t.Helper()
+// theBrowser is one headless Chromium for all the package's tests, started
+// by the first that needs it: each test opens tabs of its own in it
+// (newTab), which costs far less CPU than a browser each. It is killed with
+// the test binary (chromedp asks Linux to).
+var theBrowser = sync.OnceValues(func() (context.Context, error) {
 	path := chromium()
 	if path == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("the browser tests need Chromium, and CI must have it (.ci/run installs it)")
-		}
-		t.Skip("no Chromium: install it (apt-get install -y chromium) or set CHROME_PATH to run the browser tests")
+		return nil, nil
+	}
+	dir, err := os.MkdirTemp("", "chromium-")
+	if err != nil {
+		return nil, err
 	}
 	opts := append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
 		chromedp.ExecPath(path),
 		chromedp.NoSandbox,
 		chromedp.Flag("disable-gpu", true),
 		chromedp.Flag("disable-background-networking", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(width, height),
+		chromedp.UserDataDir(dir),
 	)
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancelAlloc)
-	ctx, cancelTab := chromedp.NewContext(allocCtx)
+	allocCtx, _ := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, _ := chromedp.NewContext(allocCtx)
+	return ctx, chromedp.Do(ctx, chromedp.Navigate("about:blank")) // starts it
+})
+
+// newTab opens a tab on the page at url, its viewport width × height.
+// Console errors and uncaught exceptions on the page fail the test (a page
+// asset that fails to load, too; an API answer with an error status does
+// not). Without Chromium the test is skipped with a hint, except under CI,
+// where it fails.
+func newTab(t *testing.T, url string, width, height int) context.Context {
+	t.Helper()
+	browserCtx, err := theBrowser()
+	switch {
+	case err != nil:
+		t.Fatalf("start Chromium: %v", err)
+	case browserCtx == nil && os.Getenv("CI") != "":
+		t.Fatal("the browser tests need Chromium, and CI must have it (.ci/run installs it)")
+	case browserCtx == nil:
+		t.Skip("no Chromium: install it (apt-get install -y chromium) or set CHROME_PATH to run the browser tests")
+	}
+	ctx, cancelTab := chromedp.NewContext(browserCtx)
 	t.Cleanup(cancelTab)
 	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
 	t.Cleanup(cancelTimeout)
 
-	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
-		t.Fatalf("start Chromium: %v", err)
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(int64(width), int64(height))); err != nil {
+		t.Fatalf("open a tab: %v", err)
 	}
 	var (
 		mu       sync.Mutex
