@@ -53,7 +53,7 @@ func addOrders(ctx context.Context, admin *pgxpool.Pool, callers []*caller, n in
 	ids, owners := make([]string, n), make([]string, n)
 	for k := range ids {
 		c := callers[k%len(callers)]
-		ids[k], owners[k] = postgres.NewID(postgres.PrefixOrder), c.id
+		ids[k], owners[k] = postgres.NewID("ord"), c.id
 		c.orders = append(c.orders, ids[k])
 	}
 	_, err := admin.Exec(ctx, `INSERT INTO orders (caller_id, id, amount, currency) SELECT unnest($1::text[]), unnest($2::text[]), 1999, 'usd'`, owners, ids)

@@ -157,7 +157,7 @@ func run(ctx context.Context) error {
 	body := []byte(`{"amount":1999,"currency":"usd","description":"Tea"}`)
 	fingerprint := sha256.Sum256(body)
 	insert := func(db dbsqlc.DBTX) error {
-		return queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{CallerID: "acme", ID: postgres.NewID(postgres.PrefixOrder), Amount: 1999, Currency: "usd", CreatedAt: time.Now()})
+		return queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{CallerID: "acme", ID: postgres.NewID("ord"), Amount: 1999, Currency: "usd", CreatedAt: time.Now()})
 	}
 	plain := phase{"plain order insert (SQL)", func(int64) error { return insert(pool) }}
 	floorCreate := phase{"floor: keyed create (SQL)", func(i int64) error {

@@ -91,6 +91,9 @@ func chargeOf(r dbsqlc.Charge) Charge {
 
 var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
+// Public ids: ch_… and re_….
+var newChargeID, newRefundID = postgres.IDs("ch"), postgres.IDs("re")
+
 // Service runs charges and refunds.
 type Service struct {
 	db        *pgxpool.Pool
@@ -157,7 +160,7 @@ func createCharge(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 		return nil, err
 	}
 	err = queries.CreateCharge(ctx, tx, dbsqlc.CreateChargeParams{
-		CallerID: in.CallerID, ID: postgres.NewID(postgres.PrefixCharge), OrderID: o.ID, IdempotencyKeyID: rec.ID,
+		CallerID: in.CallerID, ID: newChargeID(), OrderID: o.ID, IdempotencyKeyID: rec.ID,
 		Amount: o.Amount, Currency: o.Currency, PaymentMethod: in.Body.PaymentMethod, DownstreamKey: downstreamKey,
 	})
 	if err != nil {

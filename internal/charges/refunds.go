@@ -145,7 +145,7 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 	if err != nil {
 		return nil, err
 	}
-	id := postgres.NewID(postgres.PrefixRefund)
+	id := newRefundID()
 	if _, err := queries.CreateRefund(ctx, tx, dbsqlc.CreateRefundParams{CallerID: ch.CallerID, ID: id,
 		ChargeID: ch.ID, IdempotencyKeyID: rec.ID, Amount: amount, DownstreamKey: downstreamKey}); err != nil {
 		return nil, err

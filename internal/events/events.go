@@ -30,6 +30,8 @@ const (
 
 var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
+var newEventID = postgres.IDs("evt") // evt_…
+
 // Event is an event of the outbox, as the rest of the service sees it.
 type Event struct {
 	ID        string
@@ -57,7 +59,7 @@ func Emit(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map[s
 	if err != nil {
 		return err
 	}
-	return queries.InsertEvent(ctx, tx, dbsqlc.InsertEventParams{CallerID: callerID, ID: postgres.NewID(postgres.PrefixEvent),
+	return queries.InsertEvent(ctx, tx, dbsqlc.InsertEventParams{CallerID: callerID, ID: newEventID(),
 		Type: eventType, Data: b, Traceparent: postgres.Traceparent(ctx)})
 }
 

@@ -66,7 +66,7 @@ func countOrders(t *testing.T, pool *pgxpool.Pool) int {
 func createOrderPhase(ctx context.Context, tx pgx.Tx) (Result, error) {
 	// The order's own insert, written out: package orders declares its
 	// operation with this package, so these tests cannot import it.
-	id := postgres.NewID(postgres.PrefixOrder)
+	id := postgres.NewID("ord")
 	if _, err := tx.Exec(ctx, `INSERT INTO orders (caller_id, id, amount, currency) VALUES ('acme', $1, 100, 'usd')`, id); err != nil {
 		return nil, err
 	}

@@ -25,6 +25,8 @@ import (
 
 var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
+var newEntryID = postgres.IDs("le") // le_…
+
 // The accounts an entry moves money between.
 const (
 	Processor = "processor" // the world outside
@@ -35,7 +37,7 @@ const (
 // move writes one entry: amount from one account to another, for object (a charge, refund or payout id).
 func move(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, from, to, object string) (err error) {
 	defer postgres.Wrap(&err, "ledger: move %d %s of %s from %s to %s for %s", amount, currency, callerID, from, to, object)
-	return queries.InsertLedgerEntry(ctx, tx, dbsqlc.InsertLedgerEntryParams{CallerID: callerID, ID: postgres.NewID(postgres.PrefixLedgerEntry),
+	return queries.InsertLedgerEntry(ctx, tx, dbsqlc.InsertLedgerEntryParams{CallerID: callerID, ID: newEntryID(),
 		Currency: currency, Amount: amount, FromAccount: from, ToAccount: to, ObjectID: object})
 }
 
@@ -61,7 +63,7 @@ func Restore(ctx context.Context, tx pgx.Tx, callerID, currency string, amount i
 func Debit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int64, objectID string) (err error) {
 	defer postgres.Wrap(&err, "ledger.Debit(%s, %s, %d)", callerID, currency, amount)
 	return queries.DebitLedger(ctx, tx, dbsqlc.DebitLedgerParams{CallerID: callerID, Currency: currency, Amount: amount,
-		ID: postgres.NewID(postgres.PrefixLedgerEntry), ObjectID: objectID})
+		ID: newEntryID(), ObjectID: objectID})
 }
 
 func init() {

@@ -56,6 +56,8 @@ func orderOf(r dbsqlc.Order) Order {
 
 var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
+var newOrderID = postgres.IDs("ord") // ord_…
+
 // NewOrder is the body of POST /v1/orders, validated against the contract.
 type NewOrder struct {
 	Amount      int64   `json:"amount"`
@@ -82,7 +84,7 @@ var CreateOperation = idempotency.Local("createOrder", func(ctx context.Context,
 // lists depend on.
 func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (_ Order, err error) {
 	defer postgres.Wrap(&err, "orders.Create(%s)", callerID)
-	o := Order{ID: postgres.NewID(postgres.PrefixOrder), CallerID: callerID, Amount: n.Amount, Currency: n.Currency,
+	o := Order{ID: newOrderID(), CallerID: callerID, Amount: n.Amount, Currency: n.Currency,
 		Description: n.Description, Status: StatusPending, CreatedAt: time.Now().Truncate(time.Microsecond)} // PostgreSQL keeps microseconds
 	o.UpdatedAt = o.CreatedAt
 	return o, queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{CallerID: callerID, ID: o.ID,

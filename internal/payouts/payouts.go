@@ -99,6 +99,8 @@ const DefaultDestination = "ba_test_ok"
 
 var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
+var newPayoutID = postgres.IDs("po") // po_…
+
 // Request is what a caller asks for: the body of POST /v1/payouts.
 type Request struct {
 	Amount      int64  `json:"amount"`
@@ -137,7 +139,7 @@ func (s *Service) accept(ctx context.Context, tx pgx.Tx, in idempotency.Input[Re
 	var po dbsqlc.Payout
 	err := pgx.ErrNoRows
 	for generation := 0; postgres.IsNotFound(err); generation++ {
-		po, err = queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{CallerID: in.CallerID, ID: postgres.NewID(postgres.PrefixPayout),
+		po, err = queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{CallerID: in.CallerID, ID: newPayoutID(),
 			Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
 			DownstreamKey: cardprocessor.DownstreamKey(in.CallerID, in.Key, in.Fingerprint, generation)})
 	}

@@ -3,20 +3,24 @@ package postgres
 import (
 	"crypto/rand"
 	"encoding/base32"
+	"fmt"
 	"strings"
 )
 
-// Prefixes of the public ids, one per table that has them. An id says what
-// it names in logs and support tickets (ord_…, ch_…); a table a fork adds
-// gets a prefix of its own here, so that no two kinds of row share one.
-const (
-	PrefixOrder       = "ord"
-	PrefixCharge      = "ch"
-	PrefixRefund      = "re"
-	PrefixPayout      = "po"
-	PrefixEvent       = "evt"
-	PrefixLedgerEntry = "le"
-)
+// IDs declares the prefix of a table's public ids, in the package that
+// owns the table (a package-level var, so at start-up), and returns what
+// makes them. An id says what it names in logs and support tickets (ord_…,
+// ch_…); a prefix declared twice stops the program before it serves, so no
+// two kinds of row share one.
+func IDs(prefix string) func() string {
+	if prefixes[prefix] {
+		panic(fmt.Sprintf("postgres: the id prefix %q is declared twice", prefix))
+	}
+	prefixes[prefix] = true
+	return func() string { return NewID(prefix) }
+}
+
+var prefixes = map[string]bool{} // written by package initialization only
 
 var idEncoding = base32.StdEncoding.WithPadding(base32.NoPadding)
 

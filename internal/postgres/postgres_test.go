@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/golang-migrate/migrate/v4"
@@ -285,4 +286,19 @@ func TestBalancesStartFromEarlierChargesAndRefunds(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("balances %q; want %q", got, want)
 	}
+}
+
+// A table's id prefix is its own: declaring one a second time stops the
+// program (at start-up, where package variables declare them).
+func TestAnIDPrefixDeclaredTwicePanics(t *testing.T) {
+	newID := postgres.IDs("tst")
+	if id := newID(); !strings.HasPrefix(id, "tst_") || len(id) != len("tst_")+24 {
+		t.Errorf("id %q; want tst_ and 24 characters", id)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("a second IDs(\"tst\") did not panic")
+		}
+	}()
+	postgres.IDs("tst")
 }
