@@ -4,7 +4,8 @@
 # calls each file of db/queries, for docs/architecture.md.
 #
 #   bash scripts/architecture.sh          print them
-#   bash scripts/architecture.sh --write  put them in docs/architecture.md
+#   bash scripts/architecture.sh --write  put them in docs/architecture.md, and bring its
+#                                         table of packages to the tree
 #   bash scripts/architecture.sh --check  fail if the doc's map is not the code's,
 #                                         if a query file has two owners, or if
 #                                         its table of packages misses one
@@ -84,16 +85,16 @@ check_table() {
   want=$(find internal -name '*.go' -printf '%h\n' | LC_ALL=C sort -u)
   have=$(sed -n 's/^| `\(internal\/[a-z0-9_]*\)` |.*/\1/p' "$doc" | LC_ALL=C sort -u)
   for pkg in $(comm -23 <(echo "$want") <(echo "$have")); do
-    echo "architecture: $pkg has no row in $doc's table of packages: add one (what it owns, what it does)" >&2
+    echo "architecture: $pkg has no row in $doc's table of packages: run make generate (it adds one, from the package's doc comment)" >&2
     bad=1
   done
   for pkg in $(comm -13 <(echo "$want") <(echo "$have")); do
-    echo "architecture: $doc's table of packages names $pkg, which does not exist: remove its row" >&2
+    echo "architecture: $doc's table of packages names $pkg, which does not exist: run make generate (it removes the row)" >&2
     bad=1
   done
   local count="There are $(echo "$want" | wc -l) packages under \`internal/\` and $(find cmd -mindepth 1 -maxdepth 1 -type d | wc -l) commands under \`cmd/\`."
   if ! grep -qF -- "$count" "$doc"; then
-    echo "architecture: $doc must say \"$count\"" >&2
+    echo "architecture: $doc must say \"$count\": run make generate" >&2
     bad=1
   fi
   return $bad
@@ -103,6 +104,28 @@ generated() {
   graph
   echo
   owners
+}
+
+# write_table brings the doc's table of packages and its count to the tree
+# (make generate): a package without a row gets one, from what it owns (its
+# query files) and its doc comment's first sentence, for a person to
+# improve; a row naming a package gone is removed.
+write_table() {
+  local want have pkg owns row
+  want=$(find internal -name '*.go' -printf '%h\n' | LC_ALL=C sort -u)
+  have=$(sed -n 's/^| `\(internal\/[a-z0-9_]*\)` |.*/\1/p' "$doc" | LC_ALL=C sort -u)
+  for pkg in $(comm -13 <(echo "$want") <(echo "$have")); do
+    grep -vF -- "| \`$pkg\` |" "$doc" >"$tmp" && cp "$tmp" "$doc"
+  done
+  for pkg in $(comm -23 <(echo "$want") <(echo "$have")); do
+    owns=$(for f in db/queries/*.sql; do
+      if callers_of "$f" | grep -qx "$pkg"; then basename "$f" .sql; fi
+    done | sed 's/.*/`&`/' | paste -sd, - | sed 's/,/, /g')
+    row="| \`$pkg\` | ${owns:-none} | $(go list -f '{{.Doc}}' "./$pkg") |"
+    awk -v row="$row" '/^\| `internal\// { last = NR } { lines[NR] = $0 }
+      END { for (i = 1; i <= NR; i++) { print lines[i]; if (i == last) print row } }' "$doc" >"$tmp" && cp "$tmp" "$doc"
+  done
+  sed -i "s/^There are [0-9]* packages under \`internal\/\` and [0-9]* commands under \`cmd\/\`\./There are $(echo "$want" | wc -l) packages under \`internal\/\` and $(find cmd -mindepth 1 -maxdepth 1 -type d | wc -l) commands under \`cmd\/\`./" "$doc"
 }
 
 begin='<!-- BEGIN scripts/architecture.sh: do not edit; `make generate` writes it -->'
@@ -124,7 +147,7 @@ case "${1:-}" in
     tmp=$(mktemp)
     trap 'rm -f "$tmp"' EXIT
     check_owners
-    [[ $1 == --write ]] || check_table
+    if [[ $1 == --write ]]; then write_table; else check_table; fi
     awk -v begin="$begin" -v end="$end" -v graph="$(generated)" '
       $0 == begin { print; print graph; skipping = 1; next }
       $0 == end   { skipping = 0 }
