@@ -83,7 +83,7 @@ check_owners() {
 check_table() {
   local bad=0 pkg want have
   want=$(find internal -name '*.go' -printf '%h\n' | LC_ALL=C sort -u)
-  have=$(sed -n 's/^| `\(internal\/[a-z0-9_]*\)` |.*/\1/p' "$doc" | LC_ALL=C sort -u)
+  have=$(sed -n 's/^| `\(internal\/[a-z0-9_/]*\)` |.*/\1/p' "$doc" | LC_ALL=C sort -u)
   for pkg in $(comm -23 <(echo "$want") <(echo "$have")); do
     echo "architecture: $pkg has no row in $doc's table of packages: run make generate (it adds one, from the package's doc comment)" >&2
     bad=1
@@ -113,7 +113,7 @@ generated() {
 write_table() {
   local want have pkg owns row
   want=$(find internal -name '*.go' -printf '%h\n' | LC_ALL=C sort -u)
-  have=$(sed -n 's/^| `\(internal\/[a-z0-9_]*\)` |.*/\1/p' "$doc" | LC_ALL=C sort -u)
+  have=$(sed -n 's/^| `\(internal\/[a-z0-9_/]*\)` |.*/\1/p' "$doc" | LC_ALL=C sort -u)
   for pkg in $(comm -13 <(echo "$want") <(echo "$have")); do
     grep -vF -- "| \`$pkg\` |" "$doc" >"$tmp" && cp "$tmp" "$doc"
   done
@@ -121,9 +121,9 @@ write_table() {
     owns=$(for f in db/queries/*.sql; do
       if callers_of "$f" | grep -qx "$pkg"; then basename "$f" .sql; fi
     done | sed 's/.*/`&`/' | paste -sd, - | sed 's/,/, /g')
-    row="| \`$pkg\` | ${owns:-none} | $(go list -f '{{.Doc}}' "./$pkg") |"
-    awk -v row="$row" '/^\| `internal\// { last = NR } { lines[NR] = $0 }
-      END { for (i = 1; i <= NR; i++) { print lines[i]; if (i == last) print row } }' "$doc" >"$tmp" && cp "$tmp" "$doc"
+    row="| \`$pkg\` | ${owns:-none} | $(go list -f '{{.Doc}}' "./$pkg" 2>/dev/null | sed 's/|/\\|/g') |"
+    ROW=$row awk '/^\| `internal\// { last = NR } { lines[NR] = $0 }
+      END { for (i = 1; i <= NR; i++) { print lines[i]; if (i == last) print ENVIRON["ROW"] } }' "$doc" >"$tmp" && cp "$tmp" "$doc"
   done
   sed -i "s/^There are [0-9]* packages under \`internal\/\` and [0-9]* commands under \`cmd\/\`\./There are $(echo "$want" | wc -l) packages under \`internal\/\` and $(find cmd -mindepth 1 -maxdepth 1 -type d | wc -l) commands under \`cmd\/\`./" "$doc"
 }

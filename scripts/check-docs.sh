@@ -85,8 +85,10 @@ echo "check-docs: $learn: $steps steps, $words words, each naming what its file 
 # var, const or field), `pkg.Name` (in internal/pkg) or `Type.Name` (a
 # method or field of Type, in a package that defines Type).
 defines() { # defines DIR NAME: a non-test Go file in DIR defines NAME
-  find "$1" -maxdepth 1 -name '*.go' ! -name '*_test.go' -exec grep -Eqs \
-    "^(func (\([^)]*\) )?$2[[(]|type $2\b|(var|const) $2\b|[[:space:]]+$2[[:space:]])" {} +
+  local files
+  mapfile -t files < <(find "$1" -maxdepth 1 -name '*.go' ! -name '*_test.go')
+  ((${#files[@]} > 0)) &&
+    grep -Eqs "^(func (\([^)]*\) )?$2[[(]|type $2\b|(var|const) $2\b|[[:space:]]+$2[[:space:]])" "${files[@]}"
 }
 terms=0
 while IFS= read -r id; do

@@ -2,8 +2,8 @@
 # Check docs/exercises.md (make check-exercises): on a copy of the tree,
 # apply each exercise's break (its ```diff exercise block, with git apply;
 # then sqlc generate, if it changed a query) and run its command (its
-# ```sh exercise block), which must fail with a failing test (`--- FAIL`),
-# not with a build error; then undo the break. Each command must pass on the
+# ```sh exercise block), which must fail in the test it names (`--- FAIL:
+# TestName`), not with a build error or in another test; then undo the break. Each command must pass on the
 # copy unbroken first, or its failure would prove nothing.
 #
 # The tests need PostgreSQL on 127.0.0.1:5432 (or TEST_DATABASE_URL).
@@ -54,9 +54,11 @@ while IFS= read -r -d '' block; do
   if out=$(bash -euo pipefail -c "$cmd" 2>&1); then
     fail "exercise $n: \`$cmd\` passes with the guard removed: the exercise no longer shows what it says"
   fi
-  grep -q -- '--- FAIL' <<<"$out" || fail "exercise $n: \`$cmd\` fails, but not in a test:"$'\n'"$out"
+  name=$(grep -o 'Test[A-Za-z0-9_]*' <<<"$cmd" | head -1)
+  grep -q -- "--- FAIL: $name" <<<"$out" || fail "exercise $n: \`$cmd\` fails, but not in $name:"$'\n'"$out"
   git checkout -q -- . && git clean -fdq
   diff=""
 done < <(blocks "$src/$doc")
+[[ -z $diff ]] || fail "$doc ends with a diff that no command follows"
 ((n == 5)) || fail "$doc has $n exercises; it should have five"
 echo "check-exercises: OK: each of the $n breaks makes its command fail ($((SECONDS - start))s)"

@@ -5,7 +5,7 @@
 # check-walkthrough.sh and check-exercises.sh work on such a copy, so the
 # working tree is never touched.
 set -euo pipefail
-dest=$1
+dest=$(realpath -m "$1")
 cd "$(dirname "$0")/.."
 mkdir -p "$dest"
 git ls-files -z --cached --others --exclude-standard |
