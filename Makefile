@@ -96,8 +96,8 @@ check-fast: check-generated check-vet check-staticcheck check-gosec
 # Everything but the tests: generated-code and Redoc drift, the spec's
 # lint, vet, staticcheck, gosec, the docs' commands, the keyed operation
 # of docs/adding-an-operation.md added to a copy of the tree, the lease
-# protocol's model, and a renamed copy of the module (the two copies run
-# tests, so they need PostgreSQL too).
+# protocol's model, the breaks of docs/exercises.md, and a renamed copy of
+# the module (the three copies run tests, so they need PostgreSQL too).
 check-static: check-generated check-docs-ui check-spec check-vet check-staticcheck check-gosec check-docs check-walkthrough check-exercises check-model check-fuzz check-rename
 
 # Regenerate the committed code, after checking (before writing anything)

@@ -60,6 +60,7 @@ func binary(t testing.TB, pkg string) string {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	closeBrowser()
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}

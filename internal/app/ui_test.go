@@ -47,8 +47,8 @@ func browser(t *testing.T, url string, width, height int) context.Context {
 
 // theBrowser is one headless Chromium for all the package's tests, started
 // by the first that needs it: each test opens tabs of its own in it
-// (newTab), which costs far less CPU than a browser each. It is killed with
-// the test binary (chromedp asks Linux to).
+// (newTab), which costs far less CPU than a browser each. TestMain stops
+// it (closeBrowser), and Linux kills it with the test binary if need be.
 var theBrowser = sync.OnceValues(func() (context.Context, error) {
 	path := chromium()
 	if path == "" {
@@ -65,10 +65,14 @@ var theBrowser = sync.OnceValues(func() (context.Context, error) {
 		chromedp.Flag("disable-background-networking", true),
 		chromedp.UserDataDir(dir),
 	)
-	allocCtx, _ := chromedp.NewExecAllocator(context.Background(), opts...)
+	allocCtx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	closeBrowser = func() { cancel(); _ = os.RemoveAll(dir) }
 	ctx, _ := chromedp.NewContext(allocCtx)
 	return ctx, chromedp.Do(ctx, chromedp.Navigate("about:blank")) // starts it
 })
+
+// closeBrowser stops theBrowser, if it started, and removes its profile.
+var closeBrowser = func() {}
 
 // newTab opens a tab on the page at url, its viewport width × height.
 // Console errors and uncaught exceptions on the page fail the test (a page
@@ -443,10 +447,6 @@ func TestDemoPageBreaksNoWordAt1280(t *testing.T) {
 
 	phone := newTestServer(t, withDemo)
 	ctx = browser(t, phone.URL, 390, 844)
-	// A headless window is at least 500px wide: the viewport is set as a phone's.
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(390, 844)); err != nil {
-		t.Fatal(err)
-	}
 	createOrderOnPage(t, ctx)
 	click(t, ctx, "charge")
 	waitPage(t, ctx, attemptStatuses+`[0] === "201" && document.querySelectorAll("#attempts tbody tr").length === 2`)

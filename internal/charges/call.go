@@ -22,8 +22,8 @@ import (
 //   - once the processor may have acted, no failure of ours becomes a final
 //     answer (the idempotency layer keeps the record resumable);
 //   - a processor that refuses the downstream key itself (seen with another
-//     request) gives no answer about the money either: the operation is set
-//     aside for a person at once, never recorded as a decline.
+//     request) gives no answer about the money either: the operation is dead
+//     at once, left for a person, never recorded as a decline.
 
 // classify reads the processor's answer to the one call of an operation's
 // step (retries belong to the API's client and the reconciler: a loop here

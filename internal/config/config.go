@@ -88,7 +88,7 @@ type Server struct {
 	CrashPoints, StallPoints string
 	UnfencedCompletion       bool
 	// The reconciler and the outbox relay run in this process when enabled,
-	// scanning every interval when idle; the reconciler sets a record aside
+	// scanning every interval when idle; the reconciler marks a record dead
 	// past ReconcilerMaxAttempts of its own tries or ReconcilerMaxAge.
 	Reconciler            bool          // RECONCILER_ENABLED
 	ReconcilerInterval    time.Duration // RECONCILER_INTERVAL
@@ -233,7 +233,7 @@ func checkRetention(r *Reader, retention, lease, reconcilerMaxAge time.Duration)
 	// still be running (and a late retry would run it again).
 	r.Check(retention > lease,
 		"IDEMPOTENCY_KEY_RETENTION (%s) must be longer than IDEMPOTENCY_LEASE (%s)", retention, lease)
-	// A record must be set aside before the sweeper could consider it.
+	// A record must be dead before the sweeper could consider it.
 	r.Check(reconcilerMaxAge < retention,
 		"RECONCILER_MAX_AGE (%s) must be shorter than IDEMPOTENCY_KEY_RETENTION (%s)", reconcilerMaxAge, retention)
 }

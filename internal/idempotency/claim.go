@@ -99,7 +99,7 @@ func replayCached(ctx context.Context, req Request, cached *cachedReplay) (*Resp
 	return cached.response(), nil
 }
 
-// What a keyed request met, as counted (payments_idempotency_requests_total)
+// What a keyed request met, as counted (payments_idempotency_outcomes_total)
 // and answered (the Idempotency-Outcome header).
 const (
 	OutcomeNew        = "new"         // the first request with this key: it runs the operation

@@ -59,7 +59,7 @@ func (l *Lease) Phase(ctx context.Context, fn PhaseFunc) error {
 	if l.lost.Load() {
 		return ErrLeaseLost // a renewal found it lost: the write would be fenced out
 	}
-	ctx, span := startPhase(ctx, l.record) // shows which phases this attempt ran
+	ctx, span := startPhase(ctx, l.record)
 	var result Result
 	err := postgres.TransactPipelined(ctx, l.store.pool, func(tx *postgres.PipelinedTx) (err error) {
 		result, err = l.write(ctx, tx, fn)
@@ -229,7 +229,7 @@ func (l *Lease) unclaim() {
 	if _, err := queries.UnclaimIdempotencyKey(ctx, l.store.pool, dbsqlc.UnclaimIdempotencyKeyParams{
 		CallerID: rec.CallerID, ID: rec.ID, Attempt: rec.Attempt,
 	}); err != nil {
-		l.store.log.WarnContext(ctx, "give back idempotency key", "err", err, "caller", rec.CallerID, "key_id", rec.ID)
+		l.store.log.WarnContext(ctx, "unclaim idempotency key", "err", err, "caller", rec.CallerID, "key_id", rec.ID)
 	}
 }
 
@@ -241,7 +241,7 @@ func (l *Lease) deleteUnstarted(ctx context.Context) error {
 	}))
 }
 
-// markDead sets the record aside for an operator (dead), or returns ErrLeaseLost if it moved on.
+// markDead marks the record dead, for an operator, or returns ErrLeaseLost if it moved on.
 func (l *Lease) markDead(ctx context.Context) error {
 	return fenced(queries.MarkIdempotencyKeyDead(ctx, l.store.pool, dbsqlc.MarkIdempotencyKeyDeadParams{
 		CallerID: l.record.CallerID, ID: l.record.ID, Attempt: l.record.Attempt,

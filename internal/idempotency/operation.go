@@ -80,8 +80,8 @@ func (e External[B]) Operation() Operation {
 }
 
 // loop runs the step for the record's recovery point until a phase
-// stores the final answer. The reconciler has no input (in is nil), and
-// never needs to start an operation: it deletes those not started.
+// stores the final answer. The reconciler has no input (in is nil): it
+// never starts an operation, it deletes those not started.
 func (e External[B]) loop(in *Input[B]) Step {
 	return func(ctx context.Context, l *Lease) error {
 		for l.response == nil {

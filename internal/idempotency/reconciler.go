@@ -3,7 +3,7 @@ package idempotency
 // The reconciler finishes operations nobody is finishing (their owner
 // crashed, or their client never retried a transient failure): it takes
 // them over, drives them on from their recovery point with backoff between
-// tries, and sets aside for a person those that keep failing. One runs per
+// tries, and marks dead, for a person, those that keep failing. One runs per
 // replica; FOR UPDATE SKIP LOCKED gives each record to one of them.
 //
 // It runs the steps the operation declared (External), as a client's retry

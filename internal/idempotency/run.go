@@ -33,7 +33,7 @@ import (
 //   - any other error after it: an effect may be pending outside our
 //     database (a charge at the processor), which a stored 500 would leave
 //     unrecorded for ever. The record stays resumable (a 503), and the
-//     reconciler sets it aside for a person if it keeps failing.
+//     reconciler marks it dead, for a person, if it keeps failing.
 type Step func(ctx context.Context, l *Lease) error
 
 // IsRetryable reports whether a Step's error leaves the operation resumable, not final.
@@ -148,7 +148,8 @@ func (s *Store) current(reqCtx context.Context, rec Record) (*Response, error) {
 		return nil, deadAnswer()
 	case OutcomeInProgress:
 		return nil, &busyError{rec: cur, leaseRemaining: row.LeaseRemainingSeconds}
-	default: // its lease lapsed: a retry takes it over
+	default: // its lease lapsed: a retry takes it over (a mismatch cannot
+		// be: the fingerprint is the record's own)
 		return nil, resumable("in time")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
@@ -291,14 +292,14 @@ func TestBalancesStartFromEarlierChargesAndRefunds(t *testing.T) {
 // A table's id prefix is its own: declaring one a second time stops the
 // program (at start-up, where package variables declare them).
 func TestAnIDPrefixDeclaredTwicePanics(t *testing.T) {
-	newID := postgres.IDs("tst")
-	if id := newID(); !strings.HasPrefix(id, "tst_") || len(id) != len("tst_")+24 {
-		t.Errorf("id %q; want tst_ and 24 characters", id)
+	prefix := fmt.Sprintf("t%d", time.Now().UnixNano()) // one of its own, under -count too
+	if id := postgres.IDs(prefix)(); !strings.HasPrefix(id, prefix+"_") || len(id) != len(prefix)+1+24 {
+		t.Errorf("id %q; want %s_ and 24 characters", id, prefix)
 	}
 	defer func() {
 		if recover() == nil {
-			t.Error("a second IDs(\"tst\") did not panic")
+			t.Errorf("a second IDs(%q) did not panic", prefix)
 		}
 	}()
-	postgres.IDs("tst")
+	postgres.IDs(prefix)
 }
