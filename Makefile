@@ -219,7 +219,7 @@ fuzz:
 	go test -run='^$$' -fuzz='^FuzzVerify$$' -fuzztime=$(FUZZTIME) ./internal/cardprocessor/
 
 # The chaos soak (internal/soak) for ten minutes, with its summary; `make
-# test` runs it for 40 seconds. SOAK=5m to change the length.
+# test` runs it for 30 seconds. SOAK=5m to change the length.
 SOAK = 10m
 soak:
 	@mkdir -p .cache

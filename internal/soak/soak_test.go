@@ -34,7 +34,7 @@ import (
 )
 
 var (
-	duration  = flag.Duration("soak.duration", 40*time.Second, "how long the clients send requests (make soak: 10m)")
+	duration  = flag.Duration("soak.duration", 30*time.Second, "how long the clients send requests (make soak: 10m)")
 	workers   = flag.Int("soak.clients", 8, "concurrent clients")
 	killEvery = flag.Duration("soak.kill-every", 3*time.Second, "how often a random replica is killed (SIGKILL) and restarted")
 	summary   = flag.String("soak.summary", "", "also write the summary to this file")
