@@ -152,13 +152,7 @@ const mermaidPath = "../../.cache/mermaid/package/dist/mermaid.min.js"
 // The diagram renders: Mermaid, in Chromium, draws every state.
 func TestLearnersDiagramRenders(t *testing.T) {
 	t.Parallel()
-	mermaid, err := os.ReadFile(mermaidPath)
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("Mermaid is needed under CI (.ci/run installs it): %v", err)
-		}
-		t.Skipf("no Mermaid (%v): run 'make check-tools' to install it", err)
-	}
+	mermaid := npmTool(t, "Mermaid", mermaidPath)
 	ctx := newTab(t, "about:blank", 1280, 800)
 	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](string(mermaid))); err != nil {
 		t.Fatal(err)

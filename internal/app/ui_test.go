@@ -533,6 +533,21 @@ const headersOverlap = `(() => {
 	return out.join("\n");
 })()`
 
+// npmTool reads the script at path, a tool make check-tools installs under
+// .cache/: without it the test is skipped with a hint, except under CI,
+// where it fails.
+func npmTool(t *testing.T, name, path string) []byte {
+	t.Helper()
+	script, err := os.ReadFile(path)
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is needed under CI (.ci/run installs it): %v", name, err)
+		}
+		t.Skipf("no %s (%v): run 'make check-tools' to install it", name, err)
+	}
+	return script
+}
+
 // axeCore is the axe-core accessibility engine, installed from the npm
 // registry at a pinned version by `make check-tools` (.ci/run does it) under .cache/.
 const axeCorePath = "../../.cache/npm/node_modules/axe-core/axe.min.js"
@@ -542,13 +557,7 @@ const axeCorePath = "../../.cache/npm/node_modules/axe-core/axe.min.js"
 // order, its charge, a replay).
 func TestDemoPageAccessibility(t *testing.T) {
 	t.Parallel()
-	axe, err := os.ReadFile(axeCorePath)
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("axe-core is needed under CI (.ci/run installs it): %v", err)
-		}
-		t.Skipf("no axe-core (%v): run 'make check-tools' to install it", err)
-	}
+	axe := npmTool(t, "axe-core", axeCorePath)
 	for _, size := range []struct {
 		name          string
 		width, height int
