@@ -1,9 +1,9 @@
--- name: CreateOrder :exec
--- The server chooses the id and the time (orders.Create), so that the
--- answer is known before the insert is sent, and the insert can travel
--- with the key's record and COMMIT in one round trip.
-INSERT INTO orders (caller_id, id, amount, currency, description, created_at, updated_at)
-VALUES (@caller_id, @id, @amount, @currency, @description, @created_at, @created_at);
+-- name: CreateOrder :one
+-- The id is the service's (postgres.IDs, as for every table); the time
+-- is the database's, as everywhere else.
+INSERT INTO orders (caller_id, id, amount, currency, description)
+VALUES (@caller_id, @id, @amount, @currency, @description)
+RETURNING *;
 
 -- name: GetOrder :one
 SELECT * FROM orders

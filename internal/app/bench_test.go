@@ -23,7 +23,8 @@ import (
 // counted by a pgx tracer on the server's pool: the structural cost that
 // time figures on a shared machine blur.
 //
-//	keyed create: INSERT order, INSERT record, one batch = 2 statements in 1 round trip
+//	keyed create: the key's check, BEGIN, INSERT order RETURNING (1 round trip),
+//	              INSERT record, COMMIT (1): 5 statements in 2 round trips
 //	replay:       0 (the replay cache); from the database, 3: the batch that
 //	              fails on the key, the look-up, the replication check
 //	auth:         0 (known keys are cached)

@@ -40,9 +40,10 @@ func (q *Queries) CancelOrder(ctx context.Context, db DBTX, arg CancelOrderParam
 	return i, err
 }
 
-const createOrder = `-- name: CreateOrder :exec
-INSERT INTO orders (caller_id, id, amount, currency, description, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $6)
+const createOrder = `-- name: CreateOrder :one
+INSERT INTO orders (caller_id, id, amount, currency, description)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING caller_id, id, amount, currency, description, status, created_at, updated_at
 `
 
 type CreateOrderParams struct {
@@ -51,22 +52,30 @@ type CreateOrderParams struct {
 	Amount      int64
 	Currency    string
 	Description *string
-	CreatedAt   time.Time
 }
 
-// The server chooses the id and the time (orders.Create), so that the
-// answer is known before the insert is sent, and the insert can travel
-// with the key's record and COMMIT in one round trip.
-func (q *Queries) CreateOrder(ctx context.Context, db DBTX, arg CreateOrderParams) error {
-	_, err := db.Exec(ctx, createOrder,
+// The id is the service's (postgres.IDs, as for every table); the time
+// is the database's, as everywhere else.
+func (q *Queries) CreateOrder(ctx context.Context, db DBTX, arg CreateOrderParams) (Order, error) {
+	row := db.QueryRow(ctx, createOrder,
 		arg.CallerID,
 		arg.ID,
 		arg.Amount,
 		arg.Currency,
 		arg.Description,
-		arg.CreatedAt,
 	)
-	return err
+	var i Order
+	err := row.Scan(
+		&i.CallerID,
+		&i.ID,
+		&i.Amount,
+		&i.Currency,
+		&i.Description,
+		&i.Status,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+	)
+	return i, err
 }
 
 const getOrder = `-- name: GetOrder :one

@@ -76,19 +76,12 @@ var CreateOperation = idempotency.Local("createOrder", func(ctx context.Context,
 	return idempotency.JSONResponse(http.StatusCreated, http.Header{"Location": {"/v1/orders/" + o.ID}}, o.API())
 })
 
-// Create inserts a pending order for callerID. The id and the time are
-// chosen here, not by the database, so the order is known before its insert
-// is sent: in a keyed create (idempotency.Store.Serve of a Local operation) the insert
-// travels with the key's record and COMMIT, one round trip
-// (postgres.TransactPipelined). The time is this server's clock, which only
-// lists depend on.
+// Create inserts a pending order for callerID.
 func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (_ Order, err error) {
 	defer postgres.Wrap(&err, "orders.Create(%s)", callerID)
-	o := Order{ID: newOrderID(), CallerID: callerID, Amount: n.Amount, Currency: n.Currency,
-		Description: n.Description, Status: StatusPending, CreatedAt: time.Now().Truncate(time.Microsecond)} // PostgreSQL keeps microseconds
-	o.UpdatedAt = o.CreatedAt
-	return o, queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{CallerID: callerID, ID: o.ID,
-		Amount: o.Amount, Currency: o.Currency, Description: o.Description, CreatedAt: o.CreatedAt})
+	o, err := queries.CreateOrder(ctx, db, dbsqlc.CreateOrderParams{CallerID: callerID, ID: newOrderID(),
+		Amount: n.Amount, Currency: n.Currency, Description: n.Description})
+	return orderOf(o), err
 }
 
 // Get returns the caller's order id. Another caller's order is "not found",

@@ -10,15 +10,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// A keyed order create is a transaction of two inserts: the order and the
-// key's completed record. Sent as BEGIN, two inserts and COMMIT, that is
-// four round trips, and a round trip costs more CPU than an insert. So a
-// PipelinedTx holds every statement whose result is only an error (sqlc's
-// :exec queries) and sends it with the next statement that returns
-// something, or with the COMMIT, in one pipeline (a pgx.Batch); BEGIN goes
-// with the first statement that returns something. The order's two inserts
-// travel with the COMMIT, as one implicit transaction: one round trip. No
-// code above this package knows what travels together.
+// A keyed request's transaction is a few statements, and most return only
+// an error: the key's check, the record's insert or fenced completion, an
+// event. Sent one at a time between BEGIN and COMMIT, each costs a round
+// trip, and a round trip costs more CPU than an insert. So a PipelinedTx
+// holds every statement whose result is only an error (sqlc's :exec
+// queries) and sends it with the next statement that returns something,
+// or with the COMMIT, in one pipeline (a pgx.Batch); BEGIN goes with the
+// first statement that returns something. An order create is two round
+// trips: the key's check and BEGIN with the order's insert, which returns
+// the row; the record's insert with the COMMIT. A transaction of :exec
+// statements alone is one, as an implicit transaction. No code above this
+// package knows what travels together.
 //
 // What that changes for a caller: a held statement's error arrives with a
 // later statement's, or the commit's. So nothing branches on an :exec

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -42,7 +41,7 @@ func newPipelineFixture(t *testing.T) *pipelineFixture {
 func (f *pipelineFixture) phase(ctx context.Context, orderID string, attempt int32) error {
 	q := dbsqlc.New()
 	return postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
-		if err := q.CreateOrder(ctx, tx, dbsqlc.CreateOrderParams{CallerID: "acme", ID: orderID, Amount: 100, Currency: "usd", CreatedAt: time.Now()}); err != nil {
+		if _, err := tx.Exec(ctx, heldInsert, orderID); err != nil {
 			return err
 		}
 		status := int32(201)
