@@ -599,11 +599,15 @@ func TestAWaitingNewcomerIsServedWhenASlotGoesIdle(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { conn.Close() })
-		fmt.Fprint(conn, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n")
+		// The webhook reads its body (to check its signature) before answering.
+		fmt.Fprint(conn, "POST /webhooks/processor HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+		// The server asks for the body once it reads it: busy from then on.
+		if line, err := bufio.NewReader(conn).ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+			t.Fatalf("a busy connection: %q, %v; want 100 Continue", line, err)
+		}
 		return conn
 	}
 	first, _ := busy(), busy()
-	time.Sleep(200 * time.Millisecond) // both read their headers: busy
 	newcomer := make(chan error, 1)
 	go func() {
 		res, err := (&http.Client{Timeout: 10 * time.Second}).Get(base + "/healthz")
