@@ -94,6 +94,14 @@ var queries = dbsqlc.New() // stateless: each query takes its connection or tran
 // Public ids: ch_… and re_….
 var newChargeID, newRefundID = postgres.IDs("ch"), postgres.IDs("re")
 
+// The answers of charges and refunds that are not the protocol's.
+var (
+	OrderNotPayable     = problem.Define("order_not_payable", http.StatusConflict, "Order not payable")
+	CardDeclined        = problem.Define("card_declined", http.StatusPaymentRequired, "Card declined")
+	NotRefundable       = problem.Define("charge_not_refundable", http.StatusConflict, "Charge not refundable")
+	RefundExceedsCharge = problem.Define("refund_exceeds_charge", http.StatusConflict, "Refund exceeds charge")
+)
+
 // Service runs charges and refunds.
 type Service struct {
 	db        *pgxpool.Pool
@@ -150,7 +158,7 @@ func createCharge(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 		return nil, err
 	}
 	if o.Status != orders.StatusPending {
-		return nil, problem.New(problem.OrderNotPayable, "order %s is %s; only a pending order can be charged", o.ID, o.Status)
+		return nil, problem.New(OrderNotPayable, "order %s is %s; only a pending order can be charged", o.ID, o.Status)
 	}
 	// Every attempt of this operation, and no other, sends this key. Derived
 	// from the request, not the row, so a retry after a failover that lost
@@ -173,10 +181,10 @@ func init() {
 	// Another key's charge of the order is live. The unique index decides,
 	// not a check: two racing keys cannot both get a charge row, so the
 	// processor is asked at most once.
-	postgres.Refuse("charges_one_live_per_order", problem.OrderNotPayable, "the order already has a charge that is in progress or succeeded")
+	postgres.Refuse("charges_one_live_per_order", OrderNotPayable, "the order already has a charge that is in progress or succeeded")
 	// Unreachable under the order's lock (createRefund); the constraint
 	// still holds if a future change forgets the lock.
-	postgres.Refuse("refunds_within_charge", problem.RefundExceedsCharge, "the refund is more than remains refundable on the charge")
+	postgres.Refuse("refunds_within_charge", RefundExceedsCharge, "the refund is more than remains refundable on the charge")
 }
 
 // finishCharge is the final phase: record the processor's definite answer.
@@ -193,7 +201,7 @@ func finishCharge(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, result cardp
 		return nil, err
 	}
 	if Status(cur.Status) == StatusFailed {
-		p := problem.New(problem.CardDeclined, "the card was declined (%s); to try another payment method, use a new Idempotency-Key", *cur.FailureCode)
+		p := problem.New(CardDeclined, "the card was declined (%s); to try another payment method, use a new Idempotency-Key", *cur.FailureCode)
 		p.DeclineCode = *cur.FailureCode
 		return idempotency.ProblemResponse(p), nil
 	}

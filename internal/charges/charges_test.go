@@ -399,7 +399,7 @@ func TestDeclineIsStoredAndLeavesTheOrderPayable(t *testing.T) {
 	o := f.order(t, "acme", 1500)
 
 	resp := f.mustCharge(t, "declined", o.ID, fakeprocessor.PaymentMethodChargeDeclined)
-	p := f.wantStoredProblem(t, "declined", resp, http.StatusPaymentRequired, problem.CardDeclined)
+	p := f.wantStoredProblem(t, "declined", resp, http.StatusPaymentRequired, charges.CardDeclined)
 	if p.DeclineCode != fakeprocessor.DeclineGeneric {
 		t.Errorf("decline_code %q; want %q", p.DeclineCode, fakeprocessor.DeclineGeneric)
 	}
@@ -720,7 +720,7 @@ func TestSecondChargeOfAnOrderIsNotPayable(t *testing.T) {
 	} {
 		key := c.name + "-second"
 		resp := f.mustCharge(t, key, c.order.ID, fakeprocessor.PaymentMethodVisa)
-		f.wantStoredProblem(t, key, resp, http.StatusConflict, problem.OrderNotPayable)
+		f.wantStoredProblem(t, key, resp, http.StatusConflict, charges.OrderNotPayable)
 		if again := f.mustCharge(t, key, c.order.ID, fakeprocessor.PaymentMethodVisa); !again.Replayed || !bytes.Equal(again.Body, resp.Body) {
 			t.Errorf("%s: retry: replayed %v %s; want the stored 409", c.name, again.Replayed, again.Body)
 		}
@@ -763,7 +763,7 @@ func TestRacingKeysChargeAnOrderOnce(t *testing.T) {
 			created++
 			continue
 		}
-		f.wantStoredProblem(t, key, resps[i], http.StatusConflict, problem.OrderNotPayable)
+		f.wantStoredProblem(t, key, resps[i], http.StatusConflict, charges.OrderNotPayable)
 	}
 	if created != 1 {
 		t.Errorf("%d racers charged the order; want exactly 1", created)

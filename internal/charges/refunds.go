@@ -121,20 +121,20 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 	remaining := ch.Amount - ch.AmountRefunded
 	switch {
 	case Status(ch.Status) != StatusSucceeded:
-		return nil, problem.New(problem.ChargeNotRefundable, "charge %s is %s; only a succeeded charge can be refunded", ch.ID, ch.Status)
+		return nil, problem.New(NotRefundable, "charge %s is %s; only a succeeded charge can be refunded", ch.ID, ch.Status)
 	case remaining == 0:
-		return nil, problem.New(problem.ChargeNotRefundable, "charge %s is already fully refunded", ch.ID)
+		return nil, problem.New(NotRefundable, "charge %s is already fully refunded", ch.ID)
 	case ch.ProcessorChargeID == nil:
 		// A success reported without the processor's id: nothing to name
 		// in a refund request, so refuse before reserving anything.
-		return nil, problem.New(problem.ChargeNotRefundable, "charge %s has no processor charge id to refund against", ch.ID)
+		return nil, problem.New(NotRefundable, "charge %s has no processor charge id to refund against", ch.ID)
 	}
 	amount := remaining
 	if in.Body.Amount != nil {
 		amount = *in.Body.Amount
 	}
 	if amount > remaining {
-		return nil, problem.New(problem.RefundExceedsCharge, "the refund of %d is more than the %d that remains refundable on charge %s", amount, remaining, ch.ID)
+		return nil, problem.New(RefundExceedsCharge, "the refund of %d is more than the %d that remains refundable on charge %s", amount, remaining, ch.ID)
 	}
 	// (refunds_within_charge refuses too much, should the lock above be forgotten.)
 	if _, err = queries.ReserveRefund(ctx, tx, dbsqlc.ReserveRefundParams{Amount: amount, CallerID: ch.CallerID, ID: ch.ID}); err != nil {
@@ -175,7 +175,7 @@ func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Re
 		if err := ledger.Restore(ctx, tx, ch.CallerID, ch.Currency, re.Amount, re.ID); err != nil {
 			return nil, err
 		}
-		return idempotency.ProblemResponse(problem.New(problem.ChargeNotRefundable, "the processor refused the refund (%s)", cardprocessor.RefusalCode(refusal))), nil
+		return idempotency.ProblemResponse(problem.New(NotRefundable, "the processor refused the refund (%s)", cardprocessor.RefusalCode(refusal))), nil
 	}
 	succeeded, err := refundSucceeded(ctx, tx, ch, re, events.Report{ProcessorID: result.ID})
 	if err != nil {

@@ -302,7 +302,7 @@ func TestRefundAboveTheRemainderIsAStoredConflict(t *testing.T) {
 	}
 
 	resp := f.mustRefund(t, "too-much", ch.ID, amount(401))
-	f.wantStoredProblem(t, "too-much", resp, http.StatusConflict, problem.RefundExceedsCharge)
+	f.wantStoredProblem(t, "too-much", resp, http.StatusConflict, charges.RefundExceedsCharge)
 	if again := f.mustRefund(t, "too-much", ch.ID, amount(401)); !again.Replayed || !bytes.Equal(again.Body, resp.Body) {
 		t.Errorf("retry: replayed %v %s; want the stored 409", again.Replayed, again.Body)
 	}
@@ -317,8 +317,8 @@ func TestRefundAboveTheRemainderIsAStoredConflict(t *testing.T) {
 	if resp := f.mustRefund(t, "exact", ch.ID, amount(400)); resp.Status != http.StatusCreated {
 		t.Fatalf("refund of exactly what remains: %d %s", resp.Status, resp.Body)
 	}
-	f.wantStoredProblem(t, "nothing-left", f.mustRefund(t, "nothing-left", ch.ID, amount(1)), http.StatusConflict, problem.ChargeNotRefundable)
-	f.wantStoredProblem(t, "nothing-left-rest", f.mustRefund(t, "nothing-left-rest", ch.ID, nil), http.StatusConflict, problem.ChargeNotRefundable)
+	f.wantStoredProblem(t, "nothing-left", f.mustRefund(t, "nothing-left", ch.ID, amount(1)), http.StatusConflict, charges.NotRefundable)
+	f.wantStoredProblem(t, "nothing-left-rest", f.mustRefund(t, "nothing-left-rest", ch.ID, nil), http.StatusConflict, charges.NotRefundable)
 
 	var refunded int64
 	for _, e := range f.refundEffects(t) {
@@ -358,7 +358,7 @@ func TestConcurrentRefundsNeverExceedTheCharge(t *testing.T) {
 			succeeded++
 			continue
 		}
-		f.wantStoredProblem(t, key, resps[i], http.StatusConflict, problem.RefundExceedsCharge)
+		f.wantStoredProblem(t, key, resps[i], http.StatusConflict, charges.RefundExceedsCharge)
 	}
 	if succeeded != 3 {
 		t.Errorf("%d refunds of 300 succeeded on a charge of 1000; want 3", succeeded)
@@ -499,7 +499,7 @@ func TestRefusedRefundGivesItsReservationBack(t *testing.T) {
 	}
 
 	resp := f.mustRefund(t, "refused", ch.ID, amount(500))
-	f.wantStoredProblem(t, "refused", resp, http.StatusConflict, problem.ChargeNotRefundable)
+	f.wantStoredProblem(t, "refused", resp, http.StatusConflict, charges.NotRefundable)
 	re := f.refundOf(t, "refused")
 	if charges.Status(re.Status) != charges.StatusFailed {
 		t.Errorf("refund is %s; want failed", re.Status)
@@ -546,7 +546,7 @@ func TestRefundOfAChargeThatDidNotSucceedIsRefused(t *testing.T) {
 	}
 
 	for name, ch := range map[string]dbsqlc.Charge{"declined": declined, "pending": pending} {
-		f.wantStoredProblem(t, name, f.mustRefund(t, name, ch.ID, amount(100)), http.StatusConflict, problem.ChargeNotRefundable)
+		f.wantStoredProblem(t, name, f.mustRefund(t, name, ch.ID, amount(100)), http.StatusConflict, charges.NotRefundable)
 		if got := f.getCharge(t, ch.ID).AmountRefunded; got != 0 {
 			t.Errorf("%s: amount_refunded %d; want 0", name, got)
 		}
@@ -680,7 +680,7 @@ func TestDeclinedRefundIsNotRecordedAsASuccess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.wantStoredProblem(t, "declined-refund", resp, http.StatusConflict, problem.ChargeNotRefundable)
+	f.wantStoredProblem(t, "declined-refund", resp, http.StatusConflict, charges.NotRefundable)
 	if re := f.refundOf(t, "declined-refund"); charges.Status(re.Status) != charges.StatusFailed {
 		t.Errorf("refund is %s; want failed", re.Status)
 	}

@@ -438,7 +438,7 @@ func (s *Store) claim(ctx context.Context, req Request) (*Lease, *Response, erro
 // refusal, as a unique field of a fork's resource would be (its package
 // declares it with postgres.Refuse).
 func init() {
-	postgres.Refuse("orders_pkey", problem.OrderNotCancelable, "an order with this id exists")
+	postgres.Refuse("orders_pkey", problem.Define("order_id_taken", http.StatusConflict, "Order id taken"), "an order with this id exists")
 }
 
 // A local operation whose insert breaks a unique constraint declared a
@@ -463,7 +463,7 @@ func TestLocalUniqueViolationIsAStoredRefusal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if refused.Status != http.StatusConflict || !bytes.Contains(refused.Body, []byte(`"order_not_cancelable"`)) {
+	if refused.Status != http.StatusConflict || !bytes.Contains(refused.Body, []byte(`"order_id_taken"`)) {
 		t.Fatalf("a duplicate id answered %d %s; want the declared 409", refused.Status, refused.Body)
 	}
 	replay, err := s.serveLocal(ctx, req, insert)

@@ -14,6 +14,7 @@ package ledger
 
 import (
 	"context"
+	"net/http"
 
 	"github.com/jackc/pgx/v5"
 
@@ -26,6 +27,9 @@ import (
 var queries = dbsqlc.New() // stateless: each query takes its connection or transaction
 
 var newEntryID = postgres.IDs("le") // le_…
+
+// InsufficientBalance answers a debit the balance does not cover.
+var InsufficientBalance = problem.Define("insufficient_balance", http.StatusConflict, "Insufficient balance")
 
 // The accounts an entry moves money between.
 const (
@@ -68,7 +72,7 @@ func Debit(ctx context.Context, tx pgx.Tx, callerID, currency string, amount int
 
 func init() {
 	// ledger_debit's refusal: stored and replayed like a decline.
-	postgres.Refuse("RS002", problem.InsufficientBalance, "")
+	postgres.Refuse("RS002", InsufficientBalance, "")
 }
 
 // rollUpAfter is how many entries past its checkpoint a balance read

@@ -124,7 +124,7 @@ func TestDebitRefusesWhatTheBalanceDoesNotCover(t *testing.T) {
 		return ledger.Debit(ctx, tx, "c1", "eur", 501, "po_1")
 	})
 	var p *problem.Error
-	if !errors.As(err, &p) || p.Code != problem.InsufficientBalance {
+	if !errors.As(err, &p) || p.Code != ledger.InsufficientBalance {
 		t.Fatalf("debit of 501 from 500: %v; want insufficient_balance", err)
 	}
 	if b := balance(t, pool); b != (usd{}) {

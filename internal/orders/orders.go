@@ -58,6 +58,9 @@ var queries = dbsqlc.New() // stateless: each query takes its connection or tran
 
 var newOrderID = postgres.IDs("ord") // ord_…
 
+// NotCancelable answers a cancel of a paid order, or of one being charged.
+var NotCancelable = problem.Define("order_not_cancelable", http.StatusConflict, "Order not cancelable")
+
 // NewOrder is the body of POST /v1/orders, validated against the contract.
 type NewOrder struct {
 	Amount      int64   `json:"amount"`
@@ -143,14 +146,14 @@ func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string, live L
 		case StatusCanceled:
 			return nil
 		case StatusPaid:
-			return problem.New(problem.OrderNotCancelable, "order %s is paid; only a pending order can be canceled", id)
+			return problem.New(NotCancelable, "order %s is paid; only a pending order can be canceled", id)
 		}
 		charged, err := live(ctx, tx, callerID, id)
 		if err != nil {
 			return err
 		}
 		if charged {
-			return problem.New(problem.OrderNotCancelable, "order %s has a charge in progress; it cannot be canceled", id)
+			return problem.New(NotCancelable, "order %s has a charge in progress; it cannot be canceled", id)
 		}
 		canceled, err := queries.CancelOrder(ctx, tx, dbsqlc.CancelOrderParams{CallerID: callerID, ID: id})
 		o = orderOf(canceled)

@@ -331,7 +331,7 @@ func TestCancelIsRefusedWhileAChargeIsLive(t *testing.T) {
 		state orders.Status
 	}{{paid, orders.StatusPaid}, {pending, orders.StatusPending}} {
 		_, err := orders.Cancel(ctx, pool, "acme", c.order.ID, charges.HasLiveCharge)
-		if p := wantProblem(t, err, problem.OrderNotCancelable); p.Status() != http.StatusConflict {
+		if p := wantProblem(t, err, orders.NotCancelable); p.Status() != http.StatusConflict {
 			t.Errorf("status %d; want 409", p.Status())
 		}
 		if got := get(t, pool, c.order.ID); got.Status != c.state {
@@ -401,7 +401,7 @@ func TestCancelAndChargeRaceOneWins(t *testing.T) {
 		case orders.StatusPaid:
 			paid++
 			var p *problem.Error
-			if !errors.As(r.cancelErr, &p) || p.Code != problem.OrderNotCancelable || r.resp.Status != http.StatusCreated || live != 1 {
+			if !errors.As(r.cancelErr, &p) || p.Code != orders.NotCancelable || r.resp.Status != http.StatusCreated || live != 1 {
 				t.Errorf("%s paid: cancel %v, charge %d, %d live charges; want the cancel refused and one charge", r.order.ID, r.cancelErr, r.resp.Status, live)
 			}
 		default:

@@ -22,8 +22,9 @@ const TypeBase = "https://payments.example/problems/"
 // ContentType is the media type of every problem response.
 const ContentType = "application/problem+json"
 
-// Code is the machine-readable kind of a problem. The list is mirrored in
-// api/openapi.yaml (Problem.code).
+// Code is the machine-readable kind of a problem. The list, with the
+// codes domain packages Define, is mirrored in api/openapi.yaml
+// (Problem.code; TestProblemCodesAreInTheContract checks it).
 type Code string
 
 const (
@@ -42,23 +43,20 @@ const (
 	CrossOrigin           Code = "cross_origin"
 	NotFound              Code = "not_found"
 	MethodNotAllowed      Code = "method_not_allowed"
-	OrderNotCancelable    Code = "order_not_cancelable"
-	OrderNotPayable       Code = "order_not_payable"
-	CardDeclined          Code = "card_declined"
-	ChargeNotRefundable   Code = "charge_not_refundable"
-	RefundExceedsCharge   Code = "refund_exceeds_charge"
-	InsufficientBalance   Code = "insufficient_balance"
 	InvalidSignature      Code = "invalid_signature"
 	ProcessorUnavailable  Code = "processor_unavailable"
 	InternalError         Code = "internal_error"
 	ServiceUnavailable    Code = "service_unavailable"
 )
 
-// kinds maps each code to its HTTP status and title: every response's source.
-var kinds = map[Code]struct {
+// kind is what a code answers with.
+type kind struct {
 	status int
 	title  string
-}{
+}
+
+// kinds maps each code to its HTTP status and title: every response's source.
+var kinds = map[Code]kind{
 	Unauthorized:          {http.StatusUnauthorized, "Unauthorized"},
 	InvalidRequest:        {http.StatusBadRequest, "Invalid request"},
 	IdempotencyKeyMissing: {http.StatusBadRequest, "Idempotency key missing"},
@@ -74,16 +72,21 @@ var kinds = map[Code]struct {
 	CrossOrigin:           {http.StatusForbidden, "Cross-origin request refused"},
 	NotFound:              {http.StatusNotFound, "Not found"},
 	MethodNotAllowed:      {http.StatusMethodNotAllowed, "Method not allowed"},
-	OrderNotCancelable:    {http.StatusConflict, "Order not cancelable"},
-	OrderNotPayable:       {http.StatusConflict, "Order not payable"},
-	CardDeclined:          {http.StatusPaymentRequired, "Card declined"},
-	ChargeNotRefundable:   {http.StatusConflict, "Charge not refundable"},
-	RefundExceedsCharge:   {http.StatusConflict, "Refund exceeds charge"},
-	InsufficientBalance:   {http.StatusConflict, "Insufficient balance"},
 	InvalidSignature:      {http.StatusBadRequest, "Invalid signature"},
 	ProcessorUnavailable:  {http.StatusServiceUnavailable, "Processor unavailable"},
 	InternalError:         {http.StatusInternalServerError, "Internal error"},
 	ServiceUnavailable:    {http.StatusServiceUnavailable, "Service unavailable"},
+}
+
+// Define adds a domain package's own code, declared beside the rule that
+// raises it (a package-level var, so before the server starts). A code
+// defined twice panics.
+func Define(code Code, status int, title string) Code {
+	if _, dup := kinds[code]; dup {
+		panic("problem: code " + string(code) + " is defined twice")
+	}
+	kinds[code] = kind{status, title}
+	return code
 }
 
 // Codes returns every code this package knows, to check against the contract.
