@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Follow the keyed example of docs/adding-an-operation.md word for word on
+# Follow the new resource of docs/adding-an-operation.md word for word on
 # a copy of the tree, and check what CI would ask of the result (make
 # check-walkthrough). The working tree is not touched: the copy is the
 # tracked files and the untracked ones git does not ignore, as in
@@ -38,14 +38,14 @@
 #      docs/architecture.md, and one owner per query file;
 #   6. the tests the walkthrough can break, not the whole suite (make test
 #      runs that on the tree; here it would double CI's time):
-#      - every test of internal/orders and internal/server, the packages
-#        the walkthrough's code goes in;
+#      - every test of the packages the walkthrough's Go goes in (but
+#        internal/app), of internal/server, which serves it, and of
+#        internal/postgres (the schema's keys, the id prefixes);
 #      - in internal/app, the tests the doc's blocks add, the tests that
 #        walk the spec (TestEveryOperationDeclaresItsIdempotencyClass,
 #        TestEveryOperationIsolatesCallers, TestProblemCodesAreInTheContract,
 #        TestServesSpecAndDemoPage), and the contract table's
-#        (internal/app/contract_test.go, on the orders whose statements the
-#        walkthrough adds to). Every response of these tests is checked
+#        (internal/app/contract_test.go). Every response of these tests is checked
 #        against the spec (conformsToContract).
 #      Without -race: the walkthrough adds no concurrency of its own, and
 #      make test runs the same code under -race on the tree.
@@ -71,7 +71,7 @@ finish() {
   rc=$?
   rm -rf "$work"
   if [[ $rc -eq 0 ]]; then
-    echo "check-walkthrough: OK: $doc's keyed operation, added to a copy as written, passes the checks ($((SECONDS - start))s)"
+    echo "check-walkthrough: OK: $doc's new resource, added to a copy as written, passes the checks ($((SECONDS - start))s)"
   else
     echo "check-walkthrough: FAILED while $step ($((SECONDS - start))s)" >&2
   fi
@@ -245,7 +245,8 @@ for t in "${spec_tests[@]}"; do
 done
 mapfile -t contract_tests < <(sed -n 's/^func \(Test[A-Za-z0-9_]*\)(.*/\1/p' internal/app/contract_test.go)
 run="^($(printf '%s\n' "${app_tests[@]}" "${spec_tests[@]}" "${contract_tests[@]}" | sort -u | paste -sd'|' -))\$"
-say "go test -count=1 ./internal/orders/ ./internal/server/"
-go test -count=1 ./internal/orders/ ./internal/server/
+mapfile -t pkgs < <(printf './%s\n' "${written[@]%/*}" ./internal/server ./internal/postgres | grep -vx './internal/app' | sort -u)
+say "go test -count=1 ${pkgs[*]}"
+go test -count=1 "${pkgs[@]}"
 say "go test -count=1 -run '$run' ./internal/app/"
 go test -count=1 -run "$run" ./internal/app/

@@ -42,6 +42,72 @@ func (e ChargeStatus) Valid() bool {
 	}
 }
 
+// Defines values for CreateChargeRequestPaymentMethod.
+const (
+	PmCardChargeDeclined    CreateChargeRequestPaymentMethod = "pm_card_chargeDeclined"
+	PmCardFlaky             CreateChargeRequestPaymentMethod = "pm_card_flaky"
+	PmCardInFlight          CreateChargeRequestPaymentMethod = "pm_card_inFlight"
+	PmCardInsufficientFunds CreateChargeRequestPaymentMethod = "pm_card_insufficientFunds"
+	PmCardLostResponse      CreateChargeRequestPaymentMethod = "pm_card_lostResponse"
+	PmCardMastercard        CreateChargeRequestPaymentMethod = "pm_card_mastercard"
+	PmCardRateLimited       CreateChargeRequestPaymentMethod = "pm_card_rateLimited"
+	PmCardTimeout           CreateChargeRequestPaymentMethod = "pm_card_timeout"
+	PmCardVisa              CreateChargeRequestPaymentMethod = "pm_card_visa"
+)
+
+// Valid indicates whether the value is a known member of the CreateChargeRequestPaymentMethod enum.
+func (e CreateChargeRequestPaymentMethod) Valid() bool {
+	switch e {
+	case PmCardChargeDeclined:
+		return true
+	case PmCardFlaky:
+		return true
+	case PmCardInFlight:
+		return true
+	case PmCardInsufficientFunds:
+		return true
+	case PmCardLostResponse:
+		return true
+	case PmCardMastercard:
+		return true
+	case PmCardRateLimited:
+		return true
+	case PmCardTimeout:
+		return true
+	case PmCardVisa:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CreatePayoutRequestDestination.
+const (
+	BaTestClosed   CreatePayoutRequestDestination = "ba_test_closed"
+	BaTestFlaky    CreatePayoutRequestDestination = "ba_test_flaky"
+	BaTestInFlight CreatePayoutRequestDestination = "ba_test_inFlight"
+	BaTestOk       CreatePayoutRequestDestination = "ba_test_ok"
+	BaTestSlow     CreatePayoutRequestDestination = "ba_test_slow"
+)
+
+// Valid indicates whether the value is a known member of the CreatePayoutRequestDestination enum.
+func (e CreatePayoutRequestDestination) Valid() bool {
+	switch e {
+	case BaTestClosed:
+		return true
+	case BaTestFlaky:
+		return true
+	case BaTestInFlight:
+		return true
+	case BaTestOk:
+		return true
+	case BaTestSlow:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for Currency.
 const (
 	Aud Currency = "aud"
@@ -401,6 +467,122 @@ type Charge struct {
 //
 // Example: succeeded
 type ChargeStatus string
+
+// CreateChargeRequest A charge of the order's full amount.
+type CreateChargeRequest struct {
+	// PaymentMethod The payment method to charge. The test processor knows these:
+	//
+	// | payment method | result |
+	// | --- | --- |
+	// | `pm_card_visa` | succeeds |
+	// | `pm_card_mastercard` | succeeds |
+	// | `pm_card_chargeDeclined` | declined: `402`, `decline_code` `generic_decline` |
+	// | `pm_card_insufficientFunds` | declined: `402`, `decline_code` `insufficient_funds` |
+	//
+	// Fault methods, for trying out retries and recovery:
+	//
+	// | payment method | behaviour |
+	// | --- | --- |
+	// | `pm_card_flaky` | the processor fails the first attempts for a downstream key with a `5xx`, then succeeds: you get `503` first; retry with the same key |
+	// | `pm_card_timeout` | the processor does not answer in time: `503`, outcome unknown until a retry or the reconciler resumes it |
+	// | `pm_card_rateLimited` | the processor answers `429` with `Retry-After`: `503` |
+	// | `pm_card_inFlight` | the processor answers `409` (a request with the same downstream key still running) to the first attempt: `503`, never a decline; retry with the same key |
+	// | `pm_card_lostResponse` | the processor charges the card but its answer is lost: `503`; the resumed attempt finds the one existing charge |
+	//
+	//
+	// Example: pm_card_visa
+	PaymentMethod CreateChargeRequestPaymentMethod `json:"payment_method"`
+}
+
+// CreateChargeRequestPaymentMethod The payment method to charge. The test processor knows these:
+//
+// | payment method | result |
+// | --- | --- |
+// | `pm_card_visa` | succeeds |
+// | `pm_card_mastercard` | succeeds |
+// | `pm_card_chargeDeclined` | declined: `402`, `decline_code` `generic_decline` |
+// | `pm_card_insufficientFunds` | declined: `402`, `decline_code` `insufficient_funds` |
+//
+// Fault methods, for trying out retries and recovery:
+//
+// | payment method | behaviour |
+// | --- | --- |
+// | `pm_card_flaky` | the processor fails the first attempts for a downstream key with a `5xx`, then succeeds: you get `503` first; retry with the same key |
+// | `pm_card_timeout` | the processor does not answer in time: `503`, outcome unknown until a retry or the reconciler resumes it |
+// | `pm_card_rateLimited` | the processor answers `429` with `Retry-After`: `503` |
+// | `pm_card_inFlight` | the processor answers `409` (a request with the same downstream key still running) to the first attempt: `503`, never a decline; retry with the same key |
+// | `pm_card_lostResponse` | the processor charges the card but its answer is lost: `503`; the resumed attempt finds the one existing charge |
+//
+// Example: pm_card_visa
+type CreateChargeRequestPaymentMethod string
+
+// CreateOrderRequest A new order.
+type CreateOrderRequest struct {
+	// Amount The amount owed, in the currency's minor unit (`1999` = 19.99).
+	//
+	// Example: 1999
+	Amount int64 `json:"amount"`
+
+	// Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
+	// are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
+	// whole yen for `jpy`, which has none).
+	//
+	//
+	// Example: usd
+	Currency Currency `json:"currency"`
+
+	// Description Free text for your own reference, up to 500 characters; it may not contain NUL (U+0000). Never put card numbers here.
+	//
+	// Example: Two espressos and a croissant
+	Description *string `json:"description,omitempty"`
+}
+
+// CreatePayoutRequest A payout from your available balance.
+type CreatePayoutRequest struct {
+	// Amount The amount to pay out, in the currency's minor unit.
+	//
+	// Example: 1500
+	Amount int64 `json:"amount"`
+
+	// Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
+	// are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
+	// whole yen for `jpy`, which has none).
+	//
+	//
+	// Example: usd
+	Currency Currency `json:"currency"`
+
+	// Destination A test bank account: `ba_test_ok` (the default) is paid after a short delay;
+	// `ba_test_closed` fails with `account_closed`; `ba_test_flaky` makes the processor
+	// answer `503` to the first requests for the transfer (the job retries); `ba_test_slow`
+	// takes ten times as long to arrive; `ba_test_inFlight` makes the processor answer `409`
+	// (a request with the same downstream key still running) to the first request (the job
+	// asks again later; the payout never fails for it).
+	//
+	//
+	// Example: ba_test_ok
+	Destination *CreatePayoutRequestDestination `json:"destination,omitempty"`
+}
+
+// CreatePayoutRequestDestination A test bank account: `ba_test_ok` (the default) is paid after a short delay;
+// `ba_test_closed` fails with `account_closed`; `ba_test_flaky` makes the processor
+// answer `503` to the first requests for the transfer (the job retries); `ba_test_slow`
+// takes ten times as long to arrive; `ba_test_inFlight` makes the processor answer `409`
+// (a request with the same downstream key still running) to the first request (the job
+// asks again later; the payout never fails for it).
+//
+// Example: ba_test_ok
+type CreatePayoutRequestDestination string
+
+// CreateRefundRequest A refund of a succeeded charge. Send `{}` to refund everything that remains refundable.
+type CreateRefundRequest struct {
+	// Amount The amount to refund, in the charge currency's minor unit. Default: everything that
+	// remains refundable on the charge.
+	//
+	//
+	// Example: 500
+	Amount *int64 `json:"amount,omitempty"`
+}
 
 // Currency A lower-case ISO 4217 currency code from the supported list. Amounts in this currency
 // are integers in its minor unit (cents for `usd`, `eur`, `gbp`, `chf`, `cad`, `aud`;
@@ -864,6 +1046,9 @@ type WebhookAck struct {
 // ChargeId defines model for ChargeId.
 type ChargeId = string
 
+// IdempotencyKey defines model for IdempotencyKey.
+type IdempotencyKey = string
+
 // Limit defines model for Limit.
 type Limit = int
 
@@ -899,6 +1084,24 @@ type Conflict = Problem
 // same identity as a short machine-readable string; branch on it, not on `title` or
 // `detail`, which are for people and may change.
 type CrossOrigin = Problem
+
+// IdempotencyKeyInUse An RFC 9457 problem details object, sent as `application/problem+json` for every error.
+//
+// `type` is a stable URI per kind of error:
+// `https://payments.example/problems/<code with underscores replaced by hyphens>`, e.g.
+// `https://payments.example/problems/card-declined` for `card_declined`. `code` is the
+// same identity as a short machine-readable string; branch on it, not on `title` or
+// `detail`, which are for people and may change.
+type IdempotencyKeyInUse = Problem
+
+// IdempotencyKeyReused An RFC 9457 problem details object, sent as `application/problem+json` for every error.
+//
+// `type` is a stable URI per kind of error:
+// `https://payments.example/problems/<code with underscores replaced by hyphens>`, e.g.
+// `https://payments.example/problems/card-declined` for `card_declined`. `code` is the
+// same identity as a short machine-readable string; branch on it, not on `title` or
+// `detail`, which are for people and may change.
+type IdempotencyKeyReused = Problem
 
 // InternalError An RFC 9457 problem details object, sent as `application/problem+json` for every error.
 //
@@ -1332,9 +1535,6 @@ type ServerInterface interface {
 	// ListOrders List orders
 	// (GET /v1/orders)
 	ListOrders(ctx echo.Context, params ListOrdersParams) error
-	// GetOrder Get an order
-	// (GET /v1/orders/{order_id})
-	GetOrder(ctx echo.Context, orderId OrderId) error
 	// CancelOrder Cancel an order
 	// (POST /v1/orders/{order_id}/cancel)
 	CancelOrder(ctx echo.Context, orderId OrderId) error
@@ -1520,22 +1720,6 @@ func (w *ServerInterfaceWrapper) ListOrders(ctx echo.Context) error {
 	return err
 }
 
-// GetOrder converts echo context to params.
-func (w *ServerInterfaceWrapper) GetOrder(ctx echo.Context) error {
-	var err error
-	// ------------- Path parameter "order_id" -------------
-	var orderId OrderId
-
-	err = runtime.BindStyledParameterWithOptions("simple", "order_id", ctx.Param("order_id"), &orderId, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: ctx.Request().URL.RawPath == ""})
-	if err != nil {
-		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter order_id: %s", err))
-	}
-
-	// Invoke the callback with all the unmarshaled arguments
-	err = w.Handler.GetOrder(ctx, orderId)
-	return err
-}
-
 // CancelOrder converts echo context to params.
 func (w *ServerInterfaceWrapper) CancelOrder(ctx echo.Context) error {
 	var err error
@@ -1674,7 +1858,6 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 	router.GET(options.BaseURL+"/healthz", wrapper.GetHealthz, options.OperationMiddlewares["getHealthz"]...)
 	router.GET(options.BaseURL+"/readyz", wrapper.GetReadyz, options.OperationMiddlewares["getReadyz"]...)
 	router.GET(options.BaseURL+"/v1/orders", wrapper.ListOrders, options.OperationMiddlewares["listOrders"]...)
-	router.GET(options.BaseURL+"/v1/orders/:order_id", wrapper.GetOrder, options.OperationMiddlewares["getOrder"]...)
 	router.POST(options.BaseURL+"/v1/orders/:order_id/cancel", wrapper.CancelOrder, options.OperationMiddlewares["cancelOrder"]...)
 	router.GET(options.BaseURL+"/v1/charges/:charge_id", wrapper.GetCharge, options.OperationMiddlewares["getCharge"]...)
 	router.GET(options.BaseURL+"/v1/charges/:charge_id/refunds", wrapper.ListRefunds, options.OperationMiddlewares["listRefunds"]...)
@@ -1693,6 +1876,25 @@ type BadRequestApplicationProblemPlusJSONResponse Problem
 type ConflictApplicationProblemPlusJSONResponse Problem
 
 type CrossOriginApplicationProblemPlusJSONResponse Problem
+
+type IdempotencyKeyInUseResponseHeaders struct {
+	IdempotencyOutcome *string
+	RetryAfter         string
+}
+type IdempotencyKeyInUseApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers IdempotencyKeyInUseResponseHeaders
+}
+
+type IdempotencyKeyReusedResponseHeaders struct {
+	IdempotencyOutcome *string
+}
+type IdempotencyKeyReusedApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers IdempotencyKeyReusedResponseHeaders
+}
 
 type InternalErrorResponseHeaders struct {
 	IdempotencyOutcome *string
@@ -2792,154 +2994,6 @@ func (response ListOrders503ApplicationProblemPlusJSONResponse) VisitListOrdersR
 	return err
 }
 
-type GetOrderRequestObject struct {
-	OrderId OrderId `json:"order_id"`
-}
-
-type GetOrderResponseObject interface {
-	VisitGetOrderResponse(w http.ResponseWriter) error
-}
-
-type GetOrder200JSONResponse Order
-
-func (response GetOrder200JSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(200)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type GetOrder400ApplicationProblemPlusJSONResponse struct {
-	BadRequestApplicationProblemPlusJSONResponse
-}
-
-func (response GetOrder400ApplicationProblemPlusJSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(400)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type GetOrder401ApplicationProblemPlusJSONResponse struct {
-	UnauthorizedApplicationProblemPlusJSONResponse
-}
-
-func (response GetOrder401ApplicationProblemPlusJSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.WWWAuthenticate != nil {
-		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
-	}
-	w.WriteHeader(401)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type GetOrder404ApplicationProblemPlusJSONResponse struct {
-	NotFoundApplicationProblemPlusJSONResponse
-}
-
-func (response GetOrder404ApplicationProblemPlusJSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(404)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type GetOrder429ApplicationProblemPlusJSONResponse struct {
-	TooManyRequestsApplicationProblemPlusJSONResponse
-}
-
-func (response GetOrder429ApplicationProblemPlusJSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
-	w.WriteHeader(429)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type GetOrder431ApplicationProblemPlusJSONResponse struct {
-	RequestHeaderFieldsTooLargeApplicationProblemPlusJSONResponse
-}
-
-func (response GetOrder431ApplicationProblemPlusJSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(431)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type GetOrder500ApplicationProblemPlusJSONResponse struct {
-	InternalErrorApplicationProblemPlusJSONResponse
-}
-
-func (response GetOrder500ApplicationProblemPlusJSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	if response.Headers.IdempotentReplayed != nil {
-		w.Header().Set("Idempotent-Replayed", fmt.Sprint(*response.Headers.IdempotentReplayed))
-	}
-	w.WriteHeader(500)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
-type GetOrder503ApplicationProblemPlusJSONResponse struct {
-	ServiceUnavailableApplicationProblemPlusJSONResponse
-}
-
-func (response GetOrder503ApplicationProblemPlusJSONResponse) VisitGetOrderResponse(w http.ResponseWriter) error {
-
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	if response.Headers.IdempotencyOutcome != nil {
-		w.Header().Set("Idempotency-Outcome", fmt.Sprint(*response.Headers.IdempotencyOutcome))
-	}
-	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
-	w.WriteHeader(503)
-	_, err := buf.WriteTo(w)
-	return err
-}
-
 type CancelOrderRequestObject struct {
 	OrderId OrderId `json:"order_id"`
 }
@@ -3598,9 +3652,6 @@ type StrictServerInterface interface {
 	// ListOrders List orders
 	// (GET /v1/orders)
 	ListOrders(ctx context.Context, request ListOrdersRequestObject) (ListOrdersResponseObject, error)
-	// GetOrder Get an order
-	// (GET /v1/orders/{order_id})
-	GetOrder(ctx context.Context, request GetOrderRequestObject) (GetOrderResponseObject, error)
 	// CancelOrder Cancel an order
 	// (POST /v1/orders/{order_id}/cancel)
 	CancelOrder(ctx context.Context, request CancelOrderRequestObject) (CancelOrderResponseObject, error)
@@ -3847,31 +3898,6 @@ func (sh *strictHandler) ListOrders(ctx echo.Context, params ListOrdersParams) e
 	return nil
 }
 
-// GetOrder operation middleware
-func (sh *strictHandler) GetOrder(ctx echo.Context, orderId OrderId) error {
-	var request GetOrderRequestObject
-
-	request.OrderId = orderId
-
-	handler := func(ctx echo.Context, request interface{}) (interface{}, error) {
-		return sh.ssi.GetOrder(ctx.Request().Context(), request.(GetOrderRequestObject))
-	}
-	for _, middleware := range sh.middlewares {
-		handler = middleware(handler, "GetOrder")
-	}
-
-	response, err := handler(ctx, request)
-
-	if err != nil {
-		return err
-	} else if validResponse, ok := response.(GetOrderResponseObject); ok {
-		return validResponse.VisitGetOrderResponse(ctx.Response())
-	} else if response != nil {
-		return fmt.Errorf("unexpected response type: %T", response)
-	}
-	return nil
-}
-
 // CancelOrder operation middleware
 func (sh *strictHandler) CancelOrder(ctx echo.Context, orderId OrderId) error {
 	var request CancelOrderRequestObject
@@ -4000,265 +4026,302 @@ func (sh *strictHandler) ReceiveProcessorWebhook(ctx echo.Context, params Receiv
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L3tchs3tjZ6KyjuORWK06RISrItqqZOKY4z8Yxje2xlZ2bCbDXYDYqImgDTQItiYlfNr/cC3nffwtm3",
-	"cP7vS8mVnMJaABr9QYqy5cyc2fMnsdjd+FxYX1jrWT93ErlcScGEVp3Jz50FoynL4Z/PU7ZcSc1EsnlV",
-	"6EQumfk1ZSrJ+UpzKTqTzrcLqoleMKJYfsNykvKUrLleEL3giuTsx4Ip/ZkicdBY/49sE0eEKvjwmm0+",
-	"M28mMk+JWsg1SwnXU7FeMAEv2EZIklG+ZKn7aEJiwdYx6YY91V8iVKQkp9DQVMgVy6kZ+EFE4pytMrph",
-	"KbTAiNIyZymhQq1ZTuScUEEYzTPOctc4fqWKJXwk5EymG7JgWToVpgXfOqFzzXJCic6pUJwJTeaUZ0XO",
-	"zkh1sDTPOUyXSEHmuVwSrnEtbli+mYqV5AK61fSaiUvzqx1uxqhi7cMkC5qSjK4USyM/lCSnakFkTuhU",
-	"KE2zrDYULeU1qc7C9Ibrh3MmHIbCxeUql1c5UyomXSWXTAo2FQuZpYpQOzBtyGJBFRFS27FMSHw8PI1N",
-	"E0uullQnCzsXs09rqsic50qTQrGUzGU+FVRIvSjnZRoYj+MDM4s4ZdRsgmKaUMVTZr4wa4HDl7nrbUBe",
-	"CcLMatqtnQotCTV9sjSYLAw4ZzRZWOIBQjojdKbM/plNhc8VueI3TJAZm8ucmZ3rUtPVMI6mIj4ejuLI",
-	"/HkM/xsdwf/Gp/FgMDiIyHrBk4VZoRvmCbQQWham1wF5acZpCXFCKEEKnQpFNyqg1wF5druSZpW0JLNc",
-	"rpUZll7ksrhakPg8SZhS/adS6FxmfXy3/xUe63gwFZ2ow27pcpWxzqQj2LoTdVSyYEtqTjcTxbIz+c7+",
-	"7vqEfwIRdKJOSYudqBNQQyfquI3tRB2zQZ3vo47erEw/SudcXHXev49KtqLfuOYbbCXWecFiYnkA0Kla",
-	"SaEY4cg17HGVyJe2HATLiBhRdMmmooUHuQmS2UYjDZl/hNsOZyLnV1zQzI8i3IKp+Ng9MHNt3QR40LqG",
-	"b5jON+fmbDfX7iu5JpkUV4Y81pRrR6u5+YaLq+qyNDnzgLz58ik5HY2GhGaZXKupYBwO4nohM8PpEylS",
-	"RfDAfXVx8bqfUu14m5UDNFsbqlXMvFn5LiKzQhs2tMrl7YZwYHxmrefmNC3pBj4ilJhGI6IkSTLDQ5UR",
-	"DkWWEpokbKXJTOrFYCoe8CyMgcx/LHhuSNIsfrgp9U14H3VWNKdLpq24fLqg+RV73kLNF4afwNPPFOEp",
-	"6cbJ4vKXv/1XfDCoDCBZXB69WD1RX5zcvEzG19/++JjBEetMOiuqzakSdIkvmsYuebpzxEt6+4KJK73o",
-	"TMYnJ+Z0Cvf3yAxea5abtv/ju/P+X2n/p2H/9PL73/6m00ZwL/iS6/aZLaXShGu2VGYTcqaLXJhtlYKR",
-	"Fb1iERmZB6PhsDLb0dBO7ceC5Ztybhn0FM4jZXNaZBo/WdJbvjTHYzQcwpTsX37QXGh2xXIY9as8Zfm2",
-	"HZHmodsQmadtO2J+fvzVj+PlH09v/3S8enF081fdviXQ2q+5I6/pRhZ62+RW8NTNbiXbJreSl8fXPz5e",
-	"jm9P9exIrH96tGGjxU3yJE/b54iN/nqTfA9iBzgunLDPafoGWbv5K5HCCBHzT7paZTwBSX64yuUsY8vf",
-	"/qDMYvzs5gsN8JLVXV6zzSUXNzTjsISqWC5pvulMOl/TbC5zo/DUOGMn6tzQrGDYeQrEtqVBI/805Znd",
-	"jVpDZFkow5bJqD8+OSGrnAtNZxkj52+fPn8OrIImhq1ExIqhhJmtU5rqQnUmx4b0Ndewi0HboFCUQ7DL",
-	"udB6pSaHhyu6WRo+OrAr4lZKHQaz6F+zTd81YTagPsMlV8rsTmXJXsrGFI3GVNey9lhA13xlAbkKNDVL",
-	"eMoIn3qnaLzsvVRlZx+8VK4JWCpctsu8pNFyiT43xsIsZ/TaKjB4XlpWpNZKjZScboPGB1Vk7HaczDnL",
-	"UgVnPM+lEUrf/dyBHzuTziFdykKY5pZMKXplunJkSA2/Bq4JipQGJV6TUed9FDSQFHlu5t3ahGH2ck4K",
-	"lUaEFXlErmariPyw2kQkWcwjklBjjBRp5/33ZqGUpiIx3x/ejA6Bdaqtm2ZnV67H/puFn/bdp8BRSkb1",
-	"m5zNO5POvx2WFvAhPlWHr7EN/KTJXt0ucOVW3yjsS885ZO6Ii3glwfyIBBoRivsHVgcHK2kq/vD21csI",
-	"trQQ10Kuhd1Q812DcEg3rhFKHJWKnZzPmUi5uJoK2wYXJEaqiA/OiMwjc0Brx1OZcblhd+MtRxMMsKko",
-	"59p8044sPmhTLp8uWHJtNG7USp0dxNVUWON9Qno9Yzeijt/rgRI457cVbwAapjrf1NTZa7Yxet37qPNU",
-	"innGkw+QFcFpRLEupL5MDMVmhk2HRxI0DNKmJph9XVGewkgTKsyMZoxgMyw9IzmbFyIFix/1OWLOBaNp",
-	"lX+dlkcBOzMNVQaz93mAyfSF1P3g+4c7EkoWeWJUXOQUZgOpZiSVDP0AYE1UnQwRYYOrAaG4UjC+cq2m",
-	"wi0WKmiNjTDm/RcS2gZSmEDj1oWz5lmGa7Wg4oo5osilUq/AnvsoukhMO5doGIb0cE7gSR+feGoF3w51",
-	"FgoBg3ZeKFbb66Nyr5+2NWM/us+eh8N5kL0+97MA3QSMPjs9o+2jKY6OGzv6bhyuVhyR2cZQ/VTEb1nS",
-	"/5LpZNF/yzWLwbODmxNbVum9JkKS89fPUWzTa6aIonM2cZ1SsTESKKECvHyCJGAqwjDWXDGiVmhUropZ",
-	"xtUCWbR1IhiWQV5KvQDjmCqSSsEGBAeiSMaVZulUcBE4Oj9TJH766s3by/MXL159++yLy1dvnv/++cu3",
-	"MaE5Q0o3Z9yZrsDozROgbGenGkN3Kpx1jRMGdgFvgjfIkQlS73NhdGeaPTOc/KPol9uWLkEoVChYkEKw",
-	"2xVLNEsJPCYygSNdodaTqpDG5ohr7h4yGr/s45cPQqEtMzDiMpyx9Qw2HYHrhVSMsFuWFPD3gqZTMWNX",
-	"hYiQ1rkilMzBHWS9TxPCgdt7F3Lq/Uook0PXk+47r9eEgJMrArdTRX6RZ5li6wVDByPqB7Z19Fm0O+n7",
-	"gZe+bensV4ctfv2KW64f+uX2aqj05MF2vJT6S1mI9KMo1LD6ObQSEOdLaYVEm8St8tLjkjpfSk1cU3sT",
-	"phGT+NFD0ORLSVSRLLyUtJvOFUloljFDoH7C8QEKMp6avbfKYARqIMukuFLgdXRMFr8HBhbQCDoIMknT",
-	"CylfGO3iozbDCqBLLeVlBq3tMkvYbcJYatVV/hMj4NOpbM8oEHVvyjsI4hrfe5tsx30tZR8/fmgdH6bE",
-	"FQ7NbBqtCQKYHenGjUUyTCbYlg44buEddEF+Cbr5g24QHs1L1Prv3i5jbTwZOtGTccHUGUwO58QVeXRc",
-	"2bejUXPf7NfW0vioXcSm+tjUJ9xTM++lMT/Cmde31nqa1VSUe7tlfe1O1zSIrvU0O9LhAq4Xyo6mAteZ",
-	"gnseJL1RjswQvrq4eO3GwbVi2dzad5SsMspFX7NbTeLjo1E8OMADb/fjgi+ZLPTDnHfb1hbySXmKmn2e",
-	"8xsG4+OCjIbqDJ34ZmpXlIuIzKnSdc/MkxYW4Pu7PwOwnz4wqUT2/IskK1Ij0NvnXGEIOaOpm0pIPPan",
-	"+IyMhv4aZbYh1sF9YNRZ1Bhh+QwxGesQXQVSEpXJdQa8KDENy/k8Am0D7iulECwBlcU8z6SCK0XPfSbV",
-	"HdlqNb9l+Q1P2DeC3lCOFuKH+VpXuUyYUjK/LKptlT4xcFS718qFRfvNLCpfshYPWXvLNRJNaJ7e2fiA",
-	"vGlxIdR8Fme1e3EwLPE6tKoPByLtte+4OsS9qdqPvB82AP4r3KDdq5pSTWcUr0sLAffadgT1xWxrrraU",
-	"WxrbOnlLQh86dTui2sQfxnRNmbEDwQHsKOLKnGJqziAXXDv3AR4sYVk6qvsLuloxYY5Vrwd39VPhXFQT",
-	"64vCcIsYqKoP97Nxee/pqazXM3TW6zXdY+A2n4qaUYKD4dpSnSJUVwJFCMSJkC7XgdcjZ3B/al1LMp8K",
-	"63DSa56wg8FUTEWfxK2HKSZd/E5Za8Z8qKxaWh4qDaE2stBGN51TnkHEibFpCZ4ZeztvLZgN0wR02QH0",
-	"3EJ5MelSsSknDhyxjKLxhGjDaUiXkkwqbfor+V9EqGHFnGb8Jzyx9vWDM7O88aFhz5uf4gjGuI24P5md",
-	"FdDGXQ0Et/xAzRdSfk3FxgpL9XESnmp2CdoHSxu3Lc7TAh6eJbppqRHsQycWFVmBB8iQ9lmF+M2iBnMk",
-	"KcvopiL4x4FL80JKsjR77tq9l+inmvXdHB5G7pcGWTl3P2VYBDh4VDsVGUMkjPYfLGiMhCuvmZiKWZFc",
-	"Mw3rhU2D790QmtUYmqpjhfmUnoVCpLjArbEsSkLM0DY2lBdC1SRZVwrDCcg5mpJTgeP7TJVTdj4rOp+D",
-	"O6VxLj6CnL8RtNALmfOf2Me5CoqwoYCW36LPD++PHE1TRT47t69DBxPyOaM5y8m0GA6Pkmu2gX+wz6ra",
-	"amD4fFPtb296rYzzofRUNy+u/N2NzK1PPJFXgivwn4d9t1or1W399ttv+2aVmNBmH1h7lAEt3zD0BCNm",
-	"REtSKFaNNcAl7uwMqAGSUMVqJXPN0q9ZyukFvPNRpOEbvFyaFi+h2zqR6Lq9TxUJOzIdVP0XJyE5+D4I",
-	"9EFsH/cgDN9CH1row6cPRSLOgwFuRMPWqCJxfXoxEEnbatXcGMZO8COzcRkZXufWaeQvssjJDJ9GyAHt",
-	"JbJZzFVuWJHmaC9UtNmWIGMMPjHsWRBNrw1bWjfbhDiku5bLjvccb8Tf+42ieU435u8VWl/NkbxBTQj4",
-	"sxsQzUChgEHZKN440Ggqrn9UJDdMP9RY34eRON91QoXbTaIMIJSzH1gCjVRbbUzzXBAMF3BxXDu2bUsT",
-	"z9Emdh9+ZriTAHuI6zN7uSHYFdX8psoqjo5PT6POXOZLqvGi4tFxpxndFXV8PMIdK/jUvVdfrCCgwc6i",
-	"bakwrK99jbRmy5U2DG9FNxB+nKOExvhD3bBD918/YK+4B6iKpxHhO9YUQ6ldTBt+WY33Gp3uu7BgOqSX",
-	"VFd4amc8HJ/0R6P++PRiPJwcjSfHo792ghZTo45Zm73G3D9kt6KO1dsvkZc3ucKGUBKj3RE7Qwf/xNXw",
-	"y/6ZIilLMm4oWabM3jrHXKhiPueJMS4u4WBDcIS/NIxFkWWxWUTzD+RNGO3WmB5vicN7taI/FozwNCKr",
-	"nM35LUtJnCwu432iPhs9+ADD7cGM9kIBF2JFN2qvYMZGT1ZOXS6ZXsjt8YVLUJDhHUeitfjC5aWh/ssb",
-	"rmhbP06YNoK/LeeKyXrBM0bqW+l8OCjQMFQG9tudR64g8JljDPSMGdMXotcPwOYTJFZFkjCWGrqRuach",
-	"GxBso68d/4w6/u0O0iSDyPZyouHzZqBmyHIgLi8IFfVBWQEvssvS2Ifaeaic01bGFZy4uh8kk2uW9xNj",
-	"9z5/+4ocj0ePPVuBI4JyDFxiXrfJuNIDgjJDITPiyn82FUbIWTYCj42lFDKoBK7C52bBC5XGEYlZkZv/",
-	"Xc1W5n/JYg7/o/CMFml8NhUYO74xktV8+MPKmDoYEoD5JQJ8GcG+FcqsFSuMtnk1W3Wizg8rs67JYm7+",
-	"S2Hdi9oW4kcNEn12w9qY81tp9gToCxNd0DFkqG1jVB7cBBWRdc61ZsJxbnAvgj+DoqvW5kBhiMrUrBJ2",
-	"NLOel5Rl/IbBrbKLyjM2m+9ozWYLKa8JEyn4gHAlqhJmf3Y+3p+dp1SDVkrTlJuZ0Ox10CkyySbX4FZ1",
-	"opaG5BwtUlwukpi55YKl6HJdsuXMkBI67cB3A+pohcuUEhTlWxkav42zlpLI7nrJWdtZ5PuWw7U3v2c3",
-	"+jIekC9YWqC+zdymcqbMnPBitNwW88Gjf58dJS+fLP/00+j2jT7ZtO2AtqaRI3uYxWBFga/gKgxCxmR/",
-	"svzLsCUj8SqvoEbr2rB/tTG8Sl97cDxrDwWUaCmojW/BmXvBVZte6kOMmHlJRUSwNcRX8VzppnLlqHQv",
-	"TRvPeos1sKDqcinzVhWEwR08uIlwSGQus0yuz8iKKjzcmTm1MU9jMLuUprmRTJcU3TJakisGKZTLQbmY",
-	"MykzRkVjNWFCwYja1g9ulX2EUI1EBauGC0O4ljN9mwtog39b5m1DNzG6hqsJoeQPb1+9RFc03LBo2TSr",
-	"u7GNQ44PIohCnWNKYmuQrJEfwnDMbgx+NSMV6m6vg3oSTxnn3DgxPmq51b40SkMuXXoU13ZsxsK0xn/Z",
-	"yZ2B03edClzXckht+/gVo5letKtfRp/JNG7eAt4zGtKMNXdwq5Ilr21+HX6/qemK13fOwbbcNvRgl/7I",
-	"Nm8gt7d9IsGdKSQAy7kLJQf5xqsR+6rFfkKdr731ORMJaoHXTExIPIp9sBUmm/o4L2NcJTkz+hZL0Tlr",
-	"RB9kFd6uzJSnAlNbubKWvgTX7TO4gDFynnlx5h2sHGSak5DI7a2jdkULZRqVGQT9Wc01ocLaxqZ1bJUC",
-	"k8vNusA6mZ2vUf1odyZU3aRrHGZB2vNwqzTRVBiG+ysMuIqqdQRxObyYrLJCWcahmbA3riKVa9IdH5OF",
-	"LPLKnfmAnNtrB+4+M4Q0FUu6MUdUrdlK4wUaDeJoC4Xamws+x1Uut66RG2jnfjT8gLlfs007fV6zDV4L",
-	"ykKTtzovEl0YZQ9YOPmxkJrVbLgnbHh0+vgJ6x8P05P+8RF70p8lp0f9R09Oj+nJ4/np0fi4bQiZTK5Z",
-	"elkIzbM2EjB2FtC6j3uEfG7tB2mIxDBkPAR2N0nX3flQ7S8flnQzFeChMzR8cGbNaGxCyEYf3FJz61re",
-	"aXi7O9BLEDztywwSeLXAxPTwfBotIGMaktNBMLM0tiYiMn9UmqYitmqlJdSYdGVuX7G3qjH+37/hTc05",
-	"FxBwHA/IuUulD6AIDIPQXBTMRlEbyVonPtdEp3X+GFuyy1iHWCJrqVse5fP+2/PvDU1WCe/1q7cXu/qH",
-	"TMEtrgK9+OBuy/ygwzbd/NBeU7ePDFMHL7eJQL80+IIbo71sc59D4KUnYXNOjM1Z3spVxjsejrbSbMCO",
-	"twrlCrhC6f0Ist8KAQlBa2oOI3g3HFGdkdjTc4xmIkTZB7fwdmpdDE9WPllXm1OKkAr2oMPObEVXmIqu",
-	"dhe3VnQpWCczKNef0jzL4E5dyewGTVhQGYWnQmTsNfu9CingpxRgCgS+s+Dpbm3lmlV8KzW2EXk9onGi",
-	"aiTepKsac62ZOYHca9OUXrD0iuXnSdLuBQ4vErpr5LJol/l7kIOIlA6zbt5yQYEoBtwQzcbszkE0FYam",
-	"vU/N4nCsZZ5BOIfZ8tqm+HfNUrVfMpS70hL2Ux5LnPEzofNNu32ylDeghxkiWUrBjBjXa2aUlLX0miHF",
-	"JVMONgNdKCnSvXW7PNRthQUzWEnFG9cVD+pVH02Gx5PR8BN71XO5vKQlxe36rkqe9/F7ZKzu587Y5ePF",
-	"j+PlcWu6edPfDWdkq8MbGX/kxK/M3bnABA4kHK6BmlTT4b49773paJEfuFqtvl8/q3bnb2VzKn3f6e8N",
-	"DtZd3pMMXiVM6Jyzh/WihMf7I3wpOLK/vzMFUi53XZAiXlX1ljTCdMaZEY4Ij2GegqdNqXmRWeL9oMtA",
-	"09/um8BPeuk3mgwff1r2VJl520IEv1gwJmrDHcGO99pa9dBfrCVhamW0Cmmd0CTJJVeKwuF6uBs+o6fG",
-	"H3bzdveNGOgY3jAh1nurSDc2JIfgWP4iGPwPZQqt+yc4zfB9WIjyAcQpQIzCtqsw51+2X1TlfvnaHj7h",
-	"Nu4XzjpQ1u5gfHBG72J5aEQ8KKtD3vDhTA6H9PfncYgk0xzs1yBDIWAITNNNEM1DAEVtRsW108Q+hJvd",
-	"h5FBvumD6Vmj4WR49MkZmeaCbmdk4eqBxKgyjRm91MbsaHPF3hUb8SW4JnxsBKpGEVkvNi72wfZ7iZki",
-	"8acOe1jJOk/cjT70Aayxi+la7vYQrlnnFi9hw7TzPUAUgDG0Ma5cx7VYEUCiWMob5x8ETdJ7c5BrhjED",
-	"5NzFnHjMJSuq0bpW7rJ2Wsa5u1O0jcuWoytZbts93EMwXE+jAcO9X6AB8o+7GLC1Rh+UA1vO9eEs2JnI",
-	"f38ebCM42zRNgOM7PnlMbLwowdhVZe/No/aYzjA2Fq89EAYTbuwg+wNv09H5rRCA6ps3zyGk8pqjkwZe",
-	"nkxFfHcMK0ZPQ+wI3KBBsLpKZM4UpsMnmNy42KwWTCiMsY6RHe3VQULztG/DuFKcUQzxRf63AYlN/7EF",
-	"iZwKiLfgKROaa4zpJWohc02WNFlwwfo5oylMHA/OGZnlVCQLd1NjWAeEHXCdATzFVMS4+D4IBTQmY30y",
-	"ucowcH9JNwHoSCMco5VhA5BefVB4uWo+GITxLdXo8yZe1HZMre1wZc0nl4ViLQ9yZhFI6g/AORe1Zorf",
-	"nZxcy0Zppp9ujeOuAbGEqAHowAPMGAvI4YM9GoA+5c8rurG/VYjLR1DAS+h1sO9Zz7/Ner/E12BngvBC",
-	"y/GRHFrTF91GKn4lqC5y/K0G09GWrlf1iNYG3YzcwWc7FIfaqYoaAXg5o8pj97RFUYKAvGKC5TxxDdXE",
-	"f/Or9sFilH5TrCyKJRXBUbldZVRY4OI53gZa1BILnheYgi4sF3If7DRd3jVXqsBE5eYVpkVVa12zJhoX",
-	"tNaAZttLrgUhHC2yrYRP2/+6hWqrpTzY9cq+tyogEdyWeADdcBTHw3GbIm/TK5pbDyw8qlOATYB1U69I",
-	"sOqkn5q933VEXGhVo+NSSAq69BfI23u6p1ALzZEi5/2czRnQ750Knks4gSULLWdzyLfoG3icfYTj/pF8",
-	"5wJjnVDvsOemFudO3jKQ/yAMaZr6YD5AFTd8HeIgLLjJVLjHAXoSJr1eiRL2pjWucUdAQ6nT23fx/smM",
-	"HSzPbwS/dem5VWPz8aPj4+MnR4/Ge5mcTme9I0UnWPAvzBdb7KeLGrfFtebpWRg4aNYpLWMK07ZIwhW7",
-	"0ZfHFz89uf7TePn5o/XLUfLnm04dkPXOwMJPHEvY0vy9Iwp3hRO2LPy941bD7dh68eBpCzTqmZnvJ3aJ",
-	"nH5ApkxLdMRdseBVqtoSKb2PWhFSDSjQAesIZfEHOiNSuRZK54wuL7dG3JTv1GPLSvhynjCLbSdrbKQr",
-	"0beBDwDCHJ+UOBxgckhfc8DGdbmwNp/Yfka4huBGa27KhGZT4ZP1HXW10FQtNoQmS9ZvD3S+45zf7UGK",
-	"K8c22DHvW3HZNq0+pYMPdiHVz5xcC8JTH7u37QjW2F+yuDz98upo8YfH1y/GP357wt7ou1dll1oTDslq",
-	"N25IzhTHhdiSXtL5iKSRGnFHu8IvMUtxm0MX3VIsdaiNfiAfcy2FWxFeTSEp383F9vbrloH92++D/Tg+",
-	"KMVqzyv68WR0ur/reG8Xad64Mc/Z5cmfNyP65snVxfJo9u/i0eIT51HdkR/1a2RHhbUNvMty36sgpPy7",
-	"XJG0rMZg42UiIrP0obyS9vh9uFfSBfH83b2S32J60XlyveXwJ4ZqIJrARezQQFyC5GpZTKe13lX3xcu+",
-	"FGoauUTrGWPC9WKUBRFAGdgwoMo5mtNMseZ6QBAY4zdtJsQ5RvzY4fzyt/+sSmJF5yzb2FDjWm8VMbdt",
-	"8X3PUbAazR0AuKekyLnevAVsBVi/GWApnBdtAZfnogreYuhkL7SLeECea+srnXOrljhsSs0EFfpgMBVf",
-	"sKWESPwJidU1XlAZFSQmXftyDH8e4M2ye+UqkzN2G7xkf7BRZggcYdbLwUQE0AmIasDFXDokCIqg3rYq",
-	"xWtrXBNvLjstrtOCAKWWNMtc+ioi3Zjt7fXQDdLrRaTXs26PXg/B0pQ2LKNi4Jq37DE1nwDoUa9nrxN6",
-	"vTJ90t2Xmk64sE5jVA4BHrsPFAuoHWHagKEwW04l34C3/iXTa5lfK2cFBuHs1dxAi/5BAZvGRb5bWDlw",
-	"BBlJBWGaFmp7KjTLMhzagDy7pYnONn1oq8cA96VnppIjYHsily5WWa+NHswRkfQKGNikDBN1ZbWmgqtS",
-	"2dZtIzKzNDTH9YAABk8qk2JpD5tFt9M5TTSWaJJ6QRY0u2EKVubf/o2cV4BIzI+YlxEf3oziWr01qBwR",
-	"oMFQglRns0TgZiSOp6L92IREb1+ciguXR1A9Pr0eknuvVx4hcrGWJDWnCJ8pwm652bpCO9fVTN5OpiK2",
-	"x6p6zOy58uepfsIOzsI4XQgSVWuuEwAjWBI5nw+m4twdbEw1UYwpVwoLgosTmWU8ZcoCTlaAZo02bkMp",
-	"7CmJvBCdCpsDJ5uZOxNiS8URlilbB8mVVLMF0yomVCPTayo8POa6XDxrQq0lBBpn4ApBtqwG5DxExHFF",
-	"FQK8HKjcNorxMuwQ86B+iqMSIswPqZRpLuO2Gx/afwZgff5WiKupCMBxcNxcKxJ7d0T/rfPzO6xzh/9/",
-	"QARjaYB47qg8rF+SZFQppkpSLw8d8BWFhQXMWy4XOwycAt8aytj4th9sVkzYrWZCGZo3jb+zbbxrvPeO",
-	"LBkVZnXfkYVce25F3pmv+v0+afmveQS87R2Jzf9NM28YTdWZFd3KifMBPDHtzXPGss0AP4Ylo1m2CViK",
-	"acz+btr7QiJyJiLdYb09VVIWViUA2CP7HrC6Lt4HAae3IVNA6BMbyO5+jUg8Hg4REwcISYByWx/umXXA",
-	"27J1ZVp36duxBRLsxBDz7x2J4R9mHk9B11VwcFDDATeBWYqXEPRFRfOYYL+QORYF9TXD1ABruvrjVs13",
-	"MAwesH8xpjHIVi+n2EQyBNjych4RUBEiwoME8RPruwdmhl9LszMYq7sDNGXndCEjAth4sqBcYCKmXPIE",
-	"M34sE6tCJSpkNlidrnq+6S4XUcpyo7WV4VDKw65hicwgrcdn8lnLFIjxjiU8qyG4hXU7SXwyPIo9BOTa",
-	"p+Bi/ozzNCktVysgxx2bkRcCl+wHOSt35gc5M5tyDtUD+3kh4HDbT7ou8eDgbupz8laKbONAlInNMLhG",
-	"EElItrM+E8ObzEBqBBmPh2NybmN64u1k6RQK04ST8BwE6h2rHRhMVuaMh+P4jKxkliFnfCFRoSjTRttO",
-	"bsUP/47E4d9mQZ+LmSxE6nPW63770rQwpp0ZNGbGAtpfzqy+p86I/8zek5TWV/WyxAwLBIZpp4kxitLG",
-	"vPLGmiSlw9Jyn6h5WkHvCAilTJUkv2eCASSi2Zl5ztQClndlOun1MnnFE5qVHxh1iJJvvnn+Bbk5Jqgc",
-	"0uzAH0nUCR0ucTk2PBlQJ9Kil5r5AaAtSvNGBiX6GUj3zZdPyZPT49HBZCpIY0UmZLpXXuW0Y1QFQs7J",
-	"zCw/duyyNzFZE6oav9U5X7GybCXiLkcwRkvOAOcMII/OBWwaDolz0jLMfQYZD9zCgJIDyOGm59Evf/s/",
-	"u4vNkW48vB0P41/+9n/i4e3jZ1bXhBhixfrKKAWQ/gJrIIhhNxvMDqXAMjBH2RzHDbEqo2s8cnHJVtPJ",
-	"2Yo58ldmd2lmWkUYdqeZDXEuf2QbpHeVyBWCrJS26QTZsGO1qLi2662D4FD4ujzcDBvWxDz91rEJmFWA",
-	"BA8syRb+cB/ULtkn5O1X5/3xySP3e6+HASjGPoQNNvahXhij0jI6Yx8IKeB0AHjCTKYbczqQM4LeTBQE",
-	"vURGOeRXgs95QoU2aqZmakUTADdayhuWHgzIG9YHncUQPXwMNwl9LsAusffVDg3Qsz07AauBmdeoP1VT",
-	"YyCahjFhmmLWJuLQp3wOBjdiO0Q28iB3maZ2G8fjeCqaNcIwjig+AMMYd48SxTNgrpgp4W1DiKKsVYP2",
-	"/ssBml85XVdxDh1Yod9zZ0M6g81uLRrVDs3Iqnyh7k5++V//m6xorspiZeYXCOwwj0OJ98v/+t9mn6GQ",
-	"Wa/n3+8CpitqJVwoluszsl5ImDX+jSJrbSFafYr0AXSFf7IB6uOK6wJ1jHel0vbOTvj/3qJ9W2WgNIja",
-	"at+8w1NHtpZ+I++MVVI2VtaAA2YQYfEHKa4iMqNppZClP/G2rtP2zlz1uKAzX27PhtN0HcG5+rtRrWZe",
-	"2HwtMAepF8FPXCBl2ZOTOlFA3eGZ77aROvY2HrdMxpJ5aw+ouLm5oZXBwbMJya/kXciBej1I+e31QBXB",
-	"uuNztnbhC8irnUFtIUxUM5fZFSYCpzKqPqbdCMult23GZaFY7I48Rk9WgYXvnpq3PdyU6qPq9Sr1t3s9",
-	"4AreWiuMmm3+wMVHXe0pQsL2LyCI9TBU1szHACOxo+wSeQev7R63Ub4NddeBD2DHg83RUJHMF8zv9ZyW",
-	"7t2AVfuj12vvvkTQboBfvIPycVSk/QpOhYV9zJzXw7C/KynYQdmBYUgQS6bCmovAojwuaaXUIiWJzHOs",
-	"nrWlxCJyzQmZ89up8ELFK3CuysSA+K5xaiX2w4xdUVHmG7mscWXFI82ZQ9evFNQiGb9m7tJSAexQEoRz",
-	"kW58PBzHB1Bh04gsplQ/LzLg/lANEgtBTUVagJQsB9TFEwBVmqgicSMi1CjFraGeNjC4LdwTRgIHcyqC",
-	"mmS8Ui6NdOMT8CiYvTonvV6AeF/aova6HnyJ7Sj8kT3/xnY6ub3Fq7vj8Wl84GuMUlEWLQtqJXJlrctt",
-	"5QCAACrHPqoVRzCqAu5X6cizJIlYBa01CwY77TPbToiWYQ/WGSQfJddXOVhWplGR8AwKzyvpjWSlje4X",
-	"ljjFOCmIKDC0jsTrcUvMXFJvqfoLJ4e/AQPyFqNnYojHA3rGm9qxxdNXqzusbL0fjHljGNfgffgtIDdm",
-	"z50iyrSGuq7x8y+eff361cWzl0//cvnHZ3+5fPPs4tnLi+evXhqagzgM56govUAeauOMxL9/djEVhzej",
-	"ekljdfjzNdu8jw2vXyvUEj5TJC6BDOISc8dBOJgTuWZshXj/TDubBimgDr9j9bpCMVWF4On1Wlhcr+cK",
-	"7Fk9KEXmYqgZKqsiUpe9gItsrB8UgTCiEVW6AXkrw/E6BC9rtwCyPybpGOZtyAF8/2Csuus/eNcWKXLB",
-	"E1Xni5aIkUOVrUga2cJBsGU/FqywuI728iNncIfrQQxgTaySjegypRbSMKMjx84N96G1DQkIMt9A78ba",
-	"B/tZZJvygjUAB3EalKtGaAmOgg0yQYPbBuTbSZQlhzA0GjmT22VznoyKRDcgYhb0hpG8EAcRVP84Hp6S",
-	"LcpGhFwrMjxpjP87sv6Hk+ExuuvtBW2+hXs0nR6VywUjrQbkKylkUSuTMBVdr1HBIq1yppjQYUiaYTxE",
-	"zudWkyyyjPzAtbFypyJWGWMr8jti6Fguu8OILLnoJnRlVGLFyH//v2T8H5ZeDg5iX9RrSW/5slgSURim",
-	"gF5MB6xCiZbaWMgpoymIOWMMpqxVUygPm1maWZEahqWkxWgC/k+vfE0Wc2b4nIOl5GgQ/I/eho+Pb2/j",
-	"nZV1yTkBqeuUSCd4S5kL8tHIOHds6paHzUECjmpJ0lYVcVar1zzcPRX3TBfCmiIXasTtEeOpQprt9Sxk",
-	"rVEtahC1tUDLXq8MUjJsJx6dnp7GUDy7UCnkFf1mdDo4PT0DPxLMyDz8YbWBh//9/5wMh3gKNkxYgNog",
-	"8OnAHfR5JqlWAxzeUz9wO8LWiEyZhvpkFZV3UkXUhcFZUF0EzG3B1rWdP09drza2EX1m7u4PShnYIKWJ",
-	"zW0nXWCpBxGiWbtaQQcRxjCZ3i0ODWDTSPOK9R1HFhCVdMHhWdZv9vb10o7rgi8Nc1yu3PDefPmUHB0d",
-	"nRIfbQU7+M3FU0cHqGmWN2IOm9JQ/R05dKS7PXcuIooxW3XFpunFtgr7gbeL0KVmM+q+efPcHsJGShcm",
-	"qIV5ZvhLBI6WarIZcblmA1Km6t0rE8+GdtgitHdk5N0jFa+mMvS56BvGPSD/jk6RQCQY8rRKnCtKT5o1",
-	"6c8qWrwCPz6gu4dhxcj5AcgB204oQLg5YSw2YJdHDsKIAGASYDmWnMaMR1lpFh8PT2ISN/PEPFsWJD43",
-	"P8UelBTFsnVxUXQE+ArnUEQMXLnd+ItnL55dPCNlho0hJLppK71ix/IkJo1SgSiEaOD1AkurrKm+uwoh",
-	"VOLCpki3vejgWUv5QAgCbNYQRMm7nPGrQha1IkGufCVaCltcL1ZhoWKDK8AyxSx6ttkTCyFrjyQILPSP",
-	"U5s+Ym90u/HPUxsbOO1MyCgi4Z/j9/4aHrhK7pbC61LZ5ow875u+ImAMj49Pj7yhVouXMuyy6moAYbbl",
-	"UgWDrqQIimZJwcCvPSBf+9owuGSJXK4oIIuCg50L72LPNqQbnwcMyYwV/LO5Yvp331x82X8C3MD8fnDm",
-	"sHeBNJxmCy+VaqD1E9oSP0DG9oICoh92OEqWNL9WQILWBK+5b85q/qAuQrY7NWoqMGLIEcZWtc9peEc2",
-	"FMRVO3XZFdSXwvZVVExfTEyFlnhpB3bBwVnoC3IE5DKAXAHmMxL/uW8rqfWfp3EQjO8U2C5iuRtLkQPq",
-	"2FRgTB1WYHVAtcXK6P2j8ROSMY3OyJRfcaO4xX1DPpfIzAfxwQSviSA2QToZPiDnWTYVc0A1y8HFZA4e",
-	"gPu5SvHd+Bz8HX1DirnM+s/gpb4tMOvi6DKeMKFYEBx3vqLJgvXHg2En6hR5FiSlrdfrAYXHA5lfHdpv",
-	"1eGL50+fvXz7DL55H5S0bIbZnb9+3ok6NyxXGF03HIzwG7ligq54Z9I5GgwHR5AApBcQvOjCbMy/r1hr",
-	"7RkbFDQ2PKQRuQyWysq6mnJAafjq4uI1RC8mC5Zcg8pV1nlEj5aYCpknC6Y0xkV5/mktMM85DXuZsYQW",
-	"1tsflgec5ZzNsw2ha4ohOY14nAlYIHNw0tTCWVyRPIwOsfvlxdLztDPp/J7pr+zilCiDsGjj4XBHFayW",
-	"6lcuJLwjr/evImUBp7cUkQrWn2aAgvc+6hwfjba16idwuKvmdRji2pl8930UFDJ9wW8Y2BEAbd2JOppe",
-	"qc7kuw6SUOf7qFMJSepMOmbxoU0bwbU3lTFRIQGjWaRQxmxeZOgM6tbJwdeKtKIDWNdUeDvR+lIzSVMX",
-	"BQoXiSvlq/vqnM7nPMErTY5aGU/oJyKuN7gk/2C09QaLZ0lUXNySPBB1RZ2T4dHdbbQUPd5FmGbI/IMp",
-	"82Z0OCsLprVSZ1g3rVrirFJajCvSjgk6aST1qGgqMjPiNoBQW8TkxtYowzzxAFXUXhavDKOEy22pfJIC",
-	"euFcS3iJZX2sFm6UdB0CD8jtgzMjTSFSxBhgGP7TQMyZimCiA1KayEYOVwKrII4RwmFmRjo3VqhaamyC",
-	"Hl9/jlFtVQRLkDYyOqkma1lkKdztpDldQ4jyM2NSuAJp9iK9WBoLBzGyqvCKpBv//tkFGAL44NI+sB7/",
-	"hz/on3usiY876UFJvu/KLDAs0FarovL++6BqXvAywnY1Xt6bb7ipbKtsaHGUgFsM9+AW39RKcB6PT+/+",
-	"qF5398FY0/DuNp7bqyKPBvFRDM2zsN8zXcFzC3iYPct3MjHLWA5/9hlb77cytDf2YIe1HXz4uHeRl4Bl",
-	"UpTg8tS5BWzsu2NLU2HfKgvxIfZreTVWK0CN/u0Ng6oBwju8eQrhSbReBTfykUjW6fzwJ/XpwkPkfNRB",
-	"rZZACtIYtxXtaxRBqmYDiyLLMHVxS+7kXTWTmlXk6uXgvBpR5gfuzRXssm1hCi6NFXjCHkfsc5rak/rh",
-	"bGR4fPdHL6X+UtrMwP/JfMelXwY8x+HMbOU5hp5csA8ImLZxlK9YCnluZc0WdnVodZitbOsFV9r5BFBt",
-	"qtWn8TwsTB+tcDSvRCGzAg4VAAdsZ1HI7EKGOCCv6ZXzHRW5knnf6DDpxCeITgUkh9oARHsNiUoNZGbS",
-	"K3ZH5igR7BbgikMO6YAJQjZJfi0uafbAlt3t3JcKXvAlN4e6mQpsl4WnHprIcg2CGEpXEHmUa1VeLnpI",
-	"BqptElzOrxYaI1ugdl83pAKUMdx+4B0OUNCKBtsS1uysRL7ukQrOzWR+LFi+6UTO41Pd20rF7SW9ddAH",
-	"45OTOhTCykjR3LT4H9+d9/9K+z8N+6eX3//2Ny15299/rMTChOpAUUQ98e7ifdtkW5CXD5+3L1ib0Pk+",
-	"zMuGXOG95VCQbt4ii8qE8xIQoUw5/5d8+keUT2YvW/ABAlHlfvmEogoTRe6QSiB/2sogTmzsGmAv4d1v",
-	"FWEp+M2JF8hfjuswTrE1dX3e+73KmRKup6LMe+vS8FWM+JvJ2wProLWdQDKsInwO4g9iVfgcUxltjVTM",
-	"A9Is3SYOIQdjbkQrXLt9Kpn0DDfpwUSS8GAHO2QQvtIugghmR4EakHEF8f7dkDAOIsIHbBCIeag954R9",
-	"u6hCbWcqAnLbIabYjb4c/zF9PP9q9MO36vTHF8vj1T+HnLrDqILSub4o7q9QkRYe7q4VG1RpNfT2DzuD",
-	"FoKxM2hgw32MsC7ryu6U1Ujjv650/p8sbJnjo07A2h/ucj+1h61uFZpvIZpVt5QcBVGBNl2vZ9hcr9eC",
-	"XrC2AD0QPBzErUHgd1m0LaoWYctdWbXu1lpqLui/Xk8NanT5JI1GPoBP8XAGZFloDcHqa5HWII3hyspI",
-	"SB0UR41tj7GNGs5t5tvuonhwQ2+vzVycrysLOSBfMyoQrCNjNIc8YoAIwHtELROZ2cQr0455z16GnwW9",
-	"Qdl+DFuoZHYtoOA/rQd/VoMD0bcOVqnRIMKCg3gj4NAkNrKIIFIPYIWgXKiXp6olulLmUzFjmUTUk5o5",
-	"jLeEei1tpGGKcrjgCm4KiRRkVeQrqdin8v1XS+9+lGfRwpW7CnuTn4Ojex4k9XhvDiQNVoryju70RkKx",
-	"s7A47LZSqwDpuG/902q5U/Rm1iuFhmU161U0XbnLanXLe8AlN4pPQmVIb36Wq4rYRmXFw/oqo2NgTTnm",
-	"b4YFHz1IQDUXBAHTm3sx3rkXx8e2IMqOvfDv4F6MktP58WzM+o/pUdo/Zk/m/dPZI9ofpyfJEzaaD+nj",
-	"2b57Ua2v+sE7cvpGH4vPx+s/s0ebb+go2bUjOBK/JeEmgIKwn1bRWup6i2MaMymQV/7L/P9H1EieC7Vi",
-	"id5ZgzxQVUL1ZH9/QJMwal18pmz+NcXrbog64zoivZ6FG7C5xVtKRk9FN94LKwArXMQB/MEvf/uvaSc+",
-	"iMiK5QkTus9EIlOWessSAl6p8tG2RLErQOrqBkk4JD5EiML/a/xlHBFKIFPd/gLYORaOAD3LFn8AYHhS",
-	"Bv2dhTkoNq4LLu7xsV2fLrWB2FA2Ga/qp8KGaxM3dCl8NdP71tEGw9XWfbV267WVqg7MD/H+AuN1F76s",
-	"d/FUIwG2aq1QFsTWQ7VxGkt6zSpXt7WKOtZlIyClDfB1YrTmbPKFFKyMVHBVVANNZnJXYVjzbhhjgRHK",
-	"HrzYlaQ7q7xkvgngSG1Mcy3eIgDIOJuK8n34uByTK1HseoJrCUjKaRsZx4gWhQszFS6spgzcsDqu8mUn",
-	"z3yJ52pp2ZxYqIXA9TQVfwffU1lkk7OHvBUJAlc2dzii4JWa96nqbRqQczEVu7xK1odpw2S2e5V2V479",
-	"J7oEueP+PigP3Ly/r1T1rdRrBkfL7jUMiu3eVR43qIYbBAh9jGOmXrh2p3umGlv1LzfNr+WmaQls+4CY",
-	"IWSL+9xstNbrvPMCnDTuv6EdEHj3u/8+I7Gj5xiTYJ0HCKBQDbfC1J1PwuBf4To94OWCLQi7i6fjK3+3",
-	"ywVbDnW7GNgSaPRPxP+P8RZ8h5V+MhmNa/yfFXmtdG4YvtVmFYcX4f56YP8YMlcDuiGDarrrHRWXdwWP",
-	"lcOzMaVV+WJ07r3FS1keeKdgsRrbvwTKryRQpGNxTobYH/YTIYc/uxum+wWd2l3eHv5JfsXoTywg/esF",
-	"f/6qBxf5yn3O6Da3Gd5j/stf9o8azmmVi3sc5fvqNUAeYYRMgwkcIjyzmdKHNh11VrKtbshTaBl4QRnM",
-	"mUMyuJJGLwKoX+mgZGYu1MuqWi6b1IJBAPTIVnbShm7d6w0IjgERGKvw1HXYbMzHodX0tgp8V/V7mISQ",
-	"LYgpkDsDKURd8Bm5DFxlg4Es2uxBBW8EsgMBmsXstEW08lWzYbxQcwCWyQ5k4sDn2mqzxg5LwgUB5Vds",
-	"KhxSulsZxKOx1bOC4CTsEsBDWc5pZg64i15yOUATTBZnNxD7D9FFDilpzYUq4axQPlwxbeXCadzG13FA",
-	"/8ys3e3bQ7L3iAi5Jl0jhxF064DErp/4V+b9ezDGp7lU6hUWHf4geTHcQ148tfA5/5MFjD/e95Axlolu",
-	"1xj9reBHSAvbtnN87OHRaC2AD/XSgnIwe7o4wKHhfRzWfX7/GP9P5L14bRfl4RzT7oJgl/vCvnOnT5rw",
-	"1Aqz7T5pl8+63RmxkpfH272k/0w+6d0+idFkNLRRAW2yR3Msyt2ZdGYUK9XI613pZrvXtWZefITTGWn0",
-	"breApYR/+QV+Lb/AyjOP+zqX7XuHP+M/7u0bcIeeKos3KeR6Eij9XXc5GVWLoNr09qmwqj5E4MVcXCKO",
-	"q47riK1ckaW8cch2UP7kwFVedKqyT/2aii5C54RHJj4YkG9LaBR/fVqi41Sqz7iyGBWgHpsK7yChtIQo",
-	"I4fRtJIZ2huI47uvv8SG3H0ihwke2odTq/8hWVtJOJ17crOt0C2+Oq6FfzLNBaTQPB6vEfXSwu/EODbE",
-	"nwts4AqRGzMqwH2q0dNUVAiKdD3e7egM8PMAjdkh7wBa32g0RDRfAGUDFL+vLi5e91OqIZ7jfGbBtpL6",
-	"KYATUBfY44rErcvN9//yLv2jJguv3KHfWx7cV+/E0+PV+mZdNzAUWp1DF41qVSRnK5l7X4VFL8dIF4tx",
-	"DtFKUa1s44rZ/BpMxlpJpfgs27jCgBbFGKojMpFiTDfizpeF4hxQcqP0nEev3FZ7LiI3LAcgWOc/6fVy",
-	"uu71vP8KQrDbAPymoptIoTQVGmA5La4dV1JE5KS/5KLQDItOarpcES0zlhuzDj1HZZMlKsta5tfbRUhY",
-	"P6nXa6ugdBGWjuXKF2r1V5iNzDVExzViw4LAwee+upetwcTSoBp7WH0JATZjPy6HnWfdUtW6duerVQa4",
-	"tj7rjStfqacsagdkYFaWK/g7SES2gf3zzCgo1NckXFKzQ0FRMCjJZ6jRzs8BoteDtQLQduEDu7EcJ6a5",
-	"Ye15i8yoKlBZzoiagnqwuzBVi1R/g5VwPWnaksOdO6ImY/07hDktBL91MgfhTqObkX2mHJVbHNTIVk2L",
-	"VUn+3BXg95C7C3Y7FV99ff60//ar8/HJo8iiFZde1AU1lOBWXbEkZzpyUQee0CNjOg7KupZTkdN15ThN",
-	"SBz003UNafJbMu0Mph3yW3jtIB6QN+wHLB1Q5lz4SZR27JLqBOqSxDpGLdOhUJ4QPIcK0OsCHGGbDDMV",
-	"SSaTa9JF4EyQuymbM6pVWRl0DoUm7FngTDWiKvXvRo8fHR8fPzl6NDbbcDI+eUyfPDplj1nCZiylR2M6",
-	"n9NH4yRN6NGcnowSmj5mjx/TITt5NJ+fHD1Khwl7wkbDJ+mTmbekkUeVpnQLI/uYmEwfVf65TDf3UyVd",
-	"wPokmPi2LLqmDlli2zpFsVbmf1u+HeqTyeLy9Muro8UfHl+/GP/47Ql7o7cCq+AX7EZfHl/89OT6T+Pl",
-	"54/WL0fJn292pdvtrX+6DQF2gXpodTvef3QmSqVseJgj4dkzFIfzTNVVb/CVwsOsiKAxJJayFjiM9n3U",
-	"ARZa7etL4Kquty3t2XLj9Qb3Xsug6PoWfR7nt6ZBPblf/vafVnylxmxFC80ugPvdaeLdhpw6GJBnHKw5",
-	"wxyqxqpaAACa0nJVrjQWTjXHv9Sbt2xliKVd39IaQHB1scuZhtlf8EG48nh6Gk2ZddOUZ7ahihbjsO+x",
-	"sbaC9QgwDXIHwKo7k84hHJKos2RK0SvTpUPatT6E+ulxBZJtkr0rk1zLZnWn9diYog5r9bmtc1VOJqiH",
-	"fgc0N37ad59ifhGujZcY1YX+nKakFCZmyzXNAkG2Y7VVwH4r693CoQMVkCuP0W2IrVQSnWo46NyxMmHH",
-	"916b8uN7HEsL/b7tTJYLaOQu1kuLggppMifrHCqjScws3LYaU9FcDtKNGyseH5z5Uh38Spjz3ULbQNFQ",
-	"f6+GxV3DIbc8wp/oD7kDe7K3sXlh09TMZ6M9unpNN5mkaWiXHo9O9rG8fZ0EAN++MJTy/1/DeCscKUia",
-	"UvJ57a5qmQYmtDNx0Yamler5YfR4PzxndWM7tMPsSSpH+HMHq+qfF0br+u574HWgbCJbRSzqQ+CBdlTN",
-	"uzOL/4smdAVzVUH57erAB6WCaHFYm1dJGFiL4lI4DE+5RtPQMHKnpUVkRTnYzlSTpVSYE2bLjs2LzKPM",
-	"+T7thWSzTwR4KTstiwWt6MZfbQZ455BPhYmP0a662GXf7kKz2bmFzoLOsdA2gqy64lC0ARULV5JQ1cZw",
-	"KgGwr0FXDv+m2ZW99gu6Up4aw4QlSDYiMyquXf6RqyDri06XGfZlSbPxcIwG9UoaG/bMx2X4jB4woYOh",
-	"OkdRc6jWqnWVneYyy+S6LwWx0l3ZGidABE6Qh9byL3/7r4N7wuHoBVQQRzycYJQW76A5yL9Y+HlSgzqw",
-	"7gwVVRPsa5n0QQ/hsW12Uy1PvY15BM155tG6rkYL97sHbgf0UrWVCx+QoBAr/A9WbOmJ3pw5tL5pSleA",
-	"TeDHF6AwaEVSuaRArMk1vYI8wYzmTGGGo2uOkgUVacZyqAoyqCT1gT72/v8LAAD//w==",
+	"7L3tchtHkjZ6KxWYPWEQ04AAkJREMCZO0LI81mtZ0krUemYNL7vQXSDabFTBXd0EYVsR/vVewLt7C2dv",
+	"4fzfS/GVnKjMrOrqD4AgRXnm7M78GIsAuro+svI7n/y5E6nlSkkhc92Z/NxZCB6LDP75IhbLlcqFjDav",
+	"izxSS2E+jYWOsmSVJ0p2Jp1vFzxn+UIwLbJrkbE4idk6yRcsXySaZeLHQuj8M81Cb7D+12ITBoxrePBK",
+	"bD4zv4xUFjO9UGsRsySfyvVCSPgBDcKilCdLEduHJiyUYh2yrv+m+o8YlzHLOAw0lWolMm4mfhCwMBOr",
+	"lG9EDCMIpnOViZhxqdciY2rOuGSCZ2kiMjs4PqWLJTwk1UzFG7YQaTyVZgQ3OuPzXGSMszzjUidC5mzO",
+	"k7TIxCmrTpZnWQLLZUqyeaaWLMlxL65FtpnKlUokvDbnV0JemE9puqngWrRPky14zFK+0iIO3FSijOsF",
+	"UxnjU6lznqa1qeRKXbHqKszbcP9wzSyBqSTyYpWpy0xoHbKuVkuhpJjKhUpjzThNLDdkseCaSZXTXCYs",
+	"PBqehGaIZaKXPI8WtBZzTmuu2TzJdM4KLWI2V9lUcqnyRbkuM8B4HB6YVYSx4OYQtMgZ10kszBNmL3D6",
+	"KrNvG7DXkgmzm3S0U5krxs07RewtFiacCR4tiHiAkE4Zn2lzfuZQ4XHNLpNrIdlMzFUmzMl1uXnVMAym",
+	"MjwajsLA/HkE/xkdwn/GJ+FgMDgI2HqRRAuzQ9fCEWghc1WYtw7YKzNPIsQJ4wwpdCo132iPXgfs+c1K",
+	"mV3KFZtlaq3NtPJFporLBQvPokho3X+mZJ6ptI+/7X+F1zocTGUn6IgbvlylojPpSLHuBB0dLcSSm9st",
+	"ZLHsTL6jz+074Z9ABJ2gU9JiJ+h41NAJOvZgO0HHHFDn+6CTb1bmPTrPEnnZ+fAhKNlK/tYO32ArYZ4V",
+	"ImTEA4BO9UpJLViCXIOuq0K+tOUiECMSTPOlmMoWHmQXyGabHGnI/MM/drgTWXKZSJ66WfhHMJUfewZm",
+	"ra2HAF+07uFLFXHcqvrOnS8EW/F8YbYE6DgTPBdwiVWRRSJgYnA5YOGj69EjlZn5mP9cPPnqx/Hy65Ob",
+	"fz5avTy8/tc8HLB3uMVmE5HBuTNApkA7B5uc5DupcirvuCW3zA7o8cciyQztmF3yd6+5W29Fnm3ODCds",
+	"7tdXas1SJS/NtNc8ye3NzswzibysElFTjg3Y2y+fsZPRaMh4mqq1nkqRANtaL1Rq5GKkZKwZsqevzs/f",
+	"9GOeW0lAUpOna3PHtTC/rDwXsFmRG6a9ytTNhiUgJgxlzg3vWfINPMQ4M4MGTCsWpUbiaCNKizRmPIrE",
+	"KmczlS8GU/mAnGN8p0P4EHRWPONLkZNy8WzBs0vxIm6n4Ai+/UyzJGbdMFpc/Pbrf4YHg8oEosXF4cvV",
+	"U/3F8fWraHz17Y9PBDCkzqRjLkAn6Ei+xB+awS6SeOeMl/zmpZCX+aIzGR8fG14m7d8jM/k8F5kZ+9++",
+	"O+v/K+//NOyfXHz/x3/q7GRx0eZrsWku8RVfCs2UFCxVl0nE01ISwRmSNMqzxPwMjtpwXSbmcxEZthSJ",
+	"AfuzkOYZwTibZ0IvgqksZPJjgXJlZbQYJ966nL1//+ILdn1kGGgSC54ewDUG6jHU3esZ+u71zMNBnXMa",
+	"TScw3BAlKdwNZDA8L98ymMqp7PXebWTObwa9Hjtj7/KsiPLC8JEvE5HGDDeJdc2leXpyNDoIWDIQAycO",
+	"E8liVcxSwX4sVC70pMm2J2zaeSqGhydPnor+0TA+7h8diqf9WXRy2H/89OSIHz+ZnxyOj6adcMDO2Ixn",
+	"gl3ztBCwKlXkNHQwlVybGSYrUd4asx9JHphtwqsDt0XBZkk4tvputU5xnwmGA3Zul51rkc7NS0e//frv",
+	"4+Njc+ETmXOzE2fvnr14AVeCR+b6sG44vBkPw99+/fdwePPkudGpIq5FXwupkzy5FgGLVCHN1FH/M1Mu",
+	"j2Iq8SxwG2BlQkd8Zf4NnG+prkV8Ck+hOUD7R7M0XMdwOGSUM8GKlWEox6PxVPqzHB8f08CxN/uAGS2L",
+	"hdPptBOCLjedTqdhwBIJily+VjSzgwH7JtE6kZfBVIrlKt8EcBSGXQeMyw1D/dCNHZjhvFlnYoXCT0mm",
+	"DenylKWJFHqCKttUdsOkPLmLK7G5WOIbQ/aINb5L5DVPk9jst9FrUQexVB+plTBE/7XYaDYTVqaADOZp",
+	"KjLWPXvzwpz2wYRZ1Ra/AT4nZA6cAMjBnIq5zplISXob88ijF81mqpCxfUNpaM0TeSkyIB7WXYp8oeIA",
+	"FQIu46mMuFQS3vO/3r1+xczFPjhlmSjMog2fAT2axcl8LjKjAlldykwJFXBa8FthVDjDXNaJjNXarP28",
+	"NAQzsRTLmaEDULZh3F6P52Ag5Gx8xBaqyHSv5+yeqXQGAJttWCzmvEhzo+PDgFrkuZlj+OKL59+8eX3+",
+	"/NWzv158/fyvF2+fnz9/df7i9Suj7X+b5IsEtTaclpGdyK8cTzPTQfWlVZfslrc571sVdcJAIzVKPDc2",
+	"GhkoLJF9q/8CP++C2cH+yEJQOvqgdZjHVEZ2lDlalshcZFmxQuIUA9brndmbOpU4816PjhYsY6MsrMUq",
+	"D+C+8tJwQ1FRaKFLJmo2fZZxGfelWHt2L/26kJrxS57IAftaiFWdqzszyjzx26//wTaqyOjrhcqSn/Dj",
+	"qVyLNHXX1u04zlAKpAJzmiUFWLr3ZUYp1EExMPza/FcXyyXPNp1J53PHwQOPBYM6diU2naAD33Ume0mF",
+	"zofASGpihdUXbZVWq0zMRZaJ+MB7275SCDQCUEuQLZWKSU1q7KueHI/GdfWkxUJIlknerlwtlbnPuVhq",
+	"wz4ykReZoUig3xW/FAEbmS9Gw2FF4RoNaRk/FiLblKtI4U3+XOnq4iNLfpMsjT0zGg5h2vSXm7S5C5ci",
+	"g1m/Njr/NqUQDAKrExqzoEUp3GIttGiFMNrvqRS+4RtV5NsWt4Jv7epWqm1xK3VxdPXjk+X45iSfHcr1",
+	"T483YrS4jp5mcfsacdDfb5EfwE8ARiLc5c95/Bb5lPkrUtLwVPNPvlqlCZqwj1aZmqVi+ccfNNqzPjPY",
+	"IoGr1/Ybns5VthQxa14ouqzm5TEQ25YBg04scp6kdBq1gdiy0MYyZKO+UWq2q2YBI79BJMzR6Zznhe5M",
+	"jgzp50me1m49qbx2CrSdizxf6cmjRyu+WRqldEA7YndKP/JW0b8Sm74dAjhNu0JT3bJXqrFEJZtusT02",
+	"0A5f2cBEexKECA/kXv2lyBH33qryZffeKjsEMmXYtouspFFP6qh4w2aZ4Fckb/C+tOxIbZQaKVlBjd5i",
+	"rtnYnjibGyGj4Y5nmTJ28Xc/d+DDzqTziC+NDt8JOkuhNb80r7JkSBrEJXmqrVI16nwIvAGiIsvMuluH",
+	"MMxezVmh44CJIgvY5WwVsB9Wm4BFi7kxKOKA8SLufPjebJTOuYyqnpmth0arK/dj/8PCR/v2UeAoJaP6",
+	"p0zMO5POHx6VIYtH+K1+9AbHwEea7NVTY+klE8bZ0nEOlVniYs5PYT5EAg2MPmXOD/SnBNzaU2k06ACO",
+	"tJBXUq0lHah5rkE4rBvWCCX0zGw1nwsZJ/LSKMEwRiJZiFQRHpwylYH5Xbue2szLTnu7KXPAjLJarrW7",
+	"3bBp8289W4joSsTWMVYqmVNJ0ZYJ6/VKg6jXAx/GPLmphG/QaVhRxK0KZ5TAD0HnmZLzNInuISu824hi",
+	"Xar8IjIUmxo27V9J0DBYm5pgznXFkxhmGnFpVjQzxpsZxtjDmZgX4B3Q5J8yum8ueFzlXyflVcCXmYEq",
+	"k9n7PsBi+lLlfe/5h7sS6BH+TDPkFOYAeS5YrAQGbsChWY0KkfuY407B/Mq9AvMSNgsVtMZBGAvtCwVj",
+	"AylMYHCKua2TNMW9WnB5KSxRZErr1+CA/yi6iMw4F+jJ9+nhjME3ffzGUSsYpdw6SRlEIOaFFrWzPizP",
+	"+lnbMPTQXc7cn86DnPWZWwXoJuB3puUZbR8tPjLLcPbd0N+tMDDmOBjo4TsR9b8UebTov0tyge4bPJyQ",
+	"WKULc0nFyN/BlvxKaKb5XEzsS7ncGAkUcQnmqWQReKthGutEC6ZX6NdeFbM00Qtk0WSpG5bBXilj6V9C",
+	"5DAGGxonolma6FzEU0l+APQffKZZ+Oz123cXZy9fvv72+RcXr9+++POLV+9C8HkBpZs7bv2AwOjNN0DZ",
+	"1lWuhYyn0jr4ycsE9rj5JVm8SCZIvVVH8Av5XouPouIm474otKjScy36leiG1pVopnNz22YCBF6mIqHN",
+	"pBk4LTynoefEYLFIeRvz3sb8mnouw7l+hJrbNyM8zKVoblND9rFqUFtJcMQ3Q9ttfkQ8mfAAvSFJDpkR",
+	"5pF5IhO9YEScc7F2IaJKQH7NEyDiucooP6Ck5QF7rwuephvr/XG6DR7rWmVXibycgKhSawlkKcUa9RFY",
+	"zFSuF0kKAWzzaz1gLzBeiD+PE8PDKW1AxPTegwBGxN2ApWtiDSKdw0Ym5jpLm57QHQ3t4g4mhiGQKy/i",
+	"kuUiTRln2kgYfCfxpFhw8ImBg1crJc16Xxl9i/ytVdcag+g4BIq5NqtGz5bZjEKLeZFO2MiwjnEZUcOL",
+	"mnIkcsOByowKZEOwtgH7a+n3Qq9f5RTwRQH4tdzOfaZJnAWgdOXA+SCTwtiE5f4DBSH1eDkWuipsB+yN",
+	"SlOzJtwH0LkWPFumQutTJIt0wy5Frh0LB//jgJ1R3kd4PDwMvdcabokZDMUK1LTStzeVrZMw5gXM3So7",
+	"4LFrTxPqe3lCbReTnnrUkllkw7R9F6fdNYAX0f3QDLi9FSB0H5LRZoLkeNXKrXNWs702gaXVjd598/rd",
+	"OSuNKGQ/9vDAHV9hqOPxdobq5nRvhkojPIxG2cpBzYbwNBM83uzemN9+/Y/KNmDQYiqNYQZRjBazBadv",
+	"lMpXzvqA0ExFMUAO7Odx+B5xwyckh7iq4S1V7RSd11KsSwc2/FVzXz/8ZQCalrnIJE+fGyvw44iZRroA",
+	"g7KiLUhWSHGzgtUz+JqpCMyBiqZ7XDXwcThmh7uDfY9P9vHJBxHkLSswpra/YkoDa2Z9rRdKCyZuRFTA",
+	"3wseT+VMXBYyQGkMkZQ55P5QeMgIVZS0lC9YpsIElCuzI35USgunPrHnqRbrhcBsMvQtlKHFT8RqW2a4",
+	"90Bl2hYcxyuVf6kK+XHs1piJcxjFI85XigzMNmu9qnYeldRpWIEdam/CNCY2PvQQNPlKMV1EC2dh06En",
+	"2kWCQ7fg8ACN4CRGVgSOJAgXYgxZQ4pZNV7s8zsyNN7wTap4fK7US55dfpyRQSz5IlfqIoXRdrk0xU0k",
+	"REyuruQnwSAeVDmekWcmvy0TTpkdfO9johf3c6X6+PBD+wdhSYnGqaF6WDUiYXWsGzY2qSqGBqjQwG8w",
+	"gwoiivpBDwiv5gV6DG8/LqNyPh1asxUSITDJA9eUaPb4qHJuh6PmudHT5KX8qFPEofo41Cc8U7PupcpE",
+	"ZeX1o6VsH21suVv2l0665n3oUqKcJZ1EQi5p+aKpxH3GHBvwEhjryUzhq/PzN3YeaE2Rb5izVcoT2c/F",
+	"Tc7Co8NRODjAC0/ncZ4shSryh7nvNNYW8rEGLM+y5FqQucdGQ31qs6acRcR1Xo/qPG1hAe59d2cA9OgD",
+	"k0pA919GaREbgd6+5gpDMLqtXYpPPPRReMpKK9jLazmYME7eJtg+TL/RFGZQCizjFHhRZAZW83mpyEZK",
+	"ShFZ/TVKFThvSu4zqZ7IVo/7O5FdJ5F4L/k1T9C7fL84LbmQVHZRVMcq42kQ5LY/KzcWfb9mU5OlaImu",
+	"tY9cI9GIZ/Gtg1vvVnUzahbLac34Bac02sVVfdgTaW/ci6tT3Juq3cz7/gAQ+8ID2r2rMc/5jGNufCGh",
+	"iIFmUN/MtuFqW7llsK2LJxK679JpRrWFP4yHLxYrIWMwly1FXJpbzM0dTGSSC+ergYwlYumo7i/4aiWk",
+	"uVa9HhRmWP9TrzchnxC6SWveKOtkclTmUkWbxrGSjE9lzShxDkOXLpZXqoIYFAWxbpJ7ERNI8g9sWEpl",
+	"U0nBqnydROIAUvb6LGy9TCHr4nOarBnzoCa1tLxUOdRVqSI3uumcJymUF8l4KhneGUqfIwtmI3IGuuwA",
+	"3txCeSHrQg6nK8qaVEqmHCFS7RTrcpYqnZv3lfwvYNyw4oSnyU94Y+nnB6dme8NH4Hr4KQxgjtuI++/R",
+	"pXWu1DdcbkhY6o+T8DwXF6B9tPiwbJQGokNLDPFyI9iHVixqyCZH0j6tEH9rjKDqwPIiAudKsaU5czvu",
+	"nUQ/z0XfruHBPFZkkJVrd0uGTYCLx3OrImOFh9H+vQ0NkXDVlZBTOSuiK5HDfuHQmDbPo4Xz3ddVxwrz",
+	"KT0LhYxtPmhL4ZJWkAO6jQ1BimdVknWVNJyAnaEpOZUu99gt2ca7nDusfi8+gpzfS17kkD36kZ7Zwh/I",
+	"o+V3GC/E3BNL01yzz87o5/CCCftc8ExkbFoMh4fRldjAP8RnVW3VM3zeV9+3N71W5vlQeqpdV6Jd3ofK",
+	"yGMZqUuZaIi9++9utVaqx/rtt9/2zS5hCnou2jMUefkLQ08wY8FyxQotqnmKuMWdnfVAQBK6WK1Ulov4",
+	"GxEn/Bx+81Gk4Qa8WJoRL+C1dSLJ6/Y+18x/kXlB1X9x7JODeweDdzB6xx0Iw43QhxH68OhDkYj1YIAb",
+	"0bA1rllYX14IRNK2WzU3hrET3MwopzPFVLA6jUC0bIbfBsgBKQHNbOYqM6woT9BeqGizLRXlmLiqMVLI",
+	"rwxbWjfHhBzm27aL5nuG2XQf3EHxLOMb8/cKra/mTN6iJgT82U7IxjKgCBZDlqGn0VTSBlCR3Ij8oeb6",
+	"wc/i/a7jK9x2EWW1qJr9ICIYpDpqY5lnkmGqoc0B33FsW4Z4gTaxffAzw50k2ENJfkrxVikueZ5cV1nF",
+	"4dHJSdCZq2zJcwxUPD7qNDPDg47LZbxlB5/Z39U3y0uGpFW0bRVWJbbvUZ6L5So3DG/FN1AkkaGExvLJ",
+	"vGGH7r9/wF7xDFAVjwObINC6p1g3b/Ph8clqrvjoZN+NxfrgC55XeGpnPBwf90ej/vjkfDycHI4nR6N/",
+	"7XgjxkYdI5u9xtzvc1pBh/T2C+TlTa6wYZyFaHeE1tDBP3E33LZ/plksojQxlKxiV/CcSF3M50lkjIsL",
+	"uNiQWOkSjkJZpGloNtH8A3kTZso3lpe05PC/XvEfC8GSOGCrTMyTGxGzMFpchPsUrTbe4IoTthdCUEAB",
+	"N2LFN3qvQojGm0hOXWCQdWttwhIUZAzEEonWahOWF4b6L64TzdveY4Vpo9KfOFfIMCGlfpTWh4MCDdNs",
+	"4bztfUw0JGckWG43EzaNIT4Am0+yUBdRJERs6EZljoao8ohK7S3/DDru1x2kSQEwBuVC/e+bRR4+y4Gc",
+	"fq/MxCV0e7yItqVxDrX7ULmnrYwLvkb25ZVc8DhOzEbz9I3HiOY81aLpL7HeA0oEIu4yL9KUWEyTod2D",
+	"enJFL8JqxtxoYaWXwRwwWC5aTKZyKn+pP/4L+EXSnP1ivuz3+4z+3/wZ+lQYsl8YHZaufb0EB7X5544f",
+	"4Sy/QFYCPyS2glAm4zBgIX0ChxSy8FJIkSXRBX0c1kb0WdCXwIH2GbSFcZlxp/JLqI/EfdEUWUbMAlWU",
+	"5ePo00Hf0bYtnYkFv06M/rZzV+cpv9qYOVc9Q4ZS0drEAk66mdrmeqi11Hkm+BKRXjCuER7f3IR0Q+0B",
+	"TNhGFexS5JS2BMOdbssar03O+tsb0yvTmSvu4Am+JHCOK5vEX8g8SZ11TeF6s4MySlJRlnEmeW0GGc/F",
+	"S/IJNGZh4WMADgYXUzHZaToNivkyTS4X+a7xhich6/J20JP65mN+YFZImcjLA1s9XDk2ty+otnFLoPue",
+	"Q6p0/paKwJrTtp5Gpy3NCnRvlnzeDECTOKW9R/why/HniaR4s9FWxU2igfsT+/qlyterYqnJALwPqxfe",
+	"+6Jxb73v4E54f5dBrRayqIyJJ+t95O9cVebsFq41sVPjydulBVQn3FdYQBpURsVbd9Zy1fp2FTc0OmzI",
+	"/sRGJ4OTk73UW1drekL/211wej9FtbKo+hq/zISRaTdYSA/JlYanQP2wAMOYwBKGQ69s8NSCuYAzX8mc",
+	"J5K9ev+Sdd//cTgcDg8sONSqyPHayAKL6xciqzlfzteKCb3KzH3TVCweZSrRmmM1mVdIPBxW6zv/bTq9",
+	"GQ6/7/3TrUTW1GW20xkWvt6X0NDyRlMb9tOZvdbZcC8KJDNOFfluOqySHezY34zs8kR6qE9UY92Z8Quj",
+	"RF2oq05z90C9mnF5xXgEmCATFpYPEACbDUmXFVCUPawXKsvRqX86le5BDDiHJPhRltHw9rvT8jWkNWAR",
+	"SEUaTCVxfcpS9qWRc0rbhDmIDM1FhlP+Qc2shnPgvUunah3atOtcoKTXjGuH8YSRfO+RUsS2zNCKJZCy",
+	"U/kQYtZlAtMyppLrK8JjwKR0lHpE9yiFcaexFuCgarlUjr96Qt4HVkz5G+X96aRRRexUhn44foB+tfvy",
+	"AwpsqrmhT2uLOZMCHLzhzx9ChDaAnwK8BTrAqV5iyROp6Wsb3b4PB8ERSgaCGkg7H2Ff4C2b1OdjDNb6",
+	"hGylAS2rCr31IEzoQ9vxeGypvu2pWousH3Et2It3r9nRePTELRT8LMih4UY4B3ma6HzA0PGocZcS7R6b",
+	"Sp4JW8gMXxtF0FcBIqjFMmQfFjo2tpEoMvOfy9nK/CdazOE/HL7jRRyeTiXip22ExAd/WG1CW5OGZTtS",
+	"1K5Qoc1VEUXWCTqXs1Un6PywMpclWszN/3Mw3ouaHwAfavg5nl+LNrp5p4w65kjQZhcYIkIlAQ5BB2yd",
+	"JblhXDbNyHAXYH0c830INRVrJKdml/BFMzL1YpEm1wJSk21ZOFae0IvWYrZQ6ooJGUMiAe5Elfj39wmO",
+	"9/cJxjzn2y87etqady0h/zsnGrLOCdwuoytFIpMWrcpCDmHmByQAQEyjIsTLy41aZAkPt809V4prOvXS",
+	"PdfuZ2u7XHs7DcV1fhEadhEXGLQR9lABDc7ckqrGZx54/C+zw+jV0+U//zS6eZsfb9pOIKf4miV7VN+N",
+	"wO/YXRj43i36iJxght8b9lT5CQopOwb91eY1q7xrD7cZBdU8SiQKahMrcOdeJrotuOFqXIX5EVR/raHA",
+	"1wjjJt+3VLpXuAbvektIacH1xVJlrX5sAYnckGuAU2JzlaZqfcpWXFOFnrm1YRKHELvTOc+MgXvBMbaf",
+	"K3CR5AuxHJSbOVMqFVw2dhMW5M2obf8gNdmVmdRIVIoqXgVKXtJimhtI6BMt6ybsACzRSPSEccQgAzYE",
+	"fpkqmBlGMrshAWEgiBa6ufhUtqI0GPkhOWB4QXKGkQr13ImDBtao010aN8bBZrQGKRPN1pmyEKFJTnNj",
+	"K5FRBLl8ya3IHbfdCtzXckpt5/iV4Kmx635ur/Yv0hwPbwG/M1rurEX12eqpN/YCFFri85tawOF2JZFG",
+	"bpt6vYAvUtkWd7KXeAvAaGpusUxAviXVIjndotqhG6l99LmQEYYSroScsHAUOgME1XdXLGS0vigTSwE4",
+	"i5DhY0Qf4BDfrBLAWcSay0RTuFhB/s9zyOIzcr70tfvlaJGSVkIit6dsnxUvoNZYpVB1Ts6wiEuyEczo",
+	"OCoUqUHJqYB9Midfo/rRrSZqRQdoXGbJ2pG7qzTRVBiG+ysMuIu6dQZhOb2QrdJCE+OoQhKyroUZ9BOv",
+	"bXEs6KIlwt5ULvnGXNFWmD2LkFiB2GspBWyu/XB4j7VftaHGEvhj4HBMG3h1iJtZPYO9QPFappCq6ErE",
+	"F+ANbyOBJCVad8VzUCyfu0kaIinLxek0WdcmDvLc+diXfIM2O9CwsechFotDSNV4R0LU3LqXt0ZvbTDk",
+	"AgRP+zaDBF4tEMrev59GC0hFDuEaEMwitlEMZP6oNE1lSGolEWrIuiqjn5BZGuJ/3S9cvBIRAgDp/cw6",
+	"v/2S1UjJPJGFIBgPcAHWiM8O0WldPxYo7IrZQUEKhYeIR5WAk62I/YYmq4T35vW7813vB6i6W/HL7/za",
+	"W6DDH1EEon1m6Hy/2CYC3dbgD+wcKWPTPg7Ve46EzT0BTASX2lmZ73g42kqzHjveKpQr7RjKELoHv1ZI",
+	"QKRCBAMIkVuiOmWho+eQivxzPZVeKjctrWvxUi1aZG5uKTZhoIsOJ7O1H8NUdnOb/Wvjg7BPAKtA70O3",
+	"WSEzoVV6jSYsqIzSUSEy9pr9Xm1C4JbkdSHwEjC8b3drK4gt6gL0NbYROD2icaNqJN6kqxpzrZk5ntxr",
+	"05ReivhSZGfobm0hCD+/fo1cllyJNpnuIGBl1kU3a8lyQ+9TYogGXOQHARTil/UD5DheqyyFmgBz5LVD",
+	"cb81W9WeqVaeSkvtSHktccXPZZ5t2u2TpboGPcwQyVJJYcR4vhZGSVkrpxmSh1rbWAq6UGKke3K7PFTK",
+	"GwH6rxTicX+61KzRZHg0GQ0/cWpWppYXvKS4Xc9VyfMufo9U1JOlUnHxZPHjeHnUinfaTJqCO7I1awoZ",
+	"f+AcyJm9F4gCgIST5EBNupm1tR14teloUffcrdYEIreq9gyiyuFU3n1r0pB3sW7znqTwUyYkhFwe1Ivi",
+	"X++P8KXgzP72zhSIqu/KssUOV9VU2wDjbjMjHBGf2XwLnjat50VqAwGfJtb+STNHR5Phk0/LnnYG5KGm",
+	"sfyEwI841cyBHe+0tbsF0h8uTdToqeH90jdvT6u06UwUnHLJbt3QkBy203L5fuB/KDEc7T/BaYa/h40o",
+	"v4Bkd0h035ZPaf3L9EQtscX9bA+fcBv381ftKWu3MD64o7exPDQiHpTVIW+4P5MjzKi/OY/DjI7mZL8B",
+	"GQpVJ2W+BmVpQPC9kopwH2728cka99WzRsPJ8PCTM7JqikejtsfbPZAYVaaxK15/W4L9l+CacAn2qBoF",
+	"bL3Y2AT6RobHp82dX6k6T9wNf38P1ti1HX5Oqxkmtn6ZzDhIJTeGNhYn52Gt4ABg+Zbq2voHQZN03hzk",
+	"mn7iOTuzhQsO9J9ENVrX2gZrp7KZ67SFy5azK1luWxzuIRiuo1GP4d4tWx35x20MmKzRB+XAxLnuz4Kt",
+	"ify358FUBtimaUJLuqPjJ4yKDhkWQGqKmwfthYF+gSWGPbAxDETsAEIAo+no/NbYAeH92xdQl3eVoJMG",
+	"fjyZyvD2QkgswYXcEYigQcWzjlQmNGKqRYiQs9isFkJqLNQNkR3t9YKIZ3E/dgn8kA4CebTuswELMcse",
+	"QwFTCfkW2Iwpx8JQSoJb8miRSNHPBMcMHbw4p9BnJ1rYSI1hHZB2kOQp4CNPZYib75JQQGMy1qdQqxSr",
+	"v5d846FeN9IxWhk2dHKpTwqDq+aBgZ/fUi1hbjYs2N7UYXu/jK1QxFuhM+tfgHMuaIUbux3hqgZp0MQw",
+	"2loMXEMC96Hn0IEHoOWECO2SPRqI8uXHK76hzyrE5TIo4EdlbpfLpLgg6DRKPIeT8Uo9iOMjObRi4NiD",
+	"1Mml5HmR4Wc1rMc2zJeqR7Q26WbmjleP0q441G5V0KjiygTXDjy+taLFjFIvn6mK/+ZT7ZPFUu+mWFkU",
+	"Sy69q3KzSrmkVsdzjAYS9CXlFHumoK1WgAJ6WqYF70q0LjANvhnCpLYerXvWbAcBozV6g+wl17wUjhbZ",
+	"Vvbv2D/cwnPSUh4svLJvVAUkgj0S13LXn8XRcNymyFONfvPogYUHdQogFCW79IoEqy76mTn7XVfEplY1",
+	"XlwKScmXLoC8/U13FGq+OVJkSd/VGdyq4FnUAtgy33I2l3yLvoHX2WU47p/JdyYx1wn1Dro3tWJpSN01",
+	"1q0RhjyOXTIfoGcbvg55EFSlNZWuvWAJ34/ISZeyxE5tzWvckdDgFSpR32SIP5m5g+X5XiY3FuOpamw+",
+	"eXx0dPT08PF4L5PT6qy34Dx4G/6FeWKL/XRe47a410l86icOmn2Ky5zCuC2TcCWu84uj85+eXv3zePn5",
+	"4/WrUfSX684tzeaaiYWfOJewZfg7ZxTuSids2fg75636x7E18OBoCzTqmVnvJ3aJnNwDbqElO+K2XPAq",
+	"VW3JlN5HrfCpBhRoj3X4sviezoiybONia8aNV9pRyy0rW3gnkaDmKqrGRroKfRv4BbTxxm9KMEcwOVxv",
+	"ZZvXZdPaHDoa1IiV7S9TFfEU++0C4pulrhaaquWG8Ggp+u2Jzrfc89s9SGHl2non5nwrFrKh1ad0cG8X",
+	"Uv3OqbVkSexy97ZdwRr7ixYXJ19eHi7+15Orl+Mfvz0Wb/Pbd2WXWuNPibQb1y6CTHHciC0YBZ2PQB6o",
+	"EXewK/0SS3K2OXTRLSVi26KjUXZzn7AUHoXYs3rm9vqXFiZWJvZvjwe7edwLp2PPEP14MjrZ33W8t4s0",
+	"a0TMM3Fx/JfNiL99enm+PJz9i3y8+MRgHLeAbPweEBt+f3/nstw3FISUf5sr0obPPrNFWjpgKo0fyitJ",
+	"1+/+XkmbxPM390p+i+VFZ9HVlssfGaqBbAKbscM9cQmSq2UzrdbaQrLQVwGT0DzZF7MFjx1a10wIWba5",
+	"Oq20CKE0oMo9otLD+n5AEphIrttMiDPM+KHp/Pbrf1QlseZzkW4o1bj2toqY27b57s2BtxvNEwDM4KjI",
+	"knzzDgD6sKc2APKdFW0Jl2eyigBq6GQvyMRwwF7k5CudJw7TARsc5EJyCaWqX4ilgkz8CQv1FQaojAoS",
+	"si79OIQ/DzCybH9ymaqZuPF+RB9QlhmiD5r9sliDHv4eQuMlcq4snCDHrpLUFvkNGddlWb7V4jotMMJ6",
+	"ydPUYqYgXKo53l4P3SC9XsB6PXJ79HpYyKtzwzIqBq75FV1T8wgg5/Z6FE6wbfDzhYv0wEsSSU5jVA6h",
+	"P2MfKBZgXvyyAUNh1M8724C3/pXIobeXtQK9dPZqbSBBSHIAOLWZ74RNDo4grKKmHELofQrtu2BqA/b8",
+	"hkd5uunDWD0B4KHQuz7DjqGRWtpc5Xxt9OAE21pcAgObVPvNY0VsoktlO2+bkUW3SfIBAyDXWEXFki4b",
+	"QaTnGY8Qh2Gm8gVb8PRaaNiZP/yBnVXQLM2HWJcRProehW6fIp4RiI4PKcoZUh1ViUBkJAynsv3a+ERP",
+	"P5zKc1tHUL0+vR6Se69XXiF2vlYsNrcIv9MIeYJQzOi6mqmbyVSGdK2q14zulbtP9Rt2cOrn6UKSqF4n",
+	"eQTV7Uum5vPBVJ7Zi42lJloIHTCbEwwRhzRNYlFrZ+UQZm0qBd2SwAnRqaQaONWs3JkwrZYCIF5SLbAz",
+	"uod6cxTWTKhGpddUuh4L63LzyIRaK0g0TsEVgmxZD9iZD6tqAYE80FVu3jwKMRj2COugfgqDEmfaTamU",
+	"abbiths+on96iO8uKpToqfQQVnHeSa5Z6NwR/XfWz2+bbdqebAdMChF7LTctlfstw6KUay10SerlpQO+",
+	"orGzrfmVrcX2E6fAt4YyNrzpe4cVMnGTC6kNzSO+FI7xS+N3v7Cl4NLs7i9sodaOWzVQp+oIVMDbfmGh",
+	"+a8Z5q3gsT4l0a2tOB/AN2a8eSZEuhngw7Bl0C2xZClmMPrcjPeFwvYLCJduWOM1XUigLGyLC9i59Dtg",
+	"dV2MBwGnp5QpIPQJJbLbTwMWjodDBFYFQpKg3Nan68COwN/tlXWXvh3q0EsLQ+D4X1gI/zDrQHwFDRcH",
+	"NRxwE5iteAVJX1w2rwm+FyrHAltm8ZmulAaQ6equW7XewTB4aCCDOY1etXq5xCYcPvS+KtcRABVhWzGQ",
+	"IG5hffuFWeE3ypwM5uruQN7cuVyoiAA2Hi14IrEQUy2TCCt+iIlV8fY1MhstLPSUBxGyy0UUi8xobWU6",
+	"lHbY3Qhq5ZX1uEo+skyBGG/ZwtMaDDi17GSqbP5o8crWrgS3gvdlTnO1AnLccRhZIXHLflCz8mR+UDNz",
+	"KGeArtInvBP7SNcWHhzcTn1W3kI/S+rEw6jC4Ao7EUCxHflMDG8yE6kRZDgejtkZ5fSE28nSKhRmCCvh",
+	"ExCot+y2ZzCRzBkPx+EpW6k0Rc74UqFCUZaNtt3cih/+Fxb6f5sNfSFnipBLgPTqfvvStDCmnZk0VsYC",
+	"ZHwmSN/Tp8w9RnGS0vqqBksQUPAPf4BxWvrggrQxP3lLJknpsCTuEzRvK+gdHqF4fU3/LKQAXH1zMvNM",
+	"6AVs78q8pNdL1WUS8bR8wKhDnL1//+ILdn3EUDnk6YG7kqgTOkA6NzeC8JtjxeBU9mF90BUFpXmjghL9",
+	"DKz79stn7OnJ0ehgMpWssSMTNt2rrnLaMaoCY2dsZrYfX2yrN7FYMzDX6l2eJSvhmk9T854A5kjkDD2B",
+	"oFOAdQGbgX3inLRMc59JhgO7MaDkYDPfRLPRb7/++/j4mK2yRGIY8+zdsxcvPNgy1g2HN+Nh+Nuv/x4O",
+	"b548J10Tcoi16GujFED5C+yBZIbdbLA6lAPLwBrlAFr9kspoBw9sXjJpOplYCUv+2pwuT82o2MvLamZD",
+	"XMvXYoP0riO1QpCV0jadIBu2rBYV13a9deBdCtcYPjHThj0x335r2QSsymsnBiyJukfaB2pB9gl799VZ",
+	"f3z82H7e62ECirEP4YCNfZgvjFFJjM7YB1JJuB0AnjBT8cbcDuSMoDczDUkvgVEOk0uZzJOIy9yombnQ",
+	"Kx4BQu5SXYv4YMDeij7oLIbo4WGIJPQTCXYJxastpLxje7QA0sCg6bK7VVNjIJqBsWCa+6CfZdvXssUr",
+	"Kzu80jGOx2FbR23b7RUMYwtOqZMUmCtWSjjbELIo7XHSbJ3/coDmV8bXVbB8i3jvztzakNZgo6NFo9qi",
+	"GZHK5+vu7Lf//X/YimdUPWw2wHwCiR3ma1/i/fa//4855yjlybLXc7/vQmMQ1EoSqUWWn7L1QsGq8W8U",
+	"WWvq8+FKpA/gVfinGKA+rpO8QB3jl1Jp+4UW/H9v0b5JGSgNorYGqr/grWPhlgwyI8yk8gbj6VxlSwgA",
+	"GWYQYAdBJS8DNuOxx1uC8sYjBzjY/jLKmfFf5nqiUzpN1xIcoYbowJl3mGnjD19LzEHqRfATm0hZvslK",
+	"ncCjbv/Od9tIHd82Hrcshsi89Q1VBDm0MhLwbELxK6GtEpn2elDy2+sRbpwRoV67eeTV1qAmCBPdrGW2",
+	"3W3BqYyqjxk3IOTZbY3v7ZXH7Mlqd5rbl+ZsD7uk+qx6vdkmxzxK849eD7iCs9YKo2abP3DzUVd7hn1F",
+	"+ueQxPrIV9bMwwAjsaN3L/sFfrZ73tQvv1sHPoAT9w7HawxvjqHXs1q6cwNW7Y9er/31ZRumBvjFL4xD",
+	"cmrcr+BUUO+A1Ho9DPu7VFIclC8wDAlyyTSboQsPxKdhUa65hW2GRuZMpLIMWzBvQwkGrjlh8+QG++1j",
+	"5xWrwNlWhQPmXo1LK7EfZuKSy7LeyFaNaxKPPBO2RVulKzNLkythg5YaYIciL52LdQF2+8CoJDMjsoTW",
+	"/axIgfvP0ySibsJTGRcgJcsJdfEGQKtfrqGMq5oRapTi1lRPSgxuS/eEmcDFnEqvsXVS6bnNuuExeBTM",
+	"WZ2xXs9rm1baohSuB19ieyu3gO6/sZ2Ob24wdHc0PgkPSChOJZdl52uA3XchQLQut/WUayJcB7UOe0ZV",
+	"sD3buWvLAySJWAWtje8GO+0zGsdHy6CLdQrFR9HVZQaWlYfnzVOtnJGsc6P7eSKOENcgo8DQOhKvwy0B",
+	"MGpnqbqAk8XfgAk5i9ExMcTjAT3jbe3a4u2rtfrX1DQWc95sF33rw28BuTFnbhVRkRtFbirDF188/+bN",
+	"6/Pnr5799eLr53+9ePv8/Pmr8xevXxmagzwM66govUAOauOUhX9+fj6Vj65HjzyW3zeze/Tzldh8CA2v",
+	"X2vUEj7TLCyBDMISc8dCOJgbuRZihU3jRG5tGqSAOvwO6XWFFroKwdPrtbC4Xs92aSc9KEbmYqg5ZhGX",
+	"iNRFAbiAcv2gk6ARjYRrzd4pf74WwYvsFmgPh0U6hnkbcgDfPxirNvwHv6VOtzZ5oup8yRVi5HCNMY1N",
+	"QN1n4ch+LERBuI4U/MgExHAdiAHsCSnZBLfvtJCGGR1Ydg7Qu7UD8QgSmgigtQ/2s0w3ZYDVAwexGpRt",
+	"aU8Ex8EGmaDBTQn5tIiyby2mRiNnsqds7pNRkQgIe8GvBcsKeRBAC8mj4QnbomwEyLUCw5PG+J9D8j8c",
+	"D4/QXU8B2mwL92g6PSrBBSOtBuwrJVVR67U3lV2nUcEmrTKhhcz9lDTDeJiaz0mTLNKU/ZDkxsqdylCn",
+	"QqzYn5ihY7XsDgO2TGQ34iujEmvB/uv/ZeN/I3o5OAhdZ2gCfCUocPRiWmAVznKVGws5FjwGMWeMwVi0",
+	"agrlZTNbMytiw7C0Iowm4P/80jX2NHcmmSdgKVkaBP+js+HDo5ubsCItykalWOTCzlyzCxChVvCWMhfk",
+	"o5Fx9trULQ+qQQKOSiRJHQqs1eo0DxunShzThbSmwKYa2S4ZSayRZns9gqw1qkUNoraWaNnrlUlKhu0Q",
+	"aH0iEbHWTPOfAL/+FPxIsCLz5Q+rDXz5X//P8XCIt2AjJAHUeolPDvl9niqe6wFO75mbOM2wNSNTxb4+",
+	"WUXlnVQRdWFyBKqLgLkt2Lr08hexfSvlNqLPzMb+oB8eJSlNqLaddYGlHgTYEsk2nD0IMIfJvJ1waACb",
+	"RpmfkO84IEBU1gWH58GAfaGAlJx9vaR5nSdLwxyXKzu9t18+Y4eHhyfMZVvBCb4/f2bpADXNMiJmsSkN",
+	"1d9SQ8e622vnAqaFoNadVKYXYr9EfuDsInSpUUXd+7cv6BI2SrqwQM2vM8NPAnC0VIvNmK01G7CyVO9O",
+	"lXiU2gGzNArozoq8O5Ti1VSGfiL7hnEP2L+gU8QTCYY8SYmbz6kzOtrocHPwV+FpRYvX4MeHFmGV7jlw",
+	"0ADkgGNHHCDcrDCWG7DLAwthxAAwCbAcS05j5qNJmoVHw+OQhc06MceWJQvPzEehAyVFsUwuLo6OANeT",
+	"BjpRgyu3G37x/OXz8+esrLAxhMQ3bf07aS5PQ9boN49CiHteL7C0yi44u1vZQztnHIp12zvXn7b0oIck",
+	"wGYjepS8y1lyWaii1mnWXHgL4bbV9UIKC5cEmC5SLQg925wJQcjSlQSBhf5xTuUjFNHthj9PKTdw2pmw",
+	"UcD8P8cfXBgeuEpmt8LpUunmlL3om3cFwBieHJ0cOkOtli9l2GXV1QDCbEtQBZOulPQ6LyspwK89YN+4",
+	"BqO4ZZFarjggi4KDPZHOxZ5uWDc88xiSmSv4ZzMt8j+9P/+y/xS4gfn84NRi7wJpWM0WflSqgeQnpD6x",
+	"QMYUoIDshx2OkiXPrjSQIJngNffNac0f1EXIdqtGTSVmDFnC2Kr2WQ3vkFJBiLW66grE6K204jTvEnIq",
+	"c4VBO7ALDk59X5AlIFsBlAmtiiwys/5Ln7oW9F/EoZeM73o62IYvAUsAdWwqMaeOrVJOcUg1pxYwo/FT",
+	"loocnZFxcpkYxS3sG/K5QGY+CA8mGCaC3ARlZfiAnaXpVM4B1SwDF5O5eADul6m1xtDMGfg7+oYUM5X2",
+	"n8OP+l/hcdo8ujSJhNTCS447W/FoIfrjwbATdIos9YrS1uv1gMPXA5VdPqJn9aOXL549f/XuOTxTluG1",
+	"pdmdvXnRCTrXItOYXTccjPAZtRKSr5LOpHM4GA4OoQAoX0Dyok2zMf++FK0NTCkpaGx4SCNzGSyVFbma",
+	"MkBp+Or8/A1kL0YLEV2ByoWQ8YjFpBW4X1QWLYTOMS/K8U+ywBznNOxlJiJekLff7zE/yxIxTzeMrzmm",
+	"5DTycSZggczBSVNLZ7ENtzA7hM7LiaUXcWfS+bPIv6LNKVEGYdPGw+GOVsotLZRtSnhHXe3fipgAp7d0",
+	"Ivb2n6eAgvch6BwdjraN6hbwiG4Z0ioEZvW5Ui+hStpPce1Mvvs+6FAdZ2fSeZlcC7AjANq6E3Ryfqk7",
+	"k+86SEKd74NOJSWpM+mYzYcxKYNrbyoTskICRrOIoRf2vEjRGdStk0NmNAuj1JHoANY1lc5OJF9qqnhs",
+	"s0AhkLjCkDAYNhmfz5MIQ5oJamVJxD8Rcb3FLfk7o6232IFZoeJit+SBqCvoHA8Pbx/jHR77e6+ofhdh",
+	"mikn96bM69GjWdl1u5U6/ebb1T7Zlf7UiWbtmKCTRlGPDqYyNTNuAwilJibX1Oga68Q9VFEKFq8Mo4Tg",
+	"ttKuSAG9cHYkDGKRj5XgRlnXIvCA3D44NdIUMkWMAYbpPw3EnKn0FjpgpYkMTSX9xCrIY4R0mJmRzo0d",
+	"qvarnqDH191jVFs1GA8tFZ08Z2tVpDHEduKMryFF+bkxKWyXbQqkF0tj4SBGVhVekXXDPz8/B0MAv7ig",
+	"L8jj//AX/XOHNfFxN93r6/5dWQWGXb5rXVQ+fO+1Xvd+jLBdjR/vzTfsUra1x7c94wy3GO7BLd774Cnm",
+	"ofHJ7Q+dK/UNlxviNPrhWNPw9jFeUKjIoUF8FENzLOzPIq/guXk8jO7yrUyMGMujn13F1oetDO0tXWy/",
+	"t4NLH3cu8hKwTMkSXN71LKXcd8uWppJ+VXZzR+zXMjTmebfLftMbAV0DpHN4JzGkJ1GCibHGMGEocJlI",
+	"5HR++Jv6bOEgcj7qolZbIHlljNs6vzeaIFWrgWWRpli6uKV28raeSc1W5PW2p06NKOsD9+YKtG1bmIIt",
+	"YwWesMcV+5y79nX3ZiPDo9sfeqXyLxVVBv5P5ju2/NLjORZnZivPMfRkk31AwLTNo/wJUcgLkjVb2NUj",
+	"0mG2sq2Xic6tTwDVplp/GsfD/PLRCkdzShQyK+BQHnDAdhaFzM5niAP2hl9a31GRaZX1jQ4TT1yB6FRC",
+	"cSglIFIYsmywCPWvuytHmRQ3AFfsc0gLTOCzSfZ7cUlzBm+FRYi6GxVAo+bOh+DnbX0nk9hBE/lt7GGj",
+	"MDRbBhcdJAPPqQguSy4XOWa2QO++rk8FKGMSesA5HKChFfeOxXt5NfN1j1LwxCzmx0Jkm05gPT7Vs+34",
+	"LNVrFjw+Pq5DIfitg8/6/8r7Pw37Jxff/7GtffD3HyuxsKDaUxRRT7y9ed822ebV5cPj7RvWJnS+9+uy",
+	"oVZ4bznklZu3yKKy4LwERChLzv8hn/4e5ZM5yxZ8AE9U2U8+oajCQpFbpBLIn7Y2iBPKXQPsJYz9VhGW",
+	"vM+seIH65bAO4xSSqevq3u/UzpQl+VSWdW9d7v8UM/5m6uaAHLT0EiiG1SyZg/iDXJVkjqWM1CMV64By",
+	"EW8Th1CDMTeiFcJun0omPcdDejCRJB3YwQ4ZhD9pF0EMq6NADUgTDfn+XZ8wDgKWDMTAE/PQe84K+3ZR",
+	"hdrOVHrktkNMiev8Yvx1/GT+1eiHb/XJjy+XR6v/HnLqFqMKWue6pri/Q0da+HJ3r1ivS6uht7/bFbQQ",
+	"DK2ggQ33McK67Cu7U1Yjjf++0vl/srAVlo9aAUsf3OZ+ak9b3So030E2a97SchREBdp0vZ5hc71eC3rB",
+	"mgB6IHnYy1uDxO+yaVtQbcKW2bZq3a291GzSf72fGvTockUajXoAV+JhDciy0RqC1dcyrUEaQ8jKSMjc",
+	"a44a0htDyhrOqPJtd1M8iNBT2Mzm+dq2kAP2jeASwTpSwTOoIwaIAIwj5ipSKRVemXHM7ygYfuq9zQxL",
+	"aQuVyq6FMZG7vJ78WU0ORN86WKVGg/AbDmJEwKJJbFQRQKYewApBu1AnT3VLdqXKpnImUoWoJzVzGKOE",
+	"+VpRpmGMcrhINEQKmZJsVWQrpcWn8v1XW+9+lGeR4Mpth73Jz97VPfOKepw3B4oGK015R7d6I6HZmd8c",
+	"dlurVYB03Lf/abXdKXoz651C/baa9S6att1ltbvlHeCSG80noTOkMz/LXUVso7LjYX2X0TGw5gnWb/oN",
+	"Hx1IQLUWBAHTm2cx3nkWR0fUEGXHWbjf4FmMopP50Wws+k/4Ydw/Ek/n/ZPZY94fx8fRUzGaD/mT2b5n",
+	"Ue2veu8TOXmbH8nPx+u/iMeb93wU7ToRnIk7Ev8QQEHYT6tobXW9xTGNlRTIK/9h/v89aiQvpF6JKN/Z",
+	"g9xTVXz1ZH9/QJMwaq/4TFP9NcdwN2SdJXnAej2CG6Da4i0to6eyG+6FFYAdLkIP/uC3X/9z2gkPArYS",
+	"WSRk3hcyUrGInWUJCa9cu2xbpsUlIHV1vSIcFj5CiML/a/xlGDDOoFKdPgHsHIIjQM8y4Q8ADE8s4H2n",
+	"fg0K5XVB4B6/pv3pckrEhrbJGKqfSkrXZnbqSrpupnftow2GK/V9Jbv1iqSqBfNDvD/PeN2FL+tcPNVM",
+	"gK1aK7QFoX6olKex5FeiErqtddQhl42EkjbA1wnRmqPiCyVFmalgu6h6mszktsaw5rd+jgVmKDvwYtuS",
+	"7rTyI/OMB0dKOc21fAsPION0Ksvfw8PlnGyLYvsmCEtAUU7bzBLMaNG4MVNp02rKxA3ScbVrO3nqWjxX",
+	"W8tmjKAWPNfTVP4NfE9lk81EPGRUxEtc2dziiIKf1LxPVW/TgJ3JqdzlVSIfJqXJbPcq7e4c+98oCHJL",
+	"/N5rD9yM31e6+lb6NYOjZfcees12b2uP63XD9RKEPsYxU29cu9M9U82t+oeb5vdy07Qktt0jZwjZ4j6R",
+	"jdZ+nbcGwFkj/g3jgMC7W/z7lIWWnkMsgrUeIIBCNdwKS3c+CYN/jfv0gMEFagi7i6fjT/5mwQVqh7pd",
+	"DGxJNPpvxP+PMAq+w0o/nozGNf4viqzWOtdP32qziv1AuAsP7J9DZntAN2RQTXe9pePyruSxcnqUU1qV",
+	"L0bn3lu8lO2BdwoW0tj+IVB+J4GiLIuzMoQ+2E+EPPrZRpjA5X83NgkU4QfcG2M+QrTXjxk66KxUWxuC",
+	"ZzAyMLkyNyyD2lKtDJsF5FBlkSlmNnOEOLctTqPackAy2CqE2sBye70BwzkgoFsV7baOwovp/bxaLVNB",
+	"A6o+D4uQqgWAAVLxoSKhCyaoLejTlFtA4JUHFfgCKDYCpAdDAwSQ45rwwnwBwhy2iSYysVhWba0eQ1ua",
+	"bnMKsksxlRZ42e4MwltQMx4v1wFfCViEIkt4ai6yTYawJQUTrD01lqNNVrDAK+tE6hIdB+MGlyIngXcS",
+	"tmkDOCFsNf77pQn/nize9ZK/G0ff5mQlMpRqzboqsxg+B16X+9/Z9boHx3yWKa1fYw/Te7lrh3sIkmeE",
+	"xvE/WfK4641kspf0ISa6XQC5IMPHCyJrR+1hILX204b2S153iT0tJrCPnMlE3ri7pwx/ImPoDW3Kw/m5",
+	"rL9xlzVEv7nVxcWSmITZdheXLY/bbtvs7ob/38nFtdvEGU1GQwoytske16x+0plxbHyhrnZVr+ze15oV",
+	"9BE+LK8H/k4rgyjhH2bG72VmrBzzuKuvin736Gf8x53r2+yl55rg66RaTzylv2tjHUG1pyJVy04lqfqQ",
+	"0BMm8gJhIfOwDgCZaLZU1xYoC7opHNhGblZVdpUkU9lFJA7/yoQHA/ZtibTgojEl2EalmYVF2a/gflBl",
+	"rUWYyRUkLVjIl5VK0d5AWNCt1Xe1shLK4PlEuTJ4aR9Orf67ZG0l4XTuyM22IkG4ZpuEJmOG80iheT3e",
+	"IIgeoXmEODeEs/Js4AqRGzPKg5Gp0dNUVgiKdR185ugU4LgA3NUCeQD412g0RHBQwHgCULCvzs/f9GOe",
+	"Q3j4bEbYPVH9FsANqAvscUXi1uXmh38kd/y91h6u7KXfWx7cVe/E2+PU+mabKDAUWp1D543mNywTK5U5",
+	"XwWBIWPgnCCTIfkhqHWBWwlK18fajpXSOpmlG9tnjEBRodmakDGmiCKMddl3yuKuNjpZOTC8ba2sAnYt",
+	"MsCVtP6TXi/j617P+a8go7MND2wqu5GSOucyB5Q/gslKtJIBO+4vE1nkAnvY5Xy5YrlKRWbMOvQclUOW",
+	"IA9rlV1tFyF+O5Zer60hy7nfiTLRru+ji4g0CmEQbNOIDcKUoqbz1CyIWrqI2Gvu7DdzQby+0M3LQnGR",
+	"W6raJutstUoBJtMV0STaNf4oe2QBGZidTTT87dU1Up7wPDUKCnctzpbcnJDXYwg6fBlqpPVZfOV67oeH",
+	"AS1dnih298OqGWxlTUBvuoK8Y42oKagHu/vctEj1t9hY05EmdTDt3JKEFeZ/QtTEQiY3VuYgemJwPaLv",
+	"tKVyglUMqAlTqEvyT2w/b4fguRA3U/nVN2fP+u++OhsfPw4I/LT0oi64oQS761pEmcgDG8R0hB4Y03FQ",
+	"tsmbyoyvK9dpwkLvPV07UM7+yKadwbTD/gg/OwgH7K34AZHIyxRut4jSjl3yPII2B2EeopZpQe2OGd5D",
+	"DWBYHiwp5dZPZZSq6Ip1EYcP5G4s5oLnumw0OAfceroLidCNJK38T6Mnj4+Ojp4ePh6bYzgeHz/hTx+f",
+	"iCciEjMR88Mxn8/543EUR/xwzo9HEY+fiCdP+FAcP57Pjw8fx8NIPBWj4dP46cxZ0sijSlO6hZF9TIqX",
+	"S1L9XMWbu6mSNv914i18W1FOU4f0O/Cjolhvib+lfAf1yfZ+6e04DfiEuM4vjs5/enr1z+Pl54/Xr0bR",
+	"X653Ve/srX/aAwF2gXpo9Tg+fHRie6ULsZ9y7dgz9JpyTNWCwbvGw36StTcYEkvZWhhm+yHoAAutvutL",
+	"4Kr2bVvGo+7F9QH33kuvh/MWfR7Xt+Zee6rffv0PEl+xMVvRQqMNsJ9bTbzbkFMHA/Y8AWvOMIeqsaoX",
+	"gKekc7Uqdxr7MJrrX+rNW47Sh+atH2kNb7S62eVK/WISeMDfebw9jaHMvuU8SWmgihZjobRxsLb+14hX",
+	"C3IHsG87k84juCRBZym05pfmlRa4k3wI9dtj+61Sza7tulorjrO39ciYoha68QW1zSkX47VXvgXpFx/t",
+	"20exXAH3xkmM6kZ/zmNWChNz5DlPPUG2Y7e1x34r+93CoT0VMNEO8tcQW6kkWtVw0LllZ/wX33lvyofv",
+	"cC0JSXrbnSw30MhdbL8UeA2XVMbWGTRaUliotG03prK5HawbNnY8PDh1yP/JpTT3u4W2gaKhnVcN2rcG",
+	"a0w8wt3o+8TAnu5tbJ5T1Yt5bLTHq97wTap47NulR6PjfSxvB7sOWL7nhlL+/2sYb0U3BElTSj6n3VUt",
+	"U8+EtiYu2tC80ozbT0bt+/esbmz7dhjdpHKG1a73330PvA6UTWSrCG37CHggzaoZOyM4UTShKxCOGrr5",
+	"Vic+KBVEgnVshpIwTw/FpbSQgGqNpqFh5FZLC9iKJ2A785wtlcYSE+piNC9SB1rl3kkByeY7ES+ifGnZ",
+	"e2TFNy606cEnQ3kG1lEFu9rslu+2Ac3mywmJB16OfXsRs9H2muEN5EkISUKTDMOpJKBIeq+ycBrNV1HY",
+	"z3uVdtTo1z9A7QKbcXllyxlsQ0rXw7Ys2C07JI2HYzSoV8rYsKcuL8MVCIAJ7U3VOoqaUyWr1jaKmas0",
+	"Veu+koyku6aWCUAEVpD71vJvv/7nwR3RNfIFNCRGeA1vllQ+3ZzkXwnNmtUqp22/9KBar1srzPXe4F/b",
+	"5muq3W63MQ9vOMc8Wve10tkc3A7opWrrPjxgXl9H+I/GtveW6M2dQ+ubx3wFpc5ufl5Rd65ZrJYciDW6",
+	"4pdQdpTyTGgsmLLDcbbgMk5FBk0GBpUaIRG33h4ea5xZHGArMypMrjSpap1VvhBJtm1erNJgc/COz6H1",
+	"2F6TpTHAXfn/BQAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -124,12 +124,13 @@ func New(cfg config.Server, pool *pgxpool.Pool, log *slog.Logger, opts Options) 
 	}
 	a.jobs = jobs
 
-	// Every keyed operation, as its domain package declares it: the server
-	// serves each from its declaration, and the reconciler resumes the
-	// external ones with the very steps a client's retry runs.
+	// Every keyed operation, and every read declared, as its domain package
+	// declares it: the server serves each from its declaration, and the
+	// reconciler resumes the external ones with the very steps a client's
+	// retry runs.
 	chargeService := charges.NewService(pool, processor)
 	a.Operations, err = idempotency.NewRegistry(
-		orders.CreateOperation,
+		orders.CreateOperation, orders.GetOperation,
 		chargeService.ChargeOperation(),
 		chargeService.RefundOperation(),
 		payouts.NewService(jobs).Operation(),

@@ -1,9 +1,9 @@
 package idempotency
 
-// Declaring a keyed operation. The domain package that owns it declares it,
-// Local or External; internal/app registers it (NewRegistry); the keyed
-// adapter (internal/server) serves it, and the reconciler resumes it, from
-// that declaration. No other code names an operation.
+// Declaring an operation. The domain package that owns it declares it,
+// Local or External if keyed, Safe if a read; internal/app registers it
+// (NewRegistry); an adapter in internal/server serves it, and the
+// reconciler resumes it, from that declaration. No other code names it.
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/retrysafe/payments/internal/dbsqlc"
 )
 
 // Input is a keyed request as its operation sees it.
@@ -22,9 +24,10 @@ type Input[B any] struct {
 	Body    B                 // the body, validated against the contract, decoded
 }
 
-// Operation is a declared keyed operation: what Local and External return.
+// Operation is a declared operation: what Local, External and Safe return.
 type Operation struct {
 	Name  string // the contract's operationId, stored with every record
+	Safe  bool   // declared by Safe: served without a key
 	serve func(ctx context.Context, s *Store, req Request, path map[string]string, body []byte) (*Response, error)
 	// Resume drives an external operation on from its recovery point, for the reconciler; nil if local.
 	Resume  Step
@@ -40,6 +43,16 @@ func Local[B any](name string, run func(ctx context.Context, tx pgx.Tx, in Input
 			return nil, err
 		}
 		return s.serveLocal(ctx, req, func(ctx context.Context, tx pgx.Tx) (*Response, error) { return run(ctx, tx, in) })
+	}}
+}
+
+// Safe declares a read (the contract's class safe) that a resource's
+// package serves from its declaration, as a keyed one, with no handler in
+// internal/server: run reads with db and returns the answer. No key, no
+// record: nothing is stored.
+func Safe(name string, run func(ctx context.Context, db dbsqlc.DBTX, in Input[struct{}]) (*Response, error)) Operation {
+	return Operation{Name: name, Safe: true, serve: func(ctx context.Context, s *Store, req Request, path map[string]string, _ []byte) (*Response, error) {
+		return run(ctx, s.pool, Input[struct{}]{Request: req, Path: path})
 	}}
 }
 
@@ -114,12 +127,12 @@ func decode[B any](req Request, path map[string]string, body []byte) (Input[B], 
 	return in, json.Unmarshal(body, &in.Body)
 }
 
-// Serve runs the keyed request req as its declared operation op.
+// Serve runs req as its declared operation op.
 func (s *Store) Serve(ctx context.Context, op Operation, req Request, path map[string]string, body []byte) (*Response, error) {
 	return op.serve(ctx, s, req, path, body)
 }
 
-// Registry is every declared keyed operation, by name.
+// Registry is every declared operation, by name.
 type Registry struct{ ops map[string]Operation }
 
 // NewRegistry registers ops, refusing at start-up rather than at the first
@@ -129,11 +142,11 @@ func NewRegistry(ops ...Operation) (*Registry, error) {
 	for _, op := range ops {
 		switch _, dup := r.ops[op.Name]; {
 		case dup:
-			return nil, fmt.Errorf("keyed operation %q is declared twice", op.Name)
+			return nil, fmt.Errorf("operation %q is declared twice", op.Name)
 		case op.serve == nil:
-			return nil, fmt.Errorf("keyed operation %q is not declared through Local or External", op.Name)
+			return nil, fmt.Errorf("operation %q is not declared through Local, External or Safe", op.Name)
 		case op.invalid != "":
-			return nil, fmt.Errorf("keyed operation %q: %s", op.Name, op.invalid)
+			return nil, fmt.Errorf("operation %q: %s", op.Name, op.invalid)
 		}
 		r.ops[op.Name] = op
 	}

@@ -87,6 +87,16 @@ func Create(ctx context.Context, db dbsqlc.DBTX, callerID string, n NewOrder) (_
 	return orderOf(o), err
 }
 
+// GetOperation declares getOrder, GET /v1/orders/{order_id}: a read,
+// served from this declaration (idempotency.Safe) with no handler.
+var GetOperation = idempotency.Safe("getOrder", func(ctx context.Context, db dbsqlc.DBTX, in idempotency.Input[struct{}]) (*idempotency.Response, error) {
+	o, err := Get(ctx, db, in.CallerID, in.Path["order_id"])
+	if err != nil {
+		return nil, err
+	}
+	return idempotency.JSONResponse(http.StatusOK, nil, o.API())
+})
+
 // Get returns the caller's order id. Another caller's order is "not found",
 // exactly like one that does not exist, so ids leak nothing across tenants.
 func Get(ctx context.Context, db dbsqlc.DBTX, callerID, id string) (_ Order, err error) {

@@ -42,14 +42,17 @@ func (s *Server) GetIdempotencyKey(ctx context.Context, req apigen.GetIdempotenc
 	return out, nil
 }
 
-// keyed serves every declared keyed operation (not in the strict
-// interface) once the contract has checked the request: the store runs it,
-// and its answer, first or replayed, is written from the stored bytes.
-func (s *Server) keyed(op idempotency.Operation) echo.HandlerFunc {
+// declared serves every declared operation (not in the strict interface)
+// once the contract has checked the request: the store runs it, and a keyed
+// one's answer, first or replayed, is written from the stored bytes.
+func (s *Server) declared(op idempotency.Operation) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		ctx := c.Request().Context()
 		req, ok := idempotency.RequestFrom(ctx)
-		if !ok { // the spec does not mark this route keyed: a contract bug
+		switch {
+		case op.Safe:
+			req = idempotency.Request{CallerID: auth.CallerFrom(ctx).ID, Operation: op.Name, Method: c.Request().Method, Path: c.Request().URL.Path}
+		case !ok: // the spec does not mark this route keyed: a contract bug
 			return problem.New(problem.InternalError, "operation %s is not keyed in the contract", op.Name)
 		}
 		path := make(map[string]string, len(c.ParamNames()))

@@ -9,15 +9,6 @@ import (
 	"github.com/retrysafe/payments/internal/orders"
 )
 
-// GetOrder is safe.
-func (s *Server) GetOrder(ctx context.Context, req apigen.GetOrderRequestObject) (apigen.GetOrderResponseObject, error) {
-	o, err := orders.Get(ctx, s.pool, auth.CallerFrom(ctx).ID, req.OrderId)
-	if err != nil {
-		return nil, err
-	}
-	return apigen.GetOrder200JSONResponse(o.API()), nil
-}
-
 // ListOrders is safe.
 func (s *Server) ListOrders(ctx context.Context, req apigen.ListOrdersRequestObject) (apigen.ListOrdersResponseObject, error) {
 	limit, startingAfter := page(req.Params.Limit, req.Params.StartingAfter)

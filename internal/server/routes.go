@@ -61,31 +61,39 @@ func newAPIRoutes(spec *openapi3.T, router routers.Router) map[routeKey]*apiRout
 	return out
 }
 
-// keyedRoute is a keyed operation's route, served by Server.keyed.
-type keyedRoute struct {
+// declaredRoute is a declared operation's route, served by Server.declared.
+type declaredRoute struct {
 	method, path string // as Echo names them
 	op           idempotency.Operation
 }
 
-// declaredKeyed finds the declaration of every operation the spec marks
-// keyed, or names one nobody declared: at start-up, not as a 404 later.
-func declaredKeyed(spec *openapi3.T, operations *idempotency.Registry) ([]keyedRoute, error) {
-	var out []keyedRoute
+// declaredRoutes finds the declaration of every operation the spec marks
+// keyed, and of every read it tags declared, or names one nobody declared:
+// at start-up, not as a 404 later. (api/oapi-codegen.yaml leaves operations
+// with either tag out of the strict interface, for Server.declared to serve.)
+func declaredRoutes(spec *openapi3.T, operations *idempotency.Registry) ([]declaredRoute, error) {
+	var out []declaredRoute
 	for path, item := range spec.Paths.Map() {
 		for method, op := range item.Operations() {
-			if class, _ := op.Extensions["x-idempotency"].(string); !keyedClasses[class] {
+			class, _ := op.Extensions["x-idempotency"].(string)
+			keyed, tagged := keyedClasses[class], slices.Contains(op.Tags, "declared")
+			if !keyed && !tagged {
 				continue
+			}
+			what := "keyed"
+			if !keyed {
+				what = "tagged declared"
 			}
 			declared, ok := operations.Lookup(op.OperationID)
 			switch {
 			case !ok:
-				return nil, fmt.Errorf("operation %s is keyed in the spec, but nothing declares it: declare it in its domain package and register it in internal/app", op.OperationID)
-			case !slices.Contains(op.Tags, "keyed"):
-				// api/oapi-codegen.yaml leaves the tagged operations out of
-				// the strict interface, for this adapter to serve.
+				return nil, fmt.Errorf("operation %s is %s in the spec, but nothing declares it: declare it in its domain package and register it in internal/app", op.OperationID, what)
+			case keyed && !slices.Contains(op.Tags, "keyed"):
 				return nil, fmt.Errorf("operation %s is keyed in the spec, but not tagged keyed", op.OperationID)
+			case keyed == declared.Safe || tagged && class != "safe":
+				return nil, fmt.Errorf("operation %s: the spec's class is %q; declare a safe one with idempotency.Safe and tag it declared, a keyed one with Local or External", op.OperationID, class)
 			}
-			out = append(out, keyedRoute{method, echoTemplate(path), declared})
+			out = append(out, declaredRoute{method, echoTemplate(path), declared})
 		}
 	}
 	return out, nil

@@ -21,6 +21,7 @@ import (
 
 	"github.com/retrysafe/payments/api"
 	"github.com/retrysafe/payments/internal/apigen"
+	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/idempotency"
 )
 
@@ -62,13 +63,13 @@ func TestEveryEchoRouteNamesItsOperation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyed, err := declaredKeyed(spec, ops)
+	keyed, err := declaredRoutes(spec, ops)
 	if err != nil {
 		t.Fatal(err)
 	}
 	keyedOp := map[routeKey]string{}
 	for _, r := range keyed {
-		e.Add(r.method, r.path, s.keyed(r.op))
+		e.Add(r.method, r.path, s.declared(r.op))
 		keyedOp[routeKey{r.method, r.path}] = r.op.Name
 	}
 	routes := e.Routes()
@@ -332,14 +333,21 @@ func stubLocal(name string) idempotency.Operation {
 	})
 }
 
-// keyedStubs declares a stub for every operation the spec marks keyed but
-// the one named except.
+// keyedStubs declares a stub for every operation the spec marks keyed or
+// tags declared but the one named except.
 func keyedStubs(spec *openapi3.T, except string) []idempotency.Operation {
 	var out []idempotency.Operation
 	for _, item := range spec.Paths.Map() {
 		for _, op := range item.Operations() {
-			if class, _ := op.Extensions["x-idempotency"].(string); keyedClasses[class] && op.OperationID != except {
+			class, _ := op.Extensions["x-idempotency"].(string)
+			switch {
+			case op.OperationID == except:
+			case keyedClasses[class]:
 				out = append(out, stubLocal(op.OperationID))
+			case slices.Contains(op.Tags, "declared"):
+				out = append(out, idempotency.Safe(op.OperationID, func(context.Context, dbsqlc.DBTX, idempotency.Input[struct{}]) (*idempotency.Response, error) {
+					return nil, errors.New("a stub")
+				}))
 			}
 		}
 	}
@@ -358,14 +366,14 @@ func TestUndeclaredKeyedOperationIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := declaredKeyed(spec, ops); err == nil || !strings.Contains(err.Error(), "createRefund") {
+	if _, err := declaredRoutes(spec, ops); err == nil || !strings.Contains(err.Error(), "createRefund") {
 		t.Errorf("createRefund undeclared: %v; want an error naming it", err)
 	}
 	all := keyedStubs(spec, "")
 	if ops, err = idempotency.NewRegistry(all...); err != nil {
 		t.Fatal(err)
 	}
-	if routes, err := declaredKeyed(spec, ops); err != nil || len(routes) != len(all) || len(all) < 4 {
+	if routes, err := declaredRoutes(spec, ops); err != nil || len(routes) != len(all) || len(all) < 4 {
 		t.Errorf("every keyed operation declared: %d routes of %d, %v", len(routes), len(all), err)
 	}
 

@@ -37,7 +37,7 @@ type Deps struct {
 	Pool       *pgxpool.Pool
 	Log        *slog.Logger
 	Keys       *idempotency.Store
-	Operations *idempotency.Registry // every operation the spec marks keyed (declaredKeyed)
+	Operations *idempotency.Registry // every operation the spec marks keyed or tags declared (declaredRoutes)
 	Inbox      *events.Inbox         // receives the processor's webhooks
 	Demo       *Demo                 // the demo's own endpoints (DEMO_MODE); nil leaves them out
 	Tracing    bool                  // spans are recorded; without it, no traceparent, no span
@@ -91,7 +91,7 @@ func New(d Deps) (http.Handler, error) {
 	s.validationNoBody = s.validation
 	s.validationNoBody.ExcludeRequestBody = true
 	s.routes = newAPIRoutes(spec, router)
-	keyedRoutes, err := declaredKeyed(spec, d.Operations)
+	declared, err := declaredRoutes(spec, d.Operations)
 	if err != nil {
 		return nil, err
 	}
@@ -117,8 +117,8 @@ func New(d Deps) (http.Handler, error) {
 	e.Use(s.contract)
 
 	apigen.RegisterHandlers(e, apigen.NewStrictHandler(s, nil))
-	for _, r := range keyedRoutes {
-		e.Add(r.method, r.path, s.keyed(r.op))
+	for _, r := range declared {
+		e.Add(r.method, r.path, s.declared(r.op))
 	}
 	if d.Demo != nil {
 		s.registerDemo(e, d.Demo)
