@@ -603,6 +603,7 @@ async function refreshRecord() {
     // Never sent: the server has no record (asking would only log a 404).
     dl.replaceChildren(...term("status", "not used yet"));
     $("points").replaceChildren();
+    showState(null);
     return;
   }
   let rec = null;
@@ -616,6 +617,7 @@ async function refreshRecord() {
   if (!rec) {
     dl.append(...term("status", "not used yet"));
     $("points").replaceChildren();
+    showState(null);
     return;
   }
   const left = rec.locked_until ? Math.max(0, (Date.parse(rec.locked_until) - Date.now()) / 1000) : null;
@@ -627,6 +629,7 @@ async function refreshRecord() {
     ...term("response", rec.response_status ? String(rec.response_status) : "none stored yet"),
     ...term("expires at", new Date(rec.expires_at).toLocaleString()),
   );
+  showState(rec);
   const kind = Object.keys(POINTS).find((k) => k && rec.request_path.endsWith(k)) || "";
   $("points").replaceChildren(...POINTS[kind].map((p) => {
     const li = document.createElement("li");
@@ -634,6 +637,20 @@ async function refreshRecord() {
     if (p === rec.recovery_point) li.setAttribute("aria-current", "step");
     return li;
   }));
+}
+
+// showState lights the record's state on the diagram (index.html's
+// #states, docs/learn.md's states): its status once final (completed or
+// dead), its recovery point while in progress. A refund's refund_created
+// is not drawn: the caption names it.
+function showState(rec) {
+  const now = !rec ? "" : rec.status === "in_progress" ? rec.recovery_point : rec.status;
+  let drawn = false;
+  for (const g of document.querySelectorAll("#states [data-state]")) {
+    g.classList.toggle("now", g.dataset.state === now);
+    drawn ||= g.dataset.state === now;
+  }
+  $("state-now").textContent = !rec ? "no record yet" : drawn ? now : `${now} (a refund's charge_created)`;
 }
 
 function term(name, value) {

@@ -39,10 +39,11 @@ type edge struct {
 	queries  []string
 }
 
-func TestLearnersDiagramIsTheEngines(t *testing.T) {
-	t.Parallel()
-	var edges []edge
-	states := map[string]bool{}
+// learnersEdges is the diagram's edges, and its states (sorted, without
+// the start and end, [*]).
+func learnersEdges(t *testing.T) (edges []edge, states []string) {
+	t.Helper()
+	seen := map[string]bool{}
 	line := regexp.MustCompile(`^\s*(\S+) --> (\S+): .*\(([A-Za-z, ]+)\)$`)
 	for l := range strings.Lines(learnersDiagram(t)) {
 		l = strings.TrimSpace(l)
@@ -54,18 +55,24 @@ func TestLearnersDiagramIsTheEngines(t *testing.T) {
 			t.Fatalf("diagram line %q is not `FROM --> TO: who (Query, ...)`", l)
 		}
 		edges = append(edges, edge{m[1], m[2], strings.Split(m[3], ", ")})
-		states[m[1]], states[m[2]] = true, true
+		seen[m[1]], seen[m[2]] = true, true
 	}
-	delete(states, "[*]")
+	delete(seen, "[*]")
+	for s := range seen {
+		states = append(states, s)
+	}
+	slices.Sort(states)
+	return edges, states
+}
+
+func TestLearnersDiagramIsTheEngines(t *testing.T) {
+	t.Parallel()
+	edges, states := learnersEdges(t)
 	// The states: a charge's recovery points while in progress, then the record's final statuses.
 	want := []string{string(idempotency.RecoveryStarted), string(charges.RecoveryChargeCreated),
 		string(idempotency.StatusCompleted), string(idempotency.StatusDead)}
-	if got := slices.Sorted(func(yield func(string) bool) {
-		for s := range states {
-			yield(s)
-		}
-	}); !slices.Equal(got, slices.Sorted(slices.Values(want))) {
-		t.Errorf("the diagram's states are %v; a charge's record has %v", got, want)
+	if !slices.Equal(states, slices.Sorted(slices.Values(want))) {
+		t.Errorf("the diagram's states are %v; a charge's record has %v", states, want)
 	}
 
 	moves := recordMoves(t)
@@ -169,5 +176,28 @@ func TestLearnersDiagramRenders(t *testing.T) {
 		if !strings.Contains(svg, state) {
 			t.Errorf("the drawing has no %s", state)
 		}
+	}
+}
+
+// The demo page draws the same diagram without Mermaid (web/index.html's
+// #states, one data-state attribute per state, lit by app.js): its states
+// are exactly docs/learn.md's, each once.
+func TestDemoDiagramHasTheLearnersStates(t *testing.T) {
+	t.Parallel()
+	page, err := os.ReadFile("../../web/index.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	figure := regexp.MustCompile(`(?s)<figure id="states".*?</figure>`).Find(page)
+	if figure == nil {
+		t.Fatal(`web/index.html has no <figure id="states">, the key record's diagram`)
+	}
+	var drawn []string
+	for _, m := range regexp.MustCompile(`\bdata-state="([^"]*)"`).FindAllSubmatch(figure, -1) {
+		drawn = append(drawn, string(m[1]))
+	}
+	slices.Sort(drawn)
+	if _, states := learnersEdges(t); !slices.Equal(drawn, states) {
+		t.Errorf("the demo draws the states %v; docs/learn.md's diagram has %v", drawn, states)
 	}
 }
