@@ -20,6 +20,7 @@ package client
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -347,10 +348,7 @@ func (c *Client) WaitForPayout(ctx context.Context, id string, onPoll func(apicl
 		if po.Status == apiclient.PayoutStatusPaid || po.Status == apiclient.PayoutStatusFailed {
 			return po, nil
 		}
-		if wait <= 0 {
-			wait = time.Second
-		}
-		if err := c.sleep(ctx, wait); err != nil {
+		if err := c.sleep(ctx, cmp.Or(wait, time.Second)); err != nil {
 			return po, err
 		}
 	}

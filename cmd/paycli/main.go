@@ -243,11 +243,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if common.verbose && res.Attempts > 0 { // 0: no call was made (key without --key)
 		fmt.Fprintf(stderr, "done: %d attempt(s), key=%s, replayed=%v\n", res.Attempts, res.IdempotencyKey, res.Replayed)
 	}
-	var apiErr *client.Error
-	switch {
-	case errors.As(err, &apiErr):
+	if apiErr, ok := errors.AsType[*client.Error](err); ok {
 		out, err = apiErr.Problem, fmt.Errorf("the API answered %d %s", apiErr.Status, apiErr.Problem.Code)
-	case err != nil:
+	} else if err != nil {
 		out = nil
 	}
 	if out != nil {

@@ -2,6 +2,7 @@
 package auth
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -90,11 +91,8 @@ func (a *Authenticator) Authenticate(ctx context.Context, apiKey string) (Caller
 	}
 
 	row, err := queries.GetCallerByAPIKeyHash(ctx, a.pool, hash[:])
-	if postgres.IsNotFound(err) {
-		return Caller{}, problem.New(problem.Unauthorized, "the API key is not valid")
-	}
 	if err != nil {
-		return Caller{}, err
+		return Caller{}, postgres.NotFound(err, func() error { return problem.New(problem.Unauthorized, "the API key is not valid") })
 	}
 	caller := Caller{ID: row.ID, Name: row.Name}
 	a.mu.Lock()
@@ -135,19 +133,16 @@ var ErrCallerExists = errors.New("auth: a caller with this id exists")
 // the caller in every tenant table, in logs and in downstream keys.
 var callerID = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
 
-// CreateCaller creates the caller id, named name, its events pushed to
-// webhookURL (or, if nil, kept for it to pull). It returns its fresh API key,
+// CreateCaller creates the caller id, named name (or id), its events pushed
+// to webhookURL (nil: kept for it to pull). It returns its fresh API key,
 // shown this once (only its hash is stored), and its events' signing secret.
 func CreateCaller(ctx context.Context, db dbsqlc.DBTX, id, name string, webhookURL *string) (apiKey, webhookSecret string, err error) {
 	if !callerID.MatchString(id) {
 		return "", "", fmt.Errorf("caller id %q: want 1 to 32 lower-case letters, digits or _, starting with a letter", id)
 	}
-	if name == "" {
-		name = id
-	}
 	// 256 bits from the operating system's generator, in base32.
 	apiKey = "sk_live_" + strings.ToLower(rand.Text()+rand.Text())
-	webhookSecret, err = queries.CreateCaller(ctx, db, dbsqlc.CreateCallerParams{ID: id, Name: name, ApiKeyHash: HashKey(apiKey), WebhookUrl: webhookURL})
+	webhookSecret, err = queries.CreateCaller(ctx, db, dbsqlc.CreateCallerParams{ID: id, Name: cmp.Or(name, id), ApiKeyHash: HashKey(apiKey), WebhookUrl: webhookURL})
 	if postgres.IsNotFound(err) {
 		return "", "", fmt.Errorf("%w: %s", ErrCallerExists, id)
 	}
@@ -162,10 +157,7 @@ func ListCallers(ctx context.Context, db dbsqlc.DBTX) ([]Caller, error) {
 	}
 	out := make([]Caller, len(rows))
 	for i, r := range rows {
-		out[i] = Caller{ID: r.ID, Name: r.Name, CreatedAt: r.CreatedAt}
-		if r.WebhookUrl != nil {
-			out[i].WebhookURL = *r.WebhookUrl
-		}
+		out[i] = Caller{ID: r.ID, Name: r.Name, CreatedAt: r.CreatedAt, WebhookURL: postgres.Text(r.WebhookUrl)}
 	}
 	return out, nil
 }

@@ -17,9 +17,8 @@ import (
 // two inputs run together. It is derived from what every retry carries
 // again, not read from a row a failover may lose, so that a retry after
 // such a loss gets the processor's first answer back rather than a second
-// effect (design.md, "The downstream key and
-// the processor"). The caller's id in front lets a
-// webhook find its caller (CallerOfDownstreamKey).
+// effect (design.md, "The downstream key and the processor"). The caller's
+// id in front lets a webhook find its caller (CallerOfDownstreamKey).
 func DownstreamKey(callerID, idempotencyKey string, fingerprint []byte, generation int) string {
 	h := sha256.New()
 	for _, field := range [][]byte{[]byte("downstream-key/v1"), []byte(callerID), []byte(idempotencyKey), fingerprint} {

@@ -130,12 +130,10 @@ func (c Chaos) validate() error {
 	var p config.Problems
 	p.Check(c.LatencyMS >= 0 && c.LatencyMS <= 600_000, "latency_ms %d: want 0..600000", c.LatencyMS)
 	p.Check(c.ErrorRetryAfter >= 0 && c.ErrorRetryAfter <= 86_400, "error_retry_after %d: want 0..86400 seconds", c.ErrorRetryAfter)
-	for _, r := range []struct {
-		name string
-		v    float64
-	}{{"error_rate", c.ErrorRate}, {"timeout_rate", c.TimeoutRate}, {"duplicate_webhook_rate", c.DuplicateWebhookRate}} {
-		p.Check(r.v >= 0 && r.v <= 1, "%s %v: want 0..1", r.name, r.v) // written so that NaN fails too
-	}
+	rate := func(name string, v float64) { p.Check(v >= 0 && v <= 1, "%s %v: want 0..1", name, v) } // written so that NaN fails too
+	rate("error_rate", c.ErrorRate)
+	rate("timeout_rate", c.TimeoutRate)
+	rate("duplicate_webhook_rate", c.DuplicateWebhookRate)
 	return p.Err("chaos")
 }
 

@@ -23,15 +23,12 @@ func (s *Server) emit(e LedgerEntry) {
 	if s.webhooks == nil {
 		return
 	}
-	data := EventData{
+	body := mustJSON(Event{ID: newID("evt"), Type: e.Object + "." + e.Status, Created: s.cfg.Now().Unix(), Data: EventData{
 		ID: e.ID, DownstreamKey: e.IdempotencyKey, Amount: e.Amount, Currency: e.Currency, Status: e.Status,
 		DeclineCode: optional(e.DeclineCode), Charge: e.Charge, FailureCode: optional(e.FailureCode),
-	}
-	event := Event{ID: newID("evt"), Type: e.Object + "." + e.Status, Created: s.cfg.Now().Unix(), Data: data}
-	body := mustJSON(event)
-	twice := s.draw(func(c Chaos) float64 { return c.DuplicateWebhookRate })
+	}})
 	s.webhooks.enqueue(&pending{body: body, due: time.Now()})
-	if twice {
+	if s.draw(func(c Chaos) float64 { return c.DuplicateWebhookRate }) {
 		s.webhooks.enqueue(&pending{body: body, due: time.Now()})
 	}
 }
@@ -65,9 +62,7 @@ type pending struct {
 }
 
 func newDeliverer(cfg Config, jitter func(time.Duration) time.Duration) *deliverer {
-	d := &deliverer{
-		cfg: cfg, jitter: jitter, wake: make(chan struct{}, 1), done: make(chan struct{}),
-	}
+	d := &deliverer{cfg: cfg, jitter: jitter, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	go d.run()
 	return d

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +17,7 @@ import (
 	"github.com/retrysafe/payments/internal/dbsqlc"
 	"github.com/retrysafe/payments/internal/metrics"
 	"github.com/retrysafe/payments/internal/postgres"
+	"github.com/retrysafe/payments/retry"
 )
 
 // JobArgs names the payout a job carries out; all else it needs is in the
@@ -63,11 +63,7 @@ func (w *Worker) Timeout(*river.Job[JobArgs]) time.Duration { return w.timeout }
 // to 1s, 2s, 4s, … at most a minute. River's default (attempt⁴ seconds)
 // waits an hour by the eighth attempt, far too long for a processor blip.
 func (w *Worker) NextRetry(job *river.Job[JobArgs]) time.Time {
-	ceiling := time.Minute
-	if job.Attempt < 7 {
-		ceiling = time.Second << (job.Attempt - 1)
-	}
-	return time.Now().Add(time.Duration(rand.Int64N(int64(ceiling))) + 100*time.Millisecond) // #nosec G404 -- jitter, not a secret
+	return time.Now().Add(retry.FullJitter(time.Second, time.Minute, job.Attempt-1) + 100*time.Millisecond)
 }
 
 // Work takes the payout one step: pending to in transit (asking for the
@@ -97,15 +93,11 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[JobArgs]) (err error) 
 func (w *Worker) start(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.Payout) error {
 	res, err := w.processor.Payout(ctx, po.DownstreamKey,
 		cardprocessor.PayoutRequest{Amount: po.Amount, Currency: po.Currency, Destination: po.Destination})
-	var rejected *cardprocessor.RejectedError
 	switch {
 	case cardprocessor.IsDefinite(err):
 		// A definite "no": no transfer was started.
-		return postgres.Transact(ctx, w.db, func(tx pgx.Tx) error {
-			_, err := settle(ctx, tx, po, Answer{FailureCode: cardprocessor.RefusalCode(err)})
-			return err
-		})
-	case errors.As(err, &rejected):
+		return w.record(ctx, po, Answer{FailureCode: cardprocessor.RefusalCode(err)})
+	case errors.As(err, new(*cardprocessor.RejectedError)):
 		// The processor refuses our key itself: no run of this job can get
 		// an answer about the money. A person must look; the money stays
 		// held meanwhile (never restored on a guess).
@@ -118,25 +110,18 @@ func (w *Worker) start(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.P
 	case err != nil:
 		// No definite answer: River runs the job again after NextRetry (or
 		// the processor's Retry-After), asking again under the same key.
-		var uncertain *cardprocessor.UncertainError
-		if errors.As(err, &uncertain) && uncertain.RetryAfter > time.Second {
+		if uncertain, ok := errors.AsType[*cardprocessor.UncertainError](err); ok && uncertain.RetryAfter > time.Second {
 			return river.JobSnooze(uncertain.RetryAfter)
 		}
 		return err
 	}
 	if res.Status != cardprocessor.PayoutInTransit {
-		return w.record(ctx, po, res) // already final: a replayed transfer, arrived since
+		return w.record(ctx, po, reported(res)) // already final: a replayed transfer, arrived since
 	}
 	arrives := time.Unix(res.ArrivalDate, 0)
-	err = postgres.Transact(ctx, w.db, func(tx pgx.Tx) error {
-		_, err := queries.SetPayoutInTransit(ctx, tx,
-			dbsqlc.SetPayoutInTransitParams{CallerID: po.CallerID, ID: po.ID, ProcessorPayoutID: &res.ID, ArrivesAt: &arrives})
-		if postgres.IsNotFound(err) {
-			return nil // a webhook recorded the outcome meanwhile
-		}
-		return err
-	})
-	if err != nil {
+	_, err = queries.SetPayoutInTransit(ctx, w.db,
+		dbsqlc.SetPayoutInTransitParams{CallerID: po.CallerID, ID: po.ID, ProcessorPayoutID: &res.ID, ArrivesAt: &arrives})
+	if err != nil && !postgres.IsNotFound(err) { // not found: a webhook recorded the outcome meanwhile
 		return err
 	}
 	return river.JobSnooze(untilArrival(arrives))
@@ -160,7 +145,7 @@ func (w *Worker) follow(ctx context.Context, job *river.Job[JobArgs], po dbsqlc.
 		}
 		return river.JobSnooze(untilArrival(arrives))
 	}
-	return w.record(ctx, po, res)
+	return w.record(ctx, po, reported(res))
 }
 
 // giveUp sets the job aside: River cancels it, `server dead-letters` lists
@@ -172,16 +157,14 @@ func (w *Worker) giveUp(ctx context.Context, po dbsqlc.Payout, reason error) err
 	return river.JobCancel(reason)
 }
 
-// record writes a final status the processor reported.
-func (w *Worker) record(ctx context.Context, po dbsqlc.Payout, res cardprocessor.PayoutResult) error {
-	o := Answer{Paid: res.Status == cardprocessor.PayoutPaid, ProcessorPayoutID: res.ID}
-	if !o.Paid && res.FailureCode != nil {
-		o.FailureCode = *res.FailureCode
-	}
-	return postgres.Transact(ctx, w.db, func(tx pgx.Tx) error {
-		_, err := settle(ctx, tx, po, o)
-		return err
-	})
+// record writes how the payout ended, in a transaction of its own.
+func (w *Worker) record(ctx context.Context, po dbsqlc.Payout, o Answer) error {
+	return postgres.Transact(ctx, w.db, func(tx pgx.Tx) error { return settle(ctx, tx, po, o) })
+}
+
+// reported is the final status the processor reported, as an Answer.
+func reported(res cardprocessor.PayoutResult) Answer {
+	return Answer{Paid: res.Status == cardprocessor.PayoutPaid, ProcessorPayoutID: res.ID, FailureCode: postgres.Text(res.FailureCode)}
 }
 
 // untilArrival is how long to snooze: until the expected arrival, at least

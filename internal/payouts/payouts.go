@@ -20,6 +20,7 @@
 package payouts
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -130,9 +131,6 @@ func (s *Service) Operation() idempotency.Operation {
 // accept debits the balance, creates the payout and enqueues its job in tx.
 func (s *Service) accept(ctx context.Context, tx pgx.Tx, in idempotency.Input[Request]) (*idempotency.Response, error) {
 	req := in.Body
-	if req.Destination == "" {
-		req.Destination = DefaultDestination
-	}
 	// Its downstream key is derived from the request, not the row
 	// (cardprocessor.DownstreamKey): a retry after a failover that lost this
 	// transaction gets the same transfer. The insert checks it is free.
@@ -140,7 +138,7 @@ func (s *Service) accept(ctx context.Context, tx pgx.Tx, in idempotency.Input[Re
 	err := pgx.ErrNoRows
 	for generation := 0; postgres.IsNotFound(err); generation++ {
 		po, err = queries.CreatePayout(ctx, tx, dbsqlc.CreatePayoutParams{CallerID: in.CallerID, ID: newPayoutID(),
-			Amount: req.Amount, Currency: req.Currency, Destination: req.Destination,
+			Amount: req.Amount, Currency: req.Currency, Destination: cmp.Or(req.Destination, DefaultDestination),
 			DownstreamKey: cardprocessor.DownstreamKey(in.CallerID, in.Key, in.Fingerprint, generation)})
 	}
 	if err != nil {
@@ -188,11 +186,8 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 // first records it, the other finds it recorded.
 func ApplyPayoutEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
 	defer postgres.Wrap(&err, "payouts.ApplyPayoutEvent(%s, %q)", callerID, ev.DownstreamKey)
-	o := Answer{Paid: ev.Type == events.ProcessorPayoutPaid, ProcessorPayoutID: ev.ObjectID,
+	o := Answer{Paid: ev.Type == events.ProcessorPayoutPaid, ProcessorPayoutID: ev.ObjectID, FailureCode: postgres.Text(ev.FailureCode),
 		Report: events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID}}
-	if ev.FailureCode != nil {
-		o.FailureCode = *ev.FailureCode
-	}
 	po, err := queries.GetPayoutByDownstreamKey(ctx, tx, dbsqlc.GetPayoutByDownstreamKeyParams{CallerID: callerID, DownstreamKey: ev.DownstreamKey})
 	if postgres.IsNotFound(err) {
 		return false, nil
@@ -200,7 +195,7 @@ func ApplyPayoutEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events
 	if err != nil {
 		return false, err
 	}
-	_, err = settle(ctx, tx, po, o)
+	err = settle(ctx, tx, po, o)
 	return err == nil, err
 }
 
@@ -213,16 +208,16 @@ type Answer struct {
 }
 
 // settle moves a payout that is not final to its outcome, with the balance
-// and the event, and returns it as it now is. It locks the row and decides
-// on what it finds: a payout already at that outcome is left alone; one at
-// the other is a contradiction, changed by nobody.
-func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Answer) (dbsqlc.Payout, error) {
+// and the event. It locks the row and decides on what it finds: a payout
+// already at that outcome is left alone; one at the other is a
+// contradiction, changed by nobody.
+func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Answer) error {
 	cur, err := queries.LockPayout(ctx, tx, dbsqlc.LockPayoutParams{CallerID: po.CallerID, ID: po.ID})
 	if err != nil {
-		return po, err
+		return err
 	}
 	if err := o.Report.Check("payout", cur.ID, cur.Amount, cur.Currency, cur.ProcessorPayoutID); err != nil {
-		return cur, err
+		return err
 	}
 	want := StatusFailed
 	if o.Paid {
@@ -230,32 +225,29 @@ func settle(ctx context.Context, tx pgx.Tx, po dbsqlc.Payout, o Answer) (dbsqlc.
 	}
 	switch Status(cur.Status) {
 	case want:
-		return cur, nil // recorded already
+		return nil // recorded already
 	case StatusPending, StatusInTransit:
 	default:
-		return cur, &events.ContradictionError{Object: "payout", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: string(want)}
+		return &events.ContradictionError{Object: "payout", ID: cur.ID, Field: "status", Recorded: cur.Status, Reported: string(want)}
 	}
 	data := map[string]any{"payout_id": cur.ID, "amount": cur.Amount, "currency": cur.Currency, "destination": cur.Destination}
 	if o.Paid {
 		if cur, err = queries.SetPayoutPaid(ctx, tx, dbsqlc.SetPayoutPaidParams{CallerID: cur.CallerID, ID: cur.ID, ProcessorPayoutID: postgres.Nullable(o.ProcessorPayoutID)}); err != nil {
-			return cur, err
+			return err
 		}
 		if err := ledger.Settle(ctx, tx, cur.CallerID, cur.Currency, cur.Amount, cur.ID); err != nil {
-			return cur, err
+			return err
 		}
-		return cur, events.Emit(ctx, tx, cur.CallerID, events.PayoutPaid, data)
+		return events.Emit(ctx, tx, cur.CallerID, events.PayoutPaid, data)
 	}
-	code := o.FailureCode
-	if code == "" {
-		code = "payout_failed" // a failure the processor gave no reason for
-	}
+	code := cmp.Or(o.FailureCode, "payout_failed") // when the processor gave no reason
 	if cur, err = queries.SetPayoutFailed(ctx, tx, dbsqlc.SetPayoutFailedParams{CallerID: cur.CallerID, ID: cur.ID, FailureCode: &code, ProcessorPayoutID: postgres.Nullable(o.ProcessorPayoutID)}); err != nil {
-		return cur, err
+		return err
 	}
 	// The money did not leave: it is available again.
 	if err := ledger.Restore(ctx, tx, cur.CallerID, cur.Currency, cur.Amount, cur.ID); err != nil {
-		return cur, err
+		return err
 	}
 	data["failure_code"] = code
-	return cur, events.Emit(ctx, tx, cur.CallerID, events.PayoutFailed, data)
+	return events.Emit(ctx, tx, cur.CallerID, events.PayoutFailed, data)
 }

@@ -40,8 +40,7 @@ func startJob(ctx context.Context, job *river.Job[JobArgs]) (context.Context, tr
 // endJob ends a run's span. A snooze (the transfer still in transit) ends a
 // run between two steps: not a failure.
 func endJob(span trace.Span, err error) {
-	var snooze *river.JobSnoozeError
-	if err != nil && !errors.As(err, &snooze) {
+	if err != nil && !errors.As(err, new(*river.JobSnoozeError)) {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "")
 	}

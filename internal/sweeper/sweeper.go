@@ -87,21 +87,11 @@ func (s *Sweeper) Sweep(ctx context.Context) (Report, error) {
 		count *int64
 		sweep func(context.Context) (int64, error)
 	}{
-		{&r.Keys, func(ctx context.Context) (int64, error) {
-			return queries.SweepIdempotencyKeys(ctx, s.pool, dbsqlc.SweepIdempotencyKeysParams{RetentionSeconds: keys, Batch: batch})
-		}},
-		{&r.Events, func(ctx context.Context) (int64, error) {
-			return queries.SweepDeliveredEvents(ctx, s.pool, dbsqlc.SweepDeliveredEventsParams{RetentionSeconds: events, Batch: batch})
-		}},
-		{&r.Events, func(ctx context.Context) (int64, error) {
-			return queries.SweepParkedEvents(ctx, s.pool, dbsqlc.SweepParkedEventsParams{RetentionSeconds: events, Batch: batch})
-		}},
-		{&r.Events, func(ctx context.Context) (int64, error) {
-			return queries.SweepDemoReceivedEvents(ctx, s.pool, dbsqlc.SweepDemoReceivedEventsParams{RetentionSeconds: events, Batch: batch})
-		}},
-		{&r.WebhookEvents, func(ctx context.Context) (int64, error) {
-			return queries.SweepProcessorEvents(ctx, s.pool, dbsqlc.SweepProcessorEventsParams{RetentionSeconds: hooks, Batch: batch})
-		}},
+		{&r.Keys, statement(s.pool, queries.SweepIdempotencyKeys, dbsqlc.SweepIdempotencyKeysParams{RetentionSeconds: keys, Batch: batch})},
+		{&r.Events, statement(s.pool, queries.SweepDeliveredEvents, dbsqlc.SweepDeliveredEventsParams{RetentionSeconds: events, Batch: batch})},
+		{&r.Events, statement(s.pool, queries.SweepParkedEvents, dbsqlc.SweepParkedEventsParams{RetentionSeconds: events, Batch: batch})},
+		{&r.Events, statement(s.pool, queries.SweepDemoReceivedEvents, dbsqlc.SweepDemoReceivedEventsParams{RetentionSeconds: events, Batch: batch})},
+		{&r.WebhookEvents, statement(s.pool, queries.SweepProcessorEvents, dbsqlc.SweepProcessorEventsParams{RetentionSeconds: hooks, Batch: batch})},
 	} {
 		// Batch after batch until a short one: then nothing (visible to us)
 		// is left. Rows another sweeper holds are skipped, not waited for.
@@ -124,4 +114,9 @@ func (s *Sweeper) Sweep(ctx context.Context) (Report, error) {
 	}
 	r.Duration = time.Since(start)
 	return r, ctx.Err()
+}
+
+// statement is one batch of a sweep: query run on pool with params.
+func statement[P any](pool *pgxpool.Pool, query func(context.Context, dbsqlc.DBTX, P) (int64, error), params P) func(context.Context) (int64, error) {
+	return func(ctx context.Context) (int64, error) { return query(ctx, pool, params) }
 }
