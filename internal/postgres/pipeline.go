@@ -92,6 +92,7 @@ func (t *PipelinedTx) closed() bool {
 // (if b begins the transaction) here, the rest with read.
 func (t *PipelinedTx) send(ctx context.Context, b *pgx.Batch, read func(pgx.BatchResults) error) error {
 	if err := t.prepare(ctx, b.QueuedQueries...); err != nil {
+		t.ended = true // what the caller sent next would run outside the transaction
 		return err
 	}
 	br := t.conn.SendBatch(ctx, b)
@@ -140,13 +141,14 @@ func (t *PipelinedTx) batch(begin bool, sql string, args []any) *pgx.Batch {
 	return b
 }
 
-// prepare prepares the generated queries among qs on the connection, by
-// name, once each: pgx drops the statements it caches for a batch after
+// prepare prepares sqlc's queries, BEGIN and COMMIT among qs on the connection,
+// by name, once each: pgx drops the statements it caches for a batch after
 // any error in it, and the error that stops a retry whose key is taken
-// would cost the next batch two round trips to prepare them again.
+// would cost the next batch two round trips, to deallocate them and to
+// prepare them again.
 func (t *PipelinedTx) prepare(ctx context.Context, qs ...*pgx.QueuedQuery) error {
 	for _, q := range qs {
-		if strings.HasPrefix(q.SQL, "-- name: ") { // sqlc's
+		if strings.HasPrefix(q.SQL, "-- name: ") || q.SQL == "begin" || q.SQL == "commit" {
 			if _, err := t.conn.Conn().Prepare(ctx, q.SQL, q.SQL); err != nil {
 				return err
 			}

@@ -192,7 +192,8 @@ func TestPipelinedTxFailuresAndNothingToSend(t *testing.T) {
 
 // A caller that ignores an error and goes on sends nothing more: not after
 // a first batch that failed before its BEGIN ran (here, a statement that
-// cannot be prepared), and not after a COMMIT that failed. Outside a
+// cannot be prepared), not after a COMMIT that failed, and not after a
+// generated query failed to be prepared. Outside a
 // transaction its last statement would commit on its own.
 func TestPipelinedTxSendsNothingOnceItIsOver(t *testing.T) {
 	t.Parallel()
@@ -236,6 +237,19 @@ func TestPipelinedTxSendsNothingOnceItIsOver(t *testing.T) {
 	})
 	if !errors.Is(err, pgx.ErrTxClosed) {
 		t.Errorf("got %v, want pgx.ErrTxClosed from the second Commit", err)
+	}
+
+	// A generated query that cannot be prepared (say, on a schema that a
+	// deploy changed) ends it before anything was sent.
+	err = postgres.TransactPipelined(ctx, f.pool, func(tx *postgres.PipelinedTx) error {
+		if err := tx.QueryRow(ctx, "-- name: Broken :one\nSELEC 1").Scan(new(int)); err == nil {
+			t.Error("a query that cannot be prepared ran")
+		}
+		_, err := tx.Exec(ctx, insertOrder, "ord_after_prepare")
+		return err
+	})
+	if !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("a statement after a failed prepare: %v, want pgx.ErrTxClosed", err)
 	}
 	if n := f.orders(t); n != 0 {
 		t.Errorf("%d orders committed, want 0", n)
