@@ -621,7 +621,7 @@ func TestAWaitingNewcomerIsServedWhenASlotGoesIdle(t *testing.T) {
 		t.Fatalf("the newcomer was answered (%v) while every slot was busy", err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	fmt.Fprint(first, "{}") // its answer (a 401) leaves it idle
+	fmt.Fprint(first, "{}") // its answer (a 400, unsigned) leaves it idle
 	start := time.Now()
 	if err := <-newcomer; err != nil || time.Since(start) > 3*time.Second {
 		t.Fatalf("the newcomer: %v after %v; want it answered once a slot went idle", err, time.Since(start))

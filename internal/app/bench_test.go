@@ -25,8 +25,8 @@ import (
 //
 //	keyed create: the key's check, BEGIN, INSERT order RETURNING (1 round trip),
 //	              INSERT record, COMMIT (1): 5 statements in 2 round trips
-//	replay:       0 (the replay cache); from the database, 3: the batch that
-//	              fails on the key, the look-up, the replication check
+//	replay:       0 (the replay cache); from the database, 2: the batch that
+//	              fails on the key, and the look-up with the replication check
 //	auth:         0 (known keys are cached)
 //
 // (A batch is one round trip; the first time a connection meets one of its

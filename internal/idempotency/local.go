@@ -20,10 +20,10 @@ import (
 type LocalFunc func(ctx context.Context, tx pgx.Tx) (*Response, error)
 
 // serveLocal runs req, a local operation: fn's effect and the key's
-// completed record commit in one transaction, with no look-up first (one
-// round trip). If the key has a record already (a concurrent copy's too:
-// the unique index made this insert wait for its commit), it all rolls
-// back, and found answers from the record.
+// completed record commit in one transaction, with no look-up first. If
+// the key has a record already (a concurrent copy's too: the unique index
+// made this insert wait for its commit), it all rolls back, and found
+// answers from the record.
 func (s *Store) serveLocal(ctx context.Context, req Request, fn LocalFunc) (*Response, error) {
 	if resp, err, ok := s.fromCache(ctx, req); ok {
 		return resp, err

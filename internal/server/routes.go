@@ -90,8 +90,13 @@ func declaredRoutes(spec *openapi3.T, operations *idempotency.Registry) ([]decla
 				return nil, fmt.Errorf("operation %s is %s in the spec, but nothing declares it: declare it in its domain package and register it in internal/app", op.OperationID, what)
 			case keyed && !slices.Contains(op.Tags, "keyed"):
 				return nil, fmt.Errorf("operation %s is keyed in the spec, but not tagged keyed", op.OperationID)
-			case keyed == declared.Safe || tagged && class != "safe":
+			case keyed && declared.Safe, !keyed && !declared.Safe, !keyed && class != "safe":
+				// A read declared for a keyed operation, or the other way round.
 				return nil, fmt.Errorf("operation %s: the spec's class is %q; declare a safe one with idempotency.Safe and tag it declared, a keyed one with Local or External", op.OperationID, class)
+			case !keyed && (op.Security != nil && len(*op.Security) == 0 ||
+				slices.ContainsFunc(slices.Concat(item.Parameters, op.Parameters), func(p *openapi3.ParameterRef) bool { return p.Value.In == "query" })):
+				// Safe's Input has the caller and the path, nothing else.
+				return nil, fmt.Errorf("operation %s: a declared read needs an API key and takes no query parameters; write a handler in internal/server", op.OperationID)
 			}
 			out = append(out, declaredRoute{method, echoTemplate(path), declared})
 		}

@@ -59,18 +59,18 @@ func TestEveryEchoRouteNamesItsOperation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ops, err := idempotency.NewRegistry(keyedStubs(spec, "")...)
+	ops, err := idempotency.NewRegistry(stubs(spec, "")...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyed, err := declaredRoutes(spec, ops)
+	declared, err := declaredRoutes(spec, ops)
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyedOp := map[routeKey]string{}
-	for _, r := range keyed {
+	declaredOp := map[routeKey]string{}
+	for _, r := range declared {
 		e.Add(r.method, r.path, s.declared(r.op))
-		keyedOp[routeKey{r.method, r.path}] = r.op.Name
+		declaredOp[routeKey{r.method, r.path}] = r.op.Name
 	}
 	routes := e.Routes()
 	if len(routes) == 0 {
@@ -83,7 +83,7 @@ func TestEveryEchoRouteNamesItsOperation(t *testing.T) {
 			continue
 		}
 		id := r.route.Operation.OperationID
-		if name, ok := keyedOp[routeKey{er.Method, er.Path}]; ok {
+		if name, ok := declaredOp[routeKey{er.Method, er.Path}]; ok {
 			if name != id {
 				t.Errorf("%s %s: the table says %s, the keyed adapter serves %s", er.Method, er.Path, id, name)
 			}
@@ -335,7 +335,7 @@ func stubLocal(name string) idempotency.Operation {
 
 // keyedStubs declares a stub for every operation the spec marks keyed or
 // tags declared but the one named except.
-func keyedStubs(spec *openapi3.T, except string) []idempotency.Operation {
+func stubs(spec *openapi3.T, except string) []idempotency.Operation {
 	var out []idempotency.Operation
 	for _, item := range spec.Paths.Map() {
 		for _, op := range item.Operations() {
@@ -354,6 +354,30 @@ func keyedStubs(spec *openapi3.T, except string) []idempotency.Operation {
 	return out
 }
 
+// A declared read takes the caller and the path (Safe's Input), so
+// start-up refuses one with query parameters, or with no API key.
+func TestDeclaredReadNeedsAKeyAndNoQuery(t *testing.T) {
+	for name, change := range map[string]func(*openapi3.Operation){
+		"a query parameter": func(op *openapi3.Operation) {
+			op.Parameters = append(op.Parameters, &openapi3.ParameterRef{Value: &openapi3.Parameter{Name: "q", In: "query"}})
+		},
+		"no API key": func(op *openapi3.Operation) { op.Security = &openapi3.SecurityRequirements{} },
+	} {
+		spec, err := api.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		change(spec.Paths.Value("/v1/orders/{order_id}").Get)
+		ops, err := idempotency.NewRegistry(stubs(spec, "")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := declaredRoutes(spec, ops); err == nil || !strings.Contains(err.Error(), "getOrder") {
+			t.Errorf("getOrder with %s: %v; want start-up refused, naming it", name, err)
+		}
+	}
+}
+
 // Start-up refuses an operation the spec marks keyed that nothing
 // declares, and names it; and an external declaration with no step after
 // its start, which nothing would ever finish.
@@ -362,14 +386,14 @@ func TestUndeclaredKeyedOperationIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ops, err := idempotency.NewRegistry(keyedStubs(spec, "createRefund")...)
+	ops, err := idempotency.NewRegistry(stubs(spec, "createRefund")...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := declaredRoutes(spec, ops); err == nil || !strings.Contains(err.Error(), "createRefund") {
 		t.Errorf("createRefund undeclared: %v; want an error naming it", err)
 	}
-	all := keyedStubs(spec, "")
+	all := stubs(spec, "")
 	if ops, err = idempotency.NewRegistry(all...); err != nil {
 		t.Fatal(err)
 	}
