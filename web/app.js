@@ -641,16 +641,15 @@ async function refreshRecord() {
 
 // showState lights the record's state on the diagram (index.html's
 // #states, docs/learn.md's states): its status once final (completed or
-// dead), its recovery point while in progress. A refund's refund_created
-// is not drawn: the caption names it.
+// dead), its recovery point while in progress; a refund's refund_created
+// is where a charge's charge_created is.
 function showState(rec) {
   const now = !rec ? "" : rec.status === "in_progress" ? rec.recovery_point : rec.status;
-  let drawn = false;
+  const drawn = now === "refund_created" ? "charge_created" : now;
   for (const g of document.querySelectorAll("#states [data-state]")) {
-    g.classList.toggle("now", g.dataset.state === now);
-    drawn ||= g.dataset.state === now;
+    g.classList.toggle("now", g.dataset.state === drawn);
   }
-  $("state-now").textContent = !rec ? "no record yet" : drawn ? now : `${now} (a refund's charge_created)`;
+  $("state-now").textContent = !rec ? "no record yet" : drawn === now ? now : `${now}, drawn as ${drawn}`;
 }
 
 function term(name, value) {
