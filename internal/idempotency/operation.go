@@ -17,7 +17,7 @@ import (
 	"github.com/retrysafe/payments/internal/dbsqlc"
 )
 
-// Input is a keyed request as its operation sees it.
+// Input is a request as its declared operation sees it (a read: no key, no body).
 type Input[B any] struct {
 	Request                   // who asked, under which key
 	Path    map[string]string // the path's parameters, by the contract's names
