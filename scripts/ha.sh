@@ -185,12 +185,21 @@ url() {
   echo "postgres://postgres@$hosts/${1:-postgres}?sslmode=disable&target_session_attrs=read-write&connect_timeout=2"
 }
 
-free_ports() { # N free loopback ports, all held open until all are chosen
+# free_ports prints N free loopback ports, all held open until all are
+# chosen, below the kernel's ephemeral range: a port from that range may be
+# taken by any outgoing connection before Patroni, seconds later, binds it.
+free_ports() {
   python3 -c '
-import socket, sys
+import random, socket, sys
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+while len(socks) < int(sys.argv[1]):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", random.randrange(low // 2, low)))
+        socks.append(s)
+    except OSError:
+        s.close()
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 ' "$1"
 }
@@ -311,10 +320,14 @@ stop_all() {
   [[ -f $dir/ha.env ]] || return 0
   load_env
   # Patroni first: on SIGTERM it stops its PostgreSQL (fast mode) and exits.
+  # Waiting for these stops only: after a failed start, etcd and the
+  # watcher are this shell's children too.
+  local stops=()
   for n in $(seq 1 "$HA_NODES"); do
     stop_pid "$(pidof_file "$dir/node$n/patroni.pid")" "node$n's Patroni" &
+    stops+=($!)
   done
-  wait
+  wait "${stops[@]}"
   # A postmaster whose Patroni was killed is stopped as a crash would
   # stop it (SIGQUIT: immediate); it is not needed again.
   for n in $(seq 1 "$HA_NODES"); do

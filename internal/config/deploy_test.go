@@ -272,7 +272,7 @@ func TestComposeServicesStart(t *testing.T) {
 	c := readCompose(t)
 	bin := binaries(t)
 	dbURL := testdb.New(t)
-	serverPort, processorPort := freePort(t), freePort(t)
+	serverPort, processorPort := testdb.FreePort(t), testdb.FreePort(t)
 	local := strings.NewReplacer(
 		"postgres://postgres@db:5432/payments?sslmode=disable&pool_max_conns=20", dbURL,
 		"http://processor:8081", "http://127.0.0.1:"+processorPort,
@@ -351,14 +351,4 @@ func TestComposeServicesStart(t *testing.T) {
 		}
 		cancel()
 	}
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
 }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -130,9 +129,9 @@ type serversConfig struct {
 func startServers(t *testing.T, dbURL string, cfg serversConfig) *servers {
 	bin := build(t)
 	sv := &servers{bin: bin, logs: &syncBuffer{}}
-	procPort, ports := freePort(t), make([]string, cfg.replicas)
+	procPort, ports := testdb.FreePort(t), make([]string, cfg.replicas)
 	for i := range ports {
-		ports[i] = freePort(t)
+		ports[i] = testdb.FreePort(t)
 	}
 	sv.processorURL = "http://127.0.0.1:" + procPort
 	webhookSecret := "whsec_" + cryptorand.Text()
@@ -986,16 +985,6 @@ func waitUntil(t *testing.T, ctx context.Context, what string, cond func() bool)
 		}
 		time.Sleep(100 * time.Millisecond) // polling the system's state
 	}
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
 }
 
 type syncBuffer struct {

@@ -2,6 +2,7 @@ package testdb
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -51,7 +52,7 @@ func WithClock(offset string) ClusterOption {
 // migrates it.
 func NewCluster(t testing.TB, bin string, opts ...ClusterOption) *Cluster {
 	t.Helper()
-	c := &Cluster{bin: bin, port: freePort(t)}
+	c := &Cluster{bin: bin, port: FreePort(t)}
 	dir, err := os.MkdirTemp("", "test-pg-")
 	if err != nil {
 		t.Fatal(err)
@@ -153,13 +154,16 @@ func versionOf(bin string) int {
 	return v
 }
 
-// freePort is a TCP port nobody listens on now.
-func freePort(t testing.TB) string {
+// FreePort is a loopback TCP port nobody listens on now, below Linux's
+// ephemeral range (32768 and up): a port from that range may be taken by
+// any outgoing connection before the program it is meant for binds it.
+func FreePort(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(16384+rand.IntN(16384)))
+		if err == nil {
+			defer ln.Close()
+			return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+		}
 	}
-	defer ln.Close()
-	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
