@@ -6,6 +6,7 @@
 // (TestHistoryCheckFindsUnfencedCompletion), and what a failover under
 // asynchronous replication loses
 // (TestAsyncFailoverLosesAcknowledgedWritesButChargesOnce). `go test
-// ./internal/soak` runs the two soaks for 40 and 30 seconds of load; the
-// failover tests need Patroni and etcd (bash scripts/ha.sh install).
+// ./internal/soak` runs the chaos soak for 15 seconds of load, and the
+// failover soak until both killed leaders are back; the failover tests
+// need Patroni and etcd (bash scripts/ha.sh install).
 package soak

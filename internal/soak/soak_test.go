@@ -33,7 +33,7 @@ import (
 )
 
 var (
-	duration  = flag.Duration("soak.duration", 30*time.Second, "how long the clients send requests (make soak: 10m)")
+	duration  = flag.Duration("soak.duration", 15*time.Second, "how long the clients send requests (make soak: 10m)")
 	workers   = flag.Int("soak.clients", 8, "concurrent clients")
 	killEvery = flag.Duration("soak.kill-every", 3*time.Second, "how often a random replica is killed (SIGKILL) and restarted")
 	summary   = flag.String("soak.summary", "", "also write the summary to this file")
@@ -865,8 +865,10 @@ func (s *soak) report(header string, lines ...string) {
 func build(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	out, err := exec.Command("go", "build", "-o", dir+"/", "github.com/retrysafe/payments/cmd/server", "github.com/retrysafe/payments/cmd/processor",
-		"github.com/retrysafe/payments/cmd/sweeper").CombinedOutput()
+	cmd := exec.Command("go", "build", "-trimpath", "-o", dir+"/", "github.com/retrysafe/payments/cmd/server", "github.com/retrysafe/payments/cmd/processor",
+		"github.com/retrysafe/payments/cmd/sweeper")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as internal/app's and the Dockerfile's: one build cache
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
