@@ -137,26 +137,28 @@ print("ready")
 ' <<<"$json"
 }
 
-any_patroni_alive() {
+# exited_patroni prints the first node whose Patroni is not running.
+exited_patroni() {
   local n
   for n in $(seq 1 "$HA_NODES"); do
-    if alive "$(pidof_file "$dir/node$n/patroni.pid")"; then return 0; fi
+    if ! alive "$(pidof_file "$dir/node$n/patroni.pid")"; then echo "node$n"; return; fi
   done
-  return 1
 }
 
 wait_ready() {
-  local deadline=$((SECONDS + HA_TIMEOUT)) state=""
+  local deadline=$((SECONDS + HA_TIMEOUT)) state="" exited=""
   while ((SECONDS < deadline)); do
     state=$(cluster_state)
     [[ $state == ready ]] && return 0
-    if ! any_patroni_alive; then
-      state="every Patroni has exited"
+    # A Patroni that exited (a port taken, say) will not come back.
+    exited=$(exited_patroni)
+    if [[ -n $exited ]]; then
+      state="$exited's Patroni has exited"
       break
     fi
     sleep 0.5 # polling Patroni's state
   done
-  [[ $state == "every Patroni has exited" ]] || state="after ${HA_TIMEOUT}s: $state"
+  [[ -n $exited ]] || state="after ${HA_TIMEOUT}s: $state"
   echo "ha.sh: the cluster in $dir is not ready: $state" >&2
   for f in "$dir"/node*/patroni.log; do
     echo "--- $f (last 20 lines)" >&2
