@@ -161,10 +161,9 @@ func FreePort(t testing.TB) string {
 	t.Helper()
 	for {
 		port := 16384 + rand.IntN(16384) // #nosec G404 -- spreads tests over ports; nothing depends on it being unpredictable
-		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-		if err == nil {
-			defer ln.Close()
-			return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+		if ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
+			_ = ln.Close() // only probing
+			return strconv.Itoa(port)
 		}
 	}
 }
