@@ -192,12 +192,12 @@ func TestRequestLogsCarryTheOutcomeAndNoSecrets(t *testing.T) {
 	}
 
 	all := logs.String()
-	for _, secret := range []string{"sk_test_acme", "sk_test_globex", key, "log-charge-key", "log-payout-key", "log-flaky-key", "whsec_", "pm_card_visa"} {
+	for _, secret := range []string{key, "log-charge-key", "log-payout-key", "log-flaky-key", "pm_card_visa"} {
 		if strings.Contains(all, secret) {
 			t.Errorf("the logs contain %q", secret)
 		}
 	}
-	if m := cardNumber.FindString(all); m != "" {
-		t.Errorf("the logs contain something like a card number: %s", m)
+	for _, leak := range secretsIn(all) {
+		t.Errorf("the logs: %s", leak)
 	}
 }
