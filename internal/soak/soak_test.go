@@ -323,7 +323,7 @@ func (s *soak) violation(format string, args ...any) {
 
 func (s *soak) newClient(url string, timeout time.Duration, attempts int) *client.Client {
 	c, err := client.New(url, "sk_test_acme", client.Policy{MaxAttempts: attempts, BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second},
-		&http.Client{Timeout: timeout, Transport: timed{s, timeout}})
+		&http.Client{Timeout: timeout, Transport: timed{s}})
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -342,12 +342,8 @@ func (s *soak) newClient(url string, timeout time.Duration, attempts int) *clien
 	return c
 }
 
-// timed records every attempt a soak client makes, with its client's
-// timeout.
-type timed struct {
-	s       *soak
-	timeout time.Duration
-}
+// timed records every attempt a soak client makes.
+type timed struct{ s *soak }
 
 func (tr timed) RoundTrip(req *http.Request) (*http.Response, error) {
 	h := tr.s.record(req)
@@ -379,12 +375,15 @@ func (tr timed) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err == nil {
 		a.status, a.replayed = res.StatusCode, res.Header.Get("Idempotent-Replayed") == "true"
 	} else {
-		// The client gave up when its timeout passed. Checking the elapsed
-		// time, not only the context, matters: http.Client cancels a timed
-		// out request through both its context and its Cancel channel, and
-		// when the transport sees the channel first it returns "net/http:
-		// request canceled" a moment before the context says so.
-		a.gaveUp = req.Context().Err() != nil || os.IsTimeout(err) || (tr.timeout > 0 && a.end.Sub(a.start) >= tr.timeout)
+		// The client gave up when its timeout passed. Checking the
+		// deadline, not only the context's error, matters: http.Client
+		// cancels a timed out request through both its context and its
+		// Cancel channel, and when the transport sees the channel first it
+		// returns "net/http: request canceled" a moment before the context
+		// says so. (Nor is the time since a.start the measure: the
+		// client's clock started before this RoundTrip did.)
+		deadline, ok := req.Context().Deadline()
+		a.gaveUp = req.Context().Err() != nil || os.IsTimeout(err) || (ok && !a.end.Before(deadline))
 		a.err = err.Error()
 	}
 	tr.s.mu.Lock()
