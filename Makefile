@@ -35,8 +35,11 @@ run:
 # gotestsum (pinned in tools/go.mod) prints each package as it finishes,
 # then every skipped test with its reason, every failure, and the totals.
 # Under CI=true a test that would skip for a missing tool fails instead.
+# The two longest packages are named first, so that they start at once and
+# the short ones fill the other core around them instead of queueing in
+# front of the soak (./... lists each package once).
 test:
-	go tool -modfile=tools/go.mod gotestsum --format pkgname --format-hide-empty-pkg -- -race -count=1 ./...
+	go tool -modfile=tools/go.mod gotestsum --format pkgname --format-hide-empty-pkg -- -race -count=1 ./internal/soak ./internal/app ./...
 
 # Tools from the npm registry, at pinned versions, into .cache/ (ignored by
 # git): axe-core for the browser tests' accessibility check, Redocly's CLI
