@@ -51,12 +51,8 @@ func binary(t testing.TB, pkg string) string {
 		binDir = dir
 	}
 	path := filepath.Join(binDir, filepath.Base(pkg))
-	// Built as the Dockerfile builds (so do the soak's and the deployment
-	// test's): one set of compiled packages in the build cache, not three.
-	cmd := exec.Command("go", "build", "-trimpath", "-o", path, "github.com/retrysafe/payments/"+pkg)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build %s: %v\n%s", pkg, err, out)
+	if err := testdb.Build(binDir, pkg); err != nil {
+		t.Fatalf("build %s: %v", pkg, err)
 	}
 	binaries[pkg] = path
 	return path

@@ -22,7 +22,6 @@ package config_test
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"net"
 	"net/url"
 	"os"
@@ -139,15 +138,11 @@ func binaries(t *testing.T) string {
 		if buildErr != nil {
 			return
 		}
-		args := []string{"build", "-trimpath", "-o", binDir + "/"}
-		for _, b := range bins {
-			args = append(args, "github.com/retrysafe/payments/cmd/"+b)
+		cmds := make([]string, len(bins))
+		for i, b := range bins {
+			cmds[i] = "cmd/" + b
 		}
-		cmd := exec.Command("go", args...)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		buildErr = testdb.Build(binDir, cmds...)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)

@@ -864,12 +864,8 @@ func (s *soak) report(header string, lines ...string) {
 func build(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-trimpath", "-o", dir+"/", "github.com/retrysafe/payments/cmd/server", "github.com/retrysafe/payments/cmd/processor",
-		"github.com/retrysafe/payments/cmd/sweeper")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as internal/app's and the Dockerfile's: one build cache
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	if err := testdb.Build(dir, "cmd/server", "cmd/processor", "cmd/sweeper"); err != nil {
+		t.Fatal(err)
 	}
 	return dir
 }
