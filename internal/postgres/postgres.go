@@ -13,7 +13,9 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
@@ -39,22 +41,21 @@ func Open(ctx context.Context, databaseURL string, createIfMissing bool) (*pgxpo
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	// A connection whose server has become read-only (a primary fenced with
-	// default_transaction_read_only, or now a standby) is not handed out
-	// again: its writes would fail for the connection's lifetime (an hour),
-	// while a new connection, which target_session_attrs=read-write sends to
-	// the current primary, would succeed. The server reports both settings
-	// on every change (PostgreSQL 14+), so the check costs no round trip; the
-	// request that found out has had a 503 (IsTransient).
-	//
-	// Not PrepareConn, which runs inline at acquisition and would save this
-	// hook's goroutine per release: refusing a connection there makes the
-	// pool dial another and refuse it too, while new connections reach a
-	// read-only server (one host, or a proxy still pointing at the old
-	// primary), until Acquire fails with an error that is not a 503, even
-	// for reads. Here the connection that found out is dropped, and the next
-	// request gets a fresh one (TestServerReadOnlyForEveryConnectionFailsOnlyWrites).
+	// A connection whose server has become read-only (a fenced primary, or
+	// now a standby) is dropped, not handed out again: its writes would fail
+	// for its lifetime, while a new one goes to the current primary. The
+	// server reports both settings on every change, so the check costs no
+	// round trip; the request that found out has had a 503. (Not at
+	// acquisition, PrepareConn: while new connections also reach a read-only
+	// server, the pool would dial and refuse them until Acquire failed with
+	// no 503, reads too: TestServerReadOnlyForEveryConnectionFailsOnlyWrites.)
 	cfg.AfterRelease = func(c *pgx.Conn) bool { return !ReadOnly(c.PgConn()) }
+	// While no node takes writes, each new connection would start a backend
+	// on every standby to be refused (target_session_attrs=read-write), for
+	// every request, tick and retry an attacker sends. After an attempt that
+	// found no writable node, the pool dials nothing for a second.
+	gate := &dialGate{}
+	cfg.ConnConfig.Tracer, cfg.BeforeConnect = gate, gate.check
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -75,6 +76,39 @@ func Open(ctx context.Context, databaseURL string, createIfMissing bool) (*pgxpo
 	}
 	return pool, nil
 }
+
+// ErrNoPrimary is a pool's answer, for a second after a connection attempt
+// found no writable node, instead of dialling again: a 503.
+var ErrNoPrimary = errors.New("no writable PostgreSQL node in the last second")
+
+// dialGate, Open's pgx tracer, keeps when a connection attempt last failed
+// for a reason worth retrying (unix nanoseconds, 0 after a success).
+type dialGate struct{ failed atomic.Int64 }
+
+func (g *dialGate) check(context.Context, *pgx.ConnConfig) error {
+	if f := g.failed.Load(); f != 0 && time.Since(time.Unix(0, f)) < time.Second {
+		return ErrNoPrimary
+	}
+	return nil
+}
+
+func (g *dialGate) TraceConnectEnd(_ context.Context, end pgx.TraceConnectEndData) {
+	switch {
+	case end.Err == nil:
+		g.failed.Store(0)
+	case IsTransient(end.Err): // not a missing database or a wrong password
+		g.failed.Store(time.Now().UnixNano())
+	}
+}
+
+// The rest of pgx's tracer interfaces, which the gate ignores.
+func (*dialGate) TraceConnectStart(ctx context.Context, _ pgx.TraceConnectStartData) context.Context {
+	return ctx
+}
+func (*dialGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (*dialGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func createDatabase(ctx context.Context, target *pgx.ConnConfig) error {
 	admin := target.Copy()
@@ -147,7 +181,8 @@ func Transact(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error)
 func IsTransient(err error) bool {
 	// Canceled covers a worker stopped mid-operation (a deploy): the work is
 	// not done, and must stay resumable rather than be stored as failed.
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, ErrNoPrimary) ||
+		pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
 		return true
 	}
 	// A connection that broke mid-statement: pgconn reports these without a

@@ -165,15 +165,7 @@ func TestServerReadOnlyForEveryConnectionFailsOnlyWrites(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testdb.New(t)
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = admin.Exec(ctx, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_read_only = on', current_database()); END $$")
-	admin.Close(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	readOnly(t, url, true)
 	pool, err := postgres.Open(ctx, url+"&pool_max_conns=2", false)
 	if err != nil {
 		t.Fatalf("open a pool on a read-only server: %v", err)
@@ -187,6 +179,56 @@ func TestServerReadOnlyForEveryConnectionFailsOnlyWrites(t *testing.T) {
 		var one int
 		if err := pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
 			t.Fatalf("read %d on a read-only server: %d, %v", i, one, err)
+		}
+	}
+}
+
+// While no node takes writes (here the one node refuses
+// target_session_attrs=read-write, as a standby does), a pool dials once,
+// and for the next second answers ErrNoPrimary, a transient error, without
+// dialling; once the node takes writes again, the pool is soon back.
+func TestPoolStopsDiallingWhileNoNodeIsWritable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.New(t)
+	pool, err := postgres.Open(ctx, url+"&target_session_attrs=read-write", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	readOnly(t, url, true)
+	pool.Reset() // the setting reaches new sessions only
+	var connectErr *pgconn.ConnectError
+	if err := pool.Ping(ctx); !errors.As(err, &connectErr) {
+		t.Fatalf("ping of a read-only node: %v; want its connection refused", err)
+	}
+	if err := pool.Ping(ctx); !errors.Is(err, postgres.ErrNoPrimary) || !postgres.IsTransient(err) {
+		t.Fatalf("ping right after: %v; want ErrNoPrimary, without a dial", err)
+	}
+	readOnly(t, url, false)
+	deadline := time.Now().Add(5 * time.Second)
+	for err := pool.Ping(ctx); err != nil; err = pool.Ping(ctx) {
+		if time.Now().After(deadline) {
+			t.Fatalf("5s after the node took writes again: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the pool
+	}
+}
+
+// readOnly makes the sessions that start on url's database from now on
+// read-only, as on a standby or a fenced primary, or writable again.
+func readOnly(t *testing.T, url string, on bool) {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for _, sql := range []string{"SET default_transaction_read_only = off", fmt.Sprintf(
+		"DO $$ BEGIN EXECUTE format('ALTER DATABASE %%I SET default_transaction_read_only = %v', current_database()); END $$", on)} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
