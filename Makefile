@@ -260,7 +260,7 @@ endif
 # The demo's screenshots (docs/screenshots/), taken by the browser test
 # that checks the page's layout after each step of the crash story.
 screenshots:
-	SCREENSHOTS=$(CURDIR)/docs/screenshots go test -count=1 -run '^TestDemoPage(Layout|StoryInFirstViewport)$$' ./internal/app/
+	SCREENSHOTS=$(CURDIR)/docs/screenshots go test -count=1 -run '^TestDemoPageAtBothSizes$$' ./internal/app/
 
 # CI's short fuzz: each target for 20,000 inputs (a few seconds) beyond its seeds (which every
 # `make test` runs). A crasher fails CI and is written to the package's

@@ -348,26 +348,50 @@ func TestDemoPageStatusLinesDoNotGoStale(t *testing.T) {
 	}
 }
 
-// Cause and effect share the screen: after each step of the story (an
-// order, its charge, a retry sent from the bottom of the controls) the
-// newest attempt and its sequence, the key record and the ledger are in
-// the first viewport
-// at 1280x800, and the page fits a 390px phone without horizontal
-// scrolling. With SCREENSHOTS set to a directory (make screenshots), it
-// saves what each size shows after the charge: the README's picture.
-func TestDemoPageLayout(t *testing.T) {
+// The demo page on a desktop (1280x800) and a phone (390x844), through the
+// story: an order, its charge, a retry sent from the bottom of the
+// controls, Send 5 at once, and on the desktop a charge retried after two
+// 503s (the longest cells). After each step, cause and effect share the
+// screen (storyInView). axe-core finds no serious or critical
+// accessibility violation, on load and with the story filled. No word
+// breaks in two: on the desktop no line of the attempts table or of the
+// key record panel ends inside a word (a time, a key, an id, a status) or
+// runs out of its cell, and on the phone the attempts table's headers each
+// fit their own cell. With SCREENSHOTS set to a directory (make
+// screenshots), it saves what each size shows after the charge: the
+// README's picture.
+func TestDemoPageAtBothSizes(t *testing.T) {
 	t.Parallel()
+	axe := npmTool(t, "axe-core", axeCorePath)
 	for _, size := range []struct {
 		name          string
 		width, height int
 	}{{"desktop", 1280, 800}, {"phone", 390, 844}} {
 		ts := newTestServer(t, withDemo) // a ledger of this size's charge alone
 		ctx := browser(t, ts.URL, size.width, size.height)
+		desktop := size.name == "desktop"
 		story := func(step string) {
 			t.Helper()
 			waitPage(t, ctx, `document.querySelector("#attempts tbody tr:first-child svg.sequence") !== null`)
-			storyInView(t, ctx, size.name+", "+step, size.name == "desktop")
+			storyInView(t, ctx, size.name+", "+step, desktop)
 		}
+		if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](string(axe))); err != nil {
+			t.Fatal(err)
+		}
+		accessible := func(when string) {
+			t.Helper()
+			result, err := chromedp.Run(ctx, chromedp.Evaluate[string](`axe.run(document, {resultTypes: ["violations"]}).then(r =>
+				JSON.stringify(r.violations.filter(v => v.impact === "serious" || v.impact === "critical")
+					.map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.map(n => n.target.join(" "))}))))`,
+				chromedp.EvalAwaitPromise))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if result != "[]" {
+				t.Errorf("%s, %s: serious or critical accessibility violations: %s", size.name, when, result)
+			}
+		}
+		accessible("on load")
 		createOrderOnPage(t, ctx)
 		waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
 		story("after the order")
@@ -390,9 +414,38 @@ func TestDemoPageLayout(t *testing.T) {
 		pageText(t, ctx, `window.scrollTo(0, document.body.scrollHeight); document.getElementById("send-again").click(); ""`)
 		waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 3`)
 		story("after a retry sent from the bottom of the page")
+		accessible("with the story filled")
 		click(t, ctx, "send-five")
 		waitPage(t, ctx, `document.getElementById("break-result").textContent.startsWith("5 requests")`)
 		story("after Send 5 at once")
+
+		if !desktop {
+			if width := pageText(t, ctx, `String(window.innerWidth)`); width != "390" {
+				t.Fatalf("the phone's viewport is %spx wide; want 390", width)
+			}
+			if overlaps := pageText(t, ctx, headersOverlap); overlaps != "" {
+				t.Errorf("at 390x844, the attempts table's headers run into each other:\n%s", overlaps)
+			}
+			continue
+		}
+		// The longest cells: a charge retried after two 503s, each with
+		// its problem's code, its Retry-After and its next try.
+		createOrderOnPage(t, ctx)
+		if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("payment-method"), "pm_card_flaky")); err != nil {
+			t.Fatal(err)
+		}
+		click(t, ctx, "charge")
+		waitPage(t, ctx, attemptStatuses+`.slice(0, 4).join() === "201,503 processor_unavailable,503 processor_unavailable,201"`)
+		// Every attempt's sequence drawn, and the key record of the charge.
+		waitPage(t, ctx, `[...document.querySelectorAll("#attempts tbody tr")].every(r => r.querySelector("svg.sequence"))`)
+		waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed" && document.querySelectorAll("#points li").length === 3`)
+		if broken := pageText(t, ctx, wordsBroken); broken != "" {
+			t.Errorf("at 1280x800, words broken across lines (| marks the break):\n%s", broken)
+		}
+		// Nor is a word kept whole by running out of its cell.
+		if over := pageText(t, ctx, overflowing); over != "" {
+			t.Errorf("at 1280x800, text wider than its box:\n%s", over)
+		}
 	}
 }
 
@@ -414,47 +467,6 @@ func storyInView(t *testing.T, ctx context.Context, step string, firstScreen boo
 		if pageText(t, ctx, inView) != "true" {
 			t.Errorf("%s: %s is outside the first viewport", step, sel)
 		}
-	}
-}
-
-// No word breaks in two: at 1280x800, with the story filled (an order,
-// its charge, a replay, and a charge retried after 503s), no line of the attempts table or of the key
-// record panel ends inside a word (a time, a key, an id, a status), and
-// at 390x844 the attempts table's headers each fit their own cell.
-func TestDemoPageBreaksNoWordAt1280(t *testing.T) {
-	t.Parallel()
-	ts := newTestServer(t, withDemo)
-	ctx := browser(t, ts.URL, 1280, 800)
-	fillStory(t, ctx)
-	// And the longest cells: a charge retried after two 503s, each with
-	// its problem's code, its Retry-After and its next try.
-	createOrderOnPage(t, ctx)
-	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("payment-method"), "pm_card_flaky")); err != nil {
-		t.Fatal(err)
-	}
-	click(t, ctx, "charge")
-	waitPage(t, ctx, attemptStatuses+`.join() === "201,503 processor_unavailable,503 processor_unavailable,201,201,201,201"`)
-	// Every attempt's sequence drawn, and the key record of the charge.
-	waitPage(t, ctx, `[...document.querySelectorAll("#attempts tbody tr")].every(r => r.querySelector("svg.sequence"))`)
-	waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed" && document.querySelectorAll("#points li").length === 3`)
-	if broken := pageText(t, ctx, wordsBroken); broken != "" {
-		t.Errorf("at 1280x800, words broken across lines (| marks the break):\n%s", broken)
-	}
-	// Nor is a word kept whole by running out of its cell.
-	if over := pageText(t, ctx, overflowing); over != "" {
-		t.Errorf("at 1280x800, text wider than its box:\n%s", over)
-	}
-
-	phone := newTestServer(t, withDemo)
-	ctx = browser(t, phone.URL, 390, 844)
-	createOrderOnPage(t, ctx)
-	click(t, ctx, "charge")
-	waitPage(t, ctx, attemptStatuses+`[0] === "201" && document.querySelectorAll("#attempts tbody tr").length === 2`)
-	if width := pageText(t, ctx, `String(window.innerWidth)`); width != "390" {
-		t.Fatalf("the phone's viewport is %spx wide; want 390", width)
-	}
-	if overlaps := pageText(t, ctx, headersOverlap); overlaps != "" {
-		t.Errorf("at 390x844, the attempts table's headers run into each other:\n%s", overlaps)
 	}
 }
 
@@ -552,40 +564,6 @@ func npmTool(t *testing.T, name, path string) []byte {
 // registry at a pinned version by `make check-tools` (.ci/run does it) under .cache/.
 const axeCorePath = "../../.cache/npm/node_modules/axe-core/axe.min.js"
 
-// axe-core finds no serious or critical accessibility violation on the
-// page, on a desktop and on a phone, on load and with the story filled (an
-// order, its charge, a replay).
-func TestDemoPageAccessibility(t *testing.T) {
-	t.Parallel()
-	axe := npmTool(t, "axe-core", axeCorePath)
-	for _, size := range []struct {
-		name          string
-		width, height int
-	}{{"desktop", 1280, 800}, {"phone", 390, 844}} {
-		ts := newTestServer(t, withDemo)
-		ctx := browser(t, ts.URL, size.width, size.height)
-		if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](string(axe))); err != nil {
-			t.Fatal(err)
-		}
-		check := func(when string) {
-			t.Helper()
-			result, err := chromedp.Run(ctx, chromedp.Evaluate[string](`axe.run(document, {resultTypes: ["violations"]}).then(r =>
-				JSON.stringify(r.violations.filter(v => v.impact === "serious" || v.impact === "critical")
-					.map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.map(n => n.target.join(" "))}))))`,
-				chromedp.EvalAwaitPromise))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if result != "[]" {
-				t.Errorf("%s, %s: serious or critical accessibility violations: %s", size.name, when, result)
-			}
-		}
-		check("on load")
-		fillStory(t, ctx)
-		check("with the story filled")
-	}
-}
-
 // Every link on the page leads somewhere: the docs it points to are served
 // from the binary, and nothing is fetched from elsewhere.
 func TestDemoPageLinksResolve(t *testing.T) {
@@ -649,16 +627,4 @@ func TestAPIReferenceRendersOffline(t *testing.T) {
 	if !strings.Contains(loaded, ts.URL+"/openapi.yaml") || !strings.Contains(loaded, ts.URL+"/docs/redoc.standalone.js") {
 		t.Errorf("loaded:\n%s\nwant the spec and the embedded Redoc", loaded)
 	}
-}
-
-// fillStory tells the demo's story on the page: an order, its charge, and
-// the charge sent again (a replay).
-func fillStory(t *testing.T, ctx context.Context) {
-	t.Helper()
-	createOrderOnPage(t, ctx)
-	waitPage(t, ctx, `document.querySelector("#record dd").textContent === "completed"`)
-	click(t, ctx, "charge")
-	waitPage(t, ctx, attemptStatuses+`[0] === "201" && document.querySelectorAll("#attempts tbody tr").length === 2`)
-	click(t, ctx, "send-again")
-	waitPage(t, ctx, `document.querySelectorAll("#attempts tbody tr").length === 3`)
 }
