@@ -169,10 +169,11 @@ func FreePort(t testing.TB) string {
 }
 
 // Build builds the module's commands (such as "cmd/server") into dir as the
-// Dockerfile does, without cgo and with -trimpath, so that every test that
-// starts a command shares one set of compiled packages in the build cache.
+// Dockerfile does (no cgo, -trimpath, -ldflags="-s -w"), so that every test
+// that starts a command shares one set of compiled packages in the build
+// cache.
 func Build(dir string, cmds ...string) error {
-	args := []string{"build", "-trimpath", "-o", dir + "/"}
+	args := []string{"build", "-trimpath", "-ldflags=-s -w", "-o", dir + "/"}
 	for _, c := range cmds {
 		args = append(args, "github.com/retrysafe/payments/"+c)
 	}
