@@ -11,8 +11,10 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
@@ -61,13 +63,22 @@ type Server struct {
 
 var _ apigen.StrictServerInterface = (*Server)(nil)
 
+// parsedSpec is the spec, parsed once for every server of the process (tests
+// start hundreds, and parsing is most of a start's CPU): servers only read it.
+var parsedSpec = sync.OnceValues(func() (*openapi3.T, error) {
+	spec, err := api.Load()
+	if err == nil {
+		spec.Servers = nil // match on paths alone, whatever the host
+	}
+	return spec, err
+})
+
 // New returns the service's HTTP handler.
 func New(d Deps) (http.Handler, error) {
-	spec, err := api.Load()
+	spec, err := parsedSpec()
 	if err != nil {
 		return nil, fmt.Errorf("load embedded spec: %w", err)
 	}
-	spec.Servers = nil // match on paths alone, whatever the host
 	router, err := gorillamux.NewRouter(spec)
 	if err != nil {
 		return nil, fmt.Errorf("route spec: %w", err)
