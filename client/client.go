@@ -73,11 +73,8 @@ type Attempt struct {
 
 // New returns a client for the API at baseURL, authenticated by apiKey.
 func New(baseURL, apiKey string, policy Policy, httpClient *http.Client) (*Client, error) {
-	if httpClient == nil {
-		httpClient = &http.Client{Timeout: 30 * time.Second}
-	}
 	api, err := apiclient.NewClientWithResponses(baseURL,
-		apiclient.WithHTTPClient(httpClient),
+		apiclient.WithHTTPClient(cmp.Or(httpClient, &http.Client{Timeout: 30 * time.Second})),
 		apiclient.WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
 			req.Header.Set("Authorization", "Bearer "+apiKey)
 			return nil
@@ -156,8 +153,7 @@ func do[R, T any](ctx context.Context, c *Client, opts []Option, want int,
 		att := Attempt{Number: res.Attempts, IdempotencyKey: o.key, Err: err}
 		if err == nil {
 			a.resp, a.body, value = parts(r)
-			att.Status = a.resp.StatusCode
-			res.Status = a.resp.StatusCode
+			att.Status, res.Status = a.resp.StatusCode, a.resp.StatusCode
 			res.Replayed = a.resp.Header.Get("Idempotent-Replayed") == "true"
 		}
 		wait, retryable := c.retryable(ctx, a, err, res.Attempts)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -65,10 +66,8 @@ func runCallers(ctx context.Context, pool *pgxpool.Pool, args []string, allowPri
 			return err
 		}
 		secret, err := events.SetWebhookURL(ctx, pool, args[1], url)
-		if postgres.IsNotFound(err) {
-			return fmt.Errorf("no caller %s", args[1])
-		} else if err != nil {
-			return err
+		if err != nil {
+			return postgres.NotFound(err, func() error { return fmt.Errorf("no caller %s", args[1]) })
 		}
 		if url == nil {
 			fmt.Fprintf(stdout, "caller %s: no webhook; its events wait to be pulled (GET /v1/events)\n", args[1])
@@ -78,10 +77,8 @@ func runCallers(ctx context.Context, pool *pgxpool.Pool, args []string, allowPri
 		return nil
 	case "rotate-webhook-secret":
 		secret, until, err := events.RotateWebhookSecret(ctx, pool, args[1])
-		if postgres.IsNotFound(err) {
-			return fmt.Errorf("no caller %s", args[1])
-		} else if err != nil {
-			return err
+		if err != nil {
+			return postgres.NotFound(err, func() error { return fmt.Errorf("no caller %s", args[1]) })
 		}
 		fmt.Fprintf(stdout, "caller %s: events are signed with the new secret below, and with the old one too until %s:\n%s\n",
 			args[1], until.UTC().Format(time.RFC3339), secret)
@@ -94,10 +91,7 @@ func runCallers(ctx context.Context, pool *pgxpool.Pool, args []string, allowPri
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ID\tNAME\tCREATED\tWEBHOOK")
 		for _, c := range callers {
-			webhook := events.Redact(c.WebhookURL)
-			if webhook == "" {
-				webhook = "(none: pulls)"
-			}
+			webhook := cmp.Or(events.Redact(c.WebhookURL), "(none: pulls)")
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", c.ID, c.Name, c.CreatedAt.UTC().Format(time.RFC3339), webhook)
 		}
 		return w.Flush()

@@ -193,15 +193,14 @@ func (a *App) addWorkers(pool *pgxpool.Pool, demoReceiverURL string) error {
 // Reconciler is a reconciler configured as the service runs it, with the
 // given backoff base (a second in the service; tests shorten it).
 func (a *App) Reconciler(backoffBase time.Duration) (*idempotency.Reconciler, error) {
-	cfg := a.cfg
 	return idempotency.NewReconciler(idempotency.ReconcilerConfig{
-		Interval: cfg.ReconcilerInterval,
+		Interval: a.cfg.ReconcilerInterval,
 		// Up to 5 records at once (their leases start at the claim); the
 		// loop runs again at once while it finds work, within the budget.
 		Batch:       5,
-		MaxRun:      cfg.MaxRun(),
-		MaxTries:    cfg.ReconcilerMaxAttempts,
-		MaxAge:      cfg.ReconcilerMaxAge,
+		MaxRun:      a.cfg.MaxRun(),
+		MaxTries:    a.cfg.ReconcilerMaxAttempts,
+		MaxAge:      a.cfg.ReconcilerMaxAge,
 		BackoffBase: backoffBase,
 		BackoffCap:  5 * time.Minute,
 		// At most 5 retries per interval (5/s by default), 20 saved up.

@@ -152,14 +152,11 @@ func CreateCaller(ctx context.Context, db dbsqlc.DBTX, id, name string, webhookU
 // ListCallers returns every caller, by id.
 func ListCallers(ctx context.Context, db dbsqlc.DBTX) ([]Caller, error) {
 	rows, err := queries.ListCallers(ctx, db)
-	if err != nil {
-		return nil, err
-	}
 	out := make([]Caller, len(rows))
 	for i, r := range rows {
 		out[i] = Caller{ID: r.ID, Name: r.Name, CreatedAt: r.CreatedAt, WebhookURL: postgres.Text(r.WebhookUrl)}
 	}
-	return out, nil
+	return out, err
 }
 
 type callerKey struct{}

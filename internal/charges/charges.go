@@ -23,6 +23,7 @@
 package charges
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -192,8 +193,7 @@ func init() {
 // the response is built from the charge as the webhook left it.
 func finishCharge(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, result cardprocessor.ChargeResult, refusal error) (idempotency.Result, error) {
 	a := Answer{ProcessorChargeID: result.ID, Succeeded: refusal == nil}
-	var declined *cardprocessor.DeclinedError
-	if errors.As(refusal, &declined) {
+	if declined, ok := errors.AsType[*cardprocessor.DeclinedError](refusal); ok {
 		a.ProcessorChargeID, a.DeclineCode = declined.ProcessorChargeID, declined.DeclineCode
 	}
 	cur, err := applyAnswer(ctx, tx, ch, a)
@@ -226,11 +226,8 @@ type Answer struct {
 // comes first records the outcome, the other finds it recorded.
 func ApplyChargeEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events.ProcessorEvent) (_ bool, err error) {
 	defer postgres.Wrap(&err, "charges.ApplyChargeEvent(%s, %q)", callerID, ev.DownstreamKey)
-	o := Answer{Succeeded: ev.Type == events.ProcessorChargeSucceeded, ProcessorChargeID: ev.ObjectID,
+	o := Answer{Succeeded: ev.Type == events.ProcessorChargeSucceeded, ProcessorChargeID: ev.ObjectID, DeclineCode: postgres.Text(ev.DeclineCode),
 		Report: events.Report{Amount: ev.Amount, Currency: ev.Currency, ProcessorID: ev.ObjectID}}
-	if ev.DeclineCode != nil {
-		o.DeclineCode = *ev.DeclineCode
-	}
 	ch, err := queries.GetChargeByDownstreamKey(ctx, tx, dbsqlc.GetChargeByDownstreamKeyParams{CallerID: callerID, DownstreamKey: ev.DownstreamKey})
 	if postgres.IsNotFound(err) {
 		return false, nil
@@ -258,10 +255,7 @@ func applyAnswer(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Answer) (db
 	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return ch, err
 	}
-	code := o.DeclineCode
-	if code == "" {
-		code = "generic_decline" // a failure the processor gave no reason for
-	}
+	code := cmp.Or(o.DeclineCode, "generic_decline") // a failure the processor gave no reason for
 	var cur dbsqlc.Charge
 	var err error
 	if o.Succeeded {

@@ -38,9 +38,6 @@ const (
 
 	FailureAccountClosed   = "account_closed"
 	CodeDestinationUnknown = "destination_unknown"
-
-	EventPayoutPaid   = "payout.paid"
-	EventPayoutFailed = "payout.failed"
 )
 
 var destinations = map[string]bool{DestinationOK: true, DestinationClosed: true, DestinationFlaky: true, DestinationSlow: true, DestinationInFlight: true}

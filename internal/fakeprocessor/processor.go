@@ -203,9 +203,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/payouts/{id}", s.handleGetPayout)
 	if !s.cfg.NoAdmin {
 		mux.HandleFunc("GET /v1/ledger", s.handleLedger)
-		mux.HandleFunc("GET /admin/chaos", func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, http.StatusOK, mustJSON(s.Chaos()), nil)
-		})
+		mux.HandleFunc("GET /admin/chaos", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, mustJSON(s.Chaos()), nil) })
 		mux.HandleFunc("PUT /admin/chaos", s.handlePutChaos)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -221,9 +219,7 @@ func (s *Server) routes() http.Handler {
 }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s.handler.ServeHTTP(w, r)
-}
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
 // traced serves h in a span that continues the caller's trace (W3C
 // traceparent), so a charge's trace shows the processor's side of the call.

@@ -224,8 +224,7 @@ func (s *Store) start(ctx, observed context.Context, req Request, start StartFun
 	)
 	err := postgres.TransactPipelined(run, s.pool, func(tx *postgres.PipelinedTx) (err error) {
 		defer recoverPanic("first phase", &err)
-		err = queries.CheckIdempotencyKeyFree(run, tx, dbsqlc.CheckIdempotencyKeyFreeParams{CallerID: req.CallerID, Key: req.Key})
-		if err != nil {
+		if err = queries.CheckIdempotencyKeyFree(run, tx, dbsqlc.CheckIdempotencyKeyFreeParams{CallerID: req.CallerID, Key: req.Key}); err != nil {
 			return err
 		}
 		row, err := queries.InsertIdempotencyKey(run, tx, dbsqlc.InsertIdempotencyKeyParams{

@@ -20,14 +20,9 @@ func Fingerprint(method, path string, doc *any) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return fingerprint(method, path, canonical), nil
-}
-
-func fingerprint(method, path string, canonical []byte) []byte {
 	// NUL separators keep ("POST", "/a") and ("POS", "T/a") apart.
-	data := append([]byte(method+"\x00"+path+"\x00"), canonical...)
-	sum := sha256.Sum256(data)
-	return sum[:]
+	sum := sha256.Sum256(append([]byte(method+"\x00"+path+"\x00"), canonical...))
+	return sum[:], nil
 }
 
 // ErrTrailingData is DecodeJSON's error for data after the JSON document.

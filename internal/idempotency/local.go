@@ -83,8 +83,7 @@ func (s *Store) commitLocal(ctx context.Context, req Request, fn LocalFunc) (*Re
 	err := postgres.TransactPipelined(ctx, s.pool, func(tx *postgres.PipelinedTx) (err error) {
 		defer recoverPanic("local operation", &err)
 		// A retry whose key has a record stops here, having written nothing.
-		err = queries.CheckIdempotencyKeyFree(ctx, tx, dbsqlc.CheckIdempotencyKeyFreeParams{CallerID: req.CallerID, Key: req.Key})
-		if err != nil {
+		if err = queries.CheckIdempotencyKeyFree(ctx, tx, dbsqlc.CheckIdempotencyKeyFreeParams{CallerID: req.CallerID, Key: req.Key}); err != nil {
 			return err
 		}
 		if resp, err = fn(ctx, tx); err != nil {
@@ -95,12 +94,11 @@ func (s *Store) commitLocal(ctx context.Context, req Request, fn LocalFunc) (*Re
 			return err
 		}
 		status := int32(resp.Status) // #nosec G115 -- an HTTP status code
-		err = queries.InsertCompletedIdempotencyKey(ctx, tx, dbsqlc.InsertCompletedIdempotencyKeyParams{
+		return queries.InsertCompletedIdempotencyKey(ctx, tx, dbsqlc.InsertCompletedIdempotencyKeyParams{
 			CallerID: req.CallerID, Key: req.Key, Operation: req.Operation, RequestMethod: req.Method, RequestPath: req.Path,
 			RequestFingerprint: req.Fingerprint, ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: resp.Body,
 			Traceparent: postgres.Traceparent(ctx),
 		})
-		return err
 	})
 	switch {
 	case keyTaken(err): // not a failure: the answer is the record's

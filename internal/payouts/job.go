@@ -217,9 +217,6 @@ type GivenUpJob struct {
 func ListGivenUpJobs(ctx context.Context, db dbsqlc.DBTX) (_ []GivenUpJob, err error) {
 	defer postgres.Wrap(&err, "ListGivenUpJobs")
 	rows, err := queries.ListDiscardedPayoutJobs(ctx, db)
-	if err != nil {
-		return nil, err
-	}
 	out := make([]GivenUpJob, len(rows))
 	for i, j := range rows {
 		var args JobArgs
@@ -229,5 +226,5 @@ func ListGivenUpJobs(ctx context.Context, db dbsqlc.DBTX) (_ []GivenUpJob, err e
 		out[i] = GivenUpJob{JobID: j.ID, CallerID: args.CallerID, PayoutID: args.PayoutID,
 			Attempts: j.Attempt, State: j.State, Reason: j.LastError, FinalizedAt: j.FinalizedAt}
 	}
-	return out, nil
+	return out, err
 }

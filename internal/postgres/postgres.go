@@ -51,9 +51,8 @@ func Open(ctx context.Context, databaseURL string, createIfMissing bool) (*pgxpo
 	// no 503, reads too: TestServerReadOnlyForEveryConnectionFailsOnlyWrites.)
 	cfg.AfterRelease = func(c *pgx.Conn) bool { return !ReadOnly(c.PgConn()) }
 	// While no node takes writes, each new connection would start a backend
-	// on every standby to be refused (target_session_attrs=read-write), for
-	// every request, tick and retry an attacker sends. After an attempt that
-	// found no writable node, the pool dials nothing for a second.
+	// on every standby to be refused, for every request, tick and retry an
+	// attacker sends: after a failed attempt, the pool waits a second.
 	gate := &dialGate{}
 	cfg.ConnConfig.Tracer, cfg.BeforeConnect = gate, gate.check
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -77,8 +76,7 @@ func Open(ctx context.Context, databaseURL string, createIfMissing bool) (*pgxpo
 	return pool, nil
 }
 
-// ErrNoPrimary is a pool's answer, for a second after a connection attempt
-// found no writable node, instead of dialling again: a 503.
+// ErrNoPrimary is a pool's answer for a second after it found no writable node.
 var ErrNoPrimary = errors.New("no writable PostgreSQL node in the last second")
 
 // dialGate, Open's pgx tracer, keeps when a connection attempt last failed
@@ -93,10 +91,9 @@ func (g *dialGate) check(context.Context, *pgx.ConnConfig) error {
 }
 
 func (g *dialGate) TraceConnectEnd(_ context.Context, end pgx.TraceConnectEndData) {
-	switch {
-	case end.Err == nil:
+	if end.Err == nil {
 		g.failed.Store(0)
-	case IsTransient(end.Err): // not a missing database or a wrong password
+	} else if IsTransient(end.Err) { // not a missing database or a wrong password
 		g.failed.Store(time.Now().UnixNano())
 	}
 }
@@ -181,8 +178,7 @@ func Transact(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error)
 func IsTransient(err error) bool {
 	// Canceled covers a worker stopped mid-operation (a deploy): the work is
 	// not done, and must stay resumable rather than be stored as failed.
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, ErrNoPrimary) ||
-		pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || errors.Is(err, ErrNoPrimary) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
 		return true
 	}
 	// A connection that broke mid-statement: pgconn reports these without a

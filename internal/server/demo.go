@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -93,11 +92,7 @@ func (s *Server) registerDemo(e *echo.Echo, d *Demo) {
 		var body struct {
 			Point string `json:"point"`
 		}
-		raw, err := io.ReadAll(io.LimitReader(c.Request().Body, 1<<10))
-		if err != nil {
-			return err
-		}
-		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec := json.NewDecoder(io.LimitReader(c.Request().Body, 1<<10))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&body); err != nil {
 			return problem.New(problem.InvalidRequest, "want {\"point\": \"<crash point>\"}: %v", err)
