@@ -12,7 +12,8 @@
 #   scripts/ha.sh url DIR [DB]     print the DATABASE_URL (every node, target_session_attrs=read-write)
 #   scripts/ha.sh node-url DIR NODE [DB]  print a URL of NODE alone (node1, node2, ...)
 #   scripts/ha.sh leader DIR       print the leader's name (node1, node2, ...)
-#   scripts/ha.sh kill-leader DIR  kill -9 the leader's Patroni and postmaster; print its name
+#   scripts/ha.sh kill-leader DIR  kill -9 the leader's Patroni and postmaster, wait until both
+#                                  are gone, and print its name
 #   scripts/ha.sh rejoin DIR NODE  start NODE's Patroni again: it rewinds its data (pg_rewind)
 #                                  and follows the leader as a standby
 #   scripts/ha.sh wait DIR         wait as start does
@@ -432,6 +433,14 @@ kill-leader)
   patroni_pid=$(pidof_file "$dir/$node/patroni.pid")
   postmaster_pid=$(pidof_file "$dir/$node/data/postmaster.pid")
   kill -KILL "$patroni_pid" "$postmaster_pid"
+  # A process blocked in the kernel (on the disk, say) dies only when it
+  # leaves it: seen here a second later, while the old leader still took
+  # writes. The kill is done when both are gone.
+  for _ in $(seq 1 300); do
+    alive "$patroni_pid" || alive "$postmaster_pid" || break
+    sleep 0.1 # waiting for the kernel to end them
+  done
+  if alive "$patroni_pid" || alive "$postmaster_pid"; then die "$node's Patroni or PostgreSQL outlived SIGKILL by 30s"; fi
   echo "$node"
   ;;
 rejoin)

@@ -104,10 +104,10 @@ func (c *haCluster) run(args ...string) string {
 }
 
 // killLeader kills the leader's Patroni and postmaster with SIGKILL, and
-// returns the node and when.
+// returns the node and when both were gone (ha.sh waits for that).
 func (c *haCluster) killLeader() (node string, at time.Time) {
-	at = time.Now()
-	return c.run("kill-leader", c.dir), at
+	node = c.run("kill-leader", c.dir)
+	return node, time.Now()
 }
 
 // leader is the leader's name.
