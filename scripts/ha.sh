@@ -28,7 +28,8 @@
 #                       asynchronous test uses it to show that)
 #   HA_PORTS="..."      the ports, in order: etcd's client and peer ports,
 #                       then PostgreSQL's and Patroni's REST API's for each
-#                       node; unset: free ones, chosen by the kernel
+#                       node; unset: free ones, at random below the
+#                       kernel's ephemeral range
 #   HA_PG_BIN=DIR       PostgreSQL's server binaries (default: the newest
 #                       /usr/lib/postgresql/*/bin, or pg_ctl's directory)
 #   HA_TIMEOUT=120      seconds to wait for the cluster

@@ -8,11 +8,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/retrysafe/payments/internal/testdb"
 )
 
 // haCluster is a highly available PostgreSQL of the test's own: etcd and
 // Patroni-managed nodes started by scripts/ha.sh (make ha) in a temporary
-// directory, on loopback ports the kernel chose. Every process it started
+// directory, on loopback ports from testdb.FreePort. Every process it started
 // is stopped by its PID when the test ends, failed or not; and if the test
 // binary itself is killed, the script's watcher stops them.
 type haCluster struct {
@@ -68,8 +70,12 @@ func startHA(t *testing.T, nodes int, sync bool) *haCluster {
 	if !sync {
 		sync_ = "off"
 	}
+	ports := make([]string, 2+2*nodes) // etcd's two, then each node's PostgreSQL and REST API
+	for i := range ports {
+		ports[i] = testdb.FreePort(t)
+	}
 	start := c.command("start", dir)
-	start.Env = append(os.Environ(), "HA_NODES="+strconv.Itoa(nodes), "HA_SYNC="+sync_, "HA_WATCH_PID="+strconv.Itoa(os.Getpid()))
+	start.Env = append(os.Environ(), "HA_PORTS="+strings.Join(ports, " "), "HA_NODES="+strconv.Itoa(nodes), "HA_SYNC="+sync_, "HA_WATCH_PID="+strconv.Itoa(os.Getpid()))
 	began := time.Now()
 	if out, err := start.CombinedOutput(); err != nil {
 		t.Fatalf("start the cluster: %v\n%s", err, out)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"syscall"
 	"testing"
 )
 
@@ -155,16 +156,27 @@ func versionOf(bin string) int {
 }
 
 // FreePort is a loopback TCP port nobody listens on now, below Linux's
-// ephemeral range (32768 and up): a port from that range may be taken by
-// any outgoing connection before the program it is meant for binds it.
+// ephemeral range (which outgoing connections take ports from). It stays
+// reserved until t ends by a lock on a file named after it, taken first by
+// every test process: a server binds its port seconds after the probe.
 func FreePort(t testing.TB) string {
 	t.Helper()
+	dir := filepath.Join(os.TempDir(), "retrysafe-test-ports")
+	_ = os.MkdirAll(dir, 0o700) // if it fails, so does OpenFile
 	for {
-		port := 16384 + rand.IntN(16384) // #nosec G404 -- spreads tests over ports; nothing depends on it being unpredictable
-		if ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
-			_ = ln.Close() // only probing
-			return strconv.Itoa(port)
+		port := strconv.Itoa(16384 + rand.IntN(16384)) // #nosec G404 -- spreads tests over ports; nothing depends on it being unpredictable
+		f, err := os.OpenFile(filepath.Join(dir, port), os.O_CREATE|os.O_RDONLY, 0o600)
+		if err != nil {
+			t.Fatal(err)
 		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			if ln, err := net.Listen("tcp", "127.0.0.1:"+port); err == nil {
+				_ = ln.Close() // only probing
+				t.Cleanup(func() { _ = f.Close() })
+				return port
+			}
+		}
+		_ = f.Close()
 	}
 }
 
