@@ -237,9 +237,6 @@ func (c *Client) retryable(ctx context.Context, a answer, err error, attempt int
 
 // retryAfter parses Retry-After: delay-seconds or an HTTP-date.
 func retryAfter(v string, now time.Time) (time.Duration, bool) {
-	if v == "" {
-		return 0, false
-	}
 	if s, err := strconv.ParseInt(v, 10, 64); err == nil && s >= 0 {
 		// Beyond about 292 years the multiplication would overflow.
 		return time.Duration(min(s, int64(maxRetryAfter/time.Second)+1)) * time.Second, true

@@ -150,12 +150,9 @@ func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, out io.Writer) err
 // Lines are not batched: that saved under 5% of a create in make bench
 // (docs/performance.md), and would lose a killed process's last lines.
 func newLogger(stdout io.Writer, format string) *slog.Logger {
-	if format == "" {
-		format = "json"
-		if f, ok := stdout.(*os.File); ok {
-			if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-				format = "text"
-			}
+	if f, ok := stdout.(*os.File); ok && format == "" {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			format = "text"
 		}
 	}
 	var h slog.Handler = slog.NewJSONHandler(stdout, nil)

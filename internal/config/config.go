@@ -10,6 +10,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -276,10 +277,7 @@ func NewReader(getenv func(string) string) *Reader { return &Reader{getenv: gete
 
 // String is the variable name, trimmed, or def when it is unset or blank.
 func (r *Reader) String(name, def string) string {
-	if v := strings.TrimSpace(r.getenv(name)); v != "" {
-		return v
-	}
-	return def
+	return cmp.Or(strings.TrimSpace(r.getenv(name)), def)
 }
 
 // read is the variable name as parse reads it, or def when it is unset; a
@@ -289,12 +287,11 @@ func read[T any](r *Reader, name string, def T, want string, parse func(string) 
 	if v == "" {
 		return def
 	}
-	x, ok := parse(v)
-	if !ok {
-		r.errs = append(r.errs, fmt.Errorf("%s=%q: want %s", name, v, want))
-		return def
+	if x, ok := parse(v); ok {
+		return x
 	}
-	return x
+	r.errs = append(r.errs, fmt.Errorf("%s=%q: want %s", name, v, want))
+	return def
 }
 
 // Duration is a positive Go duration such as 30s or 24h.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -236,9 +237,7 @@ func writeError(w http.ResponseWriter, status int, typ, code, msg string, h http
 // writeJSON writes body as is: a replay must be byte for byte the answer
 // that was stored, so bodies are encoded once, before storing.
 func writeJSON(w http.ResponseWriter, status int, body []byte, h http.Header) {
-	for k, vs := range h {
-		w.Header()[k] = vs
-	}
+	maps.Copy(w.Header(), h)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)

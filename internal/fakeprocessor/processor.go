@@ -17,6 +17,7 @@
 package fakeprocessor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -94,25 +95,18 @@ func (cfg Config) withDefaults() Config {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	orDefault(&cfg.WebhookMaxAttempts, 8)
-	orDefault(&cfg.WebhookBackoffBase, 250*time.Millisecond)
-	orDefault(&cfg.WebhookBackoffCap, 30*time.Second)
-	orDefault(&cfg.WebhookTimeout, 5*time.Second)
-	orDefault(&cfg.HTTPClient, &http.Client{})
-	orDefault(&cfg.FlakyFailures, 2)
-	orDefault(&cfg.PayoutDelay, 2*time.Second)
-	orDefault(&cfg.TimeoutHold, 30*time.Second)
-	orDefault(&cfg.KeyRetention, 24*time.Hour)
-	orDefault(&cfg.Rand, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))) // #nosec G404 -- the fake's chaos draws, not secrets
-	orDefault(&cfg.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	cfg.WebhookMaxAttempts = cmp.Or(cfg.WebhookMaxAttempts, 8)
+	cfg.WebhookBackoffBase = cmp.Or(cfg.WebhookBackoffBase, 250*time.Millisecond)
+	cfg.WebhookBackoffCap = cmp.Or(cfg.WebhookBackoffCap, 30*time.Second)
+	cfg.WebhookTimeout = cmp.Or(cfg.WebhookTimeout, 5*time.Second)
+	cfg.HTTPClient = cmp.Or(cfg.HTTPClient, &http.Client{})
+	cfg.FlakyFailures = cmp.Or(cfg.FlakyFailures, 2)
+	cfg.PayoutDelay = cmp.Or(cfg.PayoutDelay, 2*time.Second)
+	cfg.TimeoutHold = cmp.Or(cfg.TimeoutHold, 30*time.Second)
+	cfg.KeyRetention = cmp.Or(cfg.KeyRetention, 24*time.Hour)
+	cfg.Rand = cmp.Or(cfg.Rand, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))) // #nosec G404 -- the fake's chaos draws, not secrets
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	return cfg
-}
-
-func orDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
 }
 
 func (cfg Config) validate() error {
