@@ -11,10 +11,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/retrysafe/payments/internal/auth"
@@ -817,4 +819,50 @@ func (f *fixture) created(t *testing.T, id string) (*idempotency.Response, error
 		t.Fatal(err)
 	}
 	return ch.Created()
+}
+
+// explainer is a dbsqlc.DBTX whose QueryRow plans the statement (EXPLAIN,
+// which runs nothing) and keeps the plan.
+type explainer struct {
+	*pgxpool.Pool
+	plan string
+	err  error
+}
+
+func (e *explainer) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	e.err = e.Pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&e.plan)
+	return e.Pool.QueryRow(ctx, "SELECT WHERE false") // no row: the statement did not run
+}
+
+// The statements that move a charge find it by its primary key, even
+// before PostgreSQL has statistics on the table (a new database, or one
+// just emptied). They imply the predicate of charges_one_live_per_order,
+// and when that index led with caller_id they were planned on it: each
+// scanned every live charge of the merchant, so each charge cost more than
+// the one before (docs/performance.md).
+func TestChargeUpdatesFindTheChargeByItsKeyWithoutStatistics(t *testing.T) {
+	ctx := context.Background()
+	pool := testdb.NewPool(t)
+	if err := auth.SeedDemoCallers(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pool.Exec(ctx, `
+		INSERT INTO orders (caller_id, id, amount, currency) SELECT 'acme', 'ord_' || n, 100, 'usd' FROM generate_series(1, 5000) n;
+		INSERT INTO charges (caller_id, id, order_id, idempotency_key_id, amount, currency, payment_method, downstream_key, status)
+		SELECT 'acme', 'ch_' || n, 'ord_' || n, n, 100, 'usd', 'pm_card_visa', 'dk_' || n, 'succeeded' FROM generate_series(1, 5000) n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &explainer{Pool: pool}
+	code := "generic_decline"
+	for name, plan := range map[string]func(){
+		"SucceedCharge": func() { queries.SucceedCharge(ctx, e, dbsqlc.SucceedChargeParams{CallerID: "acme", ID: "ch_42"}) },
+		"FailCharge":    func() { queries.FailCharge(ctx, e, dbsqlc.FailChargeParams{CallerID: "acme", ID: "ch_42", FailureCode: &code}) },
+		"ReserveRefund": func() { queries.ReserveRefund(ctx, e, dbsqlc.ReserveRefundParams{CallerID: "acme", ID: "ch_42", Amount: 1}) },
+	} {
+		plan()
+		if e.err != nil || !strings.Contains(e.plan, `"Index Name": "charges_pkey"`) {
+			t.Errorf("%s is not planned on the primary key (%v):\n%s", name, e.err, e.plan)
+		}
+	}
 }
