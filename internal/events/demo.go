@@ -12,12 +12,12 @@ import (
 // records what the relay delivered, deduplicated on the event id as every
 // receiver must be, for the demo page to show each with its delivery count.
 
-// DemoDelivery is an event as the demo receiver got it.
+// DemoDelivery is an event as the demo receiver got it (GET /demo/deliveries).
 type DemoDelivery struct {
-	EventID    string
-	Type       string
-	Deliveries int32 // above one: a duplicate the receiver dropped
-	ReceivedAt time.Time
+	EventID    string    `json:"event_id"`
+	Type       string    `json:"type"`
+	Deliveries int32     `json:"deliveries"` // above one: a duplicate the receiver dropped
+	ReceivedAt time.Time `json:"received_at"`
 }
 
 // RecordDemoDelivery records one delivery of eventID to the demo receiver

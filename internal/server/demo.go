@@ -126,16 +126,6 @@ func (s *Server) registerDemo(e *echo.Echo, d *Demo) {
 		if err != nil {
 			return err
 		}
-		type delivery struct {
-			EventID    string    `json:"event_id"`
-			Type       string    `json:"type"`
-			Deliveries int32     `json:"deliveries"`
-			ReceivedAt time.Time `json:"received_at"`
-		}
-		out := make([]delivery, len(rows))
-		for i, r := range rows {
-			out[i] = delivery{EventID: r.EventID, Type: r.Type, Deliveries: r.Deliveries, ReceivedAt: r.ReceivedAt}
-		}
-		return c.JSON(http.StatusOK, map[string]any{"data": out})
+		return c.JSON(http.StatusOK, map[string]any{"data": rows})
 	})
 }
