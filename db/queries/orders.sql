@@ -28,10 +28,10 @@ SET status = 'canceled', updated_at = now()
 WHERE caller_id = @caller_id AND id = @id AND status = 'pending'
 RETURNING *;
 
--- name: LockOrder :one
--- The order, locked until the end of the transaction, so that creating a
+-- name: LockOrder :exec
+-- Locks the order until the end of the transaction, so that creating a
 -- charge and canceling the order are ordered one after the other.
-SELECT * FROM orders
+SELECT 1 FROM orders
 WHERE caller_id = @caller_id AND id = @id
 FOR UPDATE;
 

@@ -154,7 +154,10 @@ func (s *Service) callForCharge(ctx context.Context, l *idempotency.Lease) error
 func createCharge(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in idempotency.Input[chargeBody]) (idempotency.Result, error) {
 	// The order's row lock orders this phase against a cancel (which takes
 	// the same lock) and against other charges of the order.
-	o, err := orders.Lock(ctx, tx, in.CallerID, in.Path["order_id"])
+	if err := orders.Lock(ctx, tx, in.CallerID, in.Path["order_id"]); err != nil {
+		return nil, err
+	}
+	o, err := orders.Get(ctx, tx, in.CallerID, in.Path["order_id"])
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +255,7 @@ func applyAnswer(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, o Answer) (db
 	// The order first (the package comment's lock order). Then the charge
 	// moves only if it is still pending: a concurrent finish or webhook may
 	// have just recorded it, and then it is read as it is.
-	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
+	if err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return ch, err
 	}
 	code := cmp.Or(o.DeclineCode, "generic_decline") // a failure the processor gave no reason for

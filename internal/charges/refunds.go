@@ -112,7 +112,7 @@ func createRefund(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in ide
 	}
 	// The order first (the lock order), then the charge as it is now:
 	// concurrent refunds of one charge queue here.
-	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
+	if err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return nil, err
 	}
 	if ch, err = queries.GetCharge(ctx, tx, dbsqlc.GetChargeParams{CallerID: callerID, ID: chargeID}); err != nil {
@@ -163,7 +163,7 @@ func finishRefund(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Re
 	if refusal != nil {
 		// A definite "no" of any kind (classify lets through no
 		// other): not refunded, so give the reservation back.
-		if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
+		if err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 			return nil, err
 		}
 		if _, err := queries.FailRefund(ctx, tx, dbsqlc.FailRefundParams{CallerID: re.CallerID, ID: re.ID}); err != nil {
@@ -230,7 +230,7 @@ func ApplyRefundEvent(ctx context.Context, tx pgx.Tx, callerID string, ev events
 // refundSucceeded moves a pending refund to succeeded, with its event, and
 // returns it as it now is; an already succeeded refund is left alone.
 func refundSucceeded(ctx context.Context, tx pgx.Tx, ch dbsqlc.Charge, re dbsqlc.Refund, r events.Report) (dbsqlc.Refund, error) {
-	if _, err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
+	if err := orders.Lock(ctx, tx, ch.CallerID, ch.OrderID); err != nil {
 		return re, err
 	}
 	cur, err := queries.GetRefundByKeyRecord(ctx, tx, dbsqlc.GetRefundByKeyRecordParams{CallerID: re.CallerID, IdempotencyKeyID: re.IdempotencyKeyID})

@@ -159,8 +159,8 @@ func (q *Queries) ListOrders(ctx context.Context, db DBTX, arg ListOrdersParams)
 	return items, nil
 }
 
-const lockOrder = `-- name: LockOrder :one
-SELECT caller_id, id, amount, currency, description, status, created_at, updated_at FROM orders
+const lockOrder = `-- name: LockOrder :exec
+SELECT 1 FROM orders
 WHERE caller_id = $1 AND id = $2
 FOR UPDATE
 `
@@ -170,22 +170,11 @@ type LockOrderParams struct {
 	ID       string
 }
 
-// The order, locked until the end of the transaction, so that creating a
+// Locks the order until the end of the transaction, so that creating a
 // charge and canceling the order are ordered one after the other.
-func (q *Queries) LockOrder(ctx context.Context, db DBTX, arg LockOrderParams) (Order, error) {
-	row := db.QueryRow(ctx, lockOrder, arg.CallerID, arg.ID)
-	var i Order
-	err := row.Scan(
-		&i.CallerID,
-		&i.ID,
-		&i.Amount,
-		&i.Currency,
-		&i.Description,
-		&i.Status,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-	)
-	return i, err
+func (q *Queries) LockOrder(ctx context.Context, db DBTX, arg LockOrderParams) error {
+	_, err := db.Exec(ctx, lockOrder, arg.CallerID, arg.ID)
+	return err
 }
 
 const markOrderPaid = `-- name: MarkOrderPaid :exec

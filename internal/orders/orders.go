@@ -120,12 +120,13 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 		}, orderOf)
 }
 
-// Lock reads the caller's order id and locks its row until tx ends: every
-// transaction that changes an order or its charges takes it first, so they
-// queue instead of deadlocking (see package charges).
-func Lock(ctx context.Context, tx pgx.Tx, callerID, id string) (Order, error) {
-	o, err := queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: callerID, ID: id})
-	return orderOf(o), postgres.NotFound(err, func() error { return problem.New(problem.NotFound, "no order %q", id) })
+// Lock locks the caller's order id until tx ends: every transaction that
+// changes an order or its charges takes it first, so they queue instead of
+// deadlocking (see package charges). It reads nothing; Get after it, in tx,
+// reads the order as the lock's last holder left it.
+func Lock(ctx context.Context, tx pgx.Tx, callerID, id string) (err error) {
+	defer postgres.Wrap(&err, "orders.Lock(%s, %q)", callerID, id)
+	return queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: callerID, ID: id})
 }
 
 // MarkPaid moves the caller's pending order to paid, in the transaction
@@ -147,9 +148,12 @@ type LiveCharges func(ctx context.Context, tx pgx.Tx, callerID, orderID string) 
 // moment later and cancel an order about to be charged.
 func Cancel(ctx context.Context, pool *pgxpool.Pool, callerID, id string, live LiveCharges) (o Order, err error) {
 	defer postgres.Wrap(&err, "orders.Cancel(%s, %q)", callerID, id)
-	err = postgres.Transact(ctx, pool, func(tx pgx.Tx) error {
+	err = postgres.TransactPipelined(ctx, pool, func(tx *postgres.PipelinedTx) error {
+		if err := Lock(ctx, tx, callerID, id); err != nil {
+			return err
+		}
 		var err error
-		if o, err = Lock(ctx, tx, callerID, id); err != nil {
+		if o, err = Get(ctx, tx, callerID, id); err != nil {
 			return err
 		}
 		switch o.Status {
