@@ -95,15 +95,34 @@ func (answersAtOnce) Charge(context.Context, string, cardprocessor.ChargeRequest
 	return cardprocessor.ChargeResult{ID: "pch_floor"}, nil
 }
 
+// engineOn returns the service's idempotency engine over the pool pool()
+// returns, made again when connect() has opened another pool.
+func engineOn(pool func() *pgxpool.Pool) func() *idempotency.Store {
+	var (
+		mu      sync.Mutex
+		store   *idempotency.Store
+		current *pgxpool.Pool
+	)
+	return func() *idempotency.Store {
+		mu.Lock()
+		defer mu.Unlock()
+		if p := pool(); p != current {
+			current = p
+			store = idempotency.NewStore(p, idempotency.StoreConfig{Lease: 30 * time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		}
+		return store
+	}
+}
+
 // chargeFloor is the floor of a charge: the service's own charge operation
 // (the claim and first phase, the load, the final phase), run in this
 // process through pgx on the pool pool() returns, with a processor that
 // answers at once and no HTTP.
 func chargeFloor(ctx context.Context, name string, pool func() *pgxpool.Pool, callers []*caller) (phase, error) {
 	body := []byte(`{"payment_method":"pm_card_visa"}`)
+	engine := engineOn(pool)
 	var (
 		mu      sync.Mutex
-		store   *idempotency.Store
 		op      idempotency.Operation
 		current *pgxpool.Pool
 	)
@@ -112,10 +131,9 @@ func chargeFloor(ctx context.Context, name string, pool func() *pgxpool.Pool, ca
 		mu.Lock()
 		if p := pool(); p != current { // connect() opened another pool
 			current = p
-			store = idempotency.NewStore(p, idempotency.StoreConfig{Lease: 30 * time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			op = charges.NewService(p, answersAtOnce{}).ChargeOperation()
 		}
-		store, op := store, op
+		op := op
 		mu.Unlock()
 		order, err := c.nextOrder()
 		if err != nil {
@@ -127,7 +145,7 @@ func chargeFloor(ctx context.Context, name string, pool func() *pgxpool.Pool, ca
 		if err != nil {
 			return err
 		}
-		resp, err := store.Serve(ctx, op, idempotency.Request{CallerID: c.id, Key: "floor-" + order, Operation: charges.OperationCharge,
+		resp, err := engine().Serve(ctx, op, idempotency.Request{CallerID: c.id, Key: "floor-" + order, Operation: charges.OperationCharge,
 			Method: "POST", Path: path, Fingerprint: fp}, map[string]string{"order_id": order}, body)
 		if err == nil && resp.Status != http.StatusCreated {
 			err = fmt.Errorf("floor charge: %d %s", resp.Status, resp.Body)

@@ -20,10 +20,8 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
-	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -43,6 +41,8 @@ import (
 
 	"github.com/retrysafe/payments/internal/auth"
 	"github.com/retrysafe/payments/internal/dbsqlc"
+	"github.com/retrysafe/payments/internal/idempotency"
+	"github.com/retrysafe/payments/internal/orders"
 	"github.com/retrysafe/payments/internal/postgres"
 )
 
@@ -175,12 +175,22 @@ func run(ctx context.Context) error {
 		})
 	}}
 	const replayKeys = 1000 // each replay phase picks one of them at random
+	// A replay's floor is the service's own engine (idempotency.Store,
+	// which has no replay cache) in this process, no HTTP: the statements of
+	// a replay from the database, on the keys the service created.
+	doc, _ := idempotency.DecodeJSON(body)
+	createFingerprint, err := idempotency.Fingerprint("POST", "/v1/orders", doc)
+	if err != nil {
+		return err
+	}
+	engine := engineOn(func() *pgxpool.Pool { return pool })
 	floorReplay := phase{"floor: replay (SQL)", func(int64) error {
-		key := dbsqlc.FindIdempotencyKeyParams{CallerID: "acme", Key: "floor-" + strconv.Itoa(rand.IntN(replayKeys))}
-		if row, err := queries.FindIdempotencyKey(ctx, pool, key); err != nil || row.IdempotencyKey.Status != "completed" {
-			return cmp.Or(err, errors.New("the replay found no completed record"))
+		resp, err := engine().Serve(ctx, orders.CreateOperation, idempotency.Request{CallerID: "acme", Key: "service-" + strconv.Itoa(rand.IntN(replayKeys)),
+			Operation: "createOrder", Method: "POST", Path: "/v1/orders", Fingerprint: createFingerprint}, nil, body)
+		if err == nil && resp.Status != http.StatusCreated {
+			err = fmt.Errorf("floor replay: %d %s", resp.Status, resp.Body)
 		}
-		return nil
+		return err
 	}}
 	create := func(c child) phase {
 		return phase{c.name + ": keyed create (HTTP)", func(i int64) error {
