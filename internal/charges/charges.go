@@ -149,8 +149,8 @@ func (s *Service) callForCharge(ctx context.Context, l *idempotency.Lease) error
 	})
 }
 
-// createCharge is the first phase: one transaction that checks the order is
-// payable and creates the pending charge with its downstream key.
+// createCharge, the first phase, checks the order is payable and creates
+// the pending charge with its downstream key.
 func createCharge(ctx context.Context, tx pgx.Tx, rec idempotency.Record, in idempotency.Input[chargeBody]) (idempotency.Result, error) {
 	// The order's row lock orders this phase against a cancel (which takes
 	// the same lock) and against other charges of the order.
