@@ -54,7 +54,7 @@ func (e Event) API() (apigen.Event, error) {
 // event commits, or not, with it. When ctx's span is recorded, the event
 // keeps its trace context, for each delivery's trace to link to.
 func Emit(ctx context.Context, tx pgx.Tx, callerID, eventType string, data map[string]any) (err error) {
-	defer postgres.Wrap(&err, "Record(%s, %s)", callerID, eventType)
+	defer postgres.Wrap(&err, "events.Emit(%s, %s)", callerID, eventType)
 	b, err := json.Marshal(data)
 	if err != nil {
 		return err
