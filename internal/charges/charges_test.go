@@ -840,7 +840,7 @@ func (e *explainer) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 // and when that index led with caller_id they were planned on it: each
 // scanned every live charge of the merchant, so each charge cost more than
 // the one before (docs/performance.md).
-func TestChargeUpdatesFindTheChargeByItsKeyWithoutStatistics(t *testing.T) {
+func TestChargeUpdatesUseThePrimaryKeyWithoutStatistics(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.NewPool(t)
 	if err := auth.SeedDemoCallers(ctx, pool); err != nil {
