@@ -58,7 +58,8 @@ func countWork(ctx context.Context, admin *pgxpool.Pool, n int, do func(i int) e
 	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Message, "could not find a valid record after") {
 		// The only WAL past start is a record some background process has
 		// not finished flushing: none of the window's, which are flushed
-		// before their requests are answered.
+		// before their requests are answered. (The message is the English
+		// one: the error's code, XX000, says only "internal".)
 		return w, nil
 	}
 	w.commits, w.tuples, w.records, w.bytes = w.commits/f, w.tuples/f, w.records/f, w.bytes/f

@@ -184,7 +184,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	engine := engineOn(func() *pgxpool.Pool { return pool })
-	floorReplay := phase{"floor: replay (SQL)", func(int64) error {
+	floorReplay := phase{"floor: replay from the database (SQL)", func(int64) error {
 		resp, err := engine().Serve(ctx, orders.CreateOperation, idempotency.Request{CallerID: "acme", Key: "service-" + strconv.Itoa(rand.IntN(replayKeys)),
 			Operation: "createOrder", Method: "POST", Path: "/v1/orders", Fingerprint: createFingerprint}, nil, body)
 		if err == nil && resp.Status != http.StatusCreated {

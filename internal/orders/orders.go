@@ -122,8 +122,9 @@ func List(ctx context.Context, db dbsqlc.DBTX, callerID string, limit int, start
 
 // Lock locks the caller's order id until tx ends: every transaction that
 // changes an order or its charges takes it first, so they queue instead of
-// deadlocking (see package charges). It reads nothing; Get after it, in tx,
-// reads the order as the lock's last holder left it.
+// deadlocking (see package charges). It reads nothing, and a missing order
+// is no error; Get after it, in tx, reads the order as the lock's last
+// holder left it.
 func Lock(ctx context.Context, tx pgx.Tx, callerID, id string) (err error) {
 	defer postgres.Wrap(&err, "orders.Lock(%s, %q)", callerID, id)
 	return queries.LockOrder(ctx, tx, dbsqlc.LockOrderParams{CallerID: callerID, ID: id})

@@ -52,6 +52,11 @@ func startHA(t *testing.T, nodes int, sync bool) *haCluster {
 	}
 	c := &haCluster{t: t, script: script, dir: dir}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	// Reserved before the stop is registered, so released after it.
+	ports := make([]string, 2+2*nodes) // etcd's two, then each node's PostgreSQL and REST API
+	for i := range ports {
+		ports[i] = testdb.FreePort(t)
+	}
 	// Registered before the start, so that a start that fails half-way
 	// stops what it started too.
 	t.Cleanup(func() {
@@ -69,10 +74,6 @@ func startHA(t *testing.T, nodes int, sync bool) *haCluster {
 	sync_ := "on"
 	if !sync {
 		sync_ = "off"
-	}
-	ports := make([]string, 2+2*nodes) // etcd's two, then each node's PostgreSQL and REST API
-	for i := range ports {
-		ports[i] = testdb.FreePort(t)
 	}
 	start := c.command("start", dir)
 	start.Env = append(os.Environ(), "HA_PORTS="+strings.Join(ports, " "), "HA_NODES="+strconv.Itoa(nodes), "HA_SYNC="+sync_, "HA_WATCH_PID="+strconv.Itoa(os.Getpid()))
