@@ -25,8 +25,9 @@ import (
 type JobArgs struct {
 	CallerID string `json:"caller_id"`
 	PayoutID string `json:"payout_id"`
-	// Traceparent is the W3C trace context of the request that accepted the
-	// payout, or "": only each run's trace link (startJob) depends on it.
+	// Traceparent is the trace context of the request that accepted the
+	// payout (postgres.Traceparent), or "": only each run's trace link
+	// (startJob) depends on it.
 	Traceparent string `json:"traceparent,omitempty"`
 }
 

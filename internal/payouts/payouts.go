@@ -146,7 +146,7 @@ func (s *Service) accept(ctx context.Context, tx pgx.Tx, in idempotency.Input[Re
 	}
 	// The transactional enqueue: the job row commits with the payout and
 	// the stored 202, or none of them does.
-	if _, err := s.jobs.InsertTx(ctx, tx, JobArgs{CallerID: po.CallerID, PayoutID: po.ID, Traceparent: traceparentOf(ctx)}, nil); err != nil {
+	if _, err := s.jobs.InsertTx(ctx, tx, JobArgs{CallerID: po.CallerID, PayoutID: po.ID, Traceparent: postgres.Text(postgres.Traceparent(ctx))}, nil); err != nil {
 		return nil, fmt.Errorf("enqueue payout job: %w", err)
 	}
 	// The debit last: it locks the caller's balance until the commit. A

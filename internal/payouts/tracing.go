@@ -8,7 +8,6 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/retrysafe/payments/internal/postgres"
@@ -16,17 +15,6 @@ import (
 
 // tracer makes each job run's span; the global API's, as everywhere.
 var tracer = otel.Tracer("github.com/retrysafe/payments/internal/payouts")
-
-// traceparentOf is ctx's W3C trace context, for the job to link back to,
-// or "" when ctx has no span (tracing is off and the client sent none).
-func traceparentOf(ctx context.Context) string {
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		return ""
-	}
-	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(ctx, carrier)
-	return carrier["traceparent"]
-}
 
 // startJob starts the span of one run of job: the root of its own trace,
 // linked to the request that accepted the payout. As the request's children,
