@@ -55,6 +55,14 @@ func Open(ctx context.Context, databaseURL string, createIfMissing bool) (*pgxpo
 	// attacker sends: after a failed attempt, the pool waits a second.
 	gate := &dialGate{}
 	cfg.ConnConfig.Tracer, cfg.BeforeConnect = gate, gate.check
+	// Each run of a statement is planned for the table as it is then. The
+	// generic plan PostgreSQL would otherwise keep after five runs, for the
+	// connection's life, is made while a new database's tables are empty and
+	// every index looks as good: one matching caller_id alone would go on
+	// scanning all of a merchant's rows (docs/performance.md).
+	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
+		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err

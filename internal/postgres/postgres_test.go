@@ -109,6 +109,38 @@ func TestIsTransient(t *testing.T) {
 	}
 }
 
+// The pool's connections plan every run of a prepared statement for its
+// arguments and the table as it is (custom plans), never settling on a
+// generic plan: one made while a table is empty can use any index that
+// matches caller_id alone, and would be kept as the table grows.
+func TestPoolNeverKeepsAGenericPlan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := postgres.Open(ctx, testdb.New(t)+"&pool_max_conns=1", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	const find = "SELECT id FROM orders WHERE caller_id = $1 AND id = $2"
+	for range 10 { // PostgreSQL considers a generic plan from the sixth run
+		if _, err := conn.Exec(ctx, find, "acme", "ord_missing"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var generic, custom int64
+	if err := conn.QueryRow(ctx, "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1", find).Scan(&generic, &custom); err != nil {
+		t.Fatal(err)
+	}
+	if generic != 0 || custom != 10 {
+		t.Errorf("%d generic and %d custom plans for 10 runs; want 0 and 10", generic, custom)
+	}
+}
+
 // A server that has turned read-only under an open connection (here the
 // session's default_transaction_read_only, as a fenced primary's would be)
 // fails a write with read_only_sql_transaction, which is transient (a 503),
