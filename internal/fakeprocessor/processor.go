@@ -197,7 +197,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/payouts/{id}", s.handleGetPayout)
 	if !s.cfg.NoAdmin {
 		mux.HandleFunc("GET /v1/ledger", s.handleLedger)
-		mux.HandleFunc("GET /admin/chaos", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, mustJSON(s.Chaos()), nil) })
+		mux.HandleFunc("GET /admin/chaos", func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusOK, mustJSON(s.Chaos()), nil)
+		})
 		mux.HandleFunc("PUT /admin/chaos", s.handlePutChaos)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {

@@ -109,6 +109,18 @@ func TestIsTransient(t *testing.T) {
 	}
 }
 
+// openOne opens the service's pool, of one connection, on a database of
+// the test's own; it is closed when t ends.
+func openOne(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := postgres.Open(context.Background(), testdb.New(t)+"&pool_max_conns=1", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // The pool's connections plan every run of a prepared statement for its
 // arguments and the table as it is (custom plans), never settling on a
 // generic plan: one made while a table is empty can use any index that
@@ -116,11 +128,7 @@ func TestIsTransient(t *testing.T) {
 func TestPoolNeverKeepsAGenericPlan(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, err := postgres.Open(ctx, testdb.New(t)+"&pool_max_conns=1", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := openOne(t)
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -150,11 +158,7 @@ func TestPoolNeverKeepsAGenericPlan(t *testing.T) {
 func TestReadOnlyServerIsTransientAndItsConnectionIsDropped(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, err := postgres.Open(ctx, testdb.New(t)+"&pool_max_conns=1", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := openOne(t)
 	// Released before any check can end the test (pool.Close waits for it).
 	pid, writeErr, readOnly := func() (uint32, error, bool) {
 		conn, err := pool.Acquire(ctx)
