@@ -35,7 +35,7 @@ CREATE TABLE idempotency_keys (
     -- over an expired lease resumes from here.
     recovery_point      text        NOT NULL DEFAULT 'started',
     -- The fencing token: 1 for the first owner, incremented on every
-    -- takeover. Every write after the claim is conditional on it.
+    -- takeover. Every phase and give-up write is conditional on it.
     attempt             integer     NOT NULL DEFAULT 1 CHECK (attempt >= 1),
     -- The lease, on the database clock. Only an in-progress record has one.
     locked_until        timestamptz,

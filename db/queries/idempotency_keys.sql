@@ -67,7 +67,7 @@ SELECT idempotency_lease_lost() WHERE NOT EXISTS (SELECT 1 FROM completed);
 
 -- name: RenewIdempotencyKeyLease :execrows
 -- The owner's heartbeat: the lease runs for another lease from now. Fenced
--- like every other write: zero rows means this owner no longer holds the
+-- like the phase writes: zero rows means this owner no longer holds the
 -- lease (a newer attempt took over, or it lapsed before this renewal came),
 -- and it must stop before its next write. updated_at is left alone: it
 -- stamps the record's last real change, and a lease that ends later than

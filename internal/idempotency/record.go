@@ -20,7 +20,7 @@ type Record struct {
 	Status        Status
 	RecoveryPoint RecoveryPoint
 	// Attempt is the fencing token: it grows with every takeover, and every
-	// write names the attempt it is made under.
+	// write its owner makes names the attempt it is made under.
 	Attempt     int32
 	LockedUntil *time.Time // the lease's end; nil once completed or dead
 	// The request it was made for. Only a fingerprint of the body is kept.
