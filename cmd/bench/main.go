@@ -34,6 +34,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -296,6 +297,11 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Done with: their pools' connections, with -baseline's servers too,
+	// would leave the charges' pools short of PostgreSQL's default 100.
+	for _, c := range append(servers, uncached...) {
+		c.stop()
+	}
 	charged, err := alternate(*concurrency, *duration, floorCharge, chargeOne, chargeSixteen, floorSixteen)
 	if err != nil {
 		return err
@@ -380,6 +386,7 @@ func serverBinary() (string, error) {
 type child struct {
 	name, base string
 	client     *fasthttp.HostClient
+	stop       func()
 }
 
 // stops stops every server and pool the run started (stopServers).
@@ -443,13 +450,14 @@ func startServer(ctx context.Context, name, bin, dbURL string, env ...string) (c
 	if err := cmd.Start(); err != nil {
 		return child{}, err
 	}
-	stops = append(stops, func() {
+	stop := sync.OnceFunc(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		log.Close()
 		os.Remove(log.Name())
 	})
-	c := child{name: name, base: "http://" + addr, client: &fasthttp.HostClient{Addr: addr, MaxConns: *concurrency * 2}}
+	stops = append(stops, stop)
+	c := child{name: name, base: "http://" + addr, client: &fasthttp.HostClient{Addr: addr, MaxConns: *concurrency * 2}, stop: stop}
 	for range 300 {
 		if res, err := http.Get(c.base + "/readyz"); err == nil {
 			res.Body.Close()
