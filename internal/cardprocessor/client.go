@@ -122,7 +122,11 @@ var _ Processor = (*Client)(nil)
 // timeout and a margin (config.Server.MaxRun), so a call that never returns
 // cannot hold its key for ever (the owner renews its lease meanwhile).
 func NewClient(baseURL string, timeout time.Duration) *Client {
-	return &Client{baseURL: baseURL, http: &http.Client{Timeout: timeout}}
+	// One host, many calls at once: keep an idle connection for each, not
+	// net/http's two, past which a burst's calls dial anew (and use up ports).
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = t.MaxIdleConns
+	return &Client{baseURL: baseURL, http: &http.Client{Timeout: timeout, Transport: t}}
 }
 
 // UncertainError means the processor gave no definite answer (see
