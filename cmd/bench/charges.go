@@ -95,23 +95,30 @@ func (answersAtOnce) Charge(context.Context, string, cardprocessor.ChargeRequest
 	return cardprocessor.ChargeResult{ID: "pch_floor"}, nil
 }
 
-// engineOn returns the service's idempotency engine over the pool pool()
-// returns, made again when connect() has opened another pool.
-func engineOn(pool func() *pgxpool.Pool) func() *idempotency.Store {
+// onPool returns build's value for the pool pool() returns, made again
+// when connect() has opened another pool.
+func onPool[T any](pool func() *pgxpool.Pool, build func(*pgxpool.Pool) T) func() T {
 	var (
 		mu      sync.Mutex
-		store   *idempotency.Store
+		value   T
 		current *pgxpool.Pool
 	)
-	return func() *idempotency.Store {
+	return func() T {
 		mu.Lock()
 		defer mu.Unlock()
 		if p := pool(); p != current {
-			current = p
-			store = idempotency.NewStore(p, idempotency.StoreConfig{Lease: 30 * time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			current, value = p, build(p)
 		}
-		return store
+		return value
 	}
+}
+
+// engineOn returns the service's idempotency engine over the pool pool()
+// returns.
+func engineOn(pool func() *pgxpool.Pool) func() *idempotency.Store {
+	return onPool(pool, func(p *pgxpool.Pool) *idempotency.Store {
+		return idempotency.NewStore(p, idempotency.StoreConfig{Lease: 30 * time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	})
 }
 
 // chargeFloor is the floor of a charge: the service's own charge operation
@@ -121,20 +128,11 @@ func engineOn(pool func() *pgxpool.Pool) func() *idempotency.Store {
 func chargeFloor(ctx context.Context, name string, pool func() *pgxpool.Pool, callers []*caller) (phase, error) {
 	body := []byte(`{"payment_method":"pm_card_visa"}`)
 	engine := engineOn(pool)
-	var (
-		mu      sync.Mutex
-		op      idempotency.Operation
-		current *pgxpool.Pool
-	)
+	op := onPool(pool, func(p *pgxpool.Pool) idempotency.Operation {
+		return charges.NewService(p, answersAtOnce{}).ChargeOperation()
+	})
 	return phase{name, func(i int64) error {
 		c := callers[i%int64(len(callers))]
-		mu.Lock()
-		if p := pool(); p != current { // connect() opened another pool
-			current = p
-			op = charges.NewService(p, answersAtOnce{}).ChargeOperation()
-		}
-		op := op
-		mu.Unlock()
 		order, err := c.nextOrder()
 		if err != nil {
 			return err
@@ -145,7 +143,7 @@ func chargeFloor(ctx context.Context, name string, pool func() *pgxpool.Pool, ca
 		if err != nil {
 			return err
 		}
-		resp, err := engine().Serve(ctx, op, idempotency.Request{CallerID: c.id, Key: "floor-" + order, Operation: charges.OperationCharge,
+		resp, err := engine().Serve(ctx, op(), idempotency.Request{CallerID: c.id, Key: "floor-" + order, Operation: charges.OperationCharge,
 			Method: "POST", Path: path, Fingerprint: fp}, map[string]string{"order_id": order}, body)
 		if err == nil && resp.Status != http.StatusCreated {
 			err = fmt.Errorf("floor charge: %d %s", resp.Status, resp.Body)
